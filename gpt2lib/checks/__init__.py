@@ -1,0 +1,9 @@
+"""Checks that follow each exercise: they pass any correct answer and name the usual mistakes.
+
+One module per chapter (`gpt2lib.checks.tokenizer`, `gpt2lib.checks.attention`, ...), written
+by hand. Every check either prints a line starting with ✅ or raises `CheckFailed`.
+"""
+
+from gpt2lib.checks._core import CheckFailed, call_learner, passed
+
+__all__ = ["CheckFailed", "call_learner", "passed"]
