@@ -1,0 +1,454 @@
+"""Chapter 5: LayerNorm and Block in gpt2lib.block, and the checks of the chapter's exercises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2lib.attention import CausalSelfAttention
+from gpt2lib.block import Block, LayerNorm
+from gpt2lib.checks import CheckFailed
+from gpt2lib.checks import block as checks
+from gpt2lib.config import GPT2Config
+from gpt2lib.mlp import MLP
+
+
+def small_config(**overrides) -> GPT2Config:
+    values = dict(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
+                  embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    return GPT2Config(**{**values, **overrides})
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+
+def test_layer_norm_matches_torch_with_random_gain_and_shift():
+    torch.manual_seed(0)
+    ours, theirs = LayerNorm(16), nn.LayerNorm(16, eps=1e-5)
+    with torch.no_grad():
+        theirs.weight.normal_()
+        theirs.bias.normal_()
+    ours.load_state_dict(theirs.state_dict())  # same names: weight, bias
+    x = torch.randn(3, 5, 16) * 4 + 2
+    assert torch.allclose(ours(x), theirs(x), atol=1e-6)
+    y = LayerNorm(16)(x)  # fresh: mean 0, biased variance 1 per token
+    assert torch.allclose(y.mean(-1), torch.zeros(3, 5), atol=1e-5)
+    assert torch.allclose(y.var(-1, unbiased=False), torch.ones(3, 5), atol=1e-3)
+
+
+def test_layer_norm_uses_its_eps_and_the_config_default():
+    x = 1.0 + 1e-4 * torch.randn(2, 8, dtype=torch.float64)
+    for eps in (1e-5, 1e-3):
+        ln = LayerNorm(8, eps).double()
+        assert torch.allclose(ln(x), F.layer_norm(x, (8,), eps=eps), atol=1e-10)
+    assert LayerNorm(8).eps == 1e-5 == GPT2Config().layer_norm_epsilon
+
+
+def test_layer_norm_parameters_are_named_and_initialised_like_gpt2():
+    ln = LayerNorm(768)
+    assert list(ln.state_dict()) == ["weight", "bias"]
+    assert torch.equal(ln.weight, torch.ones(768)) and torch.equal(ln.bias, torch.zeros(768))
+    assert sum(p.numel() for p in ln.parameters()) == 1_536
+
+
+@pytest.mark.parametrize(
+    "args, phrase",
+    [((0,), "n_embd must be a positive int"), ((7.5,), "n_embd must be a positive int"),
+     ((8, 0), "eps must be a positive number"), ((8, -1e-5), "eps must be a positive number"),
+     ((8, "1e-5"), "eps must be a positive number")],
+)
+def test_layer_norm_rejects_bad_arguments(args, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        LayerNorm(*args)
+
+
+def test_layer_norm_rejects_the_wrong_width():
+    with pytest.raises(ValueError, match=r"LayerNorm\(8\) expects .* got shape \(2, 7\)"):
+        LayerNorm(8)(torch.randn(2, 7))
+
+
+# --------------------------------------------------------------------------- Block
+
+
+def test_block_parameter_breakdown_for_gpt2_small():
+    with torch.device("meta"):  # shapes only
+        block = Block(GPT2Config())
+    counts = {name: sum(p.numel() for p in child.parameters())
+              for name, child in block.named_children()}
+    assert counts == {"ln_1": 1_536, "attn": 2_362_368, "ln_2": 1_536, "mlp": 4_722_432}
+    assert sum(counts.values()) == 7_087_872
+    assert set(block.state_dict()) >= {
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_proj.bias",
+        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_proj.weight",
+    }
+
+
+def test_block_is_the_pre_norm_composition():
+    torch.manual_seed(0)
+    block = Block(small_config()).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)
+        x = torch.randn(2, 6, 8)
+        h = x + block.attn(F.layer_norm(x, (8,), block.ln_1.weight, block.ln_1.bias, 1e-5))
+        want = h + block.mlp(F.layer_norm(h, (8,), block.ln_2.weight, block.ln_2.bias, 1e-5))
+        assert torch.allclose(block(x), want, atol=1e-5)
+
+
+def test_block_is_causal():
+    torch.manual_seed(0)
+    block = Block(small_config()).double().eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.5)  # big enough that every dependence shows
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    changed = x.clone()
+    changed[0, 4] += 1.0
+    with torch.no_grad():
+        moved = (block(changed) - block(x)).abs().sum(-1)[0] > 0
+    assert moved.tolist() == [False, False, False, False, True, True]
+
+
+class PlainAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x):  # no kv_cache argument, as in a learner's chapter 3 attention
+        return self.proj(x)
+
+
+class RecordingAttention(PlainAttention):
+    def forward(self, x, kv_cache=None):
+        self.seen = kv_cache
+        return self.proj(x)
+
+
+class RecordingMLP(MLP):
+    def forward(self, x, *args, **kwargs):
+        self.extra = (args, kwargs)
+        return super().forward(x)
+
+
+def test_block_passes_kv_cache_to_attention_only_when_given():
+    block = Block(small_config(), attention_cls=PlainAttention)
+    assert block(torch.randn(1, 3, 8)).shape == (1, 3, 8)  # no kv_cache: not passed on
+
+    block = Block(small_config(), attention_cls=RecordingAttention, mlp_cls=RecordingMLP)
+    cache = object()
+    block(torch.randn(1, 3, 8), kv_cache=cache)
+    assert block.attn.seen is cache
+    assert block.mlp.extra == ((), {})  # the MLP never sees the cache
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (1, 3, 7), (1, 1, 3, 8)])
+def test_block_rejects_wrong_shapes(shape):
+    with pytest.raises(ValueError, match=r"Block expects x of shape \(B, T, n_embd=8\)"):
+        Block(small_config())(torch.randn(*shape))
+
+
+@pytest.mark.slow
+def test_block_matches_hugging_face_gpt2():
+    from transformers import GPT2Config as HFConfig
+    from transformers import GPT2Model
+
+    torch.manual_seed(0)
+    hf = GPT2Model(HFConfig(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=50,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    with torch.no_grad():
+        hf.wpe.weight.zero_()  # so the first hidden state is exactly our input
+        for name, p in hf.h[0].named_parameters():  # make LayerNorms and biases non-trivial
+            p.normal_(std=0.3 if p.dim() == 1 else 0.1)
+    ours = Block(GPT2Config(n_embd=64, n_head=4)).eval()
+    wanted = {k: v for k, v in hf.h[0].state_dict().items() if k in ours.state_dict()}
+    ours.load_state_dict(wanted)  # the checkpoint's names fit ours one to one
+    x = torch.randn(2, 10, 64)
+    with torch.no_grad():
+        states = hf(inputs_embeds=x, output_hidden_states=True).hidden_states
+        assert torch.allclose(states[0], x)
+        assert torch.allclose(ours(x), states[1], atol=1e-5)
+
+
+# --------------------------------------------------------------------------- check_layer_norm
+
+
+def correct_layer_norm(x, weight, bias, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, keepdim=True, unbiased=False)
+    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+
+
+def test_check_layer_norm_passes_correct_answers(capsys):
+    checks.check_layer_norm(correct_layer_norm)
+    checks.check_layer_norm(lambda x, w, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], w, b, eps))
+    assert capsys.readouterr().out.count("✅ Exercise 5.1 (layer_norm) passed") == 2
+
+
+def planted_layer_norm(eps_default=1e-5, unbiased=False, eps_outside=False, dim=-1,
+                       center=True, use_weight=True, use_bias=True, swap=False, power=0.5,
+                       ignore_eps=False):
+    def layer_norm(x, weight, bias, eps=eps_default):
+        if ignore_eps:
+            eps = 1e-5
+        mean = x.mean(dim=dim, keepdim=True) if center else 0.0
+        var = x.var(dim=dim, keepdim=True, unbiased=unbiased) if center else (x**2).mean(
+            dim=dim, keepdim=True)
+        scale = var**power + eps if eps_outside else (var + eps) ** power
+        w, b = (bias, weight) if swap else (weight, bias)
+        y = (x - mean) / scale
+        return y * (w if use_weight else 1.0) + (b if use_bias else 0.0)
+
+    return layer_norm
+
+
+WRONG_LAYER_NORMS = {
+    "unbiased variance": (dict(unbiased=True), "torch.var and x.var"),
+    "eps outside sqrt": (dict(eps_outside=True), "eps is added outside the square root"),
+    "unbiased and outside": (dict(unbiased=True, eps_outside=True), "unbiased.*and eps"),
+    "eps 1e-12": (dict(eps_default=1e-12), "looks like 1e-12"),
+    "eps 1e-6": (dict(eps_default=1e-6), "looks like 1e-6"),
+    "no eps": (dict(eps_default=0.0), r"looks like 0 \(none at all\)"),
+    "ignores eps": (dict(ignore_eps=True), "use the `eps` argument"),
+    "over the batch": (dict(dim=0), "wrong dimension"),
+    "over the sequence": (dict(dim=1), "wrong dimension"),
+    "dim=2 only works in 3-D": (dict(dim=2), "2-D input"),
+    "rmsnorm": (dict(center=False), "RMSNorm"),
+    "variance not std": (dict(power=1.0), "divide by the standard deviation"),
+    "no gain": (dict(use_weight=False), "gain is missing"),
+    "no bias": (dict(use_bias=False), "bias is missing"),
+    "no gain, no bias": (dict(use_weight=False, use_bias=False), "gain and bias are missing"),
+    "swapped": (dict(swap=True), "swapped"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_LAYER_NORMS)
+def test_check_layer_norm_names_each_planted_mistake(name):
+    kwargs, phrase = WRONG_LAYER_NORMS[name]
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_layer_norm(planted_layer_norm(**kwargs))
+
+
+def test_check_layer_norm_catches_in_place_shapes_dtypes_and_stubs():
+    def in_place(x, weight, bias, eps=1e-5):
+        x -= x.mean(-1, keepdim=True)
+        return x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * weight + bias
+
+    with pytest.raises(CheckFailed, match="changed x in place"):
+        checks.check_layer_norm(in_place)
+    with pytest.raises(CheckFailed, match="keepdim=True"):
+        checks.check_layer_norm(lambda x, w, b, eps=1e-5: correct_layer_norm(x, w, b, eps)[..., 0])
+    with pytest.raises(CheckFailed, match="keep x's dtype"):
+        checks.check_layer_norm(lambda x, w, b, eps=1e-5: correct_layer_norm(x.double(), w, b, eps))
+
+    def stub(x, weight, bias, eps=1e-5):
+        raise NotImplementedError("Exercise 5.1: replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_layer_norm(stub)
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_layer_norm(lambda x, weight, bias: correct_layer_norm(x, weight, bias))
+
+
+# --------------------------------------------------------------------------- check_layer_norm_module
+
+
+def test_check_layer_norm_module_passes_correct_answers(capsys):
+    class FromScratch(nn.Module):
+        def __init__(self, n_embd, eps=1e-5):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n_embd))
+            self.bias = nn.Parameter(torch.zeros(n_embd))
+            self.eps = eps
+
+        def forward(self, x):
+            return correct_layer_norm(x, self.weight, self.bias, self.eps)
+
+    checks.check_layer_norm_module(LayerNorm)
+    checks.check_layer_norm_module(FromScratch)
+    assert capsys.readouterr().out.count("✅ Exercise 5.2 (LayerNorm) passed") == 2
+
+
+def planted_module(names=("weight", "bias"), parameters=True, init=(1.0, 0.0), eps_default=1e-5,
+                   store_eps=True, unbiased=False):
+    class PlantedLayerNorm(nn.Module):
+        def __init__(self, n_embd, eps=eps_default):
+            super().__init__()
+            make = nn.Parameter if parameters else (lambda t: t)
+            setattr(self, names[0], make(torch.full((n_embd,), init[0])))
+            setattr(self, names[1], make(torch.full((n_embd,), init[1])))
+            self.eps = eps if store_eps else 1e-5
+
+        def forward(self, x):
+            w, b = getattr(self, names[0]), getattr(self, names[1])
+            mean = x.mean(-1, keepdim=True)
+            var = x.var(-1, keepdim=True, unbiased=unbiased)
+            return (x - mean) / torch.sqrt(var + self.eps) * w + b
+
+    return PlantedLayerNorm
+
+
+WRONG_MODULES = {
+    "gamma and beta": (dict(names=("gamma", "beta")), "name them `weight` and `bias`"),
+    "plain tensors": (dict(parameters=False), "wrap weight and bias in nn.Parameter"),
+    "weight starts at zero": (dict(init=(0.0, 0.0)), "`weight` should start as ones"),
+    "bias starts at one": (dict(init=(1.0, 1.0)), "`bias` should start as zeros"),
+    "eps 1e-12": (dict(eps_default=1e-12), "looks like 1e-12"),
+    "eps ignored": (dict(store_eps=False), "does not use eps = 1e-3"),
+    "unbiased": (dict(unbiased=True), "torch.var and x.var"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_MODULES)
+def test_check_layer_norm_module_names_each_planted_mistake(name):
+    kwargs, phrase = WRONG_MODULES[name]
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_layer_norm_module(planted_module(**kwargs))
+
+
+def test_check_layer_norm_module_explains_stubs():
+    class Stub(nn.Module):
+        def __init__(self, n_embd, eps=1e-5):
+            super().__init__()
+            raise NotImplementedError("Exercise 5.2: replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_layer_norm_module(Stub)
+
+
+# --------------------------------------------------------------------------- check_block
+
+
+class AnotherAttention(CausalSelfAttention):
+    """A different but correct attention: the check must accept any."""
+
+
+def test_check_block_passes_the_reference_and_blocks_built_from_other_parts(capsys):
+    from functools import partial
+
+    checks.check_block(Block)
+    checks.check_block(partial(Block, attention_cls=AnotherAttention))
+
+    class ExplicitBlock(Block):
+        def forward(self, x, kv_cache=None):
+            if kv_cache is None:
+                a = self.attn(self.ln_1(x))
+            else:
+                a = self.attn(self.ln_1(x), kv_cache)
+            x = x + a
+            return x + self.mlp(self.ln_2(x))
+
+    checks.check_block(ExplicitBlock)
+    assert capsys.readouterr().out.count("✅ Exercise 5.3 (Block) passed") == 3
+
+
+def planted_block(forward):
+    class PlantedBlock(Block):
+        def forward(self, x, kv_cache=None):
+            return forward(self, x)
+
+    return PlantedBlock
+
+
+WRONG_BLOCKS = {
+    "post-norm": (lambda s, x: (lambda h: s.ln_2(h + s.mlp(h)))(s.ln_1(x + s.attn(x))),
+                  "post-norm block of the original Transformer"),
+    "no residuals": (lambda s, x: s.mlp(s.ln_2(s.attn(s.ln_1(x)))),
+                     "both residual connections are missing"),
+    "no attention residual": (lambda s, x: (lambda h: h + s.mlp(s.ln_2(h)))(s.attn(s.ln_1(x))),
+                              "residual connection around attention is missing"),
+    "no MLP residual": (lambda s, x: s.mlp(s.ln_2(x + s.attn(s.ln_1(x)))),
+                        "residual connection around the MLP is missing"),
+    "ln_1 twice": (lambda s, x: (lambda h: h + s.mlp(s.ln_1(h)))(x + s.attn(s.ln_1(x))),
+                   "you used ln_1 twice"),
+    "swapped norms": (lambda s, x: (lambda h: h + s.mlp(s.ln_1(h)))(x + s.attn(s.ln_2(x))),
+                      "ln_1 and ln_2 are swapped"),
+    "normalised stream": (
+        lambda s, x: (lambda h: (lambda n: n + s.mlp(n))(s.ln_2(h)))(
+            (lambda n: n + s.attn(n))(s.ln_1(x))),
+        "the stream itself was normalised"),
+    "parallel": (lambda s, x: x + s.attn(s.ln_1(x)) + s.mlp(s.ln_2(x)),
+                 "the MLP reads x instead of the stream after attention"),
+    "MLP first": (lambda s, x: (lambda h: h + s.attn(s.ln_1(h)))(x + s.mlp(s.ln_2(x))),
+                  "the MLP comes before attention"),
+    "no norms": (lambda s, x: (lambda h: h + s.mlp(h))(x + s.attn(x)),
+                 "the LayerNorms are not used"),
+    "doubled": (lambda s, x: 2 * (lambda h: h + s.mlp(s.ln_2(h)))(x + s.attn(s.ln_1(x))),
+                "is not the pre-norm block"),
+    "returns a tuple": (lambda s, x: (x, None), "a block maps"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_BLOCKS)
+def test_check_block_names_each_planted_mistake(name):
+    forward, phrase = WRONG_BLOCKS[name]
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_block(planted_block(forward))
+
+
+def test_check_block_requires_the_kv_cache_protocol():
+    class AlwaysPassesCache(Block):
+        def forward(self, x, kv_cache=None):
+            x = x + self.attn(self.ln_1(x), kv_cache=kv_cache)
+            return x + self.mlp(self.ln_2(x))
+
+    with pytest.raises(CheckFailed, match="call self.attn\\(h\\) without it"):
+        checks.check_block(AlwaysPassesCache)
+
+    class DropsCache(Block):
+        def forward(self, x, kv_cache=None):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    with pytest.raises(CheckFailed, match="did not hand the cache to attention"):
+        checks.check_block(DropsCache)
+
+    class NoCacheArgument(Block):
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    with pytest.raises(CheckFailed, match=r"block\(x, kv_cache=cache\) failed"):
+        checks.check_block(NoCacheArgument)
+
+
+def test_check_block_explains_names_shared_norms_and_stubs():
+    class Renamed(nn.Module):
+        def __init__(self, config, attention_cls=CausalSelfAttention, mlp_cls=MLP):
+            super().__init__()
+            self.norm1, self.attn = LayerNorm(config.n_embd), attention_cls(config)
+            self.ln_2, self.mlp = LayerNorm(config.n_embd), mlp_cls(config)
+
+    with pytest.raises(CheckFailed, match="no submodule `ln_1`"):
+        checks.check_block(Renamed)
+
+    class SharedNorm(Block):
+        def __init__(self, config, attention_cls=CausalSelfAttention, mlp_cls=MLP):
+            super().__init__(config, attention_cls, mlp_cls)
+            self.ln_2 = self.ln_1
+
+    with pytest.raises(CheckFailed, match="ln_1 and ln_2 are the same module"):
+        checks.check_block(SharedNorm)
+
+    class StubLayerNorm(nn.Module):
+        def __init__(self, n_embd, eps=1e-5):
+            super().__init__()
+            raise NotImplementedError("Exercise 5.2 (LayerNorm): replace this line with your code")
+
+    class BlockOnStub(nn.Module):
+        def __init__(self, config, attention_cls=CausalSelfAttention, mlp_cls=MLP):
+            super().__init__()
+            self.ln_1 = StubLayerNorm(config.n_embd)
+
+    with pytest.raises(CheckFailed, match=r"not done yet.*Exercise 5\.2 \(LayerNorm\)"):
+        checks.check_block(BlockOnStub)
+
+    class StubForward(Block):
+        def forward(self, x, kv_cache=None):
+            raise NotImplementedError("Exercise 5.3 (Block): replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_block(StubForward)
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_block(lambda: None)
