@@ -1,0 +1,334 @@
+"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, its size.
+
+Each check runs the learner's code on small random cases, compares with the reference
+`gpt2lib.model.GPT2`, and names the usual mistake by comparing with known wrong variants.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import torch
+import torch.nn as nn
+
+from gpt2lib.checks._core import CheckFailed, call_learner, passed
+
+EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
+EX_INIT = "Exercise 6.2 (GPT-2's initialisation)"
+EX_COUNT = "Exercise 6.3 (parameter count from the configuration)"
+
+_NAMES = ("wte", "wpe", "drop", "h", "ln_f")
+
+
+def _config(**sizes):
+    from gpt2lib.config import GPT2Config
+
+    return GPT2Config(**sizes)
+
+
+def _reference(config, seed=0):
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(seed)
+    model = GPT2(config).eval()
+    with torch.no_grad():  # LayerNorm gains and biases away from 1 and 0, so skipping one shows
+        for name, p in model.named_parameters():
+            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+# --------------------------------------------------------------------------- Exercise 6.1
+
+
+def _variants(ref, idx):
+    """Outputs of the reference weights computed right and in the usual wrong ways."""
+    T = idx.shape[1]
+    tok = ref.wte(idx)  # (B, T, C)
+
+    def blocks(x):
+        for block in ref.h:
+            x = block(x)
+        return x
+
+    def readout(x):
+        return x @ ref.wte.weight.T
+
+    pos = ref.wpe(torch.arange(T))  # (T, C)
+    out = {"right": readout(ref.ln_f(blocks(tok + pos)))}
+    out["no_ln_f"] = readout(blocks(tok + pos))
+    out["no_positions"] = readout(ref.ln_f(blocks(tok)))
+    if T < ref.config.n_positions:
+        out["positions_from_1"] = readout(ref.ln_f(blocks(tok + ref.wpe(torch.arange(1, T + 1)))))
+    if int(idx.max()) < ref.config.n_positions:
+        out["ids_as_positions"] = readout(ref.ln_f(blocks(tok + ref.wpe(idx))))
+    out["blocks_discarded"] = readout(ref.ln_f(tok + pos))
+    out["softmax"] = out["right"].softmax(dim=-1)
+    return out
+
+
+_VARIANT_MESSAGES = {
+    "no_ln_f": "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the "
+    "output of the last block, before the readout",
+    "no_positions": "your logits match the model WITHOUT position embeddings: add "
+    "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
+    "positions_from_1": "your positions start at 1: the first token's position is 0, so use "
+    "torch.arange(T) (0, 1, ..., T-1)",
+    "ids_as_positions": "you looked up the token ids in the position table (self.wpe(idx)): "
+    "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
+    "blocks_discarded": "your logits match the model with NO blocks: a block returns the new "
+    "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
+    "softmax": "your output is probabilities (each row sums to 1): return the raw logits; "
+    "softmax belongs to the loss and to sampling",
+}
+
+
+def check_gpt2_module(model_cls) -> None:
+    """Exercise 6.1: `model_cls(config)` builds GPT-2 and `forward(idx)` returns logits."""
+    config = _config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    ref = _reference(config)
+    model = call_learner(EX_MODULE, model_cls, config)
+    if not isinstance(model, nn.Module):
+        raise CheckFailed(EX_MODULE, f"{getattr(model_cls, '__name__', model_cls)}(config) "
+                          f"should make an nn.Module, got {type(model).__name__}")
+    missing = [n for n in _NAMES if not hasattr(model, n)]
+    if "ln_f" in missing:
+        raise CheckFailed(EX_MODULE, "your model has no `ln_f`: the final LayerNorm is missing; "
+                          "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)")
+    if missing:
+        raise CheckFailed(EX_MODULE, f"your model has no attribute(s) {', '.join(missing)}; "
+                          f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)")
+    if isinstance(model.h, (list, tuple)):
+        raise CheckFailed(EX_MODULE, f"self.h is a plain {type(model.h).__name__}: PyTorch does "
+                          "not see the blocks inside it, so their parameters are missing from "
+                          "model.parameters(), state_dict() and .to(device); wrap it: "
+                          "self.h = nn.ModuleList([...])")
+    if not isinstance(model.h, nn.ModuleList) or len(model.h) != config.n_layer:
+        raise CheckFailed(EX_MODULE, f"self.h should be an nn.ModuleList of config.n_layer "
+                          f"({config.n_layer}) blocks, got {type(model.h).__name__}"
+                          + (f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""))
+
+    V, C = config.vocab_size, config.n_embd
+    wte_weight = getattr(model.wte, "weight", None)
+    untied = [n for n, p in model.named_parameters()
+              if p is not wte_weight and tuple(p.shape) in ((V, C), (C, V))]
+    if untied:
+        raise CheckFailed(EX_MODULE, f"your model has a separate readout ({', '.join(untied)}, "
+                          f"{V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's "
+                          "readout is tied, logits = x @ self.wte.weight.T, with no lm_head")
+    n_learner = sum(p.numel() for p in model.parameters())
+    n_ref = sum(p.numel() for p in ref.parameters())
+    if n_learner != n_ref:
+        raise CheckFailed(EX_MODULE, f"your model has {n_learner:,} parameters, the reference "
+                          f"{n_ref:,} for this config; compare your layers with the list above")
+
+    state = ref.state_dict()
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        raise CheckFailed(EX_MODULE, f"the reference weights do not fit your model: {exc}") from None
+    loaded = {id(p) for n, p in model.named_parameters() if n in state}
+    not_loaded = [n for n in result.missing_keys
+                  if n in dict(model.named_parameters()) and id(model.get_parameter(n)) not in loaded]
+    if result.unexpected_keys or not_loaded:
+        raise CheckFailed(EX_MODULE, "parameter names differ from GPT-2's: your model lacks "
+                          f"{result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) "
+                          f"for the blocks and the names {', '.join(_NAMES)}")
+    model.eval()
+
+    torch.manual_seed(1)
+    cases = [
+        torch.randint(0, config.n_positions, (2, 9)),  # ids small enough to be positions too
+        torch.randint(0, V, (3, config.n_positions)),  # the full context
+        torch.randint(0, V, (1, 1)),  # a single token
+    ]
+    for idx in cases:
+        with torch.no_grad():
+            got = call_learner(EX_MODULE, model, idx)
+            variants = _variants(ref, idx)
+        want = variants["right"]
+        if not isinstance(got, torch.Tensor):
+            raise CheckFailed(EX_MODULE, f"forward should return a tensor of logits, got "
+                              f"{type(got).__name__}")
+        if tuple(got.shape) == tuple(idx.shape) + (C,):
+            raise CheckFailed(EX_MODULE, f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
+                              "the readout is missing; multiply by self.wte.weight.T to get "
+                              "(B, T, vocab_size)")
+        if got.shape != want.shape:
+            raise CheckFailed(EX_MODULE, f"for idx of shape {tuple(idx.shape)} your output has shape "
+                              f"{tuple(got.shape)}; expected (B, T, vocab_size) = {tuple(want.shape)}")
+        if torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+            continue
+        for name, value in variants.items():
+            if name != "right" and torch.allclose(got, value, atol=1e-4, rtol=1e-4):
+                raise CheckFailed(EX_MODULE, _VARIANT_MESSAGES[name])
+        worst = (got - want).abs().max().item()
+        raise CheckFailed(EX_MODULE, f"for idx of shape {tuple(idx.shape)} your logits differ "
+                          f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
+                          "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T")
+    passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
+
+
+# --------------------------------------------------------------------------- Exercise 6.2
+
+
+def _std_of(params):
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    return flat.std().item(), flat.mean().item()
+
+
+def check_init_gpt2_weights(init_fn) -> None:
+    """Exercise 6.2: `init_fn(model)` sets a gpt2lib.GPT2's weights as GPT-2 does, in place."""
+    from gpt2lib.model import GPT2
+
+    n_layer = 6  # not GPT-2 small's 12, so a hard-coded 12 shows
+    config = _config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=n_layer, n_head=4)
+    torch.manual_seed(0)
+    model = GPT2(config)
+    fill = 0.5
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(fill)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        call_learner(EX_INIT, init_fn, model)
+    named = dict(model.named_parameters())
+
+    def group(predicate):
+        return [p for n, p in named.items() if predicate(n)]
+
+    def is_layer_norm(n):
+        return ".ln_" in n or n.startswith("ln_f")
+
+    for n, p in named.items():
+        if is_layer_norm(n) and not torch.all(p == (1.0 if n.endswith(".weight") else 0.0)):
+            raise CheckFailed(EX_INIT, f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: "
+                              "a LayerNorm starts with gain (weight) 1 and bias 0, a plain "
+                              "normalisation")
+    for n, p in named.items():
+        if n.endswith(".bias") and not torch.all(p == 0):
+            raise CheckFailed(EX_INIT, f"{n} is not zero: the layers' biases start at 0")
+    for n, p in named.items():
+        if torch.all(p == fill):
+            raise CheckFailed(EX_INIT, f"{n} still holds the value it had before your function "
+                              "ran: every parameter must be set (see the list in the exercise)")
+
+    expected = 0.02
+    groups = {
+        "the token embedding wte": group(lambda n: n == "wte.weight"),
+        "the position embedding wpe": group(lambda n: n == "wpe.weight"),
+        "attn.c_attn weights": group(lambda n: n.endswith("attn.c_attn.weight")),
+        "mlp.c_fc weights": group(lambda n: n.endswith("mlp.c_fc.weight")),
+    }
+    for label, params in groups.items():
+        std, mean = _std_of(params)
+        if abs(std - math.sqrt(expected)) < 0.1 * math.sqrt(expected):
+            raise CheckFailed(EX_INIT, f"{label} have std {std:.4f} = √0.02: 0.02 is the standard "
+                              "deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))")
+        if abs(std - expected) > 0.1 * expected:
+            raise CheckFailed(EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them")
+        if abs(mean) > 0.2 * expected:
+            raise CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
+
+    resid = expected / math.sqrt(2 * n_layer)
+    wrong_scales = {
+        expected / math.sqrt(n_layer): "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since "
+        "every block adds TWO updates to the residual stream (attention and MLP)",
+        expected / (2 * n_layer): "are scaled by 1/(2 · n_layer): take the square root, "
+        "0.02 / √(2 · n_layer) (random updates add up as √count)",
+        expected / math.sqrt(2 * 12): "look scaled for GPT-2 small's 12 layers: use the model's own "
+        f"depth, model.config.n_layer (here {n_layer})",
+    }
+
+    def close(value, target):
+        return abs(value - target) <= 0.1 * target
+
+    stds = {w: _std_of(group(lambda n, w=w: n.endswith(w + ".weight"))) for w in ("attn.c_proj", "mlp.c_proj")}
+    right = {w: close(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
+    if all(right.values()):
+        passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
+        return
+    if sum(right.values()) == 1:
+        good = next(w for w, ok in right.items() if ok)
+        bad = next(w for w, ok in right.items() if not ok)
+        if close(stds[bad][0], expected):
+            raise CheckFailed(EX_INIT, f"only {good} is scaled, {bad} is not: both write into the "
+                              "residual stream, so both use std 0.02 / √(2 · n_layer)")
+    where = next(w for w, ok in right.items() if not ok)
+    std, mean = stds[where]
+    if close(std, expected):
+        raise CheckFailed(EX_INIT, "the residual projections (attn.c_proj, mlp.c_proj) are not "
+                          f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
+                          "residual stream adds up 2 · n_layer of their outputs")
+    for scale, why in wrong_scales.items():
+        if close(std, scale):
+            raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f}: they " + why)
+    raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
+                      f"0.02 / √(2 · {n_layer}) = {resid:.4f}")
+
+
+# --------------------------------------------------------------------------- Exercise 6.3
+
+
+def _formula_variants(config):
+    V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
+    right = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+    return right, {
+        right + V * C: "you counted the readout as well as wte: the readout is TIED to the token "
+        "table (logits = x @ wte.weight.T), so it adds no parameters",
+        right - 2 * C: "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+        right - P * C: "the position embedding table wpe (n_positions × n_embd) is missing",
+        right - 9 * C * L: "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
+        "(3C + C + 4C + C per block) are missing",
+        right - 4 * C * L: "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
+        right - 4 * C * L - 2 * C: "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are "
+        "missing",
+        right - 9 * C * L - 4 * C * L - 2 * C: "only the weight matrices are counted: add the "
+        "biases and the LayerNorms",
+        right - L * (12 * C * C + 13 * C) + (12 * C * C + 13 * C): "only ONE block is counted: "
+        "there are n_layer of them, each with its own weights",
+        right - L * (6 * C * C + 3 * C): "the MLP is counted as n_embd → n_embd → n_embd: its "
+        "hidden layer is 4 · n_embd wide",
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def _meta_count(config_items) -> int:
+    """Parameters of gpt2lib.GPT2 for a config, counted on the meta device (no memory)."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT2(GPT2Config(**dict(config_items))).parameters())
+
+
+def check_count_gpt2_parameters(count_fn) -> None:
+    """Exercise 6.3: `count_fn(config)` returns the parameter count from the sizes alone."""
+    from gpt2lib.config import GPT2Config
+
+    configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES]
+    configs += [
+        _config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
+        _config(vocab_size=5, n_positions=3, n_embd=4, n_layer=3, n_head=2),
+    ]
+    for config in configs:
+        want = _meta_count(tuple(sorted(vars(config).items())))
+        got = call_learner(EX_COUNT, count_fn, config)
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
+        if got == want:
+            continue
+        sizes = (f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
+                 f"n_embd={config.n_embd}, n_layer={config.n_layer}")
+        right, variants = _formula_variants(config)
+        assert right == want, "the check's formula disagrees with gpt2lib.GPT2"
+        why = variants.get(got)
+        if why is not None:
+            raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: {why}")
+        raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,} "
+                          f"(off by {got - want:+,}); go through the parts listed in the exercise")
+    passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")

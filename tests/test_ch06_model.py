@@ -1,0 +1,502 @@
+"""Chapter 6: the whole model (gpt2lib.model.GPT2) and the chapter's exercise checks."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2lib.attention import Conv1D
+from gpt2lib.block import Block, LayerNorm
+from gpt2lib.checks import CheckFailed
+from gpt2lib.checks import model as checks
+from gpt2lib.config import GPT2Config
+from gpt2lib.model import GPT2
+
+TINY = GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return GPT2(TINY).eval()
+
+
+@pytest.fixture(scope="module")
+def small_meta():
+    with torch.device("meta"):
+        return GPT2(GPT2Config())
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("gpt2", 124_439_808),
+    ("gpt2-medium", 354_823_168),
+    ("gpt2-large", 774_030_080),
+    ("gpt2-xl", 1_557_611_200),
+])
+def test_parameter_counts_of_the_four_sizes_on_meta(name, expected):
+    with torch.device("meta"):
+        model = GPT2(GPT2Config.from_name(name))
+    assert all(p.is_meta for p in model.parameters())
+    assert all(p.data_ptr() == 0 for p in model.parameters()), "meta tensors own no memory"
+    assert count(model) == expected
+
+
+def test_per_component_counts_match_the_design_card(small_meta):
+    m = small_meta
+    assert count(m.wte) == 50_257 * 768 == 38_597_376
+    assert count(m.wpe) == 1_024 * 768 == 786_432
+    assert count(m.h[0]) == 7_087_872
+    assert count(m.h) == 7_087_872 * 12 == 85_054_464
+    assert count(m.h[0].attn) == 2_362_368 and count(m.h[0].mlp) == 4_722_432
+    assert count(m.h[0].ln_1) == count(m.h[0].ln_2) == count(m.ln_f) == 1_536
+    assert count(m) == 124_439_808
+    assert count(m) * 4 / 2**20 == pytest.approx(474.7, abs=0.05)  # float32 weights, MiB
+
+
+def test_names_match_the_hub_checkpoint_keys(small_meta):
+    names = set(small_meta.state_dict())
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "h.0.ln_1.weight",
+            "h.11.attn.c_attn.weight", "h.11.attn.c_proj.bias", "h.5.mlp.c_fc.weight",
+            "h.5.mlp.c_proj.weight", "h.0.ln_2.bias"} <= names
+    assert not any(n.startswith(("transformer.", "lm_head")) for n in names)
+    assert tuple(small_meta.h[0].attn.c_attn.weight.shape) == (768, 2304)  # Conv1D: [in, out]
+
+
+# --------------------------------------------------------------------------- tied readout
+
+
+def test_readout_is_tied_to_the_token_table(tiny):
+    vocab_sized = [n for n, p in tiny.named_parameters() if TINY.vocab_size in p.shape]
+    assert vocab_sized == ["wte.weight"]
+    idx = torch.randint(0, TINY.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x = tiny.wte(idx) + tiny.wpe(torch.arange(7))
+        for block in tiny.h:
+            x = block(x)
+        by_hand = tiny.ln_f(x) @ tiny.wte.weight.T
+        torch.testing.assert_close(tiny(idx), by_hand, atol=1e-5, rtol=1e-5)
+
+
+def test_changing_the_token_table_changes_the_readout():
+    torch.manual_seed(0)
+    model = GPT2(TINY).eval()
+    idx = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        before = model(idx)
+        model.wte.weight[40] += torch.randn(TINY.n_embd)  # 40 is not in the input: only the readout reads it
+        after = model(idx)
+    changed = (after - before).abs().amax(dim=(0, 1)) > 1e-6  # (V,)
+    assert changed.nonzero().flatten().tolist() == [40]
+
+
+# --------------------------------------------------------------------------- initialisation
+
+
+def test_init_stds_follow_gpt2():
+    config = GPT2Config(vocab_size=2000, n_positions=128, n_embd=128, n_layer=4, n_head=4)
+    torch.manual_seed(0)
+    model = GPT2(config)
+    params = dict(model.named_parameters())
+    residual = 0.02 / math.sqrt(2 * config.n_layer)
+    for name, p in params.items():
+        if name.endswith("c_proj.weight"):
+            assert p.std().item() == pytest.approx(residual, rel=0.05), name
+            assert abs(p.mean().item()) < 0.1 * residual, name
+        elif name in ("wte.weight", "wpe.weight") or name.endswith(("c_attn.weight", "c_fc.weight")):
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+            assert abs(p.mean().item()) < 0.002, name
+        elif ".ln_" in name or name.startswith("ln_f"):
+            assert torch.all(p == (1.0 if name.endswith("weight") else 0.0)), name
+        else:
+            assert name.endswith(".bias") and torch.all(p == 0), name
+
+
+def test_init_covers_blocks_built_from_torch_layers():
+    class LinearBlock(nn.Module):  # a learner's block made of nn.Linear / nn.LayerNorm
+        def __init__(self, config):
+            super().__init__()
+            self.ln = nn.LayerNorm(config.n_embd)
+            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+        def forward(self, x):  # no kv_cache argument: must still work
+            return x + self.c_proj(F.gelu(self.c_fc(self.ln(x))))
+
+    config = GPT2Config(vocab_size=50, n_positions=8, n_embd=64, n_layer=8, n_head=4)
+    torch.manual_seed(0)
+    model = GPT2(config, block_cls=LinearBlock).eval()
+    fc = torch.cat([b.c_fc.weight.flatten() for b in model.h])
+    proj = torch.cat([b.c_proj.weight.flatten() for b in model.h])
+    assert fc.std().item() == pytest.approx(0.02, rel=0.05)
+    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
+    assert all(torch.all(b.c_fc.bias == 0) for b in model.h)
+    assert model(torch.tensor([[1, 2, 3]])).shape == (1, 3, 50)
+
+
+def test_building_on_meta_needs_no_memory_and_loads_with_assign(tiny):
+    with torch.device("meta"):
+        empty = GPT2(TINY)
+    empty.load_state_dict(tiny.state_dict(), assign=True)
+    empty.eval()
+    assert empty.wte.weight.data_ptr() == tiny.wte.weight.data_ptr()  # shared, not copied
+    idx = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(empty(idx), tiny(idx))
+
+
+# --------------------------------------------------------------------------- forward
+
+
+def test_shapes_last_only_and_int32_ids(tiny):
+    idx = torch.randint(0, TINY.vocab_size, (3, TINY.n_positions), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = tiny(idx)
+        last = tiny(idx, last_only=True)
+        as_int32 = tiny(idx.int())
+    assert full.shape == (3, TINY.n_positions, TINY.vocab_size)
+    assert last.shape == (3, 1, TINY.vocab_size)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(as_int32, full)
+
+
+def test_causal_earlier_logits_ignore_later_tokens(tiny):
+    a = torch.tensor([[3, 4, 5, 6, 7]])
+    b = torch.tensor([[3, 4, 5, 50, 1]])
+    with torch.no_grad():
+        torch.testing.assert_close(tiny(a)[:, :3], tiny(b)[:, :3])
+        assert not torch.allclose(tiny(a)[:, 3:], tiny(b)[:, 3:])
+
+
+def test_positions_matter(tiny):
+    with torch.no_grad():
+        forwards = tiny(torch.tensor([[7, 7, 7]]))
+    assert not torch.allclose(forwards[0, 0], forwards[0, 2], atol=1e-4)
+
+
+def test_dropout_only_in_training():
+    config = GPT2Config(vocab_size=30, n_positions=8, n_embd=16, n_layer=1, n_head=2,
+                        embd_pdrop=0.5, attn_pdrop=0.0, resid_pdrop=0.0)
+    torch.manual_seed(0)
+    model = GPT2(config)
+    idx = torch.tensor([[1, 2, 3, 4]])
+    model.train()
+    assert not torch.allclose(model(idx), model(idx))
+    model.eval()
+    torch.testing.assert_close(model(idx), model(idx))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (torch.tensor([[1, 61]]), ValueError, r"token id 61 is outside the vocabulary.*\[0, 61\).*vocab_size=61"),
+    (torch.tensor([[-1, 3]]), ValueError, r"token id -1 is outside the vocabulary"),
+    (torch.tensor([1, 2, 3]), ValueError, r"idx must be 2-D with shape \(B, T\), got shape \(3,\).*idx\[None\]"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, r"must be 2-D.*got shape \(1, 2, 3\)"),
+    (torch.zeros(1, 0, dtype=torch.long), ValueError, r"holds no tokens.*T >= 1"),
+    (torch.zeros(0, 4, dtype=torch.long), ValueError, r"holds no tokens.*B >= 1"),
+    (torch.tensor([[1.0, 2.0]]), TypeError, r"integer token ids.*torch.float32.*idx.long\(\)"),
+    (torch.tensor([[True, False]]), TypeError, r"integer token ids.*torch.bool"),
+    ([[1, 2, 3]], TypeError, r"must be a torch.Tensor.*got list.*torch.tensor\(\[ids\]\)"),
+    (torch.zeros(1, 17, dtype=torch.long), ValueError,
+     r"sequence of 17 tokens.*context of 16 tokens \(n_positions\)"),
+])
+def test_bad_input_gets_a_clear_error(tiny, bad, error, message):
+    with pytest.raises(error, match=message):
+        tiny(bad)
+
+
+# --------------------------------------------------------------------------- KV-cache protocol
+
+
+class FakeLayerCache:
+    """Keeps keys and values by concatenation: the protocol of gpt2lib.kvcache, minimally."""
+
+    def __init__(self, log, index):
+        self.k = self.v = None
+        self.log, self.index = log, index
+
+    @property
+    def length(self):
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k, v):  # (B, nh, T, hd) -> all so far (B, nh, length + T, hd)
+        self.log.append(("update", self.index, k.shape[2]))
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class FakeCache:
+    def __init__(self, n_layer):
+        self.log = []
+        self.layers = [FakeLayerCache(self.log, i) for i in range(n_layer)]
+        self.length = 0
+
+    def advance(self, T):
+        self.log.append(("advance", T))
+        self.length += T
+
+
+def test_kv_cache_protocol_gives_the_uncached_logits(tiny):
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
+    cache = FakeCache(TINY.n_layer)
+    with torch.no_grad():
+        full = tiny(idx)
+        prompt = tiny(idx[:, :6], kv_cache=cache)
+        steps = [tiny(idx[:, t : t + 1], kv_cache=cache, last_only=True) for t in range(6, 9)]
+    assert cache.log[:3] == [("update", 0, 6), ("update", 1, 6), ("advance", 6)]
+    assert cache.log[3:6] == [("update", 0, 1), ("update", 1, 1), ("advance", 1)]
+    assert cache.length == 9
+    torch.testing.assert_close(prompt, full[:, :6], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 6:], atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_too_long_names_the_cached_tokens(tiny):
+    cache = FakeCache(TINY.n_layer)
+    cache.length = 15
+    with pytest.raises(ValueError, match=r"17 tokens \(15 cached \+ 2 new\).*context of 16"):
+        tiny(torch.tensor([[1, 2]]), kv_cache=cache)
+    assert cache.log == [], "nothing may touch the cache when the input is refused"
+
+
+# --------------------------------------------------------------------------- Exercise 6.1 check
+
+
+class RightGPT2(nn.Module):
+    """A correct answer written differently: tied through an lm_head that shares wte's weight."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one tensor, two uses
+        self.variant = None
+
+    def embed(self, idx):
+        T = idx.size(1)
+        if self.variant == "no_positions":
+            return self.wte(idx)
+        if self.variant == "positions_from_1":
+            return self.wte(idx) + self.wpe(torch.arange(1, T + 1))
+        if self.variant == "ids_as_positions":
+            return self.wte(idx) + self.wpe(idx)
+        return self.wte(idx) + self.wpe(torch.arange(T)[None, :])
+
+    def forward(self, idx):
+        x = self.drop(self.embed(idx))
+        for block in self.h:
+            if self.variant == "blocks_discarded":
+                block(x)
+            else:
+                x = block(x)
+        if self.variant != "no_ln_f":
+            x = self.ln_f(x)
+        if self.variant == "no_readout":
+            return x
+        logits = self.lm_head(x)
+        return logits.softmax(-1) if self.variant == "softmax" else logits
+
+
+def _variant(name):
+    class Variant(RightGPT2):
+        def __init__(self, config):
+            super().__init__(config)
+            self.variant = name
+
+    return Variant
+
+
+def test_check_module_passes_the_reference_and_another_correct_answer(capsys):
+    checks.check_gpt2_module(RightGPT2)
+    checks.check_gpt2_module(lambda config: GPT2(config))
+    assert capsys.readouterr().out.count("✅") == 2
+
+
+@pytest.mark.parametrize("variant, phrase", [
+    ("no_ln_f", "WITHOUT the final LayerNorm"),
+    ("no_positions", "WITHOUT position embeddings"),
+    ("positions_from_1", "positions start at 1"),
+    ("ids_as_positions", r"looked up the token ids in the position table"),
+    ("blocks_discarded", r"NO blocks.*x = block\(x\)"),
+    ("softmax", "probabilities"),
+    ("no_readout", "the readout is missing"),
+])
+def test_check_module_names_the_mistake(variant, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_gpt2_module(_variant(variant))
+
+
+def test_check_module_catches_an_untied_readout():
+    class Untied(RightGPT2):
+        def __init__(self, config):
+            super().__init__(config)
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    with pytest.raises(CheckFailed, match=r"separate readout \(lm_head.weight.*38,597,376.*tied"):
+        checks.check_gpt2_module(Untied)
+
+
+def test_check_module_catches_a_missing_final_layernorm():
+    class NoLnF(RightGPT2):
+        def __init__(self, config):
+            super().__init__(config)
+            del self.ln_f
+            self.variant = "no_ln_f"
+
+    with pytest.raises(CheckFailed, match="no `ln_f`: the final LayerNorm is missing"):
+        checks.check_gpt2_module(NoLnF)
+
+
+def test_check_module_catches_wrong_names_stub_and_signature():
+    class Renamed(RightGPT2):
+        def __init__(self, config):
+            super().__init__(config)
+            self.blocks = self.h
+            del self.h
+
+    with pytest.raises(CheckFailed, match="no attribute.*h.*use exactly the names"):
+        checks.check_gpt2_module(Renamed)
+
+    class PlainList(RightGPT2):
+        def __init__(self, config):
+            super().__init__(config)
+            blocks = list(self.h)
+            del self.h  # a learner writing self.h = [Block(config) ...] from the start
+            self.h = blocks
+
+    with pytest.raises(CheckFailed, match=r"self.h is a plain list.*nn.ModuleList"):
+        checks.check_gpt2_module(PlainList)
+
+    class Stub(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            raise NotImplementedError("Exercise 6.1: replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_gpt2_module(Stub)
+
+    class NoConfig(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+    with pytest.raises(CheckFailed, match="cannot take that"):
+        checks.check_gpt2_module(NoConfig)
+
+
+# --------------------------------------------------------------------------- Exercise 6.2 check
+
+
+def _right_init(model, residual_scale=None, skip=()):
+    n_layer = model.config.n_layer
+    scale = residual_scale if residual_scale is not None else 1 / math.sqrt(2 * n_layer)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "embedding" not in skip:
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, Conv1D):
+            is_residual = name.endswith("c_proj") and not any(name.endswith(s) for s in skip)
+            nn.init.normal_(module.weight, std=0.02 * scale if is_residual else 0.02)
+            if "bias" not in skip:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, LayerNorm) and "layernorm" not in skip:
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+
+def test_check_init_passes_correct_answers(capsys):
+    checks.check_init_gpt2_weights(_right_init)
+
+    def by_parameter_name(model):  # another correct style: by names, trunc_normal_ far out
+        std = 0.02 / math.sqrt(2 * len(model.h))
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln_" in name or name.startswith("ln_f"):
+                p.fill_(1.0)
+            else:
+                nn.init.trunc_normal_(p, std=std if name.endswith("c_proj.weight") else 0.02,
+                                      a=-1.0, b=1.0)
+
+    checks.check_init_gpt2_weights(by_parameter_name)
+    checks.check_init_gpt2_weights(lambda model: model.init_weights())  # the reference
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda m: _right_init(m, residual_scale=1.0), "not scaled"),
+    (lambda m: _right_init(m, residual_scale=1 / math.sqrt(m.config.n_layer)), "TWO updates"),
+    (lambda m: _right_init(m, residual_scale=1 / (2 * m.config.n_layer)), "take the square root"),
+    (lambda m: _right_init(m, residual_scale=1 / math.sqrt(24)), "GPT-2 small's 12 layers"),
+    (lambda m: _right_init(m, skip=("mlp.c_proj",)), "only attn.c_proj is scaled, mlp.c_proj is not"),
+    (lambda m: _right_init(m, skip=("attn.c_proj",)), "only mlp.c_proj is scaled, attn.c_proj is not"),
+    (lambda m: _right_init(m, skip=("bias",)), r"attn.c_attn.bias is not zero"),
+    (lambda m: _right_init(m, skip=("layernorm",)), r"ln_1.weight is not all ones"),
+    (lambda m: _right_init(m, skip=("embedding",)), r"wte.weight still holds the value"),
+])
+def test_check_init_names_the_mistake(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_init_gpt2_weights(wrong)
+
+
+def test_check_init_catches_variance_for_std():
+    def variance(model):
+        _right_init(model)
+        for module in model.modules():
+            if isinstance(module, (nn.Embedding, Conv1D)):
+                nn.init.normal_(module.weight, std=math.sqrt(0.02))
+
+    with pytest.raises(CheckFailed, match="not the variance"):
+        checks.check_init_gpt2_weights(variance)
+
+
+# --------------------------------------------------------------------------- Exercise 6.3 check
+
+
+def _formula(config, extra=0, block_extra=0, one_block=False, hidden=4):
+    """The count, right by default; the arguments plant the usual mistakes."""
+    V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
+    attention = (C * 3 * C + 3 * C) + (C * C + C)
+    mlp = (C * hidden * C + hidden * C) + (hidden * C * C + C)
+    block = 2 * (2 * C) + attention + mlp + block_extra
+    return V * C + P * C + (1 if one_block else L) * block + 2 * C + extra
+
+
+def test_check_count_passes_correct_answers(capsys):
+    checks.check_count_gpt2_parameters(_formula)
+
+    def via_meta(config):  # counting a meta model is also a correct answer
+        with torch.device("meta"):
+            return count(GPT2(config))
+
+    checks.check_count_gpt2_parameters(via_meta)
+    checks.check_count_gpt2_parameters(lambda config: float(_formula(config)))
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda c: _formula(c, extra=c.vocab_size * c.n_embd), "counted the readout as well as wte.*TIED"),
+    (lambda c: _formula(c, extra=-2 * c.n_embd), "final LayerNorm ln_f .* is missing"),
+    (lambda c: _formula(c, extra=-c.n_positions * c.n_embd), "position embedding table wpe"),
+    (lambda c: _formula(c, block_extra=-9 * c.n_embd), "biases of c_attn"),
+    (lambda c: _formula(c, block_extra=-4 * c.n_embd), "ln_1 and ln_2"),
+    (lambda c: _formula(c, one_block=True), "only ONE block"),
+    (lambda c: _formula(c, hidden=1), "hidden layer is 4 · n_embd wide"),
+    (lambda c: _formula(c, extra=1), r"off by \+1"),
+    (lambda c: "124M", "return a number"),
+])
+def test_check_count_names_the_mistake(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_count_gpt2_parameters(wrong)
