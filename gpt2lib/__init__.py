@@ -1,20 +1,34 @@
 """gpt2lib: GPT-2 as built in the course's chapters.
 
-Most modules are generated from the notebooks in solutions/ (see CONTRIBUTING.md).
-`GPT2` and `GPT2Config` are loaded on first use, so `import gpt2lib.tokenizer` (chapter 1)
-does not pull in PyTorch.
+Most modules are generated from the notebooks in solutions/ (see CONTRIBUTING.md). The names
+below load on first use, so `import gpt2lib.tokenizer` (chapter 1) does not pull in PyTorch.
+
+    from gpt2lib import GPT2, GPT2Config, KVCache, generate, stream_text, pick_device
 """
 
-__all__ = ["GPT2", "GPT2Config"]
+import importlib
+
+# public name -> the module it lives in
+_EXPORTS = {
+    "GPT2": "gpt2lib.model",
+    "GPT2Config": "gpt2lib.config",
+    "KVCache": "gpt2lib.kvcache",
+    "from_pretrained": "gpt2lib.loading",
+    "generate": "gpt2lib.generation",
+    "stream_text": "gpt2lib.generation",
+    "pick_device": "gpt2lib.device",
+    "get_encoding": "gpt2lib.tokenizer",
+    "BPETokenizer": "gpt2lib.tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name == "GPT2":
-        from gpt2lib.model import GPT2
-
-        return GPT2
-    if name == "GPT2Config":
-        from gpt2lib.config import GPT2Config
-
-        return GPT2Config
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'gpt2lib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

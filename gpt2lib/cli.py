@@ -1,0 +1,162 @@
+"""The command line: generate text with GPT-2, or fetch its weights ahead of time.
+
+    python -m gpt2lib generate --model gpt2 --prompt "The meaning of life is" --max-new-tokens 40
+    python -m gpt2lib generate --model ./my-checkpoint --prompt "Hi" --temperature 0
+    python -m gpt2lib download gpt2 gpt2-medium     # into the Hugging Face cache, for offline use
+
+Written by hand (not generated from a notebook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+EXIT_BAD_ARGUMENTS = 2
+EXIT_FAILED = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument gives one line (and exit code 2), not the usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_ARGUMENTS, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _int_at_least(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _temperature(text):
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 means greedy), got {value}")
+    return value
+
+
+def _top_p(text):
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpt2lib.loading import HUB_MODELS
+
+    parser = _Parser(prog="python -m gpt2lib", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="continue a prompt, streaming the text to stdout")
+    gen.add_argument("--model", default=os.environ.get("GPT2LIB_CHECKPOINT") or "gpt2",
+                     help=f"one of {', '.join(HUB_MODELS)}, or a local folder holding "
+                          "config.json and model.safetensors (default: $GPT2LIB_CHECKPOINT "
+                          "if set, else gpt2)")
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=_int_at_least(0), default=50,
+                     help="how many tokens to add (default 50)")
+    gen.add_argument("--temperature", type=_temperature, default=1.0,
+                     help="0 is greedy; below 1 is more focused, above 1 more random (default 1)")
+    gen.add_argument("--top-k", type=_int_at_least(1), default=None,
+                     help="sample only among the K most likely tokens")
+    gen.add_argument("--top-p", type=_top_p, default=None,
+                     help="sample only among the most likely tokens whose probability adds "
+                          "up to P (nucleus sampling)")
+    gen.add_argument("--seed", type=int, default=None, help="make sampling repeatable")
+    gen.add_argument("--device", default=None,
+                     help="cpu, cuda, cuda:N or mps (default: CUDA, then MPS, then CPU)")
+    gen.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                     help="default: float32 on CPU/MPS, bfloat16 on a CUDA GPU that has it")
+    gen.add_argument("--stop-at-eos", action="store_true",
+                     help="stop when the model writes <|endoftext|>")
+    gen.add_argument("--no-cache", action="store_true",
+                     help="recompute every token each step instead of using the KV cache")
+    gen.add_argument("--compile", action="store_true",
+                     help="compile the decode step with torch.compile (CUDA only)")
+
+    down = sub.add_parser("download", help="fetch weights into the Hugging Face cache so that "
+                                           "later runs work offline")
+    down.add_argument("names", nargs="+", metavar="NAME",
+                      help=f"one or more of {', '.join(HUB_MODELS)}")
+    return parser
+
+
+def _generate(args) -> int:
+    from gpt2lib.generation import stream_text
+    from gpt2lib.loading import from_pretrained
+
+    try:
+        from gpt2lib.tokenizer import get_encoding
+    except ImportError as exc:
+        print(f"error: the tokenizer (gpt2lib.tokenizer, chapter 1) cannot be imported: {exc}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    model = from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    tokenizer = get_encoding()
+    pieces = stream_text(model, tokenizer, args.prompt, args.max_new_tokens,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, stop_at_eos=args.stop_at_eos,
+                         use_cache=not args.no_cache, compile=args.compile)  # checks arguments
+    out = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    for piece in pieces:
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    return 0
+
+
+def _download(args) -> int:
+    from gpt2lib.loading import HUB_MODELS, download
+
+    unknown = [n for n in args.names if n not in HUB_MODELS]
+    if unknown:
+        print(f"error: unknown model {', '.join(map(repr, unknown))}; choose from "
+              f"{', '.join(HUB_MODELS)}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    download(args.names, out=sys.stdout)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from gpt2lib.loading import CheckpointError
+
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        return _download(args)
+    except CheckpointError as exc:  # the files: missing, offline, corrupt
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # what the user asked for
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`: the reader left; not an error
+        return 0
