@@ -1,0 +1,621 @@
+"""The one-source build tool (gpt2lib/course.py), tested on a tiny fake course in tmp_path.
+
+The real chapters are still being written, so every test here builds its own `solutions/`
+and `gpt2lib/` folders; only `test_real_repository_is_consistent` looks at the real repo.
+"""
+
+from __future__ import annotations
+
+import datetime as real_datetime
+import io
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from gpt2lib import course, progress
+from gpt2lib.course import CourseError
+
+REPO_ROOT = Path(course.__file__).resolve().parent.parent
+
+EXERCISE_1_1 = '''def add(a, b):
+    """Sum of a and b."""
+    ### BEGIN SOLUTION
+    total = a + b
+    return total
+    ### END SOLUTION'''
+
+EXERCISE_1_2 = """class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def apply(self, values):
+        if not values:
+            ### BEGIN SOLUTION
+            return []
+            ### END SOLUTION
+        ### BEGIN SOLUTION
+        return [v * self.factor for v in values]
+        ### END SOLUTION"""
+
+
+def code(source: str, *tags: str, outputs=None, execution_count=None):
+    cell = new_code_cell(source, metadata={"tags": list(tags)} if tags else {})
+    if outputs:
+        cell.outputs = outputs
+        cell.execution_count = execution_count or 1
+    return cell
+
+
+def chapter_01() -> list:
+    """Cells of a small chapter 01: two exercises, export cells, a check cell per exercise."""
+    return [
+        new_markdown_cell("# Chapter 1: a fake chapter"),
+        code("import math\n\nSCALE = 2", "export"),
+        new_markdown_cell("### Exercise 1.1: add two numbers\n\nWrite `add`."),
+        code(EXERCISE_1_1, "export"),
+        code("assert add(2, 3) == 5\nprint('✅ Exercise 1.1 passed')", "check"),
+        new_markdown_cell("Some prose first.\n\n## Exercise 1.2: scale a list.\n\nMore prose."),
+        code(EXERCISE_1_2),
+        code("assert Scaler(2).apply([1, 2]) == [2, 4]", "check", "nbval-ignore-output"),
+        code("VOCAB_SIZE = 50257", "export:config"),
+        code("print(SCALE * 3)", outputs=[new_output("stream", name="stdout", text="6\n")]),
+    ]
+
+
+def chapter_02() -> list:
+    return [
+        new_markdown_cell("# Chapter 2"),
+        code("from gpt2lib.tokenizer import add\n\n\ndef twice(x):\n    return add(x, x)", "export"),
+        code("N_EMBD = 768", "export:config"),
+    ]
+
+
+def write_notebook(path: Path, cells: list) -> None:
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def fake_course(tmp_path: Path) -> Path:
+    """A course folder with chapters 01 and 02 and one hand-written module."""
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", chapter_01())
+    write_notebook(tmp_path / "solutions" / "02_embeddings.ipynb", chapter_02())
+    (tmp_path / "gpt2lib").mkdir()
+    (tmp_path / "gpt2lib" / "helper.py").write_text("# written by hand\nVALUE = 1\n")
+    (tmp_path / "notebooks").mkdir()
+    return tmp_path
+
+
+def build(root: Path) -> list[Path]:
+    """Build the fake course; what build prints is appended to build.log."""
+    with open(root / "build.log", "a", encoding="utf-8") as log:
+        return course.build(root, out=log)
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(str(path), as_version=4)
+
+
+def set_source(path: Path, index: int, source: str) -> None:
+    nb = read(path)
+    nb.cells[index].source = source
+    nbformat.write(nb, str(path))
+
+
+# --------------------------------------------------------------------------- learner version
+
+
+def test_learner_stub_replaces_region_keeps_indentation_and_names_exercise(fake_course):
+    build(fake_course)
+    learner = read(fake_course / "notebooks" / "01_tokenizer.ipynb")
+    nbformat.validate(learner)
+
+    lines = learner.cells[3].source.split("\n")
+    assert lines[:2] == EXERCISE_1_1.split("\n")[:2]  # code outside the region is kept
+    assert len(lines) == 3
+    assert lines[2].startswith('    raise NotImplementedError("Exercise 1.1: add two numbers')
+    assert "total = a + b" not in learner.cells[3].source
+
+    # The stub runs: the definition succeeds and only a call raises, naming the exercise.
+    namespace: dict = {}
+    exec(learner.cells[3].source, namespace)
+    with pytest.raises(NotImplementedError, match=r"^Exercise 1\.1: add two numbers"):
+        namespace["add"](1, 2)
+
+
+def test_each_region_gets_its_own_stub_named_after_the_nearest_heading(fake_course):
+    build(fake_course)
+    source = read(fake_course / "notebooks" / "01_tokenizer.ipynb").cells[6].source
+    stubs = [line for line in source.split("\n") if "NotImplementedError" in line]
+    assert len(stubs) == 2
+    # Indentation of each `### BEGIN SOLUTION` line is kept (12 and 8 spaces).
+    assert stubs[0].startswith(" " * 12 + "raise NotImplementedError(")
+    assert stubs[1].startswith(" " * 8 + "raise NotImplementedError(")
+    # Named after 1.2 (the nearest heading), with the heading's trailing period dropped.
+    assert all("Exercise 1.2: scale a list:" in s for s in stubs)
+    assert "Exercise 1.1" not in source
+    assert "BEGIN SOLUTION" not in source and "v * self.factor" not in source
+
+    namespace: dict = {}
+    exec(source, namespace)
+    scaler = namespace["Scaler"](3)
+    with pytest.raises(NotImplementedError, match="Exercise 1.2"):
+        scaler.apply([])
+    with pytest.raises(NotImplementedError, match="Exercise 1.2"):
+        scaler.apply([1])
+
+
+def test_region_before_any_exercise_heading_still_gets_a_stub(tmp_path):
+    write_notebook(
+        tmp_path / "solutions" / "01_tokenizer.ipynb",
+        [code("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")],
+    )
+    build(tmp_path)
+    source = read(tmp_path / "notebooks" / "01_tokenizer.ipynb").cells[0].source
+    namespace: dict = {}
+    exec(source, namespace)
+    with pytest.raises(NotImplementedError, match="replace this line with your code"):
+        namespace["f"]()
+
+
+def test_learner_and_solution_have_no_outputs_or_editor_metadata(fake_course):
+    solution_path = fake_course / "solutions" / "01_tokenizer.ipynb"
+    assert read(solution_path).cells[9].outputs  # the fixture starts with an output
+    build(fake_course)
+    for path in (solution_path, fake_course / "notebooks" / "01_tokenizer.ipynb"):
+        nb = read(path)
+        assert "widgets" not in nb.metadata
+        assert nb.metadata["kernelspec"]["name"] == "python3"
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path
+
+
+def test_raises_exception_only_on_exercise_and_check_cells(fake_course):
+    build(fake_course)
+    learner = read(fake_course / "notebooks" / "01_tokenizer.ipynb")
+    tags = {i: cell.metadata.get("tags", []) for i, cell in enumerate(learner.cells)}
+    tagged = {i for i, t in tags.items() if "raises-exception" in t}
+    assert tagged == {3, 4, 6, 7}
+    assert tags[3] == ["export", "raises-exception"]
+    assert tags[7] == ["check", "nbval-ignore-output", "raises-exception"]
+    # The solution itself never gets the tag.
+    solution = read(fake_course / "solutions" / "01_tokenizer.ipynb")
+    assert not any("raises-exception" in c.metadata.get("tags", []) for c in solution.cells)
+
+
+def test_solution_with_raises_exception_is_refused_and_nothing_is_written(tmp_path):
+    cells = chapter_01()
+    cells[4].metadata["tags"] = ["check", "raises-exception"]
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", cells)
+    with pytest.raises(CourseError, match=r"01_tokenizer\.ipynb, cell 4: solutions must not carry 'raises-exception'"):
+        build(tmp_path)
+    assert not (tmp_path / "notebooks").exists()
+    assert not (tmp_path / "gpt2lib").exists()
+
+
+@pytest.mark.parametrize(
+    "source, phrase",
+    [
+        ("def f():\n    ### BEGIN SOLUTION\n    return 1", "is never closed"),
+        (
+            "def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    return 1\n"
+            "    ### END SOLUTION\n    ### END SOLUTION",
+            "inside another solution region",
+        ),
+        ("def f():\n    return 1\n    ### END SOLUTION", "without a '### BEGIN SOLUTION'"),
+    ],
+    ids=["unclosed", "nested", "end-without-begin"],
+)
+@pytest.mark.parametrize("tag", [None, "export"])
+def test_broken_markers_name_the_notebook_and_cell(tmp_path, source, phrase, tag):
+    cells = [new_markdown_cell("### Exercise 1.1: f"), code("x = 1"), code(source, *([tag] if tag else []))]
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", cells)
+    with pytest.raises(CourseError, match=r"solutions/01_tokenizer\.ipynb, cell 2: .*" + phrase.replace("'", ".")):
+        course.plan_build(tmp_path)
+
+
+# --------------------------------------------------------------------------- exported modules
+
+
+def test_export_cells_go_to_chapter_module_with_answers_and_header(fake_course):
+    build(fake_course)
+    text = (fake_course / "gpt2lib" / "tokenizer.py").read_text()
+    assert text.startswith("# AUTOGENERATED from solutions/01_tokenizer.ipynb by")
+    assert "Do not edit" in text
+    assert "SOLUTION" not in text
+    assert "total = a + b" in text and "return total" in text  # answers kept
+    assert "class Scaler" not in text  # not an export cell
+    assert "print(SCALE * 3)" not in text
+    assert "VOCAB_SIZE" not in text  # went to config.py
+    assert text.index("SCALE = 2") < text.index("def add")  # notebook order
+
+    namespace: dict = {}
+    exec(compile(text, "tokenizer.py", "exec"), namespace)
+    assert namespace["add"](2, 3) == 5
+    # The answer keeps its indentation: the function body is intact.
+    assert '    """Sum of a and b."""\n    total = a + b\n    return total' in text
+
+
+def test_export_name_sends_cells_to_another_module_from_several_chapters(fake_course):
+    build(fake_course)
+    config = (fake_course / "gpt2lib" / "config.py").read_text()
+    assert config.startswith(
+        "# AUTOGENERATED from solutions/01_tokenizer.ipynb and solutions/02_embeddings.ipynb by"
+    )
+    namespace: dict = {}
+    exec(config, namespace)
+    assert namespace["VOCAB_SIZE"] == 50257 and namespace["N_EMBD"] == 768
+    embeddings = (fake_course / "gpt2lib" / "embeddings.py").read_text()
+    assert embeddings.startswith("# AUTOGENERATED from solutions/02_embeddings.ipynb by")
+    assert "def twice" in embeddings and "N_EMBD" not in embeddings
+    # The hand-written module is untouched.
+    assert (fake_course / "gpt2lib" / "helper.py").read_text() == "# written by hand\nVALUE = 1\n"
+
+
+@pytest.mark.parametrize(
+    "name, tags, phrase",
+    [
+        ("00_start_here", ["export"], "the chapter has no module"),
+        ("01_tokenizer", ["export:not-a-module"], "does not name a Python module"),
+        ("01_tokenizer", ["export", "export:config"], "more than one export tag"),
+    ],
+)
+def test_bad_export_tags_are_refused(tmp_path, name, tags, phrase):
+    write_notebook(tmp_path / "solutions" / f"{name}.ipynb", [code("x = 1", *tags)])
+    with pytest.raises(CourseError, match=rf"{name}\.ipynb, cell 0: .*{phrase}"):
+        course.plan_build(tmp_path)
+
+
+def test_unknown_chapter_file_and_empty_course_are_refused(tmp_path):
+    with pytest.raises(CourseError, match="no chapters found"):
+        course.plan_build(tmp_path)
+    write_notebook(tmp_path / "solutions" / "09_extra.ipynb", [code("x = 1")])
+    with pytest.raises(CourseError, match="09_extra.ipynb: unknown chapter; add it to CHAPTER_MODULES"):
+        course.plan_build(tmp_path)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    code_ = course.main(list(argv))
+    captured = capsys.readouterr()
+    return code_, captured.out, captured.err
+
+
+def test_check_passes_after_build_and_build_is_idempotent(fake_course, capsys):
+    build(fake_course)
+    assert course.check(fake_course) == []
+    rc, out, _ = run_main(capsys, "--root", str(fake_course), "check")
+    assert rc == 0 and "agree" in out
+    assert build(fake_course) == []  # nothing to write the second time
+
+
+def test_check_lists_files_after_unbuilt_edit_to_solution(fake_course, capsys):
+    build(fake_course)
+    solution = fake_course / "solutions" / "01_tokenizer.ipynb"
+    # An edit inside the answer changes only the exported module (the stub hides it).
+    set_source(solution, 3, EXERCISE_1_1.replace("total = a + b", "total = b + a"))
+    assert course.check(fake_course) == [
+        "gpt2lib/tokenizer.py: out of date (run `python -m gpt2lib.course build`)",
+    ]
+    # An edit outside the answer changes the learner notebook too.
+    set_source(solution, 3, EXERCISE_1_1.replace("Sum of a and b.", "The sum."))
+    problems = course.check(fake_course)
+    assert problems == [
+        "notebooks/01_tokenizer.ipynb: out of date (run `python -m gpt2lib.course build`)",
+        "gpt2lib/tokenizer.py: out of date (run `python -m gpt2lib.course build`)",
+    ]
+    rc, out, err = run_main(capsys, "--root", str(fake_course), "check")
+    assert rc == 1
+    assert "notebooks/01_tokenizer.ipynb" in out and "gpt2lib/tokenizer.py" in out
+    assert "2 file(s) out of date" in err
+    build(fake_course)
+    assert course.check(fake_course) == []
+
+
+def test_check_flags_edit_to_a_non_export_solution_cell(fake_course):
+    build(fake_course)
+    set_source(fake_course / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 4)")
+    problems = course.check(fake_course)
+    assert problems == ["notebooks/01_tokenizer.ipynb: out of date (run `python -m gpt2lib.course build`)"]
+
+
+def test_check_fails_when_a_solution_has_outputs(fake_course, capsys):
+    build(fake_course)
+    path = fake_course / "solutions" / "02_embeddings.ipynb"
+    nb = read(path)
+    nb.cells[1].outputs = [new_output("stream", name="stdout", text="hi\n")]
+    nb.cells[1].execution_count = 3
+    nbformat.write(nb, str(path))
+    problems = course.check(fake_course)
+    assert problems == ["solutions/02_embeddings.ipynb: has outputs or editor metadata; strip them (build does)"]
+    rc, out, _ = run_main(capsys, "--root", str(fake_course), "check")
+    assert rc == 1 and "solutions/02_embeddings.ipynb" in out
+
+
+def test_check_flags_missing_and_stale_generated_files(fake_course):
+    build(fake_course)
+    (fake_course / "notebooks" / "02_embeddings.ipynb").unlink()
+    # Chapter 02 stops exporting to `embeddings`: the old generated module is stale.
+    cells = chapter_02()
+    cells[1].metadata["tags"] = []
+    write_notebook(fake_course / "solutions" / "02_embeddings.ipynb", cells)
+    nb = course.strip_outputs(read(fake_course / "solutions" / "02_embeddings.ipynb"))
+    (fake_course / "solutions" / "02_embeddings.ipynb").write_text(course._dump(nb))
+    problems = course.check(fake_course)
+    assert "notebooks/02_embeddings.ipynb: missing (run `python -m gpt2lib.course build`)" in problems
+    assert "gpt2lib/embeddings.py: generated but no cell exports it" in problems
+    assert not any("helper.py" in p for p in problems)  # hand-written modules are never stale
+
+    build(fake_course)
+    assert not (fake_course / "gpt2lib" / "embeddings.py").exists()
+    assert (fake_course / "gpt2lib" / "helper.py").exists()
+    assert course.check(fake_course) == []
+
+
+# --------------------------------------------------------------------------- reset and backups
+
+
+def learner_path(root: Path) -> Path:
+    return root / "notebooks" / "01_tokenizer.ipynb"
+
+
+def type_answer(root: Path, answer: str) -> None:
+    """What a learner does: replace the stub of exercise 1.1 with their code and save."""
+    set_source(learner_path(root), 3, f"def add(a, b):\n    return {answer}")
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """Every backup is taken in the same second."""
+    moment = real_datetime.datetime(2025, 1, 2, 3, 4, 5)
+    fake_datetime = types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: moment))
+    monkeypatch.setattr(course, "_dt", fake_datetime)
+
+
+def test_reset_writes_fresh_copy_and_keeps_the_edited_one(fake_course, frozen_clock, capsys):
+    build(fake_course)
+    fresh = learner_path(fake_course).read_text()
+    type_answer(fake_course, "a + b  # first try")
+    edited = learner_path(fake_course).read_text()
+
+    rc, out, _ = run_main(capsys, "--root", str(fake_course), "reset", "1")
+    assert rc == 0
+    assert learner_path(fake_course).read_text() == fresh
+    backups = sorted((fake_course / "notebooks" / "backups").iterdir())
+    assert [b.name for b in backups] == ["01_tokenizer.2025-01-02T03-04-05.ipynb"]
+    assert backups[0].read_text() == edited
+    assert "notebooks/backups/01_tokenizer.2025-01-02T03-04-05.ipynb" in out
+
+
+def test_two_resets_in_the_same_second_keep_both_backups(fake_course, frozen_clock):
+    build(fake_course)
+    out = io.StringIO()
+    type_answer(fake_course, "a + b  # first try")
+    course.reset("01", fake_course, out=out)
+    type_answer(fake_course, "b + a  # second try")
+    course.reset("01", fake_course, out=out)
+    backups = sorted((fake_course / "notebooks" / "backups").iterdir())
+    assert len(backups) == 2
+    texts = [read(b).cells[3].source for b in backups]
+    assert sorted(texts) == sorted(["def add(a, b):\n    return a + b  # first try",
+                                    "def add(a, b):\n    return b + a  # second try"])
+
+
+def test_reset_of_a_fresh_or_missing_copy_makes_no_backup(fake_course):
+    out = io.StringIO()
+    target = course.reset("01", fake_course, out=out)  # no learner copy yet
+    assert target == learner_path(fake_course)
+    assert target.read_text() == course._dump(
+        course.learner_version(read(fake_course / "solutions" / "01_tokenizer.ipynb"), "x")
+    )
+    course.reset("01", fake_course, out=out)  # already fresh
+    assert not (fake_course / "notebooks" / "backups").exists()
+
+
+def test_reset_of_unknown_chapter_lists_valid_chapters(fake_course, capsys):
+    with pytest.raises(CourseError, match="no chapter '7'; the chapters are: 01_tokenizer, 02_embeddings"):
+        course.reset("7", fake_course)
+    rc, _, err = run_main(capsys, "--root", str(fake_course), "reset", "09")
+    assert rc == 2
+    assert "01_tokenizer, 02_embeddings" in err
+
+
+def test_build_backs_up_a_learner_notebook_with_edited_sources(fake_course):
+    build(fake_course)
+    type_answer(fake_course, "a + b  # mine")
+    edited = learner_path(fake_course).read_text()
+    # The author changes the chapter; the rebuild must not lose the learner's answer.
+    set_source(fake_course / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 5)")
+    build(fake_course)
+    backups = list((fake_course / "notebooks" / "backups").iterdir())
+    assert len(backups) == 1 and backups[0].read_text() == edited
+    assert read(learner_path(fake_course)).cells[9].source == "print(SCALE * 5)"
+    assert "kept your edited 01_tokenizer.ipynb as notebooks/backups/" in (fake_course / "build.log").read_text()
+    # Chapter 02 was not edited by the learner: no backup of it.
+    assert not any(b.name.startswith("02_") for b in backups)
+
+
+def test_build_overwrites_without_backup_when_only_outputs_differ(fake_course):
+    build(fake_course)
+    nb = read(learner_path(fake_course))
+    nb.cells[9].outputs = [new_output("stream", name="stdout", text="6\n")]
+    nb.cells[9].execution_count = 1
+    nbformat.write(nb, str(learner_path(fake_course)))
+    build(fake_course)
+    assert not (fake_course / "notebooks" / "backups").exists()
+    assert course.check(fake_course) == []
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com",
+         "-c", "commit.gpgsign=false", *args],
+        check=True, capture_output=True,
+    )
+
+
+def test_build_in_git_checkout_backs_up_only_real_learner_edits(fake_course):
+    build(fake_course)
+    git(fake_course, "init", "-q")
+    git(fake_course, "add", "-A")
+    git(fake_course, "commit", "-q", "-m", "course")
+    # An author edit alone: the learner copy is still the committed one, so no backup.
+    set_source(fake_course / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 5)")
+    build(fake_course)
+    assert not (fake_course / "notebooks" / "backups").exists()
+    # A learner edit followed by a rebuild after another author edit: backed up.
+    type_answer(fake_course, "a + b  # mine")
+    set_source(fake_course / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 6)")
+    build(fake_course)
+    backups = list((fake_course / "notebooks" / "backups").iterdir())
+    assert len(backups) == 1
+    assert read(backups[0]).cells[3].source == "def add(a, b):\n    return a + b  # mine"
+
+
+# --------------------------------------------------------------------------- the real repository
+
+
+def test_real_repository_is_consistent():
+    result = subprocess.run(
+        [sys.executable, "-m", "gpt2lib.course", "check"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "solutions/, notebooks/ and gpt2lib/ agree" in result.stdout
+
+
+# --------------------------------------------------------------------------- progress
+
+PROGRESS_CHECKS = '''import os
+from gpt2lib.checks import CheckFailed, call_learner, passed
+
+
+def check_double(fn):
+    got = call_learner("Exercise 1.1", fn, 3)
+    if os.path.basename(os.getcwd()) != "notebooks":
+        raise CheckFailed("Exercise 1.1", "not run from notebooks/")
+    if got != 6:
+        raise CheckFailed("Exercise 1.1", f"double(3) gave {got!r}")
+    passed("Exercise 1.1")
+
+
+def check_square(fn):
+    got = call_learner("Exercise 1.2", fn, 3)
+    if got == 6:
+        raise CheckFailed("Exercise 1.2", "you doubled instead of squaring\\nsecond line")
+    if got != 9:
+        raise CheckFailed("Exercise 1.2", f"square(3) gave {got!r}")
+    passed("Exercise 1.2")
+
+
+def check_negate(fn):
+    if call_learner("Exercise 1.3", fn, 3) != -3:
+        raise CheckFailed("Exercise 1.3", "wrong sign")
+    passed("Exercise 1.3")
+
+
+def check_halve(fn):
+    if call_learner("Exercise 1.4", fn, 4) != 2:
+        raise CheckFailed("Exercise 1.4", "wrong half")
+    passed("Exercise 1.4")'''
+
+
+def progress_chapter() -> list:
+    def exercise(number, title, name, answer, check):
+        return [
+            new_markdown_cell(f"### Exercise 1.{number}: {title}"),
+            code(f"def {name}(x):\n    ### BEGIN SOLUTION\n    return {answer}\n    ### END SOLUTION"),
+            code(f"{check}({name})", "check"),
+        ]
+
+    return [
+        new_markdown_cell("# Chapter 1"),
+        code(PROGRESS_CHECKS),
+        *exercise(1, "double", "double", "2 * x", "check_double"),
+        *exercise(2, "square", "square", "x * x", "check_square"),
+        *exercise(3, "negate", "negate", "-x", "check_negate"),
+        *exercise(4, "halve", "halve", "x // 2", "check_halve"),
+        new_markdown_cell("## What comes next"),
+        code("print('the rest of the chapter runs')"),
+    ]
+
+
+@pytest.fixture
+def learner_course(tmp_path: Path) -> Path:
+    """A built course whose learner solved 1.1, got 1.2 wrong, skipped 1.3, crashed 1.4."""
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", progress_chapter())
+    (tmp_path / "gpt2lib").mkdir()
+    build(tmp_path)
+    path = learner_path(tmp_path)
+    set_source(path, 3, "def double(x):\n    return x + x")
+    set_source(path, 6, "def square(x):\n    return 2 * x")
+    set_source(path, 12, "def halve(x):\n    return x / 0")
+    return tmp_path
+
+
+def test_progress_reports_passed_failed_and_not_started(learner_course):
+    before = learner_path(learner_course).read_bytes()
+    out = io.StringIO()
+    assert progress.report(learner_course, ["1"], out=out, timeout=60) == 0
+    lines = out.getvalue().splitlines()
+    assert learner_path(learner_course).read_bytes() == before  # the learner's file is untouched
+    assert not list((learner_course / "notebooks").glob("*.ipynb.*"))
+    body = [line.strip() for line in lines]
+    assert "✅ Exercise 1.1: double" in body
+    assert "✗  Exercise 1.2: square — Exercise 1.2: you doubled instead of squaring" in body
+    assert "⋯  Exercise 1.3: negate — not started" in body
+    assert "✗  Exercise 1.4: halve — ZeroDivisionError: division by zero" in body
+    assert "1 of 4 exercises passed, 2 failed, 1 not started" in body
+    assert lines[-1] == "Total: 1 of 4 exercises passed, 2 failed, 1 not started"
+
+
+def test_progress_on_a_fresh_notebook_reports_everything_not_started(learner_course, capsys):
+    course.reset("01", learner_course, out=io.StringIO())
+    rc, out, _ = run_main(capsys, "--root", str(learner_course), "progress")
+    assert rc == 0
+    assert out.count("— not started") == 4
+    assert out.splitlines()[-1] == "Total: 0 of 4 exercises passed, 0 failed, 4 not started"
+
+
+def test_grade_reads_outputs_of_an_executed_notebook():
+    # Without a kernel: outputs as nbclient records them.
+    nb = new_notebook(cells=[
+        new_markdown_cell("## Exercise 2.1: a"), code("f()", "check"),
+        new_markdown_cell("## Exercise 2.2: b"), code("g()", "check"),
+        new_markdown_cell("## Exercise 2.3: c"), code("h()"),
+    ])
+    nb.cells[1].outputs = [new_output("error", ename="CheckFailed", evalue="Exercise 2.1: not done yet: replace", traceback=[])]
+    nb.cells[3].outputs = [new_output("stream", name="stdout", text="all good\n")]
+    nb.cells[3].execution_count = 1
+    exercises = progress.find_exercises(nb)
+    assert [(e.title, e.checks) for e in exercises] == [
+        ("Exercise 2.1: a", [1]), ("Exercise 2.2: b", [3]), ("Exercise 2.3: c", [])
+    ]
+    for exercise in exercises:
+        progress.grade(exercise, nb)
+    assert [(e.status, e.detail) for e in exercises] == [
+        ("not started", ""),
+        ("failed", "the check cell printed no ✅ line"),
+        ("failed", "no check cell follows this exercise"),
+    ]
+
+
+def test_progress_of_unknown_or_missing_chapter_says_what_to_do(learner_course, capsys):
+    rc, _, err = run_main(capsys, "--root", str(learner_course), "progress", "5")
+    assert rc == 2 and "no chapter '5'; your notebooks are: 01_tokenizer" in err
+    learner_path(learner_course).unlink()
+    rc, _, err = run_main(capsys, "--root", str(learner_course), "progress", "01")
+    assert rc == 2 and "run `python -m gpt2lib.course reset 01`" in err
+    rc, _, err = run_main(capsys, "--root", str(learner_course), "progress")
+    assert rc == 2 and "no notebooks in" in err
