@@ -17,7 +17,8 @@ class Conv1D(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
-        nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
+        if not self.weight.is_meta:  # a meta tensor has no values to fill: skip the work
+            nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
 
     def forward(self, x):  # (..., n_in) -> (..., n_out)
         shape = x.shape[:-1] + (self.weight.shape[1],)

@@ -16,6 +16,17 @@ from gpt2lib.config import GPT2Config
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
+def _embedding(rows: int, width: int) -> nn.Embedding:
+    """nn.Embedding(rows, width); under `torch.device("meta")` it skips the random fill.
+
+    A meta tensor has no values, and the first random fill on the meta device costs seconds
+    of one-off set-up inside PyTorch. On real devices this is plain nn.Embedding.
+    """
+    if torch.empty(0).is_meta:  # factory functions follow the `with torch.device(...)` block
+        return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+    return nn.Embedding(rows, width)
+
+
 class GPT2(nn.Module):
     """GPT-2: token + position embeddings, `n_layer` blocks, a final LayerNorm, tied readout.
 
@@ -27,8 +38,8 @@ class GPT2(nn.Module):
     def __init__(self, config: GPT2Config, block_cls=Block):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # (V, C), also the readout
-        self.wpe = nn.Embedding(config.n_positions, config.n_embd)  # (n_positions, C)
+        self.wte = _embedding(config.vocab_size, config.n_embd)  # (V, C), also the readout
+        self.wpe = _embedding(config.n_positions, config.n_embd)  # (n_positions, C)
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([block_cls(config) for _ in range(config.n_layer)])
         self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)

@@ -298,3 +298,40 @@ def test_check_count_accepts_right_answers(capsys):
 def test_check_count_names_the_mistake(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_embedding_parameter_count(wrong)
+
+
+# --------------------------------------------------------------------------- more learner mistakes
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table, r"F.one_hot returns integers \(torch.long\)"),
+        (lambda ids, table: table @ F.one_hot(ids, table.shape[0]).float(), "one-hot vectors .* go on the left"),
+        (lambda ids, table: F.one_hot(ids, table.shape[1]).float() @ table, "num_classes is the vocabulary size"),
+    ],
+)
+def test_check_one_hot_explains_errors_from_the_matmul(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_one_hot_embed(wrong)
+
+
+def test_check_embed_explains_positions_counted_along_the_batch():
+    def wrong(idx, wte, wpe, past_length=0):
+        T = idx.shape[0]  # the batch size, not the length
+        return wte(idx) + wpe(torch.arange(past_length, past_length + T))
+
+    with pytest.raises(CheckFailed, match=r"T = idx.shape\[1\] positions"):
+        checks.check_embed(wrong)
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda c: (c.vocab_size + c.n_positions) * (c.n_embd + 1), "no bias"),
+        (lambda c: (50257 + 1024) * 768, "you returned GPT-2 small's count"),
+    ],
+)
+def test_check_count_names_more_mistakes(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_embedding_parameter_count(wrong)

@@ -76,6 +76,18 @@ def test_conv1d_is_linear_with_the_weight_transposed():
         assert torch.allclose(conv(x), F.linear(x, conv.weight.T, conv.bias), atol=1e-6)
 
 
+def test_conv1d_on_meta_skips_the_init_but_keeps_shapes():
+    with torch.device("meta"):
+        conv = Conv1D(16, 48)
+    assert conv.weight.is_meta and conv.weight.shape == (16, 48) and conv.bias.shape == (48,)
+    # the same draws as before on a real device: the meta skip changes nothing else
+    torch.manual_seed(0)
+    a = Conv1D(8, 4)
+    torch.manual_seed(0)
+    b = torch.empty(8, 4).normal_(std=0.02)
+    assert torch.equal(a.weight.detach(), b)
+
+
 def test_conv1d_init_matches_gpt2():
     torch.manual_seed(0)
     conv = Conv1D(256, 512)
@@ -240,6 +252,14 @@ def _head(mistake):
         (_head("mask_after_softmax"), "AFTER the softmax"),
         (_head("mask_with_zero"), r"exp\(0\) = 1"),
         (_head("anti_causal_mask"), "mask is upside down"),
+        (_head("keys_times_queries"), r"you computed k @ q\^T"),
+        (lambda q, k, v: (k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+            torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v,
+         r"you computed k @ q\^T"),
+        (_head("scale_by_sqrt_T"), r"divided the scores by sqrt\(T\), the number of tokens"),
+        (lambda q, k, v: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[1])).masked_fill(  # d taken from dim 1
+            torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v,
+         r"sqrt\(T\)"),
         (diagonal_masked_too, "contains NaN"),
         (lambda q, k, v: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
             torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1), "shape of the attention weights"),

@@ -325,3 +325,11 @@ def test_check_mlp_explains_stubs_wrong_outputs_and_non_modules():
         checks.check_mlp(lambda config: "an MLP")
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_mlp(lambda: None)
+
+
+def test_check_gelu_tanh_explains_math_functions_on_tensors():
+    def with_math_tanh(x):
+        return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+    with pytest.raises(CheckFailed, match="Use torch.tanh for the tensor"):
+        checks.check_gelu_tanh(with_math_tanh)

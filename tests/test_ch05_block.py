@@ -452,3 +452,25 @@ def test_check_block_explains_names_shared_norms_and_stubs():
         checks.check_block(StubForward)
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_block(lambda: None)
+
+
+# --------------------------------------------------------------------------- more learner mistakes
+
+
+def _normalised(x, eps=1e-5):
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda x, w, b, eps=1e-5: (x - x.mean(-1)) / torch.sqrt(x.var(-1, unbiased=False) + eps) * w + b,
+         r"x.mean\(dim=-1, keepdim=True\) has shape \(..., 1\)"),
+        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b,
+         r"you divide by x.std\(\)"),
+        (lambda x, w, b, eps=1e-5: (_normalised(x, eps) + b) * w, "you add bias before multiplying by weight"),
+    ],
+)
+def test_check_layer_norm_names_more_learner_mistakes(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_layer_norm(wrong)

@@ -500,3 +500,89 @@ def test_check_count_passes_correct_answers(capsys):
 def test_check_count_names_the_mistake(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_count_gpt2_parameters(wrong)
+
+
+# --------------------------------------------------------------------------- more learner mistakes
+
+
+class _SharedBlocks(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([Block(config)] * config.n_layer)  # one block, n_layer times
+        self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)
+
+    def forward(self, idx):
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def test_check_module_names_one_block_repeated():
+    with pytest.raises(CheckFailed, match="holds the same Block object more than once"):
+        checks.check_gpt2_module(_SharedBlocks)
+
+
+def test_check_init_names_a_returned_copy():
+    import copy
+
+    def init_a_copy(model):
+        fresh = copy.deepcopy(model)
+        fresh.init_weights()
+        return fresh
+
+    with pytest.raises(CheckFailed, match="returned a new model and left the one it was given unchanged"):
+        checks.check_init_gpt2_weights(init_a_copy)
+
+
+def _count(config, layer_norms_per_block=2, layer_norm_size=2, attn_out=3):
+    V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
+    ln = layer_norm_size * C
+    attention = C * attn_out * C + attn_out * C + C * C + C
+    mlp = C * 4 * C + 4 * C + 4 * C * C + C
+    return V * C + P * C + L * (layer_norms_per_block * ln + attention + mlp) + ln
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda c: _count(c, layer_norms_per_block=1), "each block has TWO LayerNorms"),
+        (lambda c: _count(c, layer_norm_size=1), r"a gain \(weight\) AND a bias"),
+        (lambda c: _count(c, attn_out=1), "c_attn maps n_embd to 3 · n_embd"),
+        (lambda c: 124_439_808, "you return GPT-2 small's count"),
+    ],
+)
+def test_check_count_names_more_learner_mistakes(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_count_gpt2_parameters(wrong)
+
+
+def test_check_count_accepts_the_learner_style_formula(capsys):
+    checks.check_count_gpt2_parameters(_count)
+    assert "✅ Exercise 6.3" in capsys.readouterr().out
+
+
+
+def test_building_on_meta_fills_nothing(monkeypatch):
+    """On meta there are no values: Conv1D and the embeddings skip their random fill (the first
+    fill on meta costs seconds of one-off set-up inside PyTorch)."""
+    filled = []
+    real_normal = torch.nn.init.normal_
+
+    def recording_normal(tensor, *args, **kwargs):
+        filled.append(tuple(tensor.shape))
+        return real_normal(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.init, "normal_", recording_normal)
+    with torch.device("meta"):
+        model = GPT2(GPT2Config.from_name("gpt2-xl"))
+    assert filled == []
+    assert all(p.is_meta for p in model.parameters())
+    assert isinstance(model.wte, nn.Embedding) and model.wte.weight.requires_grad
+    assert sum(p.numel() for p in model.parameters()) == 1_557_611_200
+    # on a real device the same code does fill the weights
+    GPT2(GPT2Config(vocab_size=50, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+    assert (50, 16) in filled and (16, 48) in filled

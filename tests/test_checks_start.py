@@ -47,3 +47,15 @@ def test_learner_errors_surface_unchanged():
 
     with pytest.raises(IndexError):
         check_token_means(broken)
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda x: x.mean(dim=-1, keepdim=True), "keepdim=True keeps a dimension of size 1"),
+        (lambda x: x.sum(dim=-1) / x.shape[1], r"divided the sum by T \(x.shape\[1\]\)"),
+    ],
+)
+def test_more_learner_mistakes_are_named(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        check_token_means(wrong)

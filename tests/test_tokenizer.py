@@ -709,3 +709,64 @@ def test_pair_check_non_answers():
 
     _fails(checks.check_most_frequent_pair, stub, "not done yet")
     _fails(checks.check_most_frequent_pair, lambda: None, "cannot take that")
+
+
+# ----------------------------------------------------------------- more learner mistakes, check 1.2
+
+
+def _merge_lowest(symbols, ranks, pick_rightmost=False, zero_is_missing=False):
+    """bpe_merge written the way learners do, with one switchable mistake."""
+    symbols = list(symbols)
+    while True:
+        best = None
+        for i, pair in enumerate(zip(symbols, symbols[1:])):
+            rank = ranks.get(pair)
+            if (not rank) if zero_is_missing else (rank is None):
+                continue
+            if best is None or rank < best[0] or (pick_rightmost and rank == best[0]):
+                best = (rank, i)
+        if best is None:
+            return symbols
+        i = best[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
+def _merge_leftmost_one_at_a_time(symbols, ranks):
+    symbols = list(symbols)
+    while True:
+        hits = [i for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]
+        if not hits:
+            return symbols
+        symbols[hits[0] : hits[0] + 2] = [symbols[hits[0]] + symbols[hits[0] + 1]]
+
+
+def _merge_in_place(symbols, ranks):
+    while True:  # works on the caller's list
+        ranked = [(ranks[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]
+        if not ranked:
+            return symbols
+        _, i = min(ranked)
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
+def test_merge_check_accepts_a_learner_style_answer(capsys):
+    from gpt2lib.checks.tokenizer import check_bpe_merge
+
+    check_bpe_merge(_merge_lowest)
+    assert "✅ Exercise 1.2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, phrase",
+    [
+        (lambda s, r: _merge_lowest(s, r, pick_rightmost=True), "you merge the rightmost occurrence first"),
+        (lambda s, r: _merge_lowest(s, r, zero_is_missing=True), "the pair with rank 0 is never merged"),
+        (_merge_leftmost_one_at_a_time, "you merge the leftmost pair that has a rank"),
+        (_merge_in_place, "changed the caller's list"),
+    ],
+)
+def test_merge_check_names_more_learner_mistakes(fn, phrase):
+    from gpt2lib.checks.tokenizer import check_bpe_merge
+
+    with pytest.raises(CheckFailed, match=phrase):
+        check_bpe_merge(fn)

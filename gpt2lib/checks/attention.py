@@ -39,6 +39,10 @@ HEAD_MISTAKES = {
     "weight; set them to -inf (float('-inf'))",
     "anti_causal_mask": "your mask is upside down: each token sees the future and not the past. "
     "Keep the lower triangle (torch.tril), hide the upper one",
+    "keys_times_queries": "you computed k @ q^T, the scores transposed; row i of the scores must "
+    "be query i against every key: q @ k.transpose(-2, -1)",
+    "scale_by_sqrt_T": "you divided the scores by sqrt(T), the number of tokens; divide by sqrt(d), "
+    "where d = q.shape[-1] is the size of each query and key vector",
 }
 
 SPLIT_MISTAKES = {
@@ -57,7 +61,8 @@ MERGE_MISTAKES = {
 }
 
 MODULE_MISTAKES = {
-    **{f"attn_{k}": v for k, v in HEAD_MISTAKES.items() if k != "anti_causal_mask"},
+    # (k @ q^T inside the module looks exactly like taking q and k in the wrong order: qkv_order_kqv)
+    **{f"attn_{k}": v for k, v in HEAD_MISTAKES.items() if k not in ("anti_causal_mask", "keys_times_queries")},
     **{f"split_{k}": v for k, v in SPLIT_MISTAKES.items()},
     **{f"merge_{k}": v for k, v in MERGE_MISTAKES.items()},
     "qkv_order_kqv": "you took k, q, v from c_attn's output; it holds q, then k, then v "
@@ -67,6 +72,10 @@ MODULE_MISTAKES = {
     "the three n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
     "no_c_proj": "your output skips c_proj: after merging the heads, apply self.c_proj",
     "shared_qkv": "you used the same slice for q, k and v; c_attn makes three different ones",
+    "no_heads": "you ran ONE head over all n_embd features: split q, k and v into n_head heads of "
+    "head_dim = n_embd // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention",
+    "scale_by_sqrt_n_embd": "you divided the scores by sqrt(n_embd); each head's scores are divided "
+    "by sqrt(head_dim), the size of ONE head's q and k (n_embd // n_head)",
 }
 
 
@@ -74,10 +83,16 @@ def attend(q, k, v, mistake: str | None = None):
     """Causal attention for (..., T, d) tensors, or one of the planted wrong versions."""
     d, T, S = q.shape[-1], q.shape[-2], k.shape[-2]
     scores = q @ k.transpose(-2, -1)  # (..., T, S)
+    if mistake == "keys_times_queries":
+        scores = k @ q.transpose(-2, -1)  # the same numbers, transposed
     if mistake == "divide_by_d":
         scores = scores / d
     elif mistake == "multiply_by_sqrt_d":
         scores = scores * math.sqrt(d)
+    elif mistake == "scale_by_sqrt_T":
+        scores = scores / math.sqrt(T)
+    elif mistake == "scale_by_sqrt_n_embd":
+        scores = scores / math.sqrt(d * q.shape[-3])  # d * nh = n_embd for (B, nh, T, hd)
     elif mistake != "no_scale":
         scores = scores / math.sqrt(d)
     visible = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)  # (T, S)
@@ -131,8 +146,13 @@ def full_attention(x, w_attn, b_attn, w_proj, b_proj, n_head: int, mistake: str 
     split_mistake = mistake[6:] if mistake and mistake.startswith("split_") else None
     merge_mistake = mistake[6:] if mistake and mistake.startswith("merge_") else None
     attn_mistake = mistake[5:] if mistake and mistake.startswith("attn_") else None
-    q, k, v = (split(t, n_head, split_mistake) for t in (q, k, v))  # (B, nh, T, hd)
-    y = merge(attend(q, k, v, attn_mistake), merge_mistake)  # (B, T, C)
+    if mistake == "no_heads":
+        y = attend(q, k, v)  # one head of width C: (B, T, C)
+    else:
+        q, k, v = (split(t, n_head, split_mistake) for t in (q, k, v))  # (B, nh, T, hd)
+        if mistake == "scale_by_sqrt_n_embd":
+            attn_mistake = mistake
+        y = merge(attend(q, k, v, attn_mistake), merge_mistake)  # (B, T, C)
     if mistake == "no_c_proj":
         return y
     return y @ w_proj + b_proj

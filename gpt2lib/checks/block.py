@@ -82,6 +82,11 @@ def _layer_norm_mistakes(x, weight, bias):
         ("the bias is missing: end with `* weight + bias`", m(x, weight, torch.zeros_like(bias))),
         ("the gain is missing: end with `* weight + bias`", m(x, torch.ones_like(weight), bias)),
         ("weight and bias are swapped: multiply by weight, then add bias", m(x, bias, weight)),
+        ("you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and "
+         "has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, "
+         "unbiased=False)", m(x, weight, bias, unbiased=True, eps=0.0)),
+        ("you add bias before multiplying by weight, (x̂ + bias) * weight; the order is "
+         "x̂ * weight + bias", m(x, weight, bias * weight)),
     ]
     for eps, name in ((1e-12, "1e-12 (BERT's value)"), (0.0, "0 (none at all)"),
                       (1e-6, "1e-6"), (1e-8, "1e-8"), (1e-5 * 1e-5, "1e-10"), (1e-3, "1e-3")):
@@ -111,7 +116,16 @@ def check_layer_norm(layer_norm) -> None:
     x, weight, bias = _ln_inputs()
     C = x.shape[-1]
     x_in = x.clone()
-    got = call_learner(EX_LN, layer_norm, x_in, weight, bias)
+    try:
+        got = call_learner(EX_LN, layer_norm, x_in, weight, bias)
+    except RuntimeError as exc:
+        if "must match the size" not in str(exc):
+            raise
+        raise CheckFailed(
+            EX_LN, f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
+            "variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) "
+            "has shape (..., 1), which broadcasts against x (..., C)"
+        ) from None
     if not torch.equal(x_in, x):
         raise CheckFailed(
             EX_LN, "your function changed x in place (x -= mean, x.sub_, ...): compute new tensors"

@@ -36,6 +36,30 @@ def _require_tensor(exercise: str, got, what: str) -> torch.Tensor:
 # --------------------------------------------------------------------------- Exercise 2.1
 
 
+def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
+    """Turn the usual errors of a one-hot matmul into a message that names the mistake."""
+    text = str(exc)
+    if "dtype" in text or "Long" in text or "long" in text:
+        raise CheckFailed(
+            EX_ONE_HOT,
+            f"the matmul fails ({text}): F.one_hot returns integers (torch.long) and the table "
+            "holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float()).",
+        ) from None
+    if "num_classes" in text:
+        raise CheckFailed(
+            EX_ONE_HOT,
+            f"F.one_hot fails ({text}): num_classes is the vocabulary size, the number of ROWS of "
+            f"the table (table.shape[0] = {V} here), not its width C = {C}.",
+        ) from None
+    if "size" in text or "shape" in text:
+        raise CheckFailed(
+            EX_ONE_HOT,
+            f"the matmul fails ({text}). The one-hot vectors (..., V) go on the left: "
+            "one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit.",
+        ) from None
+    raise exc
+
+
 def check_one_hot_embed(one_hot_embed) -> None:
     """`one_hot_embed(token_ids, table)`: ids of any shape (...), table (V, C) -> (..., C)."""
     gen = torch.Generator().manual_seed(0)
@@ -43,7 +67,10 @@ def check_one_hot_embed(one_hot_embed) -> None:
     table = torch.randn(V, C, generator=gen)
     ids = torch.tensor([[0, 3, 6, 3, 1, 2], [5, 4, 4, 0, 6, 2]])  # (B=2, T=6), uses ids 0 and V-1
 
-    got = call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
+    try:
+        got = call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
+    except RuntimeError as exc:
+        _explain_one_hot_error(exc, V, C)
     if isinstance(got, torch.Tensor) and tuple(got.shape) == (2, 6, V):
         raise CheckFailed(
             EX_ONE_HOT,
@@ -138,7 +165,17 @@ def check_embed(embed) -> None:
         # the keyword first (so a missing past_length parameter is named), then the default
         for kwargs in ({"past_length": 0}, {}, {"past_length": 4}):
             past = kwargs.get("past_length", 0)
-            got = call_learner(EX_EMBED, embed, idx, wte, wpe, **kwargs)
+            try:
+                got = call_learner(EX_EMBED, embed, idx, wte, wpe, **kwargs)
+            except RuntimeError as exc:
+                if "must match the size" not in str(exc):
+                    raise
+                raise CheckFailed(
+                    EX_EMBED,
+                    f"for idx of shape (B, T) = {tuple(idx.shape)} your function fails ({exc}). "
+                    "You need one position per token of a sequence: T = idx.shape[1] positions "
+                    "(idx.shape[0] is the batch size B).",
+                ) from None
             label = "your output" + (f" with past_length={past}" if past else "")
             got = _require_tensor(EX_EMBED, got, label)
             want = wte(idx) + wpe(torch.arange(past, past + idx.shape[1]))  # (B, T, C)
@@ -194,7 +231,14 @@ def check_embedding_parameter_count(embedding_parameter_count) -> None:
             "before the first block",
             V * P: "vocab_size x n_positions is not a table in GPT-2; each table has n_embd columns",
             V + P: "you counted rows only; each row holds n_embd numbers",
+            (V + P) * (C + 1): "you gave every row a bias as well; an embedding table is only its "
+            "weight, n_rows x n_embd, with no bias",
         }
+        small = GPT2Config()
+        if config.vocab_size != small.vocab_size and got == (small.vocab_size + small.n_positions) * small.n_embd:
+            raise CheckFailed(EX_COUNT, f"for (vocab_size={config.vocab_size}, n_positions="
+                              f"{config.n_positions}, n_embd={config.n_embd}) you returned GPT-2 small's count; compute it "
+                              "from the fields of the config you are given (config.vocab_size, ...)")
         sizes = f"(vocab_size={V}, n_positions={P}, n_embd={C})"
         if got in wrong:
             raise CheckFailed(EX_COUNT, f"for {sizes}: {wrong[got]}")

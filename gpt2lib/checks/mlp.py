@@ -94,7 +94,17 @@ def check_gelu_tanh(gelu_tanh) -> None:
         dtype=torch.float64,
     )  # (2, 8)
     x = points.clone()
-    got = call_learner(EX_GELU, gelu_tanh, x)
+    try:
+        got = call_learner(EX_GELU, gelu_tanh, x)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        if "Python scalar" not in str(exc) and "must be real number" not in str(exc):
+            raise
+        raise CheckFailed(
+            EX_GELU,
+            f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, "
+            "math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt "
+            "and math.pi are fine for the constant √(2/π)",
+        ) from None
     if not torch.equal(x, points):
         raise CheckFailed(
             EX_GELU,

@@ -112,6 +112,12 @@ def check_gpt2_module(model_cls) -> None:
                           f"({config.n_layer}) blocks, got {type(model.h).__name__}"
                           + (f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""))
 
+    if len({id(block) for block in model.h}) < len(model.h):
+        raise CheckFailed(EX_MODULE, "self.h holds the same Block object more than once "
+                          "([Block(config)] * n_layer repeats one block, so all layers share "
+                          "their weights); build a new block for each layer: "
+                          "nn.ModuleList([Block(config) for _ in range(config.n_layer)])")
+
     V, C = config.vocab_size, config.n_embd
     wte_weight = getattr(model.wte, "weight", None)
     untied = [n for n, p in model.named_parameters()
@@ -195,7 +201,12 @@ def check_init_gpt2_weights(init_fn) -> None:
             p.fill_(fill)
     torch.manual_seed(0)
     with torch.no_grad():
-        call_learner(EX_INIT, init_fn, model)
+        returned = call_learner(EX_INIT, init_fn, model)
+    if isinstance(returned, nn.Module) and returned is not model and all(
+            (p == fill).all() for p in model.parameters()):
+        raise CheckFailed(EX_INIT, "your function returned a new model and left the one it was "
+                          "given unchanged; set the weights of `model` itself, in place "
+                          "(nn.init.normal_(module.weight, ...) changes the tensor it is given)")
     named = dict(model.named_parameters())
 
     def group(predicate):
@@ -293,6 +304,12 @@ def _formula_variants(config):
         "there are n_layer of them, each with its own weights",
         right - L * (6 * C * C + 3 * C): "the MLP is counted as n_embd → n_embd → n_embd: its "
         "hidden layer is 4 · n_embd wide",
+        right - 2 * C * L: "each block has TWO LayerNorms, ln_1 before attention and ln_2 before "
+        "the MLP, with 2 · n_embd parameters each",
+        right - (2 * L + 1) * C: "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd "
+        "parameters, not n_embd",
+        right - L * (2 * C * C + 2 * C): "c_attn maps n_embd to 3 · n_embd (q, k and v in one "
+        "layer), so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
     }
 
 
@@ -325,6 +342,9 @@ def check_count_gpt2_parameters(count_fn) -> None:
         sizes = (f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
                  f"n_embd={config.n_embd}, n_layer={config.n_layer}")
         right, variants = _formula_variants(config)
+        if config is not configs[0] and got == _meta_count(tuple(sorted(vars(configs[0]).items()))):
+            raise CheckFailed(EX_COUNT, f"for {sizes} you return GPT-2 small's count, 124,439,808; "
+                              "compute it from the config's fields (config.n_embd, config.n_layer, ...)")
         assert right == want, "the check's formula disagrees with gpt2lib.GPT2"
         why = variants.get(got)
         if why is not None:

@@ -156,6 +156,32 @@ def _one_pass(symbols, ranks):
     return out
 
 
+def _leftmost_one_at_a_time(symbols, ranks):
+    symbols = list(symbols)
+    while True:
+        positions = [i for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]
+        if not positions:
+            return symbols
+        i = positions[0]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
+def _lowest_rank_rightmost_occurrence(symbols, ranks):
+    symbols = list(symbols)
+    while True:
+        ranked = [(ranks[pair], -i) for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]
+        if not ranked:
+            return symbols
+        i = -min(ranked)[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+
+def _rank_zero_never_merged(symbols, ranks):
+    from gpt2lib.tokenizer import bpe_merge as reference
+
+    return reference(list(symbols), {pair: rank for pair, rank in ranks.items() if rank != 0})
+
+
 def _one_merge(symbols, ranks):
     ranked = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
     if not ranked:
@@ -182,6 +208,22 @@ _MERGE_MISTAKES = [
         _leftmost_first,
         "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must "
         "follow rank order wherever the pair is in the word.",
+    ),
+    (
+        _leftmost_one_at_a_time,
+        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must "
+        "follow rank order wherever the pair is in the word.",
+    ),
+    (
+        _lowest_rank_rightmost_occurrence,
+        "when the lowest-ranked pair occurs more than once, you merge the rightmost occurrence "
+        "first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
+        "the left 'a a' must merge first.",
+    ),
+    (
+        _rank_zero_never_merged,
+        "the pair with rank 0 is never merged: a test like `if rank:` or `ranks.get(pair) or ...` "
+        "treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` or `is None`.",
     ),
     (
         _one_pass,
@@ -221,7 +263,14 @@ def check_bpe_merge(bpe_merge) -> None:
     cases = list(_TOY_CASES) + [([bytes([b]) for b in w.encode("utf-8")], ranks) for w in _GPT2_WORDS]
     results = []
     for symbols, table in cases:
-        got = call_learner(EX_MERGE, bpe_merge, list(symbols), table)
+        given = list(symbols)
+        got = call_learner(EX_MERGE, bpe_merge, given, table)
+        if given != list(symbols):
+            raise CheckFailed(
+                EX_MERGE,
+                f"your function changed the caller's list (it was {_short(list(symbols))}, afterwards "
+                f"{_short(given)}). Work on a copy: start with symbols = list(symbols).",
+            )
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
             raise CheckFailed(
                 EX_MERGE,
