@@ -586,3 +586,16 @@ def test_building_on_meta_fills_nothing(monkeypatch):
     # on a real device the same code does fill the weights
     GPT2(GPT2Config(vocab_size=50, n_positions=8, n_embd=16, n_layer=1, n_head=2))
     assert (50, 16) in filled and (16, 48) in filled
+
+
+@pytest.mark.parametrize("B, T", [(1, 1), (8, 1), (4, 4), (2, 9), (3, 40)])
+def test_tied_readout_equals_the_product_with_the_transposed_table(B, T):
+    from gpt2lib.model import tied_readout
+
+    torch.manual_seed(0)
+    weight = torch.randn(101, 24)  # (V, C)
+    x = torch.randn(B, T, 24)  # (B, T, C)
+    logits = tied_readout(x, weight)
+    assert logits.shape == (B, T, 101)
+    assert logits.is_contiguous()  # callers may .view(-1, V) for the loss
+    torch.testing.assert_close(logits, x @ weight.T, rtol=1e-5, atol=1e-6)
