@@ -1,0 +1,347 @@
+"""gpt2lib against Hugging Face transformers, side by side, in one process.
+
+    python benchmarks/compare_transformers.py                  # CPU, float32, 2 threads
+    python benchmarks/compare_transformers.py --quick          # fewer repeats, shorter runs
+    python benchmarks/compare_transformers.py --checkpoint DIR # real weights instead of random
+    python benchmarks/compare_transformers.py --device cuda --dtype bfloat16 --compile
+
+Both models get the same weights (GPT-2 small shapes, random unless --checkpoint). Before any
+timing the script checks that greedy generations are identical. Each measurement alternates
+the two implementations (and which one goes first) so that drift on a noisy machine hits
+both; it reports medians with the spread (min..max) and the ratio gpt2lib / transformers.
+A JSON record goes to benchmarks/results/ (or --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))  # checkpoints.py writes the hub's exact layout
+
+from checkpoints import write_hub_checkpoint  # noqa: E402
+from gpt2lib import GPT2  # noqa: E402
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def load_hf(folder: Path, device: str, dtype: torch.dtype):
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the hub file's mask buffers are reported as unused
+    model = GPT2LMHeadModel.from_pretrained(str(folder), dtype=dtype).to(device).eval()
+    model.generation_config.pad_token_id = model.config.eos_token_id
+    return model
+
+
+# --------------------------------------------------------------------------- the workloads
+
+
+@torch.inference_mode()
+def ours_generate(model, prompt, new_tokens, use_cache=True):
+    return model.generate(prompt, new_tokens, temperature=0.0, use_cache=use_cache)
+
+
+@torch.inference_mode()
+def hf_loop(model, prompt, new_tokens, use_cache=True):
+    """transformers' model called step by step with its own cache: a plain greedy loop."""
+    ids = prompt
+    out = model(ids, use_cache=use_cache, logits_to_keep=1)
+    tokens = [prompt]
+    for step in range(new_tokens):
+        next_id = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)  # (B, 1)
+        tokens.append(next_id)
+        if step == new_tokens - 1:
+            break
+        if use_cache:
+            out = model(next_id, cache=out.cache, use_cache=True, logits_to_keep=1)
+        else:
+            ids = torch.cat(tokens, dim=1)
+            out = model(ids, use_cache=False, logits_to_keep=1)
+    return torch.cat(tokens, dim=1)
+
+
+@torch.inference_mode()
+def hf_generate(model, prompt, new_tokens, use_cache=True):
+    """transformers' own generate(): the loop most users call."""
+    return model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        use_cache=use_cache,
+    )
+
+
+@torch.inference_mode()
+def ours_prefill(model, prompt):
+    from gpt2lib.kvcache import KVCache
+
+    cache = KVCache.for_model(model, batch_size=prompt.shape[0], max_len=prompt.shape[1])
+    return model(prompt, kv_cache=cache, last_only=True)
+
+
+@torch.inference_mode()
+def hf_prefill(model, prompt):
+    return model(prompt, use_cache=True, logits_to_keep=1).logits
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def timed_pair(fn_ours, fn_hf, repeats: int, device: str) -> tuple[list[float], list[float]]:
+    """Seconds per call for both, alternating which goes first each round; one warm-up each."""
+    fn_ours(), fn_hf()
+    sync(device)
+    ours, hf = [], []
+    for r in range(repeats):
+        order = [(fn_ours, ours), (fn_hf, hf)]
+        for fn, sink in order if r % 2 == 0 else reversed(order):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            sink.append(time.perf_counter() - start)
+    return ours, hf
+
+
+LOAD_SNIPPET = r"""
+import sys, time, json, torch
+torch.set_num_threads({threads})
+which, folder = sys.argv[1], sys.argv[2]
+if which == "gpt2lib":
+    from gpt2lib import GPT2 as loader
+else:
+    from transformers import GPT2LMHeadModel as loader
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+ids = torch.randint(0, 50257, (1, 8))
+
+
+def status_kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+
+try:  # Linux: reset the peak (VmHWM) so that it counts the loader alone
+    open("/proc/self/clear_refs", "w").write("5")
+    base = status_kib("VmRSS")
+except OSError:  # elsewhere: no memory figure
+    base = None
+start = time.perf_counter()
+model = loader.from_pretrained(folder).eval()
+loaded = time.perf_counter() - start
+with torch.inference_mode():  # a forward pass touches every weight (lazy, memory-mapped reads too)
+    model(ids)
+first_forward = time.perf_counter() - start
+peak = status_kib("VmHWM") if base is not None else None
+print(json.dumps({{"seconds": first_forward, "load_only_seconds": loaded,
+                   "added_mib": None if base is None else (peak - base) / 1024}}))
+"""
+
+
+def measure_loading(folder: Path, repeats: int, threads: int) -> dict:
+    """Each load in a fresh process, so peak memory is that loader's alone."""
+    snippet = LOAD_SNIPPET.format(threads=threads)
+    runs = {"gpt2lib": [], "transformers": []}
+    for r in range(repeats):
+        order = ["gpt2lib", "transformers"] if r % 2 == 0 else ["transformers", "gpt2lib"]
+        for which in order:
+            out = subprocess.run(
+                [sys.executable, "-c", snippet, which, str(folder)],
+                capture_output=True, text=True, check=True, cwd=REPO,
+            )
+            runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+# --------------------------------------------------------------------------- report
+
+
+def summary(seconds: list[float], work: float) -> dict:
+    """Median and spread as units of work per second (tokens/s, or 1/s for loading)."""
+    rates = sorted(work / s for s in seconds)
+    return {
+        "median": statistics.median(rates),
+        "min": rates[0],
+        "max": rates[-1],
+        "median_seconds": statistics.median(seconds),
+        "runs": len(seconds),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, help="folder with config.json + model.safetensors")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--uncached-new-tokens", type=int, default=32,
+                   help="new tokens for the no-cache baseline (it is slow: quadratic)")
+    p.add_argument("--prefill-len", type=int, default=1024)
+    p.add_argument("--compile", action="store_true", help="gpt2lib's compiled decode step (GPU)")
+    p.add_argument("--quick", action="store_true", help="3 repeats, 32 new tokens: a smoke run")
+    p.add_argument("--skip-loading", action="store_true")
+    p.add_argument("--skip-tokenizer", action="store_true")
+    p.add_argument("--json", type=Path, help="where to write the record")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.new_tokens, args.uncached_new_tokens = 3, 32, 16
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+
+    record = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "device": args.device,
+            "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
+            "dtype": args.dtype,
+        },
+        "results": {},
+    }
+    import transformers
+
+    record["machine"]["transformers"] = transformers.__version__
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.checkpoint
+        if folder is None:
+            folder = Path(tmp)
+            write_hub_checkpoint(folder, n_layer=12, n_head=12, n_embd=768, seed=0)
+            record["weights"] = "random (seed 0), GPT-2 small shapes"
+        else:
+            record["weights"] = str(folder)
+        ours = GPT2.from_pretrained(str(folder), device=args.device, dtype=dtype).eval()
+        hf = load_hf(folder, args.device, dtype)
+        vocab = ours.config.vocab_size
+        gen = torch.Generator().manual_seed(1)
+
+        # 1. Identical greedy generations before any timing.
+        for batch in (1, 8):
+            prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(args.device)
+            a = ours_generate(ours, prompt, args.new_tokens)
+            b = hf_loop(hf, prompt, args.new_tokens)
+            c = hf_generate(hf, prompt, args.new_tokens)
+            same = torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), c.cpu())
+            record["results"][f"greedy_identical_batch{batch}"] = same
+            print(f"greedy output identical to transformers, batch {batch}: {same}")
+            if not same:
+                where = (a.cpu() != c.cpu()).nonzero()
+                print(f"  first difference at (row, position) {tuple(where[0].tolist())}")
+                print("  refusing to time implementations that disagree")
+                return 1
+
+        rows = []
+
+        def compare(name, fn_ours, fn_hf, work, unit):
+            t_ours, t_hf = timed_pair(fn_ours, fn_hf, args.repeats, args.device)
+            s_ours, s_hf = summary(t_ours, work), summary(t_hf, work)
+            ratio = s_ours["median"] / s_hf["median"]
+            record["results"][name] = {"unit": unit, "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio}
+            rows.append((name, unit, s_ours, s_hf, ratio))
+            print(f"  {name}: {s_ours['median']:.1f} vs {s_hf['median']:.1f} {unit} ({ratio:.2f}x)")
+
+        print("timing (gpt2lib vs transformers, medians):")
+        for batch in (1, 8):
+            prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(args.device)
+            n = args.new_tokens
+            compare(f"decode, KV cache, batch {batch}",
+                    lambda: ours_generate(ours, prompt, n), lambda: hf_loop(hf, prompt, n),
+                    batch * n, "tokens/s")
+            if batch == 1:
+                compare("decode, KV cache, batch 1 (vs transformers generate())",
+                        lambda: ours_generate(ours, prompt, n), lambda: hf_generate(hf, prompt, n),
+                        batch * n, "tokens/s")
+        prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen).to(args.device)
+        n = args.uncached_new_tokens
+        compare("decode, no cache, batch 1",
+                lambda: ours_generate(ours, prompt, n, use_cache=False),
+                lambda: hf_loop(hf, prompt, n, use_cache=False), n, "tokens/s")
+        long_prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=gen).to(args.device)
+        compare(f"prefill, {args.prefill_len} tokens",
+                lambda: ours_prefill(ours, long_prompt), lambda: hf_prefill(hf, long_prompt),
+                args.prefill_len, "tokens/s")
+
+        if not args.skip_loading and args.device == "cpu":
+            runs = measure_loading(folder, max(3, args.repeats // 2), args.threads)
+            s_ours = summary([r["seconds"] for r in runs["gpt2lib"]], 1.0)
+            s_hf = summary([r["seconds"] for r in runs["transformers"]], 1.0)
+            peak = {k: statistics.median(r["added_mib"] or 0.0 for r in v) for k, v in runs.items()}
+            ratio = s_ours["median"] / s_hf["median"]
+            record["results"]["loading"] = {
+                "unit": "loads/s", "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio,
+                "peak_added_mib": peak,
+            }
+            rows.append(("load 124M safetensors + first forward", "loads/s", s_ours, s_hf, ratio))
+            load_only = {k: statistics.median(r["load_only_seconds"] for r in v) for k, v in runs.items()}
+            record["results"]["loading"]["load_only_seconds"] = load_only
+            print(f"  loading + first forward: {s_ours['median_seconds']:.2f} s vs "
+                  f"{s_hf['median_seconds']:.2f} s (from_pretrained alone {load_only['gpt2lib']:.2f} s vs "
+                  f"{load_only['transformers']:.2f} s); peak added memory {peak['gpt2lib']:.0f} MiB vs "
+                  f"{peak['transformers']:.0f} MiB")
+
+    if not args.skip_tokenizer:
+        import tokenizer_speed
+
+        text = tokenizer_speed.english_text()
+        tok = tokenizer_speed.measure(text, repeats=3)
+        record["results"]["tokenizer"] = tok
+        rows.append(("tokenizer: teaching BPE (cold cache) vs tiktoken", "MB/s",
+                     {"median": tok["bpe_cold_mb_s"], "min": tok["bpe_cold_mb_s"], "max": tok["bpe_cold_mb_s"]},
+                     {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"], "max": tok["tiktoken_mb_s"]},
+                     tok["bpe_cold_mb_s"] / tok["tiktoken_mb_s"]))
+        rows.append(("tokenizer: teaching BPE (warm cache) vs tiktoken", "MB/s",
+                     {"median": tok["bpe_warm_mb_s"], "min": tok["bpe_warm_mb_s"], "max": tok["bpe_warm_mb_s"]},
+                     {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"], "max": tok["tiktoken_mb_s"]},
+                     tok["bpe_warm_mb_s"] / tok["tiktoken_mb_s"]))
+
+    print()
+    print(f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
+          f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
+          f"{args.device} {args.dtype}, weights: {record['weights']}")
+    print(f"| {'measure':<52} | {'unit':<8} | {'gpt2lib':>18} | {'transformers':>18} | ratio |")
+    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 20}|{'-' * 20}|-------|")
+    for name, unit, a, b, ratio in rows:
+        fa = f"{a['median']:.1f} ({a['min']:.1f}-{a['max']:.1f})" if unit != "loads/s" else f"{1 / a['median']:.2f} s"
+        fb = f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f})" if unit != "loads/s" else f"{1 / b['median']:.2f} s"
+        print(f"| {name:<52} | {unit if unit != 'loads/s' else 'time':<8} | {fa:>18} | {fb:>18} | {ratio:4.2f}x |")
+
+    out = args.json or REPO / "benchmarks" / "results" / time.strftime("compare-%Y%m%d-%H%M%S.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"\nrecord written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The side-by-side benchmark runs end to end (on a tiny checkpoint; speed is not asserted)."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import compare_transformers  # noqa: E402
+
+
+@pytest.mark.slow
+def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path, capsys):
+    record_path = tmp_path / "record.json"
+    code = compare_transformers.main([
+        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--repeats", "1",
+        "--prefill-len", "64", "--skip-loading", "--skip-tokenizer", "--json", str(record_path),
+    ])
+    assert code == 0
+    record = json.loads(record_path.read_text())
+    assert record["results"]["greedy_identical_batch1"] is True
+    assert record["results"]["greedy_identical_batch8"] is True
+    for name in ("decode, KV cache, batch 1", "decode, KV cache, batch 8",
+                 "decode, no cache, batch 1", "prefill, 64 tokens"):
+        result = record["results"][name]
+        assert result["gpt2lib"]["median"] > 0 and result["transformers"]["median"] > 0
+        assert result["ratio"] == pytest.approx(
+            result["gpt2lib"]["median"] / result["transformers"]["median"])
+    assert "| decode, KV cache, batch 1" in capsys.readouterr().out
+
+
+def test_benchmark_refuses_to_time_models_that_disagree(tmp_path, monkeypatch, capsys):
+    """If greedy outputs differ, nothing is timed and the exit code says so."""
+
+    real = compare_transformers.ours_generate
+
+    def off_by_one(model, prompt, new_tokens, use_cache=True):
+        out = real(model, prompt, new_tokens, use_cache).clone()
+        out[:, -1] = (out[:, -1] + 1) % model.config.vocab_size
+        return out
+
+    monkeypatch.setattr(compare_transformers, "ours_generate", off_by_one)
+    code = compare_transformers.main([
+        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--skip-loading",
+        "--skip-tokenizer", "--json", str(tmp_path / "r.json"),
+    ])
+    assert code == 1
+    assert "refusing to time" in capsys.readouterr().out
