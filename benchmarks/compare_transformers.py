@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))  # checkpoints.py writes the hub's exact
 
 from checkpoints import write_hub_checkpoint  # noqa: E402
 from gpt2lib import GPT2  # noqa: E402
+from gpt2lib.speed import decode_bytes_per_token, memory_read_gbps, use_split_matmul  # noqa: E402
 
 
 # --------------------------------------------------------------------------- set-up
@@ -89,6 +90,12 @@ def hf_generate(model, prompt, new_tokens, use_cache=True):
     )
 
 
+def ours_generate_unsplit(model, prompt, new_tokens):
+    """gpt2lib with the split multiply of chapter 7 turned off: what that lever is worth."""
+    with use_split_matmul(False):
+        return ours_generate(model, prompt, new_tokens)
+
+
 @torch.inference_mode()
 def ours_prefill(model, prompt):
     from gpt2lib.kvcache import KVCache
@@ -100,6 +107,17 @@ def ours_prefill(model, prompt):
 @torch.inference_mode()
 def hf_prefill(model, prompt):
     return model(prompt, use_cache=True, logits_to_keep=1).logits
+
+
+def cpu_name() -> str:
+    """The CPU's model name where Linux tells it (platform.processor() is often empty)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def sync(device: str) -> None:
@@ -219,7 +237,7 @@ def main(argv=None) -> int:
     record = {
         "machine": {
             "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
+            "processor": cpu_name(),
             "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
@@ -282,11 +300,31 @@ def main(argv=None) -> int:
                 compare("decode, KV cache, batch 1 (vs transformers generate())",
                         lambda: ours_generate(ours, prompt, n), lambda: hf_generate(hf, prompt, n),
                         batch * n, "tokens/s")
+                if args.device == "cpu":
+                    compare("decode, KV cache, batch 1, gpt2lib without split matmul",
+                            lambda: ours_generate_unsplit(ours, prompt, n),
+                            lambda: hf_loop(hf, prompt, n), batch * n, "tokens/s")
         prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen).to(args.device)
         n = args.uncached_new_tokens
         compare("decode, no cache, batch 1",
                 lambda: ours_generate(ours, prompt, n, use_cache=False),
                 lambda: hf_loop(hf, prompt, n, use_cache=False), n, "tokens/s")
+        # Batch-1 decoding reads every weight once per token: how close each comes to memory speed.
+        per_token = decode_bytes_per_token(ours)
+        decode1 = record["results"]["decode, KV cache, batch 1"]
+        achieved = {k: decode1[k]["median"] * per_token / 1e9 for k in ("gpt2lib", "transformers")}
+        decode1["weights_gb_per_s"] = achieved
+        decode1["weight_bytes_per_token"] = per_token
+        if args.device == "cpu":
+            bandwidth = memory_read_gbps()
+            record["machine"]["memory_read_gb_per_s"] = bandwidth
+            print(f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
+                  f"{achieved['transformers']:.1f} GB/s (transformers); this machine reads "
+                  f"{bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per token: at most "
+                  f"{bandwidth * 1e9 / per_token:.0f} tokens/s)")
+        else:
+            print(f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
+                  f"{achieved['transformers']:.1f} GB/s (transformers)")
         long_prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=gen).to(args.device)
         compare(f"prefill, {args.prefill_len} tokens",
                 lambda: ours_prefill(ours, long_prompt), lambda: hf_prefill(hf, long_prompt),
@@ -326,6 +364,8 @@ def main(argv=None) -> int:
                      tok["bpe_warm_mb_s"] / tok["tiktoken_mb_s"]))
 
     print()
+    if "memory_read_gb_per_s" in record["machine"]:
+        print(f"memory read speed (sum of 256 MB): {record['machine']['memory_read_gb_per_s']:.1f} GB/s")
     print(f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
           f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
           f"{args.device} {args.dtype}, weights: {record['weights']}")

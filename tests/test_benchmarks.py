@@ -24,11 +24,16 @@ def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path,
     assert record["results"]["greedy_identical_batch1"] is True
     assert record["results"]["greedy_identical_batch8"] is True
     for name in ("decode, KV cache, batch 1", "decode, KV cache, batch 8",
+                 "decode, KV cache, batch 1, gpt2lib without split matmul",
                  "decode, no cache, batch 1", "prefill, 64 tokens"):
         result = record["results"][name]
         assert result["gpt2lib"]["median"] > 0 and result["transformers"]["median"] > 0
         assert result["ratio"] == pytest.approx(
             result["gpt2lib"]["median"] / result["transformers"]["median"])
+    decode1 = record["results"]["decode, KV cache, batch 1"]
+    assert decode1["weights_gb_per_s"]["gpt2lib"] == pytest.approx(
+        decode1["gpt2lib"]["median"] * decode1["weight_bytes_per_token"] / 1e9)
+    assert record["machine"]["memory_read_gb_per_s"] > 0
     assert "| decode, KV cache, batch 1" in capsys.readouterr().out
 
 

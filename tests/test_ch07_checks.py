@@ -228,3 +228,71 @@ def test_top_p_accepts_correct_answers(capsys):
 def test_top_p_names_the_mistake(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         C.check_top_p_filter(wrong)
+
+
+# --------------------------------------------------------------------------- 7.6 split_matmul
+
+
+def split_einsum(x, weight, parts):  # another correct answer
+    rows, n_in = x.shape
+    return torch.einsum("prk,pkn->rn", x.view(rows, parts, n_in // parts).transpose(0, 1),
+                        weight.view(parts, n_in // parts, weight.shape[1]))
+
+
+def _slabs(x, weight, parts):
+    rows, n_in = x.shape
+    return (x.view(rows, parts, n_in // parts).transpose(0, 1),
+            weight.view(parts, n_in // parts, weight.shape[1]))
+
+
+def split_no_sum(x, weight, parts):
+    return torch.bmm(*_slabs(x, weight, parts))
+
+
+def split_mean(x, weight, parts):
+    return torch.bmm(*_slabs(x, weight, parts)).mean(0)
+
+
+def split_wrong_dim(x, weight, parts):
+    return torch.bmm(*_slabs(x, weight, parts)).sum(1)
+
+
+def split_x_without_transpose(x, weight, parts):
+    rows, n_in = x.shape
+    return torch.bmm(x.reshape(parts, rows, n_in // parts), _slabs(x, weight, parts)[1]).sum(0)
+
+
+def split_interleaved_weight(x, weight, parts):
+    rows, n_in = x.shape
+    w = weight.view(n_in // parts, parts, weight.shape[1]).transpose(0, 1)
+    return torch.bmm(_slabs(x, weight, parts)[0], w).sum(0)
+
+
+def not_split(x, weight, parts):
+    return x @ weight
+
+
+def split_right_only_when_small(x, weight, parts):  # e.g. a precision loss at GPT-2's width
+    out = torch.bmm(*_slabs(x, weight, parts)).sum(0)
+    return out if x.shape[1] <= 12 else out.half().float()
+
+
+def test_split_matmul_check_passes_the_reference_and_einsum():
+    from gpt2lib.speed import split_matmul
+
+    C.check_split_matmul(split_matmul)
+    C.check_split_matmul(split_einsum)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (split_no_sum, "partial products"),
+    (split_mean, "averaged"),
+    (split_wrong_dim, "wrong dimension"),
+    (split_x_without_transpose, "x's slabs are cut wrongly"),
+    (split_interleaved_weight, "consecutive rows"),
+    (not_split, "not computed in slabs"),
+    (split_right_only_when_small, "wrong for one row of 768"),
+])
+def test_split_matmul_check_names_each_mistake(answer, message):
+    with pytest.raises(CheckFailed, match=message):
+        C.check_split_matmul(answer)

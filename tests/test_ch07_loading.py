@@ -67,8 +67,12 @@ def test_mask_buffers_are_optional(tmp_path, attn_bias, masked_bias):
     folder = write_hub_checkpoint(tmp_path, attn_bias=attn_bias, masked_bias=masked_bias, **SMALL)
     reference = from_pretrained(write_hub_checkpoint(tmp_path / "ref", **SMALL), device="cpu")
     model = from_pretrained(folder, device="cpu")
+    for (name, got), (_, want) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(got, want), name
     idx = _ids(SMALL["vocab_size"])
-    assert torch.equal(model(idx), reference(idx))
+    # Not bit-equal: the weights sit at other memory alignments in the two files, and matrix
+    # libraries may then round in another order.
+    torch.testing.assert_close(model(idx), reference(idx), atol=1e-6, rtol=1e-6)
 
 
 def test_save_pretrained_layout_matches_transformers(tmp_path):

@@ -1,5 +1,5 @@
-"""Checks for chapter 7's exercises: temperature, top-k, top-p, the KV cache write and the
-cached forward pass.
+"""Checks for chapter 7's exercises: temperature, top-k, top-p, the KV cache write, the
+cached forward pass and the split matrix multiply.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
 known wrong answers (cache position never advanced, positions not offset after the prompt,
@@ -18,6 +18,7 @@ EX_TOP_K = "Exercise 7.2 (top_k_filter)"
 EX_TOP_P = "Exercise 7.3 (top_p_filter)"
 EX_WRITE = "Exercise 7.4 (write_kv)"
 EX_FORWARD = "Exercise 7.5 (cached_forward)"
+EX_SPLIT = "Exercise 7.6 (split_matmul)"
 
 NEG_INF = float("-inf")
 
@@ -326,3 +327,82 @@ def check_top_p_filter(top_p_filter) -> None:
             raise CheckFailed(ex, f"with p={p} keep the {want.sum(-1).tolist()} most likely "
                                   f"tokens of each row (the fewest whose probabilities add up "
                                   f"to >= p); you kept {_kept(got[p]).sum(-1).tolist()}")
+
+
+# --------------------------------------------------------------------------- 7.6 split_matmul
+
+
+class _BatchedMultiplies(torch.overrides.TorchFunctionMode):
+    """Records the batch sizes of the 3-D multiplies (bmm, matmul, @, einsum) run inside it."""
+
+    WATCHED = {torch.bmm, torch.matmul, torch.Tensor.bmm, torch.Tensor.matmul,
+               torch.Tensor.__matmul__, torch.baddbmm, torch.einsum}
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.WATCHED:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if func is torch.einsum and len(args) > 1:
+                tensors = [a for a in args[1:] if isinstance(a, torch.Tensor)]
+            if tensors and tensors[0].dim() == 3:
+                self.batches.append(tensors[0].shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+def check_split_matmul(split_matmul) -> None:
+    """split_matmul(x, weight, parts) -> x @ weight, computed as `parts` slab products."""
+    ex = EX_SPLIT
+    gen = torch.Generator().manual_seed(0)
+    rows, n_in, n_out, parts = 3, 12, 5, 4
+    x = torch.randn(rows, n_in, generator=gen)
+    weight = torch.randn(n_in, n_out, generator=gen)
+    want = x @ weight
+    recorder = _BatchedMultiplies()
+    with recorder:
+        got = _tensor_or_fail(ex, call_learner(ex, split_matmul, x, weight, parts), "the result")
+    slab = n_in // parts
+    partials = torch.stack([x[:, i * slab:(i + 1) * slab] @ weight[i * slab:(i + 1) * slab]
+                            for i in range(parts)])  # (parts, rows, n_out)
+    if got.shape == partials.shape and _same(got, partials):
+        raise CheckFailed(ex, f"you returned the {parts} partial products, shape "
+                              f"{tuple(partials.shape)}; add them up: .sum(dim=0)")
+    if got.shape != want.shape:
+        if got.shape in ((parts, n_out), (parts, rows)):
+            raise CheckFailed(ex, f"the result has shape {tuple(got.shape)}: you summed over "
+                                  "the wrong dimension. The partial products are (parts, rows, "
+                                  "n_out); sum over dim 0, the slabs")
+        raise CheckFailed(ex, f"x @ weight has shape {tuple(want.shape)} (rows, n_out), got "
+                              f"{tuple(got.shape)}")
+    if _same(got, want / parts):
+        raise CheckFailed(ex, "the result is x @ weight divided by parts: you averaged the partial "
+                              "products (mean); add them (sum)")
+    wrong_x = torch.bmm(x.reshape(parts, rows, slab), weight.view(parts, slab, n_out)).sum(0)
+    if _same(got, wrong_x):
+        raise CheckFailed(ex, "x's slabs are cut wrongly: x.view(parts, rows, n_in // parts) "
+                              "mixes numbers of different rows. Cut each row into slabs, "
+                              "x.view(rows, parts, n_in // parts), then move the slab "
+                              "dimension first with .transpose(0, 1)")
+    interleaved = weight.view(slab, parts, n_out).transpose(0, 1)  # rows i, i + parts, ...
+    wrong_w = torch.bmm(x.view(rows, parts, slab).transpose(0, 1), interleaved).sum(0)
+    if _same(got, wrong_w):
+        raise CheckFailed(ex, "weight's slabs must be blocks of consecutive rows, "
+                              "weight.view(parts, n_in // parts, n_out); "
+                              "weight.view(n_in // parts, parts, n_out).transpose(0, 1) takes "
+                              "every parts-th row instead")
+    if not _same(got, want):
+        raise CheckFailed(ex, "the result differs from x @ weight: slab i of x (its columns "
+                              "i * n_in/parts ...) must meet slab i of weight (the same rows)")
+    if parts not in recorder.batches:
+        raise CheckFailed(ex, "the numbers are right, but not computed in slabs: the point is "
+                              f"one batched multiply of {parts} slabs, torch.bmm of "
+                              "(parts, rows, n_in/parts) and (parts, n_in/parts, n_out)")
+    x1 = torch.randn(1, 768, generator=gen)  # one row, GPT-2's width, 8 slabs
+    w1 = torch.randn(768, 96, generator=gen)
+    got1 = _tensor_or_fail(ex, call_learner(ex, split_matmul, x1, w1, 8), "the result")
+    if not _same(got1, x1 @ w1, atol=1e-4):
+        raise CheckFailed(ex, "right for x of shape (3, 12) in 4 slabs, wrong for one row of "
+                              "768 in 8 slabs: use the arguments' shapes, not fixed numbers")
+    passed(ex, "the slab products add up to x @ weight, in one batched multiply")
