@@ -1,7 +1,7 @@
 """Shared test set-up, at the repository root so that it also applies when only notebooks
-are collected (`python -m pytest solutions/07_generation.ipynb`).
+are collected (`python -m pytest solutions/08_real_weights.ipynb`).
 
-Chapter 7 (real GPT-2 weights) must run offline in CI: once per pytest process we write a small
+Chapters 8 and 9 (real GPT-2 weights) must run offline in CI: once per pytest process we write a small
 random checkpoint in the hub's exact layout (2 layers, width 64, GPT-2's real 50,257-token
 vocabulary so the real tokenizer works) into a temp folder and point `GPT2LIB_CHECKPOINT` at
 it (see checkpoints.install_test_checkpoint). Notebook kernels started by nbval, and JupyterLab

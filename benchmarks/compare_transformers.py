@@ -91,7 +91,7 @@ def hf_generate(model, prompt, new_tokens, use_cache=True):
 
 
 def ours_generate_unsplit(model, prompt, new_tokens):
-    """gpt2lib with the split multiply of chapter 7 turned off: what that lever is worth."""
+    """gpt2lib with the split multiply of chapter 9 turned off: what that lever is worth."""
     with use_split_matmul(False):
         return ours_generate(model, prompt, new_tokens)
 

@@ -5,8 +5,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.speed import matmul_bias
-
 
 class Conv1D(nn.Module):
     """A linear layer whose weight is stored [in, out], as in GPT-2's checkpoints: y = x @ W + b.
@@ -23,10 +21,7 @@ class Conv1D(nn.Module):
             nn.init.normal_(self.weight, std=0.02)  # GPT-2's initialisation
 
     def forward(self, x):  # (..., n_in) -> (..., n_out)
-        shape = x.shape[:-1] + (self.weight.shape[1],)
-        # bias + x @ W on x flattened to (rows, n_in). matmul_bias is torch.addmm, except for a
-        # few rows on a CPU (decoding), where chapter 7 measures a faster way to multiply.
-        return matmul_bias(x.reshape(-1, x.shape[-1]), self.weight, self.bias).view(shape)
+        return x @ self.weight + self.bias
 
 
 class CausalSelfAttention(nn.Module):

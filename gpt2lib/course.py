@@ -34,7 +34,9 @@ CHAPTER_MODULES = {
     "04_mlp": "mlp",
     "05_block": "block",
     "06_model": "model",
-    "07_generation": "generation",
+    "07_training": "training",
+    "08_real_weights": "loading",
+    "09_generation": "generation",
 }
 
 BEGIN = "### BEGIN SOLUTION"

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from gpt2lib.attention import Conv1D
 from gpt2lib.block import Block, LayerNorm
 from gpt2lib.config import GPT2Config
-from gpt2lib.speed import readout_matmul
 
 
 # torch.compiler.is_compiling arrived in torch 2.3; on 2.2 nothing here is compiled anyway
@@ -29,13 +28,8 @@ def _embedding(rows: int, width: int) -> nn.Embedding:
 
 
 def tied_readout(x, wte_weight):
-    """Logits from the final hidden states: x @ wte.weight.T, (B, T, C) -> (B, T, V).
-
-    readout_matmul is that product; for the few rows of decoding it takes a faster route on
-    the same numbers (chapter 7 measures why).
-    """
-    B, T, C = x.shape
-    return readout_matmul(x.reshape(B * T, C), wte_weight).view(B, T, -1)  # (B, T, V)
+    """Logits from the final hidden states: x @ wte.weight.T, (B, T, C) -> (B, T, V)."""
+    return x @ wte_weight.T  # (B, T, V)
 
 
 class GPT2(nn.Module):
@@ -83,7 +77,7 @@ class GPT2(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path, device=None, dtype=None):
-        """Real GPT-2 weights from the hub or a local folder: see gpt2lib.loading (chapter 7)."""
+        """Real GPT-2 weights from the hub or a local folder: see gpt2lib.loading (chapter 8)."""
         from gpt2lib.loading import from_pretrained
 
         return from_pretrained(name_or_path, device=device, dtype=dtype, model_cls=cls)
@@ -94,6 +88,18 @@ class GPT2(nn.Module):
         from gpt2lib.generation import generate
 
         return generate(self, idx, max_new_tokens, **kwargs)
+
+    def save_pretrained(self, folder, overwrite=False):
+        """Write config.json and model.safetensors in the hub's layout: see gpt2lib.training."""
+        from gpt2lib.training import save_pretrained
+
+        return save_pretrained(self, folder, overwrite=overwrite)
+
+    def run_with_cache(self, idx, **kwargs):
+        """Logits and the activations inside (residual stream, attention): see gpt2lib.interpret."""
+        from gpt2lib.interpret import run_with_cache
+
+        return run_with_cache(self, idx, **kwargs)
 
     def _check_ids(self, idx):
         """Reject input that would fail deep inside nn.Embedding, or silently go wrong."""
@@ -130,7 +136,7 @@ class GPT2(nn.Module):
     def forward(self, idx, kv_cache=None, last_only=False):
         """idx: (B, T) token ids -> logits (B, T, vocab_size), or (B, 1, vocab_size) if last_only.
 
-        With a kv_cache (gpt2lib.kvcache, chapter 7) the tokens continue the cached ones:
+        With a kv_cache (gpt2lib.kvcache, chapter 9) the tokens continue the cached ones:
         their positions start at kv_cache.length, and the cache advances by T at the end.
         """
         self._check_ids(idx)

@@ -49,7 +49,7 @@ def loop_attention(layer, x):
 
 
 class ListCache:
-    """The smallest cache that follows the protocol chapter 7 implements."""
+    """The smallest cache that follows the protocol chapter 9 implements."""
 
     def __init__(self):
         self.k = self.v = None

@@ -370,6 +370,6 @@ def check_block(Block) -> None:
         raise CheckFailed(
             EX_BLOCK,
             "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not "
-            "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 7's fast generation needs it)",
+            "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
         )
     passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")

@@ -1,4 +1,4 @@
-"""Checks for chapter 7's exercises: temperature, top-k, top-p, the KV cache write, the
+"""Checks for chapter 9's exercises: temperature, top-k, top-p, the KV cache write, the
 cached forward pass and the split matrix multiply.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
@@ -13,12 +13,12 @@ import torch
 
 from gpt2lib.checks._core import CheckFailed, call_learner, passed
 
-EX_TEMPERATURE = "Exercise 7.1 (apply_temperature)"
-EX_TOP_K = "Exercise 7.2 (top_k_filter)"
-EX_TOP_P = "Exercise 7.3 (top_p_filter)"
-EX_WRITE = "Exercise 7.4 (write_kv)"
-EX_FORWARD = "Exercise 7.5 (cached_forward)"
-EX_SPLIT = "Exercise 7.6 (split_matmul)"
+EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
+EX_TOP_K = "Exercise 9.2 (top_k_filter)"
+EX_TOP_P = "Exercise 9.3 (top_p_filter)"
+EX_WRITE = "Exercise 9.4 (write_kv)"
+EX_FORWARD = "Exercise 9.5 (cached_forward)"
+EX_SPLIT = "Exercise 9.6 (split_matmul)"
 
 NEG_INF = float("-inf")
 
@@ -34,7 +34,7 @@ def _tensor_or_fail(exercise, got, what):
     return got
 
 
-# --------------------------------------------------------------------------- 7.4 write_kv
+# --------------------------------------------------------------------------- 9.4 write_kv
 
 
 def check_write_kv(write_kv) -> None:
@@ -99,7 +99,7 @@ def check_write_kv(write_kv) -> None:
     passed(ex, "cached greedy decoding equals the uncached model")
 
 
-# --------------------------------------------------------------------------- 7.5 cached_forward
+# --------------------------------------------------------------------------- 9.5 cached_forward
 
 
 def _forward_variant(model, idx, cache, offset=True, advance=True, use_cache=True, ln_f=True):
@@ -187,7 +187,7 @@ def check_cached_forward(cached_forward) -> None:
                           "ln_f, then multiply by wte.weight.T")
 
 
-# --------------------------------------------------------------------------- 7.1 temperature
+# --------------------------------------------------------------------------- 9.1 temperature
 
 
 def check_apply_temperature(apply_temperature) -> None:
@@ -219,7 +219,7 @@ def check_apply_temperature(apply_temperature) -> None:
     passed(ex)
 
 
-# --------------------------------------------------------------------------- 7.2 top-k
+# --------------------------------------------------------------------------- 9.2 top-k
 
 
 def _kept(x):
@@ -263,7 +263,7 @@ def check_top_k_filter(top_k_filter) -> None:
     passed(ex)
 
 
-# --------------------------------------------------------------------------- 7.3 top-p
+# --------------------------------------------------------------------------- 9.3 top-p
 
 
 def _nucleus_mask(probs, p, descending=True, include_crossing=True, scatter_back=True):
@@ -329,7 +329,7 @@ def check_top_p_filter(top_p_filter) -> None:
                                   f"to >= p); you kept {_kept(got[p]).sum(-1).tolist()}")
 
 
-# --------------------------------------------------------------------------- 7.6 split_matmul
+# --------------------------------------------------------------------------- 9.6 split_matmul
 
 
 class _BatchedMultiplies(torch.overrides.TorchFunctionMode):

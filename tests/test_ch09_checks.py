@@ -1,4 +1,4 @@
-"""Chapter 7's checks: each passes the reference (and other correct answers) and names each
+"""Chapter 9's checks: each passes the reference (and other correct answers) and names each
 planted mistake."""
 
 import pytest
@@ -9,7 +9,7 @@ from gpt2lib import kvcache as K
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import generation as C
 
-# --------------------------------------------------------------------------- 7.4 write_kv
+# --------------------------------------------------------------------------- 9.4 write_kv
 
 
 def write_kv_cat(k_buf, v_buf, k, v, start):  # another correct answer: copy_ then narrow
@@ -48,7 +48,7 @@ def not_stored(k_buf, v_buf, k, v, start):
 
 
 def stub(*args):
-    raise NotImplementedError("Exercise 7.4: replace this line with your code")
+    raise NotImplementedError("Exercise 9.4: replace this line with your code")
 
 
 def test_write_kv_accepts_correct_answers(capsys):
@@ -71,7 +71,7 @@ def test_write_kv_names_the_mistake(wrong, phrase):
         C.check_write_kv(wrong)
 
 
-# --------------------------------------------------------------------------- 7.5 cached_forward
+# --------------------------------------------------------------------------- 9.5 cached_forward
 
 
 def make_forward(offset=True, advance=True, advance_per_layer=False, use_cache=True, ln_f=True):
@@ -115,7 +115,7 @@ def test_cached_forward_wrong_shape():
         C.check_cached_forward(last_only)
 
 
-# --------------------------------------------------------------------------- 7.1 temperature
+# --------------------------------------------------------------------------- 9.1 temperature
 
 
 def test_temperature_accepts_correct_answers(capsys):
@@ -139,7 +139,7 @@ def test_temperature_names_the_mistake(wrong, phrase):
         C.check_apply_temperature(wrong)
 
 
-# --------------------------------------------------------------------------- 7.2 top-k
+# --------------------------------------------------------------------------- 9.2 top-k
 
 
 def top_k_sorted(logits, k):  # another correct answer, by sorting
@@ -188,7 +188,7 @@ def test_top_k_names_the_mistake(wrong, phrase):
         C.check_top_k_filter(wrong)
 
 
-# --------------------------------------------------------------------------- 7.3 top-p
+# --------------------------------------------------------------------------- 9.3 top-p
 
 
 def top_p_variant(descending=True, include_crossing=True, scatter_back=True, fill=float("-inf")):
@@ -230,7 +230,7 @@ def test_top_p_names_the_mistake(wrong, phrase):
         C.check_top_p_filter(wrong)
 
 
-# --------------------------------------------------------------------------- 7.6 split_matmul
+# --------------------------------------------------------------------------- 9.6 split_matmul
 
 
 def split_einsum(x, weight, parts):  # another correct answer

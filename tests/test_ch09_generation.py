@@ -1,4 +1,4 @@
-"""Chapter 7: KV cache, sampling filters, generate(), streaming, and every bad input."""
+"""Chapter 9: KV cache, sampling filters, generate(), streaming, and every bad input."""
 
 import pytest
 import torch

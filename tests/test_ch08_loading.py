@@ -1,4 +1,4 @@
-"""Chapter 7: loading GPT-2 checkpoints (hub layout and save_pretrained layout), devices, dtypes."""
+"""Chapter 8: loading GPT-2 checkpoints (hub layout and save_pretrained layout), devices, dtypes."""
 
 import json
 import os
