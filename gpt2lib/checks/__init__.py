@@ -4,6 +4,8 @@ One module per chapter (`gpt2lib.checks.tokenizer`, `gpt2lib.checks.attention`, 
 by hand. Every check either prints a line starting with ✅ or raises `CheckFailed`.
 """
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (CheckFailed, Mistake, NotDoneYet, call_learner, close,
+                                  expect_tensor, first_mistake, passed)
 
-__all__ = ["CheckFailed", "call_learner", "passed"]
+__all__ = ["CheckFailed", "Mistake", "NotDoneYet", "call_learner", "close", "expect_tensor",
+           "first_mistake", "passed"]
