@@ -595,7 +595,7 @@ def test_grade_reads_outputs_of_an_executed_notebook():
         new_markdown_cell("## Exercise 2.2: b"), code("g()", "check"),
         new_markdown_cell("## Exercise 2.3: c"), code("h()"),
     ])
-    nb.cells[1].outputs = [new_output("error", ename="CheckFailed", evalue="Exercise 2.1: not done yet: replace", traceback=[])]
+    nb.cells[1].outputs = [new_output("error", ename="NotDoneYet", evalue="Exercise 2.1: not done yet: replace", traceback=[])]
     nb.cells[3].outputs = [new_output("stream", name="stdout", text="all good\n")]
     nb.cells[3].execution_count = 1
     exercises = progress.find_exercises(nb)
