@@ -1,7 +1,14 @@
 """`python -m gpt2lib.course progress [NN ...]`: which exercises in your notebooks pass.
 
-Runs a copy of each of your notebooks (notebooks/NN_*.ipynb) from top to bottom, exactly as
-"Run All" would, and reads what each exercise's check cell did. Your file is never changed.
+Each of your notebooks (notebooks/NN_*.ipynb) is run from top to bottom, as "Run All" would,
+inside a scratch copy of the course folder: a cell that writes or deletes files changes only
+the copy, and your own files are never changed. Long cells run at their short CI setting
+(`GPT2LIB_QUICK=1`). A cell that runs longer than the time limit stops the notebook: the
+kernel is shut down and the exercise is reported as timed out.
+
+Grading reads the exception type of each check cell's error (`NotDoneYet`: not started;
+`CheckFailed`: failed, with its message); a check cell that runs without an error passed.
+Exit status: 0 when every exercise passed, 1 otherwise, 2 when the command could not run.
 This file is written by hand.
 """
 
@@ -9,28 +16,56 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
 from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course import CHECK_TAG, CourseError, _EXERCISE_HEADING, _tags
+from gpt2lib.course import _chapter_fix, read_notebook
+from gpt2lib.course_format import CourseError, Exercise, exercises
 
-PASSED, FAILED, NOT_STARTED = "passed", "failed", "not started"
-SYMBOLS = {PASSED: "✅", FAILED: "✗ ", NOT_STARTED: "⋯ "}
-# Seconds one cell may run before it is interrupted; long chapters read a larger value.
-CELL_TIMEOUT = int(os.environ.get("GPT2LIB_PROGRESS_CELL_TIMEOUT", "600"))
+__all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "learner_notebooks",
+           "report"]
+
+PASSED, FAILED, NOT_STARTED, NOT_RUN = "passed", "failed", "not started", "not run"
+SYMBOLS = {PASSED: "✅", FAILED: "✗ ", NOT_STARTED: "⋯ ", NOT_RUN: "– "}
+DEFAULT_CELL_TIMEOUT = 600  # seconds; GPT2LIB_PROGRESS_CELL_TIMEOUT or --cell-timeout override
+# Not copied into the scratch folder: version control, virtual environments, caches, backups.
+_NOT_COPIED = {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__",
+               ".ipynb_checkpoints", "backups", "build", "dist", ".pytest_cache", ".ruff_cache"}
+# Exceptions that mean "this exercise is still the stub".
+_NOT_DONE = ("NotDoneYet", "NotImplementedError")
 
 
-@dataclass
-class Exercise:
-    title: str
-    cells: list[int]  # the exercise's code cells, from its heading to the next heading
-    checks: list[int]  # those of them tagged `check`
-    status: str = NOT_STARTED
-    detail: str = ""
+class Outcome:
+    """What happened to one exercise."""
+
+    def __init__(self, exercise: Exercise, status: str, detail: str = ""):
+        self.exercise, self.status, self.detail = exercise, status, detail
+
+    @property
+    def title(self) -> str:
+        return self.exercise.title
+
+
+class Run:
+    """An executed copy of a notebook and, when it stopped early, where and why."""
+
+    def __init__(self, nb: nbformat.NotebookNode, stopped_at: int | None = None,
+                 problem: str = ""):
+        self.nb, self.stopped_at, self.problem = nb, stopped_at, problem
+
+
+def cell_timeout() -> int:
+    value = os.environ.get("GPT2LIB_PROGRESS_CELL_TIMEOUT", str(DEFAULT_CELL_TIMEOUT))
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise CourseError(f"GPT2LIB_PROGRESS_CELL_TIMEOUT={value!r} is not a whole number of "
+                          f"seconds") from None
 
 
 def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
@@ -45,6 +80,9 @@ def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
         return available
     chosen = []
     for chapter in chapters:
+        if not chapter.isdigit():
+            names = ", ".join(p.stem[:2] for p in available) or "none"
+            raise CourseError(f"'{chapter}' is not a chapter number; your notebooks are: {names}")
         prefix = chapter.zfill(2) + "_"
         matches = [p for p in available if p.name.startswith(prefix)]
         if not matches:
@@ -60,22 +98,7 @@ def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
     return chosen
 
 
-def find_exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
-    """Exercises in notebook order: each `Exercise` heading and the code cells up to the next."""
-    exercises: list[Exercise] = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown":
-            headings = _EXERCISE_HEADING.findall(cell.source)
-            if headings:
-                exercises.append(Exercise(headings[-1].rstrip(":. "), [], []))
-        elif cell.cell_type == "code" and exercises:
-            exercises[-1].cells.append(index)
-            if CHECK_TAG in _tags(cell):
-                exercises[-1].checks.append(index)
-    return exercises
-
-
-def _first_line(text: str) -> str:
+def _first_line(text) -> str:
     lines = [line for line in str(text).strip().splitlines() if line.strip()]
     return lines[0].strip() if lines else ""
 
@@ -87,88 +110,115 @@ def _error(cell) -> dict | None:
     return None
 
 
-def _printed(cell) -> str:
-    return "".join(
-        o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
-    )
-
-
-def grade(exercise: Exercise, executed: nbformat.NotebookNode) -> None:
-    """Set the exercise's status from the outputs of the executed copy."""
+def grade(exercise: Exercise, run: Run) -> Outcome:
+    """An exercise's outcome, read from the outputs of the executed copy."""
     if not exercise.checks:
-        exercise.status, exercise.detail = FAILED, "no check cell follows this exercise"
-        return
-    checks = [executed.cells[i] for i in exercise.checks]
-    if all(_error(c) is None and "✅" in _printed(c) for c in checks):
-        exercise.status, exercise.detail = PASSED, ""
-        return
+        return Outcome(exercise, FAILED, "no check cell follows this exercise")
+    last_check = exercise.checks[-1]
     # The first error from the heading to the last check cell explains the failure.
-    for index in (i for i in exercise.cells if i <= exercise.checks[-1]):
-        error = _error(executed.cells[index])
-        if error is None:
-            continue
-        name, message = error.get("ename", "Error"), error.get("evalue", "")
-        if name in ("NotImplementedError", "NotDoneYet"):
-            exercise.status, exercise.detail = NOT_STARTED, ""
-        elif name in ("CheckFailed",):
-            exercise.status, exercise.detail = FAILED, _first_line(message)
-        else:
-            exercise.status = FAILED
-            exercise.detail = f"{name}: {_first_line(message)}" if message else name
-        return
-    unrun = [c for c in checks if c.get("execution_count") is None]
-    if unrun:
-        exercise.status, exercise.detail = FAILED, "the check cell did not run"
-    else:
-        exercise.status, exercise.detail = FAILED, "the check cell printed no ✅ line"
+    for index in (i for i in exercise.cells if i <= last_check):
+        error = _error(run.nb.cells[index])
+        if error is not None:
+            name, message = error.get("ename", "Error"), error.get("evalue", "")
+            if name in _NOT_DONE:
+                return Outcome(exercise, NOT_STARTED)
+            if name == "CheckFailed":
+                return Outcome(exercise, FAILED, _first_line(message))
+            return Outcome(exercise, FAILED,
+                           f"{name}: {_first_line(message)}" if message else name)
+        if index == run.stopped_at:
+            return Outcome(exercise, FAILED, f"{run.problem} (cell {index})")
+    if run.stopped_at is not None and run.stopped_at < last_check:
+        return Outcome(exercise, NOT_RUN, f"the notebook stopped at cell {run.stopped_at}")
+    if any(run.nb.cells[i].get("execution_count") is None for i in exercise.checks):
+        return Outcome(exercise, FAILED, "the check cell did not run")
+    return Outcome(exercise, PASSED)
 
 
-def execute_copy(path: Path, timeout: int = CELL_TIMEOUT) -> tuple[nbformat.NotebookNode, str]:
-    """Run an in-memory copy of the notebook in notebooks/; returns it and a problem, if any."""
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    skipped = {n for n in names if n in _NOT_COPIED or n.endswith(".egg-info")}
+    # Any virtual environment, whatever its name.
+    skipped |= {n for n in names if (Path(folder) / n / "pyvenv.cfg").exists()}
+    return skipped
+
+
+def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int) -> Run:
+    """Run notebook `nb`, read from `path`, inside a scratch copy of the course folder `root`."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    nb = copy.deepcopy(nbformat.read(str(path), as_version=4))
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        interrupt_on_timeout=True,  # a stuck cell is stopped and the rest still runs
-        allow_errors=True,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    try:
-        # The kernel's own console chatter (a TCP notice, C-level warnings) is not the report.
-        client.execute(stderr=subprocess.DEVNULL)
-    except DeadKernelError as exc:
-        return nb, f"the kernel died while running the notebook ({_first_line(exc)})"
-    except Exception as exc:  # kernel could not start, and the like
-        return nb, f"could not run the notebook: {type(exc).__name__}: {_first_line(exc)}"
-    return nb, ""
+    with tempfile.TemporaryDirectory(prefix="gpt2lib-progress-") as scratch:
+        course = Path(scratch) / "course"
+        shutil.copytree(root, course, ignore=_ignored, symlinks=True)
+        notebook_dir = course / path.parent.relative_to(root)
+        notebook_dir.mkdir(parents=True, exist_ok=True)
+        current: list[int] = [-1]  # index of the cell being run
+
+        def on_cell_start(cell, cell_index, **_):
+            current[0] = cell_index
+
+        client = NotebookClient(
+            copy.deepcopy(nb),
+            timeout=timeout,
+            interrupt_on_timeout=False,  # an interrupt can be caught by the cell: stop instead
+            allow_errors=True,
+            kernel_name="python3",
+            shutdown_kernel="immediate",  # a cell still running is not waited for
+            on_cell_start=on_cell_start,
+            resources={"metadata": {"path": str(notebook_dir)}},
+        )
+        env = dict(os.environ, GPT2LIB_QUICK="1")  # long cells use their short CI setting
+        try:
+            # The kernel's own console chatter (a TCP notice, C-level warnings) is not the report.
+            client.execute(stderr=subprocess.DEVNULL, env=env)
+        except CellTimeoutError:
+            return Run(client.nb, current[0], f"timed out after {timeout} s")
+        except DeadKernelError as exc:
+            return Run(client.nb, current[0], f"the kernel died ({_first_line(exc)})")
+        except Exception as exc:  # the kernel could not start, and the like
+            return Run(client.nb, current[0] if current[0] >= 0 else -1,
+                       f"could not run the notebook: {type(exc).__name__}: {_first_line(exc)}")
+        finally:
+            shutil.rmtree(course, ignore_errors=True)  # cells may leave read-only files
+        return Run(client.nb)
 
 
-def report(root: Path, chapters: list[str], out=None, timeout: int = CELL_TIMEOUT) -> int:
-    """Print every exercise's state, a summary per chapter and a total; returns 0."""
+def report(root: Path, chapters: list[str], out=None, timeout: int | None = None) -> int:
+    """Print every exercise's state, a summary per chapter and a total.
+
+    Returns 0 when every exercise passed, 1 otherwise (the exit status of `progress`)."""
     out = out or sys.stdout
-    paths = learner_notebooks(Path(root), list(chapters))
-    totals = {PASSED: 0, FAILED: 0, NOT_STARTED: 0}
+    root = Path(root).resolve()
+    timeout = timeout or cell_timeout()
+    paths = learner_notebooks(root, list(chapters))
+    totals = {PASSED: 0, FAILED: 0, NOT_STARTED: 0, NOT_RUN: 0}
+    trouble = False
     for path in paths:
         print(f"{path.stem} (running notebooks/{path.name} ...)", file=out, flush=True)
-        executed, problem = execute_copy(path, timeout)
-        if problem:
-            print(f"  ! {problem}", file=out)
-        exercises = find_exercises(executed)
-        counts = {PASSED: 0, FAILED: 0, NOT_STARTED: 0}
-        for exercise in exercises:
-            grade(exercise, executed)
-            counts[exercise.status] += 1
-            line = f"  {SYMBOLS[exercise.status]} {exercise.title}"
-            if exercise.status == FAILED:
-                line += f" — {exercise.detail}"
-            elif exercise.status == NOT_STARTED:
+        try:
+            nb = read_notebook(path, _chapter_fix(root, path))
+        except CourseError as exc:  # the other chapters still run
+            print(f"  ! {exc}", file=out)
+            print(file=out)
+            trouble = True
+            continue
+        run = execute_copy(nb, path, root, timeout)
+        if run.problem:
+            trouble = True
+            where = f"cell {run.stopped_at}" if run.stopped_at is not None and run.stopped_at >= 0 \
+                else "the start"
+            print(f"  ! {run.problem} at {where}; the cells after it did not run", file=out)
+        outcomes = [grade(exercise, run) for exercise in exercises(run.nb)]
+        counts = {PASSED: 0, FAILED: 0, NOT_STARTED: 0, NOT_RUN: 0}
+        for outcome in outcomes:
+            counts[outcome.status] += 1
+            line = f"  {SYMBOLS[outcome.status]} {outcome.title}"
+            if outcome.status in (FAILED, NOT_RUN):
+                line += f" — {outcome.detail}"
+            elif outcome.status == NOT_STARTED:
                 line += " — not started"
             print(line, file=out)
-        if not exercises:
+        if not outcomes:
             print("  (no exercises in this chapter)", file=out)
         else:
             print(f"  {_summary(counts)}", file=out)
@@ -176,12 +226,14 @@ def report(root: Path, chapters: list[str], out=None, timeout: int = CELL_TIMEOU
             totals[key] += counts[key]
         print(file=out)
     print(f"Total: {_summary(totals)}", file=out)
-    return 0
+    all_passed = not trouble and totals[PASSED] == sum(totals.values())
+    return 0 if all_passed else 1
 
 
 def _summary(counts: dict[str, int]) -> str:
     total = sum(counts.values())
-    return (
-        f"{counts[PASSED]} of {total} exercises passed, "
-        f"{counts[FAILED]} failed, {counts[NOT_STARTED]} not started"
-    )
+    text = (f"{counts[PASSED]} of {total} exercises passed, "
+            f"{counts[FAILED]} failed, {counts[NOT_STARTED]} not started")
+    if counts.get(NOT_RUN):
+        text += f", {counts[NOT_RUN]} not run"
+    return text

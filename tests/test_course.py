@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gpt2lib import course, progress
+from gpt2lib import course, course_format, progress
 from gpt2lib.course import CourseError
 
 REPO_ROOT = Path(course.__file__).resolve().parent.parent
@@ -567,7 +567,8 @@ def learner_course(tmp_path: Path) -> Path:
 def test_progress_reports_passed_failed_and_not_started(learner_course):
     before = learner_path(learner_course).read_bytes()
     out = io.StringIO()
-    assert progress.report(learner_course, ["1"], out=out, timeout=60) == 0
+    # Not every exercise passed: the exit status says so, for an instructor's script.
+    assert progress.report(learner_course, ["1"], out=out, timeout=60) == 1
     lines = out.getvalue().splitlines()
     assert learner_path(learner_course).read_bytes() == before  # the learner's file is untouched
     assert not list((learner_course / "notebooks").glob("*.ipynb.*"))
@@ -580,42 +581,289 @@ def test_progress_reports_passed_failed_and_not_started(learner_course):
     assert lines[-1] == "Total: 1 of 4 exercises passed, 2 failed, 1 not started"
 
 
+def test_progress_exits_0_only_when_every_exercise_passed(learner_course, capsys):
+    path = learner_path(learner_course)
+    set_source(path, 6, "def square(x):\n    return x * x")
+    set_source(path, 9, "def negate(x):\n    return -x")
+    set_source(path, 12, "def halve(x):\n    return x // 2")
+    rc, out, _ = run_main(capsys, "--root", str(learner_course), "progress")
+    assert out.splitlines()[-1] == "Total: 4 of 4 exercises passed, 0 failed, 0 not started"
+    assert rc == 0
+
+
 def test_progress_on_a_fresh_notebook_reports_everything_not_started(learner_course, capsys):
     course.reset("01", learner_course, out=io.StringIO())
     rc, out, _ = run_main(capsys, "--root", str(learner_course), "progress")
-    assert rc == 0
+    assert rc == 1
     assert out.count("— not started") == 4
     assert out.splitlines()[-1] == "Total: 0 of 4 exercises passed, 0 failed, 4 not started"
 
 
-def test_grade_reads_outputs_of_an_executed_notebook():
+def test_grade_reads_exception_types_of_an_executed_notebook():
     # Without a kernel: outputs as nbclient records them.
     nb = new_notebook(cells=[
         new_markdown_cell("## Exercise 2.1: a"), code("f()", "check"),
         new_markdown_cell("## Exercise 2.2: b"), code("g()", "check"),
         new_markdown_cell("## Exercise 2.3: c"), code("h()"),
+        new_markdown_cell("## Exercise 2.4: d"), code("k()", "check"),
+        new_markdown_cell("## Exercise 2.5: e"), code("m()", "check"),
     ])
-    nb.cells[1].outputs = [new_output("error", ename="NotDoneYet", evalue="Exercise 2.1: not done yet: replace", traceback=[])]
+    # The message is never read for the grade: only the exception's type.
+    nb.cells[1].outputs = [new_output("error", ename="NotDoneYet", evalue="anything", traceback=[])]
     nb.cells[3].outputs = [new_output("stream", name="stdout", text="all good\n")]
     nb.cells[3].execution_count = 1
-    exercises = progress.find_exercises(nb)
-    assert [(e.title, e.checks) for e in exercises] == [
-        ("Exercise 2.1: a", [1]), ("Exercise 2.2: b", [3]), ("Exercise 2.3: c", [])
+    nb.cells[7].outputs = [new_output("error", ename="CheckFailed", evalue="Exercise 2.4: not done yet",
+                                      traceback=[])]
+    found = course_format.exercises(nb)
+    assert [(e.title, e.checks) for e in found] == [
+        ("Exercise 2.1: a", [1]), ("Exercise 2.2: b", [3]), ("Exercise 2.3: c", []),
+        ("Exercise 2.4: d", [7]), ("Exercise 2.5: e", [9]),
     ]
-    for exercise in exercises:
-        progress.grade(exercise, nb)
-    assert [(e.status, e.detail) for e in exercises] == [
+    outcomes = [progress.grade(e, progress.Run(nb)) for e in found]
+    assert [(o.status, o.detail) for o in outcomes] == [
         ("not started", ""),
-        ("failed", "the check cell printed no ✅ line"),
+        ("passed", ""),
         ("failed", "no check cell follows this exercise"),
+        ("failed", "Exercise 2.4: not done yet"),
+        ("failed", "the check cell did not run"),
     ]
 
 
 def test_progress_of_unknown_or_missing_chapter_says_what_to_do(learner_course, capsys):
     rc, _, err = run_main(capsys, "--root", str(learner_course), "progress", "5")
     assert rc == 2 and "no chapter '5'; your notebooks are: 01_tokenizer" in err
+    rc, _, err = run_main(capsys, "--root", str(learner_course), "progress", "abc")
+    assert rc == 2 and "'abc' is not a chapter number" in err
     learner_path(learner_course).unlink()
     rc, _, err = run_main(capsys, "--root", str(learner_course), "progress", "01")
     assert rc == 2 and "run `python -m gpt2lib.course reset 01`" in err
     rc, _, err = run_main(capsys, "--root", str(learner_course), "progress")
     assert rc == 2 and "no notebooks in" in err
+
+
+def run_module(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m gpt2lib.course ...` in a subprocess (the way learners run it)."""
+    return subprocess.run([sys.executable, "-m", "gpt2lib.course", *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["progress", "abc"], "'abc' is not a chapter number"),
+    (["progress"], "no notebooks in"),
+    (["reset", "7"], "no chapter '7'"),
+    (["restore", "1"], "has no backups"),
+])
+def test_every_command_fails_in_one_line_when_run_as_a_module(fake_course, argv, phrase):
+    # As `__main__`, course.py once had its own CourseError class, which progress did not raise.
+    result = run_module("--root", str(fake_course), *argv)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and phrase in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+HANGS = {
+    # Catches the interrupt a timeout sends: stopping it needs the kernel killed.
+    "swallows-interrupts": "import time\nwhile True:\n    try:\n        time.sleep(.1)\n"
+                           "    except KeyboardInterrupt:\n        pass",
+    "endless-loop": "while True:\n    pass",
+}
+
+
+@pytest.mark.parametrize("answer", HANGS.values(), ids=HANGS.keys())
+def test_progress_stops_a_cell_that_runs_past_the_limit(learner_course, answer):
+    set_source(learner_path(learner_course), 6, "def square(x):\n    return x * x\n\n" + answer)
+    # The subprocess timeout only turns a regression (a hang) into a failure.
+    result = run_module("--root", str(learner_course), "progress", "01", "--cell-timeout", "2",
+                        timeout=120)
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert "! timed out after 2 s at cell 6; the cells after it did not run" in lines
+    assert "✗  Exercise 1.2: square — timed out after 2 s (cell 6)" in lines
+    assert "✅ Exercise 1.1: double" in lines
+    assert "–  Exercise 1.3: negate — the notebook stopped at cell 6" in lines
+    assert "KeyboardInterrupt" not in result.stdout + result.stderr
+    assert result.returncode == 1
+
+
+def test_progress_runs_in_a_scratch_copy_with_the_quick_setting(learner_course):
+    # A learner cell that deletes and writes files in the course folder, and records the
+    # environment it ran in.
+    set_source(learner_path(learner_course), 12, (
+        "import os, pathlib, shutil\n"
+        "shutil.rmtree('../solutions')\n"
+        "pathlib.Path('../gpt2lib/new_file.py').write_text('x = 1', encoding='utf-8')\n"
+        "pathlib.Path('mine.txt').write_text(os.environ.get('GPT2LIB_QUICK', 'unset'), "
+        "encoding='utf-8')\n"
+        "assert os.environ['GPT2LIB_QUICK'] == '1'\n"
+        "def halve(x):\n    return x // 2"))
+    out = io.StringIO()
+    progress.report(learner_course, ["01"], out=out, timeout=60)
+    assert "✅ Exercise 1.4: halve" in out.getvalue()  # the cell ran, with GPT2LIB_QUICK=1
+    assert (learner_course / "solutions" / "01_tokenizer.ipynb").exists()
+    assert not (learner_course / "gpt2lib" / "new_file.py").exists()
+    assert not (learner_course / "notebooks" / "mine.txt").exists()
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda p: p.write_bytes(b'{"cells": [ oops'), "is not a valid notebook"),
+    (lambda p: p.write_bytes(p.read_bytes().replace(b"Chapter 1", "Kapitel ä".encode("latin-1"))),
+     "is not UTF-8 text"),
+], ids=["invalid-json", "not-utf-8"])
+def test_an_unreadable_notebook_is_named_and_the_other_chapters_go_on(fake_course, damage, phrase):
+    build(fake_course)
+    broken = fake_course / "notebooks" / "01_tokenizer.ipynb"
+    damage(broken)
+    damaged = broken.read_bytes()
+    # progress: names the file, says how to fix it, runs chapter 02 anyway.
+    out = io.StringIO()
+    assert progress.report(fake_course, [], out=out, timeout=60) == 1
+    text = out.getvalue()
+    assert f"{broken} cannot be read: it {phrase}" in text
+    assert "`python -m gpt2lib.course restore 01`" in text and "`python -m gpt2lib.course reset 01`" in text
+    assert "02_embeddings (running notebooks/02_embeddings.ipynb ...)" in text
+    # build: keeps the damaged file as a backup and writes a fresh copy.
+    set_source(fake_course / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 7)")
+    build(fake_course)
+    log = (fake_course / "build.log").read_text(encoding="utf-8")
+    assert "01_tokenizer.ipynb cannot be read" in log and "wrote a fresh copy" in log
+    backups = list((fake_course / "notebooks" / "backups").iterdir())
+    assert [b.read_bytes() for b in backups] == [damaged]
+    assert course.check(fake_course) == []
+
+
+# --------------------------------------------------------------------------- restore
+
+
+def test_restore_lists_backups_and_puts_one_back_keeping_the_current_copy(fake_course, capsys):
+    build(fake_course)
+    out = io.StringIO()
+    type_answer(fake_course, "a + b  # first try")
+    first = learner_path(fake_course).read_bytes()
+    course.reset("01", fake_course, out=out)
+    type_answer(fake_course, "b + a  # second try")
+    second = learner_path(fake_course).read_bytes()
+    course.reset("01", fake_course, out=out)
+    fresh = learner_path(fake_course).read_bytes()
+
+    rc, listing, _ = run_main(capsys, "--root", str(fake_course), "restore", "01")
+    assert rc == 0
+    assert learner_path(fake_course).read_bytes() == fresh  # listing changes nothing
+    entries = [line.strip() for line in listing.splitlines() if line.strip()[:2] in ("1.", "2.")]
+    assert len(entries) == 2 and all("01_tokenizer." in e for e in entries)
+    assert "restore 01 NUMBER" in listing
+
+    rc, said, _ = run_main(capsys, "--root", str(fake_course), "restore", "01", "2")  # the older
+    assert rc == 0
+    assert learner_path(fake_course).read_bytes() == first
+    # The fresh copy it replaced is now a backup too, and the newest one.
+    newest = course.backups_of("01", fake_course)[0]
+    assert newest.path.read_bytes() == fresh and "your current copy is kept as" in said
+    assert {b.path.read_bytes() for b in course.backups_of("01", fake_course)} == {first, second, fresh}
+
+
+def test_restore_refuses_unknown_choices_and_broken_backups(fake_course, capsys):
+    build(fake_course)
+    type_answer(fake_course, "a + b")
+    course.reset("01", fake_course, out=io.StringIO())
+    rc, _, err = run_main(capsys, "--root", str(fake_course), "restore", "01", "5")
+    assert rc == 2 and "choose a number from 1 to 1" in err
+    course.backups_of("01", fake_course)[0].path.write_bytes(b"not json")
+    before = learner_path(fake_course).read_bytes()
+    rc, _, err = run_main(capsys, "--root", str(fake_course), "restore", "01", "1")
+    assert rc == 2 and "cannot be read" in err
+    assert learner_path(fake_course).read_bytes() == before
+
+
+def test_restore_can_ask_which_backup(fake_course):
+    build(fake_course)
+    type_answer(fake_course, "a + b  # mine")
+    mine = learner_path(fake_course).read_bytes()
+    course.reset("01", fake_course, out=io.StringIO())
+    questions = []
+    restored = course.restore("01", root=fake_course, out=io.StringIO(),
+                              ask=lambda q: questions.append(q) or "1")
+    assert restored == learner_path(fake_course) and restored.read_bytes() == mine
+    assert questions and "[1-1" in questions[0]
+
+
+# --------------------------------------------------------------------------- generated modules
+
+
+def test_generated_module_has_a_docstring_all_and_a_comment_per_cell(fake_course):
+    build(fake_course)
+    text = (fake_course / "gpt2lib" / "tokenizer.py").read_text(encoding="utf-8")
+    namespace: dict = {}
+    exec(compile(text, "tokenizer.py", "exec"), namespace)
+    # No docstring in the notebook: one naming the chapter is generated.
+    assert namespace["__doc__"].startswith(
+        "The code of Chapter 1: a fake chapter (solutions/01_tokenizer.ipynb).")
+    assert namespace["__all__"] == ["SCALE", "add"]  # public names it defines, not imports
+    assert "# %% solutions/01_tokenizer.ipynb, cell 1\nimport math" in text
+    assert "# %% solutions/01_tokenizer.ipynb, cell 3\ndef add(a, b):" in text
+    config = (fake_course / "gpt2lib" / "config.py").read_text(encoding="utf-8")
+    assert "# %% solutions/02_embeddings.ipynb, cell 2\nN_EMBD = 768" in config
+
+
+def test_a_docstring_in_the_first_export_cell_is_the_module_docstring(tmp_path):
+    first = ('"""Tools for chapter 1."""\n\nfrom __future__ import annotations\n\n'
+             "import math\n\n_PRIVATE = 1\nPUBLIC: int = 2\n\n\nclass Thing:\n    pass")
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", [code(first, "export")])
+    build(tmp_path)
+    text = (tmp_path / "gpt2lib" / "tokenizer.py").read_text(encoding="utf-8")
+    namespace: dict = {}
+    exec(compile(text, "tokenizer.py", "exec"), namespace)  # __all__ after __future__ is valid
+    assert namespace["__doc__"] == "Tools for chapter 1."
+    assert namespace["__all__"] == ["PUBLIC", "Thing"]
+    assert text.index("from __future__") < text.index("__all__") < text.index("import math")
+
+
+def test_build_removes_only_modules_it_recorded_and_keeps_a_users_copy(fake_course):
+    build(fake_course)
+    generated = fake_course / "gpt2lib" / "embeddings.py"
+    experiment = fake_course / "gpt2lib" / "my_experiment.py"
+    experiment.write_text(generated.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
+    copied = fake_course / "gpt2lib" / "plain_copy.py"
+    copied.write_text(generated.read_text(encoding="utf-8"), encoding="utf-8")
+    # Chapter 02 stops exporting to `embeddings`: that module is stale, the copies are not.
+    cells = chapter_02()
+    cells[1].metadata["tags"] = []
+    write_notebook(fake_course / "solutions" / "02_embeddings.ipynb", cells)
+    build(fake_course)
+    log = (fake_course / "build.log").read_text(encoding="utf-8")
+    assert not generated.exists()
+    assert "removed gpt2lib/embeddings.py (no export cells produce it)" in log
+    assert experiment.exists() and "EXTRA = 1" in experiment.read_text(encoding="utf-8")
+    assert copied.exists()
+    assert "kept gpt2lib/my_experiment.py: it looks generated, but the build did not write it" in log
+    assert "removed gpt2lib/my_experiment.py" not in log and "removed gpt2lib/plain_copy.py" not in log
+    assert (fake_course / "gpt2lib" / "helper.py").exists()
+    assert course.check(fake_course) == []  # a user's own files do not make check fail
+
+
+def test_build_backs_up_a_hand_edited_generated_module_before_rewriting_it(fake_course, capsys):
+    build(fake_course)
+    module = fake_course / "gpt2lib" / "tokenizer.py"
+    edited = module.read_text(encoding="utf-8").replace("SCALE = 2", "SCALE = 3")
+    module.write_text(edited, encoding="utf-8")
+    assert course.check(fake_course) == [
+        "gpt2lib/tokenizer.py: edited by hand; change the notebook instead "
+        "(build keeps a backup of this version and rewrites it)"]
+    build(fake_course)
+    backups = list((fake_course / "backups" / "gpt2lib").iterdir())
+    assert [b.read_text(encoding="utf-8") for b in backups] == [edited]
+    assert "gpt2lib/tokenizer.py was changed by hand; kept that version as backups/gpt2lib/" in (
+        fake_course / "build.log").read_text(encoding="utf-8")
+    assert "SCALE = 2" in module.read_text(encoding="utf-8") and course.check(fake_course) == []
+
+
+def test_a_stale_module_edited_by_hand_is_backed_up_before_removal(fake_course):
+    build(fake_course)
+    module = fake_course / "gpt2lib" / "embeddings.py"
+    edited = module.read_text(encoding="utf-8") + "\nMINE = 1\n"
+    module.write_text(edited, encoding="utf-8")
+    cells = chapter_02()
+    cells[1].metadata["tags"] = []
+    write_notebook(fake_course / "solutions" / "02_embeddings.ipynb", cells)
+    build(fake_course)
+    assert not module.exists()
+    backups = list((fake_course / "backups" / "gpt2lib").iterdir())
+    assert [b.read_text(encoding="utf-8") for b in backups] == [edited]

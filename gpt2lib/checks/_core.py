@@ -10,6 +10,9 @@ over exactly the variants the check knows.
 from __future__ import annotations
 
 import inspect
+import sys
+import types
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -93,16 +96,21 @@ def passed(exercise: str, detail: str = "") -> None:
 
 
 def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a learner's function or class, turning the usual non-answers into clear messages.
+    """Call a learner's function, class or module, turning the usual non-answers into clear
+    messages.
 
-    - still the stub: says the exercise is not done yet;
-    - wrong signature (TypeError while binding the arguments): says what the check passed;
-    - any other exception: re-raised as is, so the learner sees their own traceback.
+    - still the stub: raises NotDoneYet ("not done yet");
+    - wrong signature (the arguments cannot be bound; for a torch module, to its `forward`):
+      says what the check passed and what the learner's code takes;
+    - any other exception: re-raised as is, so the learner sees their own traceback (the
+      check's own frames are hidden in notebooks, see `install_notebook_display`).
     """
+    __tracebackhide__ = True  # IPython and pytest leave this frame out of tracebacks
     if not callable(fn):
         raise CheckFailed(exercise, f"expected a function or class, got {type(fn).__name__}")
+    target, shown_name = _call_target(fn)
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(target)
     except (TypeError, ValueError):  # builtins without a signature: just try the call
         signature = None
     if signature is not None:
@@ -110,11 +118,10 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
             signature.bind(*args, **kwargs)
         except TypeError as exc:
             shown = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
-            name = getattr(fn, "__name__", repr(fn))
             raise CheckFailed(
                 exercise,
-                f"the check calls {name}({shown}), but {name}{signature} cannot take that "
-                f"({exc}). Keep the signature given in the exercise.",
+                f"the check calls {shown_name}({shown}), but {shown_name}{signature} cannot "
+                f"take that ({exc}). Keep the signature given in the exercise.",
             ) from None
     try:
         return fn(*args, **kwargs)
@@ -126,9 +133,95 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
         ) from None
 
 
+def _call_target(fn: Any) -> tuple[Callable[..., Any], str]:
+    """What a call of `fn` really runs, for its signature, and the name to show.
+
+    A torch module instance is called as `module(x)`, which runs `module.forward(x)`; its
+    own `__call__` takes anything, so its `forward` is what to check."""
+    forward = getattr(type(fn), "forward", None)
+    if forward is not None and not isinstance(fn, type) and _is_torch_module(fn):
+        return fn.forward, f"{type(fn).__name__}.forward"
+    return fn, getattr(fn, "__name__", repr(fn))
+
+
+def _is_torch_module(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # no torch imported means it cannot be a torch module
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
 def _describe(value: Any) -> str:
     shape = getattr(value, "shape", None)
     if shape is not None:
         return f"<{type(value).__name__} of shape {tuple(shape)}>"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --------------------------------------------------------------------------- notebook display
+
+_CHECKS_DIR = Path(__file__).resolve().parent  # gpt2lib/checks/
+
+
+def _in_checks(frame) -> bool:
+    try:
+        return Path(frame.f_code.co_filename).resolve().parent == _CHECKS_DIR
+    except (OSError, ValueError):
+        return False
+
+
+def _without_check_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback with every frame from gpt2lib/checks/ left out (`tb` itself when it
+    has none)."""
+    kept, entry = [], tb
+    while entry is not None:
+        if not _in_checks(entry.tb_frame):
+            kept.append(entry)
+        entry = entry.tb_next
+    if len(kept) == _length(tb):
+        return tb
+    rebuilt = None
+    for item in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, item.tb_frame, item.tb_lasti, item.tb_lineno)
+    return rebuilt
+
+
+def _length(tb: types.TracebackType | None) -> int:
+    count = 0
+    while tb is not None:
+        count, tb = count + 1, tb.tb_next
+    return count
+
+
+def _show_in_notebook(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler for errors in a cell, once a check has been imported.
+
+    A failed check is shown as one red line, `CheckFailed: <message>` (the error output
+    keeps its ename and evalue, which nbval and `course progress` read). Any other error
+    gets IPython's usual traceback, without the frames of gpt2lib/checks/, so the learner's
+    own code is what they see."""
+    if isinstance(value, CheckFailed):
+        line = f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"
+        shell._showtraceback(etype, value, [line])
+        return [line]
+    trimmed = _without_check_frames(tb)
+    if trimmed is tb:
+        shell.showtraceback(running_compiled_code=True)
+    else:
+        shell.showtraceback((etype, value, trimmed), running_compiled_code=True)
+    return None
+
+
+def install_notebook_display() -> bool:
+    """In an IPython kernel, show failed checks as one line (see `_show_in_notebook`).
+
+    Runs when gpt2lib.checks is imported; outside IPython it does nothing. Returns whether
+    the handler is installed."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "_showtraceback"):
+        return False
+    shell.set_custom_exc((Exception,), _show_in_notebook)
+    return True
+
+
+install_notebook_display()

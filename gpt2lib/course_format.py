@@ -1,0 +1,99 @@
+"""The course's notebook format: the markers, the cell tags, and the one walk over exercises.
+
+The build (`gpt2lib.course`) and the grader (`gpt2lib.progress`) both read notebooks through
+this module, so they always agree on what an exercise is. CONTRIBUTING.md describes the
+markers for authors. This file is written by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "BEGIN",
+    "CHECK_TAG",
+    "END",
+    "EXERCISE_HEADING",
+    "EXPORT_TAG",
+    "RAISES_TAG",
+    "CourseError",
+    "Exercise",
+    "exercise_titles",
+    "exercises",
+    "solution_regions",
+    "tags",
+]
+
+BEGIN = "### BEGIN SOLUTION"  # a line opening an answer region inside a code cell
+END = "### END SOLUTION"  # the line closing it
+EXPORT_TAG = "export"  # cell tag: the cell's code goes into the chapter's module;
+# `export:<module>` sends it to gpt2lib/<module>.py instead
+CHECK_TAG = "check"  # cell tag: a cell that calls a check (it needs the learner's answer)
+RAISES_TAG = "raises-exception"  # nbval's tag; the build adds it to learner notebooks only
+# A markdown heading (any level) whose text starts with "Exercise" opens an exercise.
+EXERCISE_HEADING = re.compile(r"^\s{0,3}#{1,6}\s*(Exercise\b.*?)\s*$", re.MULTILINE)
+
+
+class CourseError(Exception):
+    """A problem in the course files, reported in one line without a traceback."""
+
+
+@dataclass
+class Exercise:
+    """One exercise: its title, and its code cells from its heading up to the next one."""
+
+    title: str
+    heading: int  # index of the markdown cell holding the heading
+    cells: list[int] = field(default_factory=list)  # code cells, in notebook order
+    checks: list[int] = field(default_factory=list)  # those of them tagged `check`
+
+
+def tags(cell) -> list[str]:
+    """A cell's tags (an empty list when it has none)."""
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def exercises(nb) -> list[Exercise]:
+    """The exercises of a notebook, in order.
+
+    An exercise starts at a markdown cell with an `Exercise ...` heading (the last such
+    heading when a cell holds several) and owns every code cell up to the next exercise
+    heading. Code cells before the first exercise belong to none.
+    """
+    found: list[Exercise] = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            headings = EXERCISE_HEADING.findall(cell.source)
+            if headings:
+                found.append(Exercise(headings[-1].rstrip(":. "), index))
+        elif cell.cell_type == "code" and found:
+            found[-1].cells.append(index)
+            if CHECK_TAG in tags(cell):
+                found[-1].checks.append(index)
+    return found
+
+
+def exercise_titles(nb) -> dict[int, str]:
+    """Code cell index -> title of the exercise it belongs to."""
+    return {index: ex.title for ex in exercises(nb) for index in ex.cells}
+
+
+def solution_regions(source: str, where: str) -> list[tuple[int, int]]:
+    """Line index pairs (begin, end) of every BEGIN/END SOLUTION region in a cell's source."""
+    lines = source.split("\n")
+    regions, start = [], None
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith(BEGIN):
+            if start is not None:
+                raise CourseError(f"{where}: '{BEGIN}' inside another solution region")
+            start = i
+        elif stripped.startswith(END):
+            if start is None:
+                raise CourseError(f"{where}: '{END}' without a '{BEGIN}' before it")
+            regions.append((start, i))
+            start = None
+    if start is not None:
+        raise CourseError(f"{where}: '{BEGIN}' is never closed by '{END}'")
+    return regions
