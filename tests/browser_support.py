@@ -65,7 +65,7 @@ class LabServer:
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
         except OSError:
             return ""
 
@@ -95,7 +95,7 @@ def start_lab(workdir: Path, served: Path, timeout: float = 90.0) -> LabServer:
     for rel, settings in LAB_SETTINGS.items():
         path = workdir / "lab-settings" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings))
+        path.write_text(json.dumps(settings), encoding="utf-8")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
 

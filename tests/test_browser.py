@@ -58,7 +58,7 @@ def shots(tmp_path_factory) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     yield path
     if TIMINGS:
-        (path / "timings.json").write_text(json.dumps(TIMINGS, indent=1))
+        (path / "timings.json").write_text(json.dumps(TIMINGS, indent=1), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,9 @@ CELLS = {
 }
 
 
+pytestmark = pytest.mark.slow  # one kernel for the module, about 5 s
+
+
 @pytest.fixture(scope="module")
 def outputs() -> dict[str, list]:
     nb = new_notebook(cells=[new_code_cell(source) for source in CELLS.values()])
