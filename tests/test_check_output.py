@@ -8,7 +8,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
@@ -39,7 +38,7 @@ def outputs() -> dict[str, list]:
     client = NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
                             resources={"metadata": {"path": str(REPO_ROOT)}})
     client.execute(stderr=subprocess.DEVNULL, env=dict(os.environ))
-    return {name: cell.outputs for name, cell in zip(CELLS, nb.cells)}
+    return {name: cell.outputs for name, cell in zip(CELLS, nb.cells, strict=True)}
 
 
 def error_of(cell_outputs: list) -> dict:
