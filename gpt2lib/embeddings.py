@@ -8,35 +8,61 @@ import torch.nn as nn
 
 from gpt2lib.config import GPT2Config
 
+_EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _require_count(name: str, value) -> None:
+    """A length or a number of earlier tokens: a whole number >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+
 
 def position_ids(length: int, past_length: int = 0, device=None) -> torch.Tensor:
     """Positions of `length` new tokens after `past_length` earlier ones: (length,)."""
-    for name, value in (("length", length), ("past_length", past_length)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    _require_count("length", length)
+    _require_count("past_length", past_length)
     return torch.arange(past_length, past_length + length, device=device)
 
 
 def check_token_ids(idx: torch.Tensor, config: GPT2Config, past_length: int = 0) -> None:
-    """Raise a clear error unless idx is (B, T) integer ids that fit the vocabulary and context."""
+    """Raise a clear error unless idx is (B, T) token ids that fit the vocabulary and context.
+
+    Any integer dtype is accepted (int8 ... int64, uint8 ... uint64); bool, float and complex
+    are refused. It returns nothing and never converts: callers look the ids up with
+    `idx.long()`, since nn.Embedding takes only int32 and int64. The valid range is written
+    `0 .. vocab_size-1` in every message. Under torch.compile the values are not read (that
+    would break the graph); eager calls check them.
+    """
     if not isinstance(idx, torch.Tensor):
-        raise TypeError(f"token ids must be a torch.Tensor of shape (B, T), got {type(idx).__name__}")
-    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-        raise TypeError(f"token ids must be integers (torch.long), got {idx.dtype}")
-    if idx.dim() != 2:
-        raise ValueError(
-            f"token ids must have shape (B, T), got {tuple(idx.shape)}; "
-            "for one sequence use idx.unsqueeze(0)"
+        raise TypeError(
+            f"token ids must be a torch.Tensor of shape (B, T), got {type(idx).__name__}; "
+            "for a list of ids use torch.tensor([ids])"
         )
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"token ids must be integers, got dtype {idx.dtype}; convert with idx.long()")
+    if idx.dim() != 2:
+        hint = "; for one sequence use idx.unsqueeze(0)" if idx.dim() == 1 else ""
+        raise ValueError(f"token ids must have shape (B, T), got {tuple(idx.shape)}{hint}")
+    if idx.shape[0] == 0 or idx.shape[1] == 0:
+        raise ValueError(
+            f"token ids of shape {tuple(idx.shape)} hold no tokens; give at least one sequence "
+            "(B >= 1) of at least one token (T >= 1)"
+        )
+    _require_count("past_length", past_length)
     if past_length + idx.shape[1] > config.n_positions:
         raise ValueError(
             f"{past_length} earlier + {idx.shape[1]} new tokens is longer than the model's "
             f"context of {config.n_positions} (n_positions); crop the input"
         )
-    if idx.numel() and (idx.min() < 0 or idx.max() >= config.vocab_size):
+    if idx.is_meta or torch.compiler.is_compiling():
+        return  # no values to read
+    # PyTorch has no min/max for uint16/32/64: compare those as int64 (uint64 >= 2**63 wraps below 0)
+    values = idx if idx.dtype in _EXACT_RANGE_DTYPES else idx.to(torch.int64)
+    low, high = (int(v) for v in torch.aminmax(values))
+    if low < 0 or high >= config.vocab_size:
+        shown = "a value of 2**63 or more" if idx.dtype == torch.uint64 and low < 0 else f"values from {low} to {high}"
         raise ValueError(
-            f"token ids must be in 0 .. {config.vocab_size - 1} (vocab_size={config.vocab_size}), "
-            f"got values from {idx.min().item()} to {idx.max().item()}"
+            f"token ids must be in 0 .. {config.vocab_size - 1} (vocab_size={config.vocab_size}), got {shown}"
         )
 
 
@@ -58,6 +84,9 @@ class GPT2Embeddings(nn.Module):
         nn.init.normal_(self.wpe.weight, std=0.02)
 
     def forward(self, idx: torch.Tensor, past_length: int = 0) -> torch.Tensor:
-        check_token_ids(idx, self.config, past_length)
-        pos = position_ids(idx.shape[1], past_length, device=idx.device)  # (T,)
-        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        check_token_ids(idx, self.config, past_length)  # a clear error for ids the tables cannot take
+        idx = idx.long()  # ids may come in any integer dtype; nn.Embedding wants long
+        T = idx.shape[1]
+        positions = torch.arange(past_length, past_length + T, device=idx.device)  # (T,)
+        x = self.wte(idx) + self.wpe(positions)  # (B, T, C) + (T, C) -> (B, T, C)
+        return self.drop(x)  # active in train() mode only
