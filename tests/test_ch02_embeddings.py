@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2lib.checks import CheckFailed
-from gpt2lib.checks._core import NotDoneYet
 from gpt2lib.checks import embeddings as checks
+from gpt2lib.checks._core import NotDoneYet
 from gpt2lib.config import GPT2Config
 from gpt2lib.embeddings import (
     GPT2Embeddings,

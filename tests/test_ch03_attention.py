@@ -12,7 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gpt2lib.attention
-from gpt2lib.attention import CausalSelfAttention, attention_weights, merge_heads, split_heads
+from gpt2lib.attention import (
+    CausalSelfAttention,
+    attention_weights,
+    merge_heads,
+    split_heads,
+)
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import attention as checks
 from gpt2lib.checks._core import NotDoneYet
@@ -280,7 +285,7 @@ def loop_multi_head(q, k, v, n_head):  # loops over heads, index comparisons, fl
 
 
 def sdpa_multi_head(q, k, v, n_head):  # not what the exercise asks, but a right answer all the same
-    y, w = good_multi_head(q, k, v, n_head)
+    _, w = good_multi_head(q, k, v, n_head)
     qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
     return checks.merge(F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)), w
 
@@ -308,7 +313,7 @@ def test_check_multi_head_names_every_planted_mistake(mistake):
 
 
 def diagonal_masked_too(q, k, v, n_head):  # hides the token itself: row 0 has nothing left to see
-    B, T, C = q.shape
+    T = q.shape[1]
     qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
     w = (qh @ kh.transpose(-2, -1)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf")).softmax(-1)
     return checks.merge(w @ vh), w
@@ -336,8 +341,8 @@ def test_check_multi_head_names_other_mistakes(wrong, phrase):
 
 def test_a_view_of_the_sliced_inputs_fails_like_in_the_model():
     def view_merge(q, k, v, n_head):
-        y, w = good_multi_head(q, k, v, n_head)
-        qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
+        _, w = good_multi_head(q, k, v, n_head)
+        vh = checks.split(v, n_head)
         return (w @ vh).transpose(1, 2).view(q.shape), w  # transpose then view: refused
 
     with pytest.raises(CheckFailed, match=r"`.view` failed: after a transpose"):
@@ -379,8 +384,8 @@ def planted(mistake):
 
 
 class LinearAttention(nn.Module):
-    """A right answer built differently: nn.Linear-style math, explicit loops over heads, its
-    own cache handling, F.dropout with training=self.training."""
+    """A right answer built differently: nn.Linear-style math, chunk instead of split, its own
+    cache handling and attention (no SDPA), F.dropout with training=self.training."""
 
     def __init__(self, config):
         super().__init__()
@@ -390,7 +395,6 @@ class LinearAttention(nn.Module):
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
 
     def forward(self, x, kv_cache=None):
-        B, T, C = x.shape
         q, k, v = (checks.split(t, self.nh) for t in F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1))
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
@@ -440,7 +444,6 @@ def _answer(first_gap, second_gap):
 
     class Answer(CausalSelfAttention):
         def forward(self, x, kv_cache=None):
-            B, T, C = x.shape
             q, k, v = first_gap(self, x)
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)

@@ -14,7 +14,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, Mistake, call_learner, close, expect_tensor, first_mistake, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_PREVIOUS = "Exercise 3.1 (previous_token_head)"
 EX_MULTI = "Exercise 3.2 (multi_head_attention)"
@@ -152,7 +160,7 @@ def check_previous_token_head(previous_token_head) -> None:
         if bool((on_previous >= 0.9).all()):
             continue
         behaviour = _previous_token_behaviour(scores, weights)
-        found = first_mistake(PREVIOUS_TOKEN_MISTAKES, lambda m: m.name == behaviour)
+        found = first_mistake(PREVIOUS_TOKEN_MISTAKES, lambda m, seen=behaviour: m.name == seen)
         if found:
             raise CheckFailed(EX_PREVIOUS, f"for T={T}: {found.message}")
         worst = int(on_previous.argmin()) + 1
@@ -295,7 +303,7 @@ def check_multi_head_attention(multi_head_attention) -> None:
         want_y, want_w = _heads(q, k, v, nh)
         if close(y, want_y) and close(weights, want_w):
             continue
-        found = first_mistake(MULTI_HEAD_MISTAKES, lambda m: close(y, m.fn(q, k, v, nh)[0]))
+        found = first_mistake(MULTI_HEAD_MISTAKES, lambda m, y=y, q=q, k=k, v=v, nh=nh: close(y, m.fn(q, k, v, nh)[0]))
         if found:
             raise CheckFailed(EX_MULTI, found.message)
         if close(y, want_y):
@@ -417,7 +425,7 @@ def _check_causal_self_attention(attention_cls) -> None:
         got = expect_tensor(EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output")
         if close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
             continue
-        found = first_mistake(MODULE_MISTAKES, lambda m: close(got, _seeded(m.fn, x, w, nh, 0.0), rtol=1e-4))
+        found = first_mistake(MODULE_MISTAKES, lambda m, got=got, x=x: close(got, _seeded(m.fn, x, w, nh, 0.0), rtol=1e-4))
         if found:
             raise CheckFailed(EX_MODULE, found.message)
         raise CheckFailed(EX_MODULE, f"the shape is right but the output differs from GPT-2's attention "

@@ -12,7 +12,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, Mistake, call_learner, close, expect_tensor, first_mistake, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
@@ -187,7 +195,7 @@ def check_lookup_backward(lookup_backward) -> None:
         want = lookup_backward_reference(ids, grad_out, V)
         if close(got, want):
             continue
-        found = first_mistake(BACKWARD_MISTAKES, lambda m: close(got, m.fn(ids, grad_out, V)))
+        found = first_mistake(BACKWARD_MISTAKES, lambda m, got=got, ids=ids, g=grad_out: close(got, m.fn(ids, g, V)))
         if found:
             raise CheckFailed(EX_BACKWARD, found.message)
         counts = torch.bincount(ids.reshape(-1), minlength=V)
