@@ -207,6 +207,17 @@ def test_check_token_ids_reads_no_values_on_meta():
         check_token_ids(torch.empty(1, 13, dtype=torch.long, device="meta"), config)
 
 
+def test_check_token_ids_reads_no_values_while_compiling(monkeypatch):
+    config = GPT2Config(**TINY)
+    out_of_range = torch.tensor([[0, 50]])
+    with pytest.raises(ValueError, match="must be in 0 .. 49"):
+        check_token_ids(out_of_range, config)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    check_token_ids(out_of_range, config)  # values are not read: that would break the graph
+    with pytest.raises(ValueError, match="longer than the model's context"):  # shapes still are
+        check_token_ids(torch.zeros(1, 13, dtype=torch.long), config)
+
+
 def test_full_context_is_allowed():
     config = GPT2Config(**TINY)
     emb = GPT2Embeddings(config).eval()
