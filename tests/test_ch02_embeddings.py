@@ -1,4 +1,5 @@
-"""Chapter 2: GPT2Config, gpt2lib.embeddings, and the checks behind exercises 2.1-2.3."""
+"""Chapter 2: GPT2Config, gpt2lib.embeddings (the one token-id validator), and the checks behind
+exercises 2.1-2.3, one test per planted mistake."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import embeddings as checks
+from gpt2lib.checks._core import NotDoneYet
 from gpt2lib.config import GPT2Config
 from gpt2lib.embeddings import (
     GPT2Embeddings,
@@ -157,28 +159,71 @@ def test_parameter_count_matches_the_module():
     "make_idx, past, error, message",
     [
         (lambda: torch.tensor([1, 2, 3]), 0, ValueError, r"shape \(B, T\), got \(3,\); for one sequence use idx.unsqueeze\(0\)"),
-        (lambda: torch.zeros(1, 2, 3, dtype=torch.long), 0, ValueError, r"shape \(B, T\)"),
-        (lambda: torch.tensor([[1.0, 2.0]]), 0, TypeError, "token ids must be integers"),
-        (lambda: torch.tensor([[True]]), 0, TypeError, "token ids must be integers"),
-        (lambda: [[1, 2]], 0, TypeError, "must be a torch.Tensor"),
+        (lambda: torch.zeros(1, 2, 3, dtype=torch.long), 0, ValueError, r"shape \(B, T\), got \(1, 2, 3\)$"),
+        (lambda: torch.tensor(5), 0, ValueError, r"shape \(B, T\), got \(\)$"),
+        (lambda: torch.tensor([[1.0, 2.0]]), 0, TypeError, r"token ids must be integers, got dtype torch.float32; convert with idx.long\(\)"),
+        (lambda: torch.tensor([[1.0, 2.0]], dtype=torch.float16), 0, TypeError, "must be integers, got dtype torch.float16"),
+        (lambda: torch.tensor([[True]]), 0, TypeError, "must be integers, got dtype torch.bool"),
+        (lambda: torch.tensor([[1 + 2j]]), 0, TypeError, "must be integers, got dtype torch.complex64"),
+        (lambda: [[1, 2]], 0, TypeError, r"must be a torch.Tensor of shape \(B, T\), got list; for a list of ids use torch.tensor\(\[ids\]\)"),
+        (lambda: None, 0, TypeError, "got NoneType"),
+        (lambda: torch.zeros(0, 3, dtype=torch.long), 0, ValueError, r"shape \(0, 3\) hold no tokens"),
+        (lambda: torch.zeros(2, 0, dtype=torch.long), 0, ValueError, r"shape \(2, 0\) hold no tokens"),
         (lambda: torch.tensor([[1, 50]]), 0, ValueError, r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from 1 to 50"),
-        (lambda: torch.tensor([[-1, 3]]), 0, ValueError, r"token ids must be in 0 \.\. 49"),
+        (lambda: torch.tensor([[-1, 3]]), 0, ValueError, r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from -1 to 3"),
+        (lambda: torch.tensor([[-1, 3]], dtype=torch.int8), 0, ValueError, r"0 \.\. 49 .* from -1 to 3"),
+        (lambda: torch.tensor([[200]], dtype=torch.uint8), 0, ValueError, r"0 \.\. 49 .* from 200 to 200"),
+        (lambda: torch.tensor([[7, 60000]]).to(torch.uint16), 0, ValueError, r"0 \.\. 49 .* from 7 to 60000"),
+        (lambda: torch.tensor([2**63 + 5], dtype=torch.uint64)[None], 0, ValueError, r"0 \.\. 49 .* got a value of 2\*\*63 or more"),
         (lambda: torch.zeros(1, 13, dtype=torch.long), 0, ValueError, r"0 earlier \+ 13 new tokens is longer than the model's context of 12"),
         (lambda: torch.zeros(1, 3, dtype=torch.long), 10, ValueError, r"10 earlier \+ 3 new tokens .* context of 12"),
-        (lambda: torch.zeros(1, 3, dtype=torch.long), -1, ValueError, "past_length must be a whole number >= 0"),
+        (lambda: torch.zeros(1, 3, dtype=torch.long), -1, ValueError, "past_length must be a whole number >= 0, got -1"),
+        (lambda: torch.zeros(1, 3, dtype=torch.long), 1.0, ValueError, "past_length must be a whole number >= 0, got 1.0"),
+        (lambda: torch.zeros(1, 3, dtype=torch.long), True, ValueError, "past_length must be a whole number >= 0, got True"),
     ],
 )
 def test_bad_token_ids_get_clear_errors(make_idx, past, error, message):
-    emb = GPT2Embeddings(GPT2Config(**TINY))
+    config = GPT2Config(**TINY)
     with pytest.raises(error, match=message):
-        emb(make_idx(), past_length=past)
+        check_token_ids(make_idx(), config, past_length=past)
+    with pytest.raises(error, match=message):  # the module gives the same error, before any lookup
+        GPT2Embeddings(config)(make_idx(), past_length=past)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                                   torch.uint16, torch.uint32, torch.uint64])
+def test_every_integer_dtype_is_accepted_and_embeds_like_long(dtype):
+    config = GPT2Config(**TINY)
+    emb = GPT2Embeddings(config).eval()
+    idx = torch.tensor([[0, 7, 49, 3], [1, 1, 2, 48]])
+    assert check_token_ids(idx.to(dtype), config) is None  # checks only: never converts
+    assert torch.equal(emb(idx.to(dtype)), emb(idx))
+
+
+def test_check_token_ids_reads_no_values_on_meta():
+    config = GPT2Config(**TINY)
+    check_token_ids(torch.empty(2, 3, dtype=torch.long, device="meta"), config)
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        check_token_ids(torch.empty(1, 13, dtype=torch.long, device="meta"), config)
+
+
+def test_check_token_ids_reads_no_values_while_compiling(monkeypatch):
+    config = GPT2Config(**TINY)
+    out_of_range = torch.tensor([[0, 50]])
+    with pytest.raises(ValueError, match="must be in 0 .. 49"):
+        check_token_ids(out_of_range, config)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    check_token_ids(out_of_range, config)  # values are not read: that would break the graph
+    with pytest.raises(ValueError, match="longer than the model's context"):  # shapes still are
+        check_token_ids(torch.zeros(1, 13, dtype=torch.long), config)
 
 
 def test_full_context_is_allowed():
-    emb = GPT2Embeddings(GPT2Config(**TINY)).eval()
+    config = GPT2Config(**TINY)
+    emb = GPT2Embeddings(config).eval()
     assert emb(torch.zeros(1, 12, dtype=torch.long)).shape == (1, 12, 8)
     assert emb(torch.zeros(1, 2, dtype=torch.long), past_length=10).shape == (1, 2, 8)
-    check_token_ids(torch.zeros(0, 0, dtype=torch.long), GPT2Config(**TINY))  # empty: nothing to check
+    check_token_ids(torch.tensor([[0, 49]]), config, past_length=10)  # both ends of the range
 
 
 def test_position_ids():
@@ -189,6 +234,14 @@ def test_position_ids():
         position_ids(-2)
     with pytest.raises(ValueError, match="past_length must be a whole number >= 0, got 1.5"):
         position_ids(2, past_length=1.5)
+
+
+def test_the_module_uses_the_positions_of_position_ids():
+    torch.manual_seed(0)
+    emb = GPT2Embeddings(GPT2Config(**TINY)).eval()
+    idx = torch.randint(0, 50, (2, 3))
+    with torch.no_grad():
+        assert torch.allclose(emb(idx, past_length=6), emb.wte(idx) + emb.wpe(position_ids(3, 6)))
 
 
 # --------------------------------------------------------------------------- check 2.1
@@ -202,7 +255,16 @@ def test_check_one_hot_accepts_right_answers(capsys):
     checks.check_one_hot_embed(good_one_hot_embed)
     checks.check_one_hot_embed(lambda ids, table: table[ids])  # any correct answer passes
     checks.check_one_hot_embed(lambda ids, table: F.embedding(ids, table))
-    assert capsys.readouterr().out.count("✅ Exercise 2.1") == 3
+    checks.check_one_hot_embed(lambda ids, table: F.one_hot(ids, table.shape[0]).double() @ table.double())
+    checks.check_one_hot_embed(lambda ids, table: torch.einsum("...v,vc->...c", F.one_hot(ids, table.shape[0]).float(), table))
+    assert capsys.readouterr().out.count("✅ Exercise 2.1") == 5
+
+
+@pytest.mark.parametrize("mistake", checks.ONE_HOT_MISTAKES, ids=lambda m: m.name)
+def test_check_one_hot_names_every_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_one_hot_embed(mistake.fn)
+    assert mistake.message in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -210,128 +272,197 @@ def test_check_one_hot_accepts_right_answers(capsys):
     [
         (lambda ids, table: F.one_hot(ids, table.shape[0]).float(), "that is the one-hot matrix itself"),
         (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table.long(), "embeddings are floating point"),
-        (lambda ids, table: table[(ids - 1) % table.shape[0]], "rows are shifted by one"),
-        (lambda ids, table: table[(ids + 1) % table.shape[0]], "shifted by one the other way"),
-        (lambda ids, table: F.one_hot(ids).float() @ table, "F.one_hot(ids) alone makes vectors only max(ids) + 1 long"),
+        (lambda ids, table: F.one_hot(ids).float() @ table, r"F.one_hot\(ids\) alone makes vectors only max\(ids\) \+ 1 long"),
         (lambda ids, table: (F.one_hot(ids, table.shape[0]).float() @ table).detach(), "no gradient reaches the table"),
         (lambda ids, table: torch.tensor((F.one_hot(ids, table.shape[0]).float() @ table).tolist()), "no gradient reaches the table"),
-        (lambda ids, table: table[ids].sum(-1), "expected shape (2, 6, 5)"),
+        (lambda ids, table: table[ids].sum(-1), r"shape \(2, 6\), expected \(2, 6, 5\)"),
         (lambda ids, table: table[ids] * 2, "not the table rows of the ids"),
+        (lambda ids, table: table[ids] * float("nan"), "contains NaN"),
         (lambda ids, table: table[ids].tolist(), "should be a torch.Tensor"),
         (lambda ids, table: table[ids] if ids.dim() == 2 else table[ids].unsqueeze(0), "make it work for ids of any shape"),
+        (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table, r"F.one_hot returns integers \(torch.long\)"),
+        (lambda ids, table: table @ F.one_hot(ids, table.shape[0]).float(), r"one-hot vectors .* go on the left"),
+        (lambda ids, table: F.one_hot(ids, table.shape[1]).float() @ table, "num_classes is the vocabulary size"),
     ],
 )
-def test_check_one_hot_names_the_mistake(wrong, phrase):
-    with pytest.raises(CheckFailed, match=phrase.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+def test_check_one_hot_names_other_mistakes(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
         checks.check_one_hot_embed(wrong)
 
 
 def test_checks_report_stubs_and_wrong_signatures():
-    def stub(token_ids, table):
-        raise NotImplementedError("Exercise 2.1 (one_hot_embed): replace this line with your code")
+    def stub(*args, **kwargs):
+        raise NotImplementedError("Exercise 2.x: replace this line with your code")
 
-    with pytest.raises(CheckFailed, match="not done yet"):
-        checks.check_one_hot_embed(stub)
+    class StubModule(GPT2Embeddings):
+        def forward(self, idx, past_length=0):
+            raise NotImplementedError("Exercise 2.3: replace this line with your code")
+
+    for check, answer in ((checks.check_one_hot_embed, stub), (checks.check_lookup_backward, stub),
+                          (checks.check_gpt2_embeddings, StubModule)):
+        with pytest.raises(NotDoneYet, match="not done yet"):
+            check(answer)
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_one_hot_embed(lambda token_ids: token_ids)
     with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_embed(lambda idx, wte, wpe: wte(idx))  # no past_length parameter
+        checks.check_lookup_backward(lambda token_ids, grad_out: grad_out)
+
+    class NoPastLength(GPT2Embeddings):
+        def forward(self, idx):
+            return self.wte(idx)
+
     with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_embedding_parameter_count(lambda: 0)
+        checks.check_gpt2_embeddings(NoPastLength)
 
 
 # --------------------------------------------------------------------------- check 2.2
 
 
-def good_embed(idx, wte, wpe, past_length=0):
-    return wte(idx) + wpe(torch.arange(past_length, past_length + idx.shape[1]))
+def loop_lookup_backward(token_ids, grad_out, vocab_size):  # a right answer, written with loops
+    grad = torch.zeros(vocab_size, grad_out.shape[-1])
+    for i, row in zip(token_ids.reshape(-1).tolist(), grad_out.reshape(-1, grad_out.shape[-1])):
+        grad[i] += row
+    return grad
 
 
-def test_check_embed_accepts_right_answers(capsys):
-    checks.check_embed(good_embed)
-    checks.check_embed(lambda idx, wte, wpe, past_length=0: wte.weight[idx] + wpe.weight[past_length: past_length + idx.shape[1]])
-    assert capsys.readouterr().out.count("✅ Exercise 2.2") == 2
+def test_check_lookup_backward_accepts_right_answers(capsys):
+    checks.check_lookup_backward(checks.lookup_backward_reference)
+    checks.check_lookup_backward(loop_lookup_backward)
+    checks.check_lookup_backward(lambda ids, g, V: F.one_hot(ids.reshape(-1), V).to(g.dtype).T @ g.reshape(-1, g.shape[-1]))
+    checks.check_lookup_backward(lambda ids, g, V: torch.zeros(V, g.shape[-1]).index_put_((ids.reshape(-1),), g.reshape(-1, g.shape[-1]), accumulate=True))
+
+    def with_autograd(ids, g, V):  # also right: let autograd do the work
+        table = torch.zeros(V, g.shape[-1], requires_grad=True)
+        table[ids].backward(g)
+        return table.grad
+
+    checks.check_lookup_backward(with_autograd)
+    assert capsys.readouterr().out.count("✅ Exercise 2.2") == 5
+
+
+def test_the_reference_is_what_autograd_computes():
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 6, (3, 7), generator=gen)
+    g = torch.randn(3, 7, 4, generator=gen)
+    table = torch.zeros(6, 4, requires_grad=True)
+    F.embedding(ids, table).backward(g)
+    assert torch.allclose(checks.lookup_backward_reference(ids, g, 6), table.grad)
+
+
+@pytest.mark.parametrize("mistake", checks.BACKWARD_MISTAKES, ids=lambda m: m.name)
+def test_check_lookup_backward_names_every_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_lookup_backward(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def in_place_add_with_repeats(ids, g, V):  # the classic: += on an advanced index keeps one value per index
+    grad = torch.zeros(V, g.shape[-1])
+    grad[ids.reshape(-1)] += g.reshape(-1, g.shape[-1])
+    return grad
+
+
+def first_use_kept(ids, g, V):  # another way to lose repeats: not the planted one, found by the rows
+    grad = torch.zeros(V, g.shape[-1])
+    seen = set()
+    for i, row in zip(ids.reshape(-1).tolist(), g.reshape(-1, g.shape[-1])):
+        if i not in seen:
+            grad[i], _ = row, seen.add(i)
+    return grad
 
 
 @pytest.mark.parametrize(
     "wrong, phrase",
     [
-        (lambda idx, wte, wpe, past_length=0: wte(idx) + wpe(torch.arange(past_length + 1, past_length + idx.shape[1] + 1)), "positions start at 1"),
-        (lambda idx, wte, wpe, past_length=0: wte(idx) + wpe(idx), "looked up the token ids in the position table"),
-        (lambda idx, wte, wpe, past_length=0: wte(idx) + wpe(torch.arange(idx.shape[1])), "you ignored past_length"),
-        (lambda idx, wte, wpe, past_length=0: wte(idx), "no position embeddings"),
-        (lambda idx, wte, wpe, past_length=0: wte(idx) + wpe(torch.arange(idx.shape[0]))[:, None], "batch index as the position"),
-        (lambda idx, wte, wpe, past_length=0: wpe(torch.arange(past_length, past_length + idx.shape[1])).expand(idx.shape[0], -1, -1), "only the position embeddings"),
-        (lambda idx, wte, wpe, past_length=0: torch.cat([wte(idx), wpe(torch.arange(idx.shape[1])).expand(idx.shape[0], -1, -1)], -1), "added, not concatenated"),
-        (lambda idx, wte, wpe, past_length=0: wte(idx) - wpe(torch.arange(past_length, past_length + idx.shape[1])), "right shape but wrong values"),
-        (lambda idx, wte, wpe, past_length=0: idx, "should be a torch.Tensor|dtype torch.int64"),
+        (in_place_add_with_repeats, "a repeated id keeps only ONE of its gradients"),
+        (first_use_kept, "a repeated id keeps only ONE of its gradients"),
+        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V).T, r"that is \(C, V\), transposed"),
+        (lambda ids, g, V: g.reshape(-1, g.shape[-1]), "one row per use"),
+        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V)[ids.unique()], "return all V rows"),
+        (lambda ids, g, V: g, "that is grad_out's shape"),
+        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V) + 1, "rows of ids that never appear must be zero"),
+        (lambda ids, g, V: -checks.lookup_backward_reference(ids, g, V), "the shape is right but the values are not"),
     ],
 )
-def test_check_embed_names_the_mistake(wrong, phrase):
+def test_check_lookup_backward_names_other_mistakes(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
-        checks.check_embed(wrong)
+        checks.check_lookup_backward(wrong)
 
 
 # --------------------------------------------------------------------------- check 2.3
 
 
-def test_check_count_accepts_right_answers(capsys):
-    checks.check_embedding_parameter_count(lambda c: (c.vocab_size + c.n_positions) * c.n_embd)
-    checks.check_embedding_parameter_count(lambda c: sum(p.numel() for p in (
-        nn.Embedding(c.vocab_size, c.n_embd, _weight=torch.empty(c.vocab_size, c.n_embd)).parameters())) + c.n_positions * c.n_embd)
-    assert capsys.readouterr().out.count("✅ Exercise 2.3") == 2
+class Planted(GPT2Embeddings):
+    """The given __init__, with a forward made of one planted mistake."""
+
+    mistake = None
+
+    def forward(self, idx, past_length=0):
+        return self.mistake.fn(self, idx, past_length)
+
+
+class FunctionalDropout(GPT2Embeddings):  # right: F.dropout with training=self.training
+    def forward(self, idx, past_length=0):
+        pos = torch.arange(past_length, past_length + idx.shape[1])
+        return F.dropout(F.embedding(idx, self.wte.weight) + self.wpe.weight[pos], self.drop.p, training=self.training)
+
+
+class OwnMask(GPT2Embeddings):  # right: dropout drawn by hand, with other random numbers
+    def forward(self, idx, past_length=0):
+        x = self.wte(idx) + self.wpe(position_ids(idx.shape[1], past_length))
+        if self.training:
+            keep = torch.rand(x.shape) >= self.drop.p
+            x = x * keep / (1 - self.drop.p)
+        return x
+
+
+def test_check_module_accepts_right_answers(capsys):
+    checks.check_gpt2_embeddings(GPT2Embeddings)
+    checks.check_gpt2_embeddings(FunctionalDropout)
+    checks.check_gpt2_embeddings(OwnMask)
+    assert capsys.readouterr().out.count("✅ Exercise 2.3") == 3
+
+
+@pytest.mark.parametrize("mistake", checks.EMBEDDINGS_MISTAKES, ids=lambda m: m.name)
+def test_check_module_names_every_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_gpt2_embeddings(type(f"Planted_{mistake.name}", (Planted,), {"mistake": mistake}))
+    assert mistake.message in str(info.value)
+
+
+def _module(forward):
+    return type("Answer", (GPT2Embeddings,), {"forward": forward})
 
 
 @pytest.mark.parametrize(
-    "wrong, phrase",
+    "forward, phrase",
     [
-        (lambda c: c.vocab_size * c.n_embd, "only the token table"),
-        (lambda c: c.n_positions * c.n_embd, "only the position table"),
-        (lambda c: 2 * c.vocab_size * c.n_embd + c.n_positions * c.n_embd, "ties"),
-        (lambda c: (c.vocab_size + c.n_positions) * c.n_embd * c.n_layer, "multiplied by n_layer"),
-        (lambda c: c.vocab_size * c.n_positions, "each table has n_embd columns"),
-        (lambda c: c.vocab_size + c.n_positions, "counted rows only"),
-        (lambda c: 124_000_000, "not the size of wte plus wpe"),
-        (lambda c: "39M", "return a number"),
+        (lambda self, idx, past_length=0: self.wte(idx) + self.wpe(torch.arange(past_length, past_length + idx.shape[0])), r"T = idx.shape\[1\] positions"),
+        (lambda self, idx, past_length=0: torch.cat([self.wte(idx), self.wpe(torch.arange(past_length, past_length + idx.shape[1])).expand(idx.shape[0], -1, -1)], -1), "added, not concatenated"),
+        (lambda self, idx, past_length=0: self.wte(idx.view(-1)).view(*idx.shape, -1) + self.wpe(torch.arange(past_length, past_length + idx.shape[1])), "is not contiguous"),
+        (lambda self, idx, past_length=0: self.drop(self.wte(idx) - self.wpe(torch.arange(past_length, past_length + idx.shape[1]))), "right shape but wrong values"),
+        (lambda self, idx, past_length=0: idx, "dtype|should be|expected"),
     ],
 )
-def test_check_count_names_the_mistake(wrong, phrase):
+def test_check_module_names_other_mistakes(forward, phrase):
     with pytest.raises(CheckFailed, match=phrase):
-        checks.check_embedding_parameter_count(wrong)
+        checks.check_gpt2_embeddings(_module(forward))
 
 
-# --------------------------------------------------------------------------- more learner mistakes
+def test_check_module_names_structural_mistakes():
+    class NoTables(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+
+    with pytest.raises(CheckFailed, match="self.wte should be an nn.Embedding"):
+        checks.check_gpt2_embeddings(NoTables)
+    with pytest.raises(CheckFailed, match="should build an nn.Module"):
+        checks.check_gpt2_embeddings(lambda config: "embeddings")
 
 
-@pytest.mark.parametrize(
-    "wrong, phrase",
-    [
-        (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table, r"F.one_hot returns integers \(torch.long\)"),
-        (lambda ids, table: table @ F.one_hot(ids, table.shape[0]).float(), "one-hot vectors .* go on the left"),
-        (lambda ids, table: F.one_hot(ids, table.shape[1]).float() @ table, "num_classes is the vocabulary size"),
-    ],
-)
-def test_check_one_hot_explains_errors_from_the_matmul(wrong, phrase):
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_one_hot_embed(wrong)
-
-
-def test_check_embed_explains_positions_counted_along_the_batch():
-    def wrong(idx, wte, wpe, past_length=0):
-        T = idx.shape[0]  # the batch size, not the length
-        return wte(idx) + wpe(torch.arange(past_length, past_length + T))
-
-    with pytest.raises(CheckFailed, match=r"T = idx.shape\[1\] positions"):
-        checks.check_embed(wrong)
-
-
-@pytest.mark.parametrize(
-    "wrong, phrase",
-    [
-        (lambda c: (c.vocab_size + c.n_positions) * (c.n_embd + 1), "no bias"),
-        (lambda c: (50257 + 1024) * 768, "you returned GPT-2 small's count"),
-    ],
-)
-def test_check_count_names_more_mistakes(wrong, phrase):
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_embedding_parameter_count(wrong)
+def test_check_module_leaves_the_global_random_state_alone():
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    checks.check_gpt2_embeddings(GPT2Embeddings)
+    assert torch.equal(torch.rand(3), want)

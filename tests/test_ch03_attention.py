@@ -1,5 +1,6 @@
-"""Chapter 3: gpt2lib.attention (Conv1D, CausalSelfAttention, attention_weights) and the checks
-behind exercises 3.1-3.4, one test per planted mistake."""
+"""Chapter 3: gpt2lib.layers (Conv1D), gpt2lib.attention (split_heads, merge_heads,
+CausalSelfAttention, attention_weights) and the checks behind exercises 3.1-3.3, one test per
+planted mistake."""
 
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.attention import CausalSelfAttention, Conv1D, attention_weights
+import gpt2lib.attention
+from gpt2lib.attention import (
+    CausalSelfAttention,
+    attention_weights,
+    merge_heads,
+    split_heads,
+)
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import attention as checks
+from gpt2lib.checks._core import NotDoneYet
+from gpt2lib.checks.attention import ListCache
 from gpt2lib.config import GPT2Config
+from gpt2lib.layers import Conv1D
 
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
@@ -48,23 +58,12 @@ def loop_attention(layer, x):
     return y @ layer.c_proj.weight + layer.c_proj.bias
 
 
-class ListCache:
-    """The smallest cache that follows the protocol chapter 9 implements."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    @property
-    def length(self):
-        return 0 if self.k is None else self.k.shape[2]
-
-    def update(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-
 # --------------------------------------------------------------------------- Conv1D
+
+
+def test_conv1d_lives_in_layers_and_is_re_exported_by_attention():
+    assert gpt2lib.attention.Conv1D is Conv1D
+    assert Conv1D.__module__ == "gpt2lib.layers"
 
 
 def test_conv1d_is_linear_with_the_weight_transposed():
@@ -191,136 +190,170 @@ def test_attention_weights_are_causal_rows_that_reproduce_the_output():
         assert torch.allclose(layer.c_proj(y), layer(x), atol=1e-5)
 
 
-# --------------------------------------------------------------------------- planted variants
-
-
-def test_every_planted_variant_differs_from_the_right_answer():
-    """Otherwise a check could call a right answer wrong (or a mistake could never be named)."""
-    gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 5, 8, generator=gen) for _ in range(3))
-    right = checks.attend(q, k, v)
-    for name in checks.HEAD_MISTAKES:
-        assert not torch.allclose(checks.attend(q, k, v, name), right, equal_nan=True), name
+def test_split_and_merge_heads_are_inverse_and_take_consecutive_features():
+    x = torch.arange(2 * 3 * 12, dtype=torch.float).view(2, 3, 12)
+    heads = split_heads(x, 4)  # (B, nh, T, hd)
+    assert heads.shape == (2, 4, 3, 3)
+    assert torch.equal(heads[1, 2, 0], x[1, 0, 6:9])  # head 2 holds features 6..8
+    assert torch.equal(merge_heads(heads), x)
+    q = torch.randn(2, 3, 36)[..., :12]  # a slice, as c_attn's split gives: not contiguous
+    assert torch.equal(merge_heads(split_heads(q, 3)), q)
 
 
 # --------------------------------------------------------------------------- check 3.1
 
 
-def good_causal_attention(q, k, v):
-    T, d = q.shape[-2:]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1) @ v
+def test_the_reference_head_reads_the_previous_token():
+    for T in (2, 5, 30):
+        w_q, w_k = checks.previous_token_head_reference(T)
+        weights = checks.attend(w_q, w_k, torch.eye(T), scale=1 / math.sqrt(T))[1]
+        assert bool((weights.diagonal(offset=-1) >= 0.99).all())
 
 
-def loop_causal_attention(q, k, v):  # a correct answer written quite differently
-    B, T, d = q.shape
-    out = torch.zeros_like(q)
-    for b in range(B):
-        for i in range(T):
-            w = torch.softmax(torch.stack([q[b, i] @ k[b, j] for j in range(i + 1)]) / d ** 0.5, 0)
-            out[b, i] = (w[:, None] * v[b, : i + 1]).sum(0)
-    return out
+def test_check_previous_token_head_accepts_right_answers(capsys):
+    checks.check_previous_token_head(checks.previous_token_head_reference)
 
+    def with_loops(T):  # lists of lists, float64, a larger scale
+        w_q = torch.zeros(T, T, dtype=torch.float64)
+        for i in range(1, T):
+            w_q[i, i - 1] = 100.0
+        return w_q, torch.eye(T, dtype=torch.float64)
 
-def test_check_causal_attention_accepts_right_answers(capsys):
-    checks.check_causal_attention(good_causal_attention)
-    checks.check_causal_attention(loop_causal_attention)
-    checks.check_causal_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    def keys_do_the_shift(T):  # w_q = I, w_k[j] = e_{j+1}: q_i . k_j large when j + 1 = i
+        return 20 * math.sqrt(T) * torch.eye(T), torch.diag(torch.ones(T - 1), diagonal=1)
+
+    checks.check_previous_token_head(with_loops)
+    checks.check_previous_token_head(keys_do_the_shift)
     assert capsys.readouterr().out.count("✅ Exercise 3.1") == 3
 
 
-def diagonal_masked_too(q, k, v):  # hides the token itself: row 0 has nothing left to see
+@pytest.mark.parametrize("mistake", checks.PREVIOUS_TOKEN_MISTAKES, ids=lambda m: m.name)
+def test_check_previous_token_head_names_every_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_previous_token_head(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda T: torch.eye(T), "return two matrices"),
+        (lambda T: (torch.eye(T), torch.eye(T + 1)), r"w_k for T=4 has shape \(5, 5\), expected \(4, 4\)"),
+        (lambda T: (torch.eye(T) * float("inf"), torch.eye(T)), r"contains ±inf|NaN"),
+        (lambda T: (torch.eye(T).tolist(), torch.eye(T)), "should be a torch.Tensor"),
+        (lambda T: (torch.diag(torch.ones(T - 2), diagonal=-2) * 100, torch.eye(T)), r"token \d+ puts only"),
+    ],
+)
+def test_check_previous_token_head_names_other_mistakes(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_previous_token_head(wrong)
+
+
+# --------------------------------------------------------------------------- check 3.2
+
+
+def good_multi_head(q, k, v, n_head):
+    B, T, C = q.shape
+    q, k, v = (t.reshape(B, T, n_head, -1).transpose(1, 2) for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    w = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    return (w @ v).transpose(1, 2).reshape(B, T, C), w
+
+
+def einsum_multi_head(q, k, v, n_head):  # einsum, a tril mask, adding -inf instead of masked_fill
+    B, T, C = q.shape
+    hd = C // n_head
+    q, k, v = (t.reshape(B, T, n_head, hd) for t in (q, k, v))
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / hd**0.5
+    scores = scores + torch.zeros(T, T).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+    w = scores.softmax(-1)
+    return torch.einsum("bhts,bshd->bthd", w, v).reshape(B, T, C), w
+
+
+def loop_multi_head(q, k, v, n_head):  # loops over heads, index comparisons, float64
+    B, T, C = q.shape
+    hd = C // n_head
+    outs, weights = [], []
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for h in range(n_head):
+        cols = slice(h * hd, (h + 1) * hd)
+        s = (q[..., cols].double() @ k[..., cols].double().transpose(1, 2)) / math.sqrt(hd)
+        w = torch.where(j <= i, s, torch.tensor(float("-inf"), dtype=torch.float64)).softmax(-1)
+        outs.append(w @ v[..., cols].double())
+        weights.append(w)
+    return torch.cat(outs, dim=-1), torch.stack(weights, dim=1)
+
+
+def sdpa_multi_head(q, k, v, n_head):  # not what the exercise asks, but a right answer all the same
+    _, w = good_multi_head(q, k, v, n_head)
+    qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
+    return checks.merge(F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)), w
+
+
+def test_check_multi_head_accepts_right_answers(capsys):
+    for answer in (good_multi_head, einsum_multi_head, loop_multi_head, sdpa_multi_head):
+        checks.check_multi_head_attention(answer)
+    assert capsys.readouterr().out.count("✅ Exercise 3.2") == 4
+
+
+def test_every_planted_multi_head_mistake_differs_from_the_right_answer():
+    """Otherwise the check could call a right answer wrong, or never name that mistake."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 5, 12, generator=gen) for _ in range(3))
+    right = checks._heads(q, k, v, 3)[0]
+    for mistake in checks.MULTI_HEAD_MISTAKES:
+        assert not torch.allclose(mistake.fn(q, k, v, 3)[0], right, equal_nan=True), mistake.name
+
+
+@pytest.mark.parametrize("mistake", checks.MULTI_HEAD_MISTAKES, ids=lambda m: m.name)
+def test_check_multi_head_names_every_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_multi_head_attention(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def diagonal_masked_too(q, k, v, n_head):  # hides the token itself: row 0 has nothing left to see
     T = q.shape[1]
-    scores = (q @ k.transpose(-2, -1)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf"))
-    return scores.softmax(-1) @ v
-
-
-def _head(mistake):
-    return lambda q, k, v: checks.attend(q, k, v, mistake)
+    qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
+    w = (qh @ kh.transpose(-2, -1)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf")).softmax(-1)
+    return checks.merge(w @ vh), w
 
 
 @pytest.mark.parametrize(
     "wrong, phrase",
     [
-        (_head("no_mask"), "WITHOUT the causal mask: future tokens leak in"),
-        (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "WITHOUT the causal mask"),
-        (_head("no_scale"), r"not divided by sqrt\(d\)"),
-        (_head("divide_by_d"), "you divided the scores by d"),
-        (_head("multiply_by_sqrt_d"), r"multiplied the scores by sqrt\(d\)"),
-        (_head("softmax_wrong_dim"), r"softmax runs over the wrong dimension"),
-        (_head("mask_after_softmax"), "AFTER the softmax"),
-        (_head("mask_with_zero"), r"exp\(0\) = 1"),
-        (_head("anti_causal_mask"), "mask is upside down"),
-        (_head("keys_times_queries"), r"you computed k @ q\^T"),
-        (lambda q, k, v: (k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
-            torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v,
-         r"you computed k @ q\^T"),
-        (_head("scale_by_sqrt_T"), r"divided the scores by sqrt\(T\), the number of tokens"),
-        (lambda q, k, v: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[1])).masked_fill(  # d taken from dim 1
-            torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v,
-         r"sqrt\(T\)"),
-        (diagonal_masked_too, "contains NaN"),
-        (lambda q, k, v: (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
-            torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).triu(1), float("-inf")).softmax(-1), "shape of the attention weights"),
-        (lambda q, k, v: checks.attend(q, k, v) + 0.5 * checks.attend(q, k, v, "no_mask"), "future tokens leak in; check the causal mask"),
-        (lambda q, k, v: checks.attend(q, k, v) * 2, "values differ from causal attention"),
-        (lambda q, k, v: checks.attend(q, k, v).tolist(), "return a torch.Tensor"),
+        (lambda q, k, v, n: good_multi_head(q, k, v, n)[0], "return two tensors"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1].mean(1)), "ONE head over all C features"),
+        (lambda q, k, v, n: (checks.split(good_multi_head(q, k, v, n)[0], n), good_multi_head(q, k, v, n)[1]), r"that is \(B, nh, T, hd\): merge the heads back"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], checks.split(good_multi_head(q, k, v, n)[0], n)), "shape of the heads' OUTPUT"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1] * 2), "rows of your weights do not sum to 1"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1].flip(-2)), "not the ones that made it"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0] * 2, good_multi_head(q, k, v, n)[1]), "y differs from causal multi-head attention"),
+        (lambda q, k, v, n: (q.view(*q.shape[:2], n, -1).transpose(1, 2).view(q.shape), None), r"`.view` failed"),
+        (diagonal_masked_too, "contains NaN: some row of scores is entirely -inf"),
+        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0].tolist(), None), "should be a torch.Tensor"),
     ],
 )
-def test_check_causal_attention_names_the_mistake(wrong, phrase):
+def test_check_multi_head_names_other_mistakes(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
-        checks.check_causal_attention(wrong)
+        checks.check_multi_head_attention(wrong)
 
 
-# --------------------------------------------------------------------------- checks 3.2 and 3.3
+def test_a_view_of_the_sliced_inputs_fails_like_in_the_model():
+    def view_merge(q, k, v, n_head):
+        _, w = good_multi_head(q, k, v, n_head)
+        vh = checks.split(v, n_head)
+        return (w @ vh).transpose(1, 2).view(q.shape), w  # transpose then view: refused
+
+    with pytest.raises(CheckFailed, match=r"`.view` failed: after a transpose"):
+        checks.check_multi_head_attention(view_merge)
 
 
-def test_check_split_and_merge_accept_right_answers(capsys):
-    checks.check_split_heads(lambda x, n_head: x.view(*x.shape[:2], n_head, -1).transpose(1, 2))
-    checks.check_split_heads(lambda x, n_head: torch.stack(x.chunk(n_head, dim=-1), dim=1))
-    checks.check_merge_heads(lambda y: y.transpose(1, 2).contiguous().view(y.shape[0], y.shape[2], -1))
-    checks.check_merge_heads(lambda y: torch.cat(y.unbind(1), dim=-1))
-    out = capsys.readouterr().out
-    assert out.count("✅ Exercise 3.2") == 2 and out.count("✅ Exercise 3.3") == 2
-
-
-@pytest.mark.parametrize(
-    "wrong, phrase",
-    [
-        (lambda x, n_head: x.view(x.shape[0], n_head, x.shape[1], -1), r"straight to \(B, nh, T, hd\)"),
-        (lambda x, n_head: x.view(*x.shape[:2], -1, n_head).permute(0, 3, 1, 2), "interleaved"),
-        (lambda x, n_head: x.view(*x.shape[:2], n_head, -1), r"that is \(B, T, nh, hd\); transpose\(1, 2\)"),
-        (lambda x, n_head: x.view(*x.shape[:2], n_head, -1).permute(0, 2, 3, 1), r"that is \(B, nh, hd, T\)"),
-        (lambda x, n_head: x.view(*x.shape[:2], 3, -1).transpose(1, 2), r"expected shape \(1, 2, 4, 6\)"),  # n_head ignored
-        (lambda x, n_head: x.view(*x.shape[:2], n_head, -1).transpose(1, 2).flip(-1), "values are not in place"),
-    ],
-)
-def test_check_split_heads_names_the_mistake(wrong, phrase):
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_split_heads(wrong)
-
-
-@pytest.mark.parametrize(
-    "wrong, phrase",
-    [
-        (lambda y: y.reshape(y.shape[0], y.shape[2], -1), r"straight to \(B, T, C\)"),
-        (lambda y: y.permute(0, 2, 3, 1).reshape(y.shape[0], y.shape[2], -1), "interleaved"),
-        (lambda y: y.transpose(1, 2), r"that is \(B, T, nh, hd\); reshape the last two dims"),
-        (lambda y: y.transpose(1, 2).view(y.shape[0], y.shape[2], -1), r"use `.contiguous\(\).view"),
-        (lambda y: y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1).flip(-1), "values are not in place"),
-    ],
-)
-def test_check_merge_heads_names_the_mistake(wrong, phrase):
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_merge_heads(wrong)
-
-
-# --------------------------------------------------------------------------- check 3.4
+# --------------------------------------------------------------------------- check 3.3
 
 
 class Planted(nn.Module):
-    """GPT-2 attention with one planted mistake (or none)."""
+    """GPT-2 attention with one planted mistake: the given __init__, a forward made of the mistake."""
 
     mistake = None
 
@@ -329,44 +362,62 @@ class Planted(nn.Module):
         self.n_head = config.n_head
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x, kv_cache=None):
-        return checks.full_attention(x, self.c_attn.weight, self.c_attn.bias, self.c_proj.weight,
-                                     self.c_proj.bias, self.n_head, self.mistake)
+        weights = dict(self.named_parameters())
+        p = self.resid_dropout.p if self.training else 0.0
+        if kv_cache is None:
+            return self.mistake.fn(x, weights, self.n_head, p)
+        # with a cache: remember the inputs so far (attention is causal: the new rows of the whole
+        # sequence are the answer), and advance the cache by T
+        seen = getattr(kv_cache, "planted_inputs", None)
+        full = x if seen is None else torch.cat([seen, x], dim=1)
+        kv_cache.planted_inputs = full
+        empty = torch.zeros(x.shape[0], self.n_head, x.shape[1], 1)
+        kv_cache.update(empty, empty)
+        return self.mistake.fn(full, weights, self.n_head, p)[:, -x.shape[1]:]
 
 
 def planted(mistake):
-    return type(f"Planted_{mistake}", (Planted,), {"mistake": mistake})
+    return type(f"Planted_{mistake.name}", (Planted,), {"mistake": mistake})
 
 
 class LinearAttention(nn.Module):
-    """A right answer built differently: nn.Linear-style math, explicit loops over heads."""
+    """A right answer built differently: nn.Linear-style math, chunk instead of split, its own
+    cache handling and attention (no SDPA), F.dropout with training=self.training."""
 
     def __init__(self, config):
         super().__init__()
         self.nh = config.n_head
+        self.p = config.resid_pdrop
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
 
-    def forward(self, x):
-        C = x.shape[-1]
-        q, k, v = F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1)
-        heads = [good_causal_attention(a, b, c) for a, b, c in zip(q.chunk(self.nh, -1), k.chunk(self.nh, -1), v.chunk(self.nh, -1))]
-        return self.c_proj(torch.cat(heads, dim=-1).reshape(*x.shape[:2], C))
+    def forward(self, x, kv_cache=None):
+        q, k, v = (checks.split(t, self.nh) for t in F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1))
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)
+        y = checks.attend(q, k, v)[0]  # the offset causal mask for queries after cached keys
+        return F.dropout(self.c_proj(checks.merge(y)), self.p, training=self.training)
+
+
+class SubclassOfTheReference(CausalSelfAttention):
+    pass
 
 
 def test_check_module_accepts_right_answers(capsys):
     checks.check_causal_self_attention(CausalSelfAttention)
-    checks.check_causal_self_attention(planted(None))
     checks.check_causal_self_attention(LinearAttention)
-    assert capsys.readouterr().out.count("✅ Exercise 3.4") == 3
+    checks.check_causal_self_attention(SubclassOfTheReference)
+    assert capsys.readouterr().out.count("✅ Exercise 3.3") == 3
 
 
-@pytest.mark.parametrize("mistake", sorted(checks.MODULE_MISTAKES))
+@pytest.mark.parametrize("mistake", checks.MODULE_MISTAKES, ids=lambda m: m.name)
 def test_check_module_names_every_planted_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
         checks.check_causal_self_attention(planted(mistake))
-    assert checks.MODULE_MISTAKES[mistake] in str(info.value)
+    assert mistake.message in str(info.value)
 
 
 class LinearLayout(nn.Module):
@@ -375,7 +426,7 @@ class LinearLayout(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x):
+    def forward(self, x, kv_cache=None):
         return x
 
 
@@ -384,8 +435,26 @@ class OtherNames(nn.Module):
         super().__init__()
         self.qkv = Conv1D(config.n_embd, 3 * config.n_embd)
 
-    def forward(self, x):
+    def forward(self, x, kv_cache=None):
         return x
+
+
+def _answer(first_gap, second_gap):
+    """CausalSelfAttention with its two gaps filled by the given functions."""
+
+    class Answer(CausalSelfAttention):
+        def forward(self, x, kv_cache=None):
+            q, k, v = first_gap(self, x)
+            if kv_cache is not None:
+                k, v = kv_cache.update(k, v)
+            y = checks.attend(q, k, v)[0]
+            return second_gap(self, y)
+
+    return Answer
+
+
+def _right_first(self, x):
+    return [split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=2)]
 
 
 def test_check_module_names_structural_mistakes():
@@ -397,33 +466,53 @@ def test_check_module_names_structural_mistakes():
         checks.check_causal_self_attention(lambda config: "attention")
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_causal_self_attention(lambda: None)
-
-    class ViewAfterTranspose(Planted):
-        def forward(self, x):
-            B, T, C = x.shape
-            return self.c_attn(x)[..., :C].view(B, T, self.n_head, -1).transpose(1, 2).view(B, T, C)
-
+    view_merge = _answer(_right_first, lambda self, y: self.resid_dropout(self.c_proj(y.transpose(1, 2).view(y.shape[0], y.shape[2], -1))))
     with pytest.raises(CheckFailed, match=r"contiguous\(\)"):
-        checks.check_causal_self_attention(ViewAfterTranspose)
+        checks.check_causal_self_attention(view_merge)
+    cache_of_the_wrong_shape = _answer(lambda self, x: [t for t in self.c_attn(x).split(self.n_embd, dim=2)],
+                                       lambda self, y: self.resid_dropout(self.c_proj(y)))  # no heads at all
+    with pytest.raises(CheckFailed, match="ONE head over all C features"):
+        checks.check_causal_self_attention(cache_of_the_wrong_shape)
+    dropout_before_c_proj = _answer(_right_first, lambda self, y: self.c_proj(self.resid_dropout(merge_heads(y))))
+    with pytest.raises(CheckFailed, match="in train\\(\\) mode it is not the layer followed by residual dropout"):
+        checks.check_causal_self_attention(dropout_before_c_proj)
 
-    class Unfinished(Planted):
+    class NoCacheParameter(CausalSelfAttention):
+        def forward(self, x):
+            return super().forward(x)
+
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_causal_self_attention(NoCacheParameter)
+
+    class IgnoresTheCache(CausalSelfAttention):
         def forward(self, x, kv_cache=None):
-            raise NotImplementedError("Exercise 3.4 (CausalSelfAttention): replace this line with your code")
+            return super().forward(x)
 
-    with pytest.raises(CheckFailed, match="not done yet"):
-        checks.check_causal_self_attention(Unfinished)
+    with pytest.raises(CheckFailed, match="fed in pieces through a kv_cache"):
+        checks.check_causal_self_attention(IgnoresTheCache)
 
 
 def test_checks_report_stubs_and_wrong_signatures():
     def stub(*args):
         raise NotImplementedError("stub")
 
-    for check in (checks.check_causal_attention, checks.check_split_heads, checks.check_merge_heads):
-        with pytest.raises(CheckFailed, match="not done yet"):
-            check(stub)
+    class Unfinished(CausalSelfAttention):
+        def forward(self, x, kv_cache=None):
+            raise NotImplementedError("Exercise 3.3 (CausalSelfAttention): replace this line with your code")
+
+    for check, answer in ((checks.check_previous_token_head, stub), (checks.check_multi_head_attention, stub),
+                          (checks.check_causal_self_attention, Unfinished)):
+        with pytest.raises(NotDoneYet, match="not done yet"):
+            check(answer)
     with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_causal_attention(lambda q, k: q)
+        checks.check_previous_token_head(lambda: None)
     with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_split_heads(lambda x: x)
-    with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_merge_heads(lambda y, n_head: y)
+        checks.check_multi_head_attention(lambda q, k, v: q)
+
+
+def test_checks_leave_the_global_random_state_alone():
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    checks.check_causal_self_attention(CausalSelfAttention)
+    assert torch.equal(torch.rand(3), want)

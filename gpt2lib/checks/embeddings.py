@@ -1,7 +1,9 @@
-"""Checks for chapter 2's exercises: embedding lookups, positions, and the size of the tables.
+"""Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, and the
+embedding module with positions that continue after a cache.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
-and with known wrong answers, and names the mistake when one of those matches.
+and with the planted `Mistake`s below (module-level lists, so the tests cover every one), and
+names the mistake when one of them matches.
 """
 
 from __future__ import annotations
@@ -10,30 +12,39 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
-EX_EMBED = "Exercise 2.2 (embed)"
-EX_COUNT = "Exercise 2.3 (embedding_parameter_count)"
+EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
+EX_MODULE = "Exercise 2.3 (GPT2Embeddings)"
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return got.shape == want.shape and torch.allclose(got.double(), want.double(), atol=1e-5)
-
-
-def _require_tensor(exercise: str, got, what: str) -> torch.Tensor:
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed(exercise, f"{what} should be a torch.Tensor, got {type(got).__name__}")
-    if not got.is_floating_point():
+def _require_float(exercise: str, got, what: str) -> None:
+    if isinstance(got, torch.Tensor) and not (got.is_floating_point() or got.is_complex()):
         raise CheckFailed(
             exercise,
             f"{what} has dtype {got.dtype}; embeddings are floating point like the table "
             "(if you built one-hot vectors, convert them with .to(table.dtype) before the matmul)",
         )
-    return got
 
 
 # --------------------------------------------------------------------------- Exercise 2.1
+
+# fn(token_ids, table) -> what that wrong answer returns
+ONE_HOT_MISTAKES = [
+    Mistake("rows_shifted_down", "your rows are shifted by one: the row for id i is row i of the table "
+            "(ids count from 0, so id 0 is row 0)", lambda ids, table: table[(ids - 1) % table.shape[0]]),
+    Mistake("rows_shifted_up", "your rows are shifted by one the other way: the row for id i is row i "
+            "of the table, not row i + 1", lambda ids, table: table[(ids + 1) % table.shape[0]]),
+]
 
 
 def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
@@ -71,34 +82,17 @@ def check_one_hot_embed(one_hot_embed) -> None:
         got = call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
     except RuntimeError as exc:
         _explain_one_hot_error(exc, V, C)
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (2, 6, V):
-        raise CheckFailed(
-            EX_ONE_HOT,
-            f"your output has shape {tuple(got.shape)}, one entry per vocabulary id: that is the "
-            "one-hot matrix itself. Multiply it by the table: (B, T, V) @ (V, C) -> (B, T, C).",
-        )
-    got = _require_tensor(EX_ONE_HOT, got, "your output")
+    _require_float(EX_ONE_HOT, got, "your output")
+    hints = {(2, 6, V): "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it "
+             "by the table: (B, T, V) @ (V, C) -> (B, T, C)"}
+    got = expect_tensor(EX_ONE_HOT, got, (2, 6, C), what="your output", hints=hints)
     want = table[ids]  # (B, T, C)
-    if got.shape != want.shape:
-        raise CheckFailed(
-            EX_ONE_HOT,
-            f"expected shape {tuple(want.shape)} (ids' shape plus C={C}), got {tuple(got.shape)}",
-        )
-    if not _close(got, want):
-        wrong = {
-            "your rows are shifted by one: the row for id i is row i of the table (ids count "
-            "from 0, so id 0 is row 0)": table[(ids - 1) % V],
-            "your rows are shifted by one the other way: the row for id i is row i of the "
-            "table, not row i + 1": table[(ids + 1) % V],
-        }
-        for message, value in wrong.items():
-            if _close(got, value):
-                raise CheckFailed(EX_ONE_HOT, message)
-        raise CheckFailed(
-            EX_ONE_HOT,
-            "the shape is right but the values are not the table rows of the ids: row b, t of "
-            "the output must equal table[token_ids[b, t]]",
-        )
+    if not close(got, want):
+        found = first_mistake(ONE_HOT_MISTAKES, lambda m: close(got, m.fn(ids, table)))
+        if found:
+            raise CheckFailed(EX_ONE_HOT, found.message)
+        raise CheckFailed(EX_ONE_HOT, "the shape is right but the values are not the table rows of the "
+                          "ids: row b, t of the output must equal table[token_ids[b, t]]")
 
     # ids that do not reach the last row: catches F.one_hot without num_classes
     small_ids = torch.tensor([0, 2, 1, 2])  # (T=4,), largest id 2 < V - 1
@@ -111,23 +105,18 @@ def check_one_hot_embed(one_hot_embed) -> None:
             f"value is 2 ({exc}). F.one_hot(ids) alone makes vectors only max(ids) + 1 long; "
             "pass num_classes=table.shape[0].",
         ) from None
-    got_small = _require_tensor(EX_ONE_HOT, got_small, "your output for 1-D ids")
-    if not _close(got_small, table[small_ids]):
-        raise CheckFailed(
-            EX_ONE_HOT,
-            f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows table[ids], got shape "
-            f"{tuple(got_small.shape)}; make it work for ids of any shape",
-        )
+    _require_float(EX_ONE_HOT, got_small, "your output for 1-D ids")
+    if not close(got_small, table[small_ids]):
+        shape = tuple(got_small.shape) if isinstance(got_small, torch.Tensor) else type(got_small).__name__
+        raise CheckFailed(EX_ONE_HOT, f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows "
+                          f"table[ids], got {shape}; make it work for ids of any shape")
 
     # the table must stay in the autograd graph: training updates exactly the rows used
     leaf = table.clone().requires_grad_(True)
     out = call_learner(EX_ONE_HOT, one_hot_embed, ids, leaf)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        raise CheckFailed(
-            EX_ONE_HOT,
-            "no gradient reaches the table through your output; keep the computation in torch "
-            "(no .detach(), .numpy(), .tolist() or torch.no_grad())",
-        )
+        raise CheckFailed(EX_ONE_HOT, "no gradient reaches the table through your output; keep the "
+                          "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())")
     out.sum().backward()
     counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
     if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
@@ -138,109 +127,237 @@ def check_one_hot_embed(one_hot_embed) -> None:
 # --------------------------------------------------------------------------- Exercise 2.2
 
 
-def _embed_variants(idx, wte, wpe, past):
-    B, T = idx.shape
-    pos = torch.arange(past, past + T)
-    return {
-        "positions start at 1, but GPT-2 counts positions from 0: the first token uses row 0 of "
-        "the position table": wte(idx) + wpe(pos + 1),
-        "you looked up the token ids in the position table; the position table is indexed by "
-        "where a token sits (0, 1, 2, ...), not by which token it is": wte(idx) + wpe(idx),
-        "you ignored past_length: with past_length tokens already processed, the new tokens sit "
-        "at positions past_length, past_length + 1, ...": wte(idx) + wpe(torch.arange(T)),
-        "there are no position embeddings in your output: add wpe at the tokens' positions": wte(idx),
-        "you used the batch index as the position; the position is the index along T (dim 1), "
-        "the same for every sequence in the batch": wte(idx) + wpe(torch.arange(B))[:, None, :],
-        "your output holds only the position embeddings; add the token embeddings too": wpe(pos).expand(B, T, -1),
-    }
+def lookup_backward_reference(token_ids: torch.Tensor, grad_out: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The table's gradient (V, C): row v is the sum of grad_out over the places where id v is."""
+    C = grad_out.shape[-1]
+    grad = torch.zeros(vocab_size, C, dtype=grad_out.dtype)
+    return grad.index_add_(0, token_ids.reshape(-1), grad_out.reshape(-1, C))
 
 
-def check_embed(embed) -> None:
-    """`embed(idx, wte, wpe, past_length=0)`: idx (B, T) -> token + position embeddings (B, T, C)."""
-    torch.manual_seed(0)
-    V, P, C = 11, 16, 6  # vocab, positions, width; P > V so a wrong wpe(idx) still runs
-    wte, wpe = nn.Embedding(V, C), nn.Embedding(P, C)
-    idx = torch.tensor([[3, 0, 10, 7, 7], [1, 9, 2, 4, 8]])  # (B=2, T=5): T != B on purpose
-    with torch.no_grad():
-        # the keyword first (so a missing past_length parameter is named), then the default
-        for kwargs in ({"past_length": 0}, {}, {"past_length": 4}):
-            past = kwargs.get("past_length", 0)
-            try:
-                got = call_learner(EX_EMBED, embed, idx, wte, wpe, **kwargs)
-            except RuntimeError as exc:
-                if "must match the size" not in str(exc):
-                    raise
-                raise CheckFailed(
-                    EX_EMBED,
-                    f"for idx of shape (B, T) = {tuple(idx.shape)} your function fails ({exc}). "
-                    "You need one position per token of a sequence: T = idx.shape[1] positions "
-                    "(idx.shape[0] is the batch size B).",
-                ) from None
-            label = "your output" + (f" with past_length={past}" if past else "")
-            got = _require_tensor(EX_EMBED, got, label)
-            want = wte(idx) + wpe(torch.arange(past, past + idx.shape[1]))  # (B, T, C)
-            if got.shape != want.shape:
-                raise CheckFailed(
-                    EX_EMBED,
-                    f"{label} has shape {tuple(got.shape)}; expected (B, T, C) = {tuple(want.shape)}. "
-                    "Token and position embeddings are added, not concatenated.",
-                )
-            if _close(got, want):
-                continue
-            for message, value in _embed_variants(idx, wte, wpe, past).items():
-                if _close(got, value):
-                    raise CheckFailed(EX_EMBED, message)
-            raise CheckFailed(
-                EX_EMBED,
-                f"{label} has the right shape but wrong values: out[b, t] must be "
-                "wte(idx[b, t]) + wpe(past_length + t)",
-            )
-    passed(EX_EMBED, "token embeddings plus position embeddings, offset by past_length")
+def _overwritten(ids, grad_out, V):
+    grad = torch.zeros(V, grad_out.shape[-1], dtype=grad_out.dtype)
+    grad[ids.reshape(-1)] = grad_out.reshape(-1, grad_out.shape[-1])  # a repeated id keeps one use
+    return grad
+
+
+def _averaged(ids, grad_out, V):
+    uses = torch.bincount(ids.reshape(-1), minlength=V).clamp(min=1).to(grad_out.dtype)
+    return lookup_backward_reference(ids, grad_out, V) / uses[:, None]
+
+
+def _total_to_used_rows(ids, grad_out, V):
+    used = torch.bincount(ids.reshape(-1), minlength=V) > 0  # (V,)
+    total = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)  # (C,)
+    return used[:, None].to(grad_out.dtype) * total
+
+
+REPEATED_IDS_MESSAGE = (
+    "ids used once get the right row, but a repeated id keeps only ONE of its gradients. Uses add "
+    "up: a token used twice gets the sum of both. Note that `grad[ids] = g` and even "
+    "`grad[ids] += g` keep one value per repeated index in PyTorch; use "
+    "grad.index_add_(0, ids, g), a loop with +=, or one_hot.T @ g"
+)
+
+# fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
+BACKWARD_MISTAKES = [
+    Mistake("repeated_ids_overwritten", REPEATED_IDS_MESSAGE, _overwritten),
+    Mistake("averaged_uses", "you averaged the gradients of a repeated id; they add up: a token used "
+            "3 times gets the SUM of its 3 gradients", _averaged),
+    Mistake("counted_uses", "you returned how often each id is used and ignored grad_out's values; that "
+            "is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row "
+            "token_ids[b, t]", lambda ids, g, V: torch.bincount(ids.reshape(-1), minlength=V)[:, None]
+            .to(g.dtype).expand(V, g.shape[-1])),
+    Mistake("total_to_every_used_row", "every used row got the gradient summed over ALL positions; row v "
+            "gets only the gradients of the positions where id v stands", _total_to_used_rows),
+]
+
+
+def check_lookup_backward(lookup_backward) -> None:
+    """`lookup_backward(token_ids, grad_out, vocab_size)`: ids (...), grad_out (..., C) -> (V, C)."""
+    gen = torch.Generator().manual_seed(0)
+    V, C = 9, 4
+    cases = [
+        torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]),  # (B=2, T=5): 1, 3 and 5 repeat; 0, 7, 8 unused
+        torch.tensor([8, 0, 8, 8]),  # (T=4,): any shape, the last id used 3 times
+    ]
+    for ids in cases:
+        grad_out = torch.randn(*ids.shape, C, generator=gen)
+        got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
+        n_uses, n_unique = ids.numel(), int(ids.unique().numel())
+        hints = {
+            (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
+            (n_uses, C): "one row per use; add the rows of the same id together into a (V, C) table",
+            (n_unique, C): "one row per id that appears; return all V rows (ids that never appear get zeros)",
+            tuple(grad_out.shape): "that is grad_out's shape; the gradient has the table's shape, (V, C)",
+        }
+        got = expect_tensor(EX_BACKWARD, got, (V, C), what=f"your gradient for ids of shape {tuple(ids.shape)}",
+                            hints=hints)
+        want = lookup_backward_reference(ids, grad_out, V)
+        if close(got, want):
+            continue
+        found = first_mistake(BACKWARD_MISTAKES, lambda m, got=got, ids=ids, g=grad_out: close(got, m.fn(ids, g, V)))
+        if found:
+            raise CheckFailed(EX_BACKWARD, found.message)
+        counts = torch.bincount(ids.reshape(-1), minlength=V)
+        once = counts <= 1
+        if close(got[once], want[once]):  # single uses and unused rows right: repeats are the problem
+            raise CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
+        if not close(got[counts == 0], want[counts == 0]):
+            raise CheckFailed(EX_BACKWARD, "rows of ids that never appear must be zero: no use, no gradient")
+        raise CheckFailed(EX_BACKWARD, f"for ids of shape {tuple(ids.shape)} the shape is right but the values "
+                          "are not: row v must be the sum of grad_out[b, t] over every place where "
+                          "token_ids[b, t] == v")
+    passed(EX_BACKWARD, "each row gets the sum of the gradients of its uses, unused rows zero")
 
 
 # --------------------------------------------------------------------------- Exercise 2.3
 
 
-def check_embedding_parameter_count(embedding_parameter_count) -> None:
-    """`embedding_parameter_count(config)` -> number of weights in wte and wpe together."""
-    from gpt2lib.config import GPT2Config
+def _positions(past, T):
+    return torch.arange(past, past + T)
 
-    configs = [
-        GPT2Config(vocab_size=100, n_positions=32, n_embd=8, n_layer=3, n_head=2),
-        GPT2Config.from_name("gpt2"),
-        GPT2Config.from_name("gpt2-medium"),
-    ]
-    for config in configs:
-        got = call_learner(EX_COUNT, embedding_parameter_count, config)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
-        V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
-        want = V * C + P * C
-        if got == want:
-            continue
-        wrong = {
-            V * C: "you counted only the token table (wte); add the position table (wpe), "
-            "n_positions x n_embd",
-            P * C: "you counted only the position table (wpe); add the token table (wte), "
-            "vocab_size x n_embd",
-            2 * V * C + P * C: "you counted the output layer as a separate vocab_size x n_embd "
-            "matrix; GPT-2 reuses (ties) wte for its output, so count the table once",
-            (V * C + P * C) * L: "you multiplied by n_layer; the embedding tables exist once, "
-            "before the first block",
-            V * P: "vocab_size x n_positions is not a table in GPT-2; each table has n_embd columns",
-            V + P: "you counted rows only; each row holds n_embd numbers",
-            (V + P) * (C + 1): "you gave every row a bias as well; an embedding table is only its "
-            "weight, n_rows x n_embd, with no bias",
-        }
-        small = GPT2Config()
-        if config.vocab_size != small.vocab_size and got == (small.vocab_size + small.n_positions) * small.n_embd:
-            raise CheckFailed(EX_COUNT, f"for (vocab_size={config.vocab_size}, n_positions="
-                              f"{config.n_positions}, n_embd={config.n_embd}) you returned GPT-2 small's count; compute it "
-                              "from the fields of the config you are given (config.vocab_size, ...)")
-        sizes = f"(vocab_size={V}, n_positions={P}, n_embd={C})"
-        if got in wrong:
-            raise CheckFailed(EX_COUNT, f"for {sizes}: {wrong[got]}")
-        raise CheckFailed(EX_COUNT, f"for {sizes} you returned {got}; that is not the size of wte plus wpe")
-    passed(EX_COUNT, "wte + wpe = (vocab_size + n_positions) x n_embd")
+
+# fn(reference module in the same mode as the learner's, idx (B, T), past_length) -> wrong output
+EMBEDDINGS_MISTAKES = [
+    Mistake("positions_start_at_past_plus_one",
+            "your positions start at past_length + 1; the first new token sits at position past_length "
+            "(0 with no cache): positions past_length .. past_length + T - 1",
+            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past + 1, idx.shape[1])))),
+    Mistake("ignored_past_length",
+            "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions "
+            "past_length, past_length + 1, ..., not 0, 1, ...",
+            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(0, idx.shape[1])))),
+    Mistake("past_length_added_twice",
+            "you added past_length twice: torch.arange(past_length, past_length + T) already starts at "
+            "past_length",
+            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(2 * past, idx.shape[1])))),
+    Mistake("token_ids_as_positions",
+            "you looked up the token ids in the position table; wpe is indexed by where a token sits "
+            "(past_length, past_length + 1, ...), not by which token it is",
+            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx))),
+    Mistake("no_position_embeddings", "there are no position embeddings in your output: add wpe at the "
+            "tokens' positions", lambda m, idx, past: m.drop(m.wte(idx))),
+    Mistake("batch_index_as_position",
+            "you used the batch index as the position; the position is the index along T (dim 1), "
+            "the same for every sequence in the batch",
+            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past, idx.shape[0]))[:, None, :])),
+    Mistake("only_position_embeddings", "your output holds only the position embeddings; add the token "
+            "embeddings too",
+            lambda m, idx, past: m.drop(m.wpe(_positions(past, idx.shape[1])).expand(*idx.shape, -1))),
+    Mistake("no_dropout",
+            "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings "
+            "(it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
+            lambda m, idx, past: m.wte(idx) + m.wpe(_positions(past, idx.shape[1]))),
+    Mistake("dropout_on_tokens_only",
+            "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token "
+            "and position embeddings: self.drop(tok + pos)",
+            lambda m, idx, past: m.drop(m.wte(idx)) + m.wpe(_positions(past, idx.shape[1]))),
+    Mistake("dropout_in_eval",
+            "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use "
+            "self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
+            lambda m, idx, past: F.dropout(m.wte(idx) + m.wpe(_positions(past, idx.shape[1])), m.drop.p)),
+]
+
+_SEED = 1234
+
+
+def _seeded(fn, *args, **kwargs):
+    """Call fn with the global RNG seeded, so that dropout masks line up; the notebook's RNG is restored."""
+    with torch.random.fork_rng():
+        torch.manual_seed(_SEED)
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+
+def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
+    found = first_mistake(EMBEDDINGS_MISTAKES, lambda m: close(got, _seeded(m.fn, ref, idx, past)))
+    if found:
+        raise CheckFailed(EX_MODULE, found.message)
+    raise CheckFailed(EX_MODULE, f"{what} has the right shape but wrong values: out[b, t] must be "
+                      "wte(idx[b, t]) + wpe(past_length + t), then dropout")
+
+
+def _call_embeddings(module, idx, kwargs, label):
+    try:
+        # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
+        return _seeded(call_learner, EX_MODULE, module.forward, idx, **kwargs)
+    except RuntimeError as exc:
+        if "must match the size" in str(exc):
+            raise CheckFailed(EX_MODULE, f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
+                              "You need one position per token of a sequence: T = idx.shape[1] positions "
+                              "(idx.shape[0] is the batch size B).") from None
+        if "view size is not compatible" in str(exc):
+            raise CheckFailed(EX_MODULE, f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view "
+                              "refuses it; use .reshape, or index without reshaping") from None
+        raise
+
+
+def check_gpt2_embeddings(embeddings_cls) -> None:
+    """`embeddings_cls(config)` with wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C),
+    checked in eval mode (values, positions after a cache) and in train mode (dropout)."""
+    with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's alone
+        _check_gpt2_embeddings(embeddings_cls)
+
+
+def _check_gpt2_embeddings(embeddings_cls) -> None:
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.embeddings import GPT2Embeddings
+
+    V, P, C, p = 11, 16, 6, 0.5  # P > V, so a wrong wpe(idx) still runs
+    config = GPT2Config(vocab_size=V, n_positions=P, n_embd=C, n_layer=1, n_head=2, embd_pdrop=p)
+    module = call_learner(EX_MODULE, embeddings_cls, config)
+    if not isinstance(module, nn.Module):
+        raise CheckFailed(EX_MODULE, f"calling it with a config should build an nn.Module, got {type(module).__name__}")
+    for name, shape in (("wte", (V, C)), ("wpe", (P, C))):
+        table = getattr(module, name, None)
+        weight = getattr(table, "weight", None)
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
+            raise CheckFailed(EX_MODULE, f"self.{name} should be an nn.Embedding with a weight of shape "
+                              f"{shape}; keep the __init__ that is given")
+    ref = GPT2Embeddings(config)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in ("wte", "wpe"):
+            values = torch.randn(getattr(ref, name).weight.shape, generator=gen)
+            getattr(ref, name).weight.copy_(values)
+            getattr(module, name).weight.copy_(values)
+
+    idx = torch.tensor([[3, 0, 10, 7, 7], [1, 9, 2, 4, 8]])  # (B=2, T=5): T != B on purpose
+    B, T = idx.shape
+    module.eval(), ref.eval()
+    # the keyword first (so a missing past_length parameter is named), then the default, then an offset
+    for kwargs in ({"past_length": 0}, {}, {"past_length": 4}):
+        past = kwargs.get("past_length", 0)
+        label = "your forward" + (f" with past_length={past}" if past else "")
+        got = _call_embeddings(module, idx, kwargs, label)
+        hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}
+        got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
+        if not close(got, _seeded(ref, idx, past)):
+            _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
+
+    # a sequence in two pieces, the second after a cache of 4, gives the vectors of the whole
+    whole = _call_embeddings(module, idx, {}, "your forward")
+    pieces = [_call_embeddings(module, idx[:, :4], {}, "your forward"),
+              _call_embeddings(module, idx[:, 4:], {"past_length": 4}, "your forward with past_length=4")]
+    pieces = [expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece") for piece, n in zip(pieces, (4, T - 4))]
+    if not close(torch.cat(pieces, dim=1), whole):
+        raise CheckFailed(EX_MODULE, "the sequence fed in two pieces (the second with past_length=4) does not "
+                          "give the vectors of the whole sequence at once")
+
+    # train mode: dropout on the sum, scaled by 1 / (1 - p); a longer batch for a fair count of zeros
+    module.train(), ref.train()
+    idx = torch.randint(0, V, (4, 8), generator=gen)
+    got = expect_tensor(EX_MODULE, _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
+                        (4, 8, C), what="the output in train() mode")
+    if close(got, _seeded(ref, idx, 2)):
+        passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
+        return
+    ref.eval()
+    no_dropout = _seeded(ref, idx, 2)
+    ref.train()
+    kept = got != 0
+    fraction_zeroed = 1 - kept.double().mean().item()
+    if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p)):
+        passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
+        return  # dropout drawn another way (its own random numbers): still right
+    _name_embeddings_mistake(got, ref, idx, 2, "in train() mode, your forward")
