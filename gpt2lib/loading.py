@@ -50,11 +50,11 @@ class CheckpointError(ValueError):
 class HubUnreachable(CheckpointError):
     """A hub model is not in the local cache and the hub cannot be reached.
 
-    `name` is the model and `reason` what went wrong, so that the command line can say what to
-    do in its own terms."""
+    `name` is the model, `reason` what went wrong and `offline` whether offline mode was asked
+    for, so that the command line can say what to do in its own terms."""
 
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
+    def __init__(self, name: str, reason: str, offline: bool = False):
+        self.name, self.reason, self.offline = name, reason, offline
         super().__init__(
             f"the weights of {name!r} are not in the local Hugging Face cache, and the hub "
             f"cannot be reached ({reason}). While online, run `python -m gpt2lib download "
@@ -92,7 +92,7 @@ def hub_checkpoint(name: str, offline=None) -> Path:
         pass  # not (fully) cached: the hub is needed
     if offline or hub.constants.HF_HUB_OFFLINE:
         raise HubUnreachable(key, "offline mode: HF_HUB_OFFLINE=1" if not offline
-                             else "offline=True was asked for")
+                             else "offline=True was asked for", offline=True)
     try:  # a single quick request: is the hub there at all?
         hub.get_hf_file_metadata(hub.hf_hub_url(repo, CONFIG_FILE), timeout=PROBE_TIMEOUT_S,
                                  retry_on_errors=False)
