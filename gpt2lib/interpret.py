@@ -124,8 +124,8 @@ def run_with_cache(model, idx, capture=DEFAULT_CAPTURE, ablate_heads=None):
 
     capture: names from CAPTURES ('resid', 'attn', 'head_out', 'mlp_out').
     ablate_heads: {layer: [head, ...]}: those heads' outputs are zeroed before c_proj.
-    Runs in the model's current mode and grad mode (use model.eval() to turn off dropout).
-    Hooks are removed afterwards, also when the forward pass fails.
+    Runs in the model's current mode and grad mode (use model.eval() to turn off dropout); the
+    cached tensors are detached. Hooks are removed afterwards, also when the forward pass fails.
     """
     wanted = _check_capture(capture)
     blocks = _blocks(model)

@@ -89,7 +89,8 @@ def check_induction_score(induction_score) -> None:
         want = _induction_right(pattern, L)
         if close(got, want, atol=1e-6):
             continue
-        mistake = first_mistake(INDUCTION_MISTAKES, lambda m: close(got, m.fn(pattern, L), atol=1e-6))
+        mistake = first_mistake(INDUCTION_MISTAKES,
+                               lambda m, got=got, p=pattern, L=L: close(got, m.fn(p, L), atol=1e-6))
         if mistake:
             raise CheckFailed(EX_INDUCTION, mistake.message)
         raise CheckFailed(EX_INDUCTION, f"for seq_len={L} the scores should be "
@@ -191,7 +192,6 @@ def _zero_right(y, heads, n_head):
 
 
 def _zero_keep(y, heads, n_head):
-    B, T, C = y.shape
     keep = [h for h in range(n_head) if h not in heads]
     return _zero_right(y, keep, n_head)
 
@@ -251,7 +251,8 @@ def check_zero_heads(zero_heads) -> None:
         })
         if close(got, want, atol=0):
             continue
-        mistake = first_mistake(ZERO_MISTAKES, lambda m: close(got, m.fn(given, heads, n_head), atol=0))
+        mistake = first_mistake(ZERO_MISTAKES, lambda m, got=got, y=given, hs=heads, n=n_head:
+                                close(got, m.fn(y, hs, n), atol=0))
         if mistake:
             raise CheckFailed(EX_ZERO, mistake.message)
         raise CheckFailed(EX_ZERO, f"with n_head={n_head} and heads={heads}, channels "
