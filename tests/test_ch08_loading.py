@@ -484,3 +484,22 @@ def test_offline_mode_asks_the_cache_only(monkeypatch):
     with pytest.raises(HubUnreachable, match="offline mode: HF_HUB_OFFLINE=1") as info:
         from_pretrained("gpt2")
     assert fake.probes == [] and info.value.offline
+
+
+def test_the_package_level_loader_is_gpt2s(hub_dir):
+    import gpt2lib
+
+    assert gpt2lib.from_pretrained == GPT2.from_pretrained
+    assert isinstance(gpt2lib.from_pretrained(hub_dir, device="cpu"), GPT2)
+
+
+def test_the_loader_does_not_import_the_model():
+    """Issue 17: no model <-> loading import circle, counting imports inside functions."""
+    import ast
+
+    for module in ("loading", "interpret", "device"):
+        tree = ast.parse((REPO / "gpt2lib" / f"{module}.py").read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for a in node.names}
+        assert not {"gpt2lib.model", "gpt2lib.generation", "gpt2lib"} & imported, module

@@ -80,7 +80,7 @@ def run_main(argv):
     (["--top-p", "1.5"], r"argument --top-p: must be in (0, 1]"),
     (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
     (["--max-new-tokens", "ten"], "argument --max-new-tokens: expected a whole number"),
-    (["--max-new-tokens", "5000"], "more than the model's context of 1024 positions"),
+    (["--max-new-tokens", "5000"], "more than the model's context of"),  # n_positions varies
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--dtype", "int8"], "argument --dtype: invalid choice"),
     (["--model", "gpt3"], "unknown model 'gpt3'"),
