@@ -224,6 +224,7 @@ def logit_lens(model, cache, top_k=None):
     if not cache.resid:
         raise ValueError("the cache holds no residual stream: run run_with_cache with 'resid' "
                          "in capture (it is there by default)")
+    # compute `logits`, shape (n_layer + 1, B, T, V)
     resid = torch.stack(cache.resid)  # (n_layer + 1, B, T, C)
     logits = model.ln_f(resid) @ model.wte.weight.T  # (n_layer + 1, B, T, V)
     return logits if top_k is None else logits.topk(top_k, dim=-1)
