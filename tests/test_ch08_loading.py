@@ -503,3 +503,19 @@ def test_the_loader_does_not_import_the_model():
         imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                      for a in node.names}
         assert not {"gpt2lib.model", "gpt2lib.generation", "gpt2lib"} & imported, module
+
+
+def test_a_cached_model_needs_no_network(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    fake = _FakeHub()
+    snapshot = tmp_path / "snapshot"
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo, filename, local_files_only=False, **kw:
+                        fake.downloads.append((repo, filename, local_files_only)) or
+                        str(snapshot / filename))
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fake.metadata)
+    assert loading.hub_checkpoint("gpt2-large") == snapshot
+    assert loading.download(["openai-community/gpt2-large"]) == [snapshot]
+    assert fake.probes == []  # the cache answered: the network was never asked
+    assert {d[2] for d in fake.downloads} == {True}
