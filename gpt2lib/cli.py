@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="continue a prompt, streaming the text to stdout")
-    gen.add_argument("--model", default=os.environ.get("GPT2LIB_CHECKPOINT") or "gpt2",
+    gen.add_argument("--model", default=None,
                      help=f"one of {', '.join(HUB_MODELS)}, or a local folder holding "
                           "config.json and model.safetensors (default: $GPT2LIB_CHECKPOINT "
                           "if set, else gpt2)")
@@ -103,9 +103,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_name(args) -> str:
+    """--model, else $GPT2LIB_CHECKPOINT, else gpt2 (records which one was used)."""
+    if args.model is not None:
+        args.model_from = "--model"
+        return args.model
+    if os.environ.get("GPT2LIB_CHECKPOINT"):
+        args.model_from = "GPT2LIB_CHECKPOINT"
+        return os.environ["GPT2LIB_CHECKPOINT"]
+    args.model_from = "default"
+    return "gpt2"
+
+
+def _unreachable_message(exc, args) -> str:
+    """The hub cannot be reached: what to do, in terms of the command that was typed."""
+    head = (f"the weights of {exc.name!r} are not in the local Hugging Face cache, and the hub "
+            f"cannot be reached ({exc.reason}).")
+    if args.command == "download":
+        what = "Unset HF_HUB_OFFLINE" if exc.offline else "Connect to the internet"
+        return (f"{head} {what} and run this command again; the files are then kept in the "
+                "cache for offline use.")
+    instead = "pass --model FOLDER, a folder holding config.json and model.safetensors"
+    if args.model_from == "default":  # the variable is read only when --model is left out
+        instead += ", or set GPT2LIB_CHECKPOINT to such a folder"
+    return (f"{head} While online, run `python -m gpt2lib download {exc.name}` once; or "
+            f"{instead}.")
+
+
 def _generate(args) -> int:
     from gpt2lib.generation import stream_text
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import GPT2
 
     try:
         from gpt2lib.tokenizer import get_encoding
@@ -113,7 +140,7 @@ def _generate(args) -> int:
         print(f"error: the tokenizer (gpt2lib.tokenizer, chapter 1) cannot be imported: {exc}",
               file=sys.stderr)
         return EXIT_FAILED
-    model = from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    model = GPT2.from_pretrained(_model_name(args), device=args.device, dtype=args.dtype)
     tokenizer = get_encoding()
     pieces = stream_text(model, tokenizer, args.prompt, args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -130,9 +157,9 @@ def _generate(args) -> int:
 
 
 def _download(args) -> int:
-    from gpt2lib.loading import HUB_MODELS, download
+    from gpt2lib.loading import HUB_MODELS, download, hub_name
 
-    unknown = [n for n in args.names if n not in HUB_MODELS]
+    unknown = [n for n in args.names if hub_name(n) is None]
     if unknown:
         print(f"error: unknown model {', '.join(map(repr, unknown))}; choose from "
               f"{', '.join(HUB_MODELS)}", file=sys.stderr)
@@ -143,13 +170,16 @@ def _download(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from gpt2lib.loading import CheckpointError
+    from gpt2lib.loading import CheckpointError, HubUnreachable
 
     try:
         if args.command == "generate":
             return _generate(args)
         return _download(args)
-    except CheckpointError as exc:  # the files: missing, offline, corrupt
+    except HubUnreachable as exc:  # no network, or offline mode, and nothing in the cache
+        print(f"error: {_unreachable_message(exc, args)}", file=sys.stderr)
+        return EXIT_FAILED
+    except CheckpointError as exc:  # the files: missing, corrupt
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except (ValueError, TypeError, FileNotFoundError) as exc:  # what the user asked for

@@ -80,7 +80,7 @@ def run_main(argv):
     (["--top-p", "1.5"], r"argument --top-p: must be in (0, 1]"),
     (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
     (["--max-new-tokens", "ten"], "argument --max-new-tokens: expected a whole number"),
-    (["--max-new-tokens", "5000"], "more than the model's context of 1024 positions"),
+    (["--max-new-tokens", "5000"], "more than the model's context of"),  # n_positions varies
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--dtype", "int8"], "argument --dtype: invalid choice"),
     (["--model", "gpt3"], "unknown model 'gpt3'"),
@@ -120,3 +120,46 @@ def test_download_unknown_name_lists_the_valid_ones(capsys):
     assert run_main(["download", "gpt2", "gpt-5"]) == 2  # refused before anything is fetched
     assert ("unknown model 'gpt-5'; choose from gpt2, gpt2-medium, gpt2-large, gpt2-xl"
             in capsys.readouterr().err)
+
+
+def _offline_env(tmp_path, **extra):
+    """No cached weights, and a hub address that refuses connections at once (port 9), so the
+    test behaves the same with or without a network."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GPT2LIB_CHECKPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9", **extra)
+    return env
+
+
+def _run_env(env, *args):
+    return subprocess.run([sys.executable, "-m", "gpt2lib", *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=300)
+
+
+def test_generate_without_network_prints_one_true_line(tmp_path):
+    out = _run_env(_offline_env(tmp_path), "generate", "--model", "gpt2", "--prompt", "Hi")
+    assert out.returncode == 1 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # no retry chatter, no traceback: only the message
+    assert "Retrying" not in out.stderr
+    assert lines[0].startswith("error: the weights of 'gpt2' are not in the local Hugging Face cache")
+    assert "run `python -m gpt2lib download gpt2` once" in lines[0]
+    assert "pass --model FOLDER" in lines[0]
+    # --model was given, so GPT2LIB_CHECKPOINT would change nothing: it is not suggested
+    assert "GPT2LIB_CHECKPOINT" not in lines[0]
+
+
+def test_generate_with_the_default_model_suggests_the_variable(tmp_path):
+    out = _run_env(_offline_env(tmp_path), "generate", "--prompt", "Hi")
+    assert out.returncode == 1
+    assert "or set GPT2LIB_CHECKPOINT to such a folder" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_download_without_network_does_not_say_run_download(tmp_path):
+    out = _run_env(_offline_env(tmp_path), "download", "openai-community/gpt2")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Retrying" not in out.stderr
+    assert "python -m gpt2lib download" not in lines[0]
+    assert "Connect to the internet and run this command again" in lines[0]

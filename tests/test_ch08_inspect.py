@@ -1,0 +1,328 @@
+"""Chapter 8, a look inside: the experimenter API (run_with_cache, ablation, logit lens,
+induction scores), tested against transformers, and the checks of exercises 8.1-8.3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from checkpoints import write_hub_checkpoint
+
+import gpt2lib
+from gpt2lib import interpret
+from gpt2lib.checks import CheckFailed, NotDoneYet
+from gpt2lib.checks import inspect as checks
+from gpt2lib.config import GPT2Config
+from gpt2lib.model import GPT2
+
+SMALL = dict(n_layer=3, n_head=4, n_embd=32, n_positions=64, vocab_size=211)
+
+
+@pytest.fixture(scope="module")
+def hub_dir(tmp_path_factory):
+    return write_hub_checkpoint(tmp_path_factory.mktemp("inspect"), seed=3, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def model(hub_dir):
+    return GPT2.from_pretrained(hub_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def idx():
+    return torch.randint(0, SMALL["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0))
+
+
+def _no_hooks(model):
+    return all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+# --------------------------------------------------------------------------- against transformers
+
+
+def test_cache_matches_transformers_hidden_states_and_attentions(hub_dir, model, idx):
+    from transformers import GPT2LMHeadModel
+
+    theirs = GPT2LMHeadModel.from_pretrained(str(hub_dir), attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(idx)
+        out = theirs(idx, output_hidden_states=True, output_attentions=True)
+    n = SMALL["n_layer"]
+    assert len(cache.resid) == n + 1 and len(cache.attn) == n
+    for ours, hf in zip(cache.resid[:n], out.hidden_states[:n]):
+        torch.testing.assert_close(ours, hf, atol=1e-5, rtol=1e-5)
+    # transformers applies ln_f to its last entry; ours is the stream before ln_f
+    torch.testing.assert_close(model.ln_f(cache.resid[n]), out.hidden_states[n], atol=1e-5, rtol=1e-5)
+    for ours, hf in zip(cache.attn, out.attentions):
+        assert ours.shape == (2, SMALL["n_head"], 11, 11)
+        torch.testing.assert_close(ours, hf, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_forward_is_unchanged_and_no_hooks_remain(model, idx):
+    with torch.no_grad():
+        before = model(idx)
+        logits, _ = model.run_with_cache(idx, capture=interpret.CAPTURES, ablate_heads={1: [2]})
+        after = model(idx)
+    assert torch.equal(before, after)
+    assert not torch.equal(logits, before)  # the ablation did act during the call
+    assert _no_hooks(model)
+
+
+def test_hooks_are_removed_when_the_forward_pass_fails(model):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.run_with_cache(torch.tensor([[0, SMALL["vocab_size"]]]), ablate_heads={0: [1]})
+    assert _no_hooks(model)
+
+
+def test_optional_captures_add_up_to_the_residual_stream(model, idx):
+    with torch.no_grad():
+        _, cache = model.run_with_cache(idx, capture=("resid", "head_out", "mlp_out"))
+    assert cache.attn == []  # not asked for
+    B, T = idx.shape
+    hd = SMALL["n_embd"] // SMALL["n_head"]
+    for layer, block in enumerate(model.h):
+        heads = cache.head_out[layer]
+        assert heads.shape == (B, SMALL["n_head"], T, hd)
+        attn_out = block.attn.c_proj(heads.transpose(1, 2).reshape(B, T, -1))
+        rebuilt = cache.resid[layer] + attn_out + cache.mlp_out[layer]
+        torch.testing.assert_close(rebuilt, cache.resid[layer + 1], atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- ablation
+
+
+@pytest.mark.parametrize("layer,head", [(0, 0), (1, 3), (2, 1)])
+def test_ablating_a_head_equals_zeroing_its_rows_of_c_proj(hub_dir, model, idx, layer, head):
+    hd = SMALL["n_embd"] // SMALL["n_head"]
+    edited = GPT2.from_pretrained(hub_dir, device="cpu")
+    with torch.no_grad():
+        edited.h[layer].attn.c_proj.weight[head * hd:(head + 1) * hd] = 0
+        want = edited(idx)
+        got, cache = model.run_with_cache(idx, capture="head_out", ablate_heads={layer: [head]})
+    assert torch.equal(got, want)
+    assert not cache.head_out[layer][:, head].any()  # the recorded head output is the zeroed one
+
+
+def test_context_manager_has_the_same_effect(model, idx):
+    with torch.no_grad():
+        want, _ = model.run_with_cache(idx, ablate_heads={0: [1, 2], 2: 3})
+        with gpt2lib.ablated_heads(model, {0: [1, 2], 2: [3]}):
+            got = model(idx)
+        plain = model(idx)
+    assert torch.equal(got, want) and not torch.equal(plain, want)
+    assert _no_hooks(model)
+
+
+@pytest.mark.parametrize("ablate,error,message", [
+    ({3: [0]}, ValueError, r"layer 3 is out of range: the model has 3, numbered 0 \.\. 2"),
+    ({-1: [0]}, ValueError, "layer -1 is out of range"),
+    ({0: [4]}, ValueError, r"head \(layer 0\) 4 is out of range"),
+    ({0: ["a"]}, TypeError, "head .* must be a whole number"),
+    ({True: [0]}, TypeError, "layer must be a whole number"),
+    ([0, 1], TypeError, r"ablate_heads must be a dict \{layer: \[head, \.\.\.\]\}"),
+])
+def test_bad_ablation_indices_are_refused(model, idx, ablate, error, message):
+    with pytest.raises(error, match=message):
+        model.run_with_cache(idx, ablate_heads=ablate)
+    assert _no_hooks(model)
+
+
+def test_unknown_capture_name_lists_the_known_ones(model, idx):
+    with pytest.raises(ValueError, match="unknown capture name.*'attention'.*resid, attn, head_out, mlp_out"):
+        model.run_with_cache(idx, capture=("resid", "attention"))
+
+
+class _BareBlock(nn.Module):
+    """A learner's block that works in the model but hides its parts under other names."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.inner = nn.Identity()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_block_without_the_expected_parts_gets_a_clear_error():
+    model = GPT2(GPT2Config(**SMALL), block_cls=_BareBlock).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    _, cache = model.run_with_cache(ids, capture="resid")  # needs nothing from the block
+    assert len(cache.resid) == SMALL["n_layer"] + 1
+    with pytest.raises(TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"):
+        model.run_with_cache(ids)
+    with pytest.raises(TypeError, match="ablate_heads needs block 1 to have `attn.c_proj`"):
+        model.run_with_cache(ids, capture="resid", ablate_heads={1: [0]})
+
+
+# --------------------------------------------------------------------------- logit lens, induction
+
+
+def test_logit_lens_last_layer_is_the_model_and_top_k(model, idx):
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(idx)
+        lens = gpt2lib.logit_lens(model, cache)
+        top = gpt2lib.logit_lens(model, cache, top_k=3)
+    assert lens.shape == (SMALL["n_layer"] + 1, *idx.shape, SMALL["vocab_size"])
+    torch.testing.assert_close(lens[-1], logits, atol=1e-5, rtol=1e-5)
+    assert top.indices.shape == (SMALL["n_layer"] + 1, *idx.shape, 3)
+    assert torch.equal(top.indices[..., 0], lens.argmax(-1))
+    with pytest.raises(ValueError, match="holds no residual stream"):
+        gpt2lib.logit_lens(model, model.run_with_cache(idx, capture="attn")[1])
+
+
+def test_induction_scores_find_a_copying_head_built_by_hand():
+    """Attention patterns made to copy: the score of that head is 1, the others' are not."""
+    L = 6
+    T = 2 * L + 1
+    pattern = torch.zeros(1, 2, T, T)
+    pattern[0, :, torch.arange(T), 0] = 1.0  # every head rests on the first token ...
+    q = torch.arange(L + 1, T)
+    pattern[0, 0, q, 0] = 0.0
+    pattern[0, 0, q, q - L + 1] = 1.0  # ... except head 0 in the second copy: induction
+    assert torch.equal(interpret.induction_score(pattern, L), torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="pattern covers 13 tokens"):
+        interpret.induction_score(pattern, L + 1)
+
+
+def test_induction_scores_of_a_model(model):
+    induction, previous = gpt2lib.induction_scores(model, seq_len=10, batch=2, previous=True)
+    assert induction.shape == previous.shape == (SMALL["n_layer"], SMALL["n_head"])
+    assert bool(((induction >= 0) & (induction <= 1)).all())
+    assert torch.equal(induction, gpt2lib.induction_scores(model, seq_len=10, batch=2))  # seeded
+    with pytest.raises(ValueError, match="more than the model's n_positions=64"):
+        gpt2lib.induction_scores(model, seq_len=40)
+    tokens = interpret.repeated_tokens(batch=3, seq_len=5, vocab_size=100, seed=1)
+    assert tokens.shape == (3, 11) and bool((tokens[:, 0] == 99).all())
+    assert torch.equal(tokens[:, 1:6], tokens[:, 6:])
+
+
+# --------------------------------------------------------------------------- checks: right answers
+
+
+def _induction_loop(pattern, seq_len):
+    B, nh, T, _ = pattern.shape
+    total = torch.zeros(nh, dtype=pattern.dtype)
+    for q in range(seq_len + 1, T):
+        total += pattern[:, :, q, q - seq_len + 1].sum(0)
+    return total / (B * seq_len)
+
+
+def _lens_einsum(model, cache):
+    resid = torch.stack(cache.resid)
+    return torch.einsum("lbtc,vc->lbtv", model.ln_f(resid), model.wte.weight)
+
+
+def _lens_list(model, cache):
+    return torch.stack([model.ln_f(r) @ model.wte.weight.T for r in cache.resid]).double()
+
+
+def _zero_mask(y, heads, n_head):
+    hd = y.shape[-1] // n_head
+    keep = torch.ones(y.shape[-1], dtype=y.dtype)
+    for h in heads:
+        keep[h * hd:(h + 1) * hd] = 0
+    return y * keep
+
+
+def _zero_loop(y, heads, n_head):
+    out = y.clone()
+    hd = y.shape[-1] // n_head
+    for h in heads:
+        out[:, :, h * hd:(h + 1) * hd] = 0.0
+    return out
+
+
+@pytest.mark.parametrize("answer", [interpret.induction_score, _induction_loop])
+def test_induction_check_passes_right_answers(answer, capsys):
+    checks.check_induction_score(answer)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [interpret.logit_lens, _lens_einsum, _lens_list])
+def test_logit_lens_check_passes_right_answers(answer, capsys):
+    checks.check_logit_lens(answer)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [interpret.zero_heads, _zero_mask, _zero_loop])
+def test_zero_heads_check_passes_right_answers(answer, capsys):
+    checks.check_zero_heads(answer)
+    assert "✅" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- checks: planted mistakes
+
+
+@pytest.mark.parametrize("mistake", checks.INDUCTION_MISTAKES, ids=lambda m: m.name)
+def test_induction_check_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_induction_score(lambda pattern, seq_len: mistake.fn(pattern, seq_len))
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.LENS_MISTAKES, ids=lambda m: m.name)
+def test_logit_lens_check_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_logit_lens(lambda model, cache: mistake.fn(model, cache.resid))
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.ZERO_MISTAKES, ids=lambda m: m.name)
+def test_zero_heads_check_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_zero_heads(lambda y, heads, n_head: mistake.fn(y, heads, n_head))
+    assert mistake.message in str(info.value)
+
+
+def _stub(*args):
+    raise NotImplementedError("Exercise 8.x: replace this line with your code")
+
+
+@pytest.mark.parametrize("check", [checks.check_induction_score, checks.check_logit_lens,
+                                   checks.check_zero_heads])
+def test_unfinished_exercises_are_not_done_yet(check):
+    with pytest.raises(NotDoneYet):
+        check(_stub)
+
+
+def test_shape_hints_and_other_wrong_forms():
+    with pytest.raises(CheckFailed, match="one score per head"):
+        checks.check_induction_score(lambda p, L: interpret.induction_score(p, L).mean())
+    with pytest.raises(CheckFailed, match="average over the batch too"):
+        checks.check_induction_score(
+            lambda p, L: p.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., -L:].mean(-1))
+    with pytest.raises(CheckFailed, match="NaN"):
+        checks.check_induction_score(lambda p, L: interpret.induction_score(p, L) * float("nan"))
+    with pytest.raises(CheckFailed, match="one layer's logits"):
+        checks.check_logit_lens(lambda model, cache: interpret.logit_lens(model, cache)[-1])
+    with pytest.raises(CheckFailed, match="one entry is missing"):
+        checks.check_logit_lens(lambda model, cache: interpret.logit_lens(model, cache)[1:])
+    with pytest.raises(CheckFailed, match="top-k values and indices"):
+        checks.check_logit_lens(lambda model, cache: interpret.logit_lens(model, cache, top_k=2))
+    with pytest.raises(CheckFailed, match="reshape the result back"):
+        checks.check_zero_heads(lambda y, heads, n: interpret.zero_heads(y, heads, n).view(
+            *y.shape[:2], n, -1))
+    with pytest.raises(CheckFailed, match="cannot take that"):
+        checks.check_zero_heads(lambda y, heads: y)
+
+
+def test_zeroing_in_place_is_named():
+    def in_place(y, heads, n_head):
+        hd = y.shape[-1] // n_head
+        for h in heads:
+            y[..., h * hd:(h + 1) * hd] = 0
+        return y
+
+    with pytest.raises(CheckFailed, match="you zeroed y in place"):
+        checks.check_zero_heads(in_place)
+
+
+def test_writing_to_the_inputs_is_named():
+    def scribbles(pattern, seq_len):
+        result = interpret.induction_score(pattern, seq_len).clone()
+        pattern.zero_()
+        return result
+
+    with pytest.raises(CheckFailed, match="changed the pattern"):
+        checks.check_induction_score(scribbles)
