@@ -1024,3 +1024,17 @@ def test_merge_check_accepts_a_learner_style_answer(capsys):
             symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
 
     _passes(checks.check_bpe_merge, merge_lowest, capsys)
+
+
+# --------------------------------------------------------------------------- the speed benchmark runs
+
+
+def test_benchmark_training_rows_run_on_a_small_text():
+    import sys
+
+    sys.path.insert(0, str(DATA.parent / "benchmarks"))
+    import tokenizer_speed
+
+    row = tokenizer_speed.measure_training(TRAINING_TEXT, 300, simple=True)  # raises if the two trainers differ
+    assert row["gpt2lib_vocab"] == 300 and row["huggingface_vocab"] <= 300
+    assert row["gpt2lib"]["cpu_s"] >= 0 and "simple_loop" in row
