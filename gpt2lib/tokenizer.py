@@ -631,6 +631,11 @@ def encode_stream(tokenizer: BPETokenizer, chunks: Iterable[str], allowed: set[s
                 ids += tokenizer.encode_ordinary(buffer[start : match.start()])
                 ids.append(tokenizer.special_tokens[match.group()])
                 start = match.end()
+            # A special token may be starting at the end: its start ends the ordinary text for now.
+            for position in range(max(start, len(buffer) - keep), stop):
+                if any(special.startswith(buffer[position:]) for special in allowed):
+                    stop = position
+                    break
             # The ordinary text after the last special token: all but the last two pieces are final.
             spans = [m.span() for m in tokenizer._splitter.finditer(buffer, start, stop)][:-2]
             final = [(s, e) for s, e in spans if e <= limit]

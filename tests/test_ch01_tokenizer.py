@@ -372,7 +372,7 @@ def test_one_megabyte_of_one_letter_matches_tiktoken():
 
 # --------------------------------------------------------------------------- streaming
 
-STREAM_TEXT = "Hi  there.\n\nIt's 42, isn't it?\n\n\n   We'll see 世界🤗 <|endoftext|> end  "
+STREAM_TEXT = "Hi  there.\n\nIt's 42, isn't it?\n\n\n   We'll see 世界🤗 <|endoftext|> end \n\n<|endoftext|>x  "
 
 
 def test_stream_cut_in_two_at_every_position(tok, openai_encoding):
@@ -388,6 +388,13 @@ def test_stream_one_character_at_a_time_with_special_tokens(tok, openai_encoding
     assert list(tok.encode_iterable(iter(text), allowed_special="all")) == expected
     for cut in range(len(text) + 1):  # a special token split between two chunks
         assert list(tok.encode_iterable([text[:cut], text[cut:]], allowed_special="all")) == expected, cut
+
+
+def test_stream_whitespace_before_a_special_token_cut_in_three(tok):
+    # The start of a special token ends the ordinary text: "\n\n" stays one token before it.
+    chunks = ["s ", "\n", "\n<|endoftext", "|>", " x"]
+    expected = get_encoding().encode("".join(chunks), allowed_special="all")
+    assert list(tok.encode_iterable(chunks, allowed_special="all")) == expected
 
 
 def test_stream_keeps_blank_lines_whole(tok):

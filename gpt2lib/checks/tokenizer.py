@@ -17,7 +17,13 @@ from collections import Counter
 
 import regex
 
-from gpt2lib.checks._core import CheckFailed, Mistake, call_learner, first_mistake, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    first_mistake,
+    passed,
+)
 
 EX_SPLIT = "Exercise 1.1 (finish the split pattern)"
 EX_MERGE = "Exercise 1.2 (apply merges by rank)"
@@ -289,7 +295,12 @@ def check_bpe_merge(bpe_merge) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_token_texts() -> dict[int, str]:
-    from gpt2lib.tokenizer import ENDOFTEXT, ENDOFTEXT_ID, bytes_to_unicode, load_gpt2_vocab
+    from gpt2lib.tokenizer import (
+        ENDOFTEXT,
+        ENDOFTEXT_ID,
+        bytes_to_unicode,
+        load_gpt2_vocab,
+    )
 
     vocab, _ = load_gpt2_vocab()
     char_of_byte = bytes_to_unicode()
@@ -358,7 +369,7 @@ def check_decode_ids(decode_ids) -> None:
             raise CheckFailed(EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}")
         if got == expected:
             continue
-        mistake = first_mistake(DECODE_MISTAKES, lambda m: m.fn(list(ids), token_texts) == got)
+        mistake = first_mistake(DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got)
         detail = f"for {ids} you return {got!r}, expected {expected!r}"
         if mistake is not None:
             raise CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
