@@ -17,7 +17,8 @@ Rules, shared by the teaching functions and the fast paths:
 - encoding merges the pair with the lowest rank first, its leftmost occurrence first;
 - training merges the most frequent pair; on a tie, the lexicographically greater pair of byte
   strings (Stanford CS336's rule); it never merges across a special token;
-- ids: the 256 bytes, then one id per new merged token in training order, then the special tokens.
+- ids of a trained tokenizer: 0-255 are the bytes, then one id per new token in training order,
+  then the special tokens in the order given (GPT-2's own files number the bytes differently).
 `bpe_merge`, `most_frequent_pair`, `merge_pair` and `train_merges_simple` are the simple versions
 taught in the chapter; `bpe_merge_fast` and `train_bpe` are the fast ones the tokenizer uses.
 """
@@ -475,6 +476,7 @@ def get_encoding(folder: str | Path | None = None):
 
 def bpe_merge_fast(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) -> list[bytes]:
     """The same result as `bpe_merge`, in about n log n steps for n symbols instead of n²."""
+    original = symbols
     symbols = list(symbols)  # symbols[i] becomes None once it is merged into its left neighbour
     n = len(symbols)
     if n < 2:
@@ -484,32 +486,37 @@ def bpe_merge_fast(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) 
     get = ranks.get
     pair_rank = [get(pair) for pair in zip(symbols, symbols[1:])]  # rank of the pair starting at i
     pair_rank.append(None)
-    # One heap entry per ranked pair, as one int: rank * n + position of its left symbol, so
-    # that the smallest entry is the lowest rank and, among equal ranks, the leftmost pair.
-    heap = [rank * n + i for i, rank in enumerate(pair_rank) if rank is not None]
-    heapq.heapify(heap)
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        rank, i = divmod(pop(heap), n)
-        if pair_rank[i] != rank:
-            continue  # out of date: a merge has changed this pair since the entry was pushed
-        j = right[i]
-        merged = symbols[i] + symbols[j]
-        symbols[i], symbols[j], pair_rank[j] = merged, None, None
-        k = right[j]
-        right[i] = k
-        if k < n:  # the new pair with the right neighbour
-            left[k] = i
-            new_rank = pair_rank[i] = get((merged, symbols[k]))
-            if new_rank is not None:
-                push(heap, new_rank * n + i)
-        else:
-            pair_rank[i] = None
-        h = left[i]
-        if h >= 0:  # the new pair with the left neighbour
-            new_rank = pair_rank[h] = get((symbols[h], merged))
-            if new_rank is not None:
-                push(heap, new_rank * n + h)
+    positions_of: dict[int, list[int]] = {}  # rank -> positions (left symbol) of its pair
+    for i, rank in enumerate(pair_rank):
+        if rank is not None:
+            positions_of.setdefault(rank, []).append(i)
+    waiting = list(positions_of)  # a heap of the ranks that have positions
+    heapq.heapify(waiting)
+
+    def add_pair(i: int, current: int) -> bool:
+        rank = pair_rank[i] = get((symbols[i], symbols[right[i]])) if right[i] < n else None
+        if rank is None:
+            return True
+        if rank <= current:  # only a table not made by training does this
+            return False
+        if rank not in positions_of:
+            positions_of[rank] = []
+            heapq.heappush(waiting, rank)
+        positions_of[rank].append(i)
+        return True
+
+    while waiting:
+        rank = heapq.heappop(waiting)
+        for i in sorted(positions_of.pop(rank)):  # left to right
+            if pair_rank[i] != rank:
+                continue  # out of date: a merge has changed this pair since
+            j = right[i]
+            symbols[i], symbols[j], pair_rank[j] = symbols[i] + symbols[j], None, None
+            right[i] = right[j]
+            if right[i] < n:
+                left[right[i]] = i
+            if not add_pair(i, rank) or (left[i] >= 0 and not add_pair(left[i], rank)):
+                return bpe_merge(original, ranks)
     return [symbol for symbol in symbols if symbol is not None]
 
 

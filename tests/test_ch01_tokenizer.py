@@ -358,6 +358,31 @@ def test_property_fast_merge_equals_the_simple_one(symbols, ranks):
     assert symbols == given_symbols  # the caller's list is left alone
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "ab", "é", "ba", "aa"]), min_size=1, max_size=40).map("".join),
+       st.lists(st.sampled_from(["a", "b", "é"]), max_size=60).map("".join), st.integers(257, 300))
+def test_property_fast_merge_equals_the_simple_one_on_trained_merges(training, word, vocab_size):
+    # Rank tables made by training: the fast path proper (no fall-back to the simple loop).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short texts run out of pairs
+        _, merges = train_bpe(training, vocab_size)
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    symbols = [bytes([b]) for b in word.encode("utf-8")]
+    assert bpe_merge_fast(symbols, ranks) == bpe_merge(symbols, ranks)
+
+
+def test_fast_merge_falls_back_for_a_table_not_made_by_training(monkeypatch):
+    # (ab, c) has a lower rank than (a, b), which makes 'ab': no trainer writes that.
+    ranks = {(b"ab", b"c"): 0, (b"a", b"b"): 1, (b"c", b"c"): 2}
+    symbols = [b"c", b"c", b"a", b"b", b"c"] * 3
+    import gpt2lib.tokenizer as module
+
+    calls = []
+    monkeypatch.setattr(module, "bpe_merge", lambda s, r: calls.append(1) or bpe_merge(s, r))
+    assert bpe_merge_fast(symbols, ranks) == bpe_merge(symbols, ranks)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("text", ["é" * 8000, "a" * 16000, "ab" * 5000 + " " + "\n" * 3000, "🤗" * 3000])
 def test_long_runs_match_tiktoken(text):
     # Each run is one pre-token: the heap merge handles it (the simple loop would take minutes).
