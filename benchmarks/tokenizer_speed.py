@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [("130 KB of English", english_text(0.13), 500, True)]
         if not args.skip_shakespeare:
             path = shakespeare_path(args.shakespeare)
-            jobs.append((f"Tiny Shakespeare ({path.name})", path.read_text(encoding="utf-8"), 10_000, False))
+            jobs.append(("Tiny Shakespeare", path.read_text(encoding="utf-8"), 10_000, False))
         print("\nTraining BPE, seconds, CPU / wall (one run each)")
         record["training"] = []
         for name, text, vocab_size, simple in jobs:

@@ -224,7 +224,9 @@ class BPETokenizer:
         The text is cut on the special tokens before it is split, so no merge crosses one.
         """
         specials = check_special_token_list(special_tokens)
-        if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size < 256 + len(specials):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+        if vocab_size < 256 + len(specials):
             raise ValueError(
                 f"vocab_size must be at least 256 + {len(specials)} (one token per byte plus the "
                 f"{len(specials)} special tokens), got {vocab_size}"

@@ -570,6 +570,10 @@ def test_train_rejects_small_vocab(size):
 def test_train_rejects_bad_types():
     with pytest.raises(TypeError, match="vocab_size must be an int, got float"):
         BPETokenizer.train("some text", 300.0)
+    with pytest.raises(TypeError, match="vocab_size must be an int, got str"):
+        BPETokenizer.train("some text", "300", special_tokens=[ENDOFTEXT])
+    with pytest.raises(TypeError, match="vocab_size must be an int, got bool"):
+        BPETokenizer.train("some text", True)
     with pytest.raises(TypeError, match="training text as a str, got bytes"):
         BPETokenizer.train(b"some text", 300)
     with pytest.raises(ValueError, match=r"at least 256 \+ 2 \(one token per byte plus the 2 special tokens\)"):
