@@ -672,6 +672,10 @@ def save_gpt2_files(tokenizer: BPETokenizer, folder: str | Path, overwrite: bool
         return "".join(char_of_byte[b] for b in token)
 
     encoder = {as_text(token): token_id for token, token_id in tokenizer.vocab.items()}
+    for special in tokenizer.special_tokens:
+        if special in encoder:
+            raise ValueError(f"the special token {special!r} is written like an ordinary token in encoder.json, "
+                             "so the files could not tell them apart; rename the special token")
     encoder.update(tokenizer.special_tokens)  # special tokens keep their own text, as in GPT-2's file
     encoder = dict(sorted(encoder.items(), key=lambda item: item[1]))
     folder.mkdir(parents=True, exist_ok=True)

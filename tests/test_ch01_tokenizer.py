@@ -629,6 +629,13 @@ def test_save_never_overwrites_without_asking(tok, tmp_path):
     assert (tmp_path / "vocab.bpe").read_bytes() == (DATA / "vocab.bpe").read_bytes()
 
 
+def test_save_refuses_a_special_token_spelled_like_a_token(tmp_path):
+    vocab = {bytes([b]): b for b in range(256)}
+    with pytest.raises(ValueError, match="'a' is written like an ordinary token"):
+        BPETokenizer(vocab, [], special_tokens={"a": 256}).save(tmp_path)
+    assert not (tmp_path / "encoder.json").exists()
+
+
 def test_load_refuses_broken_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="lacks encoder.json, vocab.bpe"):
         BPETokenizer.load(tmp_path)
