@@ -54,6 +54,43 @@ SPLIT_SAMPLES = [
 ]
 
 
+def _four_given() -> str:
+    """The four alternatives the exercise gives (GPT-2's pattern without its two whitespace ones)."""
+    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
+
+    return GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
+
+
+# Each mistake's function returns a pattern written with that mistake; the check recognises the
+# mistake by how the learner's pattern splits a probe text.
+SPLIT_MISTAKES = [
+    Mistake("no whitespace", "characters are lost: whitespace is matched by none of your alternatives. A tokenizer "
+            "must keep every character; add alternatives that match whitespace after the four given ones.",
+            _four_given),
+    Mistake("lookahead only", "characters are lost: some whitespace is matched but not all. A lookahead alone "
+            "cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
+            lambda: _four_given() + r"|\s+(?!\S)"),
+    Mistake("whitespace first", "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its "
+            "own. The regex tries alternatives from left to right, so keep the four given ones first and add the "
+            "whitespace alternatives after them.", lambda: r"\s+(?!\S)|\s+|" + _four_given()),
+    Mistake("no lookahead", "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' "
+            "loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
+            "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
+            lambda: _four_given() + r"|\s+"),
+    Mistake("single whitespace", "runs of whitespace are cut into single characters (for 'x  \\n' you get "
+            "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.", lambda: _four_given() + r"|\s"),
+]
+_SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
+    "whitespace first": ("x y", ["x", " ", "y"]),
+    "no lookahead": ("x   y", ["x", "   ", "y"]),
+    "single whitespace": ("x  \n", ["x", " ", " ", "\n"]),
+}
+
+
+def _split_mistake(name: str) -> Mistake:
+    return next(m for m in SPLIT_MISTAKES if m.name == name)
+
+
 def check_split_pattern(gpt2_split_pattern) -> None:
     """Exercise 1.1: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
@@ -85,41 +122,15 @@ def check_split_pattern(gpt2_split_pattern) -> None:
             )
         joined = "".join(pieces)
         if joined != text:
-            hint = "add alternatives that match whitespace after the four given ones"
-            if matches_whitespace:
-                hint = (
-                    "some whitespace is matched but not all: a lookahead alone cannot take a single "
-                    "newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative"
-                )
-            raise CheckFailed(
-                EX_SPLIT,
-                f"characters are lost: for {text!r} your pieces {pieces} join to {joined!r}. "
-                f"A tokenizer must keep every character; {hint}.",
-            )
+            mistake = _split_mistake("lookahead only" if matches_whitespace else "no whitespace")
+            raise CheckFailed(EX_SPLIT, f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})")
     for text in SPLIT_SAMPLES:
         pieces, expected = compiled.findall(text), reference.findall(text)
         if pieces == expected:
             continue
-        if compiled.findall("x y") == ["x", " ", "y"]:
-            raise CheckFailed(
-                EX_SPLIT,
-                "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its own. "
-                "The regex tries alternatives from left to right, so keep the four given ones first and "
-                "add the whitespace alternatives after them.",
-            )
-        if compiled.findall("x   y") == ["x", "   ", "y"]:
-            raise CheckFailed(
-                EX_SPLIT,
-                "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' loses its "
-                "leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
-                "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
-            )
-        if compiled.findall("x  \n") == ["x", " ", " ", "\n"]:
-            raise CheckFailed(
-                EX_SPLIT,
-                "runs of whitespace are cut into single characters (for 'x  \\n' you get "
-                "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
-            )
+        for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
+            if compiled.findall(probe) == wrong_pieces:
+                raise CheckFailed(EX_SPLIT, _split_mistake(name).message)
         raise CheckFailed(EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}.")
     passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
