@@ -204,7 +204,7 @@ class BPETokenizer:
         self.special_tokens = dict(special_tokens or {})  # text -> id
         self.pattern = pattern
         self.cache_limit = cache_limit
-        self._bytes_of_id = check_vocabulary(self.vocab, self.merges, self.special_tokens)  # id -> bytes
+        self._bytes_of_id = _check_vocabulary(self.vocab, self.merges, self.special_tokens)  # id -> bytes
         self.n_vocab = max(self._bytes_of_id) + 1
         self._splitter = regex.compile(pattern)
         self._single_bytes = [bytes([b]) for b in range(256)]
@@ -223,7 +223,7 @@ class BPETokenizer:
 
         The text is cut on the special tokens before it is split, so no merge crosses one.
         """
-        specials = check_special_token_list(special_tokens)
+        specials = _check_special_token_list(special_tokens)
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
             raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
         if vocab_size < 256 + len(specials):
@@ -284,12 +284,12 @@ class BPETokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
         allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
-        refuse_disallowed_special(text, disallowed)
+        _refuse_disallowed_special(text, disallowed)
         if not allowed:
             return self.encode_ordinary(text)
         ids: list[int] = []
         start = 0
-        for match in special_token_regex(allowed).finditer(text):
+        for match in _special_token_regex(allowed).finditer(text):
             ids.extend(self.encode_ordinary(text[start : match.start()]))
             ids.append(self.special_tokens[match.group()])
             start = match.end()
@@ -301,19 +301,19 @@ class BPETokenizer:
         """Yield the ids of the joined `chunks` (for example the lines of an open file), holding
         only a few pieces at a time; the ids are exactly those of `encode("".join(chunks))`."""
         allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
-        return encode_stream(self, chunks, allowed, disallowed)  # section 9
+        return _encode_stream(self, chunks, allowed, disallowed)  # section 9
 
     def _special_sets(self, allowed_special, disallowed_special) -> tuple[set[str], set[str]]:
-        allowed = special_set(self.special_tokens, allowed_special, "allowed_special")
+        allowed = _special_set(self.special_tokens, allowed_special, "allowed_special")
         if isinstance(disallowed_special, str) and disallowed_special == "all":
             return allowed, set(self.special_tokens) - allowed
-        return allowed, special_set(self.special_tokens, disallowed_special, "disallowed_special", known_only=False)
+        return allowed, _special_set(self.special_tokens, disallowed_special, "disallowed_special", known_only=False)
 
     # ----------------------------------------------------------------- decoding
 
     def decode_single_token_bytes(self, token_id: int) -> bytes:
         """The bytes of one token (special tokens give their text as UTF-8); tiktoken's name."""
-        return lookup_token(self._bytes_of_id, token_id, position=None)
+        return _lookup_token(self._bytes_of_id, token_id, position=None)
 
     @property
     def eot_token(self) -> int | None:
@@ -330,7 +330,7 @@ class BPETokenizer:
             # Fast path for plain ints; anything else (bools, floats, numpy or torch
             # integers, out-of-range ids) goes through the careful lookup.
             piece = table.get(token_id) if type(token_id) is int else None
-            pieces.append(piece if piece is not None else lookup_token(table, token_id, position))
+            pieces.append(piece if piece is not None else _lookup_token(table, token_id, position))
         return b"".join(pieces)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -348,7 +348,7 @@ class BPETokenizer:
 
         special_tokens: their text; each takes the id whose bytes equal its UTF-8, or else the
         next free id."""
-        return from_vocab_and_merges(cls, vocab, merges, special_tokens, pattern)
+        return _from_vocab_and_merges(cls, vocab, merges, special_tokens, pattern)
 
     def save(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write encoder.json and vocab.bpe, GPT-2's own files, into `folder`."""
@@ -361,7 +361,7 @@ class BPETokenizer:
         return cls(vocab, merges, special_tokens=special_tokens, pattern=pattern)
 
 
-def check_special_token_list(special_tokens: Iterable[str]) -> list[str]:
+def _check_special_token_list(special_tokens: Iterable[str]) -> list[str]:
     """The special tokens as a list; refuses non-strings, empty strings and repeats."""
     if isinstance(special_tokens, str) or not isinstance(special_tokens, Iterable):
         raise TypeError("special_tokens must be a list of strings, for example ['<|endoftext|>']")
@@ -379,7 +379,7 @@ def check_special_token_list(special_tokens: Iterable[str]) -> list[str]:
     return specials
 
 
-def check_vocabulary(vocab: dict[bytes, int], merges: list[tuple[bytes, bytes]],
+def _check_vocabulary(vocab: dict[bytes, int], merges: list[tuple[bytes, bytes]],
                      special_tokens: dict[str, int]) -> dict[int, bytes]:
     """Refuse a vocabulary that cannot encode every text; return id -> bytes for decoding."""
     missing = [b for b in range(256) if bytes([b]) not in vocab]
@@ -398,7 +398,7 @@ def check_vocabulary(vocab: dict[bytes, int], merges: list[tuple[bytes, bytes]],
     if len(bytes_of_id) < len(vocab):
         shared = Counter(vocab.values()).most_common(1)[0][0]
         raise ValueError(f"id {shared} is given to more than one token; every token needs its own id")
-    check_special_token_list(special_tokens)
+    _check_special_token_list(special_tokens)
     for name, token_id in special_tokens.items():
         if token_id in bytes_of_id:
             raise ValueError(f"special token {name!r} has id {token_id}, which another token already uses")
@@ -406,7 +406,7 @@ def check_vocabulary(vocab: dict[bytes, int], merges: list[tuple[bytes, bytes]],
     return bytes_of_id
 
 
-def special_set(special_tokens: dict[str, int], value, name: str, known_only: bool = True) -> set[str]:
+def _special_set(special_tokens: dict[str, int], value, name: str, known_only: bool = True) -> set[str]:
     """`allowed_special` or `disallowed_special` as a set of strings: "all" or a set."""
     if isinstance(value, str):
         if value == "all":
@@ -425,7 +425,7 @@ def special_set(special_tokens: dict[str, int], value, name: str, known_only: bo
     return chosen
 
 
-def refuse_disallowed_special(text: str, disallowed: set[str]) -> None:
+def _refuse_disallowed_special(text: str, disallowed: set[str]) -> None:
     for special in disallowed:
         if special in text:
             raise ValueError(
@@ -435,12 +435,12 @@ def refuse_disallowed_special(text: str, disallowed: set[str]) -> None:
             )
 
 
-def special_token_regex(specials: Iterable[str]) -> regex.Pattern:
+def _special_token_regex(specials: Iterable[str]) -> regex.Pattern:
     # Longest first, so that a special token that contains another one wins.
     return regex.compile("|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
-def lookup_token(bytes_of_id: dict[int, bytes], token_id, position: int | None) -> bytes:
+def _lookup_token(bytes_of_id: dict[int, bytes], token_id, position: int | None) -> bytes:
     """The bytes of one id, or a TypeError / ValueError that names the id and its position."""
     where = "" if position is None else f" at position {position}"
     if isinstance(token_id, bool):
@@ -546,7 +546,7 @@ def train_bpe(text: str, vocab_size: int, pattern: str | None = None,
             f"vocab_size must be at least 256 (one token per byte, so that any text can be "
             f"encoded), got {vocab_size}"
         )
-    pieces = pretokenize(text, pattern, check_special_token_list(special_tokens))
+    pieces = pretokenize(text, pattern, _check_special_token_list(special_tokens))
     words = [list(piece.encode("utf-8")) for piece in pieces]  # each word as a list of token ids
     counts = list(pieces.values())
     token_bytes = [bytes([b]) for b in range(256)]  # id -> bytes
@@ -611,7 +611,7 @@ def train_bpe(text: str, vocab_size: int, pattern: str | None = None,
     return id_of, merges
 
 
-def encode_stream(tokenizer: BPETokenizer, chunks: Iterable[str], allowed: set[str],
+def _encode_stream(tokenizer: BPETokenizer, chunks: Iterable[str], allowed: set[str],
                   disallowed: set[str]) -> Iterator[int]:
     """The generator behind `BPETokenizer.encode_iterable`."""
     if isinstance(chunks, (str, bytes)) or not isinstance(chunks, Iterable):
@@ -623,13 +623,13 @@ def encode_stream(tokenizer: BPETokenizer, chunks: Iterable[str], allowed: set[s
     def stream() -> Iterator[int]:
         # A special token may start in one chunk and end in the next: keep its length - 1 chars.
         keep = max(map(len, allowed | disallowed), default=1) - 1
-        specials = special_token_regex(allowed) if allowed else None
+        specials = _special_token_regex(allowed) if allowed else None
         buffer = ""
         for position, chunk in enumerate(chunks):
             if not isinstance(chunk, str):
                 raise TypeError(f"encode_iterable takes str items; item {position} is {type(chunk).__name__} {chunk!r:.40}")
             buffer += chunk
-            refuse_disallowed_special(buffer, disallowed)
+            _refuse_disallowed_special(buffer, disallowed)
             limit = len(buffer) - keep  # nothing from here on is final yet
             start, stop = 0, len(buffer)
             ids: list[int] = []
@@ -730,12 +730,12 @@ def read_gpt2_files(folder: str | Path) -> tuple[dict[bytes, int], list[tuple[by
     return vocab, merges, special_tokens
 
 
-def from_vocab_and_merges(cls, vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]],
+def _from_vocab_and_merges(cls, vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]],
                           special_tokens: Iterable[str] | None, pattern: str) -> BPETokenizer:
     """The work of `BPETokenizer.from_vocab_and_merges` (id -> bytes, merges, special tokens)."""
     if not isinstance(vocab, dict):
         raise TypeError(f"vocab must be a dict of id -> bytes, got {type(vocab).__name__}")
-    specials = check_special_token_list(special_tokens or [])
+    specials = _check_special_token_list(special_tokens or [])
     id_of: dict[bytes, int] = {}
     for token_id, token in vocab.items():
         if isinstance(token_id, bool) or not isinstance(token_id, int) or not isinstance(token, bytes):
