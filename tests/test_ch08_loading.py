@@ -201,9 +201,9 @@ def test_wrong_shape_is_named_with_both_shapes(tmp_path):
 
 def test_config_that_disagrees_with_the_weights_is_refused(tmp_path):
     folder = write_hub_checkpoint(tmp_path, **SMALL)
-    config = json.loads((folder / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config["n_layer"] = 3
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(CheckpointError, match=r"missing keys: h\.2\."):
         from_pretrained(folder, device="cpu")
 
@@ -227,16 +227,16 @@ def test_corrupt_file_is_refused(tmp_path, content):
 
 def test_bad_config_json_is_refused(tmp_path):
     folder = write_hub_checkpoint(tmp_path, **SMALL)
-    (folder / "config.json").write_text("{ nope")
+    (folder / "config.json").write_text("{ nope", encoding="utf-8")
     with pytest.raises(CheckpointError, match="not a readable JSON config"):
         from_pretrained(folder, device="cpu")
 
 
 def test_non_gpt2_config_is_refused(tmp_path):
     folder = write_hub_checkpoint(tmp_path, **SMALL)
-    config = json.loads((folder / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config["model_type"] = "llama"
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(CheckpointError, match="model_type must be 'gpt2'"):
         from_pretrained(folder, device="cpu")
 
