@@ -15,7 +15,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, Mistake, call_learner, close, expect_tensor, first_mistake, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_MERGE = "Exercise 4.1 (merge_linear_layers)"
 EX_FIT = "Exercise 4.2 (best_fit_error)"
