@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from gpt2lib.attention import CausalSelfAttention
 from gpt2lib.block import Block, LayerNorm
 from gpt2lib.checks import CheckFailed
+from gpt2lib.checks._core import NotDoneYet
 from gpt2lib.checks import block as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.mlp import MLP
@@ -545,7 +546,7 @@ def test_check_block_explains_names_shared_norms_and_stubs():
             super().__init__()
             self.ln_1 = StubLayerNorm(config.n_embd)
 
-    with pytest.raises(CheckFailed, match=r"not done yet.*Exercise 5\.1 \(LayerNorm\)"):
+    with pytest.raises(NotDoneYet, match=r"not done yet.*Exercise 5\.1 \(LayerNorm\)"):
         checks.check_block(BlockOnStub)
 
     class StubForward(Block):

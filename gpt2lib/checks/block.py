@@ -334,7 +334,7 @@ def _make_block(exercise, Block, *args, **kwargs):
     except CheckFailed as failure:
         cause = failure.__context__
         if isinstance(cause, NotImplementedError) and str(cause):
-            raise CheckFailed(
+            raise NotDoneYet(
                 exercise,
                 f"not done yet: building the block raised NotImplementedError('{cause}'). "
                 "Finish that exercise, run its cell and the Block cell, then run this check again.",
