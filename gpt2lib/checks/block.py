@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from gpt2lib.checks._core import (
     CheckFailed,
     Mistake,
+    NotDoneYet,
     call_learner,
     close,
     expect_tensor,
