@@ -261,9 +261,14 @@ def test_check_layer_norm_module_passes_correct_answers(capsys):
         def forward(self, x):
             return correct_layer_norm(x, self.weight, self.bias, self.eps)
 
+    class SubclassOfTorch(nn.LayerNorm):
+        def __init__(self, n_embd, eps=1e-5):
+            super().__init__(n_embd, eps=eps)
+
     checks.check_layer_norm_module(LayerNorm)
     checks.check_layer_norm_module(FromScratch)
-    assert capsys.readouterr().out.count("✅ Exercise 5.1 (LayerNorm) passed") == 2
+    checks.check_layer_norm_module(SubclassOfTorch)
+    assert capsys.readouterr().out.count("✅ Exercise 5.1 (LayerNorm) passed") == 3
 
 
 def planted_module(names=("weight", "bias"), parameters=True, init=(1.0, 0.0), eps_default=1e-5,
@@ -301,6 +306,15 @@ def test_check_layer_norm_module_names_each_planted_mistake(name):
     kwargs, phrase = WRONG_MODULES[name]
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_layer_norm_module(planted_module(**kwargs))
+
+
+def test_check_layer_norm_module_names_a_wrong_forward_signature():
+    class TakesEps(LayerNorm):
+        def forward(self, x, eps):
+            return super().forward(x)
+
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_layer_norm_module(TakesEps)
 
 
 def test_check_layer_norm_module_explains_stubs():
