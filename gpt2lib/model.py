@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from gpt2lib.attention import Conv1D
 from gpt2lib.block import Block, LayerNorm
 from gpt2lib.config import GPT2Config
+from gpt2lib.embeddings import check_token_ids, position_ids
 
 
 # torch.compiler.is_compiling arrived in torch 2.3; on 2.2 nothing here is compiled anyway
@@ -55,6 +56,12 @@ class GPT2(nn.Module):
 
     def __init__(self, config: GPT2Config, block_cls=Block):
         super().__init__()
+        if not isinstance(config, GPT2Config):
+            raise TypeError(
+                f"GPT2 needs a GPT2Config, got {type(config).__name__}: build one with "
+                "GPT2Config(n_layer=..., ...) or GPT2Config.from_name('gpt2') "
+                "(from gpt2lib import GPT2Config)"
+            )
         self.config = config
         self.wte = _embedding(config.vocab_size, config.n_embd)  # (V, C), also the readout
         self.wpe = _embedding(config.n_positions, config.n_embd)  # (n_positions, C)
@@ -114,54 +121,23 @@ class GPT2(nn.Module):
 
         return run_with_cache(self, idx, **kwargs)
 
-    def _check_ids(self, idx):
-        """Reject input that would fail deep inside nn.Embedding, or silently go wrong."""
-        if not isinstance(idx, torch.Tensor):
-            raise TypeError(
-                f"idx must be a torch.Tensor of token ids with shape (B, T), got "
-                f"{type(idx).__name__}; for a list of ids use torch.tensor([ids])"
-            )
-        if idx.dtype not in (torch.long, torch.int32):
-            raise TypeError(
-                f"idx must hold integer token ids (torch.long), got dtype {idx.dtype}; "
-                "convert with idx.long()"
-            )
-        if idx.dim() != 2:
-            raise ValueError(
-                f"idx must be 2-D with shape (B, T), got shape {tuple(idx.shape)}; "
-                "for a single sequence of shape (T,) use idx[None]"
-            )
-        if idx.shape[0] == 0 or idx.shape[1] == 0:
-            raise ValueError(
-                f"idx of shape {tuple(idx.shape)} holds no tokens; give at least one sequence "
-                "(B >= 1) of at least one token (T >= 1)"
-            )
-        if _is_compiling():
-            return  # reading values forces a graph break; eager calls have checked them
-        low, high = (int(v) for v in torch.aminmax(idx))
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"token id {bad} is outside the vocabulary: ids must be in "
-                f"[0, {self.config.vocab_size}) (vocab_size={self.config.vocab_size})"
-            )
-
     def forward(self, idx, kv_cache=None, last_only=False):
         """idx: (B, T) token ids -> logits (B, T, vocab_size), or (B, 1, vocab_size) if last_only.
 
         With a kv_cache (gpt2lib.kvcache, chapter 9) the tokens continue the cached ones:
         their positions start at kv_cache.length, and the cache advances by T at the end.
         """
-        self._check_ids(idx)
-        T = idx.shape[1]
         past = 0 if kv_cache is None else kv_cache.length
-        if past + T > self.config.n_positions:
-            raise ValueError(
-                f"sequence of {past + T} tokens ({past} cached + {T} new) is longer than the "
-                f"model's context of {self.config.n_positions} tokens (n_positions); "
-                "crop the input to the last n_positions tokens"
-            )
-        positions = torch.arange(past, past + T, device=idx.device)  # (T,)
+        if not _is_compiling():  # reading the ids' values would break a compiled graph; the
+            # eager call that starts a compiled generation has checked them
+            check_token_ids(idx, self.config, past)  # chapter 2: type, shape, vocabulary, context
+            if idx.numel() == 0:
+                raise ValueError(
+                    f"idx of shape {tuple(idx.shape)} holds no tokens; give at least one sequence "
+                    "(B >= 1) of at least one token (T >= 1)"
+                )
+        T = idx.shape[1]
+        positions = position_ids(T, past, device=idx.device)  # (T,): past, ..., past + T - 1
         x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, C)
         if kv_cache is None:
             for block in self.h:  # a learner's block may not take a kv_cache argument

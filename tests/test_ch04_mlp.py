@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -133,7 +134,97 @@ def test_mlp_matches_hugging_face_and_an_erf_gelu_does_not():
         assert (with_erf - want).abs().max().item() > 1e-4
 
 
-# --------------------------------------------------------------------------- check_gelu_tanh
+# --------------------------------------------------------------------------- Exercise 4.1
+
+
+def right_merge(W1, b1, W2, b2):
+    return W1 @ W2, b1 @ W2 + b2
+
+
+def test_check_merge_passes_correct_answers_in_any_style(capsys):
+    checks.check_merge_linear_layers(right_merge)
+    checks.check_merge_linear_layers(
+        lambda W1, b1, W2, b2: (torch.einsum("ch,hd->cd", W1, W2).double(), torch.addmv(b2, W2.T, b1)))
+    checks.check_merge_linear_layers(lambda W1, b1, W2, b2: [W1 @ W2, (b1[None] @ W2)[0] + b2])
+    assert capsys.readouterr().out.count("✅ Exercise 4.1") == 3
+
+
+def test_a_merge_is_really_one_layer():
+    torch.manual_seed(0)
+    fc, proj = Conv1D(4, 16), Conv1D(16, 4)
+    W, b = right_merge(fc.weight, fc.bias, proj.weight, proj.bias)
+    x = torch.randn(2, 3, 4)
+    assert torch.allclose(x @ W + b, proj(fc(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("mistake", checks.MERGE_MISTAKES, ids=lambda m: m.name)
+def test_check_merge_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_merge_linear_layers(mistake.fn)
+
+
+def test_check_merge_explains_the_form_of_the_answer():
+    with pytest.raises(CheckFailed, match=r"return two tensors, \(W, b\)"):
+        checks.check_merge_linear_layers(lambda W1, b1, W2, b2: W1 @ W2)
+    with pytest.raises(CheckFailed, match="should be a torch.Tensor"):
+        checks.check_merge_linear_layers(lambda W1, b1, W2, b2: ((W1 @ W2).tolist(), b2))
+    with pytest.raises(CheckFailed, match="your b is wrong"):
+        checks.check_merge_linear_layers(lambda W1, b1, W2, b2: (W1 @ W2, 2 * b2))
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_merge_linear_layers(lambda W1, W2: None)
+
+
+# --------------------------------------------------------------------------- Exercise 4.2
+
+
+def right_fit(x, y, W1, b1, activation=lambda h: F.gelu(h, approximate="tanh")):
+    hidden = activation(x @ W1 + b1)
+    W2 = torch.linalg.lstsq(hidden, y).solution
+    return ((hidden @ W2 - y) ** 2).mean().item()
+
+
+def test_check_fit_passes_correct_answers_in_any_style(capsys):
+    checks.check_best_fit_error(right_fit)
+
+    def with_pinv(x, y, W1, b1, activation=None):  # another solver, a tensor result
+        hidden = activation(x @ W1 + b1)
+        return F.mse_loss(hidden @ torch.linalg.pinv(hidden) @ y, y)
+
+    checks.check_best_fit_error(with_pinv)
+    assert capsys.readouterr().out.count("✅ Exercise 4.2") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.FIT_MISTAKES, ids=lambda m: m.name)
+def test_check_fit_names_each_planted_mistake(mistake):
+    def planted(x, y, W1, b1, activation=None):
+        return mistake.fn(x, y, W1, b1, activation)
+
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_best_fit_error(planted)
+
+
+def test_check_fit_explains_other_answers():
+    with pytest.raises(CheckFailed, match="return the error as one number"):
+        checks.check_best_fit_error(lambda x, y, W1, b1, activation=None: "small")
+    with pytest.raises(CheckFailed, match="the best fit's mean squared error is"):
+        checks.check_best_fit_error(lambda x, y, W1, b1, activation=None: 1.5 * right_fit(x, y, W1, b1, activation))
+
+
+def test_a_wider_hidden_layer_fits_better_only_with_an_activation():
+    x = torch.linspace(-3, 3, 256, dtype=torch.float64)[:, None]
+    y = torch.sin(3 * x) + 0.5 * x
+    gen = torch.Generator().manual_seed(0)
+    errors, linear = [], []
+    for H in (4, 16, 64):
+        W1 = torch.randn(1, H, generator=gen, dtype=torch.float64) * 2
+        b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 3
+        errors.append(right_fit(x, y, W1, b1))
+        linear.append(right_fit(x, y, W1, b1, activation=lambda h: h))
+    assert errors[0] > errors[1] > errors[2]
+    assert linear[0] == pytest.approx(linear[2], rel=1e-6)
+
+
+# --------------------------------------------------------------------------- Exercise 4.3: gelu_tanh
 
 
 def test_check_gelu_tanh_passes_the_reference_and_other_correct_answers(capsys):
@@ -142,29 +233,21 @@ def test_check_gelu_tanh_passes_the_reference_and_other_correct_answers(capsys):
     checks.check_gelu_tanh(
         lambda x: x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))
     )
-    assert capsys.readouterr().out.count("✅ Exercise 4.1 (gelu_tanh) passed") == 3
+    checks.check_gelu_tanh(lambda x: nn.GELU(approximate="tanh")(x))
+    assert capsys.readouterr().out.count("✅ Exercise 4.3 (gelu_tanh) passed") == 4
 
 
-SQ = math.sqrt(2 / math.pi)
-
-WRONG_GELUS = {
-    "erf": (lambda x: F.gelu(x), "exact GELU"),
-    "nn.GELU": (lambda x: nn.GELU()(x), "exact GELU"),
-    "relu": (lambda x: torch.relu(x), "ReLU"),
-    "no cubic": (lambda x: 0.5 * x * (1 + torch.tanh(SQ * x)), "0.044715·x³ term is missing"),
-    "square": (lambda x: 0.5 * x * (1 + torch.tanh(SQ * (x + 0.044715 * x**2))), "must be cubic"),
-    "2/pi": (lambda x: 0.5 * x * (1 + torch.tanh(2 / math.pi * (x + 0.044715 * x**3))), "not 2/π"),
-    "no half": (lambda x: x * (1 + torch.tanh(SQ * (x + 0.044715 * x**3))), "factor 0.5"),
-    "sigmoid": (lambda x: x * torch.sigmoid(1.702 * x), "sigmoid approximation"),
-    "typo": (lambda x: 0.5 * x * (1 + torch.tanh(SQ * (x + 0.04715 * x**3))), "wrong value at x"),
-}
+@pytest.mark.parametrize("mistake", checks.GELU_MISTAKES, ids=lambda m: m.name)
+def test_check_gelu_tanh_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_gelu_tanh(mistake.fn)
 
 
-@pytest.mark.parametrize("name", WRONG_GELUS)
-def test_check_gelu_tanh_names_each_planted_mistake(name):
-    wrong, phrase = WRONG_GELUS[name]
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_gelu_tanh(wrong)
+def test_check_gelu_tanh_names_nn_gelu_and_unknown_constants():
+    with pytest.raises(CheckFailed, match="exact GELU"):
+        checks.check_gelu_tanh(lambda x: nn.GELU()(x))
+    with pytest.raises(CheckFailed, match="wrong value at x"):
+        checks.check_gelu_tanh(lambda x: gelu_tanh(x) + 1e-3 * x)
 
 
 def test_check_gelu_tanh_catches_in_place_changes_shapes_types_and_stubs():
@@ -175,156 +258,22 @@ def test_check_gelu_tanh_catches_in_place_changes_shapes_types_and_stubs():
 
     with pytest.raises(CheckFailed, match="changed its input tensor in place"):
         checks.check_gelu_tanh(in_place)
-    with pytest.raises(CheckFailed, match="must have the input's shape"):
+    with pytest.raises(CheckFailed, match="keep the input's shape"):
         checks.check_gelu_tanh(lambda x: gelu_tanh(x).flatten())
-    with pytest.raises(CheckFailed, match="should return a torch.Tensor"):
+    with pytest.raises(CheckFailed, match="should be a torch.Tensor"):
         checks.check_gelu_tanh(lambda x: gelu_tanh(x).tolist())
     with pytest.raises(CheckFailed, match="float32 input should give a float32 output"):
         checks.check_gelu_tanh(lambda x: gelu_tanh(x.double()))
+    with pytest.raises(CheckFailed, match="contains NaN"):
+        checks.check_gelu_tanh(lambda x: gelu_tanh(x) / (x != 0))
 
     def stub(x):
-        raise NotImplementedError("Exercise 4.1: replace this line with your code")
+        raise NotImplementedError("Exercise 4.3: replace this line with your code")
 
     with pytest.raises(CheckFailed, match="not done yet"):
         checks.check_gelu_tanh(stub)
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_gelu_tanh(lambda x, approximate: gelu_tanh(x))
-
-
-# --------------------------------------------------------------------------- parameter count
-
-
-def test_check_mlp_parameter_count_passes_a_correct_formula(capsys):
-    checks.check_mlp_parameter_count(lambda n: 8 * n * n + 5 * n)
-
-    def count_a_real_module(n_embd):
-        with torch.device("meta"):  # shapes only, no memory
-            mlp = MLP(GPT2Config(n_embd=n_embd, n_head=1))
-        return sum(p.numel() for p in mlp.parameters())
-
-    checks.check_mlp_parameter_count(count_a_real_module)
-    assert capsys.readouterr().out.count("✅ Exercise 4.2") == 2
-
-
-WRONG_COUNTS = {
-    "no biases": (lambda n: 8 * n * n, "left out both biases"),
-    "no c_proj bias": (lambda n: 8 * n * n + 4 * n, "bias of c_proj"),
-    "no c_fc bias": (lambda n: 8 * n * n + n, "bias of c_fc"),
-    "both biases 4n": (lambda n: 8 * n * n + 8 * n, "you gave both 4·n_embd"),
-    "both biases n": (lambda n: 8 * n * n + 2 * n, "you gave both n_embd"),
-    "no expansion": (lambda n: 2 * n * n + 2 * n, "no expansion"),
-    "only c_fc": (lambda n: 4 * n * n + 4 * n, "counted only c_fc"),
-    "only c_proj": (lambda n: 4 * n * n + n, "counted only c_proj"),
-    "3x expansion": (lambda n: 6 * n * n + 4 * n, "expected 4,722,432 parameters"),
-    "a string": (lambda n: "4722432", "should return an int"),
-}
-
-
-@pytest.mark.parametrize("name", WRONG_COUNTS)
-def test_check_mlp_parameter_count_names_each_planted_mistake(name):
-    wrong, phrase = WRONG_COUNTS[name]
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_mlp_parameter_count(wrong)
-
-
-# --------------------------------------------------------------------------- check_mlp
-
-
-def make_mlp(activation=lambda h: F.gelu(h, approximate="tanh"), placement="between",
-             hidden_factor=4, linear=False, names=("c_fc", "c_proj"), dropout="output"):
-    """An MLP class with one planted mistake (or none, with the defaults)."""
-
-    class PlantedMLP(nn.Module):
-        def __init__(self, config):
-            super().__init__()
-            C, H = config.n_embd, hidden_factor * config.n_embd
-            make = (lambda i, o: nn.Linear(i, o)) if linear else Conv1D
-            setattr(self, names[0], make(C, H))
-            setattr(self, names[1], make(H, C))
-            self.p = config.resid_pdrop
-            self.dropout = nn.Dropout(0.1 if dropout == "fixed" else config.resid_pdrop)
-
-        def forward(self, x):
-            fc, proj = getattr(self, names[0]), getattr(self, names[1])
-            h = fc(x)
-            if dropout == "hidden":
-                h = self.dropout(h)
-            if placement == "between":
-                y = proj(activation(h))
-            elif placement == "after":
-                y = activation(proj(h))
-            elif placement == "none":
-                y = proj(h)
-            elif placement == "twice":
-                y = activation(proj(activation(h)))
-            if dropout in ("output", "fixed"):
-                y = self.dropout(y)
-            elif dropout == "always":
-                y = F.dropout(y, self.p)
-            return y
-
-    return PlantedMLP
-
-
-def test_check_mlp_passes_the_reference_and_other_correct_answers(capsys):
-    checks.check_mlp(MLP)
-    checks.check_mlp(make_mlp())
-    checks.check_mlp(make_mlp(activation=gelu_tanh))
-    assert capsys.readouterr().out.count("✅ Exercise 4.3 (MLP) passed") == 3
-
-
-WRONG_MLPS = {
-    "erf gelu": (dict(activation=F.gelu), "exact GELU"),
-    "relu": (dict(activation=torch.relu), "ReLU"),
-    "no cubic": (dict(activation=lambda h: 0.5 * h * (1 + torch.tanh(SQ * h))),
-                 "0.044715·x³ term is missing"),
-    "activation after c_proj": (dict(placement="after"), "activation comes after c_proj"),
-    "no activation": (dict(placement="none"), "no activation between c_fc and c_proj"),
-    "activation twice": (dict(placement="twice"), "GELU is applied twice"),
-    "no expansion": (dict(hidden_factor=1), r"should be \(8, 32\).*4x expansion"),
-    "2x expansion": (dict(hidden_factor=2), r"should be \(8, 32\)"),
-    "nn.Linear": (dict(linear=True), r"stored \[out, in\] like nn.Linear"),
-    "wrong names": (dict(names=("fc", "proj")), "no layer called `c_fc`"),
-    "no dropout": (dict(dropout="none"), "no dropout in training mode"),
-    "dropout in eval": (dict(dropout="always"), "dropout is still on"),
-    "dropout on hidden": (dict(dropout="hidden"), "about half of the outputs should be dropped"),
-    "fixed dropout rate": (dict(dropout="fixed"), "not with a fixed rate"),
-}
-
-
-@pytest.mark.parametrize("name", WRONG_MLPS)
-def test_check_mlp_names_each_planted_mistake(name):
-    kwargs, phrase = WRONG_MLPS[name]
-    with pytest.raises(CheckFailed, match=phrase):
-        checks.check_mlp(make_mlp(**kwargs))
-
-
-def test_check_mlp_explains_stubs_wrong_outputs_and_non_modules():
-    class Stub(nn.Module):
-        def __init__(self, config):
-            super().__init__()
-            raise NotImplementedError("Exercise 4.3: replace this line with your code")
-
-    with pytest.raises(CheckFailed, match="not done yet"):
-        checks.check_mlp(Stub)
-
-    class Shrinks(make_mlp()):
-        def forward(self, x):
-            return super().forward(x)[..., :4]
-
-    with pytest.raises(CheckFailed, match=r"must map \(B, T, n_embd\) to \(B, T, n_embd\)"):
-        checks.check_mlp(Shrinks)
-
-    class Scaled(make_mlp()):
-        def forward(self, x):
-            return 2 * super().forward(x)
-
-    with pytest.raises(CheckFailed, match=r"not c_proj\(gelu_tanh\(c_fc\(x\)\)\)"):
-        checks.check_mlp(Scaled)
-    with pytest.raises(CheckFailed, match="should make an nn.Module"):
-        checks.check_mlp(lambda config: "an MLP")
-    with pytest.raises(CheckFailed, match="Keep the signature"):
-        checks.check_mlp(lambda: None)
 
 
 def test_check_gelu_tanh_explains_math_functions_on_tensors():
@@ -333,3 +282,145 @@ def test_check_gelu_tanh_explains_math_functions_on_tensors():
 
     with pytest.raises(CheckFailed, match="Use torch.tanh for the tensor"):
         checks.check_gelu_tanh(with_math_tanh)
+
+
+# --------------------------------------------------------------------------- Exercise 4.3: MLP
+
+
+class GoodMLP(nn.Module):
+    """A correct answer; subclasses replace `compute` to plant one mistake."""
+
+    hidden_factor, layer, dropout_where = 4, Conv1D, "output"
+
+    def __init__(self, config):
+        super().__init__()
+        C, H = config.n_embd, self.hidden_factor * config.n_embd
+        self.c_fc = self.layer(C, H)
+        self.c_proj = self.layer(H, C)
+        self.p = config.resid_pdrop
+        self.dropout = nn.Dropout(0.1 if self.dropout_where == "fixed" else config.resid_pdrop)
+
+    def compute(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+    def forward(self, x):
+        if self.dropout_where == "hidden":
+            return self.c_proj(F.gelu(self.dropout(self.c_fc(x)), approximate="tanh"))
+        y = self.compute(x)
+        if self.dropout_where in ("output", "fixed"):
+            y = self.dropout(y)
+        elif self.dropout_where == "always":
+            y = F.dropout(y, self.p)
+        return y
+
+
+def planted(**attributes):
+    return type("PlantedMLP", (GoodMLP,), attributes)
+
+
+class LinearMLP(nn.Module):
+    """A correct MLP from torch's own layers: nn.Linear, nn.GELU, nn.Dropout, and .view reshapes
+    done right (reshape)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.act = nn.GELU(approximate="tanh")
+        self.drop = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        flat = x.reshape(B * T, C)
+        return self.drop(self.c_proj(self.act(self.c_fc(flat)))).reshape(B, T, C)
+
+
+class SubclassedConv1D(Conv1D):
+    pass
+
+
+def test_check_mlp_passes_the_reference_and_other_correct_answers(capsys):
+    checks.check_mlp(MLP)
+    checks.check_mlp(GoodMLP)
+    checks.check_mlp(planted(compute=lambda self, x: self.c_proj(gelu_tanh(self.c_fc(x)))))
+    checks.check_mlp(planted(layer=SubclassedConv1D))
+    checks.check_mlp(LinearMLP)
+    out = capsys.readouterr().out
+    assert out.count("✅ Exercise 4.3 (MLP) passed") == 5
+    assert "nn.Linear, which store weights [out, in]" in out  # the note for LinearMLP
+
+
+@pytest.mark.parametrize("mistake", checks.MLP_MISTAKES, ids=lambda m: m.name)
+def test_check_mlp_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_mlp(planted(compute=lambda self, x: mistake.fn(self, x)))
+
+
+@pytest.mark.parametrize("attributes, phrase", [
+    (dict(hidden_factor=1), r"maps 8 to 32 numbers.*4x expansion"),
+    (dict(hidden_factor=2), r"maps 8 to 32 numbers"),
+    (dict(dropout_where="none"), "no dropout in training mode"),
+    (dict(dropout_where="always"), "dropout is still on"),
+    (dict(dropout_where="hidden"), "about half of the outputs should be dropped"),
+    (dict(dropout_where="fixed"), "not with a fixed rate"),
+])
+def test_check_mlp_names_structural_mistakes(attributes, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_mlp(planted(**attributes))
+
+
+def test_check_mlp_names_a_view_of_a_non_contiguous_input():
+    class Viewing(GoodMLP):
+        def compute(self, x):
+            B, T, C = x.shape
+            return super().compute(x.view(B * T, C)).view(B, T, C)
+
+    with pytest.raises(CheckFailed, match="non-contiguous input.*Use .reshape instead of .view"):
+        checks.check_mlp(Viewing)
+
+
+def test_check_mlp_names_a_weight_stored_the_wrong_way_round():
+    class Transposed(GoodMLP):
+        def __init__(self, config):
+            super().__init__(config)
+            self.c_fc.weight = nn.Parameter(self.c_fc.weight.T.clone())
+
+        def compute(self, x):
+            return self.c_proj(gelu_tanh(x @ self.c_fc.weight.T + self.c_fc.bias))
+
+    with pytest.raises(CheckFailed, match=r"stored \[out, in\] but used as"):
+        checks.check_mlp(Transposed)
+
+
+def test_check_mlp_explains_stubs_names_signatures_and_non_modules():
+    class Stub(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            raise NotImplementedError("Exercise 4.3: replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_mlp(Stub)
+    with pytest.raises(CheckFailed, match=r"c_proj must bring the 4·n_embd hidden values back"):
+        checks.check_mlp(planted(compute=lambda self, x: F.gelu(self.c_fc(x))))
+    with pytest.raises(CheckFailed, match=r"not c_proj\(gelu_tanh\(c_fc\(x\)\)\)"):
+        checks.check_mlp(planted(compute=lambda self, x: 2 * GoodMLP.compute(self, x)))
+    with pytest.raises(CheckFailed, match="should make an nn.Module"):
+        checks.check_mlp(lambda config: "an MLP")
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_mlp(lambda: None)
+
+    class Renamed(GoodMLP):
+        def __init__(self, config):
+            super().__init__(config)
+            self.fc = self.c_fc
+            del self.c_fc
+
+    with pytest.raises(CheckFailed, match="no layer called `c_fc`"):
+        checks.check_mlp(Renamed)
+
+    class WrongForward(GoodMLP):
+        def forward(self, x, mask):
+            return super().forward(x)
+
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_mlp(WrongForward)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from gpt2lib.attention import CausalSelfAttention
 from gpt2lib.block import Block, LayerNorm
 from gpt2lib.checks import CheckFailed
+from gpt2lib.checks._core import NotDoneYet
 from gpt2lib.checks import block as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.mlp import MLP
@@ -105,7 +108,7 @@ def test_block_is_causal():
             p.normal_(std=0.5)  # big enough that every dependence shows
     x = torch.randn(1, 6, 8, dtype=torch.float64)
     changed = x.clone()
-    changed[0, 4] += 1.0
+    changed[0, 4, 0] += 1.0  # one feature: a shift of all features is erased by LayerNorm
     with torch.no_grad():
         moved = (block(changed) - block(x)).abs().sum(-1)[0] > 0
     assert moved.tolist() == [False, False, False, False, True, True]
@@ -203,29 +206,22 @@ def planted_layer_norm(eps_default=1e-5, unbiased=False, eps_outside=False, dim=
     return layer_norm
 
 
-WRONG_LAYER_NORMS = {
-    "unbiased variance": (dict(unbiased=True), "torch.var and x.var"),
-    "eps outside sqrt": (dict(eps_outside=True), "eps is added outside the square root"),
-    "unbiased and outside": (dict(unbiased=True, eps_outside=True), "unbiased.*and eps"),
-    "eps 1e-12": (dict(eps_default=1e-12), "looks like 1e-12"),
-    "eps 1e-6": (dict(eps_default=1e-6), "looks like 1e-6"),
-    "no eps": (dict(eps_default=0.0), r"looks like 0 \(none at all\)"),
-    "ignores eps": (dict(ignore_eps=True), "use the `eps` argument"),
-    "over the batch": (dict(dim=0), "wrong dimension"),
-    "over the sequence": (dict(dim=1), "wrong dimension"),
-    "dim=2 only works in 3-D": (dict(dim=2), "2-D input"),
-    "rmsnorm": (dict(center=False), "RMSNorm"),
-    "variance not std": (dict(power=1.0), "divide by the standard deviation"),
-    "no gain": (dict(use_weight=False), "gain is missing"),
-    "no bias": (dict(use_bias=False), "bias is missing"),
-    "no gain, no bias": (dict(use_weight=False, use_bias=False), "gain and bias are missing"),
-    "swapped": (dict(swap=True), "swapped"),
-}
+@pytest.mark.parametrize("mistake", checks.LAYER_NORM_MISTAKES, ids=lambda m: m.name)
+def test_check_layer_norm_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_layer_norm(mistake.fn)
 
 
-@pytest.mark.parametrize("name", WRONG_LAYER_NORMS)
-def test_check_layer_norm_names_each_planted_mistake(name):
-    kwargs, phrase = WRONG_LAYER_NORMS[name]
+@pytest.mark.parametrize("kwargs, phrase", [  # the same mistakes, written the way learners write them
+    (dict(unbiased=True), "torch.var and x.var"),
+    (dict(eps_outside=True), "eps is added outside the square root"),
+    (dict(eps_default=1e-12), "looks like 1e-12"),
+    (dict(ignore_eps=True), "use the `eps` argument"),
+    (dict(dim=2), "2-D input"),
+    (dict(center=False), "RMSNorm"),
+    (dict(swap=True), "swapped"),
+])
+def test_check_layer_norm_names_learner_written_mistakes(kwargs, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_layer_norm(planted_layer_norm(**kwargs))
 
@@ -265,9 +261,14 @@ def test_check_layer_norm_module_passes_correct_answers(capsys):
         def forward(self, x):
             return correct_layer_norm(x, self.weight, self.bias, self.eps)
 
+    class SubclassOfTorch(nn.LayerNorm):
+        def __init__(self, n_embd, eps=1e-5):
+            super().__init__(n_embd, eps=eps)
+
     checks.check_layer_norm_module(LayerNorm)
     checks.check_layer_norm_module(FromScratch)
-    assert capsys.readouterr().out.count("✅ Exercise 5.2 (LayerNorm) passed") == 2
+    checks.check_layer_norm_module(SubclassOfTorch)
+    assert capsys.readouterr().out.count("✅ Exercise 5.1 (LayerNorm) passed") == 3
 
 
 def planted_module(names=("weight", "bias"), parameters=True, init=(1.0, 0.0), eps_default=1e-5,
@@ -307,11 +308,20 @@ def test_check_layer_norm_module_names_each_planted_mistake(name):
         checks.check_layer_norm_module(planted_module(**kwargs))
 
 
+def test_check_layer_norm_module_names_a_wrong_forward_signature():
+    class TakesEps(LayerNorm):
+        def forward(self, x, eps):
+            return super().forward(x)
+
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_layer_norm_module(TakesEps)
+
+
 def test_check_layer_norm_module_explains_stubs():
     class Stub(nn.Module):
         def __init__(self, n_embd, eps=1e-5):
             super().__init__()
-            raise NotImplementedError("Exercise 5.2: replace this line with your code")
+            raise NotImplementedError("Exercise 5.1: replace this line with your code")
 
     with pytest.raises(CheckFailed, match="not done yet"):
         checks.check_layer_norm_module(Stub)
@@ -339,52 +349,161 @@ def test_check_block_passes_the_reference_and_blocks_built_from_other_parts(caps
             x = x + a
             return x + self.mlp(self.ln_2(x))
 
+    class TorchLayerNormBlock(Block):  # nn.LayerNorm instead of the chapter's LayerNorm
+        def __init__(self, config, attention_cls=CausalSelfAttention, mlp_cls=MLP):
+            super().__init__(config, attention_cls, mlp_cls)
+            self.ln_1, self.ln_2 = nn.LayerNorm(config.n_embd), nn.LayerNorm(config.n_embd)
+
     checks.check_block(ExplicitBlock)
-    assert capsys.readouterr().out.count("✅ Exercise 5.3 (Block) passed") == 3
+    checks.check_block(TorchLayerNormBlock)
+    assert capsys.readouterr().out.count("✅ Exercise 5.2 (Block) passed") == 4
 
 
-def planted_block(forward):
-    class PlantedBlock(Block):
+def planted_block(forward, base=Block):
+    class PlantedBlock(base):
         def forward(self, x, kv_cache=None):
             return forward(self, x)
 
     return PlantedBlock
 
 
-WRONG_BLOCKS = {
-    "post-norm": (lambda s, x: (lambda h: s.ln_2(h + s.mlp(h)))(s.ln_1(x + s.attn(x))),
-                  "post-norm block of the original Transformer"),
-    "no residuals": (lambda s, x: s.mlp(s.ln_2(s.attn(s.ln_1(x)))),
-                     "both residual connections are missing"),
-    "no attention residual": (lambda s, x: (lambda h: h + s.mlp(s.ln_2(h)))(s.attn(s.ln_1(x))),
-                              "residual connection around attention is missing"),
-    "no MLP residual": (lambda s, x: s.mlp(s.ln_2(x + s.attn(s.ln_1(x)))),
-                        "residual connection around the MLP is missing"),
-    "ln_1 twice": (lambda s, x: (lambda h: h + s.mlp(s.ln_1(h)))(x + s.attn(s.ln_1(x))),
-                   "you used ln_1 twice"),
-    "swapped norms": (lambda s, x: (lambda h: h + s.mlp(s.ln_1(h)))(x + s.attn(s.ln_2(x))),
-                      "ln_1 and ln_2 are swapped"),
-    "normalised stream": (
-        lambda s, x: (lambda h: (lambda n: n + s.mlp(n))(s.ln_2(h)))(
-            (lambda n: n + s.attn(n))(s.ln_1(x))),
-        "the stream itself was normalised"),
-    "parallel": (lambda s, x: x + s.attn(s.ln_1(x)) + s.mlp(s.ln_2(x)),
-                 "the MLP reads x instead of the stream after attention"),
-    "MLP first": (lambda s, x: (lambda h: h + s.attn(s.ln_1(h)))(x + s.mlp(s.ln_2(x))),
-                  "the MLP comes before attention"),
-    "no norms": (lambda s, x: (lambda h: h + s.mlp(h))(x + s.attn(x)),
-                 "the LayerNorms are not used"),
-    "doubled": (lambda s, x: 2 * (lambda h: h + s.mlp(s.ln_2(h)))(x + s.attn(s.ln_1(x))),
-                "is not the pre-norm block"),
-    "returns a tuple": (lambda s, x: (x, None), "a block maps"),
-}
+@pytest.mark.parametrize("mistake", checks.BLOCK_MISTAKES, ids=lambda m: m.name)
+def test_check_block_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_block(planted_block(mistake.fn))
 
 
-@pytest.mark.parametrize("name", WRONG_BLOCKS)
-def test_check_block_names_each_planted_mistake(name):
-    forward, phrase = WRONG_BLOCKS[name]
+@pytest.mark.parametrize("forward, phrase", [
+    (lambda s, x: 2 * (lambda h: h + s.mlp(s.ln_2(h)))(x + s.attn(s.ln_1(x))), "is not the pre-norm block"),
+    (lambda s, x: (x, None), "should be a torch.Tensor"),
+    (lambda s, x: s.ln_1(x)[..., :4], r"has shape \(2, 5, 4\), expected \(2, 5, 8\)"),
+])
+def test_check_block_names_other_wrong_outputs(forward, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_block(planted_block(forward))
+
+
+def test_check_block_names_a_forward_that_forces_eval_mode_or_has_the_wrong_signature():
+    class ForcesEval(Block):
+        def forward(self, x, kv_cache=None):
+            self.eval()
+            return super().forward(x, kv_cache)
+
+    with pytest.raises(CheckFailed, match="do not switch modes"):
+        checks.check_block(ForcesEval)
+
+    class NeedsMask(Block):
+        def forward(self, x, mask, kv_cache=None):
+            return super().forward(x, kv_cache)
+
+    with pytest.raises(CheckFailed, match="Keep the signature"):
+        checks.check_block(NeedsMask)
+
+
+# --------------------------------------------------------------------------- check_post_norm_block
+
+
+class PostNorm(Block):
+    def forward(self, x, kv_cache=None):
+        x = self.ln_1(x + self.attn(x))
+        return self.ln_2(x + self.mlp(x))
+
+
+def test_check_post_norm_passes_correct_answers(capsys):
+    class WithTorchParts(PostNorm):
+        def __init__(self, config):
+            super().__init__(config)
+            self.ln_1, self.ln_2 = nn.LayerNorm(config.n_embd), nn.LayerNorm(config.n_embd)
+
+    checks.check_post_norm_block(PostNorm)
+    checks.check_post_norm_block(WithTorchParts)
+    assert capsys.readouterr().out.count("✅ Exercise 5.2 (PostNormBlock) passed") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.POST_NORM_MISTAKES, ids=lambda m: m.name)
+def test_check_post_norm_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_post_norm_block(planted_block(mistake.fn))
+
+
+def test_check_post_norm_explains_a_stub():
+    class Stub(Block):
+        def forward(self, x, kv_cache=None):
+            raise NotImplementedError("Exercise 5.2: replace this line with your code")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        checks.check_post_norm_block(Stub)
+
+
+# --------------------------------------------------------------------------- check_follow_stream
+
+
+def right_follow(blocks, x0):
+    norms, cosines = [x0.norm(dim=-1).mean().item()], [1.0]
+    x = x0
+    with torch.no_grad():
+        for block in blocks:
+            x = block(x)
+            norms.append(x.norm(dim=-1).mean().item())
+            cosines.append(F.cosine_similarity(x, x0, dim=-1).mean().item())
+    return norms, cosines
+
+
+def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
+    checks.check_follow_stream(right_follow)
+
+    def as_tensors(blocks, x0):  # float64, tensors, a loop over tokens, a different formula
+        states = [x0.double()]
+        for block in blocks:
+            states.append(block(states[-1]).double())
+        flat = [s.reshape(-1, s.shape[-1]) for s in states]
+        norms = torch.stack([f.pow(2).sum(-1).sqrt().mean() for f in flat])
+        first = flat[0]
+        cosines = torch.stack([((f * first).sum(-1) / (f.norm(dim=-1) * first.norm(dim=-1))).mean()
+                               for f in flat])
+        return norms.detach(), cosines.detach()
+
+    checks.check_follow_stream(as_tensors)
+    assert capsys.readouterr().out.count("✅ Exercise 5.3") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.STREAM_MISTAKES, ids=lambda m: m.name)
+def test_check_follow_stream_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_follow_stream(mistake.fn)
+
+
+def test_check_follow_stream_explains_other_answers():
+    def in_place(blocks, x0):
+        result = right_follow(blocks, x0.clone())
+        x0.mul_(2)
+        return result
+
+    with pytest.raises(CheckFailed, match="changed x0 in place"):
+        checks.check_follow_stream(in_place)
+    with pytest.raises(CheckFailed, match=r"return two lists, \(norms, cosines\)"):
+        checks.check_follow_stream(lambda blocks, x0: right_follow(blocks, x0)[0])
+    with pytest.raises(CheckFailed, match=r"your cosines\[2\] \(after block 2\)"):
+        checks.check_follow_stream(lambda blocks, x0: (right_follow(blocks, x0)[0],
+                                                      [1.0, right_follow(blocks, x0)[1][1], 0.5, 0.5]))
+
+
+def test_pre_norm_stream_grows_and_post_norm_stream_does_not():
+    config = small_config(n_embd=16, n_layer=6)
+    torch.manual_seed(0)
+    x0 = torch.randn(2, 8, 16)
+    stacks = {}
+    for name, cls in (("pre", Block), ("post", PostNorm)):
+        torch.manual_seed(0)
+        blocks = nn.ModuleList(cls(config) for _ in range(6)).eval()
+        with torch.no_grad():
+            for p in blocks.parameters():
+                if p.dim() == 2:
+                    p.normal_(std=0.2)
+        stacks[name] = right_follow(blocks, x0)
+    pre, post = stacks["pre"][0], stacks["post"][0]
+    assert all(b > a for a, b in zip(pre, pre[1:]))
+    assert all(abs(n - 4.0) < 1e-3 for n in post[1:])  # renormalised to √16 after every block
 
 
 def test_check_block_requires_the_kv_cache_protocol():
@@ -434,19 +553,19 @@ def test_check_block_explains_names_shared_norms_and_stubs():
     class StubLayerNorm(nn.Module):
         def __init__(self, n_embd, eps=1e-5):
             super().__init__()
-            raise NotImplementedError("Exercise 5.2 (LayerNorm): replace this line with your code")
+            raise NotImplementedError("Exercise 5.1 (LayerNorm): replace this line with your code")
 
     class BlockOnStub(nn.Module):
         def __init__(self, config, attention_cls=CausalSelfAttention, mlp_cls=MLP):
             super().__init__()
             self.ln_1 = StubLayerNorm(config.n_embd)
 
-    with pytest.raises(CheckFailed, match=r"not done yet.*Exercise 5\.2 \(LayerNorm\)"):
+    with pytest.raises(NotDoneYet, match=r"not done yet.*Exercise 5\.1 \(LayerNorm\)"):
         checks.check_block(BlockOnStub)
 
     class StubForward(Block):
         def forward(self, x, kv_cache=None):
-            raise NotImplementedError("Exercise 5.3 (Block): replace this line with your code")
+            raise NotImplementedError("Exercise 5.2 (Block): replace this line with your code")
 
     with pytest.raises(CheckFailed, match="not done yet"):
         checks.check_block(StubForward)

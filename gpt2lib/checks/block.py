@@ -1,31 +1,39 @@
-"""Checks for chapter 5's exercises: LayerNorm from scratch, the LayerNorm module, the block.
+"""Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm and the
+post-norm block, and measuring the residual stream.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
-and with known wrong answers (unbiased variance, wrong eps, post-norm, missing residual, ...),
-and names the mistake when one of those matches.
+and with the planted wrong answers in the module-level `Mistake` lists below (unbiased
+variance, wrong eps, post-norm, missing residual, blocks not chained, ...; the tests are
+parametrised over those lists), and names the mistake when one of them matches.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    NotDoneYet,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_LN = "Exercise 5.1 (layer_norm)"
-EX_LN_MODULE = "Exercise 5.2 (LayerNorm)"
-EX_BLOCK = "Exercise 5.3 (Block)"
+EX_LN_MODULE = "Exercise 5.1 (LayerNorm)"
+EX_BLOCK = "Exercise 5.2 (Block)"
+EX_POST = "Exercise 5.2 (PostNormBlock)"
+EX_STREAM = "Exercise 5.3 (follow_stream)"
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
-
-
-def _close(got, want, atol: float = 1e-7) -> bool:
-    return (
-        isinstance(got, torch.Tensor)
-        and got.shape == want.shape
-        and torch.allclose(got.double(), want.double(), atol=atol, rtol=1e-6)
-    )
 
 
 def _ln_inputs():
@@ -55,51 +63,56 @@ def _manual(x, weight, bias, *, eps=EPS, dim=-1, unbiased=False, eps_outside=Fal
     return (x - mean) / scale * weight + bias
 
 
-def _layer_norm_mistakes(x, weight, bias):
-    """(message, wrong output) pairs for the usual LayerNorm mistakes."""
-    m = _manual
-    mistakes = [
-        ("the variance is unbiased (divided by C - 1): torch.var and x.var() do that by "
-         "default. LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, "
-         "unbiased=False) (or correction=0)", m(x, weight, bias, unbiased=True)),
-        ("eps is added outside the square root: divide by sqrt(var + eps), not sqrt(var) + eps",
-         m(x, weight, bias, eps_outside=True)),
-        ("the variance is unbiased (torch.var's default: use unbiased=False) and eps is added "
-         "outside the square root (use sqrt(var + eps))",
-         m(x, weight, bias, unbiased=True, eps_outside=True)),
-        ("you divide by the variance; divide by the standard deviation sqrt(var + eps)",
-         m(x, weight, bias, power=1.0)),
-        ("the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector "
-         "first, (x - mean) / sqrt(var + eps)", m(x, weight, bias, center=False)),
-        ("you normalised over the wrong dimension: LayerNorm works on each token's own C "
-         "features, the last dimension (dim=-1, keepdim=True)", m(x, weight, bias, dim=0)),
-        ("you normalised over the wrong dimension (the sequence): use the last dimension "
-         "(dim=-1, keepdim=True)", m(x, weight, bias, dim=1)),
-        ("you normalised with one mean and variance for the whole tensor: each token gets its "
-         "own, over the last dimension (dim=-1, keepdim=True)", m(x, weight, bias, dim=None)),
-        ("the gain and bias are missing: end with `* weight + bias`",
-         m(x, torch.ones_like(weight), torch.zeros_like(bias))),
-        ("the bias is missing: end with `* weight + bias`", m(x, weight, torch.zeros_like(bias))),
-        ("the gain is missing: end with `* weight + bias`", m(x, torch.ones_like(weight), bias)),
-        ("weight and bias are swapped: multiply by weight, then add bias", m(x, bias, weight)),
-        ("you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and "
-         "has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, "
-         "unbiased=False)", m(x, weight, bias, unbiased=True, eps=0.0)),
-        ("you add bias before multiplying by weight, (x̂ + bias) * weight; the order is "
-         "x̂ * weight + bias", m(x, weight, bias * weight)),
-    ]
-    for eps, name in ((1e-12, "1e-12 (BERT's value)"), (0.0, "0 (none at all)"),
-                      (1e-6, "1e-6"), (1e-8, "1e-8"), (1e-5 * 1e-5, "1e-10"), (1e-3, "1e-3")):
-        mistakes.append((
-            f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the "
-            "square root: sqrt(var + eps)", m(x, weight, bias, eps=eps)))
-    return mistakes
+def _m(**switches):
+    return lambda x, weight, bias, eps=EPS: _manual(x, weight, bias, **{"eps": eps, **switches})
+
+
+# fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
+LAYER_NORM_MISTAKES = [
+    Mistake("unbiased variance", "the variance is unbiased (divided by C - 1): torch.var and "
+            "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
+            "keepdim=True, unbiased=False) (or correction=0)", _m(unbiased=True)),
+    Mistake("eps outside", "eps is added outside the square root: divide by sqrt(var + eps), not "
+            "sqrt(var) + eps", _m(eps_outside=True)),
+    Mistake("unbiased, eps outside", "the variance is unbiased (torch.var's default: use "
+            "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
+            _m(unbiased=True, eps_outside=True)),
+    Mistake("variance not std", "you divide by the variance; divide by the standard deviation "
+            "sqrt(var + eps)", _m(power=1.0)),
+    Mistake("rmsnorm", "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
+            "vector first, (x - mean) / sqrt(var + eps)", _m(center=False)),
+    Mistake("over the batch", "you normalised over the wrong dimension: LayerNorm works on each "
+            "token's own C features, the last dimension (dim=-1, keepdim=True)", _m(dim=0)),
+    Mistake("over the sequence", "you normalised over the wrong dimension (the sequence): use the "
+            "last dimension (dim=-1, keepdim=True)", _m(dim=1)),
+    Mistake("whole tensor", "you normalised with one mean and variance for the whole tensor: each "
+            "token gets its own, over the last dimension (dim=-1, keepdim=True)", _m(dim=None)),
+    Mistake("no gain, no bias", "the gain and bias are missing: end with `* weight + bias`",
+            lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps)),
+    Mistake("no bias", "the bias is missing: end with `* weight + bias`",
+            lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps)),
+    Mistake("no gain", "the gain is missing: end with `* weight + bias`",
+            lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps)),
+    Mistake("swapped", "weight and bias are swapped: multiply by weight, then add bias",
+            lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps)),
+    Mistake("x.std", "you divide by x.std(): that is the unbiased standard deviation (divides by "
+            "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
+            "keepdim=True, unbiased=False)", lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0)),
+    Mistake("bias first", "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
+            "order is x̂ * weight + bias", lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps)),
+] + [
+    Mistake(f"eps {name}", f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
+            "inside the square root: sqrt(var + eps)",
+            lambda x, w, b, eps=EPS, wrong=wrong: _manual(x, w, b, eps=wrong))
+    for wrong, name in ((1e-12, "1e-12 (BERT's value) or 0 (none at all)"), (1e-6, "1e-6"),
+                        (1e-8, "1e-8"), (1e-10, "1e-10"), (1e-3, "1e-3"))
+]
 
 
 def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
-    for message, wrong in _layer_norm_mistakes(x, weight, bias):
-        if _close(got, wrong):
-            raise CheckFailed(exercise, message)
+    mistake = first_mistake(LAYER_NORM_MISTAKES, lambda m: close(got, m.fn(x, weight, bias), atol=1e-7))
+    if mistake is not None:
+        raise CheckFailed(exercise, mistake.message)
     worst = (got.double() - want).abs().max().item()
     raise CheckFailed(
         exercise,
@@ -138,12 +151,12 @@ def check_layer_norm(layer_norm) -> None:
             "shape (did you forget keepdim=True on the mean or the variance?)"
         )
     want = F.layer_norm(x, (C,), weight, bias, EPS)
-    if not _close(got, want):
+    if not close(got, want, atol=1e-7):
         _explain_layer_norm(EX_LN, got, x, weight, bias, want, "your output")
 
     for eps in (1e-3, 1e-12):
         got_eps = call_learner(EX_LN, layer_norm, x.clone(), weight, bias, eps=eps)
-        if not _close(got_eps, F.layer_norm(x, (C,), weight, bias, eps)):
+        if not close(got_eps, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
             raise CheckFailed(
                 EX_LN,
                 f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the "
@@ -206,9 +219,9 @@ def check_layer_norm_module(LayerNorm) -> None:
     with torch.no_grad():
         ln.weight.copy_(weight)
         ln.bias.copy_(bias)
-        got = call_learner(EX_LN_MODULE, ln, x.clone())
+        got = call_learner(EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1))  # strided, as the model passes it
         want = F.layer_norm(x, (C,), weight, bias, EPS)
-        if not _close(got, want):
+        if not close(got, want, atol=1e-7):
             if isinstance(got, torch.Tensor) and got.shape == x.shape:
                 _explain_layer_norm(EX_LN_MODULE, got, x, weight, bias, want,
                                     "LayerNorm(n_embd)(x)")
@@ -218,7 +231,7 @@ def check_layer_norm_module(LayerNorm) -> None:
         ln_eps = call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
         ln_eps.weight.copy_(weight)
         ln_eps.bias.copy_(bias)
-        if not _close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3)):
+        if not close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3), atol=1e-7):
             raise CheckFailed(
                 EX_LN_MODULE,
                 "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument "
@@ -227,14 +240,14 @@ def check_layer_norm_module(LayerNorm) -> None:
     passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
 
 
-# --------------------------------------------------------------------------- Exercise 5.3
+# --------------------------------------------------------------------------- Exercise 5.2
 
 
-def _small_config():
+def _small_config(pdrop: float = 0.0):
     from gpt2lib.config import GPT2Config
 
     return GPT2Config(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
-                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+                      embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
 
 
 class _PlainAttention(nn.Module):
@@ -256,100 +269,148 @@ class _RecordingAttention(_PlainAttention):
         return super().forward(x)
 
 
-def _block_mistakes(x, ln_1, attn, ln_2, mlp):
-    h = x + attn(ln_1(x))
-    normed_h = ln_1(x) + attn(ln_1(x))
-    return [
-        ("this is the post-norm block of the original Transformer, ln(x + sublayer(x)). "
-         "GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the "
-         "unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-         (lambda p: ln_2(p + mlp(p)))(ln_1(x + attn(x)))),
-        ("both residual connections are missing: add each sublayer's output to its input, "
-         "x = x + attn(ln_1(x)), then x = x + mlp(ln_2(x))", mlp(ln_2(attn(ln_1(x))))),
-        ("the residual connection around attention is missing: x = x + attn(ln_1(x))",
-         (lambda p: p + mlp(ln_2(p)))(attn(ln_1(x)))),
-        ("the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
-         mlp(ln_2(h))),
-        ("you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
-         h + mlp(ln_1(h))),
-        ("ln_1 and ln_2 are swapped: ln_1 goes before attention, ln_2 before the MLP",
-         (lambda p: p + mlp(ln_1(p)))(x + attn(ln_2(x)))),
-        ("the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is "
-         "and give only the sublayer a normalised copy, x + attn(ln_1(x))",
-         (lambda p: ln_2(p) + mlp(ln_2(p)))(normed_h)),
-        ("the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), "
-         "then h + mlp(ln_2(h))", x + attn(ln_1(x)) + mlp(ln_2(x))),
-        ("the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
-         (lambda p: p + attn(ln_1(p)))(x + mlp(ln_2(x)))),
-        ("the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-         (lambda p: p + mlp(p))(x + attn(x))),
-    ]
+def _pre_norm(b, x):
+    h = x + b.attn(b.ln_1(x))
+    return h + b.mlp(b.ln_2(h))
 
 
-def _make_block(Block, *args, **kwargs):
+def _post_norm(b, x):
+    h = b.ln_1(x + b.attn(x))
+    return b.ln_2(h + b.mlp(h))
+
+
+# fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
+# Shared by both blocks of Exercise 5.2 (the right answer of one is a mistake for the other).
+_ORDER_MISTAKES = [
+    Mistake("no residuals", "both residual connections are missing: add each sublayer's output "
+            "to its input", lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x))))),
+    Mistake("swapped norms", "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+            lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_2(x)))),
+    Mistake("MLP first", "the MLP comes before attention: GPT-2's block runs attention first, "
+            "then the MLP", lambda b, x: (lambda h: h + b.attn(b.ln_1(h)))(x + b.mlp(b.ln_2(x)))),
+    Mistake("no norms", "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+            lambda b, x: (lambda h: h + b.mlp(h))(x + b.attn(x))),
+]
+
+BLOCK_MISTAKES = [
+    Mistake("post-norm", "this is the post-norm block of the original Transformer, "
+            "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
+            "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+            _post_norm),
+    Mistake("no attention residual", "the residual connection around attention is missing: "
+            "x = x + attn(ln_1(x))", lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x)))),
+    Mistake("no MLP residual", "the residual connection around the MLP is missing: "
+            "x = x + mlp(ln_2(x))", lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x))))),
+    Mistake("ln_1 twice", "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
+            lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_1(x)))),
+    Mistake("normalised stream", "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
+            "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+            lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
+                (lambda n: n + b.attn(n))(b.ln_1(x)))),
+    Mistake("parallel", "the MLP reads x instead of the stream after attention: first "
+            "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+            lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x))),
+] + _ORDER_MISTAKES
+
+POST_NORM_MISTAKES = [
+    Mistake("pre-norm", "this is GPT-2's pre-norm block again: post-norm adds first and then "
+            "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+            _pre_norm),
+    Mistake("no final norm", "the MLP's sum is not normalised: post-norm ends with "
+            "ln_2(x + mlp(x))", lambda b, x: (lambda h: h + b.mlp(h))(b.ln_1(x + b.attn(x)))),
+    Mistake("norm inside", "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
+            "post-norm normalises the SUM, ln(x + sublayer(x))",
+            lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x)))),
+    Mistake("sublayer reads normalised", "the sublayers read a normalised copy, ln(x + "
+            "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
+            "ln(x + sublayer(x))", lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(
+                b.ln_1(x + b.attn(b.ln_1(x))))),
+] + _ORDER_MISTAKES
+
+
+def _make_block(exercise, Block, *args, **kwargs):
     """call_learner, but a stub in an earlier exercise (say LayerNorm) is named in the message."""
     try:
-        return call_learner(EX_BLOCK, Block, *args, **kwargs)
+        return call_learner(exercise, Block, *args, **kwargs)
     except CheckFailed as failure:
         cause = failure.__context__
         if isinstance(cause, NotImplementedError) and str(cause):
-            raise CheckFailed(
-                EX_BLOCK,
+            raise NotDoneYet(
+                exercise,
                 f"not done yet: building the block raised NotImplementedError('{cause}'). "
                 "Finish that exercise, run its cell and the Block cell, then run this check again.",
             ) from None
         raise
 
 
-def check_block(Block) -> None:
-    """`Block(config, attention_cls, mlp_cls)`: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    config = _small_config()
-    block = _make_block(Block, config)
+def _block_case(exercise, Block, config):
+    """The learner's block with random float64 weights (LayerNorm gains and biases too, so that
+    ln_1 and ln_2 differ), in eval mode, and a non-contiguous input (B, T, C) with an offset."""
+    block = _make_block(exercise, Block, config)
     if not isinstance(block, nn.Module):
-        raise CheckFailed(EX_BLOCK, f"Block(config) should make an nn.Module, got "
-                                    f"{type(block).__name__}")
+        raise CheckFailed(exercise, f"{getattr(Block, '__name__', 'Block')}(config) should make an "
+                          f"nn.Module, got {type(block).__name__}")
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
             raise CheckFailed(
-                EX_BLOCK,
+                exercise,
                 f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, "
                 "which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
             )
     if block.ln_1 is block.ln_2:
-        raise CheckFailed(EX_BLOCK, "ln_1 and ln_2 are the same module: make two LayerNorms")
-
-    # Random weights everywhere (LayerNorm gains and biases too, so ln_1 and ln_2 differ).
+        raise CheckFailed(exercise, "ln_1 and ln_2 are the same module: make two LayerNorms")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4
                     + (1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0))
     block = block.double().eval()
-    x = torch.randn(2, 5, config.n_embd, generator=gen, dtype=torch.float64) * 2.0 + 0.5
+    x = (torch.randn(config.n_embd, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5).permute(2, 1, 0)
+    return block, x
 
+
+def _check_block_output(exercise, block, x, right, mistakes, what):
     with torch.no_grad():
-        got = call_learner(EX_BLOCK, block, x.clone())
-        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            raise CheckFailed(
-                EX_BLOCK, f"input {tuple(x.shape)} gave {shape}: a block maps (B, T, C) to "
-                "(B, T, C) (return the updated x)"
-            )
-        ln_1, attn, ln_2, mlp = block.ln_1, block.attn, block.ln_2, block.mlp
-        h = x + attn(ln_1(x))
-        want = h + mlp(ln_2(h))
-        if not _close(got, want, atol=1e-6):
-            for message, wrong in _block_mistakes(x, ln_1, attn, ln_2, mlp):
-                if _close(got, wrong, atol=1e-6):
-                    raise CheckFailed(EX_BLOCK, message)
-            raise CheckFailed(
-                EX_BLOCK,
-                "the output is not the pre-norm block x = x + attn(ln_1(x)); "
-                f"x = x + mlp(ln_2(x)) (largest difference {(got - want).abs().max().item():.3g})",
-            )
+        got = call_learner(exercise, block.forward, x)  # forward: so a wrong signature is named
+        got = expect_tensor(exercise, got, tuple(x.shape), what=f"the output for x of shape {tuple(x.shape)}",
+                            hints={})
+        want = right(block, x)
+        if not close(got, want, atol=1e-6):
+            mistake = first_mistake(mistakes, lambda m: close(got, m.fn(block, x), atol=1e-6))
+            if mistake is not None:
+                raise CheckFailed(exercise, mistake.message)
+            raise CheckFailed(exercise, f"the output is not the {what} (largest difference "
+                              f"{(got - want).abs().max().item():.3g})")
+
+
+def _check_train_mode(exercise, Block):
+    """With dropout in the sublayers, training mode must differ from eval mode (nothing forces
+    eval inside forward) and eval mode must be repeatable."""
+    block = _make_block(exercise, Block, _small_config(pdrop=0.5))
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        block.eval()
+        first, second = block(x), block(x)
+        if not torch.equal(first, second):
+            raise CheckFailed(exercise, "in eval mode two calls gave different outputs: something "
+                              "random runs outside the sublayers' dropout")
+        block.train()
+        torch.manual_seed(0)
+        if torch.equal(block(x), first):
+            raise CheckFailed(exercise, "in training mode the output equals eval mode's, though "
+                              "the sublayers have dropout: do not switch modes (.eval()) inside forward")
+
+
+def check_block(Block) -> None:
+    """`Block(config, attention_cls, mlp_cls)`: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    config = _small_config()
+    block, x = _block_case(EX_BLOCK, Block, config)
+    _check_block_output(EX_BLOCK, block, x, _pre_norm, BLOCK_MISTAKES,
+                        "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
+    _check_train_mode(EX_BLOCK, Block)
 
     # kv_cache goes to attention only when there is one.
-    plain = _make_block(Block, config, attention_cls=_PlainAttention)
+    plain = _make_block(EX_BLOCK, Block, config, attention_cls=_PlainAttention)
     try:
         plain(x.float())
     except TypeError as exc:
@@ -358,7 +419,7 @@ def check_block(Block) -> None:
             f"with an attention whose forward takes only x, block(x) failed ({exc}). When "
             "kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
         ) from None
-    recording = _make_block(Block, config, attention_cls=_RecordingAttention)
+    recording = _make_block(EX_BLOCK, Block, config, attention_cls=_RecordingAttention)
     marker = object()
     try:
         recording(x.float(), kv_cache=marker)
@@ -373,3 +434,124 @@ def check_block(Block) -> None:
             "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
         )
     passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")
+
+
+def check_post_norm_block(PostNormBlock) -> None:
+    """`PostNormBlock(config)`: x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))."""
+    block, x = _block_case(EX_POST, PostNormBlock, _small_config())
+    _check_block_output(EX_POST, block, x, _post_norm, POST_NORM_MISTAKES,
+                        "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))")
+    _check_train_mode(EX_POST, PostNormBlock)
+    passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
+
+
+# --------------------------------------------------------------------------- Exercise 5.3
+
+
+def _stream(blocks, x0, chain=True, size=lambda x: x.norm(dim=-1).mean(),
+            cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean(), include_input=True):
+    norms = [size(x0).item()] if include_input else []
+    cosines = [1.0] if include_input else []
+    x = x0
+    with torch.no_grad():
+        for block in blocks:
+            x = block(x if chain else x0)
+            norms.append(size(x).item())
+            cosines.append(cosine(x, x0).item())
+    return norms, cosines
+
+
+# fn(blocks, x0) -> (norms, cosines) of a wrong measurement
+STREAM_MISTAKES = [
+    Mistake("not chained", "every block was applied to x0: the blocks run one after another, "
+            "each on the output of the one before (x = block(x))",
+            lambda blocks, x0: _stream(blocks, x0, chain=False)),
+    Mistake("norm of the whole tensor", "your sizes are the norm of the whole (B, T, C) tensor: "
+            "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
+            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm())),
+    Mistake("rms", "your sizes are the root mean square of the numbers (norm / √C): the size here "
+            "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
+            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt())),
+    Mistake("squared norm", "your sizes are squared norms: take x.norm(dim=-1) (the square root "
+            "of the sum of squares), then the mean",
+            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean())),
+    Mistake("cosine of the flattened tensors", "your cosines compare the whole flattened tensors: "
+            "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
+            "then average",
+            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: F.cosine_similarity(
+                x.flatten(), x0.flatten(), dim=0))),
+    Mistake("cosine over the wrong dimension", "your cosines are taken over the wrong dimension: "
+            "each token's C features are its vector, so use dim=-1",
+            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: F.cosine_similarity(
+                x, x0, dim=1).mean())),
+    Mistake("dot product", "your 'cosines' are dot products: divide by both norms, or use "
+            "F.cosine_similarity(x, x0, dim=-1)",
+            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean())),
+    Mistake("no input entry", "entry 0 must be the input itself (its norm, and cosine 1), so each "
+            "list has len(blocks) + 1 entries: start the lists before the loop",
+            lambda blocks, x0: _stream(blocks, x0, include_input=False)),
+]
+
+
+class _Scale(nn.Module):
+    """A stand-in block: scales and shifts the stream, so chaining, sizes and angles all show."""
+
+    def __init__(self, factor, shift):
+        super().__init__()
+        self.factor, self.shift = factor, shift
+
+    def forward(self, x):
+        return self.factor * x + self.shift.to(x.dtype)
+
+
+def _as_floats(got, n):
+    if isinstance(got, torch.Tensor):
+        got = got.tolist()
+    if not isinstance(got, (list, tuple)) or not all(
+            isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in got):
+        raise CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers "
+                          "(use .item() on a one-number tensor)")
+    values = [float(v) for v in got]
+    if len(values) != n:
+        raise CheckFailed(EX_STREAM, f"with {n - 1} blocks each list should have {n} entries "
+                          f"(the input, then one per block), got {len(values)}")
+    return values
+
+
+def check_follow_stream(follow_stream) -> None:
+    """`follow_stream(blocks, x0)` -> (norms, cosines), each of length len(blocks) + 1."""
+    gen = torch.Generator().manual_seed(0)
+    C = 6
+    blocks = nn.ModuleList([_Scale(1.5, torch.randn(C, generator=gen)),
+                            _Scale(0.5, torch.randn(C, generator=gen)),
+                            _Scale(2.0, torch.randn(C, generator=gen))])
+    x0 = torch.randn(2, 4, C, generator=gen) + 0.3  # (B, T, C)
+    x0_before = x0.clone()
+    got = call_learner(EX_STREAM, follow_stream, blocks, x0)
+    if not torch.equal(x0, x0_before):
+        raise CheckFailed(EX_STREAM, "your function changed x0 in place (x += ..., x0.mul_): keep "
+                          "x0 unchanged, you compare with it at every step")
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise CheckFailed(EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}")
+    n = len(blocks) + 1
+
+    def matches(candidate):
+        norms, cosines = candidate
+        return (len(norms) == len(got[0]) and len(cosines) == len(got[1])
+                and all(math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(norms, got[0]))
+                and all(math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(cosines, got[1])))
+
+    want = _stream(blocks, x0)
+    if not matches(want):
+        mistake = first_mistake(STREAM_MISTAKES, lambda m: matches(m.fn(blocks, x0)))
+        if mistake is not None:
+            raise CheckFailed(EX_STREAM, mistake.message)
+    norms, cosines = _as_floats(got[0], n), _as_floats(got[1], n)
+    if not matches(want):
+        for values, right, what in ((norms, want[0], "norms"), (cosines, want[1], "cosines")):
+            for i, (a, b) in enumerate(zip(values, right)):
+                if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6):
+                    where = "the input" if i == 0 else f"block {i}"
+                    raise CheckFailed(EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, "
+                                      f"expected {b:.5g}")
+    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")

@@ -1,86 +1,194 @@
-"""Checks for chapter 4's exercises: GPT-2's GELU, the MLP's parameter count, the MLP module.
+"""Checks for chapter 4's exercises: two linear layers merged into one, what a wider hidden
+layer buys (a least-squares fit), and GPT-2's GELU and MLP module.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
-and with known wrong answers (erf GELU, ReLU, no cubic term, activation in the wrong place, ...),
-and names the mistake when one of those matches.
+and with the planted wrong answers in the module-level `Mistake` lists below (the tests are
+parametrised over those lists), and names the mistake when one of them matches.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
-EX_GELU = "Exercise 4.1 (gelu_tanh)"
-EX_COUNT = "Exercise 4.2 (mlp_parameter_count)"
+EX_MERGE = "Exercise 4.1 (merge_linear_layers)"
+EX_FIT = "Exercise 4.2 (best_fit_error)"
+EX_GELU = "Exercise 4.3 (gelu_tanh)"
 EX_MLP = "Exercise 4.3 (MLP)"
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """The right answer, written out in float64 so the check does not depend on gpt2lib."""
+    """The right answer, written out so that the check does not depend on gpt2lib."""
     return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
-# Known wrong activations, each with the message that names the mistake.
-_WRONG_ACTIVATIONS = [
-    (
-        "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by "
-        "default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). "
-        "The two differ by up to about 5e-4, enough to stop matching GPT-2's outputs",
-        lambda x: F.gelu(x),
-    ),
-    (
-        "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
-        lambda x: torch.relu(x),
-    ),
-    (
-        "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), "
-        "not √(2/π)·x",
-        lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * x)),
-    ),
-    (
-        "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not 0.044715·x²",
-        lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**2))),
-    ),
-    (
-        "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), not 2/π ≈ 0.6366",
-        lambda x: 0.5 * x * (1.0 + torch.tanh((2.0 / math.pi) * (x + 0.044715 * x**3))),
-    ),
-    (
-        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends "
-        "to x (not 2x) for large x",
-        lambda x: x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
-    ),
-    (
-        "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
-        lambda x: x * torch.sigmoid(1.702 * x),
-    ),
-]
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
-    return (
-        isinstance(got, torch.Tensor)
-        and got.shape == want.shape
-        and torch.allclose(got.double(), want.double(), atol=atol, rtol=1e-5)
-    )
-
-
-def _name_activation(got_fn, points: torch.Tensor) -> str | None:
-    """The message of the first known-wrong activation that matches `got_fn` on `points`."""
-    for message, wrong in _WRONG_ACTIVATIONS:
-        if got_fn(wrong, points):
-            return message
-    return None
+def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
+    return lambda x: half * x * (1.0 + torch.tanh(scale * (x + cubic * x**power)))
 
 
 # --------------------------------------------------------------------------- Exercise 4.1
+
+# fn(W1, b1, W2, b2) -> (W, b), a wrong merge
+MERGE_MISTAKES = [
+    Mistake("b2 missing", "your bias leaves out b2: the second layer adds its own bias after "
+            "the product, so b = b1 @ W2 + b2", lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2)),
+    Mistake("b1 missing", "your bias is only b2: the first layer's bias b1 also goes through the "
+            "second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
+            lambda W1, b1, W2, b2: (W1 @ W2, b2)),
+    Mistake("W transposed", "your W is transposed: x @ W needs W of shape (C, D), which is "
+            "W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
+            lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2)),
+]
+
+
+def check_merge_linear_layers(merge_linear_layers) -> None:
+    """`merge_linear_layers(W1, b1, W2, b2)` -> (W, b) with x @ W + b = (x @ W1 + b1) @ W2 + b2."""
+    gen = torch.Generator().manual_seed(0)
+    for C, H, D in ((3, 5, 2), (4, 16, 4)):
+        W1, b1 = torch.randn(C, H, generator=gen), torch.randn(H, generator=gen)
+        W2, b2 = torch.randn(H, D, generator=gen), torch.randn(D, generator=gen)
+        got = call_learner(EX_MERGE, merge_linear_layers, W1.clone(), b1.clone(), W2.clone(), b2.clone())
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailed(EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}")
+        want_W, want_b = W1 @ W2, b1 @ W2 + b2
+        sizes = f"with C={C}, H={H}, D={D}"
+        for got_part, want_part, what in ((got[0], want_W, "W"), (got[1], want_b, "b")):
+            if isinstance(got_part, torch.Tensor) and tuple(got_part.shape) != tuple(want_part.shape):
+                mistake = first_mistake(MERGE_MISTAKES, lambda m: all(
+                    isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(w.shape)
+                    for g, w in zip(got, m.fn(W1, b1, W2, b2))))
+                if mistake is not None:
+                    raise CheckFailed(EX_MERGE, mistake.message)
+            expect_tensor(EX_MERGE, got_part, tuple(want_part.shape), what=f"{what} ({sizes})")
+        if close(got[0], want_W, atol=1e-4) and close(got[1], want_b, atol=1e-4):
+            continue
+        mistake = first_mistake(MERGE_MISTAKES, lambda m: all(
+            close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))))
+        if mistake is not None:
+            raise CheckFailed(EX_MERGE, mistake.message)
+        which = "W" if not close(got[0], want_W, atol=1e-4) else "b"
+        raise CheckFailed(EX_MERGE, f"{sizes}, your {which} is wrong: expand (x @ W1 + b1) @ W2 + b2 "
+                          "and collect the part that multiplies x (W) and the part that does not (b)")
+    passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
+
+
+# --------------------------------------------------------------------------- Exercise 4.2
+
+
+def _gelu(h):
+    return F.gelu(h, approximate="tanh")
+
+
+def _fit(x, y, W1, b1, activation, bias=True):
+    hidden = activation(x @ W1 + b1) if bias else activation(x @ W1)  # (N, H)
+    W2 = torch.linalg.lstsq(hidden, y).solution  # (H, D)
+    return hidden @ W2 - y  # (N, D): the residuals
+
+
+# fn(x, y, W1, b1, activation) -> the float a wrong answer returns
+FIT_MISTAKES = [
+    Mistake("no activation", "your error does not depend on the activation: apply "
+            "`activation` to x @ W1 + b1 before the least-squares fit (with no activation the best "
+            "fit is a straight line whatever the width)",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, lambda h: h).pow(2).mean().item()),
+    Mistake("no b1", "the first layer's bias b1 is missing: the hidden layer is "
+            "activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act, bias=False).pow(2).mean().item()),
+    Mistake("sum", "you return the SUM of the squared errors: take the mean, over all N · D numbers",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).sum().item()),
+    Mistake("root", "you return the root of the mean squared error (RMSE): return the mean "
+            "squared error itself, without the square root",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).mean().sqrt().item()),
+    Mistake("absolute", "you return the mean ABSOLUTE error: square the residuals, "
+            "((hidden @ W2 - y) ** 2).mean()",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).abs().mean().item()),
+    Mistake("fit on x", "you fitted y from x directly, not from the hidden layer: solve the least "
+            "squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
+            lambda x, y, W1, b1, act: (x @ torch.linalg.lstsq(x, y).solution - y).pow(2).mean().item()),
+    Mistake("relu", "your error is ReLU's, not that of the `activation` you were given: call "
+            "activation(x @ W1 + b1) (its default is GELU)",
+            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, torch.relu).pow(2).mean().item()),
+]
+
+
+def _as_number(exercise, got):
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        raise CheckFailed(exercise, f"return the error as one number (a Python float; "
+                          f"`.item()` turns a 1-element tensor into one), got {type(got).__name__}")
+    return float(got)
+
+
+def check_best_fit_error(best_fit_error) -> None:
+    """`best_fit_error(x, y, W1, b1, activation)` -> mean squared error of the least-squares fit."""
+    gen = torch.Generator().manual_seed(0)
+    for N, C, H, D in ((64, 1, 6, 1), (50, 3, 10, 2)):
+        x = torch.randn(N, C, generator=gen, dtype=torch.float64) * 2  # (N, C)
+        y = torch.sin(x @ torch.randn(C, D, generator=gen, dtype=torch.float64) * 2) + 0.3  # (N, D)
+        W1 = torch.randn(C, H, generator=gen, dtype=torch.float64) * 2  # (C, H)
+        b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2  # (H,)
+        for activation in (_gelu, torch.tanh):
+            got = _as_number(EX_FIT, call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation))
+            want = _fit(x, y, W1, b1, activation).pow(2).mean().item()
+            if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
+                continue
+            mistake = first_mistake(FIT_MISTAKES, lambda m: math.isclose(
+                got, m.fn(x, y, W1, b1, activation), rel_tol=1e-4, abs_tol=1e-9))
+            if mistake is not None:
+                raise CheckFailed(EX_FIT, mistake.message)
+            raise CheckFailed(EX_FIT, f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the "
+                              f"best fit's mean squared error is {want:.6g}, you return {got:.6g}. "
+                              "Steps: hidden = activation(x @ W1 + b1); W2 = least squares of "
+                              "hidden against y; mean of (hidden @ W2 - y) ** 2")
+    passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
+
+
+# --------------------------------------------------------------------------- Exercise 4.3: GELU
+
+# fn(x) -> a wrong activation
+GELU_MISTAKES = [
+    Mistake("erf", "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute "
+            "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
+            "0.044715·x³))). The two differ by up to about 5e-4, enough to stop matching GPT-2's "
+            "outputs", lambda x: F.gelu(x)),
+    Mistake("relu", "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative "
+            "for negative x", lambda x: torch.relu(x)),
+    Mistake("typo 0.0044715", "the constant is 0.044715 (one zero after the point), not "
+            "0.0044715: a classic typo", _tanh_form(cubic=0.0044715)),
+    Mistake("typo 0.04715", "the constant is 0.044715, not 0.04715: a digit is missing",
+            _tanh_form(cubic=0.04715)),
+    Mistake("typo 0.44715", "the constant is 0.044715, not 0.44715: a zero is missing after the "
+            "point", _tanh_form(cubic=0.44715)),
+    Mistake("no cubic", "the 0.044715·x³ term is missing: the tanh's argument is "
+            "√(2/π)·(x + 0.044715·x³), not √(2/π)·x", _tanh_form(cubic=0.0)),
+    Mistake("square", "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not "
+            "0.044715·x²", _tanh_form(power=2)),
+    Mistake("2/pi", "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), "
+            "not 2/π ≈ 0.6366", _tanh_form(scale=2.0 / math.pi)),
+    Mistake("no sqrt scale", "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: "
+            "tanh(√(2/π)·(x + 0.044715·x³))", _tanh_form(scale=1.0)),
+    Mistake("no half", "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so "
+            "that it tends to x (not 2x) for large x", _tanh_form(half=1.0)),
+    Mistake("sigmoid", "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh "
+            "form", lambda x: x * torch.sigmoid(1.702 * x)),
+]
 
 
 def check_gelu_tanh(gelu_tanh) -> None:
@@ -111,82 +219,56 @@ def check_gelu_tanh(gelu_tanh) -> None:
             "your function changed its input tensor in place (an operation ending in _, like "
             "x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
         )
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed(EX_GELU, f"should return a torch.Tensor, got {type(got).__name__}")
-    if got.shape != points.shape:
-        raise CheckFailed(
-            EX_GELU,
-            f"GELU works element by element, so the output must have the input's shape "
-            f"{tuple(points.shape)}; got {tuple(got.shape)}",
-        )
+    got = expect_tensor(EX_GELU, got, tuple(points.shape), what="the output",
+                        hints={(points.numel(),): "GELU works element by element: keep the input's shape"})
     want = _gelu_tanh(points)
-    if not _close(got, want):
-        message = _name_activation(lambda wrong, p: _close(got, wrong(p)), points)
-        if message:
-            raise CheckFailed(EX_GELU, message)
-        worst = (got.double() - want).abs().argmax()
+    if not close(got, want):
+        mistake = first_mistake(GELU_MISTAKES, lambda m: close(got, m.fn(points)))
+        if mistake is not None:
+            raise CheckFailed(EX_GELU, mistake.message)
+        worst = (got - want).abs().argmax()
         raise CheckFailed(
             EX_GELU,
             f"wrong value at x = {points.flatten()[worst].item():g}: expected "
-            f"{want.flatten()[worst].item():.6f}, got {got.double().flatten()[worst].item():.6f}. "
+            f"{want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. "
             "The formula is 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))",
         )
-    # float32 in, float32 out, same numbers: the model runs in float32
-    got32 = call_learner(EX_GELU, gelu_tanh, points.float())
+    # float32 in, float32 out, same numbers: the model runs in float32; and a strided input
+    x32 = points.float().T.contiguous().T  # (2, 8), not contiguous
+    got32 = call_learner(EX_GELU, gelu_tanh, x32)
     if not isinstance(got32, torch.Tensor) or got32.dtype != torch.float32:
         dtype = got32.dtype if isinstance(got32, torch.Tensor) else type(got32).__name__
         raise CheckFailed(
             EX_GELU,
             f"a float32 input should give a float32 output, got {dtype}: build the result "
-            "from x with torch operations (torch.tanh, x**3) and Python floats",
+            "from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
         )
-    if not _close(got32, want, atol=1e-4):
+    if not close(got32, want, atol=1e-4):
         raise CheckFailed(EX_GELU, "right in float64 but wrong in float32: check your constants")
     passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
-# --------------------------------------------------------------------------- Exercise 4.2
+# --------------------------------------------------------------------------- Exercise 4.3: MLP
 
-
-def check_mlp_parameter_count(mlp_parameter_count) -> None:
-    """`mlp_parameter_count(n_embd)` -> int: weights and biases of c_fc and c_proj."""
-    for C in (768, 8, 1024, 1600):
-        got = call_learner(EX_COUNT, mlp_parameter_count, C)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, float) and got.is_integer():
-            got = int(got)
-        if not isinstance(got, int) or isinstance(got, bool):
-            raise CheckFailed(
-                EX_COUNT, f"should return an int (a number of parameters), got {got!r}"
-            )
-        H = 4 * C
-        want = C * H + H + H * C + C
-        if got == want:
-            continue
-        wrong = {
-            C * H + H * C: "you counted the weights but left out both biases "
-            f"(c_fc has {H} = 4·n_embd, c_proj has {C} = n_embd)",
-            C * H + H * C + H: f"the bias of c_proj ({C} = n_embd numbers) is missing",
-            C * H + H * C + C: f"the bias of c_fc ({H} = 4·n_embd numbers) is missing",
-            C * H + H * C + 2 * H: "each layer's bias has as many numbers as that layer has "
-            "OUTPUTS: c_fc's bias is 4·n_embd, c_proj's is n_embd (you gave both 4·n_embd)",
-            C * H + H * C + 2 * C: "each layer's bias has as many numbers as that layer has "
-            "OUTPUTS: c_fc's bias is 4·n_embd, c_proj's is n_embd (you gave both n_embd)",
-            2 * (C * C + C): "no expansion: the hidden layer has 4·n_embd units, so c_fc is "
-            "n_embd -> 4·n_embd and c_proj is 4·n_embd -> n_embd",
-            C * H + H: "you counted only c_fc: add c_proj (4·n_embd -> n_embd, weight and bias)",
-            H * C + C: "you counted only c_proj: add c_fc (n_embd -> 4·n_embd, weight and bias)",
-        }
-        hint = wrong.get(got, f"count c_fc (n_embd x 4·n_embd weight + 4·n_embd bias) and "
-                              f"c_proj (4·n_embd x n_embd weight + n_embd bias)")
-        raise CheckFailed(
-            EX_COUNT, f"for n_embd = {C} expected {want:,} parameters, got {got:,}: {hint}"
-        )
-    passed(EX_COUNT, "8·n² + 5·n parameters, 4,722,432 for GPT-2 small")
-
-
-# --------------------------------------------------------------------------- Exercise 4.3
+# fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
+MLP_MISTAKES = [
+    Mistake("activation after c_proj", "the activation comes after c_proj: it belongs BETWEEN the "
+            "layers, c_proj(gelu(c_fc(x)))", lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x)))),
+    Mistake("no activation", "there is no activation between c_fc and c_proj, so the two linear "
+            "layers collapse into one (Exercise 4.1): apply GELU to c_fc's output",
+            lambda m, x: m.c_proj(m.c_fc(x))),
+    Mistake("activation twice", "GELU is applied twice (also after c_proj): apply it only between "
+            "the layers", lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x))))),
+    Mistake("activation on the input", "GELU is applied to the input before c_fc: the order is "
+            "c_fc, GELU, c_proj", lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x)))),
+    Mistake("residual inside", "your MLP adds its input to its output (x + ...): the residual "
+            "connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
+            lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x)))),
+] + [
+    Mistake(f"activation: {g.name}", "your activation is wrong: " + g.message,
+            lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))))
+    for g in GELU_MISTAKES
+]
 
 
 def _small_config(pdrop: float):
@@ -199,9 +281,7 @@ def _small_config(pdrop: float):
 def _build_mlp(MLP, config) -> nn.Module:
     mlp = call_learner(EX_MLP, MLP, config)
     if not isinstance(mlp, nn.Module):
-        raise CheckFailed(
-            EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}"
-        )
+        raise CheckFailed(EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}")
     for name in ("c_fc", "c_proj"):
         if not isinstance(getattr(mlp, name, None), nn.Module):
             raise CheckFailed(
@@ -212,6 +292,18 @@ def _build_mlp(MLP, config) -> nn.Module:
     return mlp
 
 
+def _call(mlp, x):
+    """The learner's forward on x, with a `.view` of a strided input named."""
+    try:
+        return call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+        raise CheckFailed(EX_MLP, "your forward fails on a non-contiguous input (as the model "
+                          f"gives it, after a transpose): {exc}. Use .reshape instead of .view, "
+                          "or no reshaping at all: Conv1D and nn.Linear take (B, T, C)") from None
+
+
 def check_mlp(MLP) -> None:
     """`MLP(config)`: c_fc (n_embd -> 4·n_embd), tanh GELU, c_proj (4·n_embd -> n_embd), dropout."""
     config = _small_config(pdrop=0.1)
@@ -219,18 +311,24 @@ def check_mlp(MLP) -> None:
     mlp = _build_mlp(MLP, config)
 
     weight = getattr(mlp.c_fc, "weight", None)
+    layout_note = ""
     if isinstance(weight, torch.Tensor) and weight.dim() == 2 and tuple(weight.shape) != (C, H):
-        if tuple(weight.shape) == (H, C):
+        if tuple(weight.shape) == (H, C) and isinstance(mlp.c_fc, nn.Linear):
+            layout_note = ("; note: your layers are nn.Linear, which store weights [out, in]. "
+                           "GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's "
+                           "weights (chapter 8) use Conv1D or transpose them")
+        elif sorted(weight.shape) == sorted((C, H)):
             raise CheckFailed(
                 EX_MLP,
-                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] like nn.Linear. "
-                "GPT-2 stores [in, out]: use Conv1D(n_embd, 4 * n_embd) from gpt2lib.attention",
+                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as "
+                f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.attention it is ({C}, {H})",
             )
-        raise CheckFailed(
-            EX_MLP,
-            f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it should be "
-            f"({C}, {H}): the hidden layer is 4·n_embd wide (the 4x expansion)",
-        )
+        else:
+            raise CheckFailed(
+                EX_MLP,
+                f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to "
+                f"{H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
+            )
 
     # Big random weights, so the hidden values spread over a few units where the activations
     # differ; float64 so rounding never blurs a 1e-4 difference.
@@ -239,20 +337,15 @@ def check_mlp(MLP) -> None:
         for p in mlp.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
     mlp = mlp.double().eval()
-    x = torch.randn(2, 5, C, generator=gen, dtype=torch.float64) * 2.0  # (B, T, C)
+    # (B, T, C), not contiguous: the model hands over the output of transposes and slices
+    x = (torch.randn(C, 5, 2, generator=gen, dtype=torch.float64) * 2.0).permute(2, 1, 0)
 
     with torch.no_grad():
-        got = call_learner(EX_MLP, mlp, x)
+        got = _call(mlp, x)
         again = mlp(x)
-        if not isinstance(got, torch.Tensor):
-            raise CheckFailed(EX_MLP, f"forward should return a tensor, got {type(got).__name__}")
-        if got.shape != x.shape:
-            raise CheckFailed(
-                EX_MLP,
-                f"input {tuple(x.shape)} gave output {tuple(got.shape)}: the MLP must map "
-                "(B, T, n_embd) to (B, T, n_embd) (c_proj brings 4·n_embd back to n_embd)",
-            )
-        if not torch.equal(got, again):
+        got = expect_tensor(EX_MLP, got, tuple(x.shape), what=f"the output for an input of shape {tuple(x.shape)}",
+                            hints={(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"})
+        if not torch.equal(got, again.double()):
             raise CheckFailed(
                 EX_MLP,
                 "in eval mode two calls on the same input gave different outputs: dropout is "
@@ -261,30 +354,13 @@ def check_mlp(MLP) -> None:
             )
         h = mlp.c_fc(x)  # (B, T, hidden)
         if h.shape[-1] != H:
-            raise CheckFailed(
-                EX_MLP,
-                f"c_fc makes {h.shape[-1]} hidden features; it should make 4·n_embd = {H}",
-            )
+            raise CheckFailed(EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make "
+                              f"4·n_embd = {H}")
         want = mlp.c_proj(_gelu_tanh(h))
-        if not _close(got, want, atol=1e-7):
-            placement = {
-                "the activation comes after c_proj: it belongs BETWEEN the layers, "
-                "c_proj(gelu(c_fc(x)))": _gelu_tanh(mlp.c_proj(h)),
-                "there is no activation between c_fc and c_proj, so the two linear layers "
-                "collapse into one: apply GELU to c_fc's output": mlp.c_proj(h),
-                "GELU is applied twice (also after c_proj): apply it only between the layers":
-                    _gelu_tanh(mlp.c_proj(_gelu_tanh(h))),
-                "c_fc is applied but c_proj is not used after the activation":
-                    _gelu_tanh(h),
-            }
-            for message, value in placement.items():
-                if value.shape == got.shape and _close(got, value, atol=1e-7):
-                    raise CheckFailed(EX_MLP, message)
-            message = _name_activation(
-                lambda wrong, _: _close(got, mlp.c_proj(wrong(h)), atol=1e-7), h
-            )
-            if message:
-                raise CheckFailed(EX_MLP, "your activation is wrong: " + message)
+        if not close(got, want, atol=1e-7):
+            mistake = first_mistake(MLP_MISTAKES, lambda m: close(got, m.fn(mlp, x), atol=1e-7))
+            if mistake is not None:
+                raise CheckFailed(EX_MLP, mistake.message)
             raise CheckFailed(
                 EX_MLP,
                 "the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference "
@@ -294,8 +370,8 @@ def check_mlp(MLP) -> None:
         # Dropout: on in training, on the MLP's output (as GPT-2 does), at config.resid_pdrop.
         mlp.train()
         torch.manual_seed(0)
-        trained = mlp(x)
-        if torch.equal(trained, got):
+        trained = _call(mlp, x)
+        if torch.equal(trained.double(), got):
             raise CheckFailed(
                 EX_MLP,
                 "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the "
@@ -311,4 +387,4 @@ def check_mlp(MLP) -> None:
                 f"training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the "
                 "output of c_proj (not to the hidden layer, not with a fixed rate)",
             )
-    passed(EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion")
+    passed(EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note)

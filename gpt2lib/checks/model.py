@@ -1,7 +1,9 @@
-"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, its size.
+"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, its size,
+and the memory training needs.
 
 Each check runs the learner's code on small random cases, compares with the reference
-`gpt2lib.model.GPT2`, and names the usual mistake by comparing with known wrong variants.
+`gpt2lib.model.GPT2`, and names the usual mistake by comparing with the planted wrong answers
+in the module-level `Mistake` lists below (the tests are parametrised over those lists).
 """
 
 from __future__ import annotations
@@ -13,11 +15,20 @@ import numbers
 import torch
 import torch.nn as nn
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
 EX_INIT = "Exercise 6.2 (GPT-2's initialisation)"
 EX_COUNT = "Exercise 6.3 (parameter count from the configuration)"
+EX_MEMORY = "Exercise 6.4 (training memory)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 
@@ -45,46 +56,83 @@ def _reference(config, seed=0):
 # --------------------------------------------------------------------------- Exercise 6.1
 
 
-def _variants(ref, idx):
-    """Outputs of the reference weights computed right and in the usual wrong ways."""
-    T = idx.shape[1]
-    tok = ref.wte(idx)  # (B, T, C)
-
-    def blocks(x):
-        for block in ref.h:
-            x = block(x)
-        return x
-
-    def readout(x):
-        return x @ ref.wte.weight.T
-
-    pos = ref.wpe(torch.arange(T))  # (T, C)
-    out = {"right": readout(ref.ln_f(blocks(tok + pos)))}
-    out["no_ln_f"] = readout(blocks(tok + pos))
-    out["no_positions"] = readout(ref.ln_f(blocks(tok)))
-    if T < ref.config.n_positions:
-        out["positions_from_1"] = readout(ref.ln_f(blocks(tok + ref.wpe(torch.arange(1, T + 1)))))
-    if int(idx.max()) < ref.config.n_positions:
-        out["ids_as_positions"] = readout(ref.ln_f(blocks(tok + ref.wpe(idx))))
-    out["blocks_discarded"] = readout(ref.ln_f(tok + pos))
-    out["softmax"] = out["right"].softmax(dim=-1)
-    return out
+def _blocks(model, x):
+    for block in model.h:
+        x = block(x)
+    return x
 
 
-_VARIANT_MESSAGES = {
-    "no_ln_f": "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the "
-    "output of the last block, before the readout",
-    "no_positions": "your logits match the model WITHOUT position embeddings: add "
-    "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
-    "positions_from_1": "your positions start at 1: the first token's position is 0, so use "
-    "torch.arange(T) (0, 1, ..., T-1)",
-    "ids_as_positions": "you looked up the token ids in the position table (self.wpe(idx)): "
-    "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
-    "blocks_discarded": "your logits match the model with NO blocks: a block returns the new "
-    "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
-    "softmax": "your output is probabilities (each row sums to 1): return the raw logits; "
-    "softmax belongs to the loss and to sampling",
-}
+def _readout(model, x):
+    return x @ model.wte.weight.T
+
+
+def _positions(model, idx, start=0):
+    return model.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
+
+
+def _ln_f_after_each(model, x):
+    for block in model.h:
+        x = model.ln_f(block(x))
+    return x
+
+
+def _right(model, idx):
+    return _readout(model, model.ln_f(_blocks(model, model.drop(model.wte(idx) + _positions(model, idx)))))
+
+
+# fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
+MODULE_MISTAKES = [
+    Mistake("no ln_f", "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
+            "the output of the last block, before the readout",
+            lambda m, idx: _readout(m, _blocks(m, m.wte(idx) + _positions(m, idx)))),
+    Mistake("no positions", "your logits match the model WITHOUT position embeddings: add "
+            "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
+            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx))))),
+    Mistake("positions from 1", "your positions start at 1: the first token's position is 0, so use "
+            "torch.arange(T) (0, 1, ..., T-1)",
+            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx, start=1))))),
+    Mistake("ids as positions", "you looked up the token ids in the position table (self.wpe(idx)): "
+            "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
+            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + m.wpe(idx))))),
+    Mistake("blocks discarded", "your logits match the model with NO blocks: a block returns the new "
+            "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
+            lambda m, idx: _readout(m, m.ln_f(m.wte(idx) + _positions(m, idx)))),
+    Mistake("last block only", "your logits match the model with only the LAST block applied to the "
+            "embeddings: each block takes the previous block's output, x = block(x) in the loop",
+            lambda m, idx: _readout(m, m.ln_f(m.h[-1](m.wte(idx) + _positions(m, idx))))),
+    Mistake("ln_f in every block", "the final LayerNorm ln_f is applied after every block: it comes "
+            "once, after the last block",
+            lambda m, idx: _readout(m, _ln_f_after_each(m, m.wte(idx) + _positions(m, idx)))),
+    Mistake("softmax", "your output is probabilities (each row sums to 1): return the raw logits; "
+            "softmax belongs to the loss and to sampling", lambda m, idx: _right(m, idx).softmax(dim=-1)),
+    Mistake("log-softmax", "your output is log-probabilities (log_softmax): return the raw logits; "
+            "the loss (F.cross_entropy) applies log_softmax itself", lambda m, idx: _right(m, idx).log_softmax(dim=-1)),
+    Mistake("readout with wpe", "the readout multiplies by the position table: the tied readout uses "
+            "the TOKEN table, x @ self.wte.weight.T",
+            lambda m, idx: m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx))) @ m.wpe.weight.T),
+]
+
+
+def _check_dropout(model_cls) -> None:
+    """Training mode: dropout on the embeddings (self.drop) acts; eval mode: it does not."""
+    config = _config(vocab_size=61, n_positions=16, n_embd=32, n_layer=1, n_head=4,
+                     embd_pdrop=0.5, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = call_learner(EX_MODULE, model_cls, config)
+    model.load_state_dict(_reference(config).state_dict(), strict=False)
+    idx = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model.eval()
+        if not torch.equal(model(idx), model(idx)):
+            raise CheckFailed(EX_MODULE, "in eval mode two calls gave different logits: use "
+                              "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone")
+        evaluated = model(idx)
+        model.train()
+        torch.manual_seed(0)
+        if torch.equal(model(idx), evaluated):
+            raise CheckFailed(EX_MODULE, "with embd_pdrop = 0.5, training mode gives the same logits "
+                              "as eval mode: self.drop is never applied. Apply it to the sum of the "
+                              "embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))")
+    model.eval()
 
 
 def check_gpt2_module(model_cls) -> None:
@@ -149,33 +197,35 @@ def check_gpt2_module(model_cls) -> None:
     torch.manual_seed(1)
     cases = [
         torch.randint(0, config.n_positions, (2, 9)),  # ids small enough to be positions too
-        torch.randint(0, V, (3, config.n_positions)),  # the full context
+        torch.randint(0, V, (config.n_positions, 3)).T,  # the full context, a non-contiguous view
         torch.randint(0, V, (1, 1)),  # a single token
     ]
     for idx in cases:
         with torch.no_grad():
-            got = call_learner(EX_MODULE, model, idx)
-            variants = _variants(ref, idx)
-        want = variants["right"]
-        if not isinstance(got, torch.Tensor):
-            raise CheckFailed(EX_MODULE, f"forward should return a tensor of logits, got "
-                              f"{type(got).__name__}")
-        if tuple(got.shape) == tuple(idx.shape) + (C,):
+            got = call_learner(EX_MODULE, model.forward, idx)  # forward: so a wrong signature is named
+            want = _right(ref, idx)
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(idx.shape) + (C,):
             raise CheckFailed(EX_MODULE, f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
                               "the readout is missing; multiply by self.wte.weight.T to get "
                               "(B, T, vocab_size)")
-        if got.shape != want.shape:
-            raise CheckFailed(EX_MODULE, f"for idx of shape {tuple(idx.shape)} your output has shape "
-                              f"{tuple(got.shape)}; expected (B, T, vocab_size) = {tuple(want.shape)}")
-        if torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+        with torch.no_grad():
+            mistake = None if close(got, want, atol=1e-4, rtol=1e-4) else first_mistake(
+                MODULE_MISTAKES, lambda m: close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4))
+        if mistake is not None:
+            raise CheckFailed(EX_MODULE, mistake.message)
+        got = expect_tensor(EX_MODULE, got, tuple(want.shape),
+                            what=f"for idx of shape {tuple(idx.shape)} your output")
+        with torch.no_grad():
+            if not torch.equal(got, call_learner(EX_MODULE, model.forward, idx).double()):
+                raise CheckFailed(EX_MODULE, "in eval mode two calls gave different logits: use "
+                                  "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone")
+        if close(got, want, atol=1e-4, rtol=1e-4):
             continue
-        for name, value in variants.items():
-            if name != "right" and torch.allclose(got, value, atol=1e-4, rtol=1e-4):
-                raise CheckFailed(EX_MODULE, _VARIANT_MESSAGES[name])
-        worst = (got - want).abs().max().item()
+        worst = (got - want.double()).abs().max().item()
         raise CheckFailed(EX_MODULE, f"for idx of shape {tuple(idx.shape)} your logits differ "
                           f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
                           "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T")
+    _check_dropout(model_cls)
     passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
 
@@ -185,6 +235,20 @@ def check_gpt2_module(model_cls) -> None:
 def _std_of(params):
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     return flat.std().item(), flat.mean().item()
+
+
+# fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
+INIT_SCALE_MISTAKES = [
+    Mistake("1/sqrt(n_layer)", "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block "
+            "adds TWO updates to the residual stream (attention and MLP)",
+            lambda n_layer: 0.02 / math.sqrt(n_layer)),
+    Mistake("1/(2 n_layer)", "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · "
+            "n_layer) (random updates add up as √count)", lambda n_layer: 0.02 / (2 * n_layer)),
+    Mistake("GPT-2 small's depth", "look scaled for GPT-2 small's 12 layers: use the model's own "
+            "depth, model.config.n_layer", lambda n_layer: 0.02 / math.sqrt(2 * 12)),
+    Mistake("1/sqrt(2) only", "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of "
+            "updates the residual stream sums over the whole model", lambda n_layer: 0.02 / math.sqrt(2)),
+]
 
 
 def check_init_gpt2_weights(init_fn) -> None:
@@ -246,38 +310,30 @@ def check_init_gpt2_weights(init_fn) -> None:
             raise CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
 
     resid = expected / math.sqrt(2 * n_layer)
-    wrong_scales = {
-        expected / math.sqrt(n_layer): "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since "
-        "every block adds TWO updates to the residual stream (attention and MLP)",
-        expected / (2 * n_layer): "are scaled by 1/(2 · n_layer): take the square root, "
-        "0.02 / √(2 · n_layer) (random updates add up as √count)",
-        expected / math.sqrt(2 * 12): "look scaled for GPT-2 small's 12 layers: use the model's own "
-        f"depth, model.config.n_layer (here {n_layer})",
-    }
 
-    def close(value, target):
+    def near(value, target):
         return abs(value - target) <= 0.1 * target
 
     stds = {w: _std_of(group(lambda n, w=w: n.endswith(w + ".weight"))) for w in ("attn.c_proj", "mlp.c_proj")}
-    right = {w: close(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
+    right = {w: near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
     if all(right.values()):
         passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
         return
     if sum(right.values()) == 1:
         good = next(w for w, ok in right.items() if ok)
         bad = next(w for w, ok in right.items() if not ok)
-        if close(stds[bad][0], expected):
+        if near(stds[bad][0], expected):
             raise CheckFailed(EX_INIT, f"only {good} is scaled, {bad} is not: both write into the "
                               "residual stream, so both use std 0.02 / √(2 · n_layer)")
     where = next(w for w, ok in right.items() if not ok)
     std, mean = stds[where]
-    if close(std, expected):
+    if near(std, expected):
         raise CheckFailed(EX_INIT, "the residual projections (attn.c_proj, mlp.c_proj) are not "
                           f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
                           "residual stream adds up 2 · n_layer of their outputs")
-    for scale, why in wrong_scales.items():
-        if close(std, scale):
-            raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f}: they " + why)
+    mistake = first_mistake(INIT_SCALE_MISTAKES, lambda m: near(std, m.fn(n_layer)))
+    if mistake is not None:
+        raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f}: they " + mistake.message)
     raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
                       f"0.02 / √(2 · {n_layer}) = {resid:.4f}")
 
@@ -285,32 +341,52 @@ def check_init_gpt2_weights(init_fn) -> None:
 # --------------------------------------------------------------------------- Exercise 6.3
 
 
-def _formula_variants(config):
+def _right_count(config):
     V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
-    right = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
-    return right, {
-        right + V * C: "you counted the readout as well as wte: the readout is TIED to the token "
-        "table (logits = x @ wte.weight.T), so it adds no parameters",
-        right - 2 * C: "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
-        right - P * C: "the position embedding table wpe (n_positions × n_embd) is missing",
-        right - 9 * C * L: "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
-        "(3C + C + 4C + C per block) are missing",
-        right - 4 * C * L: "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
-        right - 4 * C * L - 2 * C: "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are "
-        "missing",
-        right - 9 * C * L - 4 * C * L - 2 * C: "only the weight matrices are counted: add the "
-        "biases and the LayerNorms",
-        right - L * (12 * C * C + 13 * C) + (12 * C * C + 13 * C): "only ONE block is counted: "
-        "there are n_layer of them, each with its own weights",
-        right - L * (6 * C * C + 3 * C): "the MLP is counted as n_embd → n_embd → n_embd: its "
-        "hidden layer is 4 · n_embd wide",
-        right - 2 * C * L: "each block has TWO LayerNorms, ln_1 before attention and ln_2 before "
-        "the MLP, with 2 · n_embd parameters each",
-        right - (2 * L + 1) * C: "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd "
-        "parameters, not n_embd",
-        right - L * (2 * C * C + 2 * C): "c_attn maps n_embd to 3 · n_embd (q, k and v in one "
-        "layer), so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
-    }
+    return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def _count_mistake(name, message, delta):
+    """A wrong count: the right one plus delta(V, P, C, L)."""
+    return Mistake(name, message, lambda config: _right_count(config) + delta(
+        config.vocab_size, config.n_positions, config.n_embd, config.n_layer))
+
+
+# fn(config) -> the count a wrong formula gives
+COUNT_MISTAKES = [
+    _count_mistake("untied readout", "you counted the readout as well as wte: the readout is TIED to "
+                   "the token table (logits = x @ wte.weight.T), so it adds no parameters",
+                   lambda V, P, C, L: V * C),
+    _count_mistake("no ln_f", "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+                   lambda V, P, C, L: -2 * C),
+    _count_mistake("no wpe", "the position embedding table wpe (n_positions × n_embd) is missing",
+                   lambda V, P, C, L: -P * C),
+    _count_mistake("no biases", "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
+                   "(3C + C + 4C + C per block) are missing", lambda V, P, C, L: -9 * C * L),
+    _count_mistake("no block LayerNorms", "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd "
+                   "each) are missing", lambda V, P, C, L: -4 * C * L),
+    _count_mistake("no LayerNorms", "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are "
+                   "missing", lambda V, P, C, L: -4 * C * L - 2 * C),
+    _count_mistake("weights only", "only the weight matrices are counted: add the biases and the "
+                   "LayerNorms", lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C),
+    _count_mistake("one block", "only ONE block is counted: there are n_layer of them, each with "
+                   "its own weights", lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C)),
+    _count_mistake("MLP without expansion", "the MLP is counted as n_embd → n_embd → n_embd: its "
+                   "hidden layer is 4 · n_embd wide", lambda V, P, C, L: -L * (6 * C * C + 3 * C)),
+    _count_mistake("MLP c_proj as n × n", "the MLP's c_proj is counted as n_embd × n_embd: it brings "
+                   "the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd "
+                   "(only attention's c_proj is n_embd × n_embd)", lambda V, P, C, L: -3 * C * C * L),
+    _count_mistake("one LayerNorm per block", "each block has TWO LayerNorms, ln_1 before attention "
+                   "and ln_2 before the MLP, with 2 · n_embd parameters each",
+                   lambda V, P, C, L: -2 * C * L),
+    _count_mistake("LayerNorm without bias", "a LayerNorm has a gain (weight) AND a bias: "
+                   "2 · n_embd parameters, not n_embd", lambda V, P, C, L: -(2 * L + 1) * C),
+    _count_mistake("c_attn as n × n", "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
+                   "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+                   lambda V, P, C, L: -L * (2 * C * C + 2 * C)),
+    _count_mistake("no attention c_proj", "attention's output projection c_proj (n_embd × n_embd "
+                   "and n_embd biases) is missing", lambda V, P, C, L: -L * (C * C + C)),
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -341,14 +417,78 @@ def check_count_gpt2_parameters(count_fn) -> None:
             continue
         sizes = (f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
                  f"n_embd={config.n_embd}, n_layer={config.n_layer}")
-        right, variants = _formula_variants(config)
         if config is not configs[0] and got == _meta_count(tuple(sorted(vars(configs[0]).items()))):
             raise CheckFailed(EX_COUNT, f"for {sizes} you return GPT-2 small's count, 124,439,808; "
                               "compute it from the config's fields (config.n_embd, config.n_layer, ...)")
-        assert right == want, "the check's formula disagrees with gpt2lib.GPT2"
-        why = variants.get(got)
-        if why is not None:
-            raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: {why}")
+        assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
+        mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
+        if mistake is not None:
+            raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: "
+                              + mistake.message)
         raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,} "
                           f"(off by {got - want:+,}); go through the parts listed in the exercise")
     passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
+
+
+# --------------------------------------------------------------------------- Exercise 6.4
+
+
+def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
+    weights = n_params * bytes_per_number * scale
+    parts = {"weights": weights, "gradients": gradients * weights, "optimizer": optimizer * weights}
+    return {**parts, "total": sum(parts.values())}
+
+
+# fn(n_params, bytes_per_number) -> the dict a wrong answer returns
+MEMORY_MISTAKES = [
+    Mistake("one optimizer state", "your optimizer state is one number per parameter: AdamW keeps "
+            "TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
+            lambda n, b: _memory(n, b, optimizer=1)),
+    Mistake("no gradients", "the gradients are missing: loss.backward() stores one gradient per "
+            "parameter, as big as the weights", lambda n, b: _memory(n, b, gradients=0)),
+    Mistake("optimizer with gradients", "your optimizer state is three numbers per parameter: AdamW "
+            "keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
+            lambda n, b: _memory(n, b, optimizer=3)),
+    Mistake("bits", "your counts are in bits (×8): the answer is in bytes, n_params × "
+            "bytes_per_number", lambda n, b: _memory(n, b, scale=8)),
+    Mistake("fixed 4 bytes", "your counts ignore bytes_per_number (they assume 4, float32): use the "
+            "argument, 2 for bfloat16, 8 for float64", lambda n, b: _memory(n, 4)),
+]
+
+
+def check_training_memory(training_memory) -> None:
+    """Exercise 6.4: `training_memory(n_params, bytes_per_number=4)` -> dict of byte counts."""
+    keys = ("weights", "gradients", "optimizer", "total")
+    for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
+        got = call_learner(EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number)
+        if not isinstance(got, dict):
+            raise CheckFailed(EX_MEMORY, f"return a dict with the keys {', '.join(keys)}; got "
+                              f"{type(got).__name__}")
+        missing = [k for k in keys if k not in got]
+        if missing:
+            raise CheckFailed(EX_MEMORY, f"your dict lacks the key(s) {', '.join(map(repr, missing))}: "
+                              f"use exactly {', '.join(map(repr, keys))}")
+        for key in keys:
+            value = got[key]
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise CheckFailed(EX_MEMORY, f"got[{key!r}] should be a number of bytes, got "
+                                  f"{type(value).__name__}")
+        want = _memory(n_params, bytes_per_number)
+        if all(got[k] == want[k] for k in keys):
+            continue
+        case = f"for {n_params:,} parameters of {bytes_per_number} bytes"
+        if got["total"] != got["weights"] + got["gradients"] + got["optimizer"] and all(
+                got[k] == want[k] for k in keys[:3]):
+            raise CheckFailed(EX_MEMORY, f"{case}, 'total' is {got['total']:,}, but it should be the "
+                              "sum of the other three, weights + gradients + optimizer")
+        mistake = first_mistake(MEMORY_MISTAKES, lambda m: all(
+            got[k] == m.fn(n_params, bytes_per_number)[k] for k in keys))
+        if mistake is not None:
+            raise CheckFailed(EX_MEMORY, f"{case}: " + mistake.message)
+        wrong = next(k for k in keys if got[k] != want[k])
+        if got[wrong] * 2**20 == want[wrong] or got[wrong] * 2**30 == want[wrong]:
+            raise CheckFailed(EX_MEMORY, f"{case}, your {wrong!r} looks converted to MiB or GiB: "
+                              "return bytes (divide by 2**20 only to print)")
+        raise CheckFailed(EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got "
+                          f"{got[wrong]:,}")
+    passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
