@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.attention import Conv1D
+from gpt2lib.layers import Conv1D
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import mlp as checks
 from gpt2lib.config import GPT2Config
