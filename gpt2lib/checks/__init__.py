@@ -5,7 +5,7 @@ by hand. Every check either prints a line starting with ✅ or raises `CheckFail
 """
 
 from gpt2lib.checks._core import (CheckFailed, Mistake, NotDoneYet, call_learner, close,
-                                  expect_tensor, first_mistake, passed)
+                                  expect_tensor, first_mistake, passed, seeded_call)
 
 __all__ = ["CheckFailed", "Mistake", "NotDoneYet", "call_learner", "close", "expect_tensor",
-           "first_mistake", "passed"]
+           "first_mistake", "passed", "seeded_call"]

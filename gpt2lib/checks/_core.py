@@ -66,6 +66,23 @@ def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
                                atol=atol, rtol=rtol))
 
 
+
+CHECK_SEED = 1234  # the seed seeded_call uses, so that a check's dropout masks line up
+
+
+def seeded_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) without gradients, with torch's global RNG seeded to CHECK_SEED.
+
+    Two calls then draw the same dropout masks, so a learner's module in train mode can be
+    compared with the reference. The notebook's own random state is restored afterwards."""
+    import torch
+
+    with torch.random.fork_rng():
+        torch.manual_seed(CHECK_SEED)
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+
 def expect_tensor(exercise: str, got: Any, shape: tuple | None = None, *, what: str = "your result",
                   finite: bool = True, hints: dict[tuple, str] | None = None):
     """Check the form of a learner's tensor before its values, naming what is off.

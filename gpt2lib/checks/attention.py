@@ -22,6 +22,7 @@ from gpt2lib.checks._core import (
     expect_tensor,
     first_mistake,
     passed,
+    seeded_call,
 )
 
 EX_PREVIOUS = "Exercise 3.1 (previous_token_head)"
@@ -359,16 +360,6 @@ MODULE_MISTAKES = [
             lambda x, w, n, p: _gpt2_attention(x, w, n)),
 ]
 
-_SEED = 1234
-
-
-def _seeded(fn, *args, **kwargs):
-    """fn with the global RNG seeded, so that dropout masks line up; the caller's RNG is restored."""
-    with torch.random.fork_rng():
-        torch.manual_seed(_SEED)
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-
 
 def _build(attention_cls, config):
     module = call_learner(EX_MODULE, attention_cls, config)
@@ -391,7 +382,7 @@ def _build(attention_cls, config):
 def _run(module, x, **kwargs):
     try:
         # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
-        return _seeded(call_learner, EX_MODULE, module.forward, x, **kwargs)
+        return seeded_call(call_learner, EX_MODULE, module.forward, x, **kwargs)
     except RuntimeError as exc:
         _view_hint(EX_MODULE, exc)
 
@@ -425,7 +416,7 @@ def _check_causal_self_attention(attention_cls) -> None:
         got = expect_tensor(EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output")
         if close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
             continue
-        found = first_mistake(MODULE_MISTAKES, lambda m, got=got, x=x: close(got, _seeded(m.fn, x, w, nh, 0.0), rtol=1e-4))
+        found = first_mistake(MODULE_MISTAKES, lambda m, got=got, x=x: close(got, seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4))
         if found:
             raise CheckFailed(EX_MODULE, found.message)
         raise CheckFailed(EX_MODULE, f"the shape is right but the output differs from GPT-2's attention "
@@ -447,7 +438,7 @@ def _check_causal_self_attention(attention_cls) -> None:
     module.train()
     x = torch.randn(4, 6, config.n_embd, generator=gen)
     got = expect_tensor(EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode")
-    if close(got, _seeded(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
+    if close(got, seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
         passed(EX_MODULE, "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only")
         return
     no_dropout = _gpt2_attention(x, w, nh)
@@ -456,7 +447,7 @@ def _check_causal_self_attention(attention_cls) -> None:
     if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4):
         passed(EX_MODULE, "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only")
         return  # dropout drawn another way (its own random numbers): still right
-    found = first_mistake(MODULE_MISTAKES, lambda m: close(got, _seeded(m.fn, x, w, nh, p), rtol=1e-4))
+    found = first_mistake(MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4))
     if found:
         raise CheckFailed(EX_MODULE, found.message)
     raise CheckFailed(EX_MODULE, "in eval() mode your layer is right, but in train() mode it is not the layer "

@@ -20,6 +20,7 @@ from gpt2lib.checks._core import (
     expect_tensor,
     first_mistake,
     passed,
+    seeded_call,
 )
 
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
@@ -258,19 +259,9 @@ EMBEDDINGS_MISTAKES = [
             lambda m, idx, past: F.dropout(m.wte(idx) + m.wpe(_positions(past, idx.shape[1])), m.drop.p)),
 ]
 
-_SEED = 1234
-
-
-def _seeded(fn, *args, **kwargs):
-    """Call fn with the global RNG seeded, so that dropout masks line up; the notebook's RNG is restored."""
-    with torch.random.fork_rng():
-        torch.manual_seed(_SEED)
-        with torch.no_grad():
-            return fn(*args, **kwargs)
-
 
 def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
-    found = first_mistake(EMBEDDINGS_MISTAKES, lambda m: close(got, _seeded(m.fn, ref, idx, past)))
+    found = first_mistake(EMBEDDINGS_MISTAKES, lambda m: close(got, seeded_call(m.fn, ref, idx, past)))
     if found:
         raise CheckFailed(EX_MODULE, found.message)
     raise CheckFailed(EX_MODULE, f"{what} has the right shape but wrong values: out[b, t] must be "
@@ -280,7 +271,7 @@ def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
 def _call_embeddings(module, idx, kwargs, label):
     try:
         # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
-        return _seeded(call_learner, EX_MODULE, module.forward, idx, **kwargs)
+        return seeded_call(call_learner, EX_MODULE, module.forward, idx, **kwargs)
     except RuntimeError as exc:
         if "must match the size" in str(exc):
             raise CheckFailed(EX_MODULE, f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
@@ -332,7 +323,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         got = _call_embeddings(module, idx, kwargs, label)
         hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}
         got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
-        if not close(got, _seeded(ref, idx, past)):
+        if not close(got, seeded_call(ref, idx, past)):
             _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
 
     # a sequence in two pieces, the second after a cache of 4, gives the vectors of the whole
@@ -349,11 +340,11 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
     idx = torch.randint(0, V, (4, 8), generator=gen)
     got = expect_tensor(EX_MODULE, _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
                         (4, 8, C), what="the output in train() mode")
-    if close(got, _seeded(ref, idx, 2)):
+    if close(got, seeded_call(ref, idx, 2)):
         passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
         return
     ref.eval()
-    no_dropout = _seeded(ref, idx, 2)
+    no_dropout = seeded_call(ref, idx, 2)
     ref.train()
     kept = got != 0
     fraction_zeroed = 1 - kept.double().mean().item()
