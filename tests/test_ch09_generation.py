@@ -7,9 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpt2lib.config import GPT2Config
-from gpt2lib.generation import (EOT_TOKEN_ID, generate, next_token_probs, sample_next,
+from gpt2lib.generation import (generate, next_token_probs, sample_next,
                                 stream_text, top_k_filter, top_p_filter)
 from gpt2lib.kvcache import KVCache, write_kv
+from gpt2lib.tokenizer import ENDOFTEXT_ID
 from gpt2lib.model import GPT2
 
 INF = float("inf")
@@ -109,7 +110,7 @@ def test_greedy_matches_transformers_generate(checkpoint_dir):
     theirs = GPT2LMHeadModel.from_pretrained(str(checkpoint_dir)).eval()
     idx = torch.randint(0, 50257, (2, 6), generator=torch.Generator().manual_seed(0))
     expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=12,
-                               do_sample=False, pad_token_id=EOT_TOKEN_ID)
+                               do_sample=False, pad_token_id=ENDOFTEXT_ID)
     assert torch.equal(ours.generate(idx, 12, temperature=0), expected)
 
 
@@ -224,10 +225,10 @@ def test_stop_at_eos_uses_endoftext():
     with torch.no_grad():  # every position's logits become bias @ wte.T: <|endoftext|> wins
         model.ln_f.weight.zero_()
         model.ln_f.bias.fill_(1.0)
-        model.wte.weight[EOT_TOKEN_ID] = 100.0
+        model.wte.weight[ENDOFTEXT_ID] = 100.0
     idx = prompt(B=2, T=3, vocab=50000)
     free = generate(model, idx, 5, temperature=0)
-    assert (free[:, 3:] == EOT_TOKEN_ID).all()
+    assert (free[:, 3:] == ENDOFTEXT_ID).all()
     stopped = generate(model, idx, 5, temperature=0, stop_at_eos=True)
     assert torch.equal(stopped, free[:, :4])  # the prompt and one <|endoftext|>
 
