@@ -240,7 +240,8 @@ def _decode(model, idx, max_new_tokens, sampling, generator, eos_token_id, use_c
     try:
         with torch.no_grad():
             if fast:  # gpt2lib's engine; on CUDA with graph=True, a captured CUDA graph
-                decoder = speed.acquire_decoder(model, B, T + max_new_tokens, graph=graph)
+                decoder = speed.acquire_decoder(model, B, T + max_new_tokens,
+                                                graph=graph and max_new_tokens > 1)
                 logits = decoder.prefill(out[:, :T])  # (B, V)
             else:  # the model's own forward (growing slices of a KVCache, or no cache)
                 cache = KVCache.for_model(model, B, T + max_new_tokens) if use_cache else None
