@@ -16,7 +16,7 @@ import compare_transformers  # noqa: E402
 def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path, capsys):
     record_path = tmp_path / "record.json"
     code = compare_transformers.main([
-        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--repeats", "1",
+        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--repeats", "1", "--threads", "1",
         "--prefill-len", "64", "--skip-loading", "--skip-tokenizer", "--json", str(record_path),
     ])
     assert code == 0
