@@ -30,9 +30,12 @@ def split_matmul(x, weight, parts):
 
 
 def _split_pays(x, rows):
-    """The split was measured to win for few rows of float32 on CPUs; elsewhere use torch's."""
+    """The split was measured to win for few rows of float32 on CPUs with several threads;
+    elsewhere (one thread has nothing to spread the slabs over) use torch's own multiply."""
+    if torch.compiler.is_compiling():  # an eager trick: a compiler plans its own kernels
+        return False
     return (_split_enabled and rows <= SPLIT_MAX_ROWS and x.device.type == "cpu"
-            and x.dtype == torch.float32)
+            and x.dtype == torch.float32 and torch.get_num_threads() > 1)
 
 
 def matmul_bias(x, weight, bias):

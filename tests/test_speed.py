@@ -15,6 +15,24 @@ from gpt2lib.kvcache import KVCache
 from gpt2lib.model import GPT2
 
 
+@pytest.fixture(autouse=True)
+def several_threads():
+    """The split is only taken with more than one thread: give the tests two, then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
+def test_one_thread_never_splits(monkeypatch):
+    counter = CountSplits(monkeypatch)
+    torch.set_num_threads(1)
+    x, w, b = torch.randn(1, 64), torch.randn(64, 8), torch.randn(8)
+    torch.testing.assert_close(kernels.matmul_bias(x, w, b), torch.addmm(b, x, w))
+    kernels.readout_matmul(x, torch.randn(30, 64))
+    assert counter.split_calls == 0 and counter.bmm_calls == 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 9), slab=st.integers(1, 12), parts=st.sampled_from([1, 2, 3, 8]),
        n_out=st.integers(1, 20), seed=st.integers(0, 2**16))
