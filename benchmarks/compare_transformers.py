@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO / "tests"))  # checkpoints.py writes the hub's exact
 
 from checkpoints import write_hub_checkpoint  # noqa: E402
 from gpt2lib import GPT2  # noqa: E402
-from gpt2lib.speed import decode_bytes_per_token, memory_read_gbps, use_split_matmul  # noqa: E402
+from gpt2lib.kernels import use_split_matmul  # noqa: E402
+from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps  # noqa: E402
 
 
 # --------------------------------------------------------------------------- set-up
@@ -98,21 +99,26 @@ def ours_generate_unsplit(model, prompt, new_tokens):
 
 @torch.inference_mode()
 def ours_prefill(model, prompt):
-    from gpt2lib.kvcache import KVCache
+    """The prompt as generate() runs it: the engine's prefill into a new cache, then argmax.
 
-    cache = KVCache.for_model(model, batch_size=prompt.shape[0], max_len=prompt.shape[1])
-    return model(prompt, kv_cache=cache, last_only=True)
+    (generate() itself refuses a 1,024-token prompt plus a new token: that is 1,025 positions.)
+    """
+    from gpt2lib.speed import Decoder
+
+    decoder = Decoder(model, prompt.shape[0], prompt.shape[1])
+    return decoder.prefill(prompt).argmax(-1)
 
 
 @torch.inference_mode()
 def hf_prefill(model, prompt):
-    return model(prompt, use_cache=True, logits_to_keep=1).logits
+    """The same for transformers: one forward with a new cache, then the argmax."""
+    return model(prompt, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
 
 
 def cpu_name() -> str:
     """The CPU's model name where Linux tells it (platform.processor() is often empty)."""
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -209,7 +215,7 @@ def summary(seconds: list[float], work: float) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, help="folder with config.json + model.safetensors")
     p.add_argument("--device", default="cpu")
@@ -221,7 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--uncached-new-tokens", type=int, default=32,
                    help="new tokens for the no-cache baseline (it is slow: quadratic)")
     p.add_argument("--prefill-len", type=int, default=1024)
-    p.add_argument("--compile", action="store_true", help="gpt2lib's compiled decode step (GPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="gpt2lib's captured CUDA graph for the decode step (GPU)")
     p.add_argument("--quick", action="store_true", help="3 repeats, 32 new tokens: a smoke run")
     p.add_argument("--skip-loading", action="store_true")
     p.add_argument("--skip-tokenizer", action="store_true")
@@ -229,28 +236,175 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.new_tokens, args.uncached_new_tokens = 3, 32, 16
+    return args
+
+
+def machine_record(args) -> dict:
+    import transformers
+
+    return {
+        "platform": platform.platform(),
+        "processor": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
+        "dtype": args.dtype,
+    }
+
+
+class Bench:
+    """The two models, the settings, and what was measured so far (record and table rows)."""
+
+    def __init__(self, args, ours, hf, record):
+        self.args, self.ours, self.hf, self.record = args, ours, hf, record
+        self.rows = []
+        self.gen = torch.Generator().manual_seed(1)
+        self.compile = args.compile
+
+    def prompt(self, batch, length=None):
+        length = length or self.args.prompt_len
+        ids = torch.randint(0, self.ours.config.vocab_size, (batch, length), generator=self.gen)
+        return ids.to(self.args.device)
+
+    def generate(self, prompt, n, use_cache=True):
+        if self.compile and use_cache:
+            with torch.inference_mode():
+                return self.ours.generate(prompt, n, temperature=0.0, compile=True)
+        return ours_generate(self.ours, prompt, n, use_cache)
+
+    def compare(self, name, fn_ours, fn_hf, work, unit):
+        t_ours, t_hf = timed_pair(fn_ours, fn_hf, self.args.repeats, self.args.device)
+        s_ours, s_hf = summary(t_ours, work), summary(t_hf, work)
+        ratio = s_ours["median"] / s_hf["median"]
+        self.record["results"][name] = {"unit": unit, "gpt2lib": s_ours, "transformers": s_hf,
+                                        "ratio": ratio}
+        self.rows.append((name, unit, s_ours, s_hf, ratio))
+        print(f"  {name}: {s_ours['median']:.1f} vs {s_hf['median']:.1f} {unit} ({ratio:.2f}x)")
+
+
+def check_identical(bench) -> bool:
+    """Greedy generations of both libraries must agree before anything is timed."""
+    for batch in (1, 8):
+        prompt = bench.prompt(batch)
+        a = bench.generate(prompt, bench.args.new_tokens)
+        b = hf_loop(bench.hf, prompt, bench.args.new_tokens)
+        c = hf_generate(bench.hf, prompt, bench.args.new_tokens)
+        same = torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), c.cpu())
+        bench.record["results"][f"greedy_identical_batch{batch}"] = same
+        print(f"greedy output identical to transformers, batch {batch}: {same}")
+        if not same:
+            where = (a.cpu() != c.cpu()).nonzero()
+            print(f"  first difference at (row, position) {tuple(where[0].tolist())}")
+            print("  refusing to time implementations that disagree")
+            return False
+    return True
+
+
+def time_decoding(bench) -> None:
+    n = bench.args.new_tokens
+    for batch in (1, 8):
+        prompt = bench.prompt(batch)
+        bench.compare(f"decode, KV cache, batch {batch}",
+                      lambda: bench.generate(prompt, n), lambda: hf_loop(bench.hf, prompt, n),
+                      batch * n, "tokens/s")
+        if batch == 1:
+            bench.compare("decode, KV cache, batch 1 (vs transformers generate())",
+                          lambda: bench.generate(prompt, n),
+                          lambda: hf_generate(bench.hf, prompt, n), batch * n, "tokens/s")
+            if bench.args.device == "cpu":
+                bench.compare("decode, KV cache, batch 1, gpt2lib without split matmul",
+                              lambda: ours_generate_unsplit(bench.ours, prompt, n),
+                              lambda: hf_loop(bench.hf, prompt, n), batch * n, "tokens/s")
+    prompt = bench.prompt(1)
+    n = bench.args.uncached_new_tokens
+    bench.compare("decode, no cache, batch 1",
+                  lambda: bench.generate(prompt, n, use_cache=False),
+                  lambda: hf_loop(bench.hf, prompt, n, use_cache=False), n, "tokens/s")
+
+
+def report_bandwidth(bench) -> None:
+    """Batch-1 decoding reads every weight once per token: how close each comes to memory speed."""
+    per_token = decode_bytes_per_token(bench.ours)
+    decode1 = bench.record["results"]["decode, KV cache, batch 1"]
+    achieved = {k: decode1[k]["median"] * per_token / 1e9 for k in ("gpt2lib", "transformers")}
+    decode1["weights_gb_per_s"] = achieved
+    decode1["weight_bytes_per_token"] = per_token
+    line = (f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
+            f"{achieved['transformers']:.1f} GB/s (transformers)")
+    if bench.args.device == "cpu":
+        bandwidth = memory_read_gbps()
+        bench.record["machine"]["memory_read_gb_per_s"] = bandwidth
+        line += (f"; this machine reads {bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per "
+                 f"token: at most {bandwidth * 1e9 / per_token:.0f} tokens/s)")
+    print(line)
+
+
+def time_prefill(bench) -> None:
+    long_prompt = bench.prompt(1, bench.args.prefill_len)
+    bench.compare(f"prefill, {bench.args.prefill_len} tokens",
+                  lambda: ours_prefill(bench.ours, long_prompt),
+                  lambda: hf_prefill(bench.hf, long_prompt), bench.args.prefill_len, "tokens/s")
+
+
+def time_loading(bench, folder: Path) -> None:
+    runs = measure_loading(folder, max(3, bench.args.repeats // 2), bench.args.threads)
+    s_ours = summary([r["seconds"] for r in runs["gpt2lib"]], 1.0)
+    s_hf = summary([r["seconds"] for r in runs["transformers"]], 1.0)
+    peak = {k: statistics.median(r["added_mib"] or 0.0 for r in v) for k, v in runs.items()}
+    ratio = s_ours["median"] / s_hf["median"]
+    load_only = {k: statistics.median(r["load_only_seconds"] for r in v) for k, v in runs.items()}
+    bench.record["results"]["loading"] = {
+        "unit": "loads/s", "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio,
+        "peak_added_mib": peak, "load_only_seconds": load_only,
+    }
+    bench.rows.append(("load 124M safetensors + first forward", "loads/s", s_ours, s_hf, ratio))
+    print(f"  loading + first forward: {s_ours['median_seconds']:.2f} s vs "
+          f"{s_hf['median_seconds']:.2f} s (from_pretrained alone {load_only['gpt2lib']:.2f} s vs "
+          f"{load_only['transformers']:.2f} s); peak added memory {peak['gpt2lib']:.0f} MiB vs "
+          f"{peak['transformers']:.0f} MiB")
+
+
+def time_tokenizer(bench) -> None:
+    import tokenizer_speed
+
+    tok = tokenizer_speed.measure(tokenizer_speed.english_text(), repeats=3)
+    bench.record["results"]["tokenizer"] = tok
+    for label, key in (("cold", "bpe_cold_mb_s"), ("warm", "bpe_warm_mb_s")):
+        ours = {"median": tok[key], "min": tok[key], "max": tok[key]}
+        theirs = {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"],
+                  "max": tok["tiktoken_mb_s"]}
+        bench.rows.append((f"tokenizer: teaching BPE ({label} cache) vs tiktoken", "MB/s", ours,
+                           theirs, tok[key] / tok["tiktoken_mb_s"]))
+
+
+def print_table(record, rows, args) -> None:
+    print()
+    if "memory_read_gb_per_s" in record["machine"]:
+        print(f"memory read speed (sum of 256 MB): {record['machine']['memory_read_gb_per_s']:.1f} GB/s")
+    print(f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
+          f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
+          f"{args.device} {args.dtype}, weights: {record['weights']}")
+    print(f"| {'measure':<56} | {'unit':<8} | {'gpt2lib':>18} | {'transformers':>18} | ratio |")
+    print(f"|{'-' * 58}|{'-' * 10}|{'-' * 20}|{'-' * 20}|-------|")
+    for name, unit, a, b, ratio in rows:
+        if unit == "loads/s":
+            fa, fb, unit = f"{1 / a['median']:.2f} s", f"{1 / b['median']:.2f} s", "time"
+        else:
+            fa = f"{a['median']:.1f} ({a['min']:.1f}-{a['max']:.1f})"
+            fb = f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f})"
+        print(f"| {name:<56} | {unit:<8} | {fa:>18} | {fb:>18} | {ratio:4.2f}x |")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-
-    record = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": cpu_name(),
-            "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "device": args.device,
-            "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
-            "dtype": args.dtype,
-        },
-        "results": {},
-    }
-    import transformers
-
-    record["machine"]["transformers"] = transformers.__version__
-
+    record = {"machine": machine_record(args), "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.checkpoint
         if folder is None:
@@ -260,125 +414,21 @@ def main(argv=None) -> int:
         else:
             record["weights"] = str(folder)
         ours = GPT2.from_pretrained(str(folder), device=args.device, dtype=dtype).eval()
-        hf = load_hf(folder, args.device, dtype)
-        vocab = ours.config.vocab_size
-        gen = torch.Generator().manual_seed(1)
-
-        # 1. Identical greedy generations before any timing.
-        for batch in (1, 8):
-            prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(args.device)
-            a = ours_generate(ours, prompt, args.new_tokens)
-            b = hf_loop(hf, prompt, args.new_tokens)
-            c = hf_generate(hf, prompt, args.new_tokens)
-            same = torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), c.cpu())
-            record["results"][f"greedy_identical_batch{batch}"] = same
-            print(f"greedy output identical to transformers, batch {batch}: {same}")
-            if not same:
-                where = (a.cpu() != c.cpu()).nonzero()
-                print(f"  first difference at (row, position) {tuple(where[0].tolist())}")
-                print("  refusing to time implementations that disagree")
-                return 1
-
-        rows = []
-
-        def compare(name, fn_ours, fn_hf, work, unit):
-            t_ours, t_hf = timed_pair(fn_ours, fn_hf, args.repeats, args.device)
-            s_ours, s_hf = summary(t_ours, work), summary(t_hf, work)
-            ratio = s_ours["median"] / s_hf["median"]
-            record["results"][name] = {"unit": unit, "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio}
-            rows.append((name, unit, s_ours, s_hf, ratio))
-            print(f"  {name}: {s_ours['median']:.1f} vs {s_hf['median']:.1f} {unit} ({ratio:.2f}x)")
-
+        bench = Bench(args, ours, load_hf(folder, args.device, dtype), record)
+        if not check_identical(bench):
+            return 1
         print("timing (gpt2lib vs transformers, medians):")
-        for batch in (1, 8):
-            prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(args.device)
-            n = args.new_tokens
-            compare(f"decode, KV cache, batch {batch}",
-                    lambda: ours_generate(ours, prompt, n), lambda: hf_loop(hf, prompt, n),
-                    batch * n, "tokens/s")
-            if batch == 1:
-                compare("decode, KV cache, batch 1 (vs transformers generate())",
-                        lambda: ours_generate(ours, prompt, n), lambda: hf_generate(hf, prompt, n),
-                        batch * n, "tokens/s")
-                if args.device == "cpu":
-                    compare("decode, KV cache, batch 1, gpt2lib without split matmul",
-                            lambda: ours_generate_unsplit(ours, prompt, n),
-                            lambda: hf_loop(hf, prompt, n), batch * n, "tokens/s")
-        prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen).to(args.device)
-        n = args.uncached_new_tokens
-        compare("decode, no cache, batch 1",
-                lambda: ours_generate(ours, prompt, n, use_cache=False),
-                lambda: hf_loop(hf, prompt, n, use_cache=False), n, "tokens/s")
-        # Batch-1 decoding reads every weight once per token: how close each comes to memory speed.
-        per_token = decode_bytes_per_token(ours)
-        decode1 = record["results"]["decode, KV cache, batch 1"]
-        achieved = {k: decode1[k]["median"] * per_token / 1e9 for k in ("gpt2lib", "transformers")}
-        decode1["weights_gb_per_s"] = achieved
-        decode1["weight_bytes_per_token"] = per_token
-        if args.device == "cpu":
-            bandwidth = memory_read_gbps()
-            record["machine"]["memory_read_gb_per_s"] = bandwidth
-            print(f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
-                  f"{achieved['transformers']:.1f} GB/s (transformers); this machine reads "
-                  f"{bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per token: at most "
-                  f"{bandwidth * 1e9 / per_token:.0f} tokens/s)")
-        else:
-            print(f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
-                  f"{achieved['transformers']:.1f} GB/s (transformers)")
-        long_prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=gen).to(args.device)
-        compare(f"prefill, {args.prefill_len} tokens",
-                lambda: ours_prefill(ours, long_prompt), lambda: hf_prefill(hf, long_prompt),
-                args.prefill_len, "tokens/s")
-
+        time_decoding(bench)
+        report_bandwidth(bench)
+        time_prefill(bench)
         if not args.skip_loading and args.device == "cpu":
-            runs = measure_loading(folder, max(3, args.repeats // 2), args.threads)
-            s_ours = summary([r["seconds"] for r in runs["gpt2lib"]], 1.0)
-            s_hf = summary([r["seconds"] for r in runs["transformers"]], 1.0)
-            peak = {k: statistics.median(r["added_mib"] or 0.0 for r in v) for k, v in runs.items()}
-            ratio = s_ours["median"] / s_hf["median"]
-            record["results"]["loading"] = {
-                "unit": "loads/s", "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio,
-                "peak_added_mib": peak,
-            }
-            rows.append(("load 124M safetensors + first forward", "loads/s", s_ours, s_hf, ratio))
-            load_only = {k: statistics.median(r["load_only_seconds"] for r in v) for k, v in runs.items()}
-            record["results"]["loading"]["load_only_seconds"] = load_only
-            print(f"  loading + first forward: {s_ours['median_seconds']:.2f} s vs "
-                  f"{s_hf['median_seconds']:.2f} s (from_pretrained alone {load_only['gpt2lib']:.2f} s vs "
-                  f"{load_only['transformers']:.2f} s); peak added memory {peak['gpt2lib']:.0f} MiB vs "
-                  f"{peak['transformers']:.0f} MiB")
-
+            time_loading(bench, folder)
     if not args.skip_tokenizer:
-        import tokenizer_speed
-
-        text = tokenizer_speed.english_text()
-        tok = tokenizer_speed.measure(text, repeats=3)
-        record["results"]["tokenizer"] = tok
-        rows.append(("tokenizer: teaching BPE (cold cache) vs tiktoken", "MB/s",
-                     {"median": tok["bpe_cold_mb_s"], "min": tok["bpe_cold_mb_s"], "max": tok["bpe_cold_mb_s"]},
-                     {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"], "max": tok["tiktoken_mb_s"]},
-                     tok["bpe_cold_mb_s"] / tok["tiktoken_mb_s"]))
-        rows.append(("tokenizer: teaching BPE (warm cache) vs tiktoken", "MB/s",
-                     {"median": tok["bpe_warm_mb_s"], "min": tok["bpe_warm_mb_s"], "max": tok["bpe_warm_mb_s"]},
-                     {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"], "max": tok["tiktoken_mb_s"]},
-                     tok["bpe_warm_mb_s"] / tok["tiktoken_mb_s"]))
-
-    print()
-    if "memory_read_gb_per_s" in record["machine"]:
-        print(f"memory read speed (sum of 256 MB): {record['machine']['memory_read_gb_per_s']:.1f} GB/s")
-    print(f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
-          f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
-          f"{args.device} {args.dtype}, weights: {record['weights']}")
-    print(f"| {'measure':<52} | {'unit':<8} | {'gpt2lib':>18} | {'transformers':>18} | ratio |")
-    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 20}|{'-' * 20}|-------|")
-    for name, unit, a, b, ratio in rows:
-        fa = f"{a['median']:.1f} ({a['min']:.1f}-{a['max']:.1f})" if unit != "loads/s" else f"{1 / a['median']:.2f} s"
-        fb = f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f})" if unit != "loads/s" else f"{1 / b['median']:.2f} s"
-        print(f"| {name:<52} | {unit if unit != 'loads/s' else 'time':<8} | {fa:>18} | {fb:>18} | {ratio:4.2f}x |")
-
+        time_tokenizer(bench)
+    print_table(record, bench.rows, args)
     out = args.json or REPO / "benchmarks" / "results" / time.strftime("compare-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2))
+    out.write_text(json.dumps(record, indent=2), encoding="utf-8")
     print(f"\nrecord written to {out}")
     return 0
 

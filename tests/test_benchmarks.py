@@ -16,7 +16,7 @@ import compare_transformers  # noqa: E402
 def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path, capsys):
     record_path = tmp_path / "record.json"
     code = compare_transformers.main([
-        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--repeats", "1",
+        "--checkpoint", os.environ["GPT2LIB_CHECKPOINT"], "--quick", "--repeats", "1", "--threads", "1",
         "--prefill-len", "64", "--skip-loading", "--skip-tokenizer", "--json", str(record_path),
     ])
     assert code == 0
@@ -54,3 +54,39 @@ def test_benchmark_refuses_to_time_models_that_disagree(tmp_path, monkeypatch, c
     ])
     assert code == 1
     assert "refusing to time" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_run_on_cpu_writes_its_record(tmp_path, monkeypatch, capsys):
+    """`gpu_check.py --device cpu --quick`: the GPU check's code path, on a tiny model."""
+    import gpu_check
+
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    record_path = tmp_path / "gpu.json"
+    code = gpu_check.main(["--device", "cpu", "--quick", "--no-install", "--json", str(record_path)])
+    assert code == 0
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    assert record["results"]["greedy_identical_float32"] is True
+    for dtype in ("bfloat16", "float32"):
+        for batch in (1, 8):
+            rows = record["results"][dtype][f"batch {batch}"]
+            assert rows["greedy_identical"]["gpt2lib eager"] in (True, False)
+            for name in ("transformers generate", "gpt2lib eager"):
+                assert rows[name]["tokens_per_s"] > 0
+            assert rows["gpt2lib eager"]["weights_gb_per_s"] == pytest.approx(
+                rows["gpt2lib eager"]["tokens_per_s"] / batch
+                * record["results"][dtype]["weight_bytes_per_token"] / 1e9)
+    assert record["results"]["float32"]["batch 1"]["greedy_identical"]["gpt2lib eager"] is True
+    assert record["machine"]["memory_read_gb_per_s"] > 0
+    assert len(list((tmp_path / "out").glob("gpu-check-cpu-*.json"))) == 1  # the $OUT copy
+    assert "float32 greedy tokens identical: True" in capsys.readouterr().out
+
+
+def test_gpu_check_refuses_cuda_when_there_is_none(capsys):
+    import gpu_check
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert gpu_check.main(["--device", "cuda", "--quick", "--no-install"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().out

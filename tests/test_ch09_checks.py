@@ -278,7 +278,7 @@ def split_right_only_when_small(x, weight, parts):  # e.g. a precision loss at G
 
 
 def test_split_matmul_check_passes_the_reference_and_einsum():
-    from gpt2lib.speed import split_matmul
+    from gpt2lib.kernels import split_matmul
 
     C.check_split_matmul(split_matmul)
     C.check_split_matmul(split_einsum)
@@ -296,3 +296,85 @@ def test_split_matmul_check_passes_the_reference_and_einsum():
 def test_split_matmul_check_names_each_mistake(answer, message):
     with pytest.raises(CheckFailed, match=message):
         C.check_split_matmul(answer)
+
+
+# --------------------------------------------------------------------------- bad fills (9.2, 9.3)
+
+
+@pytest.mark.parametrize("fill, phrase", [(float("inf"), r"\+inf"), (float("nan"), "NaN")])
+def test_top_k_refuses_fills_that_break_softmax(fill, phrase):
+    def wrong(logits, k):
+        threshold = torch.topk(logits, k, -1).values[..., -1:]
+        return logits.masked_fill(logits < threshold, fill)
+
+    with pytest.raises(CheckFailed, match=phrase):
+        C.check_top_k_filter(wrong)
+
+
+@pytest.mark.parametrize("fill, phrase", [(float("inf"), r"\+inf"), (float("nan"), "NaN")])
+def test_top_p_refuses_fills_that_break_softmax(fill, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        C.check_top_p_filter(top_p_variant(fill=fill))
+
+
+# --------------------------------------------------------------------------- 9.4 offset mask
+
+
+def offset_with_tril(q, k, v, past):  # the reference, as the notebook writes it
+    return K.attend_with_offset(q, k, v, past)
+
+
+def offset_with_indices(q, k, v, past):  # index comparison, adding -inf, float64
+    T = q.shape[-2]
+    scores = (q.double() @ k.double().transpose(-2, -1)) / q.shape[-1] ** 0.5
+    key_pos = torch.arange(past + T)[None, :]
+    query_pos = torch.arange(T)[:, None] + past
+    scores = scores + torch.where(key_pos <= query_pos, 0.0, float("-inf"))
+    return scores.softmax(-1) @ v.double()
+
+
+def offset_with_sdpa(q, k, v, past):  # torch's attention with an explicit boolean mask
+    T = q.shape[-2]
+    allowed = torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+def test_offset_mask_accepts_correct_answers(capsys):
+    for answer in (offset_with_tril, offset_with_indices, offset_with_sdpa):
+        C.check_attend_with_offset(answer)
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+@pytest.mark.parametrize("mistake", C.OFFSET_MASK_MISTAKES, ids=lambda m: m.name)
+def test_offset_mask_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=mistake.message[:40]):
+        C.check_attend_with_offset(mistake.fn)
+
+
+def test_offset_mask_names_is_causal_as_ignoring_the_offset():
+    def with_is_causal(q, k, v, past):  # top-left aligned: the queries taken as positions 0..
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with pytest.raises(CheckFailed, match="the offset is ignored"):
+        C.check_attend_with_offset(with_is_causal)
+
+
+def test_offset_mask_names_a_mask_with_every_key_hidden():
+    def inverted(q, k, v, past):  # masked_fill where the query MAY look
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        allowed = torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)
+        return scores.masked_fill(allowed, float("-inf")).softmax(-1) @ v
+
+    with pytest.raises(CheckFailed, match="wrong side"):
+        C.check_attend_with_offset(inverted)
+
+
+def test_offset_mask_not_done_and_wrong_shape():
+    def stub(q, k, v, past):
+        raise NotImplementedError("Exercise 9.4")
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        C.check_attend_with_offset(stub)
+    with pytest.raises(CheckFailed, match="shape"):
+        C.check_attend_with_offset(lambda q, k, v, past: q[..., 0])

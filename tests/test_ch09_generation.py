@@ -7,9 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpt2lib.config import GPT2Config
-from gpt2lib.generation import (EOT_TOKEN_ID, generate, next_token_probs, sample_next,
+from gpt2lib.generation import (generate, next_token_probs, sample_next,
                                 stream_text, top_k_filter, top_p_filter)
 from gpt2lib.kvcache import KVCache, write_kv
+from gpt2lib.tokenizer import ENDOFTEXT_ID
 from gpt2lib.model import GPT2
 
 INF = float("inf")
@@ -109,7 +110,7 @@ def test_greedy_matches_transformers_generate(checkpoint_dir):
     theirs = GPT2LMHeadModel.from_pretrained(str(checkpoint_dir)).eval()
     idx = torch.randint(0, 50257, (2, 6), generator=torch.Generator().manual_seed(0))
     expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=12,
-                               do_sample=False, pad_token_id=EOT_TOKEN_ID)
+                               do_sample=False, pad_token_id=ENDOFTEXT_ID)
     assert torch.equal(ours.generate(idx, 12, temperature=0), expected)
 
 
@@ -224,10 +225,10 @@ def test_stop_at_eos_uses_endoftext():
     with torch.no_grad():  # every position's logits become bias @ wte.T: <|endoftext|> wins
         model.ln_f.weight.zero_()
         model.ln_f.bias.fill_(1.0)
-        model.wte.weight[EOT_TOKEN_ID] = 100.0
+        model.wte.weight[ENDOFTEXT_ID] = 100.0
     idx = prompt(B=2, T=3, vocab=50000)
     free = generate(model, idx, 5, temperature=0)
-    assert (free[:, 3:] == EOT_TOKEN_ID).all()
+    assert (free[:, 3:] == ENDOFTEXT_ID).all()
     stopped = generate(model, idx, 5, temperature=0, stop_at_eos=True)
     assert torch.equal(stopped, free[:, :4])  # the prompt and one <|endoftext|>
 
@@ -367,3 +368,163 @@ def test_compile_flag_is_harmless_on_cpu(model):
 
 def test_zero_new_tokens_returns_the_prompt(model):
     assert torch.equal(generate(model, prompt(), 0), prompt())
+
+
+# --------------------------------------------------------------------------- arguments, once
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(seed="abc"), TypeError, r"seed must be an int in \[0, 2\*\*64\), got 'abc'"),
+    (dict(seed=2**70), ValueError, r"seed must be in \[0, 2\*\*64\)"),
+    (dict(seed=True), TypeError, "seed must be an int"),
+    (dict(eos_token_id="x"), TypeError, "eos_token_id must be a token id"),
+    (dict(eos_token_id=True), TypeError, "eos_token_id must be a token id"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be >= 0"),
+    (dict(generator="g"), TypeError, "generator must be a torch.Generator"),
+    (dict(use_cache="yes"), TypeError, "use_cache must be True or False"),
+])
+def test_bad_generate_arguments_name_the_argument_before_any_work(model, monkeypatch, kwargs,
+                                                                  error, message):
+    from gpt2lib import speed
+
+    monkeypatch.setattr(speed, "acquire_decoder", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(error, match=message):
+        generate(model, prompt(), 3, **kwargs)
+
+
+def test_numpy_scalars_are_accepted(model):
+    np = pytest.importorskip("numpy")
+    a = generate(model, prompt(), 6, temperature=np.float32(0.7), top_k=np.int64(20),
+                 top_p=np.float64(0.9), seed=np.int64(3), eos_token_id=np.int64(5))
+    b = generate(model, prompt(), 6, temperature=0.7, top_k=20, top_p=0.9, seed=3,
+                 eos_token_id=5)
+    assert torch.equal(a, b)
+
+
+def test_a_tiny_temperature_is_greedy_not_a_crash(model):
+    greedy = generate(model, prompt(), 6, temperature=0)
+    for t in (1e-45, 5e-324, 1e-30):
+        assert torch.equal(generate(model, prompt(), 6, temperature=t, seed=0), greedy)
+    probs = next_token_probs(torch.tensor([[1.0, 3.0, 2.0]]), 1e-45)
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_the_prompt_and_the_settings_are_checked_once(model, monkeypatch):
+    from gpt2lib import generation
+
+    counts = {"prompt": 0, "sampling": 0}
+    real_prompt, real_sampling = generation._check_prompt, generation.check_sampling_args
+
+    def count(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(generation, "_check_prompt", count("prompt", real_prompt))
+    monkeypatch.setattr(generation, "check_sampling_args", count("sampling", real_sampling))
+    generate(model, prompt(), 10, temperature=0.8, top_k=5, seed=0)
+    assert counts == {"prompt": 1, "sampling": 1}
+    list(generation.stream_text(ScriptedModel([65] * 12), ByteTokenizer(), "x", 5, temperature=0))
+    assert counts == {"prompt": 2, "sampling": 2}
+
+
+def test_decode_tokens_arguments_after_the_count_are_keyword_only(model):
+    from gpt2lib.generation import decode_tokens
+
+    with pytest.raises(TypeError):
+        decode_tokens(model, prompt(), 3, 0.0)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        decode_tokens(model, prompt(), 3, top_k=0)  # checked at the call, not at the first step
+    assert len(list(decode_tokens(model, prompt(), 3, temperature=0))) == 3
+
+
+# --------------------------------------------------------------------------- overlap
+
+
+class CustomBlock(nn.Module):
+    """A learner's block: generate() must run it through the model's forward."""
+
+    def __init__(self, config):
+        super().__init__()
+        from gpt2lib.block import Block
+
+        self.inner = Block(config)
+        self.dropout = nn.Dropout(0.5)
+        self.modes_seen = []
+
+    def forward(self, x, kv_cache=None):
+        self.modes_seen.append(self.training)
+        return self.dropout(self.inner(x, kv_cache=kv_cache))
+
+
+def learner_model(seed=0):
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
+    return GPT2(config, block_cls=CustomBlock)
+
+
+@pytest.mark.parametrize("make", [small_model, learner_model], ids=["gpt2lib", "learner blocks"])
+def test_interleaved_generators_do_not_change_each_other_or_the_caller(make):
+    from gpt2lib.generation import decode_tokens
+
+    model = make()
+    model.eval()
+    expected = generate(model, prompt(), 8, temperature=0)[:, 5:]
+    model.train()  # the owner left it in training mode: generation must not touch that
+    first = decode_tokens(model, prompt(), 8, temperature=0)
+    second = decode_tokens(model, prompt(), 8, temperature=0)
+    got_first, got_second = [], []
+    for a, b in zip(first, second):
+        got_first.append(a)
+        assert torch.is_grad_enabled()  # paused generators leave gradients on for the caller
+        assert model.training and all(m.training for m in model.modules())
+        got_second.append(b)
+    assert torch.equal(torch.stack(got_first, 1), expected)
+    assert torch.equal(torch.stack(got_second, 1), expected)
+    if make is learner_model:  # every forward the generators ran was in eval mode
+        assert model.h[0].modes_seen and not any(model.h[0].modes_seen[1:])
+
+
+def test_an_abandoned_stream_leaves_the_model_as_it_was():
+    model = learner_model()
+    model.train()
+    pieces = stream_text(model, ByteTokenizer(), "AB", 10, temperature=0)
+    next(pieces)
+    del pieces
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    pieces = stream_text(model, ByteTokenizer(), "AB", 10, temperature=0)
+    next(pieces)
+    del pieces
+    assert not any(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("make", [small_model, learner_model], ids=["gpt2lib", "learner blocks"])
+def test_generations_in_threads_give_the_results_of_one_alone(make):
+    import threading
+
+    model = make()
+    model.eval()
+    idx = prompt()
+    alone = generate(model, idx, 12, temperature=0)
+    model.train()
+    results, errors = [], []
+
+    def run():
+        try:
+            for _ in range(3):
+                results.append(generate(model, idx, 12, temperature=0))
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(results) == 9 and all(torch.equal(r, alone) for r in results)
+    assert model.training and all(m.training for m in model.modules())
+    if make is learner_model:
+        assert not any(model.h[0].modes_seen[1:])  # not one forward ran with dropout

@@ -1,5 +1,5 @@
-"""Checks for chapter 9's exercises: temperature, top-k, top-p, the KV cache write, the
-cached forward pass and the split matrix multiply.
+"""Checks for chapter 9's exercises: temperature, top-k, top-p, attention at an offset, the
+KV cache write, the cached forward pass and the split matrix multiply.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
 known wrong answers (cache position never advanced, positions not offset after the prompt,
@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from gpt2lib.checks._core import CheckFailed, call_learner, passed
+from gpt2lib.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
+                                  first_mistake, passed)
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.2 (top_k_filter)"
 EX_TOP_P = "Exercise 9.3 (top_p_filter)"
-EX_WRITE = "Exercise 9.4 (write_kv)"
-EX_FORWARD = "Exercise 9.5 (cached_forward)"
-EX_SPLIT = "Exercise 9.6 (split_matmul)"
+EX_OFFSET = "Exercise 9.4 (attend_with_offset)"
+EX_WRITE = "Exercise 9.5 (write_kv)"
+EX_FORWARD = "Exercise 9.6 (cached_forward)"
+EX_SPLIT = "Exercise 9.7 (split_matmul)"
 
 NEG_INF = float("-inf")
 
@@ -34,7 +36,7 @@ def _tensor_or_fail(exercise, got, what):
     return got
 
 
-# --------------------------------------------------------------------------- 9.4 write_kv
+# --------------------------------------------------------------------------- 9.5 write_kv
 
 
 def check_write_kv(write_kv) -> None:
@@ -99,7 +101,7 @@ def check_write_kv(write_kv) -> None:
     passed(ex, "cached greedy decoding equals the uncached model")
 
 
-# --------------------------------------------------------------------------- 9.5 cached_forward
+# --------------------------------------------------------------------------- 9.6 cached_forward
 
 
 def _forward_variant(model, idx, cache, offset=True, advance=True, use_cache=True, ln_f=True):
@@ -226,6 +228,17 @@ def _kept(x):
     return torch.isfinite(x)
 
 
+def _refuse_bad_fill(exercise, got):
+    """A filtered row must still give a valid softmax: only -inf may mark a removed token."""
+    if bool(torch.isnan(got).any()):
+        raise CheckFailed(exercise, "your result contains NaN: softmax of a row with a NaN is NaN "
+                                    "everywhere. Give the removed logits float('-inf')")
+    if bool(torch.isposinf(got).any()):
+        raise CheckFailed(exercise, "your result contains +inf: softmax of a row with +inf is NaN "
+                                    "(inf - inf). Removed logits must be float('-inf'), minus "
+                                    "infinity, so that exp gives them exactly 0")
+
+
 def check_top_k_filter(top_k_filter) -> None:
     """top_k_filter(logits, k) -> logits with all but the k largest per row set to -inf."""
     ex = EX_TOP_K
@@ -235,6 +248,7 @@ def check_top_k_filter(top_k_filter) -> None:
         got = _tensor_or_fail(ex, call_learner(ex, top_k_filter, logits.clone(), k), "the result")
         if got.shape != logits.shape:
             raise CheckFailed(ex, f"keep the shape {tuple(logits.shape)}, got {tuple(got.shape)}")
+        _refuse_bad_fill(ex, got)
         order = logits.argsort(-1, descending=True)
         want_kept = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order[:, :k], True)
         if torch.equal(_kept(got), want_kept):
@@ -305,6 +319,7 @@ def check_top_p_filter(top_p_filter) -> None:
         out = _tensor_or_fail(ex, call_learner(ex, top_p_filter, logits.clone(), p), "the result")
         if out.shape != logits.shape:
             raise CheckFailed(ex, f"keep the shape {tuple(logits.shape)}, got {tuple(out.shape)}")
+        _refuse_bad_fill(ex, out)
         got[p] = out
     if all(torch.equal(_kept(got[p]), _nucleus_mask(probs, p)) for p in ps):
         for p in ps:
@@ -329,7 +344,7 @@ def check_top_p_filter(top_p_filter) -> None:
                                   f"to >= p); you kept {_kept(got[p]).sum(-1).tolist()}")
 
 
-# --------------------------------------------------------------------------- 9.6 split_matmul
+# --------------------------------------------------------------------------- 9.7 split_matmul
 
 
 class _BatchedMultiplies(torch.overrides.TorchFunctionMode):
@@ -406,3 +421,78 @@ def check_split_matmul(split_matmul) -> None:
         raise CheckFailed(ex, "right for x of shape (3, 12) in 4 slabs, wrong for one row of "
                               "768 in 8 slabs: use the arguments' shapes, not fixed numbers")
     passed(ex, "the slab products add up to x @ weight, in one batched multiply")
+
+
+# --------------------------------------------------------------------------- 9.4 offset mask
+
+
+def _offset_attention(q, k, v, past, keep):
+    """Attention of q over k, v with the (T, past + T) boolean mask keep(T, past)."""
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~keep(T, past), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _tril(T, past, diagonal):
+    return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=diagonal)
+
+
+OFFSET_MASK_MISTAKES = [
+    Mistake("offset ignored",
+            "the offset is ignored: query i sits at position past + i, not i, so it sees keys "
+            "0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see "
+            "most of the cache. Shift the diagonal by past",
+            lambda q, k, v, past: _offset_attention(q, k, v, past, lambda T, p: _tril(T, p, 0))),
+    Mistake("one too many",
+            "off by one: each query also sees the key right after it, its own future. Query i "
+            "may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
+            lambda q, k, v, past: _offset_attention(q, k, v, past,
+                                                    lambda T, p: _tril(T, p, p + 1))),
+    Mistake("one too few",
+            "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, "
+            "included: tril(diagonal=past), not past - 1",
+            lambda q, k, v, past: _offset_attention(q, k, v, past,
+                                                    lambda T, p: _tril(T, p, p - 1))),
+    Mistake("wrong side",
+            "the mask is on the wrong side: you hid the past and kept the future. Keep the "
+            "lower triangle (keys at or before the query), hide the keys after it",
+            lambda q, k, v, past: _offset_attention(q, k, v, past,
+                                                    lambda T, p: ~_tril(T, p, p - 1))),
+    Mistake("no mask",
+            "nothing is masked: a new query may not look at the new tokens after it. Hide the "
+            "keys at positions after past + i with -inf before softmax",
+            lambda q, k, v, past: _offset_attention(
+                q, k, v, past, lambda T, p: torch.ones(T, p + T, dtype=torch.bool))),
+]
+
+
+def check_attend_with_offset(attend_with_offset) -> None:
+    """attend_with_offset(q, k, v, past) -> (B, nh, T, hd), causal with the cache's offset."""
+    ex = EX_OFFSET
+    gen = torch.Generator().manual_seed(0)
+    B, nh, hd = 2, 2, 4
+    cases = [(4, 3), (1, 5), (3, 0), (1, 0), (2, 1)]  # (T new, past): chunk, decode, prefill
+    for T, past in cases:
+        q = torch.randn(B, nh, T, hd, generator=gen)
+        k = torch.randn(B, nh, past + T, hd, generator=gen)
+        v = torch.randn(B, nh, past + T, hd, generator=gen)
+        args = (q.clone(), k.clone(), v.clone(), past)
+        got = call_learner(ex, attend_with_offset, *args)
+        got = expect_tensor(ex, got, (B, nh, T, hd), what="the attention output", finite=False)
+        if bool(torch.isnan(got).any()):
+            raise CheckFailed(ex, "the output has NaN: some query had every key hidden, so softmax "
+                                  "had nothing to share out. That happens when the mask is on "
+                                  "the wrong side (masked_fill where a query MAY look): hide the "
+                                  "keys after position past + i, keep the rest")
+        want = _offset_attention(q, k, v, past, lambda t, p: _tril(t, p, p))
+        if close(got, want):
+            continue
+        mistake = first_mistake(OFFSET_MASK_MISTAKES,
+                                lambda m: close(got, m.fn(q, k, v, past)))
+        if mistake is not None:
+            raise CheckFailed(ex, mistake.message)
+        raise CheckFailed(ex, f"with {T} new queries after {past} cached tokens the output "
+                              "differs from causal attention at offset past: query i sees keys "
+                              "0 .. past + i")
+    passed(ex, "new queries see the whole cache and the new keys up to their own position")
