@@ -20,7 +20,7 @@ def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path,
         "--prefill-len", "64", "--skip-loading", "--skip-tokenizer", "--json", str(record_path),
     ])
     assert code == 0
-    record = json.loads(record_path.read_text())
+    record = json.loads(record_path.read_text(encoding="utf-8"))
     assert record["results"]["greedy_identical_batch1"] is True
     assert record["results"]["greedy_identical_batch8"] is True
     for name in ("decode, KV cache, batch 1", "decode, KV cache, batch 8",

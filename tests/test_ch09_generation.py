@@ -327,14 +327,15 @@ def test_bad_settings_are_refused(model, kwargs, error, message):
 
 
 @pytest.mark.parametrize("idx,error,message", [
-    (torch.tensor([[3, 97]]), ValueError, r"token id 97 is outside the vocabulary: ids must be "
-                                          r"in \[0, 96\]"),
-    (torch.tensor([[-1, 3]]), ValueError, "token id -1 is outside the vocabulary"),
-    (torch.zeros(1, 0, dtype=torch.long), ValueError, "empty prompt"),
-    (torch.zeros(0, 3, dtype=torch.long), ValueError, "empty prompt"),
-    (torch.tensor([1, 2, 3]), ValueError, r"idx must be 2-D \(batch, tokens\), got shape \(3,\)"),
-    (torch.tensor([[1.0, 2.0]]), TypeError, "idx must hold integer token ids"),
-    ([[1, 2]], TypeError, "idx must be a torch.Tensor"),
+    # one validator for every entry point: chapter 2's check_token_ids, in its words
+    (torch.tensor([[3, 97]]), ValueError, r"token ids must be in 0 \.\. 96 \(vocab_size=97\), "
+                                          r"got values from 3 to 97"),
+    (torch.tensor([[-1, 3]]), ValueError, r"token ids must be in 0 \.\. 96 .*from -1 to 3"),
+    (torch.zeros(1, 0, dtype=torch.long), ValueError, "hold no tokens"),
+    (torch.zeros(0, 3, dtype=torch.long), ValueError, "hold no tokens"),
+    (torch.tensor([1, 2, 3]), ValueError, r"must have shape \(B, T\), got \(3,\); for one sequence"),
+    (torch.tensor([[1.0, 2.0]]), TypeError, "token ids must be integers"),
+    ([[1, 2]], TypeError, "token ids must be a torch.Tensor"),
 ])
 def test_bad_prompts_are_refused(model, idx, error, message):
     with pytest.raises(error, match=message):
@@ -528,3 +529,11 @@ def test_generations_in_threads_give_the_results_of_one_alone(make):
     assert model.training and all(m.training for m in model.modules())
     if make is learner_model:
         assert not any(model.h[0].modes_seen[1:])  # not one forward ran with dropout
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.int32])
+def test_prompts_of_any_integer_dtype_give_the_same_tokens(model, dtype):
+    ids = prompt()
+    want = generate(model, ids, 4, temperature=0)
+    got = generate(model, ids.to(dtype), 4, temperature=0)
+    assert got.dtype == torch.long and torch.equal(got, want)
