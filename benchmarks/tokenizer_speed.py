@@ -45,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a clone without installing
 
+from gpt2lib.measure import median_seconds  # noqa: E402  (the timer the other benchmarks use)
 from gpt2lib.tokenizer import BPETokenizer, get_encoding, train_merges_simple  # noqa: E402
 
 
@@ -80,12 +81,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def _median_seconds(fn, repeats: int, clock) -> float:
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return statistics.median(times)
+    return median_seconds(fn, repeats=repeats, warmup=0, clock=clock)
 
 
 def measure(text: str, repeats: int = 3, clock: str = "wall") -> dict:
