@@ -146,7 +146,9 @@ def sample(model, idx, max_new_tokens, temperature=1.0, generator=None):
             next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
         else:
             probs = (logits / temperature).softmax(dim=-1)  # (B, V)
-            next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            if generator is not None and generator.device != probs.device:
+                probs = probs.to(generator.device)  # draw where the generator lives
+            next_id = torch.multinomial(probs, 1, generator=generator).to(idx.device)  # (B, 1)
         idx = torch.cat([idx, next_id], dim=1)  # (B, T + 1)
     model.train(was_training)
     return idx
