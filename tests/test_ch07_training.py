@@ -419,6 +419,7 @@ def test_the_stand_in_is_small_and_in_the_hub_layout():
     assert model.config.vocab_size == 50257 and model.config.n_positions >= 128
 
 
+@pytest.mark.slow
 def test_the_stand_in_writes_shakespeare_shaped_text():
     """A seeded sample after a speaker's name holds line breaks and a new 'NAME:' line."""
     import re
