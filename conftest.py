@@ -1,12 +1,14 @@
 """Shared test set-up, at the repository root so that it also applies when only notebooks
 are collected (`python -m pytest solutions/08_real_weights.ipynb`).
 
-Chapters 8 and 9 (real GPT-2 weights) must run offline in CI: once per pytest process we write a small
-random checkpoint in the hub's exact layout (2 layers, width 64, GPT-2's real 50,257-token
-vocabulary so the real tokenizer works) into a temp folder and point `GPT2LIB_CHECKPOINT` at
-it (see checkpoints.install_test_checkpoint). Notebook kernels started by nbval, and JupyterLab
-servers started by tests, inherit the environment. With pytest-xdist every worker runs
-`pytest_configure` and gets its own copy.
+Chapters 8 and 9 (real GPT-2 weights) must run offline in CI: once per pytest process we copy
+the stand-in, a small GPT-2 trained on Tiny Shakespeare by chapter 7 (data/standin, GPT-2's
+real 50,257-token vocabulary), into a temp folder in float32 and point `GPT2LIB_CHECKPOINT` at
+it (see checkpoints.install_test_checkpoint; a tiny random checkpoint if data/standin is
+missing). Notebook kernels started by nbval, and JupyterLab servers started by tests, inherit
+the environment. With pytest-xdist every worker runs `pytest_configure` and gets its own copy.
+
+`GPT2LIB_QUICK=1` (the short CI setting of long notebook cells) is set unless already set.
 
 If `GPT2LIB_CHECKPOINT` is already set to an existing folder (say, real GPT-2 weights for a
 workshop rehearsal), it is left alone.
@@ -22,10 +24,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # tests `import checkpoints`
 
-from checkpoints import install_test_checkpoint, remove_test_checkpoint  # noqa: E402
+from checkpoints import (
+    install_test_checkpoint,
+    make_random_test_checkpoint,
+    remove_test_checkpoint,
+)
 
 
 def pytest_configure(config):
+    os.environ.setdefault("GPT2LIB_QUICK", "1")  # long notebook cells take their CI setting
     install_test_checkpoint()
 
 
@@ -37,3 +44,9 @@ def pytest_unconfigure(config):
 def checkpoint_dir() -> Path:
     """The local checkpoint folder that GPT2LIB_CHECKPOINT points at (hub layout)."""
     return Path(os.environ["GPT2LIB_CHECKPOINT"])
+
+
+@pytest.fixture(scope="session")
+def random_checkpoint_dir() -> Path:
+    """A tiny random checkpoint in the hub layout, for tests that need random weights."""
+    return make_random_test_checkpoint()

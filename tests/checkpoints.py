@@ -47,10 +47,10 @@ _HUB_CONFIG = {
     "vocab_size": 50257,
 }
 
-# The tiny model the chapter-7 notebook runs on in CI: real vocabulary, so the real tokenizer
-# works, but only 2 layers of width 64.
-TINY = dict(n_layer=2, n_head=4, n_embd=64, n_positions=1024, vocab_size=50257)
-GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
+# The tiny random model (real vocabulary, so the real tokenizer works, but only 2 layers of
+# width 64): the fallback when the stand-in is missing, and for tests that want random weights.
+TINY = {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 1024, "vocab_size": 50257}
+GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 
 
 def hub_config(n_layer: int, n_head: int, n_embd: int, n_positions: int = 1024,
@@ -145,28 +145,68 @@ def write_save_pretrained_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_p
     return Path(folder)
 
 
+# The stand-in: a small GPT-2 trained on Tiny Shakespeare by chapter 7's code
+# (tools/make_standin.py), committed in float16 to stay small.
+STANDIN = Path(__file__).resolve().parent.parent / "data" / "standin"
+
 _MADE_HERE: list = []
 
 
-def install_test_checkpoint() -> Path:
-    """Point GPT2LIB_CHECKPOINT at a tiny random hub-layout checkpoint in a temp folder.
+def standin_available() -> bool:
+    return (STANDIN / "config.json").is_file() and (STANDIN / "model.safetensors").is_file()
 
-    Called from pytest_configure, so that the chapter-7 notebook (whose kernel inherits the
-    environment) runs offline. A GPT2LIB_CHECKPOINT that already names a folder (real weights
-    for a rehearsal, or a second call) is left alone.
+
+def write_standin_float32(folder) -> Path:
+    """Copy the stand-in into `folder` with its weights widened to float32.
+
+    The committed file is float16. Our loader widens it to float32 on the CPU anyway, but
+    transformers' from_pretrained keeps a checkpoint's own dtype by default; a float32 copy
+    makes both libraries run the same numbers, so the tests can compare them exactly.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(str(STANDIN / "model.safetensors"))
+    save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(STANDIN / "config.json", folder / "config.json")
+    return folder
+
+
+def install_test_checkpoint() -> Path:
+    """Point GPT2LIB_CHECKPOINT at an offline hub-layout checkpoint in a temp folder.
+
+    Called from pytest_configure, so that the chapter 8 and 9 notebooks (whose kernels
+    inherit the environment) and the CLI run offline. The checkpoint is the trained stand-in
+    (data/standin, in float32), so their text is Shakespeare-shaped; only if that folder is
+    missing, a tiny random checkpoint. A GPT2LIB_CHECKPOINT that already names a folder (real
+    weights for a rehearsal, or a second call) is left alone.
     """
     existing = os.environ.get("GPT2LIB_CHECKPOINT")
     if existing and Path(existing).is_dir():
         return Path(existing)
-    folder = tempfile.mkdtemp(prefix="gpt2lib-tiny-checkpoint-")
-    write_hub_checkpoint(folder, seed=0, **TINY)
+    folder = tempfile.mkdtemp(prefix="gpt2lib-test-checkpoint-")
+    if standin_available():
+        write_standin_float32(folder)
+    else:
+        write_hub_checkpoint(folder, seed=0, **TINY)
     _MADE_HERE.append(folder)
     os.environ["GPT2LIB_CHECKPOINT"] = folder
     return Path(folder)
 
 
+def make_random_test_checkpoint() -> Path:
+    """A tiny random hub-layout checkpoint (2 layers, width 64, real vocabulary) in a temp
+    folder, for tests that need random weights; remove_test_checkpoint deletes it."""
+    folder = tempfile.mkdtemp(prefix="gpt2lib-tiny-checkpoint-")
+    write_hub_checkpoint(folder, seed=0, **TINY)
+    _MADE_HERE.append(folder)
+    return Path(folder)
+
+
 def remove_test_checkpoint() -> None:
-    """Undo install_test_checkpoint (only what it made)."""
+    """Undo install_test_checkpoint and make_random_test_checkpoint (only what they made)."""
     while _MADE_HERE:
         folder = _MADE_HERE.pop()
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,176 @@
+"""Chapter 7's checks: right answers pass, and every planted mistake is named.
+
+Each test over a mistake list feeds the planted wrong version itself to the check, so the
+lists in gpt2lib.checks.training and these tests cannot drift apart.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2lib.checks import training as checks
+from gpt2lib.checks._core import CheckFailed, NotDoneYet
+from gpt2lib.training import decay_groups, lr_schedule, sample
+
+
+def _targets_right(chunk):
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def _loss_right(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _loss_float64_einsum(logits, targets):
+    """Another correct answer: one-hot and einsum, in float64."""
+    one_hot = F.one_hot(targets, logits.shape[-1]).double()
+    return -torch.einsum("btv,btv->bt", logits.double().log_softmax(-1), one_hot).mean()
+
+
+def _batch_vectorised(ids, batch_size, block_size, generator=None):
+    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
+    offsets = starts[:, None] + torch.arange(block_size)
+    return ids[offsets], ids[offsets + 1]
+
+
+def _decay_by_name(model, weight_decay):
+    """Another correct answer: choose by module type rather than by shape."""
+    decay, other = [], []
+    for name, p in model.named_parameters():
+        (decay if (name.endswith("weight") and "ln" not in name) else other).append(p)
+    return [{"params": other, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+
+
+def _step_right(model, optimizer, x, y, max_grad_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def _lr_numpy_style(step, max_lr, warmup_steps, total_steps, min_lr):
+    """Another correct answer, written with min/max instead of branches."""
+    warm = max_lr * min(step + 1, warmup_steps) / max(warmup_steps, 1)
+    if step < warmup_steps:
+        return warm
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi * progress)) / 2
+
+
+def _sample_reference(model, idx, max_new_tokens, temperature=1.0, generator=None):
+    return sample(model, idx, max_new_tokens, temperature=temperature, generator=generator)
+
+
+@pytest.mark.parametrize("check,answer", [
+    (checks.check_inputs_and_targets, _targets_right),
+    (checks.check_cross_entropy, _loss_right),
+    (checks.check_cross_entropy, _loss_float64_einsum),
+    (checks.check_random_batch, checks._batch_right),
+    (checks.check_random_batch, _batch_vectorised),
+    (checks.check_decay_groups, decay_groups),
+    (checks.check_decay_groups, _decay_by_name),
+    (checks.check_training_step, _step_right),
+    (checks.check_cosine_lr, lr_schedule),
+    (checks.check_cosine_lr, _lr_numpy_style),
+    (checks.check_sample_tokens, _sample_reference),
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_right_answers_pass(check, answer, capsys):
+    check(answer)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [
+    checks.check_inputs_and_targets, checks.check_cross_entropy, checks.check_random_batch,
+    checks.check_decay_groups, checks.check_training_step, checks.check_cosine_lr,
+    checks.check_sample_tokens,
+], ids=lambda c: c.__name__)
+def test_the_stub_reads_not_done_yet(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError("Exercise 7.x: replace this line with your code")
+
+    with pytest.raises(NotDoneYet, match="not done yet"):
+        check(stub)
+
+
+def _expect_message(check, answer, message):
+    with pytest.raises(CheckFailed) as info:
+        check(answer)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.TARGET_MISTAKES, ids=lambda m: m.name)
+def test_target_mistakes_are_named(mistake):
+    _expect_message(checks.check_inputs_and_targets, mistake.fn, mistake.message)
+
+
+@pytest.mark.parametrize("mistake", checks.LOSS_MISTAKES, ids=lambda m: m.name)
+def test_loss_mistakes_are_named(mistake):
+    _expect_message(checks.check_cross_entropy, mistake.fn, mistake.message)
+
+
+def test_a_detached_loss_is_named():
+    _expect_message(checks.check_cross_entropy, lambda lg, t: _loss_right(lg, t).detach(),
+                    "carries no gradient")
+
+
+@pytest.mark.parametrize("mistake", checks.BATCH_MISTAKES, ids=lambda m: m.name)
+def test_batch_mistakes_are_named(mistake):
+    _expect_message(checks.check_random_batch, mistake.fn, mistake.message)
+
+
+def test_a_batch_that_ignores_the_generator_is_named():
+    def unseeded(ids, batch_size, block_size, generator=None):
+        return checks._batch_right(ids, batch_size, block_size, None)
+
+    _expect_message(checks.check_random_batch, unseeded, "same seed gave different batches")
+
+
+@pytest.mark.parametrize("mistake", checks.DECAY_MISTAKES, ids=lambda m: m.name)
+def test_decay_mistakes_are_named(mistake):
+    _expect_message(checks.check_decay_groups, mistake.fn, mistake.message)
+
+
+def test_a_parameter_in_two_groups_is_named():
+    def twice(model, wd):
+        params = list(model.parameters())
+        return [{"params": params, "weight_decay": wd}, {"params": params[:1], "weight_decay": 0.0}]
+
+    _expect_message(checks.check_decay_groups, twice, "is in two groups")
+
+
+@pytest.mark.parametrize("mistake", checks.STEP_MISTAKES, ids=lambda m: m.name)
+def test_step_mistakes_are_named(mistake):
+    _expect_message(checks.check_training_step, mistake.fn, mistake.message)
+
+
+def test_a_step_returning_a_tensor_with_grad_is_accepted_as_a_number(capsys):
+    def returns_tensor(model, optimizer, x, y, max_grad_norm=1.0):
+        _step_right(model, optimizer, x, y, max_grad_norm)
+        return torch.tensor(0.0)
+
+    _expect_message(checks.check_training_step, returns_tensor, "returned loss")
+
+
+@pytest.mark.parametrize("mistake", checks.LR_MISTAKES, ids=lambda m: m.name)
+def test_lr_mistakes_are_named(mistake):
+    _expect_message(checks.check_cosine_lr, mistake.fn, mistake.message)
+
+
+@pytest.mark.parametrize("mistake", checks.SAMPLE_MISTAKES, ids=lambda m: m.name)
+def test_sample_mistakes_are_named(mistake):
+    _expect_message(checks.check_sample_tokens, mistake.fn, mistake.message)
+
+
+def test_sampling_that_returns_only_new_tokens_is_named():
+    def only_new(model, idx, n, temperature=1.0, generator=None):
+        return sample(model, idx, n, temperature, generator)[:, idx.shape[1]:]
+
+    _expect_message(checks.check_sample_tokens, only_new, "return the prompt AND the new tokens")
+
+
+def test_a_wrong_signature_is_explained():
+    _expect_message(checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature")

@@ -1,0 +1,455 @@
+"""Chapter 7's package contract: gpt2lib.training (loss, batches, schedule, loop, saving)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2lib.config import GPT2Config
+from gpt2lib.model import GPT2
+from gpt2lib.training import (
+    decay_groups,
+    estimate_loss,
+    get_batch,
+    lm_loss,
+    lr_schedule,
+    ngram_baselines,
+    sample,
+    save_pretrained,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_model(seed=0, **sizes):
+    sizes = {"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 32, "vocab_size": 61,
+                    "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, **sizes}
+    torch.manual_seed(seed)
+    return GPT2(GPT2Config(**sizes))
+
+
+def perturbed(model, seed=1):
+    """Gains and biases away from 1 and 0, so that a dropped tensor changes the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def repeating_ids(n=600, vocab=61, seed=0):
+    """A learnable text: a fixed random sequence of 20 ids, repeated."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (20,), generator=gen).repeat(n // 20 + 1)[:n]
+
+
+# --------------------------------------------------------------------------- lm_loss
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 11), (1, 1, 3), (4, 3, 50257)])
+def test_lm_loss_equals_cross_entropy(shape):
+    gen = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(shape, generator=gen)
+    targets = torch.randint(0, shape[-1], shape[:2], generator=gen)
+    want = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    assert abs(float(lm_loss(logits, targets)) - float(want)) < 1e-5
+
+
+def test_lm_loss_of_uniform_logits_is_log_vocab():
+    assert math.isclose(float(lm_loss(torch.zeros(2, 3, 50257), torch.zeros(2, 3, dtype=torch.long))),
+                        math.log(50257), rel_tol=1e-6)
+
+
+def test_lm_loss_passes_gradients():
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    lm_loss(logits, torch.zeros(2, 3, dtype=torch.long)).backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("targets_shape", [(2, 4), (3, 5), (10,), (2, 5, 1)])
+def test_lm_loss_refuses_targets_of_the_wrong_shape(targets_shape):
+    with pytest.raises(ValueError, match=r"targets must have shape \(B, T\) = \(2, 5\)"):
+        lm_loss(torch.randn(2, 5, 7), torch.zeros(targets_shape, dtype=torch.long))
+
+
+def test_lm_loss_refuses_flat_logits():
+    with pytest.raises(ValueError, match=r"logits must be a tensor of shape \(B, T, V\)"):
+        lm_loss(torch.randn(10, 7), torch.zeros(10, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- get_batch
+
+
+def test_get_batch_windows_and_shift():
+    ids = torch.arange(1000, 1100)
+    x, y = get_batch(ids, 16, 7, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (16, 7) and x.dtype == torch.long
+    starts = x[:, 0] - 1000
+    for row, s in zip(range(16), starts.tolist()):
+        assert torch.equal(x[row], ids[s:s + 7]) and torch.equal(y[row], ids[s + 1:s + 8])
+
+
+def test_get_batch_is_repeatable_with_a_seed_and_reaches_the_last_token():
+    ids = torch.arange(9)
+    a = get_batch(ids, 50, 4, generator=torch.Generator().manual_seed(3))
+    b = get_batch(ids, 50, 4, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert int(a[1].max()) == 8  # the last token is a target in some window
+    assert set(a[0][:, 0].tolist()) == set(range(5))  # every start 0 .. N - T - 1
+
+
+def test_get_batch_moves_to_the_device():
+    x, y = get_batch(torch.arange(50), 2, 3, device="meta")
+    assert x.is_meta and y.is_meta
+
+
+@pytest.mark.parametrize("n_ids,block_size", [(5, 5), (1, 1), (0, 3)])
+def test_get_batch_refuses_ids_shorter_than_block_size_plus_one(n_ids, block_size):
+    with pytest.raises(ValueError, match=rf"needs block_size \+ 1 = {block_size + 1} tokens"):
+        get_batch(torch.arange(n_ids), 2, block_size)
+
+
+@pytest.mark.parametrize("batch_size", [0, -3])
+def test_get_batch_refuses_batch_size_below_one(batch_size):
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        get_batch(torch.arange(50), batch_size, 4)
+
+
+@pytest.mark.parametrize("bad,error", [(2.5, TypeError), (True, TypeError), (0, ValueError)])
+def test_get_batch_refuses_a_bad_block_size(bad, error):
+    with pytest.raises(error, match="block_size"):
+        get_batch(torch.arange(50), 2, bad)
+
+
+@pytest.mark.parametrize("ids", [torch.zeros(3, 10, dtype=torch.long), [1, 2, 3, 4], torch.rand(20)])
+def test_get_batch_refuses_ids_that_are_not_a_1d_id_tensor(ids):
+    with pytest.raises((ValueError, TypeError), match="ids must"):
+        get_batch(ids, 2, 3)
+
+
+# --------------------------------------------------------------------------- lr_schedule
+
+
+def test_lr_schedule_warms_up_then_follows_a_cosine_to_the_floor():
+    kw = {"max_lr": 1e-3, "warmup_steps": 10, "total_steps": 110, "min_lr": 1e-4}
+    rates = [lr_schedule(s, **kw) for s in range(130)]
+    assert math.isclose(rates[0], 1e-4) and math.isclose(rates[9], 1e-3)  # near 0 -> max_lr
+    assert all(a < b for a, b in zip(rates[:9], rates[1:10]))  # linear rise
+    assert math.isclose(rates[10], 1e-3)  # the cosine starts at max_lr
+    assert math.isclose(rates[60], 0.5 * (1e-3 + 1e-4))  # halfway: the mean of the two ends
+    assert all(a >= b for a, b in zip(rates[10:110], rates[11:111]))  # never rises again
+    assert all(math.isclose(r, 1e-4) for r in rates[110:])  # min_lr at total_steps and after
+    assert all(isinstance(r, float) for r in rates)
+
+
+def test_lr_schedule_without_warmup_starts_at_max_lr():
+    assert lr_schedule(0, 1.0, 0, 10, 0.1) == 1.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"step": -1}, "step must be at least 0"),
+    ({"min_lr": 2.0}, "min_lr <= max_lr"),
+    ({"warmup_steps": 1.5}, "warmup_steps must be a whole number"),
+])
+def test_lr_schedule_refuses_bad_arguments(kwargs, match):
+    args = {"step": 0, "max_lr": 1.0, "warmup_steps": 2, "total_steps": 10, "min_lr": 0.1, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        lr_schedule(**args)
+
+
+# --------------------------------------------------------------------------- optimizer groups
+
+
+def test_decay_groups_split_by_dimension_and_cover_every_parameter():
+    model = small_model()
+    decay, no_decay = decay_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- sample
+
+
+def test_sample_greedy_crops_to_the_context_and_restores_train_mode():
+    model = small_model(n_positions=8).train()
+    prompt = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
+    out = sample(model, prompt, 10, temperature=0)
+    assert out.shape == (2, 16) and torch.equal(out[:, :6], prompt)
+    assert model.training  # put back as it was
+    with torch.no_grad():  # the last token is the argmax given the last 8 tokens
+        want = model.eval()(out[:, -9:-1])[:, -1].argmax(-1)
+    assert torch.equal(out[:, -1], want)
+
+
+def test_sample_is_seeded():
+    model = small_model()
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    a = sample(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    b = sample(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"temperature": -1.0}, "temperature must be >= 0"),
+                                          ({"max_new_tokens": -2}, "max_new_tokens")])
+def test_sample_refuses_bad_arguments(kwargs, match):
+    args = {"max_new_tokens": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        sample(small_model(), torch.zeros(1, 2, dtype=torch.long), **args)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_ngram_baselines_on_a_text_where_the_next_token_is_determined():
+    ids = torch.tensor([0, 1, 2, 3] * 50)
+    out = ngram_baselines(ids[:160], ids[160:], vocab_size=4, smoothing=0.0, bigram_weight=1.0)
+    assert math.isclose(out["unigram"], math.log(4), rel_tol=1e-9)  # all four equally often
+    assert out["bigram"] < 1e-9  # the previous token decides the next: no surprise
+    assert math.isclose(out["uniform"], math.log(4))
+
+
+def test_ngram_baselines_match_a_direct_count():
+    gen = torch.Generator().manual_seed(0)
+    train_ids, val_ids = torch.randint(0, 6, (300,), generator=gen), torch.randint(0, 6, (80,), generator=gen)
+    got = ngram_baselines(train_ids, val_ids, vocab_size=7, smoothing=0.5, bigram_weight=0.6)
+    counts = torch.zeros(7, 7, dtype=torch.double)
+    for a, b in zip(train_ids[:-1].tolist(), train_ids[1:].tolist()):
+        counts[a, b] += 1
+    uni = (torch.bincount(train_ids, minlength=7).double() + 0.5) / (300 + 0.5 * 7)
+    bi = counts / counts.sum(1, keepdim=True).clamp(min=1)
+    p = 0.6 * bi[val_ids[:-1], val_ids[1:]] + 0.4 * uni[val_ids[1:]]
+    assert math.isclose(got["bigram"], float(-p.log().mean()), rel_tol=1e-9)
+    assert math.isclose(got["unigram"], float(-uni[val_ids].log().mean()), rel_tol=1e-9)
+
+
+# --------------------------------------------------------------------------- train
+
+
+def test_train_learns_a_repeating_text_and_records_its_history():
+    model = small_model()
+    ids = repeating_ids()
+    history = train(model, ids[:500], ids[500:], 60, batch_size=4, block_size=16, max_lr=1e-2,
+                    eval_every=20, eval_batches=2, progress=False)
+    assert len(history.train_loss) == len(history.step) == len(history.lr) == 60
+    assert history.eval_step == [20, 40, 60]
+    assert history.eval_val_loss[-1] < history.eval_val_loss[0] - 1.0
+    assert history.train_loss[0] > math.log(61) - 0.5  # starts near uniform
+    assert history.val_loss == history.eval_val_loss[-1]
+    assert not model.training
+
+
+def test_train_is_repeatable_with_a_seed():
+    ids = repeating_ids()
+    runs = []
+    for _ in range(2):
+        model = small_model(seed=3, embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1)
+        runs.append(train(model, ids[:500], ids[500:], 8, batch_size=2, block_size=8,
+                          eval_every=4, eval_batches=1, seed=7, progress=False))
+    assert runs[0].train_loss == runs[1].train_loss
+    assert runs[0].eval_val_loss == runs[1].eval_val_loss
+
+
+def test_train_calls_on_eval_with_the_history():
+    seen = []
+    ids = repeating_ids()
+    train(small_model(), ids[:500], ids[500:], 6, batch_size=2, block_size=8, eval_every=3,
+          eval_batches=1, progress=False, on_eval=lambda h, m: seen.append(h.eval_step[-1]))
+    assert seen == [3, 6]
+
+
+def test_train_with_zero_steps_only_evaluates():
+    ids = repeating_ids()
+    model = small_model()
+    before = [p.clone() for p in model.parameters()]
+    history = train(model, ids[:500], ids[500:], 0, batch_size=2, block_size=8, progress=False)
+    assert history.train_loss == [] and len(history.eval_val_loss) == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"steps": -1}, ValueError, "steps must be at least 0"),
+    ({"batch_size": 0}, ValueError, "batch_size must be at least 1"),
+    ({"block_size": 33}, ValueError, r"block_size=33 is longer than the model's context of 32"),
+    ({"steps": 2.0}, TypeError, "steps must be a whole number"),
+])
+def test_train_refuses_bad_settings(kwargs, error, match):
+    ids = repeating_ids()
+    args = {"steps": 2, "batch_size": 2, "block_size": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        train(small_model(), ids[:500], ids[500:], progress=False, **args)
+
+
+def test_train_refuses_a_validation_text_shorter_than_a_window():
+    ids = repeating_ids()
+    with pytest.raises(ValueError, match=r"val_ids holds 8 tokens, fewer than block_size \+ 1 = 17"):
+        train(small_model(), ids, ids[:8], 2, batch_size=2, block_size=16, progress=False)
+
+
+def test_train_stops_on_a_nan_loss_and_names_the_step():
+    model = small_model()
+    ids = repeating_ids()
+
+    class Poisoned(torch.nn.Module):  # the model's output turns NaN from the 4th call on
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.calls = inner, inner.config, 0
+
+        def forward(self, idx):
+            self.calls += 1
+            out = self.inner(idx)
+            return out * float("nan") if self.calls >= 4 else out
+
+    with pytest.raises(FloatingPointError, match=r"became nan at step 3 .*Lower the learning rate"):
+        train(Poisoned(model), ids[:500], ids[500:], 10, batch_size=2, block_size=8,
+              eval_every=100, progress=False)
+
+
+def test_estimate_loss_is_the_same_for_the_same_model_and_restores_the_mode():
+    model = small_model().train()
+    ids = repeating_ids()
+    a = estimate_loss(model, ids, 2, 8, batches=3)
+    assert a == estimate_loss(model, ids, 2, 8, batches=3) and model.training
+
+
+# --------------------------------------------------------------------------- save_pretrained
+
+
+def test_save_pretrained_writes_the_hub_layout(tmp_path):
+    from safetensors import safe_open
+
+    model = small_model()
+    folder = model.save_pretrained(tmp_path / "m")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
+    assert (config["n_layer"], config["n_head"], config["n_embd"]) == (2, 2, 16)
+    assert config["n_positions"] == config["n_ctx"] == 32 and config["vocab_size"] == 61
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("h.0.attn.c_attn.weight").shape == (16, 48)  # Conv1D [in, out]
+        assert f.get_tensor("h.1.mlp.c_proj.weight").shape == (64, 16)
+        assert f.metadata() == {"format": "pt"}
+    assert "wte.weight" in keys and "lm_head.weight" not in keys
+    assert not any(k.startswith("transformer.") for k in keys)
+    assert keys == set(model.state_dict())
+
+
+def test_round_trip_through_from_pretrained_is_exact(tmp_path):
+    model = perturbed(small_model()).eval()
+    save_pretrained(model, tmp_path)
+    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
+    assert loaded.config == model.config
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(idx), loaded(idx))
+
+
+def test_transformers_reads_the_folder_with_the_same_logits(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    model = perturbed(small_model()).eval()
+    save_pretrained(model, tmp_path)
+    theirs = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()
+    idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(theirs(idx).logits, model(idx), atol=1e-5)
+
+
+def test_save_pretrained_in_float16_halves_the_file_and_loads(tmp_path):
+    model = perturbed(small_model()).eval()
+    save_pretrained(model, tmp_path / "f32")
+    save_pretrained(model, tmp_path / "f16", dtype=torch.float16)
+    size32 = (tmp_path / "f32" / "model.safetensors").stat().st_size
+    size16 = (tmp_path / "f16" / "model.safetensors").stat().st_size
+    assert size16 < 0.55 * size32
+    loaded = GPT2.from_pretrained(tmp_path / "f16", device="cpu")
+    assert torch.equal(loaded.wte.weight, model.wte.weight.half().float())
+
+
+def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
+    first, second = small_model(seed=0), small_model(seed=1)
+    first.save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="already holds a model .*overwrite=True"):
+        second.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before  # nothing touched
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    second.save_pretrained(tmp_path, overwrite=True)
+    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
+    assert torch.equal(loaded.wte.weight, second.wte.weight)
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"  # other files kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+
+
+def test_save_pretrained_into_a_folder_of_other_files_is_fine(tmp_path):
+    (tmp_path / "README.md").write_text("my run", encoding="utf-8")
+    small_model().save_pretrained(tmp_path)
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == "my run"
+
+
+def test_save_pretrained_refuses_a_file(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="is a file"):
+        save_pretrained(small_model(), path)
+
+
+# --------------------------------------------------------------------------- the stand-in
+
+
+STANDIN = ROOT / "data" / "standin"
+
+
+def test_the_stand_in_is_small_and_in_the_hub_layout():
+    sizes = {p.name: p.stat().st_size for p in STANDIN.iterdir()}
+    assert {"config.json", "model.safetensors", "README.md"} <= set(sizes)
+    assert sizes["config.json"] + sizes["model.safetensors"] <= 15_000_000
+    model = GPT2.from_pretrained(STANDIN, device="cpu")
+    assert model.config.vocab_size == 50257 and model.config.n_positions >= 128
+
+
+@pytest.mark.slow
+def test_the_stand_in_writes_shakespeare_shaped_text():
+    """A seeded sample after a speaker's name holds line breaks and a new 'NAME:' line."""
+    import re
+
+    from gpt2lib.tokenizer import get_encoding
+
+    enc = get_encoding()
+    model = GPT2.from_pretrained(STANDIN, device="cpu")
+    prompt = torch.tensor([enc.encode("ROMEO:\n")])
+    out = sample(model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    text = enc.decode(out[0].tolist())
+    assert re.search(r"\n[A-Z][A-Za-z]*( [A-Z][A-Za-z]*)*:\n", text[len("ROMEO:"):]), text
+    assert len(set(text.split())) > 20, text  # words, not one token repeated
+    # and it predicts held-out Shakespeare far better than chance (ln 50257 = 10.82)
+    ids = torch.tensor(enc.encode_ordinary((ROOT / "data" / "tinyshakespeare.txt").read_text(
+        encoding="utf-8")[-20_000:]))
+    assert estimate_loss(model, ids, 4, 128, batches=4) < 6.0
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+@pytest.mark.slow
+def test_training_benchmark_quick_mode_runs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_training.py"), "--quick",
+                          "--json", str(tmp_path / "result.json")],
+                         capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "gpt2lib / transformers" in out.stdout
+    result = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
+    assert result["gpt2lib"]["tokens_per_s"] > 0 and result["transformers"]["tokens_per_s"] > 0
+    assert result["same_losses"] is True
