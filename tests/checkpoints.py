@@ -120,7 +120,7 @@ def write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=102
         if masked_bias:
             for i in range(config["n_layer"]):
                 tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     return folder
