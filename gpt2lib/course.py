@@ -28,7 +28,8 @@ from pathlib import Path
 import nbformat
 
 from gpt2lib.course_format import (BEGIN, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG, CourseError,
-                                   exercise_titles, solution_regions, tags)
+                                   chapter_fix, exercise_titles, first_line, read_notebook,
+                                   solution_regions, tags)
 
 __all__ = [
     "BEGIN", "END", "CHAPTER_MODULES", "CHECK_TAG", "EXPORT_TAG", "RAISES_TAG", "CourseError",
@@ -79,23 +80,7 @@ def solution_paths(root: Path) -> list[Path]:
     return sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 
-def read_notebook(path: Path, fix: str = "") -> nbformat.NotebookNode:
-    """A notebook from disk (UTF-8 JSON); CourseError naming the file and `fix` otherwise."""
-    try:
-        return nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)
-    except UnicodeDecodeError as exc:
-        reason = f"it is not UTF-8 text (byte {exc.start})"
-    except Exception as exc:  # nbformat raises several types; all mean "not a notebook"
-        reason = f"it is not a valid notebook ({type(exc).__name__}: {_first_line(exc)})"
-    raise CourseError(f"{path} cannot be read: {reason}" + (f"; {fix}" if fix else ""))
-
-
 _read = read_notebook  # the name other code and tests used before
-
-
-def _first_line(text) -> str:
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""
 
 
 def _dump(nb: nbformat.NotebookNode) -> str:
@@ -113,13 +98,6 @@ def _rel(path: Path, root: Path) -> str:
         return path.relative_to(root).as_posix()
     except ValueError:
         return str(path)
-
-
-def _chapter_fix(root: Path, path: Path) -> str:
-    """What a learner can do about an unreadable notebooks/NN_*.ipynb."""
-    number = path.name[:2]
-    return (f"run `python -m gpt2lib.course restore {number}` to take back a backup, "
-            f"or `python -m gpt2lib.course reset {number}` for a fresh copy")
 
 
 # --------------------------------------------------------------------------- transforms

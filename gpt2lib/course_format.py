@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = [
     "BEGIN",
@@ -19,8 +20,11 @@ __all__ = [
     "RAISES_TAG",
     "CourseError",
     "Exercise",
+    "chapter_fix",
     "exercise_titles",
     "exercises",
+    "first_line",
+    "read_notebook",
     "solution_regions",
     "tags",
 ]
@@ -97,3 +101,31 @@ def solution_regions(source: str, where: str) -> list[tuple[int, int]]:
     if start is not None:
         raise CourseError(f"{where}: '{BEGIN}' is never closed by '{END}'")
     return regions
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_notebook(path: Path, fix: str = "") -> "nbformat.NotebookNode":
+    """A notebook from disk (UTF-8 JSON); CourseError naming the file and `fix` otherwise."""
+    import nbformat  # here: importing the markers must stay light
+
+    try:
+        return nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)
+    except UnicodeDecodeError as exc:
+        reason = f"it is not UTF-8 text (byte {exc.start})"
+    except Exception as exc:  # nbformat raises several types; all mean "not a notebook"
+        reason = f"it is not a valid notebook ({type(exc).__name__}: {first_line(exc)})"
+    raise CourseError(f"{path} cannot be read: {reason}" + (f"; {fix}" if fix else ""))
+
+
+def first_line(text) -> str:
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
+
+
+def chapter_fix(root: Path, path: Path) -> str:
+    """What a learner can do about an unreadable notebooks/NN_*.ipynb."""
+    number = path.name[:2]
+    return (f"run `python -m gpt2lib.course restore {number}` to take back a backup, "
+            f"or `python -m gpt2lib.course reset {number}` for a fresh copy")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course import _chapter_fix, read_notebook
+from gpt2lib.course_format import chapter_fix, first_line, read_notebook
 from gpt2lib.course_format import CourseError, Exercise, exercises
 
 __all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "learner_notebooks",
@@ -98,11 +98,6 @@ def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
     return chosen
 
 
-def _first_line(text) -> str:
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""
-
-
 def _error(cell) -> dict | None:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
@@ -123,9 +118,9 @@ def grade(exercise: Exercise, run: Run) -> Outcome:
             if name in _NOT_DONE:
                 return Outcome(exercise, NOT_STARTED)
             if name == "CheckFailed":
-                return Outcome(exercise, FAILED, _first_line(message))
+                return Outcome(exercise, FAILED, first_line(message))
             return Outcome(exercise, FAILED,
-                           f"{name}: {_first_line(message)}" if message else name)
+                           f"{name}: {first_line(message)}" if message else name)
         if index == run.stopped_at:
             return Outcome(exercise, FAILED, f"{run.problem} (cell {index})")
     if run.stopped_at is not None and run.stopped_at < last_check:
@@ -174,10 +169,10 @@ def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int
         except CellTimeoutError:
             return Run(client.nb, current[0], f"timed out after {timeout} s")
         except DeadKernelError as exc:
-            return Run(client.nb, current[0], f"the kernel died ({_first_line(exc)})")
+            return Run(client.nb, current[0], f"the kernel died ({first_line(exc)})")
         except Exception as exc:  # the kernel could not start, and the like
             return Run(client.nb, current[0] if current[0] >= 0 else -1,
-                       f"could not run the notebook: {type(exc).__name__}: {_first_line(exc)}")
+                       f"could not run the notebook: {type(exc).__name__}: {first_line(exc)}")
         finally:
             shutil.rmtree(course, ignore_errors=True)  # cells may leave read-only files
         return Run(client.nb)
@@ -196,7 +191,7 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
     for path in paths:
         print(f"{path.stem} (running notebooks/{path.name} ...)", file=out, flush=True)
         try:
-            nb = read_notebook(path, _chapter_fix(root, path))
+            nb = read_notebook(path, chapter_fix(root, path))
         except CourseError as exc:  # the other chapters still run
             print(f"  ! {exc}", file=out)
             print(file=out)
