@@ -16,8 +16,10 @@ from gpt2lib.model import GPT2
 
 
 @pytest.fixture(autouse=True)
-def several_threads():
-    """The split is only taken with more than one thread: give the tests two, then restore."""
+def several_threads(monkeypatch):
+    """The split is only taken with more than one thread: give the tests two, then restore.
+    And only where it was measured faster: the routing tests pretend this machine is one."""
+    monkeypatch.setattr(kernels, "split_measured_faster", lambda: True)
     before = torch.get_num_threads()
     torch.set_num_threads(max(2, before))
     yield
@@ -302,3 +304,34 @@ def test_graphs_are_kept_outside_the_model_and_die_with_it():
     del model
     gc.collect()
     assert gone() is None and len(speed._GRAPHS) == 0
+
+
+@pytest.mark.parametrize("measured_faster", [True, False])
+def test_by_default_the_split_follows_this_machines_measurement(monkeypatch, measured_faster):
+    monkeypatch.setattr(kernels, "split_measured_faster", lambda: measured_faster)
+    counter = CountSplits(monkeypatch)
+    x, w, b = torch.randn(1, 64), torch.randn(64, 8), torch.randn(8)
+    torch.testing.assert_close(kernels.matmul_bias(x, w, b), torch.addmm(b, x, w))
+    assert counter.split_calls == (1 if measured_faster else 0)
+    with kernels.use_split_matmul(True):  # asked for: split even where it was measured slower
+        kernels.matmul_bias(x, w, b)
+    assert counter.split_calls == (2 if measured_faster else 1)
+
+
+def test_the_measurement_runs_once_per_thread_count_and_gives_a_bool(monkeypatch):
+    monkeypatch.undo()  # the real measurement, not the autouse fixture's stand-in
+    monkeypatch.setattr(kernels, "_measured", {})
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(kernels.torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
+    first = kernels.split_measured_faster()
+    second = kernels.split_measured_faster()
+    assert isinstance(first, bool) and first == second
+    assert len(calls) == 15  # measured once, then remembered
+    assert set(kernels._measured) == {torch.get_num_threads()}
+
+
+def test_use_split_matmul_refuses_what_is_not_true_false_or_none():
+    with pytest.raises(TypeError, match="True, False or None"):
+        with kernels.use_split_matmul("yes"):
+            pass
