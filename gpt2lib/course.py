@@ -80,9 +80,6 @@ def solution_paths(root: Path) -> list[Path]:
     return sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 
-_read = read_notebook  # the name other code and tests used before
-
-
 def _dump(nb: nbformat.NotebookNode) -> str:
     # nbformat's own writer: sorted keys, one-space indent, trailing newline; stable across runs.
     return nbformat.writes(nb) + "\n"
