@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))  # checkpoints.py writes the hub's exact layout
 
 from checkpoints import write_hub_checkpoint  # noqa: E402
-from gpt2lib import GPT2  # noqa: E402
+from gpt2lib import from_pretrained, generate  # noqa: E402
 from gpt2lib.kernels import use_split_matmul  # noqa: E402
 from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps  # noqa: E402
 
@@ -56,7 +56,7 @@ def load_hf(folder: Path, device: str, dtype: torch.dtype):
 
 @torch.inference_mode()
 def ours_generate(model, prompt, new_tokens, use_cache=True):
-    return model.generate(prompt, new_tokens, temperature=0.0, use_cache=use_cache)
+    return generate(model, prompt, new_tokens, temperature=0.0, use_cache=use_cache)
 
 
 @torch.inference_mode()
@@ -154,7 +154,7 @@ import sys, time, json, torch
 torch.set_num_threads({threads})
 which, folder = sys.argv[1], sys.argv[2]
 if which == "gpt2lib":
-    from gpt2lib import GPT2 as loader
+    import gpt2lib as loader  # gpt2lib.from_pretrained
 else:
     from transformers import GPT2LMHeadModel as loader
     from transformers.utils import logging
@@ -272,7 +272,7 @@ class Bench:
     def generate(self, prompt, n, use_cache=True):
         if self.compile and use_cache:
             with torch.inference_mode():
-                return self.ours.generate(prompt, n, temperature=0.0, compile=True)
+                return generate(self.ours, prompt, n, temperature=0.0, compile=True)
         return ours_generate(self.ours, prompt, n, use_cache)
 
     def compare(self, name, fn_ours, fn_hf, work, unit):
@@ -413,7 +413,7 @@ def main(argv=None) -> int:
             record["weights"] = "random (seed 0), GPT-2 small shapes"
         else:
             record["weights"] = str(folder)
-        ours = GPT2.from_pretrained(str(folder), device=args.device, dtype=dtype).eval()
+        ours = from_pretrained(str(folder), device=args.device, dtype=dtype).eval()
         bench = Bench(args, ours, load_hf(folder, args.device, dtype), record)
         if not check_identical(bench):
             return 1

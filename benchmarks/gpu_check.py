@@ -120,7 +120,7 @@ def agreeing_tokens(a, b) -> int:
 def run_dtype(dtype_name, folder, args, record) -> bool:
     import torch
 
-    from gpt2lib import GPT2
+    from gpt2lib.loading import from_pretrained
     from gpt2lib.measure import decode_bytes_per_token
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
@@ -129,7 +129,7 @@ def run_dtype(dtype_name, folder, args, record) -> bool:
     dtype = getattr(torch, dtype_name)
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
-    ours = GPT2.from_pretrained(str(folder), device=device, dtype=dtype).eval()
+    ours = from_pretrained(str(folder), device=device, dtype=dtype).eval()
     hf = GPT2LMHeadModel.from_pretrained(str(folder), dtype=dtype).to(device).eval()
     hf.generation_config.pad_token_id = hf.config.eos_token_id
     per_token = decode_bytes_per_token(ours)

@@ -3,10 +3,12 @@
 Most modules are generated from the notebooks in solutions/ (see CONTRIBUTING.md). The names
 below load on first use, so `import gpt2lib.tokenizer` (chapter 1) does not pull in PyTorch.
 
-    from gpt2lib import GPT2, GPT2Config, KVCache, generate, stream_text, pick_device
+    from gpt2lib import GPT2, GPT2Config, from_pretrained, generate, stream_text, pick_device
     from gpt2lib import run_with_cache, logit_lens, induction_scores   # a look inside (ch 8)
 
-`gpt2lib.from_pretrained(name_or_path, device=None, dtype=None)` is `GPT2.from_pretrained`.
+The model (chapter 6) is a plain nn.Module; saving, loading, generating and looking inside are
+functions that take it: `save_pretrained(model, folder)`, `from_pretrained(name_or_path)`,
+`generate(model, idx, max_new_tokens)`, `run_with_cache(model, idx)`.
 """
 
 import importlib
@@ -16,7 +18,8 @@ _EXPORTS = {
     "GPT2": "gpt2lib.model",
     "GPT2Config": "gpt2lib.config",
     "KVCache": "gpt2lib.kvcache",
-    "from_pretrained": "gpt2lib.model",  # GPT2.from_pretrained (see __getattr__)
+    "from_pretrained": "gpt2lib.loading",
+    "save_pretrained": "gpt2lib.training",
     "CheckpointError": "gpt2lib.loading",
     "run_with_cache": "gpt2lib.interpret",
     "ablated_heads": "gpt2lib.interpret",
@@ -34,8 +37,6 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name == "from_pretrained":  # the loader needs a model class: GPT2 passes itself
-        return importlib.import_module("gpt2lib.model").GPT2.from_pretrained
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'gpt2lib' has no attribute {name!r}")

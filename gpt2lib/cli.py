@@ -132,7 +132,7 @@ def _unreachable_message(exc, args) -> str:
 
 def _generate(args) -> int:
     from gpt2lib.generation import stream_text
-    from gpt2lib.model import GPT2
+    from gpt2lib.loading import from_pretrained
 
     try:
         from gpt2lib.tokenizer import get_encoding
@@ -140,7 +140,7 @@ def _generate(args) -> int:
         print(f"error: the tokenizer (gpt2lib.tokenizer, chapter 1) cannot be imported: {exc}",
               file=sys.stderr)
         return EXIT_FAILED
-    model = GPT2.from_pretrained(_model_name(args), device=args.device, dtype=args.dtype)
+    model = from_pretrained(_model_name(args), device=args.device, dtype=args.dtype)
     tokenizer = get_encoding()
     pieces = stream_text(model, tokenizer, args.prompt, args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

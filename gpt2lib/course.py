@@ -28,8 +28,7 @@ from pathlib import Path
 import nbformat
 
 from gpt2lib.course_format import (BEGIN, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG, CourseError,
-                                   chapter_fix, exercise_titles, first_line, read_notebook,
-                                   solution_regions, tags)
+                                   exercise_titles, read_notebook, solution_regions, tags)
 
 __all__ = [
     "BEGIN", "END", "CHAPTER_MODULES", "CHECK_TAG", "EXPORT_TAG", "RAISES_TAG", "CourseError",

@@ -20,7 +20,6 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 import browser_support as bs
-from gpt2lib.course import CHAPTER_MODULES
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

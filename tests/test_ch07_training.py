@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt2lib.config import GPT2Config
+from gpt2lib.loading import from_pretrained
 from gpt2lib.model import GPT2
 from gpt2lib.training import (
     decay_groups,
@@ -327,7 +328,7 @@ def test_save_pretrained_writes_the_hub_layout(tmp_path):
     from safetensors import safe_open
 
     model = small_model()
-    folder = model.save_pretrained(tmp_path / "m")
+    folder = save_pretrained(model, tmp_path / "m")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     assert config["model_type"] == "gpt2" and config["architectures"] == ["GPT2LMHeadModel"]
@@ -346,7 +347,7 @@ def test_save_pretrained_writes_the_hub_layout(tmp_path):
 def test_round_trip_through_from_pretrained_is_exact(tmp_path):
     model = perturbed(small_model()).eval()
     save_pretrained(model, tmp_path)
-    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
+    loaded = from_pretrained(tmp_path, device="cpu")
     assert loaded.config == model.config
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
@@ -373,20 +374,20 @@ def test_save_pretrained_in_float16_halves_the_file_and_loads(tmp_path):
     size32 = (tmp_path / "f32" / "model.safetensors").stat().st_size
     size16 = (tmp_path / "f16" / "model.safetensors").stat().st_size
     assert size16 < 0.55 * size32
-    loaded = GPT2.from_pretrained(tmp_path / "f16", device="cpu")
+    loaded = from_pretrained(tmp_path / "f16", device="cpu")
     assert torch.equal(loaded.wte.weight, model.wte.weight.half().float())
 
 
 def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
     first, second = small_model(seed=0), small_model(seed=1)
-    first.save_pretrained(tmp_path)
+    save_pretrained(first, tmp_path)
     before = (tmp_path / "model.safetensors").read_bytes()
     with pytest.raises(FileExistsError, match="already holds a model .*overwrite=True"):
-        second.save_pretrained(tmp_path)
+        save_pretrained(second, tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before  # nothing touched
     (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
-    second.save_pretrained(tmp_path, overwrite=True)
-    loaded = GPT2.from_pretrained(tmp_path, device="cpu")
+    save_pretrained(second, tmp_path, overwrite=True)
+    loaded = from_pretrained(tmp_path, device="cpu")
     assert torch.equal(loaded.wte.weight, second.wte.weight)
     assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"  # other files kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
@@ -394,7 +395,7 @@ def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
 
 def test_save_pretrained_into_a_folder_of_other_files_is_fine(tmp_path):
     (tmp_path / "README.md").write_text("my run", encoding="utf-8")
-    small_model().save_pretrained(tmp_path)
+    save_pretrained(small_model(), tmp_path)
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == "my run"
 
 
@@ -415,7 +416,7 @@ def test_the_stand_in_is_small_and_in_the_hub_layout():
     sizes = {p.name: p.stat().st_size for p in STANDIN.iterdir()}
     assert {"config.json", "model.safetensors", "README.md"} <= set(sizes)
     assert sizes["config.json"] + sizes["model.safetensors"] <= 15_000_000
-    model = GPT2.from_pretrained(STANDIN, device="cpu")
+    model = from_pretrained(STANDIN, device="cpu")
     assert model.config.vocab_size == 50257 and model.config.n_positions >= 128
 
 
@@ -427,7 +428,7 @@ def test_the_stand_in_writes_shakespeare_shaped_text():
     from gpt2lib.tokenizer import get_encoding
 
     enc = get_encoding()
-    model = GPT2.from_pretrained(STANDIN, device="cpu")
+    model = from_pretrained(STANDIN, device="cpu")
     prompt = torch.tensor([enc.encode("ROMEO:\n")])
     out = sample(model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(0))
     text = enc.decode(out[0].tolist())

@@ -13,6 +13,8 @@ from gpt2lib import interpret
 from gpt2lib.checks import CheckFailed, NotDoneYet
 from gpt2lib.checks import inspect as checks
 from gpt2lib.config import GPT2Config
+from gpt2lib.interpret import run_with_cache
+from gpt2lib.loading import from_pretrained
 from gpt2lib.model import GPT2
 
 SMALL = dict(n_layer=3, n_head=4, n_embd=32, n_positions=64, vocab_size=211)
@@ -25,7 +27,7 @@ def hub_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(hub_dir):
-    return GPT2.from_pretrained(hub_dir, device="cpu")
+    return from_pretrained(hub_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_cache_matches_transformers_hidden_states_and_attentions(hub_dir, model,
 
     theirs = GPT2LMHeadModel.from_pretrained(str(hub_dir), attn_implementation="eager").eval()
     with torch.no_grad():
-        logits, cache = model.run_with_cache(idx)
+        logits, cache = run_with_cache(model, idx)
         out = theirs(idx, output_hidden_states=True, output_attentions=True)
     n = SMALL["n_layer"]
     assert len(cache.resid) == n + 1 and len(cache.attn) == n
@@ -62,7 +64,7 @@ def test_cache_matches_transformers_hidden_states_and_attentions(hub_dir, model,
 def test_plain_forward_is_unchanged_and_no_hooks_remain(model, idx):
     with torch.no_grad():
         before = model(idx)
-        logits, _ = model.run_with_cache(idx, capture=interpret.CAPTURES, ablate_heads={1: [2]})
+        logits, _ = run_with_cache(model, idx, capture=interpret.CAPTURES, ablate_heads={1: [2]})
         after = model(idx)
     assert torch.equal(before, after)
     assert not torch.equal(logits, before)  # the ablation did act during the call
@@ -71,13 +73,13 @@ def test_plain_forward_is_unchanged_and_no_hooks_remain(model, idx):
 
 def test_hooks_are_removed_when_the_forward_pass_fails(model):
     with pytest.raises(ValueError, match=r"token ids must be in 0 \.\. "):
-        model.run_with_cache(torch.tensor([[0, SMALL["vocab_size"]]]), ablate_heads={0: [1]})
+        run_with_cache(model, torch.tensor([[0, SMALL["vocab_size"]]]), ablate_heads={0: [1]})
     assert _no_hooks(model)
 
 
 def test_optional_captures_add_up_to_the_residual_stream(model, idx):
     with torch.no_grad():
-        _, cache = model.run_with_cache(idx, capture=("resid", "head_out", "mlp_out"))
+        _, cache = run_with_cache(model, idx, capture=("resid", "head_out", "mlp_out"))
     assert cache.attn == []  # not asked for
     B, T = idx.shape
     hd = SMALL["n_embd"] // SMALL["n_head"]
@@ -95,18 +97,18 @@ def test_optional_captures_add_up_to_the_residual_stream(model, idx):
 @pytest.mark.parametrize("layer,head", [(0, 0), (1, 3), (2, 1)])
 def test_ablating_a_head_equals_zeroing_its_rows_of_c_proj(hub_dir, model, idx, layer, head):
     hd = SMALL["n_embd"] // SMALL["n_head"]
-    edited = GPT2.from_pretrained(hub_dir, device="cpu")
+    edited = from_pretrained(hub_dir, device="cpu")
     with torch.no_grad():
         edited.h[layer].attn.c_proj.weight[head * hd:(head + 1) * hd] = 0
         want = edited(idx)
-        got, cache = model.run_with_cache(idx, capture="head_out", ablate_heads={layer: [head]})
+        got, cache = run_with_cache(model, idx, capture="head_out", ablate_heads={layer: [head]})
     assert torch.equal(got, want)
     assert not cache.head_out[layer][:, head].any()  # the recorded head output is the zeroed one
 
 
 def test_context_manager_has_the_same_effect(model, idx):
     with torch.no_grad():
-        want, _ = model.run_with_cache(idx, ablate_heads={0: [1, 2], 2: 3})
+        want, _ = run_with_cache(model, idx, ablate_heads={0: [1, 2], 2: 3})
         with gpt2lib.ablated_heads(model, {0: [1, 2], 2: [3]}):
             got = model(idx)
         plain = model(idx)
@@ -124,13 +126,13 @@ def test_context_manager_has_the_same_effect(model, idx):
 ])
 def test_bad_ablation_indices_are_refused(model, idx, ablate, error, message):
     with pytest.raises(error, match=message):
-        model.run_with_cache(idx, ablate_heads=ablate)
+        run_with_cache(model, idx, ablate_heads=ablate)
     assert _no_hooks(model)
 
 
 def test_unknown_capture_name_lists_the_known_ones(model, idx):
     with pytest.raises(ValueError, match="unknown capture name.*'attention'.*resid, attn, head_out, mlp_out"):
-        model.run_with_cache(idx, capture=("resid", "attention"))
+        run_with_cache(model, idx, capture=("resid", "attention"))
 
 
 class _BareBlock(nn.Module):
@@ -147,12 +149,12 @@ class _BareBlock(nn.Module):
 def test_a_block_without_the_expected_parts_gets_a_clear_error():
     model = GPT2(GPT2Config(**SMALL), block_cls=_BareBlock).eval()
     ids = torch.tensor([[1, 2, 3]])
-    _, cache = model.run_with_cache(ids, capture="resid")  # needs nothing from the block
+    _, cache = run_with_cache(model, ids, capture="resid")  # needs nothing from the block
     assert len(cache.resid) == SMALL["n_layer"] + 1
     with pytest.raises(TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"):
-        model.run_with_cache(ids)
+        run_with_cache(model, ids)
     with pytest.raises(TypeError, match="ablate_heads needs block 1 to have `attn.c_proj`"):
-        model.run_with_cache(ids, capture="resid", ablate_heads={1: [0]})
+        run_with_cache(model, ids, capture="resid", ablate_heads={1: [0]})
 
 
 # --------------------------------------------------------------------------- logit lens, induction
@@ -160,7 +162,7 @@ def test_a_block_without_the_expected_parts_gets_a_clear_error():
 
 def test_logit_lens_last_layer_is_the_model_and_top_k(model, idx):
     with torch.no_grad():
-        logits, cache = model.run_with_cache(idx)
+        logits, cache = run_with_cache(model, idx)
         lens = gpt2lib.logit_lens(model, cache)
         top = gpt2lib.logit_lens(model, cache, top_k=3)
     assert lens.shape == (SMALL["n_layer"] + 1, *idx.shape, SMALL["vocab_size"])
@@ -168,7 +170,7 @@ def test_logit_lens_last_layer_is_the_model_and_top_k(model, idx):
     assert top.indices.shape == (SMALL["n_layer"] + 1, *idx.shape, 3)
     assert torch.equal(top.indices[..., 0], lens.argmax(-1))
     with pytest.raises(ValueError, match="holds no residual stream"):
-        gpt2lib.logit_lens(model, model.run_with_cache(idx, capture="attn")[1])
+        gpt2lib.logit_lens(model, run_with_cache(model, idx, capture="attn")[1])
 
 
 def test_induction_scores_find_a_copying_head_built_by_hand():

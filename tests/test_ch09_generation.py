@@ -10,6 +10,7 @@ from gpt2lib.config import GPT2Config
 from gpt2lib.generation import (generate, next_token_probs, sample_next,
                                 stream_text, top_k_filter, top_p_filter)
 from gpt2lib.kvcache import KVCache, write_kv
+from gpt2lib.loading import from_pretrained
 from gpt2lib.tokenizer import ENDOFTEXT_ID
 from gpt2lib.model import GPT2
 
@@ -106,12 +107,12 @@ def test_greedy_with_and_without_cache_is_identical(T, new, B, seed):
 def test_greedy_matches_transformers_generate(checkpoint_dir):
     from transformers import GPT2LMHeadModel
 
-    ours = GPT2.from_pretrained(checkpoint_dir, device="cpu")
+    ours = from_pretrained(checkpoint_dir, device="cpu")
     theirs = GPT2LMHeadModel.from_pretrained(str(checkpoint_dir)).eval()
     idx = torch.randint(0, 50257, (2, 6), generator=torch.Generator().manual_seed(0))
     expected = theirs.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=12,
                                do_sample=False, pad_token_id=ENDOFTEXT_ID)
-    assert torch.equal(ours.generate(idx, 12, temperature=0), expected)
+    assert torch.equal(generate(ours, idx, 12, temperature=0), expected)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -293,7 +294,7 @@ def test_stream_of_invalid_bytes_ends_like_decode():
 
 def test_stream_text_equals_decode_of_generate(checkpoint_dir):
     tokenizer = pytest.importorskip("gpt2lib.tokenizer").get_encoding()
-    model = GPT2.from_pretrained(checkpoint_dir, device="cpu")
+    model = from_pretrained(checkpoint_dir, device="cpu")
     text = "The café served 🙂 and"
     ids = torch.tensor([tokenizer.encode(text)])
     made = generate(model, ids, 25, temperature=1.0, top_p=0.95, seed=3)
@@ -343,10 +344,10 @@ def test_bad_prompts_are_refused(model, idx, error, message):
 
 
 def test_model_generate_delegates_and_refuses_the_same(model):
-    assert torch.equal(model.generate(prompt(), 4, temperature=0),
+    assert torch.equal(generate(model, prompt(), 4, temperature=0),
                        generate(model, prompt(), 4, temperature=0))
     with pytest.raises(ValueError, match="top_p must be in"):
-        model.generate(prompt(), 4, top_p=2)
+        generate(model, prompt(), 4, top_p=2)
 
 
 def test_stream_text_refuses_at_once():

@@ -31,15 +31,16 @@ def test_help_lists_the_commands():
 
 def test_generate_streams_the_prompt_and_its_greedy_continuation(checkpoint_dir):
     tokenizer = pytest.importorskip("gpt2lib.tokenizer").get_encoding()
-    from gpt2lib.model import GPT2
+    from gpt2lib.generation import generate
+    from gpt2lib.loading import from_pretrained
 
     text = "Hello, world"
     out = run("generate", "--model", str(checkpoint_dir), "--prompt", text,
               "--max-new-tokens", "8", "--temperature", "0", "--device", "cpu")
     assert out.returncode == 0, out.stderr
-    model = GPT2.from_pretrained(checkpoint_dir, device="cpu")
+    model = from_pretrained(checkpoint_dir, device="cpu")
     ids = torch.tensor([tokenizer.encode(text)])
-    expected = text + tokenizer.decode(model.generate(ids, 8, temperature=0)[0, ids.shape[1]:]
+    expected = text + tokenizer.decode(generate(model, ids, 8, temperature=0)[0, ids.shape[1]:]
                                        .tolist()) + "\n"
     assert out.stdout == expected
 
@@ -47,13 +48,13 @@ def test_generate_streams_the_prompt_and_its_greedy_continuation(checkpoint_dir)
 def test_seeded_sampling_matches_stream_text(checkpoint_dir):
     tokenizer = pytest.importorskip("gpt2lib.tokenizer").get_encoding()
     from gpt2lib.generation import stream_text
-    from gpt2lib.model import GPT2
+    from gpt2lib.loading import from_pretrained
 
     out = run("generate", "--model", str(checkpoint_dir), "--prompt", "Once upon a time",
               "--max-new-tokens", "10", "--top-k", "40", "--top-p", "0.9", "--seed", "7",
               "--temperature", "0.8")
     assert out.returncode == 0, out.stderr
-    model = GPT2.from_pretrained(checkpoint_dir, device="cpu")
+    model = from_pretrained(checkpoint_dir, device="cpu")
     pieces = stream_text(model, tokenizer, "Once upon a time", 10, temperature=0.8, top_k=40,
                          top_p=0.9, seed=7)
     assert out.stdout == "Once upon a time" + "".join(pieces) + "\n"

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpt2lib.config import GPT2Config
+from gpt2lib.loading import from_pretrained
 from gpt2lib.model import GPT2
 from gpt2lib.tokenizer import get_encoding
 from gpt2lib.training import ngram_baselines, sample, save_pretrained, train
@@ -71,7 +72,7 @@ def main(argv=None):
     folder = save_pretrained(model, args.folder, overwrite=args.overwrite, dtype=torch.float16)
     (folder / "model.safetensors").chmod(0o644)
 
-    reloaded = GPT2.from_pretrained(folder, device="cpu")  # what the chapters will see
+    reloaded = from_pretrained(folder, device="cpu")  # what the chapters will see
     prompt = torch.tensor([enc.encode("ROMEO:\n")])
     greedy = enc.decode(sample(reloaded, prompt, 60, temperature=0)[0].tolist())
     sampled = enc.decode(sample(reloaded, prompt, 60, temperature=0.8,

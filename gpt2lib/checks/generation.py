@@ -80,7 +80,7 @@ def check_write_kv(write_kv) -> None:
 
     # In a real model: cached greedy decoding must equal the uncached one.
     from gpt2lib.config import GPT2Config
-    from gpt2lib.generation import sample_next
+    from gpt2lib.generation import generate, sample_next
     from gpt2lib.kvcache import KVCache
     from gpt2lib.model import GPT2
 
@@ -94,7 +94,7 @@ def check_write_kv(write_kv) -> None:
             token = sample_next(logits, temperature=0)[:, None]
             seq = torch.cat([seq, token], 1)
             logits = model(token, kv_cache=cache)[:, -1]
-        want = model.generate(idx, 8, temperature=0, use_cache=False)
+        want = generate(model, idx, 8, temperature=0, use_cache=False)
     if not torch.equal(seq[:, :12], want):
         raise CheckFailed(ex, "on its own cases it looks right, but a model using it decodes "
                               "differently from the uncached model")
