@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: importing the markers must stay light
+    import nbformat
 
 __all__ = [
     "BEGIN",

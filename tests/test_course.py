@@ -941,3 +941,41 @@ def test_every_chapter_names_its_kernel_so_jupyterlab_does_not_ask():
     for path in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         kernelspec = nbformat.read(str(path), as_version=4).metadata.get("kernelspec", {})
         assert kernelspec.get("name") == "python3", f"{path.name} has no python3 kernelspec"
+
+
+# --------------------------------------------------------------------------- the formatter
+
+
+def test_generated_modules_are_formatted_however_the_cell_was_laid_out(tmp_path):
+    cramped = "def add( a,b ):\n  return a+b\nTABLE = {'a':1,\n   'b':2}"
+    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", [code(cramped, "export")])
+    build(tmp_path)
+    text = (tmp_path / "gpt2lib" / "tokenizer.py").read_text(encoding="utf-8")
+    assert "def add(a, b):\n    return a + b\n" in text
+    assert 'TABLE = {"a": 1, "b": 2}\n' in text
+    assert course.check(tmp_path) == []  # the formatted module is what check expects
+    assert course.module_state(tmp_path / "gpt2lib" / "tokenizer.py") == "generated"
+
+
+def test_the_formatter_leaves_behaviour_alone():
+    text = "x = (1 +\n  2)\nnames = ['a',\n 'b']\n"
+    namespace, formatted = {}, {}
+    exec(text, namespace)
+    exec(course.format_module(text, "t.py"), formatted)
+    assert (formatted["x"], formatted["names"]) == (namespace["x"], namespace["names"]) == (3, ["a", "b"])
+
+
+def test_another_ruff_version_is_refused_with_the_install_line(monkeypatch, tmp_path):
+    course._ruff.cache_clear()
+    monkeypatch.setattr(course, "RUFF_VERSION", "0.0.1")
+    try:
+        with pytest.raises(CourseError, match=r"ruff 0\.0\.1, and this environment has ruff .*"
+                                              r"pip install ruff==0\.0\.1"):
+            course.format_module("x = 1\n", "t.py")
+    finally:
+        course._ruff.cache_clear()
+
+
+def test_requirements_pin_the_ruff_the_build_expects():
+    requirements = (Path(course.REPO_ROOT) / "requirements.txt").read_text(encoding="utf-8")
+    assert f"ruff=={course.RUFF_VERSION}" in requirements.split()
