@@ -675,3 +675,15 @@ def check_attend_with_offset(attend_with_offset) -> None:
                               "differs from causal attention at offset past: query i sees keys "
                               "0 .. past + i")
     passed(ex, "new queries see the whole cache and the new keys up to their own position")
+
+
+# Each check with the planted mistakes it names (the tests run every one through its check).
+MISTAKES_BY_CHECK = {
+    check_apply_temperature: TEMPERATURE_MISTAKES,
+    check_top_k_filter: TOP_K_MISTAKES,
+    check_top_p_filter: TOP_P_MISTAKES,
+    check_attend_with_offset: OFFSET_MASK_MISTAKES,
+    check_write_kv: WRITE_KV_MISTAKES,
+    check_cached_forward: CACHED_FORWARD_MISTAKES,
+    check_split_matmul: SPLIT_MISTAKES,
+}
