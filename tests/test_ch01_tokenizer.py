@@ -699,15 +699,23 @@ def _passes(check, fn, capsys):
     assert capsys.readouterr().out.startswith("✅")
 
 
-def _reference_train_merges(word_counts, num_merges):
-    merges = []
-    for _ in range(num_merges):
-        pair = most_frequent_pair(word_counts)
-        if pair is None:
-            break
-        merges.append(pair)
-        word_counts = merge_pair(word_counts, pair)
-    return merges
+def _train_merges_with(choose_pair):
+    """train_merges that learns, each round, the pair choose_pair(word_counts) picks."""
+
+    def train_merges(word_counts, num_merges):
+        merges = []
+        for _ in range(num_merges):
+            pair = choose_pair(word_counts)
+            if pair is None:
+                break
+            merges.append(pair)
+            word_counts = merge_pair(word_counts, pair)
+        return merges
+
+    return train_merges
+
+
+_reference_train_merges = _train_merges_with(most_frequent_pair)
 
 
 def test_reference_answers_pass_the_checks(capsys):
@@ -740,15 +748,7 @@ def test_either_tie_rule_passes(capsys):
     assert _first_seen_pair(tied) == (b"a", b"b") and most_frequent_pair(tied) == (b"c", b"d")
     _passes(checks.check_most_frequent_pair, _first_seen_pair, capsys)
 
-    def train_first_seen(word_counts, num_merges):
-        merges = []
-        for _ in range(num_merges):
-            pair = _first_seen_pair(word_counts)
-            if pair is None:
-                break
-            merges.append(pair)
-            word_counts = merge_pair(word_counts, pair)
-        return merges
+    train_first_seen = _train_merges_with(_first_seen_pair)
 
     # the check's cases have ties, so the two rules really learn different merges there
     wc, n = checks._train_cases()[0]
