@@ -6,6 +6,12 @@ import pytest
 from gpt2lib.checks._core import CheckFailed, NotDoneYet
 
 
+def right_answers(answers_by_check):
+    """{check: [right answers]} -> one pytest parameter (check, answer) per answer."""
+    return [pytest.param(check, answer, id=f"{check.__name__}-{answer.__name__}")
+            for check, answers in answers_by_check.items() for answer in answers]
+
+
 def planted(checks_and_mistakes):
     """{check: its list of Mistake} (or pairs) -> one pytest parameter (check, mistake) per
     mistake."""

@@ -6,10 +6,10 @@ lists in gpt2lib.checks.training and these tests cannot drift apart.
 
 import math
 
+import check_cases as cases
 import pytest
 import torch
 import torch.nn.functional as F
-from check_cases import assert_named, assert_not_done_yet, numbered, planted
 
 from gpt2lib.checks import training as checks
 from gpt2lib.training import decay_groups, lr_schedule, sample
@@ -65,19 +65,15 @@ def _sample_reference(model, idx, max_new_tokens, temperature=1.0, generator=Non
     return sample(model, idx, max_new_tokens, temperature=temperature, generator=generator)
 
 
-@pytest.mark.parametrize("check,answer", [
-    (checks.check_inputs_and_targets, _targets_right),
-    (checks.check_cross_entropy, _loss_right),
-    (checks.check_cross_entropy, _loss_float64_einsum),
-    (checks.check_random_batch, checks._batch_right),
-    (checks.check_random_batch, _batch_vectorised),
-    (checks.check_decay_groups, decay_groups),
-    (checks.check_decay_groups, _decay_by_name),
-    (checks.check_training_step, _step_right),
-    (checks.check_cosine_lr, lr_schedule),
-    (checks.check_cosine_lr, _lr_numpy_style),
-    (checks.check_sample_tokens, _sample_reference),
-], ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("check, answer", cases.right_answers({
+    checks.check_inputs_and_targets: [_targets_right],
+    checks.check_cross_entropy: [_loss_right, _loss_float64_einsum],
+    checks.check_random_batch: [checks._batch_right, _batch_vectorised],
+    checks.check_decay_groups: [decay_groups, _decay_by_name],
+    checks.check_training_step: [_step_right],
+    checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
+    checks.check_sample_tokens: [_sample_reference],
+}))
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
     assert "✅" in capsys.readouterr().out
@@ -85,12 +81,12 @@ def test_right_answers_pass(check, answer, capsys):
 
 @pytest.mark.parametrize("check", list(checks.MISTAKES_BY_CHECK), ids=lambda c: c.__name__)
 def test_the_stub_reads_not_done_yet(check):
-    assert_not_done_yet(check)
+    cases.assert_not_done_yet(check)
 
 
-@pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
+@pytest.mark.parametrize("check, mistake", cases.planted(checks.MISTAKES_BY_CHECK))
 def test_each_planted_mistake_is_named(check, mistake):
-    assert_named(check, mistake.fn, mistake.message)
+    cases.assert_named(check, mistake.fn, mistake.message)
 
 
 def _unseeded_batch(ids, batch_size, block_size, generator=None):
@@ -111,7 +107,7 @@ def _sample_only_new_tokens(model, idx, n, temperature=1.0, generator=None):
     return sample(model, idx, n, temperature, generator)[:, idx.shape[1]:]
 
 
-@pytest.mark.parametrize("check, answer, message", numbered([
+@pytest.mark.parametrize("check, answer, message", cases.numbered([
     # not planted: what the check says about them comes from a symptom or a shape
     (checks.check_cross_entropy, lambda lg, t: _loss_right(lg, t).detach(), "carries no gradient"),
     (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
@@ -121,4 +117,4 @@ def _sample_only_new_tokens(model, idx, n, temperature=1.0, generator=None):
     (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
 ]))
 def test_other_wrong_answers_are_named(check, answer, message):
-    assert_named(check, answer, message)
+    cases.assert_named(check, answer, message)

@@ -5,9 +5,9 @@ The tests over the mistake lists feed each planted wrong version itself to its c
 lists in gpt2lib.checks.generation and these tests cannot drift apart.
 """
 
+import check_cases as cases
 import pytest
 import torch
-from check_cases import assert_named, assert_not_done_yet, numbered, planted
 
 from gpt2lib import generation as G
 from gpt2lib import kvcache as K
@@ -78,29 +78,15 @@ def offset_with_sdpa(q, k, v, past):  # torch's attention with an explicit boole
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
-RIGHT_ANSWERS = [
-    (C.check_write_kv, K.write_kv),
-    (C.check_write_kv, write_kv_narrow),
-    (C.check_cached_forward, C._cached_forward()),
-    (C.check_cached_forward, forward_of_the_model),
-    (C.check_apply_temperature, G.apply_temperature),
-    (C.check_apply_temperature, temperature_shifted),
-    (C.check_apply_temperature, temperature_log_softmax),
-    (C.check_top_k_filter, G.top_k_filter),
-    (C.check_top_k_filter, top_k_sorted),
-    (C.check_top_k_filter, top_k_float64),
-    (C.check_top_p_filter, G.top_p_filter),
-    (C.check_top_p_filter, top_p_loop),
-    (C.check_split_matmul, split_matmul),
-    (C.check_split_matmul, split_einsum),
-    (C.check_attend_with_offset, K.attend_with_offset),
-    (C.check_attend_with_offset, offset_with_indices),
-    (C.check_attend_with_offset, offset_with_sdpa),
-]
-
-
-@pytest.mark.parametrize("check, answer", RIGHT_ANSWERS,
-                         ids=[f"{c.__name__}-{a.__name__}" for c, a in RIGHT_ANSWERS])
+@pytest.mark.parametrize("check, answer", cases.right_answers({
+    C.check_write_kv: [K.write_kv, write_kv_narrow],
+    C.check_cached_forward: [C._cached_forward(), forward_of_the_model],
+    C.check_apply_temperature: [G.apply_temperature, temperature_shifted, temperature_log_softmax],
+    C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
+    C.check_top_p_filter: [G.top_p_filter, top_p_loop],
+    C.check_split_matmul: [split_matmul, split_einsum],
+    C.check_attend_with_offset: [K.attend_with_offset, offset_with_indices, offset_with_sdpa],
+}))
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
     assert "✅" in capsys.readouterr().out
@@ -108,14 +94,14 @@ def test_right_answers_pass(check, answer, capsys):
 
 # --------------------------------------------------------------------------- planted mistakes
 
-@pytest.mark.parametrize("check, mistake", planted(C.MISTAKES_BY_CHECK))
+@pytest.mark.parametrize("check, mistake", cases.planted(C.MISTAKES_BY_CHECK))
 def test_each_planted_mistake_is_named(check, mistake):
-    assert_named(check, mistake.fn, mistake.message)
+    cases.assert_named(check, mistake.fn, mistake.message)
 
 
 @pytest.mark.parametrize("check", list(C.MISTAKES_BY_CHECK), ids=lambda c: c.__name__)
 def test_the_stub_reads_not_done_yet(check):
-    assert_not_done_yet(check)
+    cases.assert_not_done_yet(check)
 
 
 # --------------------------------------------------------------------------- other wrong answers
@@ -148,7 +134,7 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
     return scores.masked_fill(allowed, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("check, answer, message", numbered([
+@pytest.mark.parametrize("check, answer, message", cases.numbered([
     (C.check_write_kv, lambda k_buf, v_buf, k, v: None, "cannot take that"),
     (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
     (C.check_write_kv, write_kv_then_renamed, "you returned only the new keys"),
@@ -165,4 +151,4 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
     (C.check_attend_with_offset, lambda q, k, v, past: q[..., 0], "shape"),
 ]))
 def test_other_wrong_answers_are_named(check, answer, message):
-    assert_named(check, answer, message)
+    cases.assert_named(check, answer, message)
