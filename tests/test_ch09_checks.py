@@ -108,19 +108,18 @@ def test_the_stub_reads_not_done_yet(check):
 # (not planted: what the check says about them comes from a symptom or a shape)
 
 
-def write_kv_then_renamed(k_buf, v_buf, k, v, start):  # stores, then returns the inputs' clones
+def write_kv_returning_two_old_tokens(k_buf, v_buf, k, v, start):  # T positions, the wrong ones
     K.write_kv(k_buf, v_buf, k, v, start)
-    return k.clone(), v.clone()
+    return k_buf[:, :, :k.shape[2]], v_buf[:, :, :v.shape[2]]
 
 
-def top_k_keeps_one_more_by_sorting(logits, k):  # another way to keep k + 1
-    values = logits.sort(-1, descending=True).values
-    threshold = values[..., min(k, logits.shape[-1] - 1):][..., :1]
-    return logits.masked_fill(logits < threshold, float("-inf"))
+def top_k_and_the_smallest(logits, k):  # k + 1 tokens, but not the k + 1 largest
+    keep = G.top_k_filter(logits, k).isfinite() | (logits == logits.min(-1, keepdim=True).values)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def top_p_ignores_p_at_one(logits, p):  # inverted below p = 1, then keeps everything
-    return logits.clone() if p >= 1 else C.TOP_P_MISTAKES[4].fn(logits, p)
+    return logits.clone() if p >= 1 else C._top_p(invert=True)(logits, p)
 
 
 def attention_with_is_causal(q, k, v, past):  # top-left aligned: the queries taken as 0..
@@ -137,15 +136,17 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
 @pytest.mark.parametrize("check, answer, message", cases.numbered([
     (C.check_write_kv, lambda k_buf, v_buf, k, v: None, "cannot take that"),
     (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
-    (C.check_write_kv, write_kv_then_renamed, "you returned only the new keys"),
+    (C.check_write_kv, write_kv_returning_two_old_tokens, "you returned only the new keys"),
     (C.check_cached_forward, lambda model, idx, cache: model(idx, kv_cache=cache, last_only=True),
      r"expected logits of shape (B, T, vocab)"),
     (C.check_apply_temperature, lambda logits, t: [1.0], "should be a torch.Tensor"),
     (C.check_apply_temperature, lambda logits, t: logits[:, :1] / t, "has shape (2, 1)"),
     (C.check_top_k_filter, lambda logits, k: torch.topk(logits, k, -1).values, "has shape (3, 1)"),
-    (C.check_top_k_filter, top_k_keeps_one_more_by_sorting, "with k=1: off by one"),
+    (C.check_top_k_filter, top_k_and_the_smallest, "with k=1: off by one: you kept k + 1"),
     (C.check_top_p_filter, top_p_ignores_p_at_one, "the mask is inverted"),
     (C.check_split_matmul, lambda x, weight, parts: (x @ weight).T, "has shape (3, 5)"),
+    (C.check_split_matmul, lambda x, weight, parts: C._slab_products(x, weight, parts).sum(2),
+     "you summed over the wrong dimension"),
     (C.check_attend_with_offset, attention_with_is_causal, "the offset is ignored"),
     (C.check_attend_with_offset, attention_masking_the_allowed_keys, "wrong side"),
     (C.check_attend_with_offset, lambda q, k, v, past: q[..., 0], "shape"),
