@@ -699,15 +699,23 @@ def _passes(check, fn, capsys):
     assert capsys.readouterr().out.startswith("✅")
 
 
-def _reference_train_merges(word_counts, num_merges):
-    merges = []
-    for _ in range(num_merges):
-        pair = most_frequent_pair(word_counts)
-        if pair is None:
-            break
-        merges.append(pair)
-        word_counts = merge_pair(word_counts, pair)
-    return merges
+def _train_merges_with(choose_pair):
+    """train_merges that learns, each round, the pair choose_pair(word_counts) picks."""
+
+    def train_merges(word_counts, num_merges):
+        merges = []
+        for _ in range(num_merges):
+            pair = choose_pair(word_counts)
+            if pair is None:
+                break
+            merges.append(pair)
+            word_counts = merge_pair(word_counts, pair)
+        return merges
+
+    return train_merges
+
+
+_reference_train_merges = _train_merges_with(most_frequent_pair)
 
 
 def test_reference_answers_pass_the_checks(capsys):
@@ -740,15 +748,7 @@ def test_either_tie_rule_passes(capsys):
     assert _first_seen_pair(tied) == (b"a", b"b") and most_frequent_pair(tied) == (b"c", b"d")
     _passes(checks.check_most_frequent_pair, _first_seen_pair, capsys)
 
-    def train_first_seen(word_counts, num_merges):
-        merges = []
-        for _ in range(num_merges):
-            pair = _first_seen_pair(word_counts)
-            if pair is None:
-                break
-            merges.append(pair)
-            word_counts = merge_pair(word_counts, pair)
-        return merges
+    train_first_seen = _train_merges_with(_first_seen_pair)
 
     # the check's cases have ties, so the two rules really learn different merges there
     wc, n = checks._train_cases()[0]
@@ -805,15 +805,20 @@ def _fails(check, fn, phrase):
         check(fn)
 
 
+def _message_of(check, fn):
+    """The message of the CheckFailed that check(fn) raises."""
+    with pytest.raises(CheckFailed) as failure:
+        check(fn)
+    return str(failure.value)
+
+
 FOUR = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
 
 
 @pytest.mark.parametrize("mistake", checks.SPLIT_MISTAKES, ids=[m.name for m in checks.SPLIT_MISTAKES])
 def test_split_check_names_each_planted_mistake(mistake):
     assert mistake.fn().startswith(FOUR) or mistake.fn().endswith(FOUR)  # the four given alternatives
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_split_pattern(mistake.fn)
-    assert str(failure.value).startswith(f"{checks.EX_SPLIT}: {mistake.message}")
+    assert _message_of(checks.check_split_pattern, mistake.fn).startswith(f"{checks.EX_SPLIT}: {mistake.message}")
 
 
 @pytest.mark.parametrize(
@@ -851,9 +856,7 @@ def _first_with_message(mistakes, mistake):
 
 @_named(checks.MERGE_MISTAKES)
 def test_merge_check_names_each_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_bpe_merge(mistake.fn)
-    assert str(failure.value) == f"{checks.EX_MERGE}: {mistake.message}"
+    assert _message_of(checks.check_bpe_merge, mistake.fn) == f"{checks.EX_MERGE}: {mistake.message}"
 
 
 def test_merge_check_form_mistakes():
@@ -892,9 +895,7 @@ def test_merge_check_non_answers():
 
 @_named(checks.DECODE_MISTAKES)
 def test_decode_check_names_each_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_decode_ids(mistake.fn)
-    assert str(failure.value).startswith(f"{checks.EX_DECODE}: {mistake.message} (for ")
+    assert _message_of(checks.check_decode_ids, mistake.fn).startswith(f"{checks.EX_DECODE}: {mistake.message} (for ")
 
 
 def test_decode_check_form_mistakes():
@@ -929,9 +930,8 @@ def _answer_from_scores(scores_of):
 
 @_named(checks.PAIR_MISTAKES)
 def test_pair_check_names_each_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_most_frequent_pair(_answer_from_scores(mistake.fn))
-    assert str(failure.value).startswith(f"{checks.EX_PAIR}: {mistake.message} (words: ")
+    message = _message_of(checks.check_most_frequent_pair, _answer_from_scores(mistake.fn))
+    assert message.startswith(f"{checks.EX_PAIR}: {mistake.message} (words: ")
 
 
 def test_pair_check_names_the_loop_that_skips_the_last_pair():
@@ -944,9 +944,7 @@ def test_pair_check_names_the_loop_that_skips_the_last_pair():
         return max(counts, key=counts.get) if counts else None
 
     _fails(checks.check_most_frequent_pair, skips_last, "stops one pair early")
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_most_frequent_pair(skips_last)
-    assert "count each word once" not in str(failure.value)
+    assert "count each word once" not in _message_of(checks.check_most_frequent_pair, skips_last)
 
 
 def test_pair_check_form_mistakes():
@@ -979,9 +977,7 @@ def test_pair_check_non_answers():
 
 @_named(checks.MERGE_PAIR_MISTAKES)
 def test_merge_pair_check_names_each_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_merge_pair(mistake.fn)
-    message = str(failure.value)
+    message = _message_of(checks.check_merge_pair, mistake.fn)
     assert message == f"{checks.EX_MERGE_PAIR}: {mistake.message}" or (
         mistake.name == "counts overwritten" and "must add their counts" in message
     )
@@ -1019,9 +1015,7 @@ def test_merge_pair_check_non_answers():
 
 @_named(checks.TRAIN_MISTAKES)
 def test_train_check_names_each_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as failure:
-        checks.check_train_merges(mistake.fn)
-    assert str(failure.value).startswith(f"{checks.EX_TRAIN}: {mistake.message}")
+    assert _message_of(checks.check_train_merges, mistake.fn).startswith(f"{checks.EX_TRAIN}: {mistake.message}")
 
 
 def test_train_check_form_mistakes():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from check_cases import assert_named
 
 import gpt2lib.attention
 from gpt2lib.attention import (
@@ -229,9 +230,7 @@ def test_check_previous_token_head_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("mistake", checks.PREVIOUS_TOKEN_MISTAKES, ids=lambda m: m.name)
 def test_check_previous_token_head_names_every_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as info:
-        checks.check_previous_token_head(mistake.fn)
-    assert mistake.message in str(info.value)
+    assert_named(checks.check_previous_token_head, mistake.fn, mistake.message)
 
 
 @pytest.mark.parametrize(
@@ -307,9 +306,7 @@ def test_every_planted_multi_head_mistake_differs_from_the_right_answer():
 
 @pytest.mark.parametrize("mistake", checks.MULTI_HEAD_MISTAKES, ids=lambda m: m.name)
 def test_check_multi_head_names_every_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as info:
-        checks.check_multi_head_attention(mistake.fn)
-    assert mistake.message in str(info.value)
+    assert_named(checks.check_multi_head_attention, mistake.fn, mistake.message)
 
 
 def diagonal_masked_too(q, k, v, n_head):  # hides the token itself: row 0 has nothing left to see
@@ -415,9 +412,7 @@ def test_check_module_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("mistake", checks.MODULE_MISTAKES, ids=lambda m: m.name)
 def test_check_module_names_every_planted_mistake(mistake):
-    with pytest.raises(CheckFailed) as info:
-        checks.check_causal_self_attention(planted(mistake))
-    assert mistake.message in str(info.value)
+    assert_named(checks.check_causal_self_attention, planted(mistake), mistake.message)
 
 
 class LinearLayout(nn.Module):

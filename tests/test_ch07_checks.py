@@ -6,12 +6,12 @@ lists in gpt2lib.checks.training and these tests cannot drift apart.
 
 import math
 
+import check_cases as cases
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gpt2lib.checks import training as checks
-from gpt2lib.checks._core import CheckFailed, NotDoneYet
 from gpt2lib.training import decay_groups, lr_schedule, sample
 
 
@@ -65,112 +65,56 @@ def _sample_reference(model, idx, max_new_tokens, temperature=1.0, generator=Non
     return sample(model, idx, max_new_tokens, temperature=temperature, generator=generator)
 
 
-@pytest.mark.parametrize("check,answer", [
-    (checks.check_inputs_and_targets, _targets_right),
-    (checks.check_cross_entropy, _loss_right),
-    (checks.check_cross_entropy, _loss_float64_einsum),
-    (checks.check_random_batch, checks._batch_right),
-    (checks.check_random_batch, _batch_vectorised),
-    (checks.check_decay_groups, decay_groups),
-    (checks.check_decay_groups, _decay_by_name),
-    (checks.check_training_step, _step_right),
-    (checks.check_cosine_lr, lr_schedule),
-    (checks.check_cosine_lr, _lr_numpy_style),
-    (checks.check_sample_tokens, _sample_reference),
-], ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("check, answer", cases.right_answers({
+    checks.check_inputs_and_targets: [_targets_right],
+    checks.check_cross_entropy: [_loss_right, _loss_float64_einsum],
+    checks.check_random_batch: [checks._batch_right, _batch_vectorised],
+    checks.check_decay_groups: [decay_groups, _decay_by_name],
+    checks.check_training_step: [_step_right],
+    checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
+    checks.check_sample_tokens: [_sample_reference],
+}))
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("check", [
-    checks.check_inputs_and_targets, checks.check_cross_entropy, checks.check_random_batch,
-    checks.check_decay_groups, checks.check_training_step, checks.check_cosine_lr,
-    checks.check_sample_tokens,
-], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", list(checks.MISTAKES_BY_CHECK), ids=lambda c: c.__name__)
 def test_the_stub_reads_not_done_yet(check):
-    def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 7.x: replace this line with your code")
-
-    with pytest.raises(NotDoneYet, match="not done yet"):
-        check(stub)
+    cases.assert_not_done_yet(check)
 
 
-def _expect_message(check, answer, message):
-    with pytest.raises(CheckFailed) as info:
-        check(answer)
-    assert message in str(info.value)
+@pytest.mark.parametrize("check, mistake", cases.planted(checks.MISTAKES_BY_CHECK))
+def test_each_planted_mistake_is_named(check, mistake):
+    cases.assert_named(check, mistake.fn, mistake.message)
 
 
-@pytest.mark.parametrize("mistake", checks.TARGET_MISTAKES, ids=lambda m: m.name)
-def test_target_mistakes_are_named(mistake):
-    _expect_message(checks.check_inputs_and_targets, mistake.fn, mistake.message)
+def _unseeded_batch(ids, batch_size, block_size, generator=None):
+    return checks._batch_right(ids, batch_size, block_size, None)
 
 
-@pytest.mark.parametrize("mistake", checks.LOSS_MISTAKES, ids=lambda m: m.name)
-def test_loss_mistakes_are_named(mistake):
-    _expect_message(checks.check_cross_entropy, mistake.fn, mistake.message)
+def _a_parameter_in_two_groups(model, wd):
+    params = list(model.parameters())
+    return [{"params": params, "weight_decay": wd}, {"params": params[:1], "weight_decay": 0.0}]
 
 
-def test_a_detached_loss_is_named():
-    _expect_message(checks.check_cross_entropy, lambda lg, t: _loss_right(lg, t).detach(),
-                    "carries no gradient")
+def _step_returning_a_wrong_loss(model, optimizer, x, y, max_grad_norm=1.0):
+    _step_right(model, optimizer, x, y, max_grad_norm)
+    return torch.tensor(0.0)  # a tensor is taken as a number: only its value is wrong
 
 
-@pytest.mark.parametrize("mistake", checks.BATCH_MISTAKES, ids=lambda m: m.name)
-def test_batch_mistakes_are_named(mistake):
-    _expect_message(checks.check_random_batch, mistake.fn, mistake.message)
+def _sample_only_new_tokens(model, idx, n, temperature=1.0, generator=None):
+    return sample(model, idx, n, temperature, generator)[:, idx.shape[1]:]
 
 
-def test_a_batch_that_ignores_the_generator_is_named():
-    def unseeded(ids, batch_size, block_size, generator=None):
-        return checks._batch_right(ids, batch_size, block_size, None)
-
-    _expect_message(checks.check_random_batch, unseeded, "same seed gave different batches")
-
-
-@pytest.mark.parametrize("mistake", checks.DECAY_MISTAKES, ids=lambda m: m.name)
-def test_decay_mistakes_are_named(mistake):
-    _expect_message(checks.check_decay_groups, mistake.fn, mistake.message)
-
-
-def test_a_parameter_in_two_groups_is_named():
-    def twice(model, wd):
-        params = list(model.parameters())
-        return [{"params": params, "weight_decay": wd}, {"params": params[:1], "weight_decay": 0.0}]
-
-    _expect_message(checks.check_decay_groups, twice, "is in two groups")
-
-
-@pytest.mark.parametrize("mistake", checks.STEP_MISTAKES, ids=lambda m: m.name)
-def test_step_mistakes_are_named(mistake):
-    _expect_message(checks.check_training_step, mistake.fn, mistake.message)
-
-
-def test_a_step_returning_a_tensor_with_grad_is_accepted_as_a_number(capsys):
-    def returns_tensor(model, optimizer, x, y, max_grad_norm=1.0):
-        _step_right(model, optimizer, x, y, max_grad_norm)
-        return torch.tensor(0.0)
-
-    _expect_message(checks.check_training_step, returns_tensor, "returned loss")
-
-
-@pytest.mark.parametrize("mistake", checks.LR_MISTAKES, ids=lambda m: m.name)
-def test_lr_mistakes_are_named(mistake):
-    _expect_message(checks.check_cosine_lr, mistake.fn, mistake.message)
-
-
-@pytest.mark.parametrize("mistake", checks.SAMPLE_MISTAKES, ids=lambda m: m.name)
-def test_sample_mistakes_are_named(mistake):
-    _expect_message(checks.check_sample_tokens, mistake.fn, mistake.message)
-
-
-def test_sampling_that_returns_only_new_tokens_is_named():
-    def only_new(model, idx, n, temperature=1.0, generator=None):
-        return sample(model, idx, n, temperature, generator)[:, idx.shape[1]:]
-
-    _expect_message(checks.check_sample_tokens, only_new, "return the prompt AND the new tokens")
-
-
-def test_a_wrong_signature_is_explained():
-    _expect_message(checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature")
+@pytest.mark.parametrize("check, answer, message", cases.numbered([
+    # not planted: what the check says about them comes from a symptom or a shape
+    (checks.check_cross_entropy, lambda lg, t: _loss_right(lg, t).detach(), "carries no gradient"),
+    (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
+    (checks.check_decay_groups, _a_parameter_in_two_groups, "is in two groups"),
+    (checks.check_training_step, _step_returning_a_wrong_loss, "returned loss"),
+    (checks.check_sample_tokens, _sample_only_new_tokens, "return the prompt AND the new tokens"),
+    (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
+]))
+def test_other_wrong_answers_are_named(check, answer, message):
+    cases.assert_named(check, answer, message)

@@ -186,6 +186,12 @@ def _heads(q, k, v, n_head, *, split_fn=split, merge_fn=merge, **attend_kw):
     return merge_fn(y), weights
 
 
+def _heads_with(**options):
+    """fn(q, k, v, n_head): multi-head attention built by `_heads` with these options, one
+    planted mistake."""
+    return lambda q, k, v, n_head: _heads(q, k, v, n_head, **options)
+
+
 def _split_without_transpose(x, n_head):
     B, T, C = x.shape
     return x.reshape(B, n_head, T, C // n_head)
@@ -222,7 +228,7 @@ def _scaled_by(factor):
 MULTI_HEAD_MISTAKES = [
     Mistake("no_mask", "your output matches attention WITHOUT the causal mask: future tokens leak in. Set "
             "the scores above the diagonal to -inf before the softmax",
-            lambda q, k, v, n: _heads(q, k, v, n, mask="none")),
+            _heads_with(mask="none")),
     Mistake("no_scale", "your scores are not divided by sqrt(hd): divide each head's q @ k^T by "
             "math.sqrt(hd), hd = C // n_head", _scaled_by(lambda C, hd: 1.0)),
     Mistake("scale_by_sqrt_C", "you divided the scores by sqrt(C); each head's scores are divided by "
@@ -233,30 +239,30 @@ MULTI_HEAD_MISTAKES = [
             _scaled_by(lambda C, hd: math.sqrt(hd))),
     Mistake("softmax_over_queries", "your softmax runs over the wrong dimension (over the queries, dim=-2); "
             "each query's weights over the keys must sum to 1: softmax(dim=-1)",
-            lambda q, k, v, n: _heads(q, k, v, n, softmax_dim=-2)),
+            _heads_with(softmax_dim=-2)),
     Mistake("mask_after_softmax", "you zeroed the future weights AFTER the softmax, so each row no longer "
             "sums to 1; mask the scores with -inf BEFORE the softmax",
-            lambda q, k, v, n: _heads(q, k, v, n, mask="after_softmax")),
+            _heads_with(mask="after_softmax")),
     Mistake("mask_with_zero", "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
-            "weight; set them to -inf (float('-inf'))", lambda q, k, v, n: _heads(q, k, v, n, mask="zero")),
+            "weight; set them to -inf (float('-inf'))", _heads_with(mask="zero")),
     Mistake("anti_causal_mask", "your mask is upside down: each token sees the future and not the past. "
             "Keep the lower triangle (torch.tril), hide the upper one",
-            lambda q, k, v, n: _heads(q, k, v, n, mask="anti")),
+            _heads_with(mask="anti")),
     Mistake("keys_times_queries", "you computed k @ q^T, the scores transposed; row i of the scores must be "
             "query i against every key: q @ k.transpose(-2, -1)",
-            lambda q, k, v, n: _heads(q, k, v, n, keys_first=True)),
+            _heads_with(keys_first=True)),
     Mistake("split_without_transpose", "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right "
             "but that cuts the sequence, not each token's features, into heads. Use "
-            ".view(B, T, nh, hd).transpose(1, 2)", lambda q, k, v, n: _heads(q, k, v, n, split_fn=_split_without_transpose)),
+            ".view(B, T, nh, hd).transpose(1, 2)", _heads_with(split_fn=_split_without_transpose)),
     Mistake("split_interleaved", "your heads take every nh-th feature (interleaved); head h must get the "
             "consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
-            lambda q, k, v, n: _heads(q, k, v, n, split_fn=_split_interleaved)),
+            _heads_with(split_fn=_split_interleaved)),
     Mistake("merge_without_transpose", "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together "
             "different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
-            lambda q, k, v, n: _heads(q, k, v, n, merge_fn=_merge_without_transpose)),
+            _heads_with(merge_fn=_merge_without_transpose)),
     Mistake("merge_interleaved", "your features come out interleaved (feature 0 of every head, then feature "
             "1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then "
-            "reshape(B, T, C)", lambda q, k, v, n: _heads(q, k, v, n, merge_fn=_merge_interleaved)),
+            "reshape(B, T, C)", _heads_with(merge_fn=_merge_interleaved)),
     Mistake("transpose_1_3", TRANSPOSE_1_3, _transpose_1_3),
     Mistake("no_heads", NO_HEADS, lambda q, k, v, n: attend(q, k, v)),
 ]

@@ -138,40 +138,11 @@ def check_split_pattern(gpt2_split_pattern) -> None:
 # --------------------------------------------------------------------------- 1.2 merges by rank
 
 
-def _merge_everywhere(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
+def _merge_adjacent(symbols, should_merge) -> list[bytes]:
+    """One pass from left to right that merges each neighbouring pair with should_merge(pair)."""
     out, i = [], 0
     while i < len(symbols):
-        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
-            out.append(pair[0] + pair[1])
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
-
-
-def _leftmost_first(symbols, ranks):
-    symbols = list(symbols)
-    while True:
-        ranked = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
-        if not ranked:
-            return symbols
-        symbols = _merge_everywhere(symbols, ranked[0])
-
-
-def _highest_rank_first(symbols, ranks):
-    symbols = list(symbols)
-    while True:
-        ranked = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
-        if not ranked:
-            return symbols
-        symbols = _merge_everywhere(symbols, max(ranked, key=ranks.__getitem__))
-
-
-def _one_pass(symbols, ranks):
-    out, i = [], 0
-    while i < len(symbols):
-        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) in ranks:
+        if i + 1 < len(symbols) and should_merge((symbols[i], symbols[i + 1])):
             out.append(symbols[i] + symbols[i + 1])
             i += 2
         else:
@@ -180,24 +151,41 @@ def _one_pass(symbols, ranks):
     return out
 
 
-def _leftmost_one_at_a_time(symbols, ranks):
-    symbols = list(symbols)
-    while True:
-        positions = [i for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]
-        if not positions:
-            return symbols
-        i = positions[0]
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+def _merge_everywhere(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
+    return _merge_adjacent(symbols, lambda neighbours: neighbours == pair)
 
 
-def _lowest_rank_rightmost_occurrence(symbols, ranks):
-    symbols = list(symbols)
-    while True:
-        ranked = [(ranks[pair], -i) for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]
-        if not ranked:
-            return symbols
-        i = -min(ranked)[1]
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+def _one_pass(symbols, ranks):
+    return _merge_adjacent(list(symbols), ranks.__contains__)
+
+
+def _merge_loop(choose, everywhere=True):
+    """A wrong bpe_merge: while some neighbouring pair has a rank, merge the pair at position
+    choose(positions of ranked pairs, all pairs, ranks), at every place it occurs
+    (everywhere) or only there. The right rule is the lowest rank, every occurrence."""
+
+    def merge(symbols, ranks):
+        symbols = list(symbols)
+        while True:
+            pairs = list(zip(symbols, symbols[1:]))
+            positions = [i for i, pair in enumerate(pairs) if pair in ranks]
+            if not positions:
+                return symbols
+            i = choose(positions, pairs, ranks)
+            if everywhere:
+                symbols = _merge_everywhere(symbols, pairs[i])
+            else:
+                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+
+    return merge
+
+
+_leftmost_first = _merge_loop(lambda positions, pairs, ranks: positions[0])
+_highest_rank_first = _merge_loop(lambda positions, pairs, ranks: max(positions, key=lambda i: ranks[pairs[i]]))
+_leftmost_one_at_a_time = _merge_loop(lambda positions, pairs, ranks: positions[0], everywhere=False)
+_lowest_rank_rightmost_occurrence = _merge_loop(
+    lambda positions, pairs, ranks: min(positions, key=lambda i: (ranks[pairs[i]], -i)), everywhere=False
+)
 
 
 def _rank_zero_never_merged(symbols, ranks):

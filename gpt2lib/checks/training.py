@@ -358,74 +358,54 @@ def _loss(model, x, y):
     return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
-def _step_right(model, optimizer, x, y, max_grad_norm=1.0):
-    optimizer.zero_grad()
-    loss = _loss(model, x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    return loss.item()
+_STEP_OPERATIONS = {  # what a training step does besides the forward and backward pass
+    "zero_grad": lambda model, optimizer, max_grad_norm: optimizer.zero_grad(),
+    "clip": lambda model, optimizer, max_grad_norm: torch.nn.utils.clip_grad_norm_(
+        model.parameters(), max_grad_norm),
+    "step": lambda model, optimizer, max_grad_norm: optimizer.step(),
+}
 
 
-def _step_no_zero_grad(model, optimizer, x, y, max_grad_norm=1.0):
-    loss = _loss(model, x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    return loss.item()
+def _training_step(*operations):
+    """A training step that runs `operations` in this order: "zero_grad", "backward" (the
+    forward pass, the loss and loss.backward()), "clip" and "step". The right step runs all
+    four in that order; each planted mistake changes the order or leaves one out."""
+
+    def training_step(model, optimizer, x, y, max_grad_norm=1.0):
+        loss = None
+        for operation in operations:
+            if operation == "backward":
+                loss = _loss(model, x, y)
+                loss.backward()
+            else:
+                _STEP_OPERATIONS[operation](model, optimizer, max_grad_norm)
+        return loss.item()
+
+    return training_step
 
 
-def _step_clip_after(model, optimizer, x, y, max_grad_norm=1.0):
-    optimizer.zero_grad()
-    loss = _loss(model, x, y)
-    loss.backward()
-    optimizer.step()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    return loss.item()
-
-
-def _step_no_clip(model, optimizer, x, y, max_grad_norm=1.0):
-    optimizer.zero_grad()
-    loss = _loss(model, x, y)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
-
-
-def _step_zero_grad_before_step(model, optimizer, x, y, max_grad_norm=1.0):
-    loss = _loss(model, x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.zero_grad()
-    optimizer.step()
-    return loss.item()
-
-
-def _step_no_step(model, optimizer, x, y, max_grad_norm=1.0):
-    optimizer.zero_grad()
-    loss = _loss(model, x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    return loss.item()
-
+_step_right = _training_step("zero_grad", "backward", "clip", "step")
 
 STEP_MISTAKES = [
     Mistake("no_zero_grad",
             "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
-            "of each step (PyTorch ADDS each backward pass into .grad)", _step_no_zero_grad),
+            "of each step (PyTorch ADDS each backward pass into .grad)",
+            _training_step("backward", "clip", "step")),
     Mistake("clip_after_step",
             "you clip the gradients after optimizer.step(): the step has already used the "
             "unclipped gradients. Clip between loss.backward() and optimizer.step()",
-            _step_clip_after),
+            _training_step("zero_grad", "backward", "step", "clip")),
     Mistake("no_clip",
             "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
-            "model.parameters(), max_grad_norm) before optimizer.step()", _step_no_clip),
+            "model.parameters(), max_grad_norm) before optimizer.step()",
+            _training_step("zero_grad", "backward", "step")),
     Mistake("zero_grad_before_step",
             "you call optimizer.zero_grad() between backward and step: the step then sees no "
-            "gradients. Clear them at the START of the step", _step_zero_grad_before_step),
+            "gradients. Clear them at the START of the step",
+            _training_step("backward", "clip", "zero_grad", "step")),
     Mistake("no_step",
             "your step never changes the weights: call optimizer.step() after clipping",
-            _step_no_step),
+            _training_step("zero_grad", "backward", "clip")),
 ]
 
 
@@ -707,3 +687,15 @@ def check_sample_tokens(fn):
     if all(torch.equal(d, want) for d in draws):
         raise CheckFailed(EX_SAMPLE, _SAMPLE["always_greedy"].message)
     passed(EX_SAMPLE, "greedy and temperature sampling, cropped to the context")
+
+
+# Each check with the planted mistakes it names (the tests run every one through its check).
+MISTAKES_BY_CHECK = {
+    check_inputs_and_targets: TARGET_MISTAKES,
+    check_cross_entropy: LOSS_MISTAKES,
+    check_random_batch: BATCH_MISTAKES,
+    check_decay_groups: DECAY_MISTAKES,
+    check_training_step: STEP_MISTAKES,
+    check_cosine_lr: LR_MISTAKES,
+    check_sample_tokens: SAMPLE_MISTAKES,
+}
