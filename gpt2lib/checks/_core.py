@@ -39,6 +39,15 @@ class Mistake:
     fn: Callable[..., Any]
 
 
+def named(mistakes: Iterable[Mistake], name: str) -> Mistake:
+    """The planted mistake called `name`: for a check that recognises a whole family of wrong
+    answers by a symptom and names them with that mistake's message (written once)."""
+    for mistake in mistakes:
+        if mistake.name == name:
+            return mistake
+    raise LookupError(f"no planted mistake is called {name!r}")  # a bug in the check itself
+
+
 def first_mistake(mistakes: Iterable[Mistake], matches: Callable[[Mistake], bool]) -> Mistake | None:
     """The first planted mistake for which `matches(mistake)` is true, or None.
 

@@ -21,6 +21,7 @@ from gpt2lib.checks._core import (
     close,
     expect_tensor,
     first_mistake,
+    named,
     passed,
 )
 
@@ -33,11 +34,6 @@ EX_FORWARD = "Exercise 9.6 (cached_forward)"
 EX_SPLIT = "Exercise 9.7 (split_matmul)"
 
 NEG_INF = float("-inf")
-
-
-def _named(mistakes: list[Mistake], name: str) -> Mistake:
-    """The planted mistake called `name`, for a check that found its symptom directly."""
-    return next(m for m in mistakes if m.name == name)
 
 
 def _tiny_model():
@@ -129,17 +125,17 @@ def _write_kv_symptom(got, want) -> Mistake | None:
     want_keys, want_values, _, _ = want
     k2, v2 = want_keys[:, :, 3:5], want_values[:, :, 3:5]  # the second call's new tokens
     if close(keys, want_values) and close(values, want_keys):
-        return _named(WRITE_KV_MISTAKES, "keys and values swapped")
+        return named(WRITE_KV_MISTAKES, "keys and values swapped")
     if keys.shape[2] == k_buf.shape[2]:
-        return _named(WRITE_KV_MISTAKES, "whole buffer")
+        return named(WRITE_KV_MISTAKES, "whole buffer")
     if keys.shape[2] == 2:
-        return _named(WRITE_KV_MISTAKES, "only the new tokens")
+        return named(WRITE_KV_MISTAKES, "only the new tokens")
     stored = close(k_buf[:, :, 3:5], k2) and close(v_buf[:, :, 3:5], v2)
     if close(k_buf[:, :, :2], k2) and not close(k_buf[:, :, 3:5], k2):
-        return _named(WRITE_KV_MISTAKES, "written at 0")
+        return named(WRITE_KV_MISTAKES, "written at 0")
     returned_right = close(keys, want_keys) and close(values, want_values)
     if not stored and (returned_right or not bool(k_buf.any())):
-        return _named(WRITE_KV_MISTAKES, "not stored")
+        return named(WRITE_KV_MISTAKES, "not stored")
     return None
 
 
@@ -246,9 +242,9 @@ def check_cached_forward(cached_forward) -> None:
         full = model(ids)  # (B, 8, V): what every step must reproduce
     outs = [expect_tensor(ex, out, what="the logits") for out in outs]
     if lengths[0] == 0:
-        raise CheckFailed(ex, _named(CACHED_FORWARD_MISTAKES, "never advanced").message)
+        raise CheckFailed(ex, named(CACHED_FORWARD_MISTAKES, "never advanced").message)
     if lengths[0] == config.n_layer * prompt_len:
-        raise CheckFailed(ex, _named(CACHED_FORWARD_MISTAKES, "advanced per layer").message)
+        raise CheckFailed(ex, named(CACHED_FORWARD_MISTAKES, "advanced per layer").message)
     if lengths != list(range(prompt_len, ids.shape[1] + 1)):
         raise CheckFailed(ex, f"after each call cache.length should grow by T; it went "
                               f"{lengths}")
@@ -378,13 +374,13 @@ def _top_k_symptom(got, logits, k) -> Mistake | None:
     kept, vocab = _kept(got), logits.shape[-1]
     counts = kept.sum(-1)
     if torch.equal(kept, _kept(_keep_ranked(logits, k, largest=False))) and k < vocab:
-        return _named(TOP_K_MISTAKES, "smallest")
+        return named(TOP_K_MISTAKES, "smallest")
     if bool((counts == vocab).all()) and k < vocab and not bool(torch.isinf(got).any()):
-        return _named(TOP_K_MISTAKES, "zero fill" if bool((got == 0).any()) else "nothing removed")
+        return named(TOP_K_MISTAKES, "zero fill" if bool((got == 0).any()) else "nothing removed")
     if bool((counts == k + 1).all()):
-        return _named(TOP_K_MISTAKES, "one too many")
+        return named(TOP_K_MISTAKES, "one too many")
     if bool((counts == k - 1).all()):
-        return _named(TOP_K_MISTAKES, "one too few")
+        return named(TOP_K_MISTAKES, "one too few")
     return None
 
 
@@ -475,10 +471,10 @@ def check_top_p_filter(top_p_filter) -> None:
         _same_filter(got[p], m.fn(logits.clone(), p)) for p in ps))
     if mistake is None and all(torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p))
                                for p in ps if p < 1):
-        mistake = _named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
+        mistake = named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
     if mistake is None and any(bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any())
                                for p in ps[:3]):
-        mistake = _named(TOP_P_MISTAKES, "zero fill")
+        mistake = named(TOP_P_MISTAKES, "zero fill")
     if mistake is not None:
         raise CheckFailed(ex, mistake.message)
     p = next(p for p in ps if not torch.equal(_kept(got[p]), _nucleus_mask(probs, p)))
@@ -584,7 +580,7 @@ def check_split_matmul(split_matmul) -> None:
     if not close(got, want):
         mistake = first_mistake(SPLIT_MISTAKES, lambda m: close(got, m.fn(x, weight, parts)))
         if mistake is None and tuple(got.shape) in ((parts, n_out), (parts, rows)):
-            mistake = _named(SPLIT_MISTAKES, "summed over the wrong dimension")
+            mistake = named(SPLIT_MISTAKES, "summed over the wrong dimension")
         if mistake is not None:
             raise CheckFailed(ex, mistake.message)
         if got.shape != want.shape:
@@ -593,12 +589,12 @@ def check_split_matmul(split_matmul) -> None:
         raise CheckFailed(ex, "the result differs from x @ weight: slab i of x (its columns "
                               "i * n_in/parts ...) must meet slab i of weight (the same rows)")
     if parts not in recorder.batches:
-        raise CheckFailed(ex, _named(SPLIT_MISTAKES, "not in slabs").message)
+        raise CheckFailed(ex, named(SPLIT_MISTAKES, "not in slabs").message)
     x1 = torch.randn(1, 768, generator=gen)  # one row, GPT-2's width, 8 slabs
     w1 = torch.randn(768, 96, generator=gen)
     got1 = expect_tensor(ex, call_learner(ex, split_matmul, x1, w1, 8), what="the result")
     if not close(got1, x1 @ w1, atol=1e-4):
-        raise CheckFailed(ex, _named(SPLIT_MISTAKES, "fixed sizes").message)
+        raise CheckFailed(ex, named(SPLIT_MISTAKES, "fixed sizes").message)
     passed(ex, "the slab products add up to x @ weight, in one batched multiply")
 
 

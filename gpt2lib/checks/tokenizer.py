@@ -22,6 +22,7 @@ from gpt2lib.checks._core import (
     Mistake,
     call_learner,
     first_mistake,
+    named,
     passed,
 )
 
@@ -87,10 +88,6 @@ _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
 }
 
 
-def _split_mistake(name: str) -> Mistake:
-    return next(m for m in SPLIT_MISTAKES if m.name == name)
-
-
 def check_split_pattern(gpt2_split_pattern) -> None:
     """Exercise 1.1: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
@@ -122,7 +119,7 @@ def check_split_pattern(gpt2_split_pattern) -> None:
             )
         joined = "".join(pieces)
         if joined != text:
-            mistake = _split_mistake("lookahead only" if matches_whitespace else "no whitespace")
+            mistake = named(SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace")
             raise CheckFailed(EX_SPLIT, f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})")
     for text in SPLIT_SAMPLES:
         pieces, expected = compiled.findall(text), reference.findall(text)
@@ -130,7 +127,7 @@ def check_split_pattern(gpt2_split_pattern) -> None:
             continue
         for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
             if compiled.findall(probe) == wrong_pieces:
-                raise CheckFailed(EX_SPLIT, _split_mistake(name).message)
+                raise CheckFailed(EX_SPLIT, named(SPLIT_MISTAKES, name).message)
         raise CheckFailed(EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}.")
     passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 

@@ -21,6 +21,7 @@ from gpt2lib.checks._core import (
     close,
     expect_tensor,
     first_mistake,
+    named,
     passed,
 )
 
@@ -640,7 +641,6 @@ SAMPLE_MISTAKES = [
             "temperature above 0, draw from the probabilities with torch.multinomial",
             _sampler(_last, greedy=True)),
 ]
-_SAMPLE = {m.name: m for m in SAMPLE_MISTAKES}
 
 
 def check_sample_tokens(fn):
@@ -659,7 +659,7 @@ def check_sample_tokens(fn):
             out = call_learner(EX_SAMPLE, fn, model, prompt.clone(), new, temperature, generator)
         except ValueError as exc:
             if "n_positions" in str(exc) or "context" in str(exc):
-                raise CheckFailed(EX_SAMPLE, _SAMPLE["no_crop"].message) from None
+                raise CheckFailed(EX_SAMPLE, named(SAMPLE_MISTAKES, "no_crop").message) from None
             raise
         return expect_tensor(EX_SAMPLE, out, (2, 6 + new), what="your output (prompt + 7 new tokens)",
                              hints={(2, new): "return the prompt AND the new tokens: "
@@ -680,12 +680,12 @@ def check_sample_tokens(fn):
                                      "logits at the last position")
     # a tiny temperature sharpens the distribution to the argmax; `* temperature` flattens it
     if not torch.equal(run(1e-5, seed=0), want):
-        raise CheckFailed(EX_SAMPLE, _SAMPLE["temperature_multiplied"].message)
+        raise CheckFailed(EX_SAMPLE, named(SAMPLE_MISTAKES, "temperature_multiplied").message)
     draws = [run(3.0, seed=s) for s in (0, 0, 1, 2)]  # hot: the draws spread out
     if not torch.equal(draws[0], draws[1]):
-        raise CheckFailed(EX_SAMPLE, _SAMPLE["generator_ignored"].message)
+        raise CheckFailed(EX_SAMPLE, named(SAMPLE_MISTAKES, "generator_ignored").message)
     if all(torch.equal(d, want) for d in draws):
-        raise CheckFailed(EX_SAMPLE, _SAMPLE["always_greedy"].message)
+        raise CheckFailed(EX_SAMPLE, named(SAMPLE_MISTAKES, "always_greedy").message)
     passed(EX_SAMPLE, "greedy and temperature sampling, cropped to the context")
 
 

@@ -1,0 +1,43 @@
+"""The check toolkit every chapter's checks are built on (gpt2lib/checks/_core.py)."""
+
+import pytest
+import torch
+
+from gpt2lib.checks._core import CheckFailed, Mistake, close, expect_tensor, first_mistake, named
+
+PLANTED = [
+    Mistake("doubles", "you doubled it", lambda x: 2 * x),
+    Mistake("breaks", "never matches: raises on every input", lambda x: 1 / 0),
+    Mistake("negates", "you negated it", lambda x: -x),
+]
+
+
+def test_first_mistake_is_the_first_that_matches_and_skips_variants_that_raise():
+    assert first_mistake(PLANTED, lambda m: m.fn(3) == -3).name == "negates"
+    assert first_mistake(PLANTED, lambda m: m.fn(3) == 6).name == "doubles"
+    assert first_mistake(PLANTED, lambda m: m.fn(3) == 7) is None
+
+
+def test_named_finds_a_planted_mistake_and_refuses_an_unknown_name():
+    assert named(PLANTED, "negates") is PLANTED[2]
+    with pytest.raises(LookupError, match="no planted mistake is called 'halves'"):
+        named(PLANTED, "halves")
+
+
+def test_close_compares_values_in_float64_and_never_matches_nan_or_another_shape():
+    want = torch.tensor([1.0, 2.0])
+    assert close(want.double(), want)
+    assert not close(want + 1e-3, want)
+    assert not close(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
+    assert not close(want[None], want)
+    assert not close([1.0, 2.0], want)
+
+
+def test_expect_tensor_names_the_wrong_form():
+    with pytest.raises(CheckFailed, match="your result should be a torch.Tensor, got list"):
+        expect_tensor("Ex", [1.0])
+    with pytest.raises(CheckFailed, match=r"shape \(2, 3\), expected \(3, 2\): transpose"):
+        expect_tensor("Ex", torch.zeros(2, 3), (3, 2), hints={(2, 3): "transpose it"})
+    with pytest.raises(CheckFailed, match="contains ±inf"):
+        expect_tensor("Ex", torch.tensor([float("inf")]))
+    assert expect_tensor("Ex", torch.ones(2, dtype=torch.float16)).dtype == torch.float64
