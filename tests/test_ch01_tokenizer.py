@@ -319,7 +319,7 @@ def test_decode_cut_inside_a_character_gives_replacement(tok):
 
 def test_missing_data_files_give_a_clear_error(tmp_path):
     (tmp_path / "encoder.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(FileNotFoundError, match=r"missing from .*: vocab.bpe.*pip install -e"):
+    with pytest.raises(FileNotFoundError, match=r"lacks vocab.bpe: .*pip install -e"):
         BPETokenizer.gpt2(tmp_path)
 
 
