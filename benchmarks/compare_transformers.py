@@ -260,7 +260,16 @@ def machine_record(args) -> dict:
         "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
         "dtype": args.dtype,
+        "load_average_at_start": load_average(),  # the machine may be shared: how busy it was
     }
+
+
+def load_average():
+    """The 1, 5 and 15 minute load averages (None where the OS does not tell)."""
+    try:
+        return list(os.getloadavg())
+    except (AttributeError, OSError):
+        return None
 
 
 class Bench:
@@ -368,8 +377,8 @@ def multiplies_only_seconds(model, repeats: int = 7) -> float:
     One row times each layer's four weight matrices, then the token table: every weight byte a
     step must read, in the order a step reads it, through torch's own multiply, and nothing
     else (no attention, layer norm, Python). No decoder built on these multiplies can take
-    less time per token. It can beat the memory-speed figure: part of the weights may still
-    sit in the CPU's last-level cache from the step before.
+    less time per token. (It may come out faster than the memory-speed figure where part of
+    the weights still sits in a large last-level cache from the step before.)
     """
     C = model.config.n_embd
     matrices = [m.weight for block in model.h
@@ -427,8 +436,9 @@ def report_bandwidth(bench) -> None:
         line += (f"\n  ceiling: the fastest stream measured here is {streamed['best']:.1f} GB/s "
                  f"(sum {streamed['sum']:.1f}, one-row torch.mm {streamed['one_row_mm']:.1f}): "
                  f"{stream_limit:.1f} tokens/s; the step's multiplies alone take "
-                 f"{multiplies * 1e3:.1f} ms ({per_token / multiplies / 1e9:.1f} GB/s, the cache "
-                 f"helps): {1 / multiplies:.1f} tokens/s. So batch 1 can reach at most "
+                 f"{multiplies * 1e3:.1f} ms ({per_token / multiplies / 1e9:.1f} GB/s): "
+                 f"{1 / multiplies:.1f} tokens/s, {hf_rate * multiplies:.2f}x transformers' "
+                 f"{hf_rate:.1f}. So batch 1 can reach at most "
                  f"{limit:.1f} tokens/s, {limit / hf_rate:.2f}x this transformers run; gpt2lib "
                  f"reaches {decode1['ceiling']['fraction_reached_by_gpt2lib']:.0%} of it")
         if not decode1["ceiling"]["is_a_bound"]:
@@ -492,13 +502,17 @@ def print_table(record, rows, args) -> None:
         print(f"| {name:<56} | {unit:<8} | {fa:>18} | {fb:>18} | {ratio:4.2f}x |")
     ceiling = record["results"].get("decode, KV cache, batch 1", {}).get("ceiling")
     if ceiling and ceiling["is_a_bound"]:
-        print(f"| {'decode batch 1: ceiling (memory speed, multiplies alone)':<56} | "
-              f"{'tokens/s':<8} | {ceiling['tokens_per_s']:>18.1f} | {'':>18} | "
-              f"{ceiling['best_ratio_to_transformers']:4.2f}x |")
-        print(f"(the ceiling row: the faster of memory speed ({ceiling['gb_per_s']:.1f} GB/s) "
-              f"over the weight bytes per token, and the step's multiplies alone "
-              f"({ceiling['multiplies_only_seconds'] * 1e3:.1f} ms); its ratio is the most a "
-              f"batch-1 decoder on torch's multiplies could show against this transformers run)")
+        hf_rate = ceiling["tokens_per_s"] / ceiling["best_ratio_to_transformers"]
+        for name, rate in (("decode batch 1 ceiling: memory stream / bytes per token",
+                            ceiling["stream_tokens_per_s"]),
+                           ("decode batch 1 ceiling: the multiplies alone (torch.mm)",
+                            ceiling["multiplies_only_tokens_per_s"])):
+            print(f"| {name:<56} | {'tokens/s':<8} | {rate:>18.1f} | {'':>18} | "
+                  f"{rate / hf_rate:4.2f}x |")
+        print(f"(ceiling rows: the fastest memory stream measured here ({ceiling['gb_per_s']:.1f} "
+              f"GB/s) over the weight bytes per token, and one step's multiplies alone, back to "
+              f"back ({ceiling['multiplies_only_seconds'] * 1e3:.1f} ms); each ratio is against "
+              f"this run's transformers batch-1 rate: the most a decoder could show)")
 
 
 def main(argv=None) -> int:
@@ -528,7 +542,10 @@ def main(argv=None) -> int:
             time_loading(bench, folder)
     if not args.skip_tokenizer:
         time_tokenizer(bench)
+    record["machine"]["load_average_at_end"] = load_average()
     print_table(record, bench.rows, args)
+    print(f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
+          f"at the end {record['machine']['load_average_at_end']}")
     out = args.json or REPO / "benchmarks" / "results" / time.strftime("compare-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2), encoding="utf-8")
