@@ -9,6 +9,9 @@ Both models get the same weights (GPT-2 small shapes, random unless --checkpoint
 timing the script checks that greedy generations are identical. Each measurement alternates
 the two implementations (and which one goes first) so that drift on a noisy machine hits
 both; it reports medians with the spread (min..max) and the ratio gpt2lib / transformers.
+On a CPU it also measures how fast memory can be streamed here (the best of a 512 MB sum and
+of one row times a 400 MB matrix) and prints the speed limit that puts on batch-1 decoding:
+bytes/s / weight bytes per token, and the best ratio to transformers that limit allows.
 A JSON record goes to benchmarks/results/ (or --json).
 """
 
@@ -33,10 +36,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))  # checkpoints.py writes the hub's exact layout
 
 from checkpoints import write_hub_checkpoint  # noqa: E402
-from gpt2lib import from_pretrained, generate  # noqa: E402
-from gpt2lib.kernels import use_split_matmul  # noqa: E402
-from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps  # noqa: E402
 
+from gpt2lib import GPT2  # noqa: E402
+from gpt2lib.generation import generate  # noqa: E402
+from gpt2lib.kernels import use_split_matmul  # noqa: E402
+from gpt2lib.loading import from_pretrained  # noqa: E402
+from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps  # noqa: E402
 
 # --------------------------------------------------------------------------- set-up
 
@@ -154,11 +159,14 @@ import sys, time, json, torch
 torch.set_num_threads({threads})
 which, folder = sys.argv[1], sys.argv[2]
 if which == "gpt2lib":
-    import gpt2lib as loader  # gpt2lib.from_pretrained
+    from gpt2lib import GPT2
+    from gpt2lib.loading import from_pretrained
+    load = lambda path: from_pretrained(path, device="cpu", model_cls=GPT2)
 else:
-    from transformers import GPT2LMHeadModel as loader
+    from transformers import GPT2LMHeadModel
     from transformers.utils import logging
     logging.set_verbosity_error()
+    load = GPT2LMHeadModel.from_pretrained
 ids = torch.randint(0, 50257, (1, 8))
 
 
@@ -174,7 +182,7 @@ try:  # Linux: reset the peak (VmHWM) so that it counts the loader alone
 except OSError:  # elsewhere: no memory figure
     base = None
 start = time.perf_counter()
-model = loader.from_pretrained(folder).eval()
+model = load(folder).eval()
 loaded = time.perf_counter() - start
 with torch.inference_mode():  # a forward pass touches every weight (lazy, memory-mapped reads too)
     model(ids)
@@ -252,7 +260,16 @@ def machine_record(args) -> dict:
         "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
         "dtype": args.dtype,
+        "load_average_at_start": load_average(),  # the machine may be shared: how busy it was
     }
+
+
+def load_average():
+    """The 1, 5 and 15 minute load averages (None where the OS does not tell)."""
+    try:
+        return list(os.getloadavg())
+    except (AttributeError, OSError):
+        return None
 
 
 class Bench:
@@ -325,6 +342,65 @@ def time_decoding(bench) -> None:
                   lambda: hf_loop(bench.hf, prompt, n, use_cache=False), n, "tokens/s")
 
 
+def best_read_gbps(megabytes: int = 512, repeats: int = 7) -> dict:
+    """The fastest this process streams memory, in GB/s, measured two ways (best of `repeats`).
+
+    `sum` of a float32 buffer, and one row times a (n_in, n_out) float32 matrix with torch.mm,
+    the multiply that batch-1 decoding does; both far larger than the caches. The best of the
+    two is what a decode step could at most reach, so it bounds the tokens/s.
+    """
+    gen = torch.Generator().manual_seed(0)
+    buffer = torch.ones(megabytes * 10**6 // 4)
+    n_in = 3072
+    matrix = torch.randn(n_in, megabytes * 10**6 // 4 // n_in, generator=gen)  # (3072, n_out)
+    row = torch.randn(1, n_in, generator=gen)
+
+    def best(fn, nbytes):
+        fn()
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+        return nbytes / min(seconds) / 1e9
+
+    found = {"sum": best(buffer.sum, buffer.nbytes),
+             "one_row_mm": best(lambda: torch.mm(row, matrix), matrix.nbytes)}
+    found["best"] = max(found.values())
+    return found
+
+
+@torch.inference_mode()
+def multiplies_only_seconds(model, repeats: int = 7) -> float:
+    """Seconds for the multiplies of one batch-1 decode step alone, back to back (best of `repeats`).
+
+    One row times each layer's four weight matrices, then the token table: every weight byte a
+    step must read, in the order a step reads it, through torch's own multiply, and nothing
+    else (no attention, layer norm, Python). No decoder built on these multiplies can take
+    less time per token. (It may come out faster than the memory-speed figure where part of
+    the weights still sits in a large last-level cache from the step before.)
+    """
+    C = model.config.n_embd
+    matrices = [m.weight for block in model.h
+                for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)]
+    rows = {w.shape[0]: torch.ones(1, w.shape[0], dtype=w.dtype, device=w.device) for w in matrices}
+    table = model.wte.weight
+    column = torch.ones(C, 1, dtype=table.dtype, device=table.device)
+
+    def step():
+        for w in matrices:
+            torch.mm(rows[w.shape[0]], w)
+        torch.mm(table, column)
+
+    step()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return min(seconds)
+
+
 def report_bandwidth(bench) -> None:
     """Batch-1 decoding reads every weight once per token: how close each comes to memory speed."""
     per_token = decode_bytes_per_token(bench.ours)
@@ -339,6 +415,34 @@ def report_bandwidth(bench) -> None:
         bench.record["machine"]["memory_read_gb_per_s"] = bandwidth
         line += (f"; this machine reads {bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per "
                  f"token: at most {bandwidth * 1e9 / per_token:.0f} tokens/s)")
+        streamed = best_read_gbps()
+        bench.record["machine"]["best_read_gb_per_s"] = streamed
+        stream_limit = streamed["best"] * 1e9 / per_token  # tokens/s at that memory speed
+        multiplies = multiplies_only_seconds(bench.ours)
+        limit = max(stream_limit, 1 / multiplies)  # the looser of the two: a true upper bound
+        hf_rate = decode1["transformers"]["median"]
+        decode1["ceiling"] = {
+            "gb_per_s": streamed["best"],
+            "stream_tokens_per_s": stream_limit,
+            "multiplies_only_seconds": multiplies,
+            "multiplies_only_tokens_per_s": 1 / multiplies,
+            "multiplies_only_gb_per_s": per_token / multiplies / 1e9,
+            "tokens_per_s": limit,
+            "best_ratio_to_transformers": limit / hf_rate,
+            "fraction_reached_by_gpt2lib": decode1["gpt2lib"]["median"] / limit,
+            # a small model's weights fit in the caches: then neither figure bounds anything
+            "is_a_bound": limit >= max(decode1[k]["max"] for k in ("gpt2lib", "transformers")),
+        }
+        line += (f"\n  ceiling: the fastest stream measured here is {streamed['best']:.1f} GB/s "
+                 f"(sum {streamed['sum']:.1f}, one-row torch.mm {streamed['one_row_mm']:.1f}): "
+                 f"{stream_limit:.1f} tokens/s; the step's multiplies alone take "
+                 f"{multiplies * 1e3:.1f} ms ({per_token / multiplies / 1e9:.1f} GB/s): "
+                 f"{1 / multiplies:.1f} tokens/s, {hf_rate * multiplies:.2f}x transformers' "
+                 f"{hf_rate:.1f}. So batch 1 can reach at most "
+                 f"{limit:.1f} tokens/s, {limit / hf_rate:.2f}x this transformers run; gpt2lib "
+                 f"reaches {decode1['ceiling']['fraction_reached_by_gpt2lib']:.0%} of it")
+        if not decode1["ceiling"]["is_a_bound"]:
+            line += " (not a bound here: a run went faster, the weights fit in the CPU's caches)"
     print(line)
 
 
@@ -396,6 +500,19 @@ def print_table(record, rows, args) -> None:
             fa = f"{a['median']:.1f} ({a['min']:.1f}-{a['max']:.1f})"
             fb = f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f})"
         print(f"| {name:<56} | {unit:<8} | {fa:>18} | {fb:>18} | {ratio:4.2f}x |")
+    ceiling = record["results"].get("decode, KV cache, batch 1", {}).get("ceiling")
+    if ceiling and ceiling["is_a_bound"]:
+        hf_rate = ceiling["tokens_per_s"] / ceiling["best_ratio_to_transformers"]
+        for name, rate in (("decode batch 1 ceiling: memory stream / bytes per token",
+                            ceiling["stream_tokens_per_s"]),
+                           ("decode batch 1 ceiling: the multiplies alone (torch.mm)",
+                            ceiling["multiplies_only_tokens_per_s"])):
+            print(f"| {name:<56} | {'tokens/s':<8} | {rate:>18.1f} | {'':>18} | "
+                  f"{rate / hf_rate:4.2f}x |")
+        print(f"(ceiling rows: the fastest memory stream measured here ({ceiling['gb_per_s']:.1f} "
+              f"GB/s) over the weight bytes per token, and one step's multiplies alone, back to "
+              f"back ({ceiling['multiplies_only_seconds'] * 1e3:.1f} ms); each ratio is against "
+              f"this run's transformers batch-1 rate: the most a decoder could show)")
 
 
 def main(argv=None) -> int:
@@ -413,7 +530,7 @@ def main(argv=None) -> int:
             record["weights"] = "random (seed 0), GPT-2 small shapes"
         else:
             record["weights"] = str(folder)
-        ours = from_pretrained(str(folder), device=args.device, dtype=dtype).eval()
+        ours = from_pretrained(str(folder), device=args.device, dtype=dtype, model_cls=GPT2)
         bench = Bench(args, ours, load_hf(folder, args.device, dtype), record)
         if not check_identical(bench):
             return 1
@@ -425,7 +542,10 @@ def main(argv=None) -> int:
             time_loading(bench, folder)
     if not args.skip_tokenizer:
         time_tokenizer(bench)
+    record["machine"]["load_average_at_end"] = load_average()
     print_table(record, bench.rows, args)
+    print(f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
+          f"at the end {record['machine']['load_average_at_end']}")
     out = args.json or REPO / "benchmarks" / "results" / time.strftime("compare-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2), encoding="utf-8")

@@ -34,7 +34,17 @@ def test_benchmark_checks_identical_generations_then_writes_its_record(tmp_path,
     assert decode1["weights_gb_per_s"]["gpt2lib"] == pytest.approx(
         decode1["gpt2lib"]["median"] * decode1["weight_bytes_per_token"] / 1e9)
     assert record["machine"]["memory_read_gb_per_s"] > 0
-    assert "| decode, KV cache, batch 1" in capsys.readouterr().out
+    ceiling = decode1["ceiling"]  # the batch-1 speed limit, beside the measured ratio
+    assert ceiling["stream_tokens_per_s"] == pytest.approx(
+        ceiling["gb_per_s"] * 1e9 / decode1["weight_bytes_per_token"])
+    assert ceiling["tokens_per_s"] == max(ceiling["stream_tokens_per_s"],
+                                          ceiling["multiplies_only_tokens_per_s"])
+    assert ceiling["best_ratio_to_transformers"] == pytest.approx(
+        ceiling["tokens_per_s"] / decode1["transformers"]["median"])
+    assert isinstance(ceiling["is_a_bound"], bool)
+    out = capsys.readouterr().out
+    assert "| decode, KV cache, batch 1" in out
+    assert "ceiling:" in out
 
 
 def test_benchmark_refuses_to_time_models_that_disagree(tmp_path, monkeypatch, capsys):
