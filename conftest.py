@@ -59,3 +59,17 @@ def checkpoint_dir() -> Path:
 def random_checkpoint_dir() -> Path:
     """A tiny random checkpoint in the hub layout, for tests that need random weights."""
     return make_random_test_checkpoint()
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """Each test leaves PyTorch's thread count as it found it. The benchmarks' main() sets
+    its own (2 by default), and a worker that kept it oversubscribed the cores for every later
+    test, and changed results that depend on the thread count (least squares on nearly
+    dependent columns)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
