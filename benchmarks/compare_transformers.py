@@ -41,7 +41,7 @@ from gpt2lib import GPT2  # noqa: E402
 from gpt2lib.generation import generate  # noqa: E402
 from gpt2lib.kernels import use_split_matmul  # noqa: E402
 from gpt2lib.loading import from_pretrained  # noqa: E402
-from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps  # noqa: E402
+from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps, wall_times  # noqa: E402
 
 # --------------------------------------------------------------------------- set-up
 
@@ -356,13 +356,7 @@ def best_read_gbps(megabytes: int = 512, repeats: int = 7) -> dict:
     row = torch.randn(1, n_in, generator=gen)
 
     def best(fn, nbytes):
-        fn()
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            seconds.append(time.perf_counter() - start)
-        return nbytes / min(seconds) / 1e9
+        return nbytes / min(wall_times(fn, repeats)) / 1e9
 
     found = {"sum": best(buffer.sum, buffer.nbytes),
              "one_row_mm": best(lambda: torch.mm(row, matrix), matrix.nbytes)}
@@ -392,13 +386,7 @@ def multiplies_only_seconds(model, repeats: int = 7) -> float:
             torch.mm(rows[w.shape[0]], w)
         torch.mm(table, column)
 
-    step()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
-    return min(seconds)
+    return min(wall_times(step, repeats))
 
 
 def report_bandwidth(bench) -> None:

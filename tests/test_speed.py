@@ -164,6 +164,17 @@ def test_decode_bytes_per_token_counts_every_weight_but_the_unused_positions():
     assert measure.decode_bytes_per_token(model) == (124_439_808 - 1023 * n_embd) * 4
 
 
+def test_wall_times_times_each_call_after_the_warmup_and_median_is_their_median():
+    calls, ticks = [], iter(range(0, 100, 1))
+    clock = lambda: next(ticks) ** 2  # readings 0, 1, 4, 9, ...: each call lasts longer
+    times = measure.wall_times(lambda: calls.append(1), repeats=3, warmup=2, clock=clock)
+    assert len(calls) == 5 and times == [1, 5, 9]  # (1-0), (9-4), (25-16): warm-up untimed
+    ticks = iter(range(0, 100, 1))
+    assert measure.median_seconds(lambda: None, repeats=3, warmup=0, clock=clock) == 5
+    with pytest.raises(ValueError, match="repeats must be an int >= 1"):
+        measure.wall_times(lambda: None, repeats=0)
+
+
 def test_measurements_return_plausible_numbers():
     assert measure.median_seconds(lambda: None, repeats=3) >= 0
     assert 0.1 < measure.memory_read_gbps(megabytes=16, repeats=2) < 10_000
