@@ -1,4 +1,4 @@
-"""The CPU decode step of gpt2lib.speed (int position, two-dimensional activations): the same
+"""The CPU decode step of gpt2lib.speed (an int position, over the filled slots only): the same
 logits as the model's own forward, and the cache contents of the static step."""
 
 import pytest
