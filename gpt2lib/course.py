@@ -29,8 +29,9 @@ from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course_format import (BEGIN, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG, CourseError,
-                                   exercise_titles, read_notebook, solution_regions, tags)
+from gpt2lib.course_format import (BEGIN, CHALLENGE_TAG, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG,
+                                   CourseError, format_problems, read_notebook, region_titles,
+                                   solution_regions, tags)
 
 __all__ = [
     "BEGIN", "END", "CHAPTER_MODULES", "CHECK_TAG", "EXPORT_TAG", "RAISES_TAG", "CourseError",
@@ -132,9 +133,12 @@ def _stub_line(indent: str, exercise: str | None) -> str:
 
 
 def learner_version(solution: nbformat.NotebookNode, where: str) -> nbformat.NotebookNode:
-    """Answers replaced by stubs; exercise and check cells allowed to raise."""
+    """Answers replaced by stubs; exercise, check and challenge cells allowed to raise."""
     nb = strip_outputs(solution)
-    titles = exercise_titles(nb)
+    problems = format_problems(nb, where)
+    if problems:
+        raise CourseError(problems[0])
+    titles = region_titles(nb)
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -151,7 +155,7 @@ def learner_version(solution: nbformat.NotebookNode, where: str) -> nbformat.Not
                 indent = re.match(r"\s*", lines[begin]).group(0)
                 lines[begin : end + 1] = [_stub_line(indent, titles.get(index))]
             cell.source = "\n".join(lines)
-        if regions or CHECK_TAG in cell_tags:
+        if regions or CHECK_TAG in cell_tags or CHALLENGE_TAG in cell_tags:
             cell.metadata["tags"] = cell_tags + [RAISES_TAG]
     # Remember what the build wrote, so a later build can tell a learner's edits from ours.
     nb.metadata[STAMP_KEY] = {"built_sources": source_fingerprint(nb)}

@@ -8,8 +8,11 @@ kernel is shut down and the exercise is reported as timed out.
 
 Grading reads the exception type of each check cell's error (`NotDoneYet`: not started;
 `CheckFailed`: failed, with its message); a check cell that runs without an error passed.
+Open challenges are listed after the exercises, read the same way from their cells tagged
+`challenge`: a clean run is done, `NotDoneYet` or `NotImplementedError` is not done, and
+`CheckFailed` (or any other error) means the goal is not reached yet. Challenges are
+optional: they do not change the exit status.
 Exit status: 0 when every exercise passed, 1 otherwise, 2 when the command could not run.
-This file is written by hand.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from pathlib import Path
 import nbformat
 
 from gpt2lib.course_format import chapter_fix, first_line, read_notebook
-from gpt2lib.course_format import CourseError, Exercise, exercises
+from gpt2lib.course_format import Challenge, CourseError, Exercise, challenges, exercises
 
-__all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "learner_notebooks",
-           "report"]
+__all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "grade_challenge",
+           "learner_notebooks", "report"]
 
 PASSED, FAILED, NOT_STARTED, NOT_RUN = "passed", "failed", "not started", "not run"
-SYMBOLS = {PASSED: "✅", FAILED: "✗ ", NOT_STARTED: "⋯ ", NOT_RUN: "– "}
+# A challenge's states: its goal met, not started, tried but the goal not reached yet.
+DONE, NOT_DONE, NOT_REACHED, NO_CHECK = "done", "not done", "not yet reached", "no check"
+SYMBOLS = {PASSED: "✅", FAILED: "✗ ", NOT_STARTED: "⋯ ", NOT_RUN: "– ",
+           DONE: "✅", NOT_DONE: "⋯ ", NOT_REACHED: "✗ ", NO_CHECK: "○ "}
 DEFAULT_CELL_TIMEOUT = 600  # seconds; GPT2LIB_PROGRESS_CELL_TIMEOUT or --cell-timeout override
 # Not copied into the scratch folder: version control, virtual environments, caches, backups.
 _NOT_COPIED = {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__",
@@ -43,7 +49,7 @@ _NOT_DONE = ("NotDoneYet", "NotImplementedError")
 class Outcome:
     """What happened to one exercise."""
 
-    def __init__(self, exercise: Exercise, status: str, detail: str = ""):
+    def __init__(self, exercise: Exercise | Challenge, status: str, detail: str = ""):
         self.exercise, self.status, self.detail = exercise, status, detail
 
     @property
@@ -130,6 +136,30 @@ def grade(exercise: Exercise, run: Run) -> Outcome:
     return Outcome(exercise, PASSED)
 
 
+def grade_challenge(challenge: Challenge, run: Run) -> Outcome:
+    """An open challenge's outcome, read from its `challenge` cells in the executed copy."""
+    if not challenge.checks:
+        return Outcome(challenge, NO_CHECK, "open: no cell confirms a goal")
+    last_check = challenge.checks[-1]
+    for index in (i for i in challenge.cells if i <= last_check):
+        error = _error(run.nb.cells[index])
+        if error is not None:
+            name, message = error.get("ename", "Error"), error.get("evalue", "")
+            if name in _NOT_DONE:
+                return Outcome(challenge, NOT_DONE, "not done")
+            if name == "CheckFailed":
+                return Outcome(challenge, NOT_REACHED, first_line(message) or NOT_REACHED)
+            return Outcome(challenge, NOT_REACHED,
+                           f"{name}: {first_line(message)}" if message else name)
+        if index == run.stopped_at:
+            return Outcome(challenge, NOT_REACHED, f"{run.problem} (cell {index})")
+    if run.stopped_at is not None and run.stopped_at < last_check:
+        return Outcome(challenge, NOT_RUN, f"the notebook stopped at cell {run.stopped_at}")
+    if any(run.nb.cells[i].get("execution_count") is None for i in challenge.checks):
+        return Outcome(challenge, NOT_RUN, "the challenge cell did not run")
+    return Outcome(challenge, DONE)
+
+
 def _ignored(folder: str, names: list[str]) -> set[str]:
     skipped = {n for n in names if n in _NOT_COPIED or n.endswith(".egg-info")}
     # Any virtual environment, whatever its name.
@@ -187,6 +217,7 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
     timeout = timeout or cell_timeout()
     paths = learner_notebooks(root, list(chapters))
     totals = {PASSED: 0, FAILED: 0, NOT_STARTED: 0, NOT_RUN: 0}
+    challenge_totals = [0, 0]  # done, listed
     trouble = False
     for path in paths:
         print(f"{path.stem} (running notebooks/{path.name} ...)", file=out, flush=True)
@@ -212,15 +243,30 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
                 line += f" — {outcome.detail}"
             elif outcome.status == NOT_STARTED:
                 line += " — not started"
+                if outcome.exercise.difficulty:  # what the heading states, to plan by
+                    line += (f" ({outcome.exercise.difficulty}, "
+                             f"about {outcome.exercise.minutes} min)")
             print(line, file=out)
         if not outcomes:
             print("  (no exercises in this chapter)", file=out)
         else:
             print(f"  {_summary(counts)}", file=out)
+        open_tasks = [grade_challenge(challenge, run) for challenge in challenges(run.nb)]
+        for outcome in open_tasks:
+            print(f"  {SYMBOLS[outcome.status]} {outcome.title} — {outcome.detail or outcome.status}",
+                  file=out)
+        if open_tasks:
+            done = sum(o.status == DONE for o in open_tasks)
+            challenge_totals[0] += done
+            challenge_totals[1] += len(open_tasks)
+            print(f"  {_challenge_summary(done, len(open_tasks))}", file=out)
         for key in totals:
             totals[key] += counts[key]
         print(file=out)
-    print(f"Total: {_summary(totals)}", file=out)
+    total_line = f"Total: {_summary(totals)}"
+    if challenge_totals[1]:
+        total_line += f"; {_challenge_summary(*challenge_totals)}"
+    print(total_line, file=out)
     all_passed = not trouble and totals[PASSED] == sum(totals.values())
     return 0 if all_passed else 1
 
@@ -232,3 +278,7 @@ def _summary(counts: dict[str, int]) -> str:
     if counts.get(NOT_RUN):
         text += f", {counts[NOT_RUN]} not run"
     return text
+
+
+def _challenge_summary(done: int, listed: int) -> str:
+    return f"{done} of {listed} open challenge{'s' if listed != 1 else ''} done"
