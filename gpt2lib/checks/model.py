@@ -492,3 +492,40 @@ def check_training_memory(training_memory) -> None:
         raise CheckFailed(EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got "
                           f"{got[wrong]:,}")
     passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
+
+
+# --------------------------------------------------------------------------- Challenge
+
+CHALLENGE_BUDGET = "Challenge (the largest GPT-2 you can train in 1 GiB)"
+BUDGET = dict(bytes=2**30, min_params=50_000_000, min_layers=8, vocab_size=50257, n_positions=1024)
+
+
+def check_budget_config(config) -> int:
+    """The challenge: a GPT2Config with GPT-2's vocabulary and context, at least 8 blocks, whose
+    float32 weights + gradients + AdamW state (16 bytes a parameter) fit in 1 GiB, with at least
+    50 million parameters. Counts a model built on the meta device; returns the count."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    if not isinstance(config, GPT2Config):
+        raise CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
+    for name in ("vocab_size", "n_positions"):
+        if getattr(config, name) != BUDGET[name]:
+            raise CheckFailed(CHALLENGE_BUDGET, f"keep GPT-2's {name} = {BUDGET[name]:,}; got "
+                              f"{getattr(config, name):,}")
+    if config.n_layer < BUDGET["min_layers"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"n_layer = {config.n_layer}: the goal asks for at least "
+                          f"{BUDGET['min_layers']} blocks")
+    with torch.device("meta"):
+        n = sum(p.numel() for p in GPT2(config).parameters())
+    state = 16 * n  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
+    share = config.vocab_size * config.n_embd / n
+    if state > BUDGET["bytes"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
+                          "state, more than 1 GiB: make the model narrower or shallower")
+    if n < BUDGET["min_params"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
+                          f"at least {BUDGET['min_params']:,}: there is room for more")
+    passed(CHALLENGE_BUDGET, f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
+           f"token table {share:.1%} of the model")
+    return n
