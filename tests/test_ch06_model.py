@@ -781,3 +781,45 @@ def test_train_checks_the_ids_once_before_training(tiny):
         train(tiny, good, good.float(), 1, batch_size=2, block_size=8, progress=False)
     assert all(torch.equal(v, before[k]) for k, v in tiny.state_dict().items())
     tiny.eval()
+
+
+# --------------------------------------------------------------------------- Exercise 6.5
+
+
+def _planted_recording(mistake):
+    class Planted(Block):
+        def forward(self, x, kv_cache=None):
+            self._plain = lambda y: Block.forward(self, y)
+            out, self.rms = mistake.fn(self, x)
+            return out
+
+    return Planted
+
+
+@pytest.mark.parametrize("mistake", checks.RECORD_MISTAKES, ids=lambda m: m.name)
+def test_check_recording_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_recording_block(_planted_recording(mistake))
+
+
+def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
+    class Right(Block):
+        def forward(self, x, kv_cache=None):
+            x = super().forward(x, kv_cache=kv_cache)
+            self.rms = torch.sqrt(torch.mean(x * x))  # a 1-element tensor is fine too
+            return x
+
+    class Doubles(Block):
+        def forward(self, x, kv_cache=None):
+            self.rms = 1.0
+            return 2 * super().forward(x)
+
+    class NoRms(Block):
+        pass
+
+    checks.check_recording_block(Right)
+    assert "✅ Exercise 6.5" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="other logits"):
+        checks.check_recording_block(Doubles)
+    with pytest.raises(CheckFailed, match="should be a number"):
+        checks.check_recording_block(NoRms)
