@@ -531,3 +531,19 @@ def test_challenge_check_passes_a_sinusoidal_table_and_refuses_random_or_degener
         checks.check_position_table(torch.zeros(1024, 768))
     with pytest.raises(CheckFailed, match="shape"):
         checks.check_position_table(torch.randn(16, 8))
+
+
+def test_check_pieces_accepts_right_answers(capsys):
+    def with_a_cache_count(embeddings, idx, n):
+        out, seen = [], 0
+        while seen < idx.shape[1]:
+            piece = idx[:, seen:seen + n]
+            out.append(embeddings(piece, past_length=seen))
+            seen += piece.shape[1]
+        return torch.cat(out, dim=1)
+
+    checks.check_embed_in_pieces(with_a_cache_count)
+    checks.check_embed_in_pieces(lambda e, idx, n: torch.cat(
+        [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1))
+    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 2
+    assert_not_done_yet(checks.check_embed_in_pieces)

@@ -499,3 +499,63 @@ def check_position_table(table) -> dict:
 
 MISTAKES_BY_CHECK = {check_cosine_matrix: COSINE_MISTAKES,
                      check_embedding_parameter_count: COUNT_MISTAKES}
+
+
+# --------------------------------------------------------------------------- Exercise 2.6
+
+EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
+
+
+def _pieces(embeddings, idx, n, past_of):
+    out = []
+    for start in range(0, idx.shape[1], n):
+        out.append(embeddings(idx[:, start:start + n], past_length=past_of(start, len(out), n)))
+    return torch.cat(out, dim=1)
+
+
+# fn(embeddings, idx, piece_length) -> what that wrong version returns
+PIECES_MISTAKES = [
+    Mistake("counted_pieces", "you passed the number of pieces so far as past_length; it is the number of "
+            "TOKENS before the piece, `start`", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k)),
+    Mistake("off_by_one", "your past_length is one too many: the piece starting at token `start` has exactly "
+            "`start` tokens before it", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1)),
+    Mistake("no_past_length", "every piece starts again at position 0: pass past_length=start, the tokens "
+            "before the piece", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0)),
+    Mistake("end_of_piece", "you passed the position of the piece's end; past_length is where it starts "
+            "(the tokens before it)", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1)),
+    Mistake("last_piece_dropped", "the last, shorter piece is missing: range(0, T, piece_length) already "
+            "reaches it; keep it", lambda e, idx, n: _pieces(e, idx[:, :idx.shape[1] // n * n], n,
+                                                              lambda s, k, n: s) if idx.shape[1] % n else None),
+]
+
+
+def check_embed_in_pieces(embed_in_pieces) -> None:
+    """embed_in_pieces(embeddings, idx, piece_length) equals embeddings(idx), for piece lengths
+    that divide T and one that does not, on a batch of two sequences."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.embeddings import GPT2Embeddings
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        embeddings = GPT2Embeddings(GPT2Config(vocab_size=13, n_positions=16, n_embd=6, n_layer=1,
+                                               n_head=2)).eval()
+    idx = torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = embeddings(idx)
+        for n in (4, 1, 11, 3):
+            got = call_learner(EX_PIECES, embed_in_pieces, embeddings, idx, n)
+            got = expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
+            if close(got, whole):
+                continue
+            found = first_mistake(PIECES_MISTAKES, lambda m: close(got, m.fn(embeddings, idx, n)))
+            if found:
+                raise CheckFailed(EX_PIECES, found.message)
+            if tuple(got.shape) != tuple(whole.shape):
+                raise CheckFailed(EX_PIECES, f"for piece_length={n} your output has shape {tuple(got.shape)}, "
+                                  f"expected {tuple(whole.shape)}: join the pieces along dim 1")
+            raise CheckFailed(EX_PIECES, f"for piece_length={n} the pieces do not give the vectors of the whole "
+                              "sequence at once")
+    passed(EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried")
+
+
+MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
