@@ -14,7 +14,7 @@ GENERATED = [line.removesuffix(".py") for line in
 
 # The model's parts, chapters 2 to 6: what learners read. They sit below everything that uses
 # a model (training, loading, a look inside, generation and its engine) and import none of it.
-LAYERS = ("config", "layers", "embeddings", "attention", "mlp", "block", "model")
+LAYERS = ("validation", "config", "layers", "embeddings", "attention", "mlp", "block", "model")
 
 
 def module_name(path: Path) -> str:

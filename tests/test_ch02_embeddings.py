@@ -1,5 +1,5 @@
 """Chapter 2: GPT2Config, gpt2lib.embeddings (the one token-id validator), and the checks behind
-exercises 2.1-2.3, one test per planted mistake."""
+exercises 2.1-2.5 and the challenge, one test per planted mistake."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from gpt2lib.checks import CheckFailed
 from gpt2lib.checks import embeddings as checks
 from gpt2lib.checks._core import NotDoneYet
+from check_cases import assert_named, assert_not_done_yet, planted
 from gpt2lib.config import GPT2Config
 from gpt2lib.embeddings import (
     GPT2Embeddings,
@@ -82,6 +83,11 @@ def test_from_name_unknown_lists_the_valid_names():
         (dict(attn_pdrop=-0.1), ValueError, r"attn_pdrop .* must be in \[0, 1\)"),
         (dict(resid_pdrop="0.1"), TypeError, "resid_pdrop must be a number"),
         (dict(layer_norm_epsilon=0.0), ValueError, "layer_norm_epsilon must be greater than 0"),
+        (dict(layer_norm_epsilon=-1e-5), ValueError, "layer_norm_epsilon must be greater than 0"),
+        (dict(layer_norm_epsilon=float("inf")), ValueError, "layer_norm_epsilon must be greater than 0 and finite .* got inf"),
+        (dict(layer_norm_epsilon=float("nan")), ValueError, "layer_norm_epsilon must be greater than 0 and finite .* got nan"),
+        (dict(layer_norm_epsilon="1e-5"), TypeError, "layer_norm_epsilon must be a number"),
+        (dict(embd_pdrop=float("nan")), ValueError, r"embd_pdrop is a dropout probability"),
     ],
 )
 def test_config_refuses_sizes_that_cannot_work(bad, error, message):
@@ -186,8 +192,22 @@ def test_bad_token_ids_get_clear_errors(make_idx, past, error, message):
     config = GPT2Config(**TINY)
     with pytest.raises(error, match=message):
         check_token_ids(make_idx(), config, past_length=past)
-    with pytest.raises(error, match=message):  # the module gives the same error, before any lookup
-        GPT2Embeddings(config)(make_idx(), past_length=past)
+
+
+def test_the_embeddings_forward_reads_no_token_values(monkeypatch):
+    # the ids are checked once where they come in (generate, train, run_with_cache), not on
+    # every forward: the module is the plain lesson code
+    import gpt2lib.validation as validation
+
+    monkeypatch.setattr(validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids"))
+    emb = GPT2Embeddings(GPT2Config(**TINY)).eval()
+    assert emb(torch.tensor([[1, 2, 3]])).shape == (1, 3, 8)
+
+
+def test_check_token_ids_is_the_validation_module_s():
+    import gpt2lib.validation as validation
+
+    assert check_token_ids is validation.check_token_ids
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
@@ -230,10 +250,8 @@ def test_position_ids():
     assert position_ids(4).tolist() == [0, 1, 2, 3]
     assert position_ids(3, past_length=5).tolist() == [5, 6, 7]
     assert position_ids(0).numel() == 0
-    with pytest.raises(ValueError, match="length must be a whole number >= 0"):
-        position_ids(-2)
-    with pytest.raises(ValueError, match="past_length must be a whole number >= 0, got 1.5"):
-        position_ids(2, past_length=1.5)
+    # a bad past_length is refused by check_token_ids at the entry points (see
+    # test_bad_token_ids_get_clear_errors); position_ids is the plain arange of the lesson
 
 
 def test_the_module_uses_the_positions_of_position_ids():
@@ -420,7 +438,7 @@ def test_check_module_accepts_right_answers(capsys):
     checks.check_gpt2_embeddings(GPT2Embeddings)
     checks.check_gpt2_embeddings(FunctionalDropout)
     checks.check_gpt2_embeddings(OwnMask)
-    assert capsys.readouterr().out.count("✅ Exercise 2.3") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 2.5") == 3
 
 
 @pytest.mark.parametrize("mistake", checks.EMBEDDINGS_MISTAKES, ids=lambda m: m.name)
@@ -466,3 +484,66 @@ def test_check_module_leaves_the_global_random_state_alone():
     torch.manual_seed(7)
     checks.check_gpt2_embeddings(GPT2Embeddings)
     assert torch.equal(torch.rand(3), want)
+
+
+# --------------------------------------------------------------------------- checks 2.3, 2.4, challenge
+
+
+def test_check_cosine_accepts_right_answers(capsys):
+    checks.check_cosine_matrix(lambda t: F.normalize(t, dim=1) @ F.normalize(t, dim=1).T)
+    checks.check_cosine_matrix(lambda t: F.cosine_similarity(t[:, None, :], t[None, :, :], dim=-1))
+    checks.check_cosine_matrix(lambda t: (t @ t.T) / torch.outer(t.norm(dim=1), t.norm(dim=1)))
+    assert capsys.readouterr().out.count("✅ Exercise 2.3") == 3
+
+
+@pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
+def test_new_checks_name_every_planted_mistake(check, mistake):
+    assert_named(check, mistake.fn, mistake.message)
+
+
+def test_check_count_accepts_a_right_answer_and_refuses_other_types(capsys):
+    checks.check_embedding_parameter_count(embedding_parameter_count)
+    checks.check_embedding_parameter_count(lambda c: c.n_embd * c.vocab_size + c.n_embd * c.n_positions)
+    assert capsys.readouterr().out.count("✅ Exercise 2.4") == 2
+    with pytest.raises(CheckFailed, match="return a whole number"):
+        checks.check_embedding_parameter_count(lambda c: str((c.vocab_size + c.n_positions) * c.n_embd))
+    assert_not_done_yet(checks.check_embedding_parameter_count)
+    assert_not_done_yet(checks.check_cosine_matrix)
+
+
+def _sinusoidal(P, C):
+    position = torch.arange(P, dtype=torch.float64)[:, None]
+    rates = 1e4 ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)
+    table = torch.zeros(P, C, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(position * rates), torch.cos(position * rates)
+    return table
+
+
+def test_challenge_check_passes_a_sinusoidal_table_and_refuses_random_or_degenerate_ones(capsys):
+    scores = checks.check_position_table(_sinusoidal(1024, 768))
+    assert scores["gap"] >= 0.3 and scores["max_cosine"] < 0.999
+    assert "✅ Challenge" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="the goal is 0.3"):
+        checks.check_position_table(torch.randn(1024, 768, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(CheckFailed, match="could not tell them apart"):
+        checks.check_position_table(torch.ones(1024, 768) + 1e-6 * torch.randn(1024, 768))
+    with pytest.raises(CheckFailed, match="all zeros"):
+        checks.check_position_table(torch.zeros(1024, 768))
+    with pytest.raises(CheckFailed, match="shape"):
+        checks.check_position_table(torch.randn(16, 8))
+
+
+def test_check_pieces_accepts_right_answers(capsys):
+    def with_a_cache_count(embeddings, idx, n):
+        out, seen = [], 0
+        while seen < idx.shape[1]:
+            piece = idx[:, seen:seen + n]
+            out.append(embeddings(piece, past_length=seen))
+            seen += piece.shape[1]
+        return torch.cat(out, dim=1)
+
+    checks.check_embed_in_pieces(with_a_cache_count)
+    checks.check_embed_in_pieces(lambda e, idx, n: torch.cat(
+        [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1))
+    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 2
+    assert_not_done_yet(checks.check_embed_in_pieces)

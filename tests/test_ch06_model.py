@@ -210,18 +210,37 @@ def test_dropout_only_in_training():
     ([[1, 2, 3]], TypeError, r"(?s)(?=.*torch.Tensor)(?=.*list)"),
     (torch.zeros(1, 17, dtype=torch.long), ValueError, r"(?s)(?=.*17)(?=.*context of 16)(?=.*n_positions)"),
 ])
-def test_bad_input_gets_a_clear_error(tiny, bad, error, message):
+@pytest.mark.parametrize("entry", ["check_token_ids", "generate", "run_with_cache"])
+def test_bad_input_gets_a_clear_error_at_the_entry_points(tiny, bad, error, message, entry):
+    # moved from a plain forward (tiny(bad)): the forward no longer reads the ids; the entry
+    # points that take ids from users check them once, with chapter 2's validator
+    from gpt2lib.embeddings import check_token_ids
+    from gpt2lib.generation import generate
+    from gpt2lib.interpret import run_with_cache
+
+    call = {"check_token_ids": lambda: check_token_ids(bad, TINY),
+            "generate": lambda: generate(tiny, bad, 1),
+            "run_with_cache": lambda: run_with_cache(tiny, bad)}[entry]
     with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1, 2, 3]), torch.zeros(1, 2, 3, dtype=torch.long),
+                                 torch.tensor([[1, 61]]), torch.zeros(1, 17, dtype=torch.long)])
+def test_a_plain_forward_still_fails_loudly_on_bad_input(tiny, bad):
+    # no silent wrong answer: a wrong shape cannot unpack into (B, T), an id past the table is
+    # torch's IndexError, a context that is too long is the forward's one assert
+    with pytest.raises((ValueError, IndexError, AssertionError)):
         tiny(bad)
 
 
-def test_the_model_uses_chapter_2s_validator_and_positions(tiny, monkeypatch):
+def test_the_forward_reads_no_token_values_and_uses_chapter_2s_positions(tiny, monkeypatch):
     import gpt2lib.model as model_module
+    import gpt2lib.validation as validation
 
     calls = []
-    real_check, real_positions = model_module.check_token_ids, model_module.position_ids
-    monkeypatch.setattr(model_module, "check_token_ids",
-                        lambda idx, config, past=0: calls.append(("check", past)) or real_check(idx, config, past))
+    real_positions = model_module.position_ids
+    monkeypatch.setattr(validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids"))
     monkeypatch.setattr(model_module, "position_ids",
                         lambda T, past=0, device=None: calls.append(("positions", T, past))
                         or real_positions(T, past, device=device))
@@ -230,8 +249,7 @@ def test_the_model_uses_chapter_2s_validator_and_positions(tiny, monkeypatch):
         tiny(torch.tensor([[1, 2, 3]]))
         tiny(torch.tensor([[1, 2, 3]]), kv_cache=cache)
         tiny(torch.tensor([[4]]), kv_cache=cache)
-    assert calls == [("check", 0), ("positions", 3, 0), ("check", 0), ("positions", 3, 0),
-                     ("check", 3), ("positions", 1, 3)]
+    assert calls == [("positions", 3, 0), ("positions", 3, 0), ("positions", 1, 3)]
 
 
 @pytest.mark.parametrize("config", [{}, {"n_embd": 768}, None, "gpt2"])
@@ -289,7 +307,7 @@ def test_kv_cache_protocol_gives_the_uncached_logits(tiny):
 def test_kv_cache_too_long_names_the_cached_tokens(tiny):
     cache = FakeCache(TINY.n_layer)
     cache.length = 15
-    with pytest.raises(ValueError, match=r"(?s)(?=.*15)(?=.*2 new)(?=.*context of 16)"):
+    with pytest.raises(AssertionError, match=r"(?s)(?=.*15)(?=.*2 new)(?=.*context of 16)"):
         tiny(torch.tensor([[1, 2]]), kv_cache=cache)
     assert cache.log == [], "nothing may touch the cache when the input is refused"
 
@@ -730,3 +748,78 @@ def test_any_integer_dtype_of_ids_gives_the_same_logits(dtype):
     ids = torch.tensor([[1, 7, 3, 42]])
     with torch.no_grad():
         assert torch.equal(model(ids.to(dtype)), model(ids))
+
+
+# --------------------------------------------------------------------------- challenge
+
+
+def test_budget_challenge_passes_a_fitting_config_and_names_the_others(capsys):
+    assert checks.check_budget_config(GPT2Config(n_layer=8, n_embd=512, n_head=8)) >= 50_000_000
+    assert "✅ Challenge" in capsys.readouterr().out
+    cases = [(GPT2Config(), "more than 1 GiB"),
+             (GPT2Config(n_layer=8, n_embd=256, n_head=8), "there is room for more"),
+             (GPT2Config(n_layer=4, n_embd=512, n_head=8), "at least 8 blocks"),
+             (GPT2Config(n_layer=8, n_embd=512, n_head=8, vocab_size=1000), "keep GPT-2's vocab_size"),
+             ({"n_layer": 8}, "give a GPT2Config")]
+    for config, phrase in cases:
+        with pytest.raises(CheckFailed, match=phrase):
+            checks.check_budget_config(config)
+
+
+def test_train_checks_the_ids_once_before_training(tiny):
+    # the guarantee a plain forward gave before (a clear error for an id outside the
+    # vocabulary) now comes from train's entry, before any step changes the model
+    from gpt2lib.training import train
+
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+    good = torch.randint(0, TINY.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    bad = good.clone()
+    bad[7] = TINY.vocab_size
+    with pytest.raises(ValueError, match=r"train_ids must be in 0 \.\. 60 \(vocab_size=61\), got values from"):
+        train(tiny, bad, good, 1, batch_size=2, block_size=8, progress=False)
+    with pytest.raises(TypeError, match="val_ids must be integers"):
+        train(tiny, good, good.float(), 1, batch_size=2, block_size=8, progress=False)
+    assert all(torch.equal(v, before[k]) for k, v in tiny.state_dict().items())
+    tiny.eval()
+
+
+# --------------------------------------------------------------------------- Exercise 6.5
+
+
+def _planted_recording(mistake):
+    class Planted(Block):
+        def forward(self, x, kv_cache=None):
+            self._plain = lambda y: Block.forward(self, y)
+            out, self.rms = mistake.fn(self, x)
+            return out
+
+    return Planted
+
+
+@pytest.mark.parametrize("mistake", checks.RECORD_MISTAKES, ids=lambda m: m.name)
+def test_check_recording_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_recording_block(_planted_recording(mistake))
+
+
+def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
+    class Right(Block):
+        def forward(self, x, kv_cache=None):
+            x = super().forward(x, kv_cache=kv_cache)
+            self.rms = torch.sqrt(torch.mean(x * x))  # a 1-element tensor is fine too
+            return x
+
+    class Doubles(Block):
+        def forward(self, x, kv_cache=None):
+            self.rms = 1.0
+            return 2 * super().forward(x)
+
+    class NoRms(Block):
+        pass
+
+    checks.check_recording_block(Right)
+    assert "✅ Exercise 6.5" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="other logits"):
+        checks.check_recording_block(Doubles)
+    with pytest.raises(CheckFailed, match="should be a number"):
+        checks.check_recording_block(NoRms)

@@ -31,7 +31,7 @@ EX_LN = "Exercise 5.1 (layer_norm)"
 EX_LN_MODULE = "Exercise 5.1 (LayerNorm)"
 EX_BLOCK = "Exercise 5.2 (Block)"
 EX_POST = "Exercise 5.2 (PostNormBlock)"
-EX_STREAM = "Exercise 5.3 (follow_stream)"
+EX_STREAM = "Exercise 5.4 (follow_stream)"
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
 
@@ -555,3 +555,101 @@ def check_follow_stream(follow_stream) -> None:
                     raise CheckFailed(EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, "
                                       f"expected {b:.5g}")
     passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
+
+
+# --------------------------------------------------------------------------- Exercise 5.3
+
+EX_COUNT = "Exercise 5.3 (block_parameter_count)"
+
+
+# fn(n_embd) -> what that wrong answer gives
+COUNT_MISTAKES = [
+    Mistake("no_biases", "you left out the biases: c_attn, both c_proj and c_fc each have one "
+            "(3C + C + 4C + C numbers)", lambda C: 12 * C * C + 4 * C),
+    Mistake("no_layer_norms", "you left out the two LayerNorms: each has a gain and a shift of C numbers",
+            lambda C: 12 * C * C + 9 * C),
+    Mistake("mlp_not_four_times_wider", "your MLP is not 4 times wider: c_fc is C x 4C and the MLP's "
+            "c_proj is 4C x C", lambda C: 4 * C * C + 9 * C),
+    Mistake("one_qkv_matrix", "your attention has one C x C matrix where c_attn holds three (queries, "
+            "keys and values: C x 3C)", lambda C: 10 * C * C + 11 * C),
+    Mistake("gpt2_small_hard_coded", "your answer is GPT-2 small's 7,087,872 for every width: write it "
+            "as a formula of n_embd", lambda C: 7_087_872),
+]
+
+
+def check_block_parameter_count(block_parameter_count) -> None:
+    """block_parameter_count(n_embd) -> the parameters of one GPT-2 block, for three widths,
+    compared with blocks built on the meta device."""
+    from gpt2lib.block import Block
+    from gpt2lib.config import GPT2Config
+
+    for C in (768, 64, 6):
+        got = call_learner(EX_COUNT, block_parameter_count, C)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise CheckFailed(EX_COUNT, f"return a whole number, got {type(got).__name__}")
+        with torch.device("meta"):
+            want = sum(p.numel() for p in Block(GPT2Config(n_embd=C, n_head=2)).parameters())
+        if got == want:
+            continue
+        found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C) == got)
+        if found:
+            raise CheckFailed(EX_COUNT, found.message)
+        raise CheckFailed(EX_COUNT, f"for n_embd = {C} you gave {got:,}; a block holds {want:,}. Count "
+                          "ln_1, attention (c_attn, c_proj), ln_2 and the MLP (c_fc, c_proj), weights and biases")
+    passed(EX_COUNT, "12·C² + 13·C, for every width tried")
+
+
+# --------------------------------------------------------------------------- Challenge
+
+CHALLENGE_DEEP = "Challenge (keep the input alive through 48 blocks)"
+DEEP_GOALS = dict(n_layer=48, weight_std=0.1, min_cosine=0.5, min_update=0.02)
+
+
+def deep_stack_scores(block_cls) -> dict:
+    """48 blocks of block_cls (n_embd 64, 4 heads, no dropout), every weight matrix drawn from
+    N(0, 0.1²) by the check: the input's cosine after the last block, and the smallest mean
+    relative update of any block, |block(x) - x| / |x|."""
+    from gpt2lib.config import GPT2Config
+
+    config = GPT2Config(n_embd=64, n_head=4, n_layer=DEEP_GOALS["n_layer"], attn_pdrop=0.0,
+                        resid_pdrop=0.0, embd_pdrop=0.0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        blocks = nn.ModuleList(block_cls(config) for _ in range(config.n_layer))
+        with torch.no_grad():
+            for p in blocks.parameters():
+                if p.dim() == 2:
+                    p.normal_(std=DEEP_GOALS["weight_std"])
+        x0 = torch.randn(4, 32, config.n_embd, generator=torch.Generator().manual_seed(0))
+    blocks.eval()
+    x, updates = x0, []
+    with torch.no_grad():
+        for block in blocks:
+            new = block(x)
+            if not isinstance(new, torch.Tensor) or new.shape != x.shape:
+                raise CheckFailed(CHALLENGE_DEEP, f"your block should return a tensor of shape "
+                                  f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}")
+            if not bool(torch.isfinite(new).all()):
+                raise CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
+            updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
+            x = new
+    cosine = F.cosine_similarity(x, x0, dim=-1).mean().item()
+    return {"cosine": cosine, "min_update": min(updates)}
+
+
+def check_deep_stack(block_cls) -> dict:
+    """The challenge: after 48 blocks the stream keeps cosine >= 0.5 with its input, and every
+    block still changes it by at least 2% of its size."""
+    scores = deep_stack_scores(block_cls)
+    if scores["min_update"] < DEEP_GOALS["min_update"]:
+        raise CheckFailed(CHALLENGE_DEEP, f"one block changes the stream by only {scores['min_update']:.4f} "
+                          f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
+                          "does nothing keeps the input trivially")
+    if scores["cosine"] < DEEP_GOALS["min_cosine"]:
+        raise CheckFailed(CHALLENGE_DEEP, f"after 48 blocks the cosine with the input is "
+                          f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}")
+    passed(CHALLENGE_DEEP, f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
+           f"update {scores['min_update']:.4f}")
+    return scores

@@ -1,5 +1,6 @@
-"""Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, and the
-embedding module with positions that continue after a cache.
+"""Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, the cosine
+matrix of a table, the tables' parameter count, the embedding module with positions that
+continue after a cache, and the challenge's hand-made position table.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
 and with the planted `Mistake`s below (module-level lists, so the tests cover every one), and
@@ -19,13 +20,17 @@ from gpt2lib.checks._core import (
     close,
     expect_tensor,
     first_mistake,
+    named,
     passed,
     seeded_call,
 )
 
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
-EX_MODULE = "Exercise 2.3 (GPT2Embeddings)"
+EX_COSINE = "Exercise 2.3 (cosine_matrix)"
+EX_COUNT = "Exercise 2.4 (embedding_parameter_count)"
+EX_MODULE = "Exercise 2.5 (GPT2Embeddings)"
+CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 
 def _require_float(exercise: str, got, what: str) -> None:
@@ -214,6 +219,107 @@ def check_lookup_backward(lookup_backward) -> None:
 # --------------------------------------------------------------------------- Exercise 2.3
 
 
+def _unit_rows(t):
+    return t / t.norm(dim=1, keepdim=True)
+
+
+def _divided_in_place(t):
+    t /= t.norm(dim=1, keepdim=True)
+    return t
+
+
+# fn(table (N, C)) -> what that wrong answer returns
+COSINE_MISTAKES = [
+    Mistake("dot_products_not_cosines", "your entries are plain dot products: divide each row by its "
+            "length (its norm) first, so that every entry is a cosine between -1 and 1",
+            lambda t: t @ t.T),
+    Mistake("normalised_columns", "you normalised the columns (features), not the rows: each row is one "
+            "vector, so scale every row to length 1 (norm over dim=1)",
+            lambda t: (t / t.norm(dim=0, keepdim=True)) @ (t / t.norm(dim=0, keepdim=True)).T),
+    Mistake("feature_by_feature", "your matrix is (C, C), feature against feature: the cosines are between "
+            "rows, unit @ unit.T, which is (N, N)", lambda t: _unit_rows(t).T @ _unit_rows(t)),
+    Mistake("divided_by_squared_norms", "you divided by the squared lengths: the cosine is a.b / (|a| |b|), "
+            "with the norms, not their squares",
+            lambda t: (t @ t.T) / (t.norm(dim=1)[:, None] ** 2 * t.norm(dim=1)[None, :] ** 2)),
+    Mistake("absolute_values", "your cosines are never negative: keep the sign, opposite vectors have "
+            "cosine -1", lambda t: (_unit_rows(t) @ _unit_rows(t).T).abs()),
+    Mistake("table_changed_in_place", "your function changed the table it was given (an in-place "
+            "division such as table /= ...): compute on a new tensor and leave the input alone",
+            lambda t: _divided_in_place(t) @ t.T),  # caught by comparing the input before and after
+]
+
+
+def check_cosine_matrix(cosine_matrix) -> None:
+    """cosine_matrix(table (N, C)) -> (N, N) cosines between rows, on tables of two shapes and
+    scales, a non-contiguous one among them; the input must be left unchanged."""
+    gen = torch.Generator().manual_seed(3)
+    cases = [torch.randn(5, 7, generator=gen) * 3.0,  # N != C, rows of different lengths
+             (torch.randn(4, 6, generator=gen) * 50.0)[:, ::2]]  # (4, 3): large, not contiguous
+    for table in cases:
+        before = table.clone()
+        got = call_learner(EX_COSINE, cosine_matrix, table)
+        if not torch.equal(table, before):
+            raise CheckFailed(EX_COSINE, named(COSINE_MISTAKES, "table_changed_in_place").message)
+        N = table.shape[0]
+        want = _unit_rows(before.double()) @ _unit_rows(before.double()).T
+        got = expect_tensor(EX_COSINE, got, (N, N), what="your matrix",
+                            hints={(table.shape[1],) * 2: named(COSINE_MISTAKES, "feature_by_feature").message})
+        if not close(got, want, atol=1e-4):
+            found = first_mistake(COSINE_MISTAKES[:-1], lambda m: close(got, m.fn(before.double()), atol=1e-4))
+            if found:
+                raise CheckFailed(EX_COSINE, found.message)
+            raise CheckFailed(EX_COSINE, f"for a table of shape {tuple(table.shape)} the values are wrong: entry "
+                              "[i, j] must be the cosine of rows i and j (1 on the diagonal)")
+    passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
+
+
+# --------------------------------------------------------------------------- Exercise 2.4
+
+
+def _count_configs():
+    from gpt2lib.config import GPT2Config
+
+    return [GPT2Config(), GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
+            GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4)]
+
+
+# fn(config) -> what that wrong answer returns
+COUNT_MISTAKES = [
+    Mistake("token_table_only", "you counted only the token table: wpe holds n_positions * n_embd more",
+            lambda c: c.vocab_size * c.n_embd),
+    Mistake("position_table_only", "you counted only the position table: wte holds vocab_size * n_embd more",
+            lambda c: c.n_positions * c.n_embd),
+    Mistake("untied_readout_counted", "you counted a third table for the readout: GPT-2's readout reuses wte "
+            "(tied weights), so it adds nothing", lambda c: (2 * c.vocab_size + c.n_positions) * c.n_embd),
+    Mistake("rows_not_numbers", "you counted rows, not numbers: each row holds n_embd numbers",
+            lambda c: c.vocab_size + c.n_positions),
+    Mistake("gpt2_small_hard_coded", "your answer is GPT-2 small's count for every config: compute it from "
+            "config.vocab_size, config.n_positions and config.n_embd", lambda c: (50257 + 1024) * 768),
+]
+
+
+def check_embedding_parameter_count(embedding_parameter_count) -> None:
+    """embedding_parameter_count(config) -> int, tried on three configs."""
+    for config in _count_configs():
+        got = call_learner(EX_COUNT, embedding_parameter_count, config)
+        want = (config.vocab_size + config.n_positions) * config.n_embd
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise CheckFailed(EX_COUNT, f"return a whole number (an int), got {type(got).__name__}")
+        if got == want:
+            continue
+        found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
+        if found:
+            raise CheckFailed(EX_COUNT, found.message)
+        raise CheckFailed(EX_COUNT, f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
+                          f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables")
+    passed(EX_COUNT, "(vocab_size + n_positions) * n_embd, for every config tried")
+
+
+# --------------------------------------------------------------------------- Exercise 2.5
+
+
 def _positions(past, T):
     return torch.arange(past, past + T)
 
@@ -304,7 +410,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         weight = getattr(table, "weight", None)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
             raise CheckFailed(EX_MODULE, f"self.{name} should be an nn.Embedding with a weight of shape "
-                              f"{shape}; keep the __init__ that is given")
+                              f"{shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)")
     ref = GPT2Embeddings(config)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -352,3 +458,104 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
         return  # dropout drawn another way (its own random numbers): still right
     _name_embeddings_mistake(got, ref, idx, 2, "in train() mode, your forward")
+
+
+# --------------------------------------------------------------------------- Challenge
+
+TABLE_GOALS = dict(max_cosine=0.999, min_gap=0.3, gap_distance=64)
+
+
+def position_table_scores(table: torch.Tensor) -> dict:
+    """What the challenge measures on a (P, C) table: the largest cosine between two different
+    rows, and the mean cosine of neighbours (p, p + 1) minus that of rows 64 apart."""
+    unit = _unit_rows(table.detach().double())
+    cosine = unit @ unit.T  # (P, P)
+    off = cosine - 2 * torch.eye(len(cosine), dtype=cosine.dtype)  # the diagonal out of the max
+    d = TABLE_GOALS["gap_distance"]
+    near = (unit[1:] * unit[:-1]).sum(-1).mean().item()
+    far = (unit[d:] * unit[:-d]).sum(-1).mean().item()
+    return {"max_cosine": off.max().item(), "near": near, "far": far, "gap": near - far}
+
+
+def check_position_table(table) -> dict:
+    """The challenge: a (1024, 768) position table with distinct rows whose neighbours are more
+    alike than rows 64 apart, by at least 0.3 in mean cosine. Returns the scores."""
+    table = expect_tensor(CHALLENGE_TABLE, table, (1024, 768), what="your table")
+    if bool((table.abs().sum(dim=1) == 0).any()):
+        raise CheckFailed(CHALLENGE_TABLE, "a row of your table is all zeros: it has no direction, so its "
+                          "position cannot be told apart by angle")
+    scores = position_table_scores(table)
+    if scores["max_cosine"] >= TABLE_GOALS["max_cosine"]:
+        raise CheckFailed(CHALLENGE_TABLE, f"two different positions have cosine {scores['max_cosine']:.4f} "
+                          f">= {TABLE_GOALS['max_cosine']}: the model could not tell them apart")
+    if scores["gap"] < TABLE_GOALS["min_gap"]:
+        raise CheckFailed(CHALLENGE_TABLE, f"neighbours have mean cosine {scores['near']:.4f}, positions 64 "
+                          f"apart {scores['far']:.4f}: a gap of {scores['gap']:.4f}, the goal is "
+                          f"{TABLE_GOALS['min_gap']}. Make nearby rows point the same way")
+    passed(CHALLENGE_TABLE, f"largest cosine {scores['max_cosine']:.4f}, neighbours {scores['near']:.4f}, "
+           f"64 apart {scores['far']:.4f}, gap {scores['gap']:.4f}")
+    return scores
+
+
+MISTAKES_BY_CHECK = {check_cosine_matrix: COSINE_MISTAKES,
+                     check_embedding_parameter_count: COUNT_MISTAKES}
+
+
+# --------------------------------------------------------------------------- Exercise 2.6
+
+EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
+
+
+def _pieces(embeddings, idx, n, past_of):
+    out = []
+    for start in range(0, idx.shape[1], n):
+        out.append(embeddings(idx[:, start:start + n], past_length=past_of(start, len(out), n)))
+    return torch.cat(out, dim=1)
+
+
+# fn(embeddings, idx, piece_length) -> what that wrong version returns
+PIECES_MISTAKES = [
+    Mistake("counted_pieces", "you passed the number of pieces so far as past_length; it is the number of "
+            "TOKENS before the piece, `start`", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k)),
+    Mistake("off_by_one", "your past_length is one too many: the piece starting at token `start` has exactly "
+            "`start` tokens before it", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1)),
+    Mistake("no_past_length", "every piece starts again at position 0: pass past_length=start, the tokens "
+            "before the piece", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0)),
+    Mistake("end_of_piece", "you passed the position of the piece's end; past_length is where it starts "
+            "(the tokens before it)", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1)),
+    Mistake("last_piece_dropped", "the last, shorter piece is missing: range(0, T, piece_length) already "
+            "reaches it; keep it", lambda e, idx, n: _pieces(e, idx[:, :idx.shape[1] // n * n], n,
+                                                              lambda s, k, n: s) if idx.shape[1] % n else None),
+]
+
+
+def check_embed_in_pieces(embed_in_pieces) -> None:
+    """embed_in_pieces(embeddings, idx, piece_length) equals embeddings(idx), for piece lengths
+    that divide T and one that does not, on a batch of two sequences."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.embeddings import GPT2Embeddings
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        embeddings = GPT2Embeddings(GPT2Config(vocab_size=13, n_positions=16, n_embd=6, n_layer=1,
+                                               n_head=2)).eval()
+    idx = torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = embeddings(idx)
+        for n in (4, 1, 11, 3):
+            got = call_learner(EX_PIECES, embed_in_pieces, embeddings, idx, n)
+            got = expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
+            if close(got, whole):
+                continue
+            found = first_mistake(PIECES_MISTAKES, lambda m: close(got, m.fn(embeddings, idx, n)))
+            if found:
+                raise CheckFailed(EX_PIECES, found.message)
+            if tuple(got.shape) != tuple(whole.shape):
+                raise CheckFailed(EX_PIECES, f"for piece_length={n} your output has shape {tuple(got.shape)}, "
+                                  f"expected {tuple(whole.shape)}: join the pieces along dim 1")
+            raise CheckFailed(EX_PIECES, f"for piece_length={n} the pieces do not give the vectors of the whole "
+                              "sequence at once")
+    passed(EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried")
+
+
+MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES

@@ -28,7 +28,7 @@ from gpt2lib.checks._core import (
 EX_MERGE = "Exercise 4.1 (merge_linear_layers)"
 EX_FIT = "Exercise 4.2 (best_fit_error)"
 EX_GELU = "Exercise 4.3 (gelu_tanh)"
-EX_MLP = "Exercise 4.3 (MLP)"
+EX_MLP = "Exercise 4.4 (MLP)"
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -388,3 +388,75 @@ def check_mlp(MLP) -> None:
                 "output of c_proj (not to the hidden layer, not with a fixed rate)",
             )
     passed(EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note)
+
+
+# --------------------------------------------------------------------------- Challenge
+
+CHALLENGE_FIT = "Challenge (fit the curve with 8 hidden units)"
+FIT_GOALS = dict(max_units=8, max_error=0.01)
+
+
+def challenge_fit_error(W1, b1) -> float:
+    """The error the challenge measures: the best least-squares second layer (no bias) on the
+    tanh GELU of x @ W1 + b1, for y = sin(3x) + 0.5·x at 256 points in [-3, 3]."""
+    x = torch.linspace(-3, 3, 256, dtype=torch.float64)[:, None]  # (N, 1)
+    y = torch.sin(3 * x) + 0.5 * x  # (N, 1)
+    return _fit(x, y, W1.detach().double(), b1.detach().double(), _gelu).pow(2).mean().item()
+
+
+def check_fit_challenge(W1, b1) -> float:
+    """The challenge: a first layer (W1 (1, H), b1 (H,)) of at most 8 units whose best fit
+    has a mean squared error below 0.01. Returns the error."""
+    W1 = expect_tensor(CHALLENGE_FIT, W1, what="W1")
+    b1 = expect_tensor(CHALLENGE_FIT, b1, what="b1")
+    if W1.dim() != 2 or W1.shape[0] != 1 or b1.shape != (W1.shape[1],):
+        raise CheckFailed(CHALLENGE_FIT, f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and "
+                          f"{tuple(b1.shape)}")
+    H = W1.shape[1]
+    if H > FIT_GOALS["max_units"]:
+        raise CheckFailed(CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}")
+    error = challenge_fit_error(W1, b1)
+    if not error < FIT_GOALS["max_error"]:
+        raise CheckFailed(CHALLENGE_FIT, f"with {H} units the best fit has error {error:.4f}; the goal is "
+                          f"below {FIT_GOALS['max_error']}. Spread the bends over [-3, 3]")
+    passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
+    return error
+
+
+# --------------------------------------------------------------------------- Exercise 4.3: gelu_erf
+
+EX_GELU_ERF = "Exercise 4.3 (gelu_erf)"
+
+# fn(x) -> what that wrong exact GELU gives
+GELU_ERF_MISTAKES = [
+    Mistake("tanh_form", "this is the tanh approximation; gelu_erf is the exact form "
+            "0.5·x·(1 + erf(x / √2)) with torch.erf", _gelu_tanh),
+    Mistake("no_sqrt2", "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
+            lambda x: 0.5 * x * (1 + torch.erf(x))),
+    Mistake("divided_by_2", "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
+            lambda x: 0.5 * x * (1 + torch.erf(x / 2))),
+    Mistake("no_half", "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
+            lambda x: x * (1 + torch.erf(x / math.sqrt(2)))),
+    Mistake("phi_only", "this is Φ(x) alone: GELU multiplies it by x", lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2)))),
+]
+
+
+def check_gelu_erf(gelu_erf) -> None:
+    """`gelu_erf(x)`: the exact GELU, on float64 and float32 (strided) inputs, input unchanged."""
+    points = torch.linspace(-6, 6, 25, dtype=torch.float64).reshape(5, 5)
+    for x in (points.clone(), points.float().T):  # float64; float32 and not contiguous
+        before = x.clone()
+        got = call_learner(EX_GELU_ERF, gelu_erf, x)
+        if not torch.equal(x, before):
+            raise CheckFailed(EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor")
+        if not isinstance(got, torch.Tensor) or got.dtype != x.dtype:
+            raise CheckFailed(EX_GELU_ERF, f"a {x.dtype} input should give a {x.dtype} tensor, got "
+                              f"{getattr(got, 'dtype', type(got).__name__)}")
+        got = expect_tensor(EX_GELU_ERF, got, tuple(x.shape), what="the output")
+        want = F.gelu(before.double())
+        if not close(got, want, atol=1e-5 if x.dtype == torch.float64 else 1e-4):
+            found = first_mistake(GELU_ERF_MISTAKES, lambda m: close(got, m.fn(before.double()), atol=1e-4))
+            raise CheckFailed(EX_GELU_ERF, found.message if found else "wrong values: the exact GELU is "
+                              "0.5·x·(1 + erf(x / √2))")
+    gap = (_gelu_tanh(points) - F.gelu(points)).abs().max().item()
+    passed(EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}")

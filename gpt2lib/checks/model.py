@@ -492,3 +492,101 @@ def check_training_memory(training_memory) -> None:
         raise CheckFailed(EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got "
                           f"{got[wrong]:,}")
     passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
+
+
+# --------------------------------------------------------------------------- Challenge
+
+CHALLENGE_BUDGET = "Challenge (the largest GPT-2 you can train in 1 GiB)"
+BUDGET = dict(bytes=2**30, min_params=50_000_000, min_layers=8, vocab_size=50257, n_positions=1024)
+
+
+def check_budget_config(config) -> int:
+    """The challenge: a GPT2Config with GPT-2's vocabulary and context, at least 8 blocks, whose
+    float32 weights + gradients + AdamW state (16 bytes a parameter) fit in 1 GiB, with at least
+    50 million parameters. Counts a model built on the meta device; returns the count."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    if not isinstance(config, GPT2Config):
+        raise CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
+    for name in ("vocab_size", "n_positions"):
+        if getattr(config, name) != BUDGET[name]:
+            raise CheckFailed(CHALLENGE_BUDGET, f"keep GPT-2's {name} = {BUDGET[name]:,}; got "
+                              f"{getattr(config, name):,}")
+    if config.n_layer < BUDGET["min_layers"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"n_layer = {config.n_layer}: the goal asks for at least "
+                          f"{BUDGET['min_layers']} blocks")
+    with torch.device("meta"):
+        n = sum(p.numel() for p in GPT2(config).parameters())
+    state = 16 * n  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
+    share = config.vocab_size * config.n_embd / n
+    if state > BUDGET["bytes"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
+                          "state, more than 1 GiB: make the model narrower or shallower")
+    if n < BUDGET["min_params"]:
+        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
+                          f"at least {BUDGET['min_params']:,}: there is room for more")
+    passed(CHALLENGE_BUDGET, f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
+           f"token table {share:.1%} of the model")
+    return n
+
+
+# --------------------------------------------------------------------------- Exercise 6.5
+
+EX_RECORD = "Exercise 6.5 (RecordingBlock)"
+
+
+def _rms(x):
+    return x.pow(2).mean().sqrt().item()
+
+
+# fn(block, x) -> (output, rms) a wrong forward gives, computed with the reference Block
+RECORD_MISTAKES = [
+    Mistake("rms_of_the_input", "your rms is that of the block's INPUT: record the stream after the block, "
+            "from the tensor the block returns", lambda b, x: (b._plain(x), _rms(x))),
+    Mistake("std_not_rms", "you recorded the standard deviation; the root mean square is "
+            "x.pow(2).mean().sqrt(), which does not subtract the mean", lambda b, x: (b._plain(x), b._plain(x).std().item())),
+    Mistake("mean_abs", "you recorded the mean absolute value; the root mean square is x.pow(2).mean().sqrt()",
+            lambda b, x: (b._plain(x), b._plain(x).abs().mean().item())),
+    Mistake("norm_not_rms", "you recorded the norm of the whole tensor; divide by the number of entries inside "
+            "the root: x.pow(2).mean().sqrt()", lambda b, x: (b._plain(x), b._plain(x).norm().item())),
+]
+
+
+def check_recording_block(recording_cls) -> None:
+    """`recording_cls(config)`, a subclass of gpt2lib's Block: forward(x, kv_cache=None) returns what
+    Block returns and sets self.rms to the root mean square of that output (a float)."""
+    from gpt2lib.block import Block
+    from gpt2lib.model import GPT2
+
+    for n_layer in (1, 3):
+        config = _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=n_layer, n_head=2)
+        torch.manual_seed(0)
+        reference = GPT2(config).eval()
+        model = call_learner(EX_RECORD, GPT2, config, block_cls=recording_cls)
+        model.load_state_dict(reference.state_dict())
+        model.eval()
+        idx = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(n_layer))
+        with torch.no_grad():
+            got = call_learner(EX_RECORD, model, idx)
+            want = reference(idx)
+            if not close(got, want, atol=1e-5):
+                raise CheckFailed(EX_RECORD, "a model built from your blocks gives other logits than GPT-2's "
+                                  "blocks: return exactly what Block's forward returns (super().forward(x, kv_cache=kv_cache))")
+            x = reference.wte(idx) + reference.wpe(torch.arange(idx.shape[1]))
+            for i, (block, ref_block) in enumerate(zip(model.h, reference.h)):
+                out = ref_block(x)
+                rms = getattr(block, "rms", None)
+                if isinstance(rms, torch.Tensor) and rms.numel() == 1:
+                    rms = rms.item()
+                if isinstance(rms, bool) or not isinstance(rms, (int, float)):
+                    raise CheckFailed(EX_RECORD, f"after a forward, block {i}'s self.rms should be a number "
+                                      f"(use .item()), got {type(rms).__name__}")
+                if abs(rms - _rms(out)) > 1e-4 * max(1.0, _rms(out)):
+                    ref_block._plain = ref_block.forward
+                    found = first_mistake(RECORD_MISTAKES, lambda m: abs(m.fn(ref_block, x)[1] - rms) < 1e-4)
+                    del ref_block._plain
+                    raise CheckFailed(EX_RECORD, found.message if found else f"block {i}'s rms is {rms:.5f}, "
+                                      f"expected {_rms(out):.5f}: the root mean square of the block's output")
+                x = out
+    passed(EX_RECORD, "the same logits as GPT-2's blocks, and the stream's root mean square after each")

@@ -1,0 +1,131 @@
+"""The checks that stand behind the teaching code: the config's values and the token ids.
+
+Written by hand (not generated). The chapters export the plain model; these checks run once
+at the entry points people call (`GPT2Config(...)`, `generate`, `train`, `run_with_cache`,
+the CLI), never inside a layer's forward. A leaf module: it imports nothing from gpt2lib, so
+the config (chapter 2) and every layer may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream", "require_count"]
+
+_EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+_DROPOUT_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+
+
+def require_count(name: str, value) -> None:
+    """A length or a number of earlier tokens: a whole number >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
+def check_config(config) -> None:
+    """Refuse a GPT2Config whose sizes cannot work, with what to change; normalise the types.
+
+    Sizes become int, epsilon and dropouts float. Called by GPT2Config.__post_init__.
+    """
+    for name in _SIZE_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+        if value <= 0:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+        setattr(config, name, int(value))
+    for name in ("layer_norm_epsilon",) + _DROPOUT_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        setattr(config, name, float(value))
+    eps = config.layer_norm_epsilon
+    if not (eps > 0 and math.isfinite(eps)):  # NaN fails both; inf would zero every output
+        raise ValueError(
+            f"layer_norm_epsilon must be greater than 0 and finite (GPT-2 uses 1e-5), got {eps}"
+        )
+    for name in _DROPOUT_FIELDS:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:  # NaN fails too
+            raise ValueError(
+                f"{name} is a dropout probability and must be in [0, 1) (0 turns dropout off), got {value}"
+            )
+    if config.n_embd % config.n_head != 0:
+        raise ValueError(
+            f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head}): "
+            "each head gets n_embd // n_head features"
+        )
+
+
+def check_token_ids(idx: torch.Tensor, config, past_length: int = 0) -> None:
+    """Raise a clear error unless idx is (B, T) token ids that fit the vocabulary and context.
+
+    Any integer dtype is accepted (int8 ... int64, uint8 ... uint64); bool, float and complex
+    are refused. It returns nothing and never converts: callers look the ids up with
+    `idx.long()`, since nn.Embedding takes only int32 and int64. The valid range is written
+    `0 .. vocab_size-1` in every message. Under torch.compile the values are not read (that
+    would break the graph); eager calls check them. `gpt2lib.embeddings` re-exports it.
+    """
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(
+            f"token ids must be a torch.Tensor of shape (B, T), got {type(idx).__name__}; "
+            "for a list of ids use torch.tensor([ids])"
+        )
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"token ids must be integers, got dtype {idx.dtype}; convert with idx.long()")
+    if idx.dim() != 2:
+        hint = "; for one sequence use idx.unsqueeze(0)" if idx.dim() == 1 else ""
+        raise ValueError(f"token ids must have shape (B, T), got {tuple(idx.shape)}{hint}")
+    if idx.shape[0] == 0 or idx.shape[1] == 0:
+        raise ValueError(
+            f"token ids of shape {tuple(idx.shape)} hold no tokens; give at least one sequence "
+            "(B >= 1) of at least one token (T >= 1)"
+        )
+    require_count("past_length", past_length)
+    if past_length + idx.shape[1] > config.n_positions:
+        raise ValueError(
+            f"{past_length} earlier + {idx.shape[1]} new tokens is longer than the model's "
+            f"context of {config.n_positions} (n_positions); crop the input"
+        )
+    if idx.is_meta or torch.compiler.is_compiling():
+        return  # no values to read
+    _check_range(idx, config.vocab_size)
+
+
+def check_token_stream(ids: torch.Tensor, config, name: str = "token ids") -> None:
+    """Raise a clear error unless `ids` is a 1-D integer tensor of ids in the vocabulary
+    (a training text as one long stream, read once before training starts)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of token ids")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be integers, got dtype {ids.dtype}; convert with ids.long()")
+    if len(ids) and not ids.is_meta:
+        _check_range(ids, config.vocab_size, what=name)
+
+
+def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") -> None:
+    # PyTorch has no min/max for uint16/32/64: compare those as int64 (uint64 >= 2**63 wraps below 0)
+    values = idx if idx.dtype in _EXACT_RANGE_DTYPES else idx.to(torch.int64)
+    low, high = (int(v) for v in torch.aminmax(values))
+    if low < 0 or high >= vocab_size:
+        shown = ("a value of 2**63 or more" if idx.dtype == torch.uint64 and low < 0
+                 else f"values from {low} to {high}")
+        raise ValueError(f"{what} must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), got {shown}")
+
+
+def check_model_name(name, sizes) -> str:
+    """`name` if it is a released GPT-2's name (with or without 'openai-community/')."""
+    if not isinstance(name, str):
+        raise TypeError(f"the model name must be a string such as 'gpt2', got {type(name).__name__}")
+    if name.removeprefix("openai-community/") not in sizes:
+        raise ValueError(f"unknown model name {name!r}; choose one of {', '.join(sizes)}")
+    return name
+
+
+def check_is_dict(values) -> None:
+    if not isinstance(values, dict):
+        raise TypeError(f"from_dict takes a dict (a parsed config.json), got {type(values).__name__}")
