@@ -3,6 +3,7 @@
     python benchmarks/compare_training.py                # chapter 7's CPU setting, float32
     python benchmarks/compare_training.py --quick        # a tiny model, a few steps (CI smoke)
     python benchmarks/compare_training.py --device cuda --dtype bfloat16 --batch-size 32
+    python benchmarks/compare_training.py --autocast bfloat16   # float32 weights, bf16 matmuls
 
 Both models get the same config, the same weights (ours copied into theirs), the same batches
 of Tiny Shakespeare and the same optimizer (AdamW, weight decay on 2-D weights only, gradient
@@ -17,6 +18,7 @@ achieved GFLOP/s against this machine's matrix-multiply peak, which it measures 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -105,9 +107,15 @@ def hf_logits(model, x):
     return model(x).logits
 
 
+AUTOCAST = None  # torch.autocast's dtype for the forward pass (--autocast), or None
+
+
 def step(model, logits_fn, optimizer, x, y):
     optimizer.zero_grad(set_to_none=True)
-    logits = logits_fn(model, x)  # (B, T, V)
+    context = (torch.autocast(x.device.type, dtype=AUTOCAST) if AUTOCAST is not None
+               else contextlib.nullcontext())
+    with context:  # as gpt2lib.scaling's training loop runs it
+        logits = logits_fn(model, x)  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -120,6 +128,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps: a smoke test")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--autocast", default=None, choices=["bfloat16"],
+                        help="run both forwards under torch.autocast (mixed precision), "
+                             "weights and optimizer in --dtype")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round")
@@ -127,6 +138,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
+    global AUTOCAST
+    AUTOCAST = torch.bfloat16 if args.autocast else None
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,7 +159,7 @@ def main(argv=None):
         text = text[:50_000]
     ids = torch.tensor(get_encoding().encode_ordinary(text))
 
-    peak = matmul_peak_gflops(device, dtype, 512 if args.quick else 2048, 0.5 if args.quick else 3.0)
+    peak = matmul_peak_gflops(device, AUTOCAST or dtype, 512 if args.quick else 2048, 0.5 if args.quick else 3.0)
 
     torch.manual_seed(0)
     ours = GPT2(config).to(device=device, dtype=dtype).train()
@@ -158,7 +171,7 @@ def main(argv=None):
     x, y = get_batch(ids, batch_size, block_size, torch.Generator().manual_seed(0), device)
     loss_ours = float(step(ours, ours_logits, opt_ours, x, y))
     loss_theirs = float(step(theirs, hf_logits, opt_theirs, x, y))
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    tolerance = 1e-4 if dtype == torch.float32 and AUTOCAST is None else 2e-2
     same_losses = abs(loss_ours - loss_theirs) <= tolerance * max(1.0, abs(loss_ours))
     if not same_losses:
         raise SystemExit(f"the two models disagree before timing: loss {loss_ours:.6f} vs "
@@ -186,7 +199,8 @@ def main(argv=None):
     tokens = batch_size * block_size
     result = {
         "setting": {**sizes, "vocab_size": config.vocab_size, "batch_size": batch_size,
-                    "block_size": block_size, "dtype": args.dtype, "device": str(device),
+                    "block_size": block_size, "dtype": args.dtype, "autocast": args.autocast,
+                    "device": str(device),
                     "threads": torch.get_num_threads(), "steps_per_round": steps, "rounds": rounds},
         "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
         "matmul_peak_gflops": round(peak, 1), "flops_per_step": flops,
@@ -208,7 +222,8 @@ def main(argv=None):
 
     s = result["setting"]
     print(f"training step (forward + backward + clip + AdamW), {s['n_layer']} layers, width "
-          f"{s['n_embd']}, batch {batch_size} x {block_size}, {args.dtype} on {device} "
+          f"{s['n_embd']}, batch {batch_size} x {block_size}, {args.dtype}"
+          f"{' under ' + args.autocast + ' autocast' if args.autocast else ''} on {device} "
           f"({s['threads']} threads)")
     print(f"first-step loss: gpt2lib {loss_ours:.6f}, transformers {loss_theirs:.6f}")
     print(f"matrix-multiply peak of this machine: {peak:.1f} GFLOP/s")

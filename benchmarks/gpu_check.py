@@ -16,7 +16,10 @@ a machine with internet), else from PyPI. Then, in about two minutes on an H200:
    gpt2lib eager and gpt2lib with the captured CUDA graph (generate(compile=True)): tokens/s
    of the decode steps (the prefill is subtracted) and the GB/s of weights that this means,
    next to the GPU's measured memory read speed;
-3. a JSON record in benchmarks/records/ (and in $OUT when that variable is set).
+3. training (CUDA only, `training_check`): `torchrun -m gpt2lib train` on every visible GPU
+   with NCCL, bf16 autocast, torch.compile and the padded vocabulary at GPT-2 small's shapes;
+   tokens/s, MFU, and whether the loss fell and the saved model loads;
+4. a JSON record in benchmarks/records/ (and in $OUT when that variable is set).
 
 Both libraries get the same weights: random ones at GPT-2 small's shapes (seed 0) unless
 --checkpoint is given. The exit code is 1 if the float32 tokens differ.
@@ -175,6 +178,58 @@ def run_dtype(dtype_name, folder, args, record) -> bool:
     return ok
 
 
+def training_check(args, record, steps=30) -> bool:
+    """The training path on the GPU(s): `torchrun -m gpt2lib train` with NCCL, bf16 autocast,
+    torch.compile and the padded vocabulary, GPT-2 small's shapes, on Tiny Shakespeare.
+
+    Records tokens/s and MFU (median of the last steps) and whether the loss fell and the saved
+    model loads. CUDA only: the CPU path (gloo) is tested in tests/test_scaling.py.
+    """
+    import statistics
+
+    import torch
+
+    if args.device != "cuda":
+        record["results"]["training"] = "skipped: CUDA only"
+        return True
+    from gpt2lib.loading import from_pretrained
+    from gpt2lib.tokenfile import prepare
+
+    gpus = torch.cuda.device_count()
+    with tempfile.TemporaryDirectory() as tmp:
+        prepare(REPO / "data" / "tinyshakespeare.txt", Path(tmp) / "s.bin", 0.1, progress=False)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={gpus}", "-m", "gpt2lib", "train", "--data",
+                   f"{tmp}/s.bin", "--val-data", f"{tmp}/s.val.bin", "--n-layer", "12",
+                   "--n-head", "12", "--n-embd", "768", "--block-size", "1024", "--batch-size",
+                   "16", "--grad-accum", "2", "--steps", str(steps), "--lr", "6e-4",
+                   "--dtype", "bfloat16", "--compile", "--pad-vocab", "--no-progress",
+                   "--out", f"{tmp}/run"]
+        began = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        section = {"command": " ".join(command[2:]), "gpus": gpus,
+                   "seconds": time.perf_counter() - began, "returncode": done.returncode}
+        record["results"]["training"] = section
+        if done.returncode != 0:
+            section["stderr"] = done.stderr[-3000:]
+            print(f"  training: torchrun failed\n{done.stderr[-3000:]}", flush=True)
+            return False
+        log = [json.loads(line) for line in Path(tmp, "run", "log.jsonl").read_text().splitlines()]
+        tail = log[len(log) // 2:]  # after compilation and warm-up
+        section.update(tokens_per_s=statistics.median(x["tokens_per_s"] for x in tail),
+                       mfu=statistics.median(x["mfu"] for x in tail),
+                       first_loss=log[0]["loss"], last_loss=log[-1]["loss"],
+                       run=json.loads(Path(tmp, "run", "run.json").read_text()))
+        loaded = from_pretrained(str(Path(tmp, "run")), device="cpu")
+        section["saved_model_loads"] = loaded.config.vocab_size == 50257
+    ok = section["last_loss"] < section["first_loss"] and section["saved_model_loads"]
+    print(f"  training ({gpus} GPU(s), NCCL, bf16, compile): {section['tokens_per_s']:,.0f} "
+          f"tokens/s, MFU {section['mfu']:.1%}, loss {section['first_loss']:.3f} -> "
+          f"{section['last_loss']:.3f}", flush=True)
+    return ok
+
+
 def machine(args) -> dict:
     import torch
     import transformers
@@ -243,6 +298,7 @@ def main(argv=None) -> int:
         else:
             record["weights"] = str(folder)
         ok = all([run_dtype(name, folder, args, record) for name in ("bfloat16", "float32")])
+    record["results"]["training_ok"] = training_check(args, record)
     record["results"]["greedy_identical_float32"] = ok
     record["seconds"] = time.perf_counter() - began
     write_record(record, args)

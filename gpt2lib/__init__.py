@@ -5,6 +5,7 @@ below load on first use, so `import gpt2lib.tokenizer` (chapter 1) does not pull
 
     from gpt2lib import GPT2, GPT2Config, from_pretrained, generate, stream_text, pick_device
     from gpt2lib import run_with_cache, logit_lens, induction_scores   # a look inside (ch 8)
+    from gpt2lib import pretrain   # train from token files, one process or torchrun (ch 11)
 
 The model (chapter 6) is a plain nn.Module; saving, loading, generating and looking inside are
 functions that take it: `save_pretrained(model, folder)`, `from_pretrained(name_or_path)`,
@@ -31,6 +32,7 @@ _EXPORTS = {
     "pick_device": "gpt2lib.device",
     "get_encoding": "gpt2lib.tokenizer",
     "BPETokenizer": "gpt2lib.tokenizer",
+    "pretrain": "gpt2lib.scaling",  # chapter 11: train from token files, one process or torchrun
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,6 +3,8 @@
     python -m gpt2lib generate --model gpt2 --prompt "The meaning of life is" --max-new-tokens 40
     python -m gpt2lib generate --model ./my-checkpoint --prompt "Hi" --temperature 0
     python -m gpt2lib download gpt2 gpt2-medium     # into the Hugging Face cache, for offline use
+    python -m gpt2lib prepare TEXT_OR_FOLDER OUT.bin --val-fraction 0.1   # token files
+    python -m gpt2lib train --data OUT.bin --out run ...   # also under torchrun (see train --help)
 
 Written by hand (not generated from a notebook).
 """
@@ -100,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "later runs work offline")
     down.add_argument("names", nargs="+", metavar="NAME",
                       help=f"one or more of {', '.join(HUB_MODELS)}")
+
+    from gpt2lib.scaling import add_subcommands  # prepare, train (chapter 11)
+
+    add_subcommands(sub)
     return parser
 
 
@@ -175,6 +181,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command in ("prepare", "train"):
+            from gpt2lib.scaling import run_command
+
+            return run_command(args)
         return _download(args)
     except HubUnreachable as exc:  # no network, or offline mode, and nothing in the cache
         print(f"error: {_unreachable_message(exc, args)}", file=sys.stderr)

@@ -53,6 +53,7 @@ CHAPTER_MODULES = {
     "07_training": "training",
     "08_real_weights": "loading",
     "09_generation": "generation",
+    "11_scaling": None,  # exports nothing: gpt2lib.scaling and gpt2lib.tokenfile are hand-written
 }
 
 STAMP_KEY = "gpt2lib"  # learner notebook metadata: fingerprint of the sources as built

@@ -1,0 +1,298 @@
+"""Checks for chapter 11 (scaling up): sharded gradients as DDP averages them, gradient
+accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, and the
+token-budget challenge.
+
+Each check runs the learner's code on more than one setting and compares it with the right
+answer; when they differ, it tries the usual wrong versions (the planted mistakes below) and
+names the one that matches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    first_mistake,
+    passed,
+)
+
+EX_SHARDS = "Exercise 11.1 (the gradient DDP gives every rank)"
+EX_ACCUM = "Exercise 11.2 (fix the accumulation)"
+EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
+EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
+EX_FLOPS = "Exercise 11.5 (parameters and FLOPs from the config)"
+EX_COST = "Exercise 11.6 (what a run costs)"
+CHALLENGE = "Challenge 11 (the most from a token budget)"
+
+
+def tiny_model(seed=0, n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8):
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(seed)
+    return GPT2(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                           vocab_size=vocab_size, embd_pdrop=0.0, attn_pdrop=0.0,
+                           resid_pdrop=0.0))
+
+
+def _batch(seed, batch, block, vocab=41):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(vocab, (batch, block), generator=g)
+    return x, torch.randint(vocab, (batch, block), generator=g)
+
+
+def full_batch_gradients(model, x, y):
+    """name -> gradient of the mean loss over the whole batch (the answer DDP must match)."""
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _shard_sum(model, x, y, world):
+    total = None
+    for xs, ys in zip(x.chunk(world), y.chunk(world)):
+        g = full_batch_gradients(model, xs, ys)
+        total = g if total is None else {n: total[n] + g[n] for n in g}
+    return total
+
+
+SHARD_MISTAKES = [
+    Mistake("summed", "your gradients are `world` times too large: DDP averages the ranks' "
+            "gradients (all-reduce, then divide by the world size), it does not add them",
+            _shard_sum),
+    Mistake("first_shard_only", "your gradients are those of the first shard alone: every "
+            "rank's shard must count",
+            lambda model, x, y, world: full_batch_gradients(model, x.chunk(world)[0],
+                                                            y.chunk(world)[0])),
+]
+
+
+def _compare_grads(got, want):
+    if not isinstance(got, dict) or set(got) != set(want):
+        return False
+    return all(isinstance(got[n], torch.Tensor) and got[n].shape == want[n].shape
+               and close(got[n], want[n], atol=1e-6, rtol=1e-4) for n in want)
+
+
+def check_shard_gradients(fn):
+    for seed, batch, world in ((0, 8, 2), (1, 6, 3), (2, 4, 4)):
+        model = tiny_model(seed)
+        x, y = _batch(seed, batch, 8)
+        want = full_batch_gradients(model, x, y)
+        got = call_learner(EX_SHARDS, fn, model, x, y, world)
+        if not isinstance(got, dict):
+            raise CheckFailed(EX_SHARDS, f"return a dict name -> gradient tensor, got "
+                                         f"{type(got).__name__}")
+        if not _compare_grads(got, want):
+            wrong = first_mistake(SHARD_MISTAKES,
+                                  lambda m: _compare_grads(got, m.fn(model, x, y, world)))
+            detail = wrong.message if wrong else ("your averaged gradients differ from the "
+                                                  "full batch's")
+            raise CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
+        if any(p.grad is not None and p.grad.abs().sum() > 0 and n not in got
+               for n, p in model.named_parameters()):
+            raise CheckFailed(EX_SHARDS, "a gradient is missing from your dict")
+    passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
+
+
+def _accum_unscaled(model, x, y, micro_steps):
+    model.zero_grad(set_to_none=True)
+    for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
+        F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _accum_zeroed_inside(model, x, y, micro_steps):
+    for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
+        model.zero_grad(set_to_none=True)
+        (F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()) / micro_steps).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+ACCUM_MISTAKES = [
+    Mistake("not_divided", "your gradients are micro_steps times too large: divide each "
+            "micro-batch's loss by micro_steps before backward", _accum_unscaled),
+    Mistake("zeroed_each_micro_step", "only the last micro-batch's gradient is left: the "
+            "gradients are cleared inside the loop, so the earlier micro-steps are lost",
+            _accum_zeroed_inside),
+]
+
+
+def check_accumulate_gradients(fn):
+    for seed, batch, micro in ((0, 8, 2), (3, 6, 3), (4, 4, 1)):
+        model = tiny_model(seed)
+        x, y = _batch(seed, batch, 8)
+        want = full_batch_gradients(model, x, y)
+        call_learner(EX_ACCUM, fn, model, x, y, micro)
+        got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        if not _compare_grads(got, want):
+            wrong = first_mistake(ACCUM_MISTAKES,
+                                  lambda m: _compare_grads(got, m.fn(tiny_model(seed), x, y, micro)))
+            detail = wrong.message if wrong else ("the accumulated .grad differs from the "
+                                                  "gradient of the whole batch")
+            raise CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
+    passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
+
+
+def check_micro_batches(fn):
+    for world, batch, micro in ((2, 4, 1), (1, 4, 2), (2, 2, 3), (4, 1, 2)):
+        rows = torch.arange(100, 100 + world * batch * micro)  # stand-ins for window starts
+        seen = []
+        for rank in range(world):
+            got = call_learner(EX_SPLIT, fn, rows, rank, world, batch, micro)
+            if not isinstance(got, (list, tuple)) or len(got) != micro:
+                raise CheckFailed(EX_SPLIT, f"return a list of micro_steps={micro} tensors, got "
+                                            f"{type(got).__name__} of length "
+                                            f"{len(got) if hasattr(got, '__len__') else '?'}")
+            for k, part in enumerate(got):
+                if not isinstance(part, torch.Tensor) or part.shape != (batch,):
+                    raise CheckFailed(EX_SPLIT, f"world {world}, rank {rank}, micro-step {k}: "
+                                      f"expected batch_size={batch} rows, got "
+                                      f"{getattr(part, 'shape', type(part).__name__)}")
+                seen += part.tolist()
+        if sorted(seen) != rows.tolist():
+            twice = sorted({r for r in seen if seen.count(r) > 1})
+            detail = (f"rows {twice[:4]} are read more than once" if twice
+                      else "some rows are never read")
+            raise CheckFailed(EX_SPLIT, f"world {world}, batch {batch}, {micro} micro-steps: "
+                                        f"{detail}; every row of the step must be read once, "
+                                        "by exactly one rank")
+    passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
+
+
+def _bf16_truncate(x):
+    return ((x.view(torch.int32) >> 16) << 16).view(torch.float32)
+
+
+def check_to_bfloat16(fn):
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(1000, generator=g) * 10.0 ** torch.randint(-6, 6, (1000,), generator=g),
+             torch.tensor([1.0, -2.5, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7 + 2**-9, 65504.0,
+                           3.0e38, -1e-30, 0.0])]
+    for x in cases:
+        before = x.clone()
+        got = call_learner(EX_BF16, fn, x)
+        if not torch.equal(x, before):
+            raise CheckFailed(EX_BF16, "your function changed its input in place; return a new "
+                                       "tensor")
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or got.shape != x.shape:
+            raise CheckFailed(EX_BF16, "return a float32 tensor of the input's shape (the "
+                                       "bfloat16 value, stored in float32)")
+        want = x.to(torch.bfloat16).float()
+        if not torch.equal(got, want):
+            if torch.equal(got, _bf16_truncate(x)):
+                raise CheckFailed(EX_BF16, "you cut the low 16 bits off: that rounds toward "
+                                  "zero. Round to the nearest (ties to even): add 0x7FFF plus "
+                                  "the lowest kept bit before cutting")
+            bad = int((got != want).nonzero()[0])
+            raise CheckFailed(EX_BF16, f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
+                                       f"bfloat16 is {float(want[bad])!r}")
+    passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
+
+
+def reference_flops_per_token(config, block_size):
+    V, C, L = config.vocab_size, config.n_embd, config.n_layer
+    params = V * C + L * (12 * C * C + 13 * C) + 2 * C  # no position table, readout tied
+    return params, 6 * params + 12 * L * block_size * C
+
+
+def check_flops_per_token(fn):
+    from gpt2lib.config import GPT2Config
+
+    for sizes in (dict(n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8),
+                  dict(n_layer=3, n_embd=48, n_head=4, vocab_size=97, n_positions=32),
+                  dict(n_layer=12, n_embd=768, n_head=12)):
+        config = GPT2Config(**sizes)
+        block = config.n_positions // 2
+        got = call_learner(EX_FLOPS, fn, config, block)
+        want_params, want_flops = reference_flops_per_token(config, block)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise CheckFailed(EX_FLOPS, "return two numbers: (parameters, FLOPs per token)")
+        params, flops = got
+        if params != want_params:
+            with torch.device("meta"):
+                from gpt2lib.model import GPT2
+
+                model = GPT2(config)
+            total = sum(p.numel() for p in model.parameters())
+            hint = ""
+            if params == total:
+                hint = ": you counted the position table, which is a lookup, no multiply"
+            elif params == want_params + config.vocab_size * config.n_embd:
+                hint = ": you counted the readout apart from wte, but it is the same matrix"
+            raise CheckFailed(EX_FLOPS, f"{sizes}: you count {params:,} parameters, the "
+                                        f"multiplying ones are {want_params:,}{hint}")
+        if not math.isclose(flops, want_flops, rel_tol=1e-9):
+            hint = (": the attention scores are missing" if math.isclose(flops, 6 * want_params)
+                    else "")
+            raise CheckFailed(EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be "
+                                        f"{want_flops:,}{hint}")
+    passed(EX_FLOPS, "parameters and FLOPs per token for three sizes, GPT-2 small included")
+
+
+def reference_run_cost(flops, gpus, peak_flops, mfu, dollars_per_gpu_hour):
+    hours = flops / (gpus * peak_flops * mfu) / 3600
+    return hours, hours * gpus * dollars_per_gpu_hour
+
+
+def check_run_cost(fn):
+    for case in ((1e18, 8, 989e12, 0.4, 2.5), (3e20, 1, 312e12, 0.5, 1.2),
+                 (5e21, 64, 989e12, 0.3, 2.0)):
+        got = call_learner(EX_COST, fn, *case)
+        want = reference_run_cost(*case)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise CheckFailed(EX_COST, "return two numbers: (hours, dollars)")
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, want)):
+            hours, dollars = got
+            hint = ""
+            if math.isclose(dollars, want[1] / case[1], rel_tol=1e-6):
+                hint = ": you pay for one GPU, but all of them are rented for those hours"
+            elif math.isclose(hours, want[0] * case[1], rel_tol=1e-6):
+                hint = ": the GPUs work in parallel: divide the work by their number"
+            raise CheckFailed(EX_COST, f"for {case}: you give {got}, expected "
+                                       f"({want[0]:.4g} h, ${want[1]:.4g}){hint}")
+    passed(EX_COST, "hours and dollars for three runs")
+
+
+def learner_or_reference(fn, reference, exercise, *example):
+    """The learner's function if it runs on `example`, else the reference, with a note."""
+    try:
+        fn(*example)
+        return fn
+    except NotImplementedError:
+        print(f"note: {exercise} is not done yet; the cells below use the reference answer")
+        return reference
+
+
+TOKEN_BUDGET = 32 * 8 * 32  # tokens the challenge's run may read: 32 steps x 8 windows x 32
+TARGET_VAL_LOSS = 7.2
+
+
+def check_token_budget_challenge(run_folder):
+    """The run in `run_folder` read at most TOKEN_BUDGET tokens and reached the target."""
+    folder = Path(run_folder)
+    run = json.loads((folder / "run.json").read_text())
+    log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    s = run["settings"]
+    if (s["n_layer"], s["n_embd"], s["n_head"]) != (2, 32, 2):
+        raise CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")
+    tokens = run["tokens_per_step"] * len(log)
+    if tokens > TOKEN_BUDGET:
+        raise CheckFailed(CHALLENGE, f"the run read {tokens:,} tokens, over the budget of "
+                                     f"{TOKEN_BUDGET:,}")
+    val = log[-1].get("val_loss")
+    if val is None or not val <= TARGET_VAL_LOSS:
+        raise CheckFailed(CHALLENGE, f"validation loss {val} after {tokens:,} tokens; the goal "
+                                     f"is {TARGET_VAL_LOSS} or less")
+    passed(CHALLENGE, f"validation loss {val:.4f} after {tokens:,} tokens")
