@@ -423,8 +423,8 @@ def _folder_lock(folder: Path, exclusive: bool):
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True  # another thread of this process is saving
+    if pid == os.getpid() or os.name == "nt":
+        return True  # another thread of this process; on Windows os.kill would end the process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
