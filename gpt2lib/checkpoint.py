@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import re
 import secrets
@@ -48,7 +47,7 @@ __all__ = [
     "read_config", "resolve_checkpoint", "save_pretrained", "standin_folder",
 ]
 
-HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+HUB_MODELS = tuple(GPT2Config.SIZES)  # one list of names: chapter 2's sizes of the released GPT-2s
 HUB_ORG = "openai-community"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -260,6 +259,8 @@ def _config_problem(values: dict) -> str | None:
         if f.type in (int, "int"):
             if isinstance(value, bool) or not isinstance(value, int):
                 return f"has a bad value: {f.name} must be a whole number, got {value!r}"
+        elif f.type not in (float, "float"):
+            continue  # a field of another kind: GPT2Config checks it
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"has a bad value: {f.name} must be a number, got {value!r}"
         elif not math.isfinite(value):

@@ -360,3 +360,41 @@ def test_float16_weights_that_overflow_on_loading_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="too large for float16"), \
             pytest.warns(UserWarning, match="float16 on the CPU is slow"):
         from_pretrained(folder, device="cpu", dtype=torch.float16)
+
+
+def test_one_loader_and_one_saver_under_every_old_name():
+    import gpt2lib
+    from gpt2lib import loading, training
+
+    assert gpt2lib.save_pretrained is training.save_pretrained is checkpoint.save_pretrained
+    assert gpt2lib.from_pretrained is loading.from_pretrained is checkpoint.from_pretrained
+    assert training.CONFIG_FILE == loading.CONFIG_FILE == checkpoint.CONFIG_FILE == "config.json"
+    assert training.hub_config_dict is checkpoint.hub_config_dict
+    assert checkpoint.HUB_MODELS == tuple(GPT2Config.SIZES) == loading.HUB_MODELS
+
+
+def test_two_threads_saving_into_one_folder_leave_one_whole_model(tmp_path):
+    import threading
+
+    models = [small(n_layer=2, seed=0), small(n_layer=3, seed=1)]
+    save_pretrained(models[0], tmp_path)
+    errors = []
+
+    def save(model):
+        try:
+            for _ in range(5):
+                save_pretrained(model, tmp_path, overwrite=True)
+        except Exception as exc:  # pragma: no cover - shown by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    loaded = from_pretrained(tmp_path, device="cpu")
+    expected = models[loaded.config.n_layer - 2]
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 expected.state_dict().values()))
+    assert temps(tmp_path) == []
