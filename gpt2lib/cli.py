@@ -65,7 +65,7 @@ def _top_p(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpt2lib.loading import HUB_MODELS
+    from gpt2lib.checkpoint import HUB_MODELS
 
     parser = _Parser(prog="python -m gpt2lib", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,17 +129,44 @@ def _unreachable_message(exc, args) -> str:
         what = "Unset HF_HUB_OFFLINE" if exc.offline else "Connect to the internet"
         return (f"{head} {what} and run this command again; the files are then kept in the "
                 "cache for offline use.")
+    from gpt2lib.checkpoint import standin_folder
+
     instead = "pass --model FOLDER, a folder holding config.json and model.safetensors"
     if args.model_from == "default":  # the variable is read only when --model is left out
         instead += ", or set GPT2LIB_CHECKPOINT to such a folder"
+    standin = standin_folder()
+    offline = (f" Without a network, the course's small stand-in (not OpenAI's model) works: "
+               f"--model {standin}." if standin is not None else "")
     return (f"{head} While online, run `python -m gpt2lib download {exc.name}` once; or "
-            f"{instead}.")
+            f"{instead}.{offline}")
+
+
+class _OutputFailed(Exception):
+    """Standard output could not be written (closed, a full disk, /dev/full)."""
+
+
+def _write(out, text: str) -> None:
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: "I/O operation on closed file"
+        raise _OutputFailed(getattr(exc, "strerror", None) or str(exc)) from None
+
+
+def _stdout_or_fail():
+    out = sys.stdout
+    if out is None or getattr(out, "closed", False):
+        raise _OutputFailed("standard output is closed")
+    return out
 
 
 def _generate(args) -> int:
+    from gpt2lib.checkpoint import from_pretrained
     from gpt2lib.generation import stream_text
-    from gpt2lib.loading import from_pretrained
 
+    out = _stdout_or_fail()  # before the model is loaded: nowhere to write means no work
     try:
         from gpt2lib.tokenizer import get_encoding
     except ImportError as exc:
@@ -148,35 +175,62 @@ def _generate(args) -> int:
         return EXIT_FAILED
     model = from_pretrained(_model_name(args), device=args.device, dtype=args.dtype)
     tokenizer = get_encoding()
+    if model.config.vocab_size < tokenizer.n_vocab:
+        print(f"error: the model's vocabulary has {model.config.vocab_size:,} tokens, fewer than "
+              f"the {tokenizer.n_vocab:,} of GPT-2's tokenizer that this command uses, so the "
+              "tokenizer's ids do not fit the model; use a model with GPT-2's vocabulary "
+              "(vocab_size=50257)", file=sys.stderr)
+        return EXIT_FAILED
     pieces = stream_text(model, tokenizer, args.prompt, args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed, stop_at_eos=args.stop_at_eos,
                          use_cache=not args.no_cache, compile=args.compile)  # checks arguments
-    out = sys.stdout
-    out.write(args.prompt)
-    out.flush()
+    _write(out, args.prompt)
     for piece in pieces:
-        out.write(piece)
-        out.flush()
-    out.write("\n")
+        _write(out, piece)
+    _write(out, "\n")
     return 0
 
 
 def _download(args) -> int:
-    from gpt2lib.loading import HUB_MODELS, download, hub_name
+    from gpt2lib.checkpoint import HUB_MODELS, download, hub_name
 
     unknown = [n for n in args.names if hub_name(n) is None]
     if unknown:
         print(f"error: unknown model {', '.join(map(repr, unknown))}; choose from "
               f"{', '.join(HUB_MODELS)}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
-    download(args.names, out=sys.stdout)
+    download(args.names, out=_StdoutLines(_stdout_or_fail()))
     return 0
+
+
+class _StdoutLines:
+    """print(..., file=this) that reports a failed write as _OutputFailed."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text):
+        _write(self.out, text)
+
+    def flush(self):
+        pass
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of what is
+    still buffered does not fail again at exit (Python's advice for a closed pipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from gpt2lib.loading import CheckpointError, HubUnreachable
+    from gpt2lib.checkpoint import CheckpointError, HubUnreachable
 
     try:
         if args.command == "generate":
@@ -195,8 +249,19 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:  # what the user asked for
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
+    except _OutputFailed as exc:  # > /dev/full, a closed stdout: say so, exit non-zero
+        print(f"error: the output could not be written ({exc})", file=sys.stderr)
+        if sys.stdout is not None and sys.stdout is sys.__stdout__:
+            _silence_stdout()
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `... | head`: the reader left; not an error
+        if sys.stdout is not None and sys.stdout is sys.__stdout__:
+            _silence_stdout()
         return 0
+    except (OSError, RuntimeError, MemoryError, RecursionError) as exc:  # one line, no traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: {type(exc).__name__}: {first}", file=sys.stderr)
+        return EXIT_FAILED

@@ -13,7 +13,8 @@ import numbers
 
 import torch
 
-__all__ = ["check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream", "require_count"]
+__all__ = ["check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream",
+           "require_count", "token_range"]
 
 _EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
@@ -107,10 +108,16 @@ def check_token_stream(ids: torch.Tensor, config, name: str = "token ids") -> No
         _check_range(ids, config.vocab_size, what=name)
 
 
-def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") -> None:
+def token_range(idx: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest id in a non-empty integer tensor, for any integer dtype."""
     # PyTorch has no min/max for uint16/32/64: compare those as int64 (uint64 >= 2**63 wraps below 0)
     values = idx if idx.dtype in _EXACT_RANGE_DTYPES else idx.to(torch.int64)
     low, high = (int(v) for v in torch.aminmax(values))
+    return low, high
+
+
+def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") -> None:
+    low, high = token_range(idx)
     if low < 0 or high >= vocab_size:
         shown = ("a value of 2**63 or more" if idx.dtype == torch.uint64 and low < 0
                  else f"values from {low} to {high}")

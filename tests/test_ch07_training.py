@@ -338,7 +338,11 @@ def test_save_pretrained_writes_the_hub_layout(tmp_path):
         keys = set(f.keys())
         assert f.get_tensor("h.0.attn.c_attn.weight").shape == (16, 48)  # Conv1D [in, out]
         assert f.get_tensor("h.1.mlp.c_proj.weight").shape == (64, 16)
-        assert f.metadata() == {"format": "pt"}
+        metadata = f.metadata()
+    assert metadata["format"] == "pt"  # what transformers reads
+    # the weights carry their config.json, so that a save killed between its two renames is
+    # finished by the next load (see gpt2lib.checkpoint)
+    assert metadata["gpt2lib.config"] == (folder / "config.json").read_text(encoding="utf-8")
     assert "wte.weight" in keys and "lm_head.weight" not in keys
     assert not any(k.startswith("transformer.") for k in keys)
     assert keys == set(model.state_dict())
@@ -454,3 +458,86 @@ def test_training_benchmark_quick_mode_runs(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
     assert result["gpt2lib"]["tokens_per_s"] > 0 and result["transformers"]["tokens_per_s"] > 0
     assert result["same_losses"] is True
+
+
+# --------------------------------------------------------------------------- issue 24: settings checked up front
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"max_grad_norm": -1}, ValueError, "max_grad_norm must be > 0, got -1 .*climb the loss"),
+    ({"max_grad_norm": 0}, ValueError, "max_grad_norm must be > 0, got 0"),
+    ({"max_grad_norm": float("nan")}, ValueError, "max_grad_norm must be a finite number"),
+    ({"weight_decay": float("nan")}, ValueError, "weight_decay must be a finite number"),
+    ({"weight_decay": -0.1}, ValueError, "weight_decay must be >= 0"),
+    ({"max_lr": 0}, ValueError, "max_lr must be > 0"),
+    ({"max_lr": float("inf")}, ValueError, "max_lr must be a finite number"),
+    ({"max_lr": "3e-3"}, TypeError, "max_lr must be a number"),
+    ({"min_lr": 1.0}, ValueError, r"need 0 <= min_lr <= max_lr"),
+    ({"min_lr": -1e-4}, ValueError, "min_lr must be >= 0"),
+    ({"warmup_steps": -1}, ValueError, "warmup_steps must be at least 0"),
+    ({"warmup_steps": 2.5}, TypeError, "warmup_steps must be a whole number"),
+    ({"eval_batches": 0}, ValueError, "eval_batches must be at least 1"),
+    ({"eval_every": 0}, ValueError, "eval_every must be at least 1"),
+    ({"seed": True}, TypeError, "seed must be a whole number"),
+    ({"seed": -1}, ValueError, "seed must be in 0"),
+    ({"on_eval": "plot"}, TypeError, "on_eval must be a function"),
+    ({"progress": "no"}, TypeError, "progress must be True or False"),
+    ({"device": "gpu"}, ValueError, "unknown device 'gpu'"),
+])
+def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
+    """BAD 1 of issue 24: max_grad_norm=-1 did gradient ascent, eval_batches=0 failed late."""
+    ids = repeating_ids()
+    model = small_model().eval()
+    before = [p.clone() for p in model.parameters()]
+    args = {"steps": 120, "batch_size": 2, "block_size": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        train(model, ids[:500], ids[500:], progress=args.pop("progress", False), **args)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not model.training  # not even the mode changed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_train_on_cuda_without_cuda_is_a_clear_error():
+    ids = repeating_ids()
+    with pytest.raises(ValueError, match="'cuda' was requested but this PyTorch sees no CUDA"):
+        train(small_model(), ids[:500], ids[500:], 2, batch_size=2, block_size=8,
+              device="cuda", progress=False)
+
+
+@pytest.mark.parametrize("bad", [61, -1])
+def test_train_refuses_token_ids_outside_the_vocabulary(bad):
+    ids = repeating_ids().clone()
+    ids[7] = bad
+    with pytest.raises(ValueError, match=f"train_ids holds token id {bad}, outside the "
+                                         r"vocabulary 0\.\.60"):
+        train(small_model(), ids, ids, 2, batch_size=2, block_size=8, progress=False)
+
+
+@pytest.mark.parametrize("train_ids,val_ids,match", [
+    (torch.tensor([0, 1, 2, 99]), torch.tensor([0, 1]), r"train_ids holds token id 99, outside"),
+    (torch.tensor([0, 1, 2]), torch.tensor([-3, 1]), r"val_ids holds token id -3"),
+    (torch.tensor([0, 1, 2]), torch.tensor([], dtype=torch.long), "val_ids holds 0 tokens"),
+    (torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), "train_ids must hold integer token ids"),
+])
+def test_ngram_baselines_refuse_ids_outside_the_vocabulary_or_an_empty_split(train_ids, val_ids,
+                                                                             match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ngram_baselines(train_ids, val_ids, vocab_size=4)
+
+
+@pytest.mark.parametrize("start_in_train_mode", [False, True])
+def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train_mode):
+    ids = repeating_ids()
+    model = small_model().train(start_in_train_mode)
+
+    def stop_at_the_second_estimate(history, model):
+        if len(history.eval_step) == 2:
+            raise KeyboardInterrupt  # what Ctrl-C in a notebook raises
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        train(model, ids[:500], ids[500:], 20, batch_size=2, block_size=8, eval_every=5,
+              eval_batches=1, on_eval=stop_at_the_second_estimate, progress=False)
+    history = info.value.history
+    assert history.step == list(range(10)) and len(history.train_loss) == 10
+    assert history.eval_step == [5, 10] and history.seconds > 0
+    assert model.training == start_in_train_mode

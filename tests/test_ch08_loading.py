@@ -12,7 +12,7 @@ import torch
 from checkpoints import (hub_config, random_hub_tensors, write_hub_checkpoint,
                          write_save_pretrained_checkpoint)
 
-from gpt2lib import loading
+from gpt2lib import checkpoint, loading
 from gpt2lib.device import pick_device, resolve_dtype
 from gpt2lib.loading import CheckpointError, HubUnreachable
 from gpt2lib.loading import from_pretrained
@@ -414,17 +414,19 @@ def test_equivalent_config_values_are_accepted(tmp_path):
 
 def test_hub_names_with_the_organisation_are_accepted(monkeypatch):
     asked = []
-    monkeypatch.setattr(loading, "hub_checkpoint", lambda name: asked.append(name) or Path("x"))
-    assert loading.resolve_checkpoint("openai-community/gpt2-medium") == Path("x")
-    assert loading.resolve_checkpoint("gpt2") == Path("x")
+    monkeypatch.setattr(checkpoint, "hub_checkpoint",
+                        lambda name: asked.append(name) or Path("x"))
+    assert checkpoint.resolve_checkpoint("openai-community/gpt2-medium") == Path("x")
+    assert checkpoint.resolve_checkpoint("gpt2") == Path("x")
     assert asked == ["openai-community/gpt2-medium", "gpt2"]
     assert loading.hub_name("openai-community/gpt2-xl") == "gpt2-xl"
     assert loading.hub_name("someone-else/gpt2") is None
+    assert loading.hub_name is checkpoint.hub_name  # the prefix is stripped in one place
 
 
 @pytest.mark.parametrize("name", ["", "   "])
 def test_an_empty_name_is_refused(name):
-    with pytest.raises(ValueError, match="name_or_path is empty.*'.' for the current folder"):
+    with pytest.raises(ValueError, match="name_or_folder is empty.*'.' for the current folder"):
         from_pretrained(name)
 
 
@@ -475,7 +477,11 @@ def test_no_network_means_one_quick_request_and_no_retries(monkeypatch):
     message = str(info.value)
     assert "ConnectionError: [Errno -2] Name or service not known" in message
     assert "run `python -m gpt2lib download gpt2` once" in message
-    assert "GPT2LIB_CHECKPOINT" not in message  # from_pretrained does not read it
+    # the way forward offline: the stand-in, by its absolute path in this checkout
+    standin = checkpoint.standin_folder()
+    assert standin is not None and standin.is_absolute()
+    assert f"from_pretrained('{standin}')" in message
+    assert f"GPT2LIB_CHECKPOINT={standin}" in message
 
 
 def test_offline_mode_asks_the_cache_only(monkeypatch):
@@ -493,7 +499,7 @@ def test_offline_mode_asks_the_cache_only(monkeypatch):
 def test_the_package_level_loader_is_gpt2s(hub_dir):
     import gpt2lib
 
-    assert gpt2lib.from_pretrained is loading.from_pretrained
+    assert gpt2lib.from_pretrained is loading.from_pretrained is checkpoint.from_pretrained
     assert isinstance(gpt2lib.from_pretrained(hub_dir, device="cpu"), GPT2)
 
 

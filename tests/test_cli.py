@@ -164,3 +164,79 @@ def test_download_without_network_does_not_say_run_download(tmp_path):
     assert len(lines) == 1 and "Retrying" not in out.stderr
     assert "python -m gpt2lib download" not in lines[0]
     assert "Connect to the internet and run this command again" in lines[0]
+
+
+# --------------------------------------------------------------------------- issue 24: one clear line
+
+
+def _one_error_line(out):
+    lines = out.stderr.strip().splitlines()
+    assert "Traceback" not in out.stderr and len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def test_a_config_nested_100000_levels_deep_is_one_line(tmp_path, checkpoint_dir):
+    """BAD 10 of issue 24: a 28-line RecursionError traceback."""
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((checkpoint_dir / "model.safetensors").read_bytes())
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    out = run("generate", "--model", str(folder), "--prompt", "Hi", "--max-new-tokens", "2")
+    assert out.returncode == 1 and out.stdout == ""
+    line = _one_error_line(out)
+    assert "config.json' is not a readable JSON config (nested too deeply" in line
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line_and_a_failure(checkpoint_dir):
+    """BAD 13 of issue 24: `> /dev/full` gave an OSError traceback."""
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "gpt2lib", "generate", "--model",
+                              str(checkpoint_dir), "--prompt", "Hi", "--max-new-tokens", "3",
+                              "--temperature", "0"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO, timeout=180)
+    assert out.returncode == 1
+    assert _one_error_line(out) == ("error: the output could not be written (No space left on "
+                                    "device)")
+
+
+def test_a_closed_stdout_is_one_line_and_a_failure(checkpoint_dir):
+    """BAD 13 of issue 24: with stdout closed, an AttributeError traceback."""
+    command = (f"exec {sys.executable} -m gpt2lib generate --model '{checkpoint_dir}' "
+               "--prompt Hi --max-new-tokens 3 >&-")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=REPO,
+                         timeout=180)
+    assert out.returncode == 1
+    assert _one_error_line(out) == ("error: the output could not be written (standard output "
+                                    "is closed)")
+
+
+def test_a_model_whose_vocabulary_is_smaller_than_the_tokenizers_says_so(tmp_path):
+    from checkpoints import write_hub_checkpoint
+
+    folder = write_hub_checkpoint(tmp_path, n_layer=1, n_head=2, n_embd=16, n_positions=32,
+                                  vocab_size=64)
+    out = run("generate", "--model", str(folder), "--prompt", "Hello world", "--device", "cpu")
+    assert out.returncode == 1 and out.stdout == ""
+    line = _one_error_line(out)
+    assert "the model's vocabulary has 64 tokens, fewer than the 50,257 of GPT-2's tokenizer" in line
+
+
+def test_a_relative_gpt2lib_checkpoint_works_from_the_notebooks_folder():
+    """Issue 27, item 1: GPT2LIB_CHECKPOINT=data/standin, set in the course folder, failed in
+    notebooks/ (the kernels' working folder)."""
+    if not (REPO / "data" / "standin" / "model.safetensors").is_file():
+        pytest.skip("data/standin is not in this checkout")
+    env = {**os.environ, "GPT2LIB_CHECKPOINT": "data/standin"}
+    out = subprocess.run([sys.executable, "-m", "gpt2lib", "generate", "--prompt", "ROMEO:",
+                          "--max-new-tokens", "3", "--temperature", "0", "--device", "cpu"],
+                         capture_output=True, text=True, env=env, cwd=REPO / "notebooks",
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ROMEO:")
+
+
+def test_offline_the_error_offers_the_stand_in(tmp_path):
+    out = _run_env(_offline_env(tmp_path), "generate", "--model", "gpt2", "--prompt", "Hi")
+    assert out.returncode == 1
+    assert f"--model {REPO / 'data' / 'standin'}" in _one_error_line(out)

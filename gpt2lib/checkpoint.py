@@ -1,0 +1,772 @@
+"""GPT-2 checkpoints both ways: the format, `from_pretrained` and `save_pretrained`.
+
+Written by hand (not generated from a notebook). Chapter 8 teaches how the weights are read
+into the model (`gpt2lib.weights`: the safetensors file, the names, the tied readout) and
+chapter 7 what the two files hold. This module is what stands behind those lessons at the
+entry points people call: it owns the file names, the hub's config.json fields and model
+names, finds a checkpoint (a folder, or a hub name through the local cache and one quick
+probe of the hub), checks every file and value before a model is built, and writes models
+atomically.
+
+    from gpt2lib.checkpoint import from_pretrained, save_pretrained
+    model = from_pretrained("gpt2")                  # or a folder: "data/standin"
+    save_pretrained(model, "my_model")               # config.json + model.safetensors
+
+`gpt2lib.from_pretrained`, `gpt2lib.loading.from_pretrained`, `gpt2lib.save_pretrained` and
+`gpt2lib.training.save_pretrained` are these functions.
+
+A save writes both files beside their targets first (hidden temp files, flushed to disk),
+then renames the weights, then the config. The weights file carries a copy of its config in
+its metadata, so a save killed between the two renames is finished by the next load or save;
+a save killed earlier leaves the old model and a temp file that the next load or save removes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from gpt2lib.config import GPT2Config
+from gpt2lib.device import pick_device, resolve_dtype
+from gpt2lib.model import GPT2
+from gpt2lib.weights import SAFETENSORS_DTYPES, is_mask_buffer, iter_safetensors, load_weights
+
+__all__ = [
+    "CONFIG_FILE", "WEIGHTS_FILE", "HUB_MODELS", "HUB_ORG", "PROBE_TIMEOUT_S",
+    "CheckpointError", "HubUnreachable", "check_fits", "check_values", "course_root",
+    "download", "from_pretrained", "hub_checkpoint", "hub_config_dict", "hub_name",
+    "read_config", "resolve_checkpoint", "save_pretrained", "standin_folder",
+]
+
+HUB_MODELS = tuple(GPT2Config.SIZES)  # one list of names: chapter 2's sizes of the released GPT-2s
+HUB_ORG = "openai-community"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROBE_TIMEOUT_S = 5  # the one quick request that tells whether the hub can be reached
+MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is about 1 KB; anything near this is not one
+CONFIG_METADATA_KEY = "gpt2lib.config"  # the weights file's copy of its config.json
+
+# config.json settings of transformers' GPT-2 that change the computation: the values our
+# model computes (anything else is refused, not ignored).
+_SUPPORTED = {
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both are the tanh GELU
+    "scale_attn_weights": (True,),  # scores divided by sqrt(head_dim)
+    "scale_attn_by_inverse_layer_idx": (False,),
+    "add_cross_attention": (False,),
+}
+# config.json fields that Hugging Face's GPT-2 config has and our GPT2Config does not
+_HUB_CONFIG_EXTRA = {
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "initializer_range": 0.02,
+    "model_type": "gpt2",
+    "tie_word_embeddings": True,
+}
+_STORAGE_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+# A save writes into its own hidden folder, .gpt2lib-save.<pid>.<random>, inside the target
+# folder (same file system, so the renames are atomic). The safetensors library writes its
+# own temp file beside the file it is asked for, so that one lands in there too.
+_SAVE_DIR = re.compile(r"^\.gpt2lib-save\.(\d+)\.[0-9a-f]+$")
+_LEGACY_TEMPS = (WEIGHTS_FILE + ".partial",)  # what earlier versions wrote beside the weights
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message says which file and what is wrong."""
+
+
+# --------------------------------------------------------------------------- where things are
+
+
+def course_root() -> Path | None:
+    """The course folder (the checkout holding data/ and notebooks/), or None if installed
+    without one."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "data").is_dir() else None
+
+
+def standin_folder() -> Path | None:
+    """The absolute path of data/standin, the small GPT-2 that ships with the course."""
+    root = course_root()
+    folder = root / "data" / "standin" if root is not None else None
+    if folder is not None and all((folder / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE)):
+        return folder
+    return None
+
+
+def _standin_hint(what: str) -> str:
+    folder = standin_folder()
+    if folder is None:
+        return ""
+    return (f" Without a network, the course's small stand-in (a 4-layer GPT-2 trained on "
+            f"Tiny Shakespeare, not OpenAI's model) loads instead: {what.format(folder=folder)}.")
+
+
+class HubUnreachable(CheckpointError):
+    """A hub model is not in the local cache and the hub cannot be reached.
+
+    `name` is the model, `reason` what went wrong and `offline` whether offline mode was asked
+    for, so that the command line can say what to do in its own terms."""
+
+    def __init__(self, name: str, reason: str, offline: bool = False):
+        self.name, self.reason, self.offline = name, reason, offline
+        hint = _standin_hint("from_pretrained('{folder}'), or, for the chapters, start "
+                             "Jupyter with GPT2LIB_CHECKPOINT={folder}")
+        super().__init__(
+            f"the weights of {name!r} are not in the local Hugging Face cache, and the hub "
+            f"cannot be reached ({reason}). While online, run `python -m gpt2lib download "
+            f"{name}` once; or pass the path of a local folder that holds {CONFIG_FILE} and "
+            f"{WEIGHTS_FILE} instead of the name.{hint}"
+        )
+
+
+def hub_name(text):
+    """'gpt2' or 'openai-community/gpt2' -> 'gpt2'; None if it names no GPT-2 on the hub."""
+    if not isinstance(text, str):
+        return None
+    name = text.removeprefix(f"{HUB_ORG}/")
+    return name if name in HUB_MODELS else None
+
+
+def hub_checkpoint(name: str, offline=None) -> Path:
+    """The folder holding config.json and model.safetensors of hub model `name`.
+
+    The local Hugging Face cache is tried first (no network needed). Otherwise one request with
+    a short timeout and no retries checks that the hub answers, and only then are the files
+    downloaded (with huggingface_hub's cache, resume and progress bar). offline=True, or
+    HF_HUB_OFFLINE=1, means the cache only.
+    """
+    key = hub_name(name)
+    if key is None:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(HUB_MODELS)}")
+    import huggingface_hub as hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    repo = f"{HUB_ORG}/{key}"
+    try:
+        paths = [hub.hf_hub_download(repo, f, local_files_only=True)
+                 for f in (CONFIG_FILE, WEIGHTS_FILE)]
+        return Path(paths[1]).parent
+    except LocalEntryNotFoundError:
+        pass  # not (fully) cached: the hub is needed
+    if offline or hub.constants.HF_HUB_OFFLINE:
+        raise HubUnreachable(
+            key, "offline mode: HF_HUB_OFFLINE=1" if not offline else "offline=True was asked for",
+            offline=True)
+    try:  # a single quick request: is the hub there at all?
+        hub.get_hf_file_metadata(hub.hf_hub_url(repo, CONFIG_FILE), timeout=PROBE_TIMEOUT_S,
+                                 retry_on_errors=False)
+    except HfHubHTTPError as exc:
+        raise CheckpointError(f"the hub refused {repo}/{CONFIG_FILE}: {exc}") from None
+    except Exception as exc:  # connection refused, no DNS, timeout: the network is not there
+        raise HubUnreachable(key, f"{type(exc).__name__}: {exc}") from None
+    try:
+        paths = [hub.hf_hub_download(repo, f) for f in (CONFIG_FILE, WEIGHTS_FILE)]
+    except (HfHubHTTPError, OSError) as exc:
+        raise CheckpointError(
+            f"downloading {repo} failed ({type(exc).__name__}: {exc}); run the same command "
+            f"again to resume, or pass a local folder holding {CONFIG_FILE} and {WEIGHTS_FILE}"
+        ) from None
+    return Path(paths[1]).parent
+
+
+def _check_folder(path: Path) -> Path:
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"folder {str(path)!r} does not hold {' and '.join(missing)} (as regular files); "
+            f"a GPT-2 checkpoint folder needs {CONFIG_FILE} and {WEIGHTS_FILE} (the hub layout)")
+    return path
+
+
+def resolve_checkpoint(name_or_folder) -> Path:
+    """A local folder for a hub model name or a folder path; clear errors for anything else.
+
+    A relative path is looked up from the current folder and then from the course folder, so
+    that 'data/standin' works from notebooks/ as well as from the course folder. A hub name
+    loses only to a folder of that name in the current folder.
+    """
+    if not isinstance(name_or_folder, (str, os.PathLike)):
+        raise TypeError(
+            f"name_or_folder must be a model name ({', '.join(HUB_MODELS)}) or a folder path, "
+            f"got {type(name_or_folder).__name__}")
+    text = os.fspath(name_or_folder)
+    if not isinstance(text, str):
+        raise TypeError(f"name_or_folder must be a text path, got bytes {text!r}")
+    if not text.strip():
+        raise ValueError(
+            f"name_or_folder is empty; give a model name ({', '.join(HUB_MODELS)}) or the path "
+            "of a checkpoint folder ('.' for the current folder)")
+    if "\0" in text:
+        raise ValueError(f"name_or_folder {text!r} holds a NUL character")
+    path = Path(text).expanduser()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    root = course_root()
+    if not path.is_absolute() and root is not None and root / path not in candidates:
+        candidates.append(root / path)
+    is_name = not isinstance(name_or_folder, os.PathLike) and hub_name(text) is not None
+    for i, candidate in enumerate(candidates):
+        if i > 0 and is_name:
+            break  # 'gpt2' means the hub unless the current folder has a folder of that name
+        if candidate.is_dir():
+            return _check_folder(path if i == 0 else candidate)
+        if candidate.exists():
+            raise CheckpointError(
+                f"{str(candidate)!r} is a file; pass the folder that holds {CONFIG_FILE} and "
+                f"{WEIGHTS_FILE}")
+    if is_name:
+        return hub_checkpoint(text)
+    if isinstance(name_or_folder, os.PathLike) or os.sep in text or "/" in text \
+            or text.startswith((".", "~")):
+        looked = " and ".join(repr(str(c)) for c in candidates)
+        where = "" if path.is_absolute() else (
+            "; a relative path is looked up from the current folder, then from the course folder")
+        raise FileNotFoundError(f"no such checkpoint folder: {text!r} (looked in {looked}{where})")
+    raise ValueError(
+        f"unknown model {text!r}: not one of {', '.join(HUB_MODELS)} and not an existing folder "
+        f"(looked in {' and '.join(repr(str(c)) for c in candidates)})")
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def _config_problem(values: dict) -> str | None:
+    """What makes a config.json dict unusable for our GPT-2, or None."""
+    if values.get("model_type", "gpt2") != "gpt2":
+        return (f"describes a {values['model_type']!r} model, not GPT-2 (model_type must be "
+                "'gpt2')")
+    for key, allowed in _SUPPORTED.items():
+        if key in values and values[key] not in allowed:
+            return (f"sets {key}={values[key]!r}, which this GPT-2 does not implement (it "
+                    f"computes {key}={allowed[0]!r}); the model would silently compute "
+                    "something else, so it is refused")
+    for f in fields(GPT2Config):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if f.type in (int, "int"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"has a bad value: {f.name} must be a whole number, got {value!r}"
+        elif f.type not in (float, "float"):
+            continue  # a field of another kind: GPT2Config checks it
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"has a bad value: {f.name} must be a number, got {value!r}"
+        elif not math.isfinite(value):
+            return f"has a bad value: {f.name} must be a finite number, got {value!r}"
+    n_embd = values.get("n_embd", GPT2Config.n_embd)
+    if values.get("n_inner") not in (None, 4 * n_embd):
+        return f"sets n_inner={values['n_inner']!r}; this GPT-2's MLP is 4 * n_embd wide"
+    return None
+
+
+def _parse_config(text: str, where: str) -> GPT2Config:
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where} is not a readable JSON config ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where} is not a readable JSON config (nested too deeply to "
+                              "be a GPT-2 config)") from None
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{where} must hold a JSON object, got {type(values).__name__}")
+    problem = _config_problem(values)
+    if problem:
+        raise CheckpointError(f"{where} {problem}")
+    try:
+        return GPT2Config.from_dict(values)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where} has a bad value: {exc}") from None
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"{what} is not a readable JSON config "
+                              f"({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{what} is not a readable JSON config (over "
+                              f"{MAX_CONFIG_BYTES // 1024} KiB; a GPT-2 config is about 1 KiB)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{what} is not a readable JSON config (not UTF-8: {exc})") from None
+
+
+def read_config(folder) -> GPT2Config:
+    """The GPT2Config of a checkpoint folder; CheckpointError naming config.json if it is bad."""
+    path = Path(folder) / CONFIG_FILE
+    return _parse_config(_read_text(path, repr(str(path))), repr(str(path)))
+
+
+def hub_config_dict(config: GPT2Config) -> dict:
+    """A GPT2Config as the dict of a Hugging Face config.json (their field names)."""
+    if not isinstance(config, GPT2Config):
+        raise TypeError(f"config must be a GPT2Config, got {type(config).__name__}")
+    values = {**_HUB_CONFIG_EXTRA, **asdict(config)}
+    values["n_ctx"] = config.n_positions
+    values["bos_token_id"] = values["eos_token_id"] = config.vocab_size - 1  # <|endoftext|>
+    return dict(sorted(values.items()))
+
+
+# --------------------------------------------------------------------------- checks of tensors
+
+
+def _listing(names, limit=8) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def check_fits(model, state: dict, where: str = "checkpoint") -> None:
+    """Refuse a state dict (name -> tensor or shape) whose keys or shapes differ from the
+    model's, naming them all."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = {k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in state.items()}
+    missing = expected.keys() - shapes.keys()
+    unexpected = shapes.keys() - expected.keys()
+    wrong = [f"{k} {shapes[k]} (model expects {expected[k]})"
+             for k in sorted(expected.keys() & shapes.keys()) if shapes[k] != expected[k]]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shapes: {'; '.join(wrong[:8])}"
+                        + (f"; ... ({len(wrong) - 8} more)" if len(wrong) > 8 else ""))
+    if problems:
+        c = model.config
+        raise CheckpointError(
+            f"{where} does not fit GPT-2 with n_layer={c.n_layer}, n_head={c.n_head}, "
+            f"n_embd={c.n_embd}, vocab_size={c.vocab_size}, n_positions={c.n_positions}: "
+            + "; ".join(problems))
+
+
+def _non_finite(tensor: torch.Tensor) -> int:
+    # in slices: isfinite makes temporaries as large as its input, and wte is 147 MiB
+    flat = tensor.detach().reshape(-1)
+    if all(bool(torch.isfinite(part).all()) for part in flat.split(1 << 20)):
+        return 0
+    return int((~torch.isfinite(flat)).sum())
+
+
+def check_values(name: str, tensor: torch.Tensor, where: str) -> None:
+    """Refuse a weight that is not floating point, or that holds NaN or infinity."""
+    if not tensor.is_floating_point():
+        raise CheckpointError(
+            f"{where}: tensor {name!r} has dtype {tensor.dtype}; GPT-2's weights are floating "
+            "point (float32, bfloat16 or float16), so this file is not a GPT-2 checkpoint")
+    count = _non_finite(tensor)
+    if count:
+        raise CheckpointError(
+            f"{where}: tensor {name!r} holds {count} NaN or infinite value(s); the model would "
+            "compute NaN. The file is damaged, or was saved from a training run that diverged")
+
+
+def _header(path: Path) -> tuple[dict, dict]:
+    """The safetensors header of `path` ({name: {dtype, shape, ...}}, metadata), validated by
+    the safetensors library (no unpickling; a truncated or corrupt file is refused)."""
+    bad = f"{str(path)!r} is not a valid safetensors file"
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            names = list(handle.keys())
+            metadata = handle.metadata() or {}
+            slices = {n: handle.get_slice(n) for n in names}
+            header = {n: {"dtype": s.get_dtype(), "shape": list(s.get_shape())}
+                      for n, s in slices.items()}
+    except Exception as exc:  # safetensors raises its own error types for every kind of damage
+        raise CheckpointError(
+            f"{bad} (truncated or corrupt: {exc}); delete it and download or save it again"
+        ) from None
+    return header, metadata
+
+
+# --------------------------------------------------------------------------- locks and temp files
+
+
+@contextmanager
+def _folder_lock(folder: Path, exclusive: bool):
+    """flock on the folder itself: saves are exclusive, loads shared (where the OS has flock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the renames are still atomic
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError:  # a file system without locks
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid() or os.name == "nt":
+        return True  # another thread of this process; on Windows os.kill would end the process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _stale_temps(folder: Path) -> list:
+    """What dead saves left in `folder`: their hidden save folders (and earlier versions'
+    `.partial` file)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _SAVE_DIR.match(name)
+        if (match and not _alive(int(match.group(1)))) or name in _LEGACY_TEMPS:
+            found.append(folder / name)
+    return found
+
+
+def _metadata_config(weights: Path) -> str | None:
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as handle:
+            return (handle.metadata() or {}).get(CONFIG_METADATA_KEY)
+    except Exception:
+        return None
+
+
+def _recover(folder: Path) -> None:
+    """Finish or undo saves that were killed (call with the folder locked exclusively).
+
+    A dead save whose folder still holds its config.json, and whose text is the config the
+    weights file now carries, got as far as renaming the weights: renaming its config too
+    finishes that save. Anything else a dead save left is an unfinished write beside an intact
+    model, and is removed."""
+    stale = _stale_temps(folder)
+    if not stale:
+        return
+    carried = _metadata_config(folder / WEIGHTS_FILE)
+    for path in stale:
+        try:
+            pending = path / CONFIG_FILE
+            if path.is_dir() and not (path / WEIGHTS_FILE).exists() and pending.is_file() \
+                    and carried is not None and pending.read_text(encoding="utf-8") == carried:
+                os.replace(pending, folder / CONFIG_FILE)
+                _fsync_dir(folder)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only folder: nothing of ours can be there to clean
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- from_pretrained
+
+
+def from_pretrained(name_or_folder, device=None, dtype=None, *, model_cls=GPT2):
+    """A model of class `model_cls` with real weights, from a hub name or a checkpoint folder.
+
+    name_or_folder: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (also with the prefix
+    'openai-community/'), or a folder holding config.json and model.safetensors (a relative
+    path is looked up from the current folder, then from the course folder).
+    device: None picks CUDA, then MPS, then CPU (see gpt2lib.device.pick_device).
+    dtype: None means float32 on CPU and MPS, bfloat16 on a CUDA GPU that supports it.
+    model_cls: the class to build, called as model_cls(config); chapter 6's GPT2 unless told.
+    Returns the model in eval mode. Everything is checked before the model is built: the
+    files (no unpickling; truncated and corrupt files refused), config.json's values, every
+    tensor's name, shape and dtype, and afterwards that no weight is NaN or infinite.
+    """
+    if isinstance(model_cls, str) or not callable(model_cls):
+        raise TypeError(f"model_cls must be a model class such as GPT2, got {model_cls!r}")
+    device = pick_device(device)
+    dtype = resolve_dtype(dtype, device)
+    folder = resolve_checkpoint(name_or_folder)
+    if _stale_temps(folder):
+        with _folder_lock(folder, exclusive=True):
+            _recover(folder)
+    with _folder_lock(folder, exclusive=False):
+        return _load(folder, device, dtype, model_cls)
+
+
+def _load(folder: Path, device, dtype, model_cls):
+    config = read_config(folder)
+    weights = folder / WEIGHTS_FILE
+    where = str(weights)
+    header, _ = _header(weights)
+    shapes = {}
+    for name, info in header.items():
+        if is_mask_buffer(name):
+            continue
+        if info["dtype"] not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{str(weights)!r} is not a valid safetensors file: tensor "
+                                  f"{name!r} has unsupported dtype {info['dtype']}")
+        file_dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        if not file_dtype.is_floating_point:
+            check_values(name, torch.empty(0, dtype=file_dtype), where)  # refuses, naming it
+        if name == "lm_head.weight":
+            continue
+        key = name.removeprefix("transformer.")
+        if key in shapes:
+            raise CheckpointError(f"{where} holds {key!r} twice (with and without prefix)")
+        shapes[key] = tuple(info["shape"])
+    with torch.device("meta"):
+        probe = model_cls(config)
+    check_fits(probe, shapes, where=where)
+    if "lm_head.weight" in header and tuple(header["lm_head.weight"]["shape"]) != shapes.get(
+            "wte.weight"):
+        raise CheckpointError(f"{where!r} has an lm_head.weight that differs from wte.weight "
+                              "in shape; GPT-2 ties its readout to the token embedding")
+    del probe
+
+    model = load_weights(weights, config, device=device, dtype=dtype, model_cls=model_cls)
+
+    for name, tensor in model.state_dict().items():
+        if tensor.is_meta:
+            continue
+        count = _non_finite(tensor) if tensor.is_floating_point() else 0
+        if count:
+            raise CheckpointError(
+                f"{where}: tensor {name!r} holds {count} NaN or infinite value(s)"
+                + (" in the file" if tensor.dtype != torch.float16 else
+                   " (in the file, or too large for float16)")
+                + "; the model would compute NaN. The file is damaged, or was saved from a "
+                "training run that diverged")
+    if "lm_head.weight" in header:
+        for _, lm_head in iter_safetensors(weights, keep=lambda n: n == "lm_head.weight"):
+            if not torch.equal(lm_head.to(device=device, dtype=dtype), model.wte.weight):
+                raise CheckpointError(
+                    f"{where!r} has an lm_head.weight that differs from wte.weight; GPT-2 ties "
+                    "its readout to the token embedding, so this checkpoint is not a GPT-2 one")
+    left_on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left_on_meta:
+        raise CheckpointError(
+            f"after loading, {_listing(left_on_meta)} still have no data: the model class has "
+            "tensors that are not in the checkpoint (non-persistent buffers?)")
+    return model.eval()
+
+
+def download(names, out=None) -> list:
+    """Fetch hub checkpoints into the Hugging Face cache so that later runs work offline."""
+    if isinstance(names, str):
+        names = [names]
+    unknown = [n for n in names if hub_name(n) is None]
+    if unknown:
+        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(HUB_MODELS)}")
+    folders = []
+    for name in names:
+        folder = hub_checkpoint(name, offline=False)
+        if out is not None:
+            print(f"{name}: {folder}", file=out)
+        folders.append(folder)
+    return folders
+
+
+# --------------------------------------------------------------------------- save_pretrained
+
+
+def _storage_dtype(dtype):
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key not in _STORAGE_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; store weights as float32, bfloat16 or "
+                             "float16 (or None to keep the model's own)")
+        return _STORAGE_DTYPES[key]
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16 (or None to keep the "
+                         f"model's own), got {dtype!r}: GPT-2's weights are floating point")
+    return dtype
+
+
+def _hub_tensors(model, dtype) -> dict:
+    """The tensors to write, in the hub's names, on the CPU, each with its own storage."""
+    state = model.state_dict()
+    if "lm_head.weight" in state and "wte.weight" in state and not torch.equal(
+            state["lm_head.weight"], state["wte.weight"]):
+        raise ValueError("the model's lm_head.weight differs from wte.weight; the GPT-2 format "
+                         "ties the readout to the token embedding and stores wte only")
+    tensors = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight":  # a tied copy of wte.weight: the hub file leaves it out
+            continue
+        if tensor.is_meta:
+            raise ValueError(f"the model's tensor {name!r} has no data (it is on the meta "
+                             "device): load or initialise the model before saving it")
+        if not tensor.is_floating_point():
+            raise ValueError(f"the model's tensor {name!r} has dtype {tensor.dtype}; a GPT-2 "
+                             "checkpoint holds floating-point weights only")
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None:
+            tensor = tensor.to(dtype)
+        count = _non_finite(tensor)
+        if count:
+            how = "" if dtype is None or dtype == state[name].dtype else f" in {dtype}"
+            raise ValueError(
+                f"the model's tensor {name!r} holds {count} NaN or infinite value(s){how}; "
+                "nothing was written. A model that diverged in training cannot be saved "
+                "(load the last good save instead)"
+                + ("; float16 cannot hold values beyond 65504, try dtype=torch.bfloat16"
+                   if dtype == torch.float16 else ""))
+        tensors[name] = tensor.contiguous().clone()  # own storage: tied tensors share memory
+    return tensors
+
+
+def _as_folder(folder) -> Path:
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or pathlib.Path), got "
+                        f"{type(folder).__name__}")
+    text = os.fspath(folder)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"folder must be a non-empty text path, got {text!r}")
+    if "\0" in text:
+        raise ValueError(f"folder {text!r} holds a NUL character")
+    return Path(text).expanduser()
+
+
+def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
+    """Write `model` in the hub's GPT-2 layout: folder/config.json and folder/model.safetensors.
+
+    The safetensors keys are the hub's (`wte.weight`, `h.0.attn.c_attn.weight`, ...), with the
+    Conv1D weights [in, out] and no `lm_head` (tied to `wte`), so from_pretrained(folder)
+    and transformers' GPT2LMHeadModel.from_pretrained(folder) both read it. A folder that
+    already holds a model is refused unless overwrite=True, which replaces those two files
+    (and nothing else in the folder). dtype (torch.float16 or "float16", say) stores smaller
+    weights. Everything is checked and serialised before the folder is touched (config,
+    dtype, finite weights), and the write is atomic: after a crash at any point, the folder
+    loads as the old model or the new one. Returns the folder as a Path.
+    """
+    from safetensors.torch import save_file
+
+    # 1. every argument, before anything is written
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a GPT-2 model (an nn.Module), got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    if not isinstance(config, GPT2Config):
+        raise TypeError(f"model.config must be a GPT2Config, got {type(config).__name__}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
+    dtype = _storage_dtype(dtype)
+    folder = _as_folder(folder)
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{str(folder)!r} is a file; give a folder to save the model in")
+
+    def refuse_existing():
+        existing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if os.path.lexists(folder / n)]
+        if existing and not overwrite:
+            raise FileExistsError(
+                f"{str(folder)!r} already holds a model ({', '.join(existing)}); nothing was "
+                "written. Choose another folder, or pass overwrite=True to replace it")
+
+    refuse_existing()
+
+    # 2. serialise and check everything in memory
+    values = hub_config_dict(config)
+    try:
+        config_text = json.dumps(values, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the model's config cannot be written as JSON ({exc}); nothing was "
+                         "written") from None
+    try:
+        written = _parse_config(config_text, "the model's config")
+    except CheckpointError as exc:
+        raise ValueError(f"{exc}; nothing was written") from None
+    changed = [f.name for f in fields(GPT2Config)
+               if getattr(written, f.name) != getattr(config, f.name)]
+    if changed:
+        raise ValueError(f"the model's config does not survive config.json ({', '.join(changed)} "
+                         "read back differently); nothing was written")
+    tensors = _hub_tensors(model, dtype)
+    with torch.device("meta"):
+        reference = GPT2(written)
+    try:
+        check_fits(reference, tensors, where="the model's weights")
+    except CheckpointError as exc:
+        raise ValueError(f"{exc}; from_pretrained could not read them back, so nothing was "
+                         "written") from None
+    del reference
+    metadata = {"format": "pt", CONFIG_METADATA_KEY: config_text}
+
+    # 3. write beside the targets, then rename: weights first, then the config
+    folder.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(folder, exclusive=True):
+        _recover(folder)
+        refuse_existing()  # another process may have saved here since the first look
+        staging = folder / f".gpt2lib-save.{os.getpid()}.{secrets.token_hex(4)}"
+        weights_tmp, config_tmp = staging / WEIGHTS_FILE, staging / CONFIG_FILE
+        weights_in_place = False
+        try:
+            staging.mkdir()
+            save_file(tensors, str(weights_tmp), metadata=metadata)
+            _fsync_file(weights_tmp)
+            with open(config_tmp, "w", encoding="utf-8") as f:
+                f.write(config_text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(weights_tmp, folder / WEIGHTS_FILE)
+            weights_in_place = True
+            os.replace(config_tmp, folder / CONFIG_FILE)
+            _fsync_dir(folder)
+            shutil.rmtree(staging, ignore_errors=True)
+        except BaseException as exc:
+            if weights_in_place:  # finish the save rather than leave a mixed folder
+                try:
+                    os.replace(config_tmp, folder / CONFIG_FILE)
+                except OSError:
+                    pass  # the next load or save finishes it (see _recover)
+            if not weights_in_place or not config_tmp.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and not weights_in_place:
+                raise OSError(exc.errno, f"could not write the model into {str(folder)!r} "
+                              f"({exc.strerror or exc}); the folder holds what it held "
+                              "before") from None
+            raise
+    return folder
