@@ -6,32 +6,36 @@
     python -m gpt2lib.course restore 03    # list chapter 03's backups; `restore 03 1` takes one back
     python -m gpt2lib.course progress      # which exercises in your notebooks pass
 
-Every command prints one line and exits with status 2 when it cannot do what was asked.
-The markers are described in CONTRIBUTING.md and gpt2lib/course_format.py. This file is
-written by hand.
+Your own work is never lost: reset, restore and build keep a copy of an edited notebook in
+notebooks/backups/ before they replace it. Commands that write wait for one another, so two
+terminals cannot mix their writes. When a command cannot do what was asked it prints one
+`error:` line and exits with status 2.
 """
+# Hand-written; the markers it reads are described in CONTRIBUTING.md and course_format.py.
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import datetime as _dt
 import functools
 import hashlib
 import json
+import os
 import re
-import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
 from gpt2lib.course_format import (BEGIN, CHALLENGE_TAG, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG,
-                                   CourseError, format_problems, read_notebook, region_titles,
-                                   solution_regions, tags)
+                                   CourseError, exercises, format_problems, read_notebook,
+                                   region_titles, solution_regions, tags)
 
 __all__ = [
     "BEGIN", "END", "CHAPTER_MODULES", "CHECK_TAG", "EXPORT_TAG", "RAISES_TAG", "CourseError",
@@ -104,6 +108,71 @@ def _rel(path: Path, root: Path) -> str:
         return path.relative_to(root).as_posix()
     except ValueError:
         return str(path)
+
+
+# --------------------------------------------------------------------------- safe writing
+
+LOCK_NAME = ".course.lock"  # in the course folder; commands that write hold it
+LOCK_WAIT = 120  # seconds a command waits for another one before it gives up
+
+
+@contextlib.contextmanager
+def course_lock(root: Path, out=None):
+    """Hold the course folder's lock: build, reset and restore of one folder run one at a time,
+    whether from two terminals or two threads. A file lock (fcntl on POSIX, msvcrt on
+    Windows, through the `filelock` library that torch and huggingface_hub already install);
+    the operating system releases it when a process dies."""
+    from filelock import FileLock, Timeout
+
+    if not root.is_dir():
+        raise CourseError(f"no course folder at {root}")
+    lock = FileLock(str(root / LOCK_NAME))
+    try:
+        lock.acquire(timeout=0.2)
+    except Timeout:
+        print("waiting for another course command in this folder to finish ...",
+              file=out or sys.stderr, flush=True)
+        try:
+            lock.acquire(timeout=LOCK_WAIT)
+        except Timeout:
+            raise CourseError(f"another course command has been writing in {root} for over "
+                              f"{LOCK_WAIT} s; try again when it has finished") from None
+    except OSError as exc:
+        raise CourseError(f"cannot lock the course folder {root}: {exc.strerror or exc}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write a file so that it is always either the old or the new version, never a mix or a
+    cut-off half: the data goes to a temporary file beside it, which then replaces it."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    _refuse_folder_in_the_way(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _refuse_folder_in_the_way(path: Path) -> None:
+    for folder in reversed([path, *path.parents]):
+        if folder.exists() and not folder.is_dir() and folder != path:
+            raise CourseError(f"{folder} is a file, where the course needs a folder; move or "
+                              f"rename it, then run the command again")
+    if path.is_dir():
+        raise CourseError(f"{path} is a folder, where the course needs a file; move or rename "
+                          f"it, then run the command again")
 
 
 # --------------------------------------------------------------------------- transforms
@@ -407,14 +476,18 @@ def _stamp() -> str:
 
 
 def _backup_to(path: Path, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise CourseError(f"{folder} is a file, and the course keeps its backups in a folder of "
+                          f"that name; move or rename the file, then run the command again "
+                          f"(nothing was changed)")
+    data = path.read_bytes()
     stamp = _stamp()
     target = folder / f"{path.stem}.{stamp}{path.suffix}"
     counter = 1
     while target.exists():  # two backups in one second must not overwrite each other
         target = folder / f"{path.stem}.{stamp}-{counter}{path.suffix}"
         counter += 1
-    shutil.copy2(path, target)
+    write_atomic(target, data)
     return target
 
 
@@ -445,18 +518,84 @@ def has_learner_edits(path: Path) -> bool:
     return built != source_fingerprint(notebook)
 
 
+_STUB = re.compile(r'^\s*raise NotImplementedError\(".*: replace this line with your code"\)\s*$',
+                   re.MULTILINE)
+
+
+def _answer_cells(nb: nbformat.NotebookNode) -> set[int]:
+    """The cells of a built learner notebook that hold a stub: the learner's to change."""
+    return {i for i, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" and _STUB.search(cell.source)}
+
+
+def not_learner_work(path: Path, planned_text: str) -> str | None:
+    """Why notebooks/NN_*.ipynb differs from what the build would write now, in other ways than
+    a learner's work; None when the only differences are the learner's.
+
+    A learner's work: what they typed into the cells that hold an exercise's or a challenge's
+    stub, outputs, execution counts and editor metadata. Anything else (a notebook built from
+    an older solution, another cell changed, cells added or removed) is drift."""
+    try:
+        current = read_notebook(path)
+    except CourseError as exc:
+        return str(exc)
+    planned = nbformat.reads(planned_text, as_version=4)
+    built_from = current.metadata.get(STAMP_KEY, {}).get("built_sources")
+    if built_from != planned.metadata[STAMP_KEY]["built_sources"]:
+        return "built from another version of its solution notebook"
+    if len(current.cells) != len(planned.cells):
+        return (f"has {len(current.cells)} cells where the build writes "
+                f"{len(planned.cells)}")
+    answers = _answer_cells(planned)
+    for index, (mine, theirs) in enumerate(zip(current.cells, planned.cells)):
+        if mine.cell_type != theirs.cell_type:
+            return f"cell {index} is {mine.cell_type}, where the build writes {theirs.cell_type}"
+        if index in answers:
+            continue
+        if mine.source != theirs.source or tags(mine) != tags(theirs):
+            return f"cell {index} was changed, and it is not an exercise's answer cell"
+    return None
+
+
+def _notebook_problem(path: Path, planned_text: str, root: Path) -> str | None:
+    """check's line for a learner notebook that differs from the build's output, or None when
+    the difference is only the learner's work."""
+    rel = _rel(path, root)
+    reason = not_learner_work(path, planned_text)
+    if reason is None:
+        return None
+    if not has_learner_edits(path):  # nothing typed in: rebuilding loses nothing
+        return f"{rel}: out of date (run `python -m gpt2lib.course build`)"
+    return (f"{rel}: {reason}; it also holds typed-in work. `python -m gpt2lib.course build` "
+            f"keeps that copy in notebooks/{BACKUP_DIR}/ and writes the new one "
+            f"(`python -m gpt2lib.course restore {path.name[:2]}` lists the backups)")
+
+
 def build(root: Path = REPO_ROOT, out=None) -> list[Path]:
-    """Write every generated file that changed. Learner edits and hand-edited modules are
-    backed up first; only modules this build recorded as its own are ever removed."""
+    """Write every generated file that changed. A learner notebook that differs only by the
+    learner's work is left as it is; other learner edits and hand-edited modules are backed
+    up first; only modules this build recorded as its own are ever removed."""
     out = out or sys.stdout  # looked up at call time, so a replaced sys.stdout is honoured
+    with course_lock(root, out):
+        return _build(root, out)
+
+
+def _build(root: Path, out) -> list[Path]:
     planned = plan_build(root)
     stale = stale_generated_modules(root, planned)  # read the old record before rewriting it
     written = []
+    for path in planned:  # before anything is written
+        _refuse_folder_in_the_way(path)
     for path, text in planned.items():
         if _same_text(path, text):
             continue
         rel = _rel(path, root)
-        if path.exists() and path.parent == root / "notebooks" and has_learner_edits(path):
+        is_learner_notebook = path.parent == root / "notebooks"
+        if (is_learner_notebook and path.exists() and has_learner_edits(path)
+                and not_learner_work(path, text) is None):
+            print(f"kept {rel}: it holds your answers and is up to date", file=out)
+            continue
+        if path.exists() and is_learner_notebook and has_learner_edits(path):
             saved = backup(path)
             try:
                 read_notebook(path)
@@ -468,8 +607,7 @@ def build(root: Path = REPO_ROOT, out=None) -> list[Path]:
             saved = backup_module(path, root)
             print(f"{rel} was changed by hand; kept that version as {_rel(saved, root)}",
                   file=out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_atomic(path, text)
         written.append(path)
         print(f"wrote {rel}", file=out)
     for path in stale:
@@ -496,10 +634,16 @@ def check(root: Path = REPO_ROOT) -> list[str]:
     planned = plan_build(root)
     for path, text in planned.items():
         rel = path.relative_to(root).as_posix()
-        if not path.exists():
+        if path.is_dir():
+            problems.append(f"{rel}: is a folder, where the build writes a file; move it away")
+        elif not path.exists():
             problems.append(f"{rel}: missing (run `python -m gpt2lib.course build`)")
         elif not _same_text(path, text):
-            if path.parent == root / "solutions":
+            if path.parent == root / "notebooks":
+                problem = _notebook_problem(path, text, root)
+                if problem:
+                    problems.append(problem)
+            elif path.parent == root / "solutions":
                 problems.append(f"{rel}: has outputs or editor metadata; strip them (build does)")
             elif path.parent == root / "gpt2lib" and module_state(path) == "edited":
                 problems.append(f"{rel}: edited by hand; change the notebook instead "
@@ -514,8 +658,13 @@ def check(root: Path = REPO_ROOT) -> list[str]:
 # --------------------------------------------------------------------------- reset and restore
 
 
+def is_chapter_number(text: str) -> bool:
+    """Whether `text` is written with the digits 0-9 only (not '²' or '٣', which isdigit takes)."""
+    return re.fullmatch(r"[0-9]{1,3}", text) is not None
+
+
 def _solution_for(chapter: str, root: Path) -> Path:
-    if not chapter.isdigit():
+    if not is_chapter_number(chapter):
         names = ", ".join(p.stem[:2] for p in solution_paths(root))
         raise CourseError(f"'{chapter}' is not a chapter number; the chapters are: {names}")
     matches = [p for p in solution_paths(root) if p.stem.startswith(chapter.zfill(2) + "_")]
@@ -532,14 +681,19 @@ def reset(chapter: str, root: Path = REPO_ROOT, out=None) -> Path:
     rel = solution_path.relative_to(root).as_posix()
     fresh = _dump(learner_version(read_notebook(solution_path), rel))
     target = root / "notebooks" / solution_path.name
+    with course_lock(root, out):
+        return _reset(target, fresh, solution_path, root, out)
+
+
+def _reset(target: Path, fresh: str, solution_path: Path, root: Path, out) -> Path:
+    _refuse_folder_in_the_way(target)
     if target.exists():
         if _same_text(target, fresh):
             print(f"{target.name} is already fresh; nothing to back up", file=out)
             return target
         saved = backup(target)
         print(f"your previous copy is kept as {saved.relative_to(root)}", file=out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(fresh, encoding="utf-8")
+    write_atomic(target, fresh)
     print(f"{target.relative_to(root)} is a fresh copy of chapter {solution_path.stem}", file=out)
     return target
 
@@ -578,14 +732,20 @@ def restore(chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=
     out = out or sys.stdout
     solution_path = _solution_for(chapter, root)
     target = root / "notebooks" / solution_path.name
+    folder = root / "notebooks" / BACKUP_DIR
+    if folder.exists() and not folder.is_dir():
+        raise CourseError(f"{_rel(folder, root)} is a file, where the course keeps its backups "
+                          f"in a folder; move or rename it")
     found = backups_of(chapter, root)
     if not found:
         raise CourseError(f"chapter {solution_path.stem} has no backups in "
                           f"notebooks/{BACKUP_DIR}/ (reset and build make them)")
     if which is None:
+        fresh = learner_version(read_notebook(solution_path), _rel(solution_path, root))
         print(f"Backups of notebooks/{target.name}, newest first:", file=out)
         for number, item in enumerate(found, 1):
-            print(f"  {number}. {item.path.name}  (saved {item.saved:%Y-%m-%d %H:%M:%S})", file=out)
+            print(f"  {number}. {item.path.name}  (saved {item.saved:%Y-%m-%d %H:%M:%S}; "
+                  f"{describe_backup(item.path, fresh)})", file=out)
         if ask is None:
             print(f"Restore one with `python -m gpt2lib.course restore {chapter} NUMBER`.",
                   file=out)
@@ -595,21 +755,53 @@ def restore(chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=
             print("nothing restored", file=out)
             return None
     chosen = _choose_backup(found, which, chapter)
-    read_notebook(chosen.path, "choose another backup")  # refuse to restore a broken file
-    if target.exists():
-        if target.read_bytes() == chosen.path.read_bytes():
-            print(f"notebooks/{target.name} is already the same as {chosen.path.name}", file=out)
-            return target
-        saved = backup(target)
-        print(f"your current copy is kept as {_rel(saved, root)}", file=out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(chosen.path, target)
+    with course_lock(root, out):
+        if not chosen.path.is_file():
+            raise CourseError(f"{_rel(chosen.path, root)} is gone (another command moved it); "
+                              f"`python -m gpt2lib.course restore {chapter}` lists the backups")
+        data = chosen.path.read_bytes()
+        read_notebook(chosen.path, "choose another backup")  # refuse to restore a broken file
+        _refuse_folder_in_the_way(target)
+        if target.exists():
+            if target.read_bytes() == data:
+                print(f"notebooks/{target.name} is already the same as {chosen.path.name}",
+                      file=out)
+                return target
+            saved = backup(target)
+            print(f"your current copy is kept as {_rel(saved, root)}", file=out)
+        write_atomic(target, data)
     print(f"restored notebooks/{target.name} from {_rel(chosen.path, root)}", file=out)
     return target
 
 
+def describe_backup(path: Path, fresh: nbformat.NotebookNode) -> str:
+    """How a backup differs from a fresh copy of its chapter, for the restore list: "a fresh
+    copy" or how many exercises hold typed-in answers (answered, not graded)."""
+    try:
+        nb = read_notebook(path)
+    except CourseError:
+        return "cannot be read"
+    if source_fingerprint(nb) == source_fingerprint(fresh):
+        return "a fresh copy, nothing typed in"
+    to_answer = _titles_with_stubs(fresh)
+    answered = sum(
+        1 for exercise in exercises(nb) if exercise.title in to_answer
+        and not any(_stub_of(exercise.title).search(nb.cells[i].source) for i in exercise.cells))
+    return f"answers typed into {answered} of {len(to_answer)} exercises"
+
+
+def _stub_of(title: str) -> re.Pattern:
+    message = json.dumps(f"{title}: replace this line with your code", ensure_ascii=False)
+    return re.compile(r"raise NotImplementedError\(" + re.escape(message) + r"\)")
+
+
+def _titles_with_stubs(fresh: nbformat.NotebookNode) -> set[str]:
+    return {e.title for e in exercises(fresh)
+            if any(_stub_of(e.title).search(fresh.cells[i].source) for i in e.cells)}
+
+
 def _choose_backup(found: list[Backup], which: str, chapter: str) -> Backup:
-    if which.isdigit() and 1 <= int(which) <= len(found):
+    if re.fullmatch(r"[0-9]+", which) and 1 <= int(which) <= len(found):
         return found[int(which) - 1]
     for item in found:
         if item.path.name == which:
@@ -621,9 +813,33 @@ def _choose_backup(found: list[Backup], which: str, chapter: str) -> Backup:
 # --------------------------------------------------------------------------- command line
 
 
+class _UsageError(Exception):
+    """A command line that cannot be read: one `error:` line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own prints the usage first; one line is enough
+        raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _seconds(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--cell-timeout must be a whole number of seconds, at least 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpt2lib.course", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        return _main(argv)
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = _Parser(prog="python -m gpt2lib.course", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the course folder")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="regenerate notebooks/ and the exported gpt2lib modules")
@@ -639,11 +855,16 @@ def main(argv: list[str] | None = None) -> int:
                     "status: 0 when every exercise passed, 1 when any failed, timed out or is "
                     "not done yet, 2 when the command could not run.")
     p_progress.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
-    p_progress.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
+    p_progress.add_argument("--cell-timeout", type=_seconds, default=None, metavar="SECONDS",
                             help="longest time one cell may run (default 600, or "
                                  "$GPT2LIB_PROGRESS_CELL_TIMEOUT)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        print(f"error: the course folder {args.root} {what} (--root names the folder that "
+              f"holds solutions/ and notebooks/)", file=sys.stderr)
+        return 2
     try:
         if args.command == "build":
             build(root)
@@ -666,6 +887,10 @@ def main(argv: list[str] | None = None) -> int:
             return report(root, args.chapters, timeout=args.cell_timeout)
     except CourseError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a disk that is full or read-only, a file that vanished
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where} (nothing else was changed)", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, EOFError):
         print("stopped", file=sys.stderr)

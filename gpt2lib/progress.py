@@ -17,12 +17,16 @@ Exit status: 0 when every exercise passed, 1 otherwise, 2 when the command could
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -67,11 +71,10 @@ class Run:
 
 def cell_timeout() -> int:
     value = os.environ.get("GPT2LIB_PROGRESS_CELL_TIMEOUT", str(DEFAULT_CELL_TIMEOUT))
-    try:
-        return max(1, int(value))
-    except ValueError:
+    if not value.strip().isascii() or not value.strip().isdigit() or int(value) < 1:
         raise CourseError(f"GPT2LIB_PROGRESS_CELL_TIMEOUT={value!r} is not a whole number of "
-                          f"seconds") from None
+                          f"seconds, at least 1")
+    return int(value)
 
 
 def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
@@ -86,7 +89,7 @@ def learner_notebooks(root: Path, chapters: list[str]) -> list[Path]:
         return available
     chosen = []
     for chapter in chapters:
-        if not chapter.isdigit():
+        if not (chapter.isascii() and chapter.isdigit()):
             names = ", ".join(p.stem[:2] for p in available) or "none"
             raise CourseError(f"'{chapter}' is not a chapter number; your notebooks are: {names}")
         prefix = chapter.zfill(2) + "_"
@@ -167,8 +170,65 @@ def _ignored(folder: str, names: list[str]) -> set[str]:
     return skipped
 
 
-def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int) -> Run:
-    """Run notebook `nb`, read from `path`, inside a scratch copy of the course folder `root`."""
+class _Stopped(Exception):
+    """Ctrl-C arrived before the kernel could be stopped: raised from a hook to end the run."""
+
+
+class _Live:
+    """The line that shows a chapter's progress while it runs: a bar, the cell being run and
+    the time so far, redrawn in place on a terminal (stderr, so the report stays clean)."""
+
+    WIDTH = 20
+
+    def __init__(self, stream, cells: int):
+        self.stream, self.cells, self.started = stream, cells, time.monotonic()
+        self.done = 0  # code cells started so far
+        self.shown = ""
+
+    def cell_started(self) -> None:
+        self.done += 1  # called from the thread that runs the notebook; drawn by the other
+
+    def draw(self, final: bool = False) -> None:
+        if self.stream is None:
+            return
+        elapsed = int(time.monotonic() - self.started)
+        filled = self.WIDTH * self.done // max(self.cells, 1)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        verb = "ran" if final else "cell"
+        text = (f"  [{bar}] {verb} {self.done} of {self.cells} code cells, "
+                f"{elapsed // 60}:{elapsed % 60:02d}")
+        if text != self.shown or final:
+            self.stream.write("\r" + text.ljust(len(self.shown)) + ("\n" if final else ""))
+            self.stream.flush()
+            self.shown = text
+
+
+def _kill_kernel(client) -> None:
+    """Stop the kernel at once (and whatever it started): the answer to Ctrl-C."""
+    manager = getattr(client, "km", None)
+    provisioner = getattr(manager, "provisioner", None)
+    process = getattr(provisioner, "process", None)
+    if process is None or process.poll() is not None:
+        return
+    if hasattr(os, "killpg"):
+        try:
+            group = os.getpgid(process.pid)
+            # jupyter_client starts the kernel in a session of its own; never signal ours.
+            if group != os.getpgid(0):
+                os.killpg(group, signal.SIGKILL)
+                return
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        process.kill()
+
+
+def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int,
+                 live: _Live | None = None) -> Run:
+    """Run notebook `nb`, read from `path`, inside a scratch copy of the course folder `root`.
+
+    The notebook runs in a worker thread, so that Ctrl-C reaches this thread: it stops the
+    kernel, waits for the worker to end and raises KeyboardInterrupt, with no kernel left."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -178,9 +238,18 @@ def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int
         notebook_dir = course / path.parent.relative_to(root)
         notebook_dir.mkdir(parents=True, exist_ok=True)
         current: list[int] = [-1]  # index of the cell being run
+        stop = threading.Event()
+
+        def on_notebook_start(**_):
+            if stop.is_set():
+                raise _Stopped()
 
         def on_cell_start(cell, cell_index, **_):
+            if stop.is_set():
+                raise _Stopped()
             current[0] = cell_index
+            if live is not None and cell.cell_type == "code":
+                live.cell_started()
 
         client = NotebookClient(
             copy.deepcopy(nb),
@@ -189,30 +258,60 @@ def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int
             allow_errors=True,
             kernel_name="python3",
             shutdown_kernel="immediate",  # a cell still running is not waited for
+            on_notebook_start=on_notebook_start,
             on_cell_start=on_cell_start,
             resources={"metadata": {"path": str(notebook_dir)}},
         )
         env = dict(os.environ, GPT2LIB_QUICK="1")  # long cells use their short CI setting
+        result: list[Run] = []
+
+        def work() -> None:
+            try:
+                # The kernel's own console chatter (a TCP notice, C-level warnings) is not the
+                # report.
+                client.execute(stderr=subprocess.DEVNULL, env=env)
+                result.append(Run(client.nb))
+            except CellTimeoutError:
+                result.append(Run(client.nb, current[0], f"timed out after {timeout} s"))
+            except DeadKernelError as exc:
+                result.append(Run(client.nb, current[0],
+                                  f"the kernel died ({first_line(exc)})"))
+            except Exception as exc:  # the kernel could not start, and the like
+                if stop.is_set():
+                    return
+                result.append(Run(client.nb, current[0] if current[0] >= 0 else -1,
+                                  f"could not run the notebook: {type(exc).__name__}: "
+                                  f"{first_line(exc)}"))
+
+        worker = threading.Thread(target=work, name="gpt2lib-progress", daemon=True)
         try:
-            # The kernel's own console chatter (a TCP notice, C-level warnings) is not the report.
-            client.execute(stderr=subprocess.DEVNULL, env=env)
-        except CellTimeoutError:
-            return Run(client.nb, current[0], f"timed out after {timeout} s")
-        except DeadKernelError as exc:
-            return Run(client.nb, current[0], f"the kernel died ({first_line(exc)})")
-        except Exception as exc:  # the kernel could not start, and the like
-            return Run(client.nb, current[0] if current[0] >= 0 else -1,
-                       f"could not run the notebook: {type(exc).__name__}: {first_line(exc)}")
+            worker.start()
+            while worker.is_alive():
+                worker.join(timeout=0.25)
+                if live is not None:
+                    live.draw()
+        except KeyboardInterrupt:
+            stop.set()
+            _kill_kernel(client)
+            worker.join(timeout=60)  # nbclient notices the dead kernel within a second or two
+            raise
         finally:
             shutil.rmtree(course, ignore_errors=True)  # cells may leave read-only files
-        return Run(client.nb)
+        if live is not None:
+            live.draw(final=True)
+        return result[0]
 
 
-def report(root: Path, chapters: list[str], out=None, timeout: int | None = None) -> int:
+def report(root: Path, chapters: list[str], out=None, timeout: int | None = None,
+           live=None) -> int:
     """Print every exercise's state, a summary per chapter and a total.
 
+    live: where the progress bar of the chapter being run is drawn (default: stderr when it is
+    a terminal; pass a stream to force it, or False for none).
     Returns 0 when every exercise passed, 1 otherwise (the exit status of `progress`)."""
     out = out or sys.stdout
+    if live is None:
+        live = sys.stderr if sys.stderr is not None and sys.stderr.isatty() else False
     root = Path(root).resolve()
     timeout = timeout or cell_timeout()
     paths = learner_notebooks(root, list(chapters))
@@ -228,7 +327,8 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
             print(file=out)
             trouble = True
             continue
-        run = execute_copy(nb, path, root, timeout)
+        code_cells = sum(cell.cell_type == "code" for cell in nb.cells)
+        run = execute_copy(nb, path, root, timeout, _Live(live, code_cells) if live else None)
         if run.problem:
             trouble = True
             where = f"cell {run.stopped_at}" if run.stopped_at is not None and run.stopped_at >= 0 \
