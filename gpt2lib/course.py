@@ -52,6 +52,7 @@ CHAPTER_MODULES = {
     "07_training": "training",
     "08_real_weights": "loading",
     "09_generation": "generation",
+    "10_finetuning": "tuning",
 }
 
 STAMP_KEY = "gpt2lib"  # learner notebook metadata: fingerprint of the sources as built
