@@ -33,6 +33,7 @@ from gpt2lib.tuning import (
     LoRALinear,
     add_adapters,
     collate,
+    speaker_batch,
     masked_lm_loss,
     merged_weight,
     response_loss,
@@ -168,16 +169,6 @@ def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int 
 def encode_speeches(examples, tokenizer, max_tokens: int = 64):
     """(speech, label) -> (ids, label), each speech cut to its first `max_tokens` tokens."""
     return [(tokenizer.encode(text)[:max_tokens], label) for text, label in examples]
-
-
-def speaker_batch(encoded, pad_id: int):
-    """(ids, label) rows -> idx (B, T) right-padded with pad_id, lengths (B,), labels (B,)."""
-    T = max(len(ids) for ids, _ in encoded)
-    idx = torch.full((len(encoded), T), pad_id, dtype=torch.long)
-    for i, (ids, _) in enumerate(encoded):
-        idx[i, : len(ids)] = torch.tensor(ids)
-    lengths = torch.tensor([len(ids) for ids, _ in encoded])
-    return idx, lengths, torch.tensor([label for _, label in encoded])
 
 
 def encode_pairs(pairs, tokenizer):

@@ -15,7 +15,8 @@ from gpt2lib import finetune as ft
 from gpt2lib.checks import finetune as checks
 from gpt2lib.checks._core import CheckFailed
 from gpt2lib.loading import from_pretrained
-from gpt2lib.tuning import LoRALinear, add_adapters, collate, masked_lm_loss, merged_weight, pool_mean
+from gpt2lib.tuning import (LoRALinear, add_adapters, collate, loss_by_position, masked_lm_loss,
+                            merged_weight, pool_mean, speaker_batch)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +217,8 @@ def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
 REFERENCE = {
     checks.check_pool_mean: lambda: (pool_mean,),
     checks.check_collate: lambda: (collate,),
+    checks.check_speaker_batch: lambda: (speaker_batch,),
+    checks.check_loss_by_position: lambda: (loss_by_position,),
     checks.check_masked_lm_loss: lambda: (masked_lm_loss,),
     checks.check_lora_linear: lambda: (LoRALinear,),
     checks.check_add_adapters: lambda: (add_adapters, LoRALinear),
@@ -277,3 +280,22 @@ def test_count_check_names_each_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
         checks.check_lora_parameter_count(mistake.fn)
     assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.POSITION_MISTAKES, ids=lambda m: m.name)
+def test_position_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_loss_by_position(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_batch_check_names_left_padding():
+    def left(rows, pad_id):
+        T = max(len(i) for i, _ in rows)
+        idx = torch.full((len(rows), T), pad_id)
+        for b, (ids, _) in enumerate(rows):
+            idx[b, T - len(ids):] = torch.tensor(ids)
+        return idx, torch.tensor([len(i) for i, _ in rows]), torch.tensor([y for _, y in rows])
+
+    with pytest.raises(CheckFailed, match="your padding is on the left"):
+        checks.check_speaker_batch(left)

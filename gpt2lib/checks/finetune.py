@@ -28,10 +28,12 @@ from gpt2lib.checks._core import (
 EX_POOL = "Exercise 10.1 (pool_mean)"
 EX_COLLATE = "Exercise 10.2 (collate)"
 EX_LOSS = "Exercise 10.3 (masked_lm_loss)"
-EX_LORA = "Exercise 10.4 (LoRALinear)"
-EX_ADD = "Exercise 10.5 (add_adapters)"
-EX_MERGE = "Exercise 10.6 (merged_weight)"
-EX_COUNT = "Exercise 10.7 (lora_parameter_count)"
+EX_BATCH = "Exercise 10.1 (speaker_batch)"
+EX_POSITION = "Exercise 10.4 (loss_by_position)"
+EX_LORA = "Exercise 10.5 (LoRALinear)"
+EX_ADD = "Exercise 10.6 (add_adapters)"
+EX_MERGE = "Exercise 10.7 (merged_weight)"
+EX_COUNT = "Exercise 10.8 (lora_parameter_count)"
 IGNORE = -100
 
 
@@ -77,6 +79,32 @@ def check_pool_mean(pool_mean) -> None:
             _fail_with(EX_POOL, POOL_MISTAKES, lambda m: close(got, m.fn(hidden, lengths)),
                        "your pooled states differ from the mean over each row's real tokens")
     passed(EX_POOL, "padding does not reach the pooled state")
+
+
+def check_speaker_batch(speaker_batch) -> None:
+    """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
+    for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
+        got = call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise CheckFailed(EX_BATCH, "return three tensors: idx, lengths, labels")
+        T = max(len(i) for i, _ in rows)
+        want = torch.full((len(rows), T), 99)
+        for b, (ids, _) in enumerate(rows):
+            want[b, : len(ids)] = torch.tensor(ids)
+        idx = expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx")
+        if not torch.equal(idx.long(), want):
+            flipped = torch.full_like(want, 99)
+            for b, (ids, _) in enumerate(rows):
+                flipped[b, T - len(ids):] = torch.tensor(ids)
+            raise CheckFailed(EX_BATCH, "your padding is on the left: pad on the right, so that "
+                              "every row's real tokens start at position 0" if torch.equal(idx.long(), flipped)
+                              else "your idx differs: each row's ids, then pad_id up to the longest row")
+        lengths = expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
+        if lengths.tolist() != [len(i) for i, _ in rows]:
+            raise CheckFailed(EX_BATCH, "lengths must count each row's real tokens (no padding)")
+        if expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [y for _, y in rows]:
+            raise CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
+    passed(EX_BATCH)
 
 
 # --------------------------------------------------------------------------- 10.2 collate
@@ -185,7 +213,55 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
     passed(EX_LOSS)
 
 
-# --------------------------------------------------------------------------- 10.4 LoRA
+# --------------------------------------------------------------------------- 10.4 by position
+
+
+def _by_position(gpt, pairs, pad_id, positions, shift=0):
+    inputs, targets = _collate_right(pairs, pad_id)
+    with torch.no_grad():
+        per = F.cross_entropy(gpt(inputs).flatten(0, 1), targets.flatten(), reduction="none",
+                              ignore_index=IGNORE).view(targets.shape)
+    table = torch.full((len(pairs), positions), float("nan"))
+    for i, (p, r) in enumerate(pairs):
+        kept = per[i, len(p) - 1 + shift: len(p) - 1 + len(r)][:positions]
+        table[i, : len(kept)] = kept
+    return table.nanmean(0)
+
+
+POSITION_MISTAKES = [
+    Mistake("one late", "your position 0 is the reply's second token: the first reply token is "
+            "the target of the prompt's last token, at len(prompt) - 1",
+            lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1)),
+]
+
+
+def check_loss_by_position(loss_by_position) -> None:
+    """`loss_by_position(gpt, pairs, pad_id, positions)` -> (positions,) mean loss per reply position."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(0)
+    gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
+    pad = 99
+    for pairs, positions in ((_pairs_cases()[0], 4), (_pairs_cases()[1], 8)):
+        got = call_learner(EX_POSITION, loss_by_position, gpt, [(list(p), list(r)) for p, r in pairs],
+                           pad, positions)
+        want = _by_position(gpt, pairs, pad, positions)
+        got = expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
+        same = torch.equal(torch.isnan(got), torch.isnan(want)) and close(
+            torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5)
+        if not same:
+            def matches(m):
+                other = m.fn(gpt, pairs, pad, positions)
+                return torch.equal(torch.isnan(got), torch.isnan(other)) and close(
+                    torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5)
+            _fail_with(EX_POSITION, POSITION_MISTAKES, matches,
+                       "your losses differ from the mean over the pairs of the loss at each reply "
+                       "position (NaN where no reply is that long)")
+    passed(EX_POSITION)
+
+
+# --------------------------------------------------------------------------- 10.5 LoRA
 
 
 class _Conv1D(nn.Module):
@@ -368,6 +444,7 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
 MISTAKES_BY_CHECK = {
     check_pool_mean: POOL_MISTAKES,
     check_collate: COLLATE_MISTAKES,
+    check_loss_by_position: POSITION_MISTAKES,
     check_masked_lm_loss: LOSS_MISTAKES,
     check_lora_linear: LORA_MISTAKES,
     check_merged_weight: MERGE_MISTAKES,
