@@ -57,6 +57,7 @@ CHAPTER_MODULES = {
     "07_training": "training",
     "08_real_weights": "loading",
     "09_generation": "generation",
+    "10_finetuning": "tuning",
     "11_scaling": None,  # exports nothing: gpt2lib.scaling and gpt2lib.tokenfile are hand-written
 }
 

@@ -1,0 +1,469 @@
+"""Checks for chapter 10's exercises: pooling a classifier's input, the collate function with
+its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight and
+the adapter's parameter count.
+
+Each check runs the learner's answer on small random cases (more than one shape), compares it
+with the right answer and with the planted wrong answers below, and names the mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2lib.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+    seeded_call,
+)
+
+EX_POOL = "Exercise 10.1 (pool_mean)"
+EX_COLLATE = "Exercise 10.2 (collate)"
+EX_LOSS = "Exercise 10.3 (masked_lm_loss)"
+EX_BATCH = "Exercise 10.1 (speaker_batch)"
+EX_POSITION = "Exercise 10.4 (loss_by_position)"
+EX_LORA = "Exercise 10.5 (LoRALinear)"
+EX_ADD = "Exercise 10.6 (add_adapters)"
+EX_MERGE = "Exercise 10.7 (merged_weight)"
+EX_COUNT = "Exercise 10.8 (lora_parameter_count)"
+IGNORE = -100
+
+
+def _fail_with(exercise, mistakes, matches, default):
+    mistake = first_mistake(mistakes, matches)
+    raise CheckFailed(exercise, mistake.message if mistake else default)
+
+
+# --------------------------------------------------------------------------- 10.1 pooling
+
+
+def _pool_right(hidden, lengths):
+    mask = torch.arange(hidden.shape[1]) < lengths[:, None]
+    return (hidden * mask[..., None]).sum(1) / lengths[:, None]
+
+
+POOL_MISTAKES = [
+    Mistake("padding averaged", "your mean includes the padding positions: average only the "
+            "first lengths[b] positions of row b", lambda h, n: h.mean(1)),
+    Mistake("divided by T", "you sum only the real tokens but divide by the padded length T; "
+            "divide by each row's own length", lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1]),
+    Mistake("last token", "you return the last real token's state; this exercise asks for the "
+            "mean over the real tokens", lambda h, n: h[torch.arange(h.shape[0]), n - 1]),
+    Mistake("off by one", "your mask keeps one position too many or too few: row b's real "
+            "tokens are positions 0 .. lengths[b] - 1",
+            lambda h, n: _pool_right(h, torch.clamp(n + 1, max=h.shape[1]))),
+]
+
+
+def check_pool_mean(pool_mean) -> None:
+    """`pool_mean(hidden (B, T, C), lengths (B,))` -> (B, C): the mean over each row's real tokens."""
+    gen = torch.Generator().manual_seed(0)
+    for B, T, C in ((3, 5, 4), (4, 9, 6)):
+        hidden = torch.randn(B, T, C, generator=gen)
+        lengths = torch.randint(1, T, (B,), generator=gen)
+        lengths[0] = T  # one full row
+        got = call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone())
+        want = _pool_right(hidden, lengths)
+        got = expect_tensor(EX_POOL, got, (B, C), what=f"your pooled states (B={B}, C={C})",
+                            hints={(B, T, C): "nothing was averaged over dim 1 (the positions)",
+                                   (C,): "you averaged over the batch too"})
+        if not close(got, want, atol=1e-5):
+            _fail_with(EX_POOL, POOL_MISTAKES, lambda m: close(got, m.fn(hidden, lengths)),
+                       "your pooled states differ from the mean over each row's real tokens")
+    passed(EX_POOL, "padding does not reach the pooled state")
+
+
+def check_speaker_batch(speaker_batch) -> None:
+    """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
+    for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
+        got = call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise CheckFailed(EX_BATCH, "return three tensors: idx, lengths, labels")
+        T = max(len(i) for i, _ in rows)
+        want = torch.full((len(rows), T), 99)
+        for b, (ids, _) in enumerate(rows):
+            want[b, : len(ids)] = torch.tensor(ids)
+        idx = expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx")
+        if not torch.equal(idx.long(), want):
+            flipped = torch.full_like(want, 99)
+            for b, (ids, _) in enumerate(rows):
+                flipped[b, T - len(ids):] = torch.tensor(ids)
+            raise CheckFailed(EX_BATCH, "your padding is on the left: pad on the right, so that "
+                              "every row's real tokens start at position 0" if torch.equal(idx.long(), flipped)
+                              else "your idx differs: each row's ids, then pad_id up to the longest row")
+        lengths = expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
+        if lengths.tolist() != [len(i) for i, _ in rows]:
+            raise CheckFailed(EX_BATCH, "lengths must count each row's real tokens (no padding)")
+        if expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [y for _, y in rows]:
+            raise CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
+    passed(EX_BATCH)
+
+
+# --------------------------------------------------------------------------- 10.2 collate
+
+
+def _collate_right(pairs, pad_id, mask_prompt=True, shift=0):
+    T = max(len(p) + len(r) for p, r in pairs) - 1
+    inputs = torch.full((len(pairs), T), pad_id, dtype=torch.long)
+    targets = torch.full((len(pairs), T), IGNORE, dtype=torch.long)
+    for i, (p, r) in enumerate(pairs):
+        tokens = list(p) + list(r)
+        inputs[i, : len(tokens) - 1] = torch.tensor(tokens[:-1])
+        targets[i, : len(tokens) - 1] = torch.tensor(tokens[1:])
+        if mask_prompt:
+            targets[i, : max(0, len(p) - 1 + shift)] = IGNORE
+    return inputs, targets
+
+
+def _pad_targets(pairs, pad_id):
+    inputs, targets = _collate_right(pairs, pad_id)
+    for i, (p, r) in enumerate(pairs):
+        targets[i, len(p) + len(r) - 1:] = pad_id
+    return inputs, targets
+
+
+COLLATE_MISTAKES = [
+    Mistake("prompt kept", "your targets keep the prompt's tokens: the loss would train the "
+            "model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
+            lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False)),
+    Mistake("mask one too far", "you ignore one target too many: the target at position "
+            "len(prompt) - 1 is the response's first token, which must be kept",
+            lambda pairs, pad: _collate_right(pairs, pad, shift=1)),
+    Mistake("mask one short", "you keep the target of the prompt's last token: target t is "
+            "token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
+            lambda pairs, pad: _collate_right(pairs, pad, shift=-1)),
+    Mistake("padding as target", "the padding positions have pad_id as their target: the loss "
+            "would teach the model to write padding; they must be IGNORE_INDEX",
+            _pad_targets),
+]
+
+
+def _pairs_cases():
+    gen = torch.Generator().manual_seed(1)
+    cases = []
+    for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6))):
+        cases.append([(torch.randint(0, 90, (p,), generator=gen).tolist(),
+                       torch.randint(0, 90, (r,), generator=gen).tolist()) for p, r in lengths])
+    return cases
+
+
+def check_collate(collate) -> None:
+    """`collate(pairs, pad_id)` -> inputs (B, T), targets (B, T), as the exercise says."""
+    pad_id = 99
+    for pairs in _pairs_cases():
+        got = call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailed(EX_COLLATE, f"return two tensors, (inputs, targets); got {type(got).__name__}")
+        want = _collate_right(pairs, pad_id)
+        shape = tuple(want[0].shape)
+        hints = {(shape[0], shape[1] + 1): "rows are one token too long: the inputs drop each "
+                 "row's last token and the targets its first"}
+        inputs = expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
+        targets = expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
+        if inputs.dtype.is_floating_point or targets.dtype.is_floating_point:
+            raise CheckFailed(EX_COLLATE, "token ids must be an integer tensor (torch.long)")
+        if not torch.equal(inputs, want[0]):
+            raise CheckFailed(EX_COLLATE, "your inputs differ: each row is prompt + response "
+                              "without its last token, then pad_id up to the longest row")
+        if not torch.equal(targets, want[1]):
+            _fail_with(EX_COLLATE, COLLATE_MISTAKES,
+                       lambda m: torch.equal(targets, m.fn(pairs, pad_id)[1]),
+                       "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX "
+                       "for prompt tokens and padding")
+    passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
+
+
+# --------------------------------------------------------------------------- 10.3 the loss
+
+
+LOSS_MISTAKES = [
+    Mistake("sum", "your loss is a sum; take the mean over the kept targets",
+            lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum")),
+    Mistake("mean over all", "you average over every position, ignored ones included (as zeros): "
+            "divide by the number of kept targets",
+            lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum") / t.numel()),
+]
+
+
+def check_masked_lm_loss(masked_lm_loss) -> None:
+    """`masked_lm_loss(logits (B, T, V), targets (B, T))` -> the mean over kept targets."""
+    gen = torch.Generator().manual_seed(2)
+    for B, T, V in ((2, 5, 7), (3, 4, 11)):
+        logits = torch.randn(B, T, V, generator=gen)
+        targets = torch.randint(0, V, (B, T), generator=gen)
+        targets[0, :2] = IGNORE
+        targets[-1, -1] = IGNORE
+        got = call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone())
+        got = expect_tensor(EX_LOSS, got, (), what="your loss",
+                            hints={(B * T,): "return one number: the mean, not one loss per position"})
+        keep = targets != IGNORE
+        want = F.cross_entropy(logits[keep], targets[keep])
+        if not close(got, want, atol=1e-5):
+            _fail_with(EX_LOSS, LOSS_MISTAKES, lambda m: close(got, m.fn(logits, targets)),
+                       "your loss differs from the mean cross-entropy over the targets that are "
+                       "not IGNORE_INDEX")
+    passed(EX_LOSS)
+
+
+# --------------------------------------------------------------------------- 10.4 by position
+
+
+def _by_position(gpt, pairs, pad_id, positions, shift=0):
+    inputs, targets = _collate_right(pairs, pad_id)
+    with torch.no_grad():
+        per = F.cross_entropy(gpt(inputs).flatten(0, 1), targets.flatten(), reduction="none",
+                              ignore_index=IGNORE).view(targets.shape)
+    table = torch.full((len(pairs), positions), float("nan"))
+    for i, (p, r) in enumerate(pairs):
+        kept = per[i, len(p) - 1 + shift: len(p) - 1 + len(r)][:positions]
+        table[i, : len(kept)] = kept
+    return table.nanmean(0)
+
+
+POSITION_MISTAKES = [
+    Mistake("one late", "your position 0 is the reply's second token: the first reply token is "
+            "the target of the prompt's last token, at len(prompt) - 1",
+            lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1)),
+]
+
+
+def check_loss_by_position(loss_by_position) -> None:
+    """`loss_by_position(gpt, pairs, pad_id, positions)` -> (positions,) mean loss per reply position."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(0)
+    gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
+    pad = 99
+    for pairs, positions in ((_pairs_cases()[0], 4), (_pairs_cases()[1], 8)):
+        got = call_learner(EX_POSITION, loss_by_position, gpt, [(list(p), list(r)) for p, r in pairs],
+                           pad, positions)
+        want = _by_position(gpt, pairs, pad, positions)
+        got = expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
+        same = torch.equal(torch.isnan(got), torch.isnan(want)) and close(
+            torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5)
+        if not same:
+            def matches(m):
+                other = m.fn(gpt, pairs, pad, positions)
+                return torch.equal(torch.isnan(got), torch.isnan(other)) and close(
+                    torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5)
+            _fail_with(EX_POSITION, POSITION_MISTAKES, matches,
+                       "your losses differ from the mean over the pairs of the loss at each reply "
+                       "position (NaN where no reply is that long)")
+    passed(EX_POSITION)
+
+
+# --------------------------------------------------------------------------- 10.5 LoRA
+
+
+class _Conv1D(nn.Module):
+    def __init__(self, n_in, n_out, gen):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out, generator=gen) * 0.1)
+        self.bias = nn.Parameter(torch.randn(n_out, generator=gen) * 0.1)
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+def _lora_out(layer, x, scale, drop_out=False, no_dropout=False):
+    A, B = layer.lora_A.weight, layer.lora_B.weight
+    h = x if no_dropout else layer.lora_dropout(x)
+    update = h @ A.T @ B.T
+    if drop_out:
+        update = layer.lora_dropout(x @ A.T @ B.T)
+    return layer.base(x) + update * scale
+
+
+LORA_MISTAKES = [
+    Mistake("no scale", "the update is not multiplied by alpha / rank (self.scale)",
+            lambda layer, x: _lora_out(layer, x, 1.0)),
+    Mistake("scale inverted", "you scale by rank / alpha; LoRA's scale is alpha / rank",
+            lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha)),
+    Mistake("base missing", "the frozen layer's output base(x) is missing: LoRA adds the update "
+            "to it", lambda layer, x: _lora_out(layer, x, layer.scale) - layer.base(x)),
+    Mistake("dropout on output", "dropout acts on the update's output; LoRA drops the input of "
+            "lora_A, x, and never touches base(x)",
+            lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True)),
+    Mistake("no dropout", "in training mode the adapter's input must go through "
+            "self.lora_dropout", lambda layer, x: _lora_out(layer, x, layer.scale, no_dropout=True)),
+]
+
+
+def check_lora_linear(LoRALinear) -> None:
+    """`LoRALinear(base, rank, alpha, dropout)` computes base(x) + B(A(dropout(x))) * alpha / rank."""
+    gen = torch.Generator().manual_seed(3)
+    for n_in, n_out, rank, alpha, dropout in ((6, 10, 2, 4.0, 0.0), (8, 5, 3, 6.0, 0.5)):
+        base = _Conv1D(n_in, n_out, gen)
+        layer = call_learner(EX_LORA, LoRALinear, base, rank, alpha, dropout)
+        for part in ("lora_A", "lora_B", "lora_dropout", "base"):
+            if not hasattr(layer, part):
+                raise CheckFailed(EX_LORA, f"your layer has no {part}; keep the names of __init__")
+        x = torch.randn(2, 3, n_in, generator=gen)
+        with torch.no_grad():
+            start = call_learner(EX_LORA, layer, x)
+        if not close(start, base(x), atol=1e-6):
+            if close(start, torch.zeros_like(start), atol=1e-6):
+                raise CheckFailed(EX_LORA, LORA_MISTAKES[2].message)
+            raise CheckFailed(EX_LORA, "with lora_B at zero your layer should compute exactly "
+                              "base(x); the update must be B(A(x)), which starts at zero")
+        with torch.no_grad():
+            layer.lora_B.weight.normal_(generator=gen)
+        for mode in ("eval", "train") if dropout else ("eval",):
+            layer.train(mode == "train")
+            got = seeded_call(layer, x)
+            got = expect_tensor(EX_LORA, got, (2, 3, n_out), what=f"your output ({mode} mode)")
+            want = seeded_call(lambda: _lora_out(layer, x, alpha / rank))
+            if not close(got, want, atol=1e-5):
+                _fail_with(EX_LORA, LORA_MISTAKES,
+                           lambda m: close(got, seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
+                           f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
+                           f"alpha / rank ({mode} mode)")
+        layer.eval()
+    passed(EX_LORA, "zero at the start, scaled by alpha / rank, dropout on the input only")
+
+
+def check_add_adapters(add_adapters, LoRALinear) -> None:
+    """`add_adapters(model, names, rank, alpha, dropout)` swaps each named layer for a LoRALinear."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=50)).eval()
+    names = ["h.0.attn.c_attn", "h.1.mlp.c_fc"]
+    bases = {n: model.get_submodule(n) for n in names}
+    idx = torch.randint(0, 50, (2, 6))
+    before = model(idx)
+    got = call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
+    if got is not model:
+        raise CheckFailed(EX_ADD, "change the model in place and return it")
+    for name in names:
+        layer = model.get_submodule(name)
+        if not isinstance(layer, LoRALinear):
+            raise CheckFailed(EX_ADD, f"model.{name} is a {type(layer).__name__}, not a "
+                              "LoRALinear: use model.set_submodule(name, ...)")
+        if layer.base is not bases[name]:
+            raise CheckFailed(EX_ADD, f"the LoRALinear at {name} must wrap the layer that was "
+                              "there (its trained weights), not a new one")
+    others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
+    if others:
+        raise CheckFailed(EX_ADD, f"only the named layers get adapters; you also changed {others}")
+    if not close(model(idx), before, atol=1e-6):
+        raise CheckFailed(EX_ADD, "the model's logits changed: new adapters start at zero")
+    passed(EX_ADD)
+
+
+# --------------------------------------------------------------------------- 10.6 merge
+
+
+MERGE_MISTAKES = [
+    Mistake("no scale", "the merged update is not multiplied by layer.scale (alpha / rank)",
+            lambda layer: layer.base.weight + layer.lora_A.weight.T @ layer.lora_B.weight.T),
+    Mistake("B A", "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; "
+            "the Conv1D weight is [in, out], so take its transpose",
+            lambda layer: layer.base.weight
+            + (layer.lora_B.weight @ layer.lora_A.weight).reshape(layer.base.weight.shape) * layer.scale),
+]
+
+
+def check_merged_weight(merged_weight, LoRALinear) -> None:
+    """`merged_weight(layer)` -> the [in, out] weight W with x @ W + b == layer(x)."""
+    gen = torch.Generator().manual_seed(4)
+    for n_in, n_out, rank in ((6, 10, 2), (9, 4, 3)):
+        from gpt2lib.tuning import LoRALinear as Reference
+
+        layer = Reference(_Conv1D(n_in, n_out, gen), rank, 2.0 * rank + 1)
+        with torch.no_grad():
+            layer.lora_B.weight.normal_(generator=gen)
+        got = call_learner(EX_MERGE, merged_weight, layer)
+        got = expect_tensor(EX_MERGE, got, (n_in, n_out), what="your merged weight",
+                            hints={(n_out, n_in): "it is transposed: Conv1D stores [in, out]",
+                                   (rank, rank): "A.weight @ B.weight is not the update: mind the shapes"})
+        x = torch.randn(3, n_in, generator=gen)
+        with torch.no_grad():
+            want = layer(x)
+        if not close(x.double() @ got + layer.base.bias.double(), want, atol=1e-5):
+            _fail_with(EX_MERGE, MERGE_MISTAKES, lambda m: close(got, m.fn(layer), atol=1e-5),
+                       "x @ your weight + bias differs from the layer's output")
+    passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
+
+
+# --------------------------------------------------------------------------- 10.7 count
+
+
+def _count(config, rank, targets):
+    C = config.n_embd
+    shapes = {"c_attn": (C, 3 * C), "c_proj": (C, C), "c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
+    total = 0
+    for t in targets:
+        if t == "c_proj":  # attention's and the MLP's
+            total += rank * (C + C) + rank * (4 * C + C)
+        else:
+            n_in, n_out = shapes[t]
+            total += rank * (n_in + n_out)
+    return total * config.n_layer
+
+
+COUNT_MISTAKES = [
+    Mistake("one layer", "you counted one block; every block has these layers (n_layer of them)",
+            lambda c, r, t: _count(c, r, t) // c.n_layer),
+    Mistake("full matrix", "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) "
+            "and B (n_out x rank)",
+            lambda c, r, t: c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd ** 2 for x in t)),
+    Mistake("c_attn as C x C", "c_attn maps C to 3C (queries, keys and values at once)",
+            lambda c, r, t: _count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t)),
+]
+
+
+def check_lora_parameter_count(lora_parameter_count) -> None:
+    """`lora_parameter_count(config, rank, targets)` -> parameters the adapters add."""
+    from gpt2lib.config import GPT2Config
+
+    cases = [(GPT2Config(), 8, ("c_attn",)), (GPT2Config(n_layer=3, n_head=2, n_embd=32), 4,
+                                              ("c_attn", "c_fc")),
+             (GPT2Config(n_layer=2, n_head=2, n_embd=16), 2, ("c_attn", "c_proj", "c_fc"))]
+    for config, rank, targets in cases:
+        got = call_learner(EX_COUNT, lora_parameter_count, config, rank, targets)
+        want = _count(config, rank, targets)
+        if not isinstance(got, (int, torch.Tensor)) or int(got) != want:
+            _fail_with(EX_COUNT, COUNT_MISTAKES,
+                       lambda m: isinstance(got, (int, torch.Tensor)) and int(got) == m.fn(config, rank, targets),
+                       f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
+                       f"targets={targets} the adapters add {want:,} parameters; you said {got!r}")
+    passed(EX_COUNT, f"GPT-2 small, rank 8 on c_attn: {_count(GPT2Config(), 8, ('c_attn',)):,}")
+
+
+MISTAKES_BY_CHECK = {
+    check_pool_mean: POOL_MISTAKES,
+    check_collate: COLLATE_MISTAKES,
+    check_loss_by_position: POSITION_MISTAKES,
+    check_masked_lm_loss: LOSS_MISTAKES,
+    check_lora_linear: LORA_MISTAKES,
+    check_merged_weight: MERGE_MISTAKES,
+    check_lora_parameter_count: COUNT_MISTAKES,
+}
+
+
+# --------------------------------------------------------------------------- the challenge
+
+
+def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
+    """The open challenge: a LoRA responder, under 2% of the parameters trained, that lowers
+    the validation response loss by at least `goal_nats`."""
+    name = "Challenge 10"
+    if trainable_fraction >= 0.02:
+        raise CheckFailed(name, f"{100 * trainable_fraction:.2f}% of the parameters are "
+                          "trained; the goal allows under 2%")
+    if loss_drop < goal_nats:
+        raise CheckFailed(name, f"the response loss fell by {loss_drop:.3f} nats; the goal "
+                          f"is {goal_nats} nats")
+    passed(name, f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
+           "parameters trained")

@@ -1,0 +1,584 @@
+"""Fine-tuning GPT-2: the two data sets of chapter 10, LoRA adapters in peft's layout, and the
+entry points that check their input (hand-written; the teaching pieces, written by the learner
+in solutions/10_finetuning.ipynb, are generated into gpt2lib/tuning.py).
+
+    model = from_pretrained("gpt2")
+    apply_lora(model, rank=8, alpha=16, targets=("c_attn",))   # adapters in place, rest frozen
+    ...train...
+    save_adapter(model, "my_adapter")      # adapter_config.json + adapter_model.safetensors
+    load_adapter(other_model, "my_adapter")
+    merge_lora(model)                      # the plain model again: save_pretrained works
+
+The adapter folder is what `peft.PeftModel.from_pretrained(GPT2LMHeadModel, folder)` reads,
+and an adapter that peft saved for a GPT-2 loads here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from gpt2lib.layers import Conv1D
+from gpt2lib.tuning import (
+    IGNORE_INDEX,
+    GPT2Classifier,
+    LoRALinear,
+    add_adapters,
+    collate,
+    speaker_batch,
+    masked_lm_loss,
+    merged_weight,
+    response_loss,
+)
+
+__all__ = [
+    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "AdapterError", "PROMPT_TEMPLATE", "ReplyPair",
+    "SpeakerData", "accuracy", "apply_lora", "classifier", "collate", "confusion_matrix",
+    "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
+    "mean_response_loss", "merge_lora", "reply_dataset", "save_adapter", "speaker_batch",
+    "speaker_dataset", "speeches", "trainable_parameters",
+]
+
+DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model.transformer."  # peft's key prefix on transformers' GPT-2
+_TARGETABLE = (Conv1D,)  # the layers an adapter can wrap: GPT-2's [in, out] linear layers
+SPLITS = ("train", "val", "test")
+
+
+class AdapterError(ValueError):
+    """An adapter or a LoRA request that does not fit the model; the message names the misfit."""
+
+
+# --------------------------------------------------------------------------- the data sets
+
+
+def speeches(path=None) -> list[tuple[str, str]]:
+    """(speaker, speech) for every speech of Tiny Shakespeare, in the play's order.
+
+    A speech is a block of lines after a line `NAME:`; blocks are separated by a blank line."""
+    text = Path(path or DATA_FILE).read_text(encoding="utf-8")
+    found = []
+    for block in text.split("\n\n"):
+        lines = block.strip("\n").split("\n")
+        if len(lines) >= 2 and lines[0].endswith(":"):
+            found.append((lines[0][:-1].strip(), " ".join(line.strip() for line in lines[1:])))
+    return found
+
+
+def _split_of(key: str) -> str:
+    """A fixed split from a hash of the example's position: 80% train, 10% val, 10% test.
+
+    The same on every machine and Python version (no random generator involved)."""
+    bucket = int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
+    return "train" if bucket < 8 else ("val" if bucket == 8 else "test")
+
+
+@dataclass
+class SpeakerData:
+    """Speeches of the `top` most frequent speakers, labelled by speaker (0 = most frequent).
+
+    splits[name] is a list of (speech, label) for name in train, val, test."""
+
+    speakers: list[str]
+    splits: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def majority_baseline(self, split: str = "test") -> float:
+        """The accuracy of always answering the training split's most frequent speaker."""
+        counts = torch.bincount(torch.tensor([y for _, y in self.splits["train"]]),
+                                minlength=len(self.speakers))
+        majority = int(counts.argmax())
+        labels = [y for _, y in self.splits[split]]
+        return sum(y == majority for y in labels) / len(labels)
+
+
+def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
+    """The classification data set: which of the `top` most frequent speakers said a speech."""
+    if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 2:
+        raise ValueError(f"top must be a whole number of speakers, at least 2; got {top!r}")
+    found = speeches(path)
+    counts: dict[str, int] = {}
+    for speaker, _ in found:
+        counts[speaker] = counts.get(speaker, 0) + 1
+    names = sorted(counts, key=lambda s: (-counts[s], s))[:top]  # ties broken by name
+    label = {name: i for i, name in enumerate(names)}
+    data = SpeakerData(speakers=names, splits={s: [] for s in SPLITS})
+    for position, (speaker, speech) in enumerate(found):
+        if speaker in label:
+            data.splits[_split_of(f"speech {position}")].append((speech, label[speaker]))
+    return data
+
+
+@dataclass(frozen=True)
+class ReplyPair:
+    """One instruction example: `replier` answers `speech` (said by `speaker`) with `reply`."""
+
+    speaker: str
+    speech: str
+    replier: str
+    reply: str
+
+    @property
+    def prompt(self) -> str:
+        return PROMPT_TEMPLATE.format(replier=self.replier, speaker=self.speaker,
+                                      speech=self.speech)
+
+
+# Alpaca's layout (instruction, input, response), without its long preamble: the stand-in's
+# context is 128 tokens.
+PROMPT_TEMPLATE = (
+    "### Instruction:\nReply as {replier} to this speech by {speaker}.\n\n"
+    "### Input:\n{speech}\n\n### Response:\n"
+)
+
+
+def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int = 40):
+    """The instruction data set: {split: [ReplyPair, ...]}, each speech with the one after it.
+
+    Pairs whose speech or reply is longer than the limits (in GPT-2 tokens) are left out, so
+    that prompt + reply fit the stand-in's 128 positions; so are a speaker's replies to
+    themself (a speech continued after a stage break)."""
+    from gpt2lib.tokenizer import get_encoding
+
+    tokenizer = get_encoding()
+    found = speeches(path)
+    splits = {s: [] for s in SPLITS}
+    for position in range(len(found) - 1):
+        (speaker, speech), (replier, reply) = found[position], found[position + 1]
+        if speaker == replier:
+            continue
+        if (len(tokenizer.encode(speech)) > max_speech_tokens
+                or len(tokenizer.encode(reply)) > max_reply_tokens):
+            continue
+        splits[_split_of(f"pair {position}")].append(ReplyPair(speaker, speech, replier, reply))
+    return splits
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def encode_speeches(examples, tokenizer, max_tokens: int = 64):
+    """(speech, label) -> (ids, label), each speech cut to its first `max_tokens` tokens."""
+    return [(tokenizer.encode(text)[:max_tokens], label) for text, label in examples]
+
+
+def encode_pairs(pairs, tokenizer):
+    """ReplyPair -> (prompt_ids, reply_ids + [<|endoftext|>]): the reply ends the text."""
+    end = tokenizer.eot_token if hasattr(tokenizer, "eot_token") else 50256
+    return [(tokenizer.encode(p.prompt), tokenizer.encode(p.reply) + [end]) for p in pairs]
+
+
+def _progress(iterable, total, desc, show):
+    if not show:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, unit="batch", leave=False)
+
+
+def _chunks(rows, batch_size):
+    return [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def classifier(gpt, n_classes: int) -> GPT2Classifier:
+    """GPT2Classifier(gpt, n_classes), with n_classes checked (a whole number, at least 2)."""
+    if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral) or n_classes < 2:
+        raise ValueError(f"n_classes must be a whole number, at least 2; got {n_classes!r}")
+    return GPT2Classifier(gpt, int(n_classes))
+
+
+def _check_labels(model, encoded, n_classes=None):
+    head = model.head.out_features
+    if n_classes is not None and n_classes != head:
+        raise ValueError(f"the data set has {n_classes} classes but the classifier's head has "
+                         f"{head} outputs; build the classifier with n_classes={n_classes}")
+    labels = [label for _, label in encoded]
+    bad = [y for y in labels if not (isinstance(y, numbers.Integral) and 0 <= y < head)]
+    if bad:
+        raise ValueError(f"label {bad[0]!r} does not fit the classifier's head of {head} "
+                         f"classes (labels 0 to {head - 1}); the class counts do not match")
+
+
+@torch.no_grad()
+def accuracy(model, encoded, pad_id: int, batch_size: int = 32, n_classes=None,
+             progress: bool = True):
+    """(accuracy, predictions (N,)) of a classifier on (ids, label) rows, in eval mode."""
+    _check_labels(model, encoded, n_classes)
+    was_training = model.training
+    model.eval()
+    predictions = []
+    try:
+        for rows in _progress(_chunks(encoded, batch_size), None, "evaluating", progress):
+            idx, lengths, _ = speaker_batch(rows, pad_id)
+            predictions.append(model(idx, lengths).argmax(-1))
+    finally:
+        model.train(was_training)
+    predictions = torch.cat(predictions)
+    labels = torch.tensor([label for _, label in encoded])
+    return (predictions == labels).float().mean().item(), predictions
+
+
+def confusion_matrix(labels, predictions, n_classes: int):
+    """(n_classes, n_classes) counts: row = true class, column = predicted class."""
+    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    for y, p in zip(torch.as_tensor(labels).tolist(), torch.as_tensor(predictions).tolist()):
+        counts[y, p] += 1
+    return counts
+
+
+def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: float = 1e-3,
+              head_lr=None, seed: int = 0, desc: str = "fine-tuning", progress: bool = True):
+    """AdamW on the parameters that require grad, `steps` batches drawn from `rows` in shuffled
+    order (a new order each pass). loss_of_batch(model, rows) -> scalar loss. head_lr: the
+    learning rate of the parameters under `head.` (a new classifier head starts from random
+    and can take larger steps than the pretrained body). Returns the losses."""
+    _whole("steps", steps, 1)
+    _whole("batch_size", batch_size, 1)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("no parameter of the model requires grad: nothing would be trained")
+    if len(rows) == 0:
+        raise ValueError("no training rows")
+    head = [p for n, p in named if n.startswith("head.")] if head_lr is not None else []
+    body = [p for n, p in named if not (head_lr is not None and n.startswith("head."))]
+    groups = [g for g in ({"params": body, "lr": lr}, {"params": head, "lr": head_lr}) if g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    order, losses = [], []
+    model.train()
+    for _ in _progress(range(steps), steps, desc, progress):
+        if len(order) < batch_size:
+            order += torch.randperm(len(rows), generator=generator).tolist()
+        batch, order = [rows[i] for i in order[:batch_size]], order[batch_size:]
+        loss = loss_of_batch(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def mean_response_loss(gpt, encoded_pairs, pad_id: int, batch_size: int = 16,
+                       progress: bool = True) -> float:
+    """The mean loss per response token over (prompt_ids, response_ids) pairs, in eval mode."""
+    was_training = gpt.training
+    gpt.eval()
+    total, count = 0.0, 0
+    try:
+        for rows in _progress(_chunks(encoded_pairs, batch_size), None, "response loss", progress):
+            inputs, targets = collate(rows, pad_id)
+            n = int((targets != IGNORE_INDEX).sum())
+            total += response_loss(gpt, inputs, targets).item() * n
+            count += n
+    finally:
+        gpt.train(was_training)
+    return total / count
+
+
+# --------------------------------------------------------------------------- LoRA
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(parameters that require grad, all parameters)."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def lora_layers(model) -> dict[str, LoRALinear]:
+    """{module name: LoRALinear} of the adapters in `model`."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _whole(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return int(value)
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith("." + target)
+
+
+def _targets_of(model, targets) -> dict[str, nn.Module]:
+    """The layers named by `targets`, checked: each target must name at least one layer."""
+    if isinstance(targets, str):
+        targets = (targets,)
+    targets = tuple(targets)
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise ValueError(f"targets must be module names such as 'c_attn', got {targets!r}")
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, _TARGETABLE)}
+    chosen = {}
+    for target in targets:
+        found = {n: m for n, m in layers.items() if _matches(n, target)}
+        if not found:
+            kinds = sorted({n.rsplit(".", 1)[-1] for n in layers})
+            hint = (" (gpt2lib's names have no 'transformer.' prefix)"
+                    if target.startswith("transformer.") else "")
+            raise AdapterError(f"no layer of the model is called {target!r}{hint}; the "
+                               f"layers an adapter can wrap end in {', '.join(kinds)}, "
+                               "or give a full name such as 'h.0.attn.c_attn'")
+        chosen.update(found)
+    return chosen
+
+
+def _check_plain(model, what):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{what} needs a torch model (a GPT2), got {type(model).__name__}")
+    if lora_layers(model):
+        raise AdapterError(f"the model already has LoRA adapters ({', '.join(lora_layers(model))}"
+                           f"); merge_lora(model) first, or start from a model without them")
+
+
+def apply_lora(model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0):
+    """Add LoRA adapters in place to every layer whose name ends with a target; freeze the rest.
+
+    targets: 'c_attn', 'c_proj', 'c_fc' (every layer of that name) or full names of gpt2lib's
+    modules ('h.1.mlp.c_fc'). Each adapter's output starts at zero, so the model computes what
+    it did. Only the adapters train. Returns the model."""
+    _check_plain(model, "apply_lora")
+    rank = _whole("rank", rank, 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise ValueError(f"alpha must be a number above 0, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
+    chosen = _targets_of(model, targets)
+    for name, layer in chosen.items():
+        n_in, n_out = _in_out(layer)
+        if rank > min(n_in, n_out):
+            raise AdapterError(f"rank {rank} is above the width of {name} ({n_in} -> {n_out}): a "
+                               f"rank above {min(n_in, n_out)} adds parameters and no expressiveness")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    add_adapters(model, list(chosen), rank, float(alpha), float(dropout))
+    for layer in lora_layers(model).values():
+        layer.to(device=layer.base.weight.device, dtype=layer.base.weight.dtype)
+    return model
+
+
+def _in_out(layer):
+    return tuple(layer.weight.shape)  # Conv1D: [in, out]
+
+
+@torch.no_grad()
+def merge_lora(model):
+    """Fold every adapter into its base weight and put the plain layer back. Returns the model.
+
+    Afterwards the model has the plain model's modules and parameter names (save_pretrained
+    saves it as a full fine-tune); the merged layers keep requires_grad=False."""
+    for name, layer in lora_layers(model).items():
+        layer.base.weight.copy_(merged_weight(layer))
+        model.set_submodule(name, layer.base)
+    return model
+
+
+# --------------------------------------------------------------------------- adapter files
+
+
+def save_adapter(model, folder, base_model_name_or_path=None):
+    """Write the model's adapters in peft's layout: folder/adapter_config.json and
+    folder/adapter_model.safetensors (keys `base_model.model.transformer.<name>.lora_A.weight`).
+    Creates the folder; an adapter already there is replaced (written beside, then renamed)."""
+    from safetensors.torch import save_file
+
+    layers = lora_layers(model)
+    if not layers:
+        raise AdapterError("the model has no LoRA adapters to save: apply_lora(model) first")
+    settings = {(m.rank, m.alpha, m.lora_dropout.p) for m in layers.values()}
+    if len(settings) != 1:
+        raise AdapterError(f"the adapters differ in rank, alpha or dropout ({sorted(settings)}); "
+                           "peft's layout holds one setting for all of them")
+    rank, alpha, dropout = settings.pop()
+    tensors = {}
+    for name, layer in layers.items():
+        for part in ("lora_A", "lora_B"):
+            weight = getattr(layer, part).weight.detach().to("cpu", torch.float32)
+            tensors[f"{_PEFT_PREFIX}{name}.{part}.weight"] = weight.contiguous().clone()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        "target_modules": _short_targets(model, layers),
+        "fan_in_fan_out": True,  # Conv1D stores [in, out], as transformers' GPT-2 does
+        "bias": "none",
+        "inference_mode": True,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+    }
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the adapter")
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / (ADAPTER_WEIGHTS + ".partial")
+    # the base model's sizes ride in the file's metadata (peft ignores it), so that a misfit
+    # can be named in the model's terms
+    metadata = {"format": "pt", "gpt2lib_base": json.dumps(_base_sizes(model))}
+    save_file(tensors, str(partial), metadata=metadata)
+    os.replace(partial, folder / ADAPTER_WEIGHTS)
+    partial = folder / (ADAPTER_CONFIG + ".partial")
+    partial.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, folder / ADAPTER_CONFIG)
+    return folder
+
+
+def _short_targets(model, adapted):
+    """peft's target_modules: a layer kind ('c_attn') where every layer of that kind is adapted
+    (so that a model with more layers is seen not to fit), full names otherwise."""
+    layers = [n for n, m in model.named_modules()
+              if isinstance(m, (Conv1D, LoRALinear)) and not n.endswith(".base")]
+    targets = []
+    for kind in sorted({n.rsplit(".", 1)[-1] for n in adapted}):
+        every = [n for n in layers if n.rsplit(".", 1)[-1] == kind]
+        if all(n in adapted for n in every):
+            targets.append(kind)
+        else:
+            targets += sorted(n for n in adapted if n.rsplit(".", 1)[-1] == kind)
+    return targets
+
+
+def _base_sizes(model):
+    config = getattr(model, "config", None)
+    keys = ("n_layer", "n_embd", "n_head", "vocab_size")
+    return {k: getattr(config, k) for k in keys if hasattr(config, k)} or None
+
+
+def _read_adapter(folder):
+    folder = Path(folder).expanduser()
+    missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (folder / f).is_file()]
+    if missing:
+        raise AdapterError(f"{str(folder)!r} does not hold {' and '.join(missing)}: an adapter "
+                           f"folder (peft's layout) holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterError(f"{str(folder / ADAPTER_CONFIG)!r} is not readable JSON ({exc})") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{str(folder / ADAPTER_CONFIG)!r} is not a LoRA adapter's config "
+                           f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})")
+    from gpt2lib.loading import CheckpointError, iter_safetensors
+
+    try:
+        tensors = dict(iter_safetensors(folder / ADAPTER_WEIGHTS))
+    except CheckpointError as exc:
+        raise AdapterError(str(exc)) from None
+    from safetensors import safe_open
+
+    with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    try:
+        config["_gpt2lib_base"] = json.loads(metadata.get("gpt2lib_base", "null")) or {}
+    except json.JSONDecodeError:
+        config["_gpt2lib_base"] = {}
+    return config, tensors
+
+
+def _unsupported(config):
+    problems = []
+    if config.get("bias", "none") != "none":
+        problems.append(f"bias={config['bias']!r} (trained biases)")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save={config['modules_to_save']!r}")
+    if config.get("use_dora"):
+        problems.append("use_dora=true")
+    if config.get("use_rslora"):
+        problems.append("use_rslora=true")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        problems.append("per-layer ranks or alphas")
+    return problems
+
+
+def _module_name(key):
+    """A peft key -> (gpt2lib module name, 'lora_A' or 'lora_B'), or None if it is no LoRA weight."""
+    for part in ("lora_A", "lora_B"):
+        for suffix in (f".{part}.weight", f".{part}.default.weight"):
+            if key.endswith(suffix):
+                name = key[: -len(suffix)]
+                for prefix in (_PEFT_PREFIX, "base_model.model.", "transformer."):
+                    name = name.removeprefix(prefix)
+                return name, part
+    return None
+
+
+def load_adapter(model, folder):
+    """Add the adapter saved in `folder` (peft's layout) to a model without adapters, in place.
+
+    Rank, alpha, dropout and the adapted layers come from adapter_config.json. Every check runs
+    before the model is touched: an adapter whose layers or shapes do not fit the model (another
+    width, another number of layers) is refused with an AdapterError naming the misfit, and
+    nothing is loaded. Returns the model (adapters trainable, everything else frozen)."""
+    _check_plain(model, "load_adapter")
+    config, tensors = _read_adapter(folder)
+    where = str(Path(folder) / ADAPTER_CONFIG)
+    problems = _unsupported(config)
+    if problems:
+        raise AdapterError(f"{where!r} asks for {', '.join(problems)}, which gpt2lib's LoRA does "
+                           "not implement; the model would compute something else, so it is refused")
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        named = _module_name(key)
+        if named is None:
+            raise AdapterError(f"{str(folder)!r}: tensor {key!r} is not a LoRA weight (lora_A or "
+                               "lora_B); gpt2lib loads LoRA adapters only")
+        weights.setdefault(named[0], {})[named[1]] = tensor
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, _TARGETABLE)}
+    base = config.get("_gpt2lib_base") or {}
+    sizes = _base_sizes(model) or {}
+    differ = [f"{k} {base[k]} (the model has {sizes[k]})" for k in base if k in sizes and base[k] != sizes[k]]
+    unknown = sorted(set(weights) - set(layers))
+    if unknown:
+        raise AdapterError(f"the adapter in {str(folder)!r} was made for another base model: it "
+                           f"adapts {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}, "
+                           "which this model does not have" + (f"; it was saved for {', '.join(differ)}"
+                                                               if differ else ""))
+    targets = config.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    expected = {n for n in layers if any(_matches(n, t.removeprefix("transformer.")) for t in targets)}
+    without = sorted(expected - set(weights))
+    if without:
+        raise AdapterError(f"the adapter in {str(folder)!r} was made for another base model: its "
+                           f"targets {targets} cover {', '.join(without[:4])}"
+                           f"{' ...' if len(without) > 4 else ''} of this model, but it holds no "
+                           "weights for them" + (f"; it was saved for {', '.join(differ)}" if differ else ""))
+    for name, parts in sorted(weights.items()):
+        if set(parts) != {"lora_A", "lora_B"}:
+            raise AdapterError(f"{str(folder)!r}: {name} has only {', '.join(parts)}")
+        n_in, n_out = _in_out(layers[name])
+        want = {"lora_A": (rank, n_in), "lora_B": (n_out, rank)}
+        for part, tensor in parts.items():
+            if tuple(tensor.shape) != want[part]:
+                raise AdapterError(
+                    f"the adapter in {str(folder)!r} does not fit this model: {name}.{part} has "
+                    f"shape {tuple(tensor.shape)}, but rank {rank} on this model's {name} "
+                    f"({n_in} -> {n_out}) needs {want[part]}" + (f"; it was saved for {', '.join(differ)}"
+                                                                 if differ else ""))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    add_adapters(model, sorted(weights), rank, float(alpha), float(config.get("lora_dropout", 0.0)))
+    with torch.no_grad():
+        for name, layer in lora_layers(model).items():
+            device, dtype = layer.base.weight.device, layer.base.weight.dtype
+            layer.lora_A.weight.copy_(weights[name]["lora_A"].to(device, dtype))
+            layer.lora_B.weight.copy_(weights[name]["lora_B"].to(device, dtype))
+            layer.to(device=device, dtype=dtype)
+    return model

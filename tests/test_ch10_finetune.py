@@ -1,0 +1,301 @@
+"""Chapter 10: gpt2lib.finetune's entry points (LoRA, adapters in peft's layout, the data
+sets) and the chapter's checks against planted mistakes. The chapter's trained numbers are
+asserted by the notebook itself at the tests' setting (nbval runs solutions/10_finetuning)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from checkpoints import write_hub_checkpoint
+from gpt2lib import finetune as ft
+from gpt2lib.checks import finetune as checks
+from gpt2lib.checks._core import CheckFailed
+from gpt2lib.loading import from_pretrained
+from gpt2lib.tuning import (LoRALinear, add_adapters, collate, loss_by_position, masked_lm_loss,
+                            merged_weight, pool_mean, speaker_batch)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = write_hub_checkpoint(tmp_path_factory.mktemp("tiny"), n_layer=2, n_head=4, n_embd=64,
+                                  n_positions=64, seed=0)
+    return folder
+
+
+def load(folder, dtype=torch.float32):
+    return from_pretrained(folder, device="cpu", dtype=dtype).eval()
+
+
+IDS = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]])
+
+
+def trained_adapter(model, seed=1):
+    """Random adapter weights, so that the update is not zero."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in ft.lora_layers(model).values():
+            layer.lora_B.weight.copy_(0.05 * torch.randn(layer.lora_B.weight.shape, generator=gen))
+    return model
+
+
+# --------------------------------------------------------------------------- apply / merge
+
+
+def test_apply_lora_starts_at_zero_freezes_the_rest_and_trains_under_two_percent(tiny):
+    model = load(tiny)
+    before = model(IDS)
+    ft.apply_lora(model, rank=4, alpha=8, targets=("c_attn", "c_fc"))
+    assert torch.equal(model(IDS), before)
+    names = sorted(ft.lora_layers(model))
+    assert names == ["h.0.attn.c_attn", "h.0.mlp.c_fc", "h.1.attn.c_attn", "h.1.mlp.c_fc"]
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    trained, total = ft.trainable_parameters(model)
+    assert trained / total < 0.02
+
+
+def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused(tiny):
+    model = ft.apply_lora(load(tiny), targets=("h.1.mlp.c_fc",))
+    assert list(ft.lora_layers(model)) == ["h.1.mlp.c_fc"]
+    with pytest.raises(ft.AdapterError, match="no 'transformer.' prefix"):
+        ft.apply_lora(load(tiny), targets=("transformer.h.1.mlp.c_fc",))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(targets=("q_proj",)), "no layer of the model is called 'q_proj'"),
+    (dict(rank=0), "rank must be at least 1"),
+    (dict(rank=65), r"rank 65 is above the width of h.0.attn.c_attn \(64 -> 192\)"),
+    (dict(rank=2.5), "rank must be a whole number"),
+    (dict(alpha=0), "alpha must be a number above 0"),
+    (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
+])
+def test_apply_lora_refuses_bad_input_before_changing_anything(tiny, kwargs, message):
+    model = load(tiny)
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises((ValueError, TypeError), match=message):
+        ft.apply_lora(model, **kwargs)
+    assert not ft.lora_layers(model)
+    assert all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_apply_lora_twice_is_refused(tiny):
+    model = ft.apply_lora(load(tiny))
+    with pytest.raises(ft.AdapterError, match="already has LoRA adapters"):
+        ft.apply_lora(model)
+
+
+def test_merge_gives_the_adapters_logits_in_float64_and_the_plain_names(tiny):
+    plain = load(tiny).double()
+    model = trained_adapter(ft.apply_lora(copy.deepcopy(plain), rank=4, alpha=8,
+                                          targets=("c_attn", "c_proj", "c_fc")))
+    with torch.no_grad():
+        unmerged = model(IDS)
+        assert (unmerged - plain(IDS)).abs().max() > 1e-3  # the adapter does something
+        ft.merge_lora(model)
+        assert (model(IDS) - unmerged).abs().max() < 1e-5
+    assert list(dict(model.named_parameters())) == list(dict(plain.named_parameters()))
+    assert not ft.lora_layers(model)
+
+
+def test_the_adapters_dropout_acts_in_training_mode_only(tiny):
+    model = trained_adapter(ft.apply_lora(load(tiny), dropout=0.5))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(IDS), model(IDS))
+        model.train()
+        torch.manual_seed(0)
+        first = model(IDS)
+        torch.manual_seed(1)
+        assert not torch.equal(first, model(IDS))
+
+
+# --------------------------------------------------------------------------- adapter files
+
+
+def test_save_and_load_adapter_round_trip_creates_the_folder(tiny, tmp_path):
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=4, alpha=8, targets=("c_attn", "c_proj")))
+    folder = ft.save_adapter(model, tmp_path / "new" / "adapter")
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    assert config["r"] == 4 and config["lora_alpha"] == 8 and config["fan_in_fan_out"] is True
+    other = ft.load_adapter(load(tiny), folder)
+    with torch.no_grad():
+        assert torch.allclose(other(IDS), model(IDS), atol=1e-6)
+    assert sorted(ft.lora_layers(other)) == sorted(ft.lora_layers(model))
+
+
+@pytest.mark.parametrize("sizes, phrase", [
+    (dict(n_layer=2, n_head=4, n_embd=32), "does not fit this model: h.0.attn.c_attn.lora_A has shape"),
+    (dict(n_layer=3, n_head=4, n_embd=64), "holds no weights for them"),
+    (dict(n_layer=1, n_head=4, n_embd=64), "which this model does not have"),
+])
+def test_an_adapter_for_another_base_is_refused_and_nothing_is_loaded(tiny, tmp_path, sizes, phrase):
+    adapter = ft.save_adapter(trained_adapter(ft.apply_lora(load(tiny))), tmp_path / "adapter")
+    other = load(write_hub_checkpoint(tmp_path / "other", n_positions=64, **sizes))
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(ft.AdapterError, match=phrase):
+        ft.load_adapter(other, adapter)
+    assert not ft.lora_layers(other)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+def test_a_folder_without_an_adapter_is_named(tiny, tmp_path):
+    with pytest.raises(ft.AdapterError, match="does not hold adapter_config.json and adapter_model"):
+        ft.load_adapter(load(tiny), tmp_path)
+
+
+def _peft():
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    return peft, transformers
+
+
+def test_peft_loads_a_gpt2lib_adapter_onto_transformers_gpt2_with_the_same_logits(tiny, tmp_path):
+    peft, transformers = _peft()
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=4, alpha=8,
+                                          targets=("c_attn", "c_proj", "c_fc")))
+    adapter = ft.save_adapter(model, tmp_path / "adapter")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
+    with torch.no_grad():
+        assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
+
+
+def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path):
+    peft, transformers = _peft()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"],
+                             fan_in_fan_out=True, task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(hf, config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    wrapped.eval()
+    wrapped.save_pretrained(str(tmp_path / "peft_adapter"))
+    ours = ft.load_adapter(load(tiny), tmp_path / "peft_adapter")
+    assert len(ft.lora_layers(ours)) == 4
+    with torch.no_grad():
+        assert (wrapped(IDS).logits - ours(IDS)).abs().max() < 1e-4
+
+
+# --------------------------------------------------------------------------- data, classifier
+
+
+def test_the_data_sets_are_fixed_and_the_baseline_is_the_majority_share():
+    first, again = ft.speaker_dataset(), ft.speaker_dataset()
+    assert first == again and len(first.speakers) == 8
+    train = first.splits["train"]
+    assert len(train) > 8 * (len(first.splits["val"]) + len(first.splits["test"])) / 2 * 0.8
+    test_labels = [y for _, y in first.splits["test"]]
+    majority = max(range(8), key=[y for _, y in train].count)
+    assert first.majority_baseline("test") == test_labels.count(majority) / len(test_labels)
+    replies = ft.reply_dataset()
+    assert all(p.speaker != p.replier for p in replies["val"])
+    assert replies["train"][0].prompt.endswith("### Response:\n")
+
+
+def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
+    clf = ft.classifier(load(tiny), 4)
+    rows = [([464, 2068], 0), ([13], 5)]
+    with pytest.raises(ValueError, match="label 5 does not fit the classifier's head of 4"):
+        ft.accuracy(clf, rows, 50256, progress=False)
+    with pytest.raises(ValueError, match="the data set has 8 classes but the classifier's head has 4"):
+        ft.accuracy(clf, rows[:1], 50256, n_classes=8, progress=False)
+    with pytest.raises(ValueError, match="n_classes must be a whole number, at least 2"):
+        ft.classifier(load(tiny), 1)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+REFERENCE = {
+    checks.check_pool_mean: lambda: (pool_mean,),
+    checks.check_collate: lambda: (collate,),
+    checks.check_speaker_batch: lambda: (speaker_batch,),
+    checks.check_loss_by_position: lambda: (loss_by_position,),
+    checks.check_masked_lm_loss: lambda: (masked_lm_loss,),
+    checks.check_lora_linear: lambda: (LoRALinear,),
+    checks.check_add_adapters: lambda: (add_adapters, LoRALinear),
+    checks.check_merged_weight: lambda: (merged_weight, LoRALinear),
+}
+
+
+@pytest.mark.parametrize("check", list(REFERENCE), ids=lambda c: c.__name__)
+def test_every_check_passes_the_reference(check, capsys):
+    check(*REFERENCE[check]())
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", checks.POOL_MISTAKES, ids=lambda m: m.name)
+def test_pool_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_pool_mean(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def _collate_of(mistake):
+    return lambda pairs, pad_id: mistake.fn(pairs, pad_id)
+
+
+@pytest.mark.parametrize("mistake", checks.COLLATE_MISTAKES, ids=lambda m: m.name)
+def test_collate_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_collate(_collate_of(mistake))
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.LOSS_MISTAKES, ids=lambda m: m.name)
+def test_loss_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_masked_lm_loss(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.LORA_MISTAKES, ids=lambda m: m.name)
+def test_lora_check_names_each_mistake(mistake):
+    class Wrong(LoRALinear):
+        def forward(self, x):
+            return mistake.fn(self, x)
+
+    with pytest.raises(CheckFailed) as info:
+        checks.check_lora_linear(Wrong)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.MERGE_MISTAKES, ids=lambda m: m.name)
+def test_merge_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_merged_weight(mistake.fn, LoRALinear)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.COUNT_MISTAKES, ids=lambda m: m.name)
+def test_count_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_lora_parameter_count(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.POSITION_MISTAKES, ids=lambda m: m.name)
+def test_position_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_loss_by_position(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_batch_check_names_left_padding():
+    def left(rows, pad_id):
+        T = max(len(i) for i, _ in rows)
+        idx = torch.full((len(rows), T), pad_id)
+        for b, (ids, _) in enumerate(rows):
+            idx[b, T - len(ids):] = torch.tensor(ids)
+        return idx, torch.tensor([len(i) for i, _ in rows]), torch.tensor([y for _, y in rows])
+
+    with pytest.raises(CheckFailed, match="your padding is on the left"):
+        checks.check_speaker_batch(left)
