@@ -546,3 +546,39 @@ def test_prompts_of_any_integer_dtype_give_the_same_tokens(model, dtype):
     want = generate(model, ids, 4, temperature=0)
     got = generate(model, ids.to(dtype), 4, temperature=0)
     assert got.dtype == torch.long and torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------- the playground
+
+
+@pytest.mark.slow
+def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path, monkeypatch):
+    """Issue 27 item 4: run by nbclient (what nbconvert and `course progress` use), with no
+    frontend, the playground cell prints a sample and creates no widget to wait on."""
+    import json
+    import os
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[1]
+    chapter = json.loads((root / "solutions" / "09_generation.ipynb").read_text(encoding="utf-8"))
+    playground = next(c for c in chapter["cells"] if c.get("id") == "94411265")
+    setup = (
+        "import os, torch\n"
+        "from gpt2lib.loading import from_pretrained\n"
+        "from gpt2lib.generation import stream_text\n"
+        "from gpt2lib.tokenizer import get_encoding\n"
+        f"model = from_pretrained({os.environ['GPT2LIB_CHECKPOINT']!r}).eval()\n"
+        "tokenizer, NEW_TOKENS = get_encoding(), 5\n"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(setup),
+                                         nbformat.v4.new_code_cell("".join(playground["source"]))])
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)  # the kernel inherits: no browser
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[1].outputs
+    text = "".join(o.get("text", "") for o in outputs)
+    assert text.startswith("The meaning of life is") and "no browser attached" in text
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
