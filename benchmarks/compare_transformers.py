@@ -104,14 +104,14 @@ def ours_generate_unsplit(model, prompt, new_tokens):
 
 @torch.inference_mode()
 def ours_prefill(model, prompt):
-    """The prompt as generate() runs it: the engine's prefill into a new cache, then argmax.
+    """The prompt as generate() runs it: the model's forward into a new cache, then argmax.
 
     (generate() itself refuses a 1,024-token prompt plus a new token: that is 1,025 positions.)
     """
-    from gpt2lib.speed import Decoder
+    from gpt2lib.kvcache import KVCache
 
-    decoder = Decoder(model, prompt.shape[0], prompt.shape[1])
-    return decoder.prefill(prompt).argmax(-1)
+    cache = KVCache.for_model(model, prompt.shape[0], prompt.shape[1])
+    return model(prompt, kv_cache=cache, last_only=True)[:, -1].argmax(-1)
 
 
 @torch.inference_mode()

@@ -7,16 +7,19 @@ below load on first use, so `import gpt2lib.tokenizer` (chapter 1) does not pull
     from gpt2lib import run_with_cache, logit_lens, induction_scores   # a look inside (ch 8)
     from gpt2lib import pretrain   # train from token files, one process or torchrun (ch 11)
 
-The model (chapter 6) is a plain nn.Module; saving, loading, generating and looking inside are
-functions that take it: `save_pretrained(model, folder)`, `from_pretrained(name_or_path)`,
-`generate(model, idx, max_new_tokens)`, `run_with_cache(model, idx)`.
+Chapter 6's model (gpt2lib.model.GPT2) is a plain nn.Module; saving, loading, generating and
+looking inside are functions that take it: `save_pretrained(model, folder)`,
+`from_pretrained(name_or_path)`, `generate(model, idx, max_new_tokens)`,
+`run_with_cache(model, idx)`. `gpt2lib.GPT2` is that class with the same four as methods
+(gpt2lib.mixins): `GPT2.from_pretrained("gpt2").generate(ids, 20)`.
 """
 
 import importlib
 
 # public name -> the module it lives in
 _EXPORTS = {
-    "GPT2": "gpt2lib.model",
+    "GPT2": "gpt2lib.mixins",  # chapter 6's model with from_pretrained, generate, ...
+    "GenerationMixin": "gpt2lib.mixins",
     "GPT2Config": "gpt2lib.config",
     "KVCache": "gpt2lib.kvcache",
     "from_pretrained": "gpt2lib.checkpoint",

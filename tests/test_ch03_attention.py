@@ -511,3 +511,43 @@ def test_checks_leave_the_global_random_state_alone():
     torch.manual_seed(7)
     checks.check_causal_self_attention(CausalSelfAttention)
     assert torch.equal(torch.rand(3), want)
+
+
+# --------------------------------------------------------------------------- causal_mask
+
+
+def test_causal_mask_is_the_lower_triangle_and_takes_an_offset_and_a_tensor_position():
+    from gpt2lib.attention import causal_mask
+
+    assert torch.equal(causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())
+    # 3 new queries after 4 cached tokens: query i sees keys 0 .. 4 + i
+    assert torch.equal(causal_mask(3, 4), torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4))
+    # a preallocated cache of 10 slots: the slots after each query's position are hidden too
+    wide = causal_mask(3, 4, length=10)
+    assert wide.shape == (3, 10) and torch.equal(wide[:, :7], causal_mask(3, 4))
+    assert not wide[:, 7:].any()
+    # the position as a tensor (a CUDA graph's): the same mask
+    assert torch.equal(causal_mask(3, torch.tensor(4), length=10), wide)
+
+
+def test_attention_with_a_cache_of_whole_buffers_equals_the_growing_slices():
+    """The static cache of chapter 9: the layer masks the unwritten slots itself."""
+    from gpt2lib.kvcache import KVCache
+
+    config = GPT2Config(vocab_size=32, n_positions=16, n_embd=12, n_head=3, n_layer=1)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(config).eval()
+    x = torch.randn(2, 7, 12)
+    outs = {}
+    for static in (False, True):
+        cache = KVCache(config, 2, 16, static=static)
+        pieces = []
+        with torch.no_grad():
+            for a, b in ((0, 4), (4, 6), (6, 7)):
+                pieces.append(attn(x[:, a:b], kv_cache=cache.layers[0]))
+                cache.advance(b - a)
+        outs[static] = torch.cat(pieces, dim=1)
+    with torch.no_grad():
+        full = attn(x)
+    torch.testing.assert_close(outs[False], full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[True], full, atol=1e-5, rtol=1e-5)

@@ -186,14 +186,20 @@ def test_seeded_sampling_with_and_without_cache_is_identical(model):
                        generate(model, idx, 10, seed=5, use_cache=False))
 
 
-def test_generate_restores_training_mode(model):
+def test_generate_leaves_training_mode_alone_and_warns_that_dropout_is_on(model):
     model.train()
     try:
-        a = generate(model, prompt(), 5, temperature=0)
-        assert model.training
+        with pytest.warns(UserWarning, match=r"(?s)training mode.*dropout is on.*model.eval\(\)"):
+            generate(model, prompt(), 5, temperature=0)
+        assert model.training and all(m.training for m in model.modules())
     finally:
         model.eval()
-    assert torch.equal(a, generate(model, prompt(), 5, temperature=0))  # no dropout used
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in eval mode: no warning
+        generate(model, prompt(), 5, temperature=0)
+    assert not any(m.training for m in model.modules())
 
 
 # --------------------------------------------------------------------------- stopping at EOS
@@ -363,7 +369,7 @@ def test_stream_text_refuses_at_once():
 
 
 def test_compile_flag_is_harmless_on_cpu(model):
-    with pytest.warns(UserWarning, match="compile=True only speeds up CUDA"):
+    with pytest.warns(UserWarning, match="compile=True captures a CUDA graph, which needs a CUDA"):
         a = generate(model, prompt(), 4, temperature=0, compile=True)
     assert torch.equal(a, generate(model, prompt(), 4, temperature=0))
 
@@ -387,11 +393,15 @@ def test_zero_new_tokens_returns_the_prompt(model):
 ])
 def test_bad_generate_arguments_name_the_argument_before_any_work(model, monkeypatch, kwargs,
                                                                   error, message):
-    from gpt2lib import speed
+    from gpt2lib import generation
 
-    monkeypatch.setattr(speed, "acquire_decoder", lambda *a, **k: pytest.fail("work started"))
-    with pytest.raises(error, match=message):
-        generate(model, prompt(), 3, **kwargs)
+    monkeypatch.setattr(generation, "decode_all", lambda *a, **k: pytest.fail("work started"))
+    hook = model.register_forward_pre_hook(lambda *a: pytest.fail("the model ran"))
+    try:
+        with pytest.raises(error, match=message):
+            generate(model, prompt(), 3, **kwargs)
+    finally:
+        hook.remove()
 
 
 def test_numpy_scalars_are_accepted(model):
@@ -473,19 +483,18 @@ def test_interleaved_generators_do_not_change_each_other_or_the_caller(make):
     model = make()
     model.eval()
     expected = generate(model, prompt(), 8, temperature=0)[:, 5:]
-    model.train()  # the owner left it in training mode: generation must not touch that
     first = decode_tokens(model, prompt(), 8, temperature=0)
     second = decode_tokens(model, prompt(), 8, temperature=0)
     got_first, got_second = [], []
     for a, b in zip(first, second):
         got_first.append(a)
         assert torch.is_grad_enabled()  # paused generators leave gradients on for the caller
-        assert model.training and all(m.training for m in model.modules())
+        assert not any(m.training for m in model.modules())  # the mode is the owner's
         got_second.append(b)
     assert torch.equal(torch.stack(got_first, 1), expected)
     assert torch.equal(torch.stack(got_second, 1), expected)
     if make is learner_model:  # every forward the generators ran was in eval mode
-        assert model.h[0].modes_seen and not any(model.h[0].modes_seen[1:])
+        assert model.h[0].modes_seen and not any(model.h[0].modes_seen)
 
 
 def test_an_abandoned_stream_leaves_the_model_as_it_was():
@@ -510,7 +519,6 @@ def test_generations_in_threads_give_the_results_of_one_alone(make):
     model.eval()
     idx = prompt()
     alone = generate(model, idx, 12, temperature=0)
-    model.train()
     results, errors = [], []
 
     def run():
@@ -527,9 +535,9 @@ def test_generations_in_threads_give_the_results_of_one_alone(make):
         thread.join()
     assert not errors
     assert len(results) == 9 and all(torch.equal(r, alone) for r in results)
-    assert model.training and all(m.training for m in model.modules())
+    assert not any(m.training for m in model.modules())  # two threads, one eval-mode model
     if make is learner_model:
-        assert not any(model.h[0].modes_seen[1:])  # not one forward ran with dropout
+        assert not any(model.h[0].modes_seen)  # not one forward ran with dropout
 
 
 @pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.int32])
@@ -538,3 +546,39 @@ def test_prompts_of_any_integer_dtype_give_the_same_tokens(model, dtype):
     want = generate(model, ids, 4, temperature=0)
     got = generate(model, ids.to(dtype), 4, temperature=0)
     assert got.dtype == torch.long and torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------- the playground
+
+
+@pytest.mark.slow
+def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path, monkeypatch):
+    """Issue 27 item 4: run by nbclient (what nbconvert and `course progress` use), with no
+    frontend, the playground cell prints a sample and creates no widget to wait on."""
+    import json
+    import os
+    from pathlib import Path
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = Path(__file__).resolve().parents[1]
+    chapter = json.loads((root / "solutions" / "09_generation.ipynb").read_text(encoding="utf-8"))
+    playground = next(c for c in chapter["cells"] if c.get("id") == "94411265")
+    setup = (
+        "import os, torch\n"
+        "from gpt2lib.loading import from_pretrained\n"
+        "from gpt2lib.generation import stream_text\n"
+        "from gpt2lib.tokenizer import get_encoding\n"
+        f"model = from_pretrained({os.environ['GPT2LIB_CHECKPOINT']!r}).eval()\n"
+        "tokenizer, NEW_TOKENS = get_encoding(), 5\n"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(setup),
+                                         nbformat.v4.new_code_cell("".join(playground["source"]))])
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)  # the kernel inherits: no browser
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[1].outputs
+    text = "".join(o.get("text", "") for o in outputs)
+    assert text.startswith("The meaning of life is") and "no browser attached" in text
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)

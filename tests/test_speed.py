@@ -1,7 +1,8 @@
-"""gpt2lib.kernels (the split multiply), gpt2lib.measure and the decoding engine gpt2lib.speed:
-the split gives torch's numbers, is taken only where it was measured to pay, can be switched
-off; the engine's static step gives the tokens of the growing-slice path, compiles without a
-graph break, and keeps nothing inside the model."""
+"""gpt2lib.kernels (the split multiply), gpt2lib.measure and gpt2lib.speed: the split gives
+torch's numbers, is taken only where it was measured to pay, can be switched off; SplitConv1D
+is Conv1D with that multiply; the static cache's step (a position tensor, the whole buffer,
+a mask) gives the tokens of the growing slices, reads nothing on the host, compiles without a
+graph break, and keeps nothing inside the model; speed.py holds no layer of its own."""
 
 import pytest
 import torch
@@ -134,26 +135,36 @@ def test_gradients_through_the_split_equal_the_plain_ones():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_engine_gives_the_same_logits_and_tokens_with_and_without_the_split(monkeypatch):
-    from gpt2lib.speed import Decoder
+def test_split_conv1d_is_conv1d_with_the_split_and_generate_swaps_it_in(monkeypatch):
+    from gpt2lib import speed
+    from gpt2lib.layers import Conv1D
 
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=331, n_positions=64, n_embd=48, n_layer=2, n_head=4)).eval()
     ids = torch.randint(0, 331, (3, 10))
+    with torch.no_grad():
+        plain = model(ids[:, :2], last_only=True)[:, -1]  # chapter 6's Conv1D: never split
+    with kernels.use_split_matmul(False):
+        tokens_off = generate(model, ids, 12, temperature=0)  # swaps the class in, unsplit
+    assert {type(m) for m in model.modules() if isinstance(m, Conv1D)} == {speed.SplitConv1D}
+    assert set(model.state_dict()) == set(GPT2(model.config).state_dict())  # same names
     counter = CountSplits(monkeypatch)
     with torch.no_grad():
-        on = Decoder(model, 1, 1).prefill(ids[:1, :1]), Decoder(model, 3, 10).prefill(ids)
-        assert counter.split_calls > 0  # the engine really splits few rows
-        with kernels.use_split_matmul(False):
-            off = Decoder(model, 1, 1).prefill(ids[:1, :1]), Decoder(model, 3, 10).prefill(ids)
-        plain = model(ids, last_only=True)[:, -1]  # chapter 6's forward: never split
-    for a, b in zip(on, off):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(on[1], plain, atol=1e-5, rtol=1e-5)
-    tokens_on = generate(model, ids, 12, temperature=0)
-    with kernels.use_split_matmul(False):
-        tokens_off = generate(model, ids, 12, temperature=0)
-    assert torch.equal(tokens_on, tokens_off)
+        split = model(ids[:, :2], last_only=True)[:, -1]
+    assert counter.split_calls > 0  # few rows really go through the split now
+    torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
+    assert torch.equal(generate(model, ids, 12, temperature=0), tokens_off)
+
+
+def test_the_swap_happens_only_where_the_split_was_measured_faster(monkeypatch):
+    from gpt2lib import speed
+    from gpt2lib.layers import Conv1D
+
+    monkeypatch.setattr(kernels, "split_measured_faster", lambda: False)
+    model = tiny_model()
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 2, temperature=0)
+    assert speed.use_split_conv1d(model) == 0
+    assert all(type(m) is Conv1D for m in model.modules() if isinstance(m, Conv1D))
 
 
 def test_decode_bytes_per_token_counts_every_weight_but_the_unused_positions():
@@ -192,97 +203,67 @@ def tiny_model(seed=0, **sizes):
     return GPT2(GPT2Config(**sizes)).eval()
 
 
-def greedy_with(decoder, prompt, new):
-    with torch.no_grad():
-        logits = decoder.prefill(prompt)
-        tokens = []
-        for _ in range(new):
-            token = logits.argmax(-1)
-            tokens.append(token)
-            logits = decoder.step(token)
-    return torch.stack(tokens, 1)
-
-
 @settings(max_examples=20, deadline=None)
 @given(n_layer=st.integers(1, 3), n_head=st.integers(1, 3), head_dim=st.sampled_from([2, 4, 8]),
        B=st.integers(1, 3), T=st.integers(1, 12), new=st.integers(1, 12),
        seed=st.integers(0, 999))
-def test_static_step_gives_the_tokens_of_the_growing_slices(n_layer, n_head, head_dim, B, T,
+def test_static_cache_gives_the_tokens_of_the_growing_slices(n_layer, n_head, head_dim, B, T,
                                                              new, seed):
-    """Whole buffer + validity mask + position tensor == the model's own KVCache path."""
-    from gpt2lib.speed import Decoder
+    """Whole buffer + validity mask + position tensor == growing slices == no cache."""
+    from gpt2lib.generation import decode_all
 
     model = tiny_model(seed, n_layer=n_layer, n_head=n_head, n_embd=n_head * head_dim)
     prompt = torch.randint(0, 61, (B, T), generator=torch.Generator().manual_seed(seed))
-    static = greedy_with(Decoder(model, B, T + new + 5, static=True), prompt, new)  # spare slots
-    slices = greedy_with(Decoder(model, B, T + new), prompt, new)
-    assert torch.equal(static, slices)
-    # the growing-slice path of chapter 6's forward with a KVCache: today's reference
-    reference = generate(model, prompt, new, temperature=0, use_cache=False)[:, T:]
-    assert torch.equal(static, reference)
+    greedy = (0.0, None, None)
+    static = decode_all(model, prompt, new, sampling=greedy, static=True)
+    slices = decode_all(model, prompt, new, sampling=greedy)
+    reference = decode_all(model, prompt, new, sampling=greedy, use_cache=False)
+    assert torch.equal(static, slices) and torch.equal(static, reference)
 
 
-def test_generate_takes_the_engine_only_for_gpt2lib_modules(monkeypatch):
-    from gpt2lib import speed
-    from gpt2lib.block import Block
-
-    calls = []
-    real = speed.Decoder.step
-    monkeypatch.setattr(speed.Decoder, "step", lambda self, t: calls.append(1) or real(self, t))
-    model = tiny_model()
-    assert speed.fast_path_applies(model)
-    generate(model, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0)
-    assert len(calls) == 3
-
-    class MyBlock(Block):  # a learner's block: the model's own forward must run it
-        def forward(self, x, kv_cache=None):
-            self.seen = True
-            return super().forward(x, kv_cache=kv_cache)
-
-    torch.manual_seed(0)
-    learner = GPT2(tiny_model().config, block_cls=MyBlock).eval()
-    assert not speed.fast_path_applies(learner)
-    calls.clear()
-    generate(learner, torch.zeros(1, 3, dtype=torch.long), 4, temperature=0)
-    assert calls == [] and learner.h[0].seen
-
-
-def test_decode_step_reads_nothing_on_the_host():
-    """Under a mode that fails on any tensor-to-Python read, the static step still runs."""
-    from gpt2lib.speed import Decoder
-
-    model = tiny_model()
-    decoder = Decoder(model, 2, 16, static=True)
+def static_step_setup(model, B=2, T=3, max_len=16):
+    cache = KVCache.for_model(model, B, max_len, static=True)
     with torch.no_grad():
-        logits = decoder.prefill(torch.zeros(2, 3, dtype=torch.long))
-        token = logits.argmax(-1)
-
-        class NoHostReads(torch.overrides.TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                if func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
-                            torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__):
-                    raise AssertionError(f"host read: {func}")
-                return func(*args, **(kwargs or {}))
-
-        with NoHostReads():
-            decoder.step(token)
+        model(torch.zeros(B, T, dtype=torch.long), kv_cache=cache)
+    return cache
 
 
-@pytest.mark.slow
-def test_decode_step_compiles_in_one_graph_on_cpu():
+def test_a_static_step_of_the_layers_reads_nothing_on_the_host():
+    """Under a mode that fails on any tensor-to-Python read, the blocks and ln_f of a static
+    step still run: attention and the cache write and read at the position tensor."""
+    model = tiny_model()
+    cache = static_step_setup(model)
+    x = model.wte(torch.ones(2, 1, dtype=torch.long)) + model.wpe(cache.position[None])
+
+    class NoHostReads(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
+                        torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__):
+                raise AssertionError(f"host read: {func}")
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), NoHostReads():
+        for i, block in enumerate(model.h):
+            x = block(x, kv_cache=cache.layers[i])
+        cache.advance(1)
+        model.ln_f(x)
+    assert cache.length == 4 and int(cache.position) == 4
+    assert cache.layers[0].k[:, :, 3].abs().sum() > 0  # written at the position
+    assert torch.equal(cache.layers[0].k[:, :, 4:], torch.zeros_like(cache.layers[0].k[:, :, 4:]))
+
+
+def test_a_static_step_of_the_model_compiles_in_one_graph():
     """torch.compile(fullgraph=True) raises on any graph break, such as a host read."""
-    from gpt2lib.speed import decode_step, model_weights
-
     model = tiny_model(n_layer=1, n_embd=8, n_head=2, vocab_size=17, n_positions=8)
-    weights = model_weights(model)
-    cache = KVCache.for_model(model, 1, 8)
-    k_bufs = [layer.k for layer in cache.layers]
-    v_bufs = [layer.v for layer in cache.layers]
-    step = torch.compile(decode_step, fullgraph=True, dynamic=False)
-    token, pos = torch.tensor([[3]]), torch.tensor([0])
+    cache = static_step_setup(model, B=1, T=2, max_len=8)
+    token = torch.tensor([[3]])
     with torch.no_grad():
-        got = step(weights, token, pos, k_bufs, v_bufs, 2, 1e-5)
-        want = model(token, last_only=True)[:, -1]
+        want = model(torch.tensor([[0, 0, 3]]), last_only=True)[:, -1]
+
+        def step(token):
+            return model(token, kv_cache=cache, last_only=True)[:, -1]
+
+        got = torch.compile(step, fullgraph=True, backend="eager")(token)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -302,19 +283,26 @@ def test_state_dict_to_and_deepcopy_work_after_a_compiled_generation():
     assert torch.equal(generate(model, prompt, 5, temperature=0), first)
 
 
-def test_graphs_are_kept_outside_the_model_and_die_with_it():
-    import gc
-    import weakref
+def test_speed_holds_no_block_attention_or_mlp_of_its_own():
+    """One forward: speed.py may choose modules and capture graphs, never compute a layer."""
+    import ast
+    import inspect
 
     from gpt2lib import speed
 
-    model = tiny_model()
-    speed._GRAPHS[model] = {"stand-in": []}  # what a CUDA run stores, keyed weakly
-    assert speed.captured_graph_count(model) == 0
-    gone = weakref.ref(model)
-    del model
-    gc.collect()
-    assert gone() is None and len(speed._GRAPHS) == 0
+    tree = ast.parse(inspect.getsource(speed))
+    names = {node.attr if isinstance(node, ast.Attribute) else node.id
+             for node in ast.walk(tree) if isinstance(node, (ast.Attribute, ast.Name))}
+    layer_math = {"scaled_dot_product_attention", "layer_norm", "gelu", "softmax", "embedding",
+                  "Block", "CausalSelfAttention", "MLP", "LayerNorm"}
+    assert not names & layer_math, sorted(names & layer_math)
+    defined = {node.name for node in ast.walk(tree)
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert not {n for n in defined if any(w in n.lower() for w in ("block", "attn", "attention",
+                                                                    "mlp", "prefill"))}
+    for gone in ("Decoder", "GraphDecoder", "decode_step", "prefill", "fast_path_applies",
+                 "model_weights", "_block"):
+        assert not hasattr(speed, gone), gone
 
 
 @pytest.mark.parametrize("measured_faster", [True, False])

@@ -1,0 +1,247 @@
+"""Issue 22 (one forward) and issue 24 item 4: generation runs through the model's own modules,
+so hooks, ablations, replaced modules and a learner's classes apply with and without the
+cache; the GPT2 methods are thin calls of the functions; two threads share one eval model."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpt2lib.block import Block
+from gpt2lib.config import GPT2Config
+from gpt2lib.generation import generate
+from gpt2lib.interpret import ablated_heads
+from gpt2lib.model import GPT2 as ChapterGPT2
+
+CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
+NEW = 12
+
+
+def make_model(seed=0, cls=ChapterGPT2, **kwargs):
+    torch.manual_seed(seed)
+    return cls(CONFIG, **kwargs).eval()
+
+
+def prompt(B=2, T=5, seed=1):
+    return torch.randint(0, CONFIG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def greedy_by_full_forwards(model, idx, n):
+    """The reference: the whole sequence through model(...) at every step, argmax."""
+    for _ in range(n):
+        idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def assert_generation_follows_the_forward(model, changed_from=None):
+    for use_cache in (True, False):
+        got = generate(model, prompt(), NEW, temperature=0, use_cache=use_cache)
+        assert torch.equal(got, greedy_by_full_forwards(model, prompt(), NEW)), use_cache
+    if changed_from is not None:  # the change matters: without it the tokens differ
+        assert not torch.equal(got, changed_from)
+
+
+@pytest.fixture(scope="module")
+def untouched():
+    return generate(make_model(), prompt(), NEW, temperature=0)
+
+
+def test_a_forward_hook_on_a_block_applies_while_generating(untouched):
+    model = make_model()
+    handle = model.h[1].register_forward_hook(lambda module, args, out: -out)
+    try:
+        assert_generation_follows_the_forward(model, changed_from=untouched)
+    finally:
+        handle.remove()
+    assert torch.equal(generate(model, prompt(), NEW, temperature=0), untouched)
+
+
+def test_a_forward_hook_on_an_mlp_applies_while_generating(untouched):
+    model = make_model()
+    handle = model.h[0].mlp.register_forward_hook(lambda module, args, out: out * 30)
+    try:
+        assert_generation_follows_the_forward(model, changed_from=untouched)
+    finally:
+        handle.remove()
+
+
+def test_generate_honours_ablated_heads():
+    """Issue 24 item 4: inside ablated_heads, cached generation equals the ablated forward."""
+    model = make_model()
+    with torch.no_grad():  # heads that matter: the ablation then changes the greedy tokens
+        for block in model.h:
+            block.attn.c_proj.weight.mul_(10)
+    untouched = generate(model, prompt(), NEW, temperature=0)
+    every_head = {layer: list(range(CONFIG.n_head)) for layer in range(CONFIG.n_layer)}
+    with ablated_heads(model, every_head):
+        assert_generation_follows_the_forward(model, changed_from=untouched)
+    with ablated_heads(model, {1: [0]}):
+        assert_generation_follows_the_forward(model, changed_from=untouched)
+    assert torch.equal(generate(model, prompt(), NEW, temperature=0), untouched)
+
+
+def test_a_replaced_module_forward_applies_while_generating(untouched):
+    model = make_model()
+    mlp = model.h[2].mlp
+    real = mlp.forward
+    mlp.forward = lambda x: real(x) * -3  # an instance attribute, as an experimenter patches it
+    try:
+        assert_generation_follows_the_forward(model, changed_from=untouched)
+    finally:
+        del mlp.forward
+
+
+def test_every_block_runs_at_least_once_per_new_token():
+    model = make_model()
+    calls = [0] * CONFIG.n_layer
+    handles = [block.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
+               for i, block in enumerate(model.h)]
+    try:
+        for use_cache in (True, False):
+            calls[:] = [0] * CONFIG.n_layer
+            generate(model, prompt(), NEW, temperature=0, use_cache=use_cache)
+            assert all(n >= NEW for n in calls), (use_cache, calls)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class SeenBlock(Block):
+    """A learner's subclass: it must run, with the cache handed to it."""
+
+    def forward(self, x, kv_cache=None):
+        self.caches = getattr(self, "caches", []) + [kv_cache is not None]
+        return super().forward(x, kv_cache=kv_cache)
+
+
+class NoCacheBlock(Block):
+    """A chapter-5 block written without a kv_cache argument."""
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def test_a_learners_block_runs_with_the_cache():
+    model = make_model(block_cls=SeenBlock)
+    got = generate(model, prompt(), NEW, temperature=0)
+    assert all(model.h[0].caches)  # every call had the cache
+    assert len(model.h[0].caches) == NEW  # the prefill, then one call per step
+    assert torch.equal(got, greedy_by_full_forwards(model, prompt(), NEW))
+
+
+def test_a_block_without_kv_cache_falls_back_to_full_forwards():
+    model = make_model(block_cls=NoCacheBlock)
+    reference = make_model()  # the same weights (same seed): Block's arithmetic
+    got = generate(model, prompt(), NEW, temperature=0)
+    assert torch.equal(got, generate(reference, prompt(), NEW, temperature=0))
+
+
+def test_from_pretrained_model_cls_is_what_generates(tmp_path):
+    from gpt2lib.loading import from_pretrained
+    from gpt2lib.training import save_pretrained
+
+    save_pretrained(make_model(), tmp_path / "m")
+
+    class Counting(ChapterGPT2):
+        calls = 0
+
+        def forward(self, idx, kv_cache=None, last_only=False):
+            type(self).calls += 1
+            return super().forward(idx, kv_cache=kv_cache, last_only=last_only)
+
+    model = from_pretrained(tmp_path / "m", model_cls=Counting).eval()
+    generate(model, prompt(), 4, temperature=0)
+    assert Counting.calls == 4
+
+
+def test_two_threads_generating_on_one_eval_model_get_the_results_of_one_alone():
+    model = make_model()
+    want = {seed: generate(model, prompt(seed=seed), NEW, temperature=0) for seed in (1, 2)}
+    got, errors = [], []
+
+    def run(seed):
+        try:
+            for _ in range(4):
+                got.append((seed, generate(model, prompt(seed=seed), NEW, temperature=0)))
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(got) == 8
+    assert all(torch.equal(out, want[seed]) for seed, out in got)
+    assert not model.training
+
+
+def test_bad_token_ids_are_refused_before_the_model_runs():
+    model = make_model()
+    handle = model.register_forward_pre_hook(lambda *a: pytest.fail("the model ran"))
+    try:
+        with pytest.raises(ValueError, match="97"):
+            generate(model, torch.tensor([[1, 2, 97]]), 3)
+        with pytest.raises(ValueError):
+            generate(model, torch.tensor([[1, -1]]), 3)
+    finally:
+        handle.remove()
+
+
+# --------------------------------------------------------------------------- the methods
+
+
+def test_the_methods_equal_the_functions(tmp_path):
+    from gpt2lib import GPT2, interpret
+    from gpt2lib.loading import from_pretrained
+    from gpt2lib.training import save_pretrained
+
+    model = make_model(cls=GPT2)
+    assert isinstance(model, ChapterGPT2) and type(model) is not ChapterGPT2
+    ids = prompt()
+    assert torch.equal(model.generate(ids, 6, temperature=0), generate(model, ids, 6, temperature=0))
+    assert torch.equal(model.generate(ids, 6, seed=3), generate(model, ids, 6, seed=3))
+    logits, cache = model.run_with_cache(ids)
+    want_logits, want_cache = interpret.run_with_cache(model, ids)
+    assert torch.equal(logits, want_logits) and len(cache.resid) == len(want_cache.resid)
+    assert all(torch.equal(a, b) for a, b in zip(cache.resid, want_cache.resid))
+    model.save_pretrained(tmp_path / "methods")
+    save_pretrained(model, tmp_path / "function")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "methods" / name).read_bytes() == (tmp_path / "function" / name).read_bytes()
+    loaded = GPT2.from_pretrained(tmp_path / "methods")
+    assert type(loaded) is GPT2  # the class it was called on
+    plain = from_pretrained(tmp_path / "methods")
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert torch.equal(loaded.eval().generate(ids, 6, temperature=0),
+                       generate(plain.eval(), ids, 6, temperature=0))
+
+
+def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_them_in():
+    from gpt2lib.mixins import GenerationMixin
+
+    for method in ("from_pretrained", "generate", "save_pretrained", "run_with_cache"):
+        assert not hasattr(ChapterGPT2, method), method
+
+    class MyGPT2(nn.Module):  # a learner's own model, with a forward of its own
+        def __init__(self, config):
+            super().__init__()
+            self.inner = ChapterGPT2(config)
+            self.config = config
+
+        def forward(self, idx):
+            return self.inner(idx)
+
+    class Mine(MyGPT2, GenerationMixin):
+        pass
+
+    torch.manual_seed(0)
+    mine = Mine(CONFIG).eval()
+    torch.manual_seed(0)
+    reference = ChapterGPT2(CONFIG).eval()
+    assert torch.equal(mine.generate(prompt(), 5, temperature=0),
+                       generate(reference, prompt(), 5, temperature=0))
