@@ -215,12 +215,12 @@ def training_check(args, record, steps=30) -> bool:
             section["stderr"] = done.stderr[-3000:]
             print(f"  training: torchrun failed\n{done.stderr[-3000:]}", flush=True)
             return False
-        log = [json.loads(line) for line in Path(tmp, "run", "log.jsonl").read_text().splitlines()]
+        log = [json.loads(line) for line in Path(tmp, "run", "log.jsonl").read_text(encoding="utf-8").splitlines()]
         tail = log[len(log) // 2:]  # after compilation and warm-up
         section.update(tokens_per_s=statistics.median(x["tokens_per_s"] for x in tail),
                        mfu=statistics.median(x["mfu"] for x in tail),
                        first_loss=log[0]["loss"], last_loss=log[-1]["loss"],
-                       run=json.loads(Path(tmp, "run", "run.json").read_text()))
+                       run=json.loads(Path(tmp, "run", "run.json").read_text(encoding="utf-8")))
         loaded = from_pretrained(str(Path(tmp, "run")), device="cpu")
         section["saved_model_loads"] = loaded.config.vocab_size == 50257
     ok = section["last_loss"] < section["first_loss"] and section["saved_model_loads"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from gpt2lib.tuning import (
     add_adapters,
     collate,
     speaker_batch,
-    masked_lm_loss,
     merged_weight,
     response_loss,
 )

@@ -476,7 +476,7 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
                     "flops_per_token": flops_token, "peak_flops_per_device": peak,
                     "peak_source": peak_source,
                     "fused_adamw": bool(optimizer.defaults.get("fused"))}
-            (checkpoint_path.parent / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+            (checkpoint_path.parent / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             log = open(log_path, "a", encoding="utf-8")
         bar = _bar(s.steps, start) if (ranks.rank == 0 and s.progress) else None
 

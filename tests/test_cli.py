@@ -190,7 +190,7 @@ def test_a_config_nested_100000_levels_deep_is_one_line(tmp_path, checkpoint_dir
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_output_to_a_full_disk_is_one_line_and_a_failure(checkpoint_dir):
     """BAD 13 of issue 24: `> /dev/full` gave an OSError traceback."""
-    with open("/dev/full", "w") as full:
+    with open("/dev/full", "w", encoding="utf-8") as full:
         out = subprocess.run([sys.executable, "-m", "gpt2lib", "generate", "--model",
                               str(checkpoint_dir), "--prompt", "Hi", "--max-new-tokens", "3",
                               "--temperature", "0"], stdout=full, stderr=subprocess.PIPE,

@@ -4,7 +4,6 @@ files and folders in the wrong place, and a learner's work that is not drift."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
@@ -15,11 +14,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_markdown_cell, new_output
+from nbformat.v4 import new_output
 
 from gpt2lib import course, progress
 from gpt2lib.course import CourseError
-from test_course import (chapter_01, chapter_02, code, learner_path, progress_chapter, read,
+from test_course import (chapter_01, chapter_02, learner_path, progress_chapter, read,
                          set_source, type_answer, write_notebook)
 
 

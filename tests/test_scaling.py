@@ -51,7 +51,7 @@ def token_file(tmp_path_factory, shakespeare_ids):
 
 
 def read_log(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
 
 
 def final_weights(folder):
@@ -108,8 +108,8 @@ def test_prepare_of_a_folder_joins_the_files_with_endoftext(tmp_path):
 
     enc = get_encoding()
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.txt").write_text("Hello world")
-    (tmp_path / "in" / "b.txt").write_text("Good night")
+    (tmp_path / "in" / "a.txt").write_text("Hello world", encoding="utf-8")
+    (tmp_path / "in" / "b.txt").write_text("Good night", encoding="utf-8")
     tokenfile.prepare(tmp_path / "in", tmp_path / "t.bin", processes=1, progress=False)
     want = enc.encode_ordinary("Hello world") + [50256] + enc.encode_ordinary("Good night")
     assert open_tokens(tmp_path / "t.bin").tolist() == want
@@ -186,7 +186,7 @@ def test_bad_input_is_refused_before_any_step(tmp_path, token_file, monkeypatch)
 def test_a_checkpoint_of_another_size_or_run_is_an_error_not_adopted(tmp_path, token_file):
     out = tmp_path / "run"
     pretrain(**{**TINY, "steps": 2, "out": str(out), "data": str(token_file)})
-    log_before = (out / "log.jsonl").read_text()
+    log_before = (out / "log.jsonl").read_text(encoding="utf-8")
     with pytest.raises(TrainingSetupError, match="another model size.*n_embd=32.*n_embd=64"):
         pretrain(**{**TINY, "steps": 2, "n_embd": 64, "out": str(out), "data": str(token_file),
                     "resume": True})
@@ -195,7 +195,7 @@ def test_a_checkpoint_of_another_size_or_run_is_an_error_not_adopted(tmp_path, t
                     "resume": True})
     with pytest.raises(TrainingSetupError, match="already holds a run; pass --resume"):
         pretrain(**{**TINY, "steps": 2, "out": str(out), "data": str(token_file)})
-    assert (out / "log.jsonl").read_text() == log_before
+    assert (out / "log.jsonl").read_text(encoding="utf-8") == log_before
 
 
 def test_the_cli_gives_one_line_and_exit_code_2_for_bad_input(tmp_path, capsys):
@@ -215,7 +215,7 @@ def test_a_run_logs_every_step_and_saves_a_model_both_libraries_load(tmp_path, t
     out = tmp_path / "run"
     config = tmp_path / "run.toml"
     config.write_text('n-layer = 2\nn-head = 2\nn-embd = 32\nblock-size = 16\nbatch-size = 2\n'
-                      'steps = 3\nlr = 3e-3\n')
+                      'steps = 3\nlr = 3e-3\n', encoding="utf-8")
     from gpt2lib.cli import main
 
     # the config file gives settings, a flag overrides one of them
@@ -228,7 +228,7 @@ def test_a_run_logs_every_step_and_saves_a_model_both_libraries_load(tmp_path, t
         assert {"step", "loss", "lr", "tokens_per_s", "mfu"} <= line.keys()
         assert all(isinstance(line[k], float) and line[k] > 0 for k in ("loss", "lr", "tokens_per_s", "mfu"))
     assert "val_loss" in log[-1]
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert run["vocab_size"] == 50304 and run["global_batch"] == 4
     from transformers import GPT2LMHeadModel
 
@@ -282,7 +282,7 @@ def test_two_processes_with_gloo_equal_one_process_with_accumulation(tmp_path, t
     for a, b in zip(log_one, log_two):
         assert abs(a["loss"] - b["loss"]) <= 1e-5, (a, b)
     assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"), 1e-5)
-    assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "two" / "run.json").read_text(encoding="utf-8"))["world_size"] == 2
 
 
 @pytest.mark.slow
@@ -306,7 +306,7 @@ def test_a_run_killed_at_a_random_point_and_resumed_equals_an_uninterrupted_run(
     log = cut / "log.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= kill_after:
+        if log.exists() and log.read_text(encoding="utf-8").count("\n") >= kill_after:
             time.sleep(delay)
             break
         time.sleep(0.02)

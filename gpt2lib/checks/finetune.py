@@ -8,7 +8,6 @@ with the right answer and with the planted wrong answers below, and names the mi
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn

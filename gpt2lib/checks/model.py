@@ -556,7 +556,6 @@ RECORD_MISTAKES = [
 def check_recording_block(recording_cls) -> None:
     """`recording_cls(config)`, a subclass of gpt2lib's Block: forward(x, kv_cache=None) returns what
     Block returns and sets self.rms to the root mean square of that output (a float)."""
-    from gpt2lib.block import Block
     from gpt2lib.model import GPT2
 
     for n_layer in (1, 3):

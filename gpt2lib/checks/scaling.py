@@ -282,8 +282,8 @@ TARGET_VAL_LOSS = 7.2
 def check_token_budget_challenge(run_folder):
     """The run in `run_folder` read at most TOKEN_BUDGET tokens and reached the target."""
     folder = Path(run_folder)
-    run = json.loads((folder / "run.json").read_text())
-    log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]
     s = run["settings"]
     if (s["n_layer"], s["n_embd"], s["n_head"]) != (2, 32, 2):
         raise CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")
