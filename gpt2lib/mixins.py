@@ -18,8 +18,8 @@ from gpt2lib import generation, interpret
 from gpt2lib.model import GPT2 as _ChapterGPT2
 
 # The checkpoint functions, in one place: repoint these two names to move saving and loading.
-from gpt2lib.loading import from_pretrained as _from_pretrained
-from gpt2lib.training import save_pretrained as _save_pretrained
+from gpt2lib.checkpoint import from_pretrained as _from_pretrained
+from gpt2lib.checkpoint import save_pretrained as _save_pretrained
 
 __all__ = ["GPT2", "GenerationMixin", "InspectionMixin", "PretrainedMixin"]
 
