@@ -3,6 +3,8 @@ induction scores), tested against transformers, and the checks of exercises 8.1-
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn as nn
@@ -328,3 +330,186 @@ def test_writing_to_the_inputs_is_named():
 
     with pytest.raises(CheckFailed, match="changed the pattern"):
         checks.check_induction_score(scribbles)
+
+
+# --------------------------------------------------------------------------- threads (#24 item 5)
+
+
+def _pause_thread_inside_forward(model, name):
+    """A hook on the last block that, in thread `name` only, stops mid-forward until released."""
+    inside, release = threading.Event(), threading.Event()
+
+    def pause(module, args):
+        if threading.current_thread().name == name:
+            inside.set()
+            assert release.wait(10)
+
+    return model.h[-1].register_forward_pre_hook(pause), inside, release
+
+
+def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
+    """Thread A stops inside its run_with_cache (its hooks on the model) while this thread runs
+    run_with_cache and a plain forward: neither sees A's hooks, and A's cache is A's alone."""
+    a_ids = torch.randint(0, SMALL["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1))
+    b_ids = torch.randint(0, SMALL["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        plain_b = model(b_ids)
+        want_a, want_a_cache = run_with_cache(model, a_ids, capture=interpret.CAPTURES,
+                                              ablate_heads={0: [1]})
+    handle, inside, release = _pause_thread_inside_forward(model, "A")
+    got = {}
+
+    def thread_a():
+        with torch.no_grad():
+            got["a"] = run_with_cache(model, a_ids, capture=interpret.CAPTURES, ablate_heads={0: [1]})
+
+    a = threading.Thread(target=thread_a, name="A")
+    try:
+        a.start()
+        assert inside.wait(10)
+        with torch.no_grad():
+            b_logits, b_cache = run_with_cache(model, b_ids, capture=interpret.CAPTURES)
+            b_plain_meanwhile = model(b_ids)  # A's ablation hooks are on the model right now
+    finally:
+        release.set()
+        a.join(10)
+        handle.remove()
+    n = SMALL["n_layer"]
+    torch.testing.assert_close(b_logits, plain_b, atol=0, rtol=0)
+    torch.testing.assert_close(b_plain_meanwhile, plain_b, atol=0, rtol=0)
+    assert (len(b_cache.resid), len(b_cache.attn), len(b_cache.head_out), len(b_cache.mlp_out)) == (n + 1, n, n, n)
+    assert all(t.shape[0] == 3 for t in b_cache.resid + b_cache.attn + b_cache.mlp_out)
+    a_logits, a_cache = got["a"]
+    torch.testing.assert_close(a_logits, want_a, atol=0, rtol=0)
+    for field in ("resid", "attn", "head_out", "mlp_out"):
+        ours, want = getattr(a_cache, field), getattr(want_a_cache, field)
+        assert len(ours) == len(want)
+        for x, y in zip(ours, want):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+    assert _no_hooks(model)
+
+
+def test_ablated_heads_in_one_thread_do_not_reach_another(model, idx):
+    with torch.no_grad():
+        plain = model(idx)
+        with gpt2lib.ablated_heads(model, {0: [0, 1], 2: [3]}):
+            ablated_here = model(idx)
+    assert not torch.equal(ablated_here, plain)
+    opened, release = threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        with torch.no_grad(), gpt2lib.ablated_heads(model, {0: [0, 1], 2: [3]}):
+            opened.set()
+            assert release.wait(10)
+            seen["a"] = model(idx)  # its own forward is ablated
+
+    a = threading.Thread(target=thread_a)
+    a.start()
+    try:
+        assert opened.wait(10)
+        with torch.no_grad():
+            here = [model(idx) for _ in range(3)]
+    finally:
+        release.set()
+        a.join(10)
+    for logits in here:
+        torch.testing.assert_close(logits, plain, atol=0, rtol=0)
+    torch.testing.assert_close(seen["a"], ablated_here, atol=0, rtol=0)
+    assert _no_hooks(model)
+
+
+def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
+    """The tester's probe, shortened: 4 threads x 25 calls, each on its own ids."""
+    ids = [torch.randint(0, SMALL["vocab_size"], (b + 1, 6 + b), generator=torch.Generator().manual_seed(b))
+           for b in range(4)]
+    with torch.no_grad():
+        want = [model(i) for i in ids]
+    errors = []
+    start = threading.Barrier(4)
+
+    def work(b):
+        start.wait()
+        for _ in range(25):
+            with torch.no_grad():
+                logits, cache = run_with_cache(model, ids[b], capture=("resid", "attn"),
+                                               ablate_heads={1: [b % SMALL["n_head"]]} if b % 2 else None)
+            n = SMALL["n_layer"]
+            if len(cache.resid) != n + 1 or len(cache.attn) != n or any(
+                    t.shape[:2] != ids[b].shape for t in cache.resid):
+                errors.append(f"thread {b}: cache of {len(cache.resid)} resid, {len(cache.attn)} attn")
+            if b % 2 == 0 and not torch.equal(logits, want[b]):
+                errors.append(f"thread {b}: logits changed")
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert _no_hooks(model)
+
+
+# --------------------------------------------------------------------------- bad arguments (#24 item 14)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(seq_len=0), ValueError, r"seq_len must be 1 or more, got 0"),
+    (dict(seq_len=-3), ValueError, r"seq_len must be 1 or more, got -3"),
+    (dict(seq_len=2.5), TypeError, r"seq_len must be a whole number, got 2.5"),
+    (dict(seq_len=True), TypeError, r"seq_len must be a whole number"),
+    (dict(seq_len=5, batch=0), ValueError, r"batch must be 1 or more, got 0"),
+    (dict(seq_len=5, tokens=torch.tensor([1.0, 2.0])), TypeError, "tokens must be a non-empty 1-d tensor"),
+    (dict(seq_len=5, tokens=torch.tensor([], dtype=torch.long)), TypeError, "tokens must be a non-empty"),
+    (dict(seq_len=5, tokens=torch.tensor([3, 211])), ValueError, r"tokens must be ids in 0 \.\. 210"),
+])
+def test_induction_scores_refuse_bad_arguments(model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        gpt2lib.induction_scores(model, **kwargs)
+    assert _no_hooks(model)
+
+
+def test_induction_scores_draw_from_the_given_tokens(model):
+    pool = torch.tensor([5, 17, 40])
+    tokens = interpret.repeated_tokens(batch=2, seq_len=6, vocab_size=211, seed=0, tokens=pool)
+    assert set(tokens[:, 1:].flatten().tolist()) <= {5, 17, 40} and bool((tokens[:, 0] == 210).all())
+    scores = gpt2lib.induction_scores(model, seq_len=6, batch=2, tokens=pool)
+    assert scores.shape == (SMALL["n_layer"], SMALL["n_head"])
+
+
+@pytest.mark.parametrize("top_k, error, message", [
+    (0, ValueError, r"top_k must be 1 \.\. 211, got 0"),
+    (-2, ValueError, r"top_k must be 1 \.\. 211, got -2"),
+    (212, ValueError, r"top_k must be 1 \.\. 211, got 212"),
+    (2.0, TypeError, "top_k must be a whole number"),
+])
+def test_logit_lens_refuses_a_bad_top_k(model, idx, top_k, error, message):
+    with torch.no_grad():
+        _, cache = run_with_cache(model, idx)
+        with pytest.raises(error, match=message):
+            gpt2lib.logit_lens(model, cache, top_k=top_k)
+        assert gpt2lib.logit_lens(model, cache, top_k=211).indices.shape[-1] == 211
+
+
+def test_tensor_head_indices_are_read_as_numbers(model, idx):
+    with torch.no_grad():
+        want, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: [2, 3]})
+        for ablate in ({1: torch.tensor([2, 3])}, {torch.tensor(1): [torch.tensor(2), 3]},
+                       {1: torch.tensor([[2], [3]]).flatten()}):
+            got, _ = run_with_cache(model, idx, capture=(), ablate_heads=ablate)
+            assert torch.equal(got, want)
+        one, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: torch.tensor(2)})
+        assert torch.equal(one, run_with_cache(model, idx, capture=(), ablate_heads={1: 2})[0])
+
+
+@pytest.mark.parametrize("ablate, message", [
+    ({0: torch.tensor([0.5])}, r"head \(layer 0\) must be a whole number; got a tensor of shape \(\) and dtype torch.float32"),
+    ({0: torch.tensor(1.0)}, r"must be a whole number; got a tensor of shape \(\) and dtype torch.float32"),
+    ({torch.tensor([0, 1]): [0]}, r"layer must be a whole number; got a tensor of shape \(2,\)"),
+    ({0: 1.5}, r"the heads of layer 0 must be a head number or a list of them, got 1.5"),
+    ({0: "01"}, r"the heads of layer 0 must be a head number or a list of them"),
+])
+def test_bad_tensor_or_scalar_heads_get_a_clear_error(model, idx, ablate, message):
+    with pytest.raises(TypeError, match=message):
+        run_with_cache(model, idx, ablate_heads=ablate)
+    assert _no_hooks(model)

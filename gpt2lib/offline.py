@@ -1,0 +1,131 @@
+"""Which model a chapter loads: OpenAI's GPT-2 when it can be had, else a small model that ships.
+
+Hand-written (not generated). Chapters 8 and 9 call it in their loading cells:
+
+    CHECKPOINT = chapter_checkpoint("gpt2")       # a hub name or a local folder, with a banner
+    model = from_pretrained(CHECKPOINT)
+    circuits = circuits_checkpoint(CHECKPOINT)    # chapter 8's look for induction heads
+
+The order, first match wins:
+
+1. `GPT2LIB_CHECKPOINT` names a folder (the tests, a workshop with its own copy): that folder.
+2. The real weights are in the local Hugging Face cache, or the hub answers (they download).
+3. Otherwise the stand-in in `data/standin`, with a banner that says what it is, what will
+   differ from GPT-2, and the one command that fetches the real weights.
+
+The stand-in writes Shakespeare-shaped text but has no induction head (a few minutes of Tiny
+Shakespeare do not reward copying), so chapter 8 looks for circuits in `data/circuits`, a
+2-layer GPT-2 trained to have them (tools/make_circuits.py), unless OpenAI's weights are in
+use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "CIRCUITS",
+    "STANDIN",
+    "chapter_checkpoint",
+    "circuits_checkpoint",
+    "is_real_gpt2",
+]
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+STANDIN = DATA / "standin"
+CIRCUITS = DATA / "circuits"
+ENV = "GPT2LIB_CHECKPOINT"
+
+# (n_layer, n_head, n_embd) of OpenAI's four sizes
+_REAL_SHAPES = {(12, 12, 768), (24, 16, 1024), (36, 20, 1280), (48, 25, 1600)}
+
+
+def _shipped(folder: Path, what: str) -> Path:
+    if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+        raise FileNotFoundError(
+            f"{what} is missing: {folder} should hold config.json and model.safetensors (they "
+            "ship with the course repository; gpt2lib installed elsewhere does not carry them). "
+            "Run from a clone of the repository, or set GPT2LIB_CHECKPOINT to a checkpoint folder."
+        )
+    return folder
+
+
+def is_real_gpt2(folder) -> bool:
+    """True if the checkpoint folder has the sizes of one of OpenAI's GPT-2 models."""
+    import json
+
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    shape = (config.get("n_layer"), config.get("n_head"), config.get("n_embd"))
+    return shape in _REAL_SHAPES and config.get("vocab_size") == 50257
+
+
+def chapter_checkpoint(name: str = "gpt2", *, verbose: bool = True):
+    """What a chapter should load: $GPT2LIB_CHECKPOINT, else `name` from cache or hub, else the stand-in.
+
+    Returns a local folder (as a str, like a name typed in a notebook); prints one line saying which model it is, or a banner when
+    it falls back to the stand-in.
+    """
+    from gpt2lib.loading import HubUnreachable, resolve_checkpoint
+
+    chosen = os.environ.get(ENV)
+    if chosen:
+        folder = resolve_checkpoint(chosen)  # a clear error if the variable names nothing usable
+        if verbose:
+            kind = "GPT-2's sizes" if is_real_gpt2(folder) else "not OpenAI's GPT-2"
+            print(f"model: {folder} (from {ENV}; {kind})")
+        return str(folder)
+    try:
+        folder = resolve_checkpoint(name)
+    except HubUnreachable as exc:
+        folder = _shipped(STANDIN, "the stand-in")
+        if verbose:
+            print(_banner(name, getattr(exc, "reason", str(exc))))
+        return str(folder)
+    if verbose:
+        print(f"model: {name}, OpenAI's weights, from {folder}")
+    return str(folder)
+
+
+def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
+    """The model to look for circuits in: `checkpoint` itself if it is OpenAI's GPT-2, else data/circuits."""
+    from gpt2lib.loading import resolve_checkpoint
+
+    folder = resolve_checkpoint(checkpoint)
+    if is_real_gpt2(folder):
+        if verbose:
+            print(f"looking for circuits in the model loaded above ({folder})")
+        return folder
+    if not (CIRCUITS / "model.safetensors").is_file():
+        if verbose:
+            print("no circuits model in this repository (data/circuits; tools/make_circuits.py "
+                  "makes one): looking for circuits in the model loaded above")
+        return folder
+    if verbose:
+        print(
+            "=" * 78 + "\n"
+            f"The model loaded above is not OpenAI's GPT-2, so this part uses the circuits model\n"
+            f"({CIRCUITS}): GPT-2's code and vocabulary, 2 layers of 8 heads, width 128, trained\n"
+            "on Tiny Shakespeare and on random segments of common Shakespeare tokens repeated\n"
+            "(tools/make_circuits.py), which is what makes induction heads form. Its heads are\n"
+            "cleaner and fewer than GPT-2's, and its text is worse than the stand-in's. With the\n"
+            "real weights this part analyses GPT-2 itself: python -m gpt2lib download gpt2\n"
+            + "=" * 78
+        )
+    return CIRCUITS
+
+
+def _banner(name: str, reason: str) -> str:
+    return (
+        "=" * 78 + "\n"
+        f"OFFLINE: the weights of {name!r} are not in the local cache and the hub cannot be\n"
+        f"reached ({reason}).\n"
+        f"Loading the STAND-IN instead: {STANDIN}\n"
+        "  a 4-layer, 128-wide GPT-2 with GPT-2's vocabulary, trained for minutes on Tiny\n"
+        "  Shakespeare by chapter 7's code. It is not OpenAI's model: its text is\n"
+        "  Shakespeare-shaped nonsense, its loss on ordinary English is far higher, its\n"
+        "  heads and figures differ from GPT-2's, and it runs many times faster.\n"
+        f"To get the real weights (once, online): python -m gpt2lib download {name}\n"
+        "then restart the kernel and run the chapter again.\n"
+        + "=" * 78
+    )
