@@ -182,7 +182,7 @@ def _progress(iterable, total, desc, show):
         from tqdm.auto import tqdm
     except ImportError:
         return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="batch", leave=False)
+    return tqdm(iterable, total=total, desc=desc, unit="batch", leave=True)
 
 
 def _chunks(rows, batch_size):
