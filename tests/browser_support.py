@@ -20,7 +20,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's `apt-get install chromium`
+CHROMIUM_ENV = "GPT2LIB_CHROMIUM"  # any Chromium or Chrome executable, to override the search
+# Where else a Chromium or Chrome usually is, tried in order after CHROMIUM.
+OTHER_CHROMIUMS = [
+    Path("/usr/bin/chromium-browser"),
+    Path("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome"),
+    Path("/Applications/Chromium.app/Contents/MacOS/Chromium"),
+]
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -41,6 +48,42 @@ LAB_SETTINGS = {
     },
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
 }
+
+
+def playwright_chromium() -> Path | None:
+    """Playwright's own Chromium (`python -m playwright install chromium`), if downloaded."""
+    try:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            path = Path(p.chromium.executable_path)
+    except Exception:  # no playwright, or its driver cannot start: no browser from it
+        return None
+    return path if path.is_file() else None
+
+
+def find_chromium() -> tuple[Path | None, str]:
+    """The browser the test drives, and, when there is none, what is missing and how to get it.
+
+    $GPT2LIB_CHROMIUM if set (and then only that), else CHROMIUM, else OTHER_CHROMIUMS, else
+    Playwright's own Chromium."""
+    chosen = os.environ.get(CHROMIUM_ENV, "").strip()
+    if chosen:
+        path = Path(chosen).expanduser()
+        if path.is_file():
+            return path, ""
+        return None, f"{CHROMIUM_ENV}={chosen} is missing (it must name a Chromium or Chrome executable)"
+    for path in [CHROMIUM, *OTHER_CHROMIUMS]:
+        if path.is_file():
+            return path, ""
+    path = playwright_chromium()
+    if path is not None:
+        return path, ""
+    return None, (
+        f"{CHROMIUM} is missing, and no other Chromium or Chrome was found (Debian: "
+        "apt-get install chromium; elsewhere: python -m playwright install chromium, or set "
+        f"{CHROMIUM_ENV} to a Chrome executable)"
+    )
 
 
 def free_port() -> int:

@@ -4,8 +4,9 @@ Catches what nbval cannot: widgets that fail to render in the browser, a slider 
 respond, JupyterLab refusing a notebook. One JupyterLab server and one browser serve all tests;
 the notebooks are copied to a temp folder first, so the repo is never written to.
 
-Skipped (with the reason) when Playwright or /usr/bin/chromium is missing, so a learner's
-laptop does not fail on it; in CI (CI=true) a missing browser fails instead.
+Needs Playwright and a Chromium or Chrome (browser_support.find_chromium says where it looks).
+Skipped when either is missing, so a learner's laptop does not fail on it, and the run's
+summary then says why in one line (tests/conftest.py); in CI (CI=true) it fails instead.
 Screenshots go to a temp folder, or to $BROWSER_SCREENSHOTS when set.
 """
 
@@ -42,8 +43,8 @@ def _require_browser() -> None:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         missing = "the Python package playwright is not installed (pip install -r requirements.txt)"
-    if not missing and not bs.CHROMIUM.exists():
-        missing = f"{bs.CHROMIUM} is missing (Debian/Ubuntu: apt-get install -y chromium)"
+    if not missing:
+        _, missing = bs.find_chromium()
     if missing:
         if _in_ci():
             pytest.fail(f"CI=true but {missing}", pytrace=False)
@@ -76,10 +77,11 @@ def lab(tmp_path_factory):
 def browser(lab, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
+    chromium, _ = bs.find_chromium()
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             user_data_dir=str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=str(bs.CHROMIUM),
+            executable_path=str(chromium),
             headless=True,
             args=bs.CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 1000},
@@ -220,10 +222,32 @@ def test_harness_reports_an_exception_but_not_a_warning(page):
     assert any("only a warning" in t for t in stderr.all_text_contents())
 
 
+def no_browser_anywhere(monkeypatch, tmp_path):
+    monkeypatch.delenv(bs.CHROMIUM_ENV, raising=False)
+    monkeypatch.setattr(bs, "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setattr(bs, "OTHER_CHROMIUMS", [tmp_path / "no-chrome"])
+    monkeypatch.setattr(bs, "playwright_chromium", lambda: None)
+
+
 @pytest.mark.parametrize("ci, expected", [("", "skip"), ("true", "fail")])
 def test_missing_chromium_skips_on_laptops_but_fails_in_ci(monkeypatch, tmp_path, ci, expected):
-    monkeypatch.setattr(bs, "CHROMIUM", tmp_path / "no-chromium")
+    no_browser_anywhere(monkeypatch, tmp_path)
     monkeypatch.setenv("CI", ci)
     outcome = pytest.skip.Exception if expected == "skip" else pytest.fail.Exception
-    with pytest.raises(outcome, match="no-chromium is missing"):
+    with pytest.raises(outcome, match="no-chromium is missing.*apt-get install chromium"):
         _require_browser()
+
+
+def test_chromium_is_looked_for_in_order_and_the_variable_overrides(monkeypatch, tmp_path):
+    no_browser_anywhere(monkeypatch, tmp_path)
+    chrome = tmp_path / "Google Chrome"
+    chrome.write_text("", encoding="utf-8")
+    monkeypatch.setattr(bs, "OTHER_CHROMIUMS", [tmp_path / "no-chrome", chrome])
+    assert bs.find_chromium() == (chrome, "")
+    mine = tmp_path / "my-chromium"
+    mine.write_text("", encoding="utf-8")
+    monkeypatch.setenv(bs.CHROMIUM_ENV, str(mine))
+    assert bs.find_chromium() == (mine, "")
+    monkeypatch.setenv(bs.CHROMIUM_ENV, str(tmp_path / "typo"))
+    found, missing = bs.find_chromium()  # a wrong path is reported, not silently replaced
+    assert found is None and f"{bs.CHROMIUM_ENV}=" in missing and "typo is missing" in missing
