@@ -55,6 +55,7 @@ from gpt2lib.loading import from_pretrained  # noqa: E402
 from gpt2lib.model import GPT2  # noqa: E402
 from gpt2lib.tokenizer import get_encoding  # noqa: E402
 from gpt2lib.training import save_pretrained  # noqa: E402
+from make_standin import shakespeare_splits  # noqa: E402  (tools/ is the script's folder)
 
 CONFIG = {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 128,
           "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
@@ -177,10 +178,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     enc = get_encoding()
-    text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    ids = torch.tensor(enc.encode_ordinary(text))
-    split = int(0.9 * len(ids))
-    train_ids, val_ids = ids[:split], ids[split:]
+    train_ids, val_ids = shakespeare_splits(enc)
     pool = common_tokens(train_ids, args.common)
     seen = torch.unique(torch.cat([train_ids, torch.tensor([BOS])]))  # the training softmax
     target_index = torch.full((BOS + 1,), -1, dtype=torch.long)

@@ -36,6 +36,14 @@ CONFIG = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128,
               "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
 
+def shakespeare_splits(enc):
+    """Tiny Shakespeare as GPT-2 ids, split 90/10 into training and validation as chapter 7 does."""
+    text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    ids = torch.tensor(enc.encode_ordinary(text))
+    split = int(0.9 * len(ids))
+    return ids[:split], ids[split:]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
@@ -52,10 +60,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     enc = get_encoding()
-    text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    ids = torch.tensor(enc.encode_ordinary(text))
-    split = int(0.9 * len(ids))
-    train_ids, val_ids = ids[:split], ids[split:]
+    train_ids, val_ids = shakespeare_splits(enc)
     baselines = ngram_baselines(train_ids, val_ids, enc.n_vocab)
 
     torch.manual_seed(args.seed)
