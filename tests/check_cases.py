@@ -3,7 +3,7 @@ the assertion that a check names a wrong answer with a given message."""
 
 import pytest
 
-from gpt2lib.checks._core import CheckFailed, NotDoneYet
+from gpt2lib.course.checks._core import CheckFailed, NotDoneYet
 
 
 def right_answers(answers_by_check):

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks import tokenizer as checks
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import tokenizer as checks
 from gpt2lib.tokenizer import (
     ENDOFTEXT,
     ENDOFTEXT_ID,

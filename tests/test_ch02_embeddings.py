@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks import embeddings as checks
-from gpt2lib.checks._core import NotDoneYet
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import embeddings as checks
+from gpt2lib.course.checks._core import NotDoneYet
 from check_cases import assert_named, assert_not_done_yet, planted
 from gpt2lib.config import GPT2Config
 from gpt2lib.embeddings import (

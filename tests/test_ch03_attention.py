@@ -19,10 +19,10 @@ from gpt2lib.attention import (
     merge_heads,
     split_heads,
 )
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks import attention as checks
-from gpt2lib.checks._core import NotDoneYet
-from gpt2lib.checks.attention import ListCache
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import attention as checks
+from gpt2lib.course.checks._core import NotDoneYet
+from gpt2lib.course.checks.attention import ListCache
 from gpt2lib.config import GPT2Config
 from gpt2lib.layers import Conv1D
 

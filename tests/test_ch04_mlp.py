@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2lib.layers import Conv1D
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks import mlp as checks
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import mlp as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.mlp import MLP, gelu_tanh
 

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from gpt2lib.attention import CausalSelfAttention
 from gpt2lib.block import Block, LayerNorm
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks._core import NotDoneYet
-from gpt2lib.checks import block as checks
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks._core import NotDoneYet
+from gpt2lib.course.checks import block as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.mlp import MLP
 

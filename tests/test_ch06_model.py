@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from gpt2lib.layers import Conv1D
 from gpt2lib.block import Block, LayerNorm
-from gpt2lib.checks import CheckFailed
-from gpt2lib.checks import model as checks
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import model as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.model import GPT2
 

@@ -1,7 +1,7 @@
 """Chapter 7's checks: right answers pass, and every planted mistake is named.
 
 Each test over a mistake list feeds the planted wrong version itself to the check, so the
-lists in gpt2lib.checks.training and these tests cannot drift apart.
+lists in gpt2lib.course.checks.training and these tests cannot drift apart.
 """
 
 import math
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt2lib.checks import training as checks
+from gpt2lib.course.checks import training as checks
 from gpt2lib.training import decay_groups, lr_schedule, sample
 
 

@@ -12,8 +12,8 @@ from checkpoints import write_hub_checkpoint
 
 import gpt2lib
 from gpt2lib import interpret
-from gpt2lib.checks import CheckFailed, NotDoneYet
-from gpt2lib.checks import inspect as checks
+from gpt2lib.course.checks import CheckFailed, NotDoneYet
+from gpt2lib.course.checks import inspect as checks
 from gpt2lib.config import GPT2Config
 from gpt2lib.interpret import run_with_cache
 from gpt2lib.loading import from_pretrained

@@ -2,7 +2,7 @@
 planted mistake.
 
 The tests over the mistake lists feed each planted wrong version itself to its check, so the
-lists in gpt2lib.checks.generation and these tests cannot drift apart.
+lists in gpt2lib.course.checks.generation and these tests cannot drift apart.
 """
 
 import check_cases as cases
@@ -11,7 +11,7 @@ import torch
 
 from gpt2lib import generation as G
 from gpt2lib import kvcache as K
-from gpt2lib.checks import generation as C
+from gpt2lib.course.checks import generation as C
 from gpt2lib.kernels import split_matmul
 
 # --------------------------------------------------------------------------- other right answers

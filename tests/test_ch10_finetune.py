@@ -12,8 +12,8 @@ import torch
 
 from checkpoints import write_hub_checkpoint
 from gpt2lib import finetune as ft
-from gpt2lib.checks import finetune as checks
-from gpt2lib.checks._core import CheckFailed
+from gpt2lib.course.checks import finetune as checks
+from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.loading import from_pretrained
 from gpt2lib.tuning import (LoRALinear, add_adapters, collate, loss_by_position, masked_lm_loss,
                             merged_weight, pool_mean, speaker_batch)

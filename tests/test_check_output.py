@@ -1,5 +1,5 @@
 """What a learner sees when a check fails in a notebook: one line, not a traceback through
-gpt2lib/checks/. Run in a real kernel with nbclient (one kernel for the whole module)."""
+gpt2lib/course/checks/. Run in a real kernel with nbclient (one kernel for the whole module)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = {
-    "wrong": "from gpt2lib.checks.start import check_token_means\n"
+    "wrong": "from gpt2lib.course.checks.start import check_token_means\n"
              "check_token_means(lambda x: x.sum(dim=-1))",
     "stub": "def token_means(x):\n"
             "    raise NotImplementedError('Exercise 0.1: replace this line with your code')\n"
@@ -62,7 +62,7 @@ def test_a_failed_check_is_one_line_without_check_frames(outputs, name, ename, p
     assert error["ename"] == ename
     assert phrase in error["evalue"]
     text = shown(error)
-    assert "gpt2lib/checks" not in text and "_core.py" not in text
+    assert "gpt2lib/course/checks" not in text and "_core.py" not in text
     assert len(error["traceback"]) == 1 and phrase in text and ename in text
 
 
@@ -71,7 +71,7 @@ def test_an_error_in_learner_code_shows_their_frames_but_not_the_checks(outputs)
     assert error["ename"] == "IndexError"
     text = shown(error)
     assert "x.mean(dim=5)" in text  # the learner's line is still shown, to debug it
-    assert "gpt2lib/checks" not in text and "call_learner" not in text
+    assert "gpt2lib/course/checks" not in text and "call_learner" not in text
 
 
 def test_a_passing_check_and_other_errors_are_untouched(outputs):

@@ -1,9 +1,9 @@
-"""The check toolkit every chapter's checks are built on (gpt2lib/checks/_core.py)."""
+"""The check toolkit every chapter's checks are built on (gpt2lib/course/checks/_core.py)."""
 
 import pytest
 import torch
 
-from gpt2lib.checks._core import CheckFailed, Mistake, close, expect_tensor, first_mistake, named
+from gpt2lib.course.checks._core import CheckFailed, Mistake, close, expect_tensor, first_mistake, named
 
 PLANTED = [
     Mistake("doubles", "you doubled it", lambda x: 2 * x),

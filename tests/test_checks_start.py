@@ -1,11 +1,11 @@
 """Chapter 0's warm-up check, and the shared toolkit's handling of learner code
-(gpt2lib/checks/_core.py): passes right answers in any style, names each planted mistake."""
+(gpt2lib/course/checks/_core.py): passes right answers in any style, names each planted mistake."""
 
 import pytest
 import torch
 
-from gpt2lib.checks import CheckFailed, NotDoneYet, call_learner
-from gpt2lib.checks.start import SHAPE_MISTAKES, VALUE_MISTAKES, check_token_means
+from gpt2lib.course.checks import CheckFailed, NotDoneYet, call_learner
+from gpt2lib.course.checks.start import SHAPE_MISTAKES, VALUE_MISTAKES, check_token_means
 
 
 @pytest.mark.parametrize("right", [

@@ -1,4 +1,4 @@
-"""The one-source build tool (gpt2lib/course.py), tested on a tiny fake course in tmp_path.
+"""The one-source build tool (gpt2lib/course/__init__.py), tested on a tiny fake course in tmp_path.
 
 The real chapters are still being written, so every test here builds its own `solutions/`
 and `gpt2lib/` folders; only `test_real_repository_is_consistent` looks at the real repo.
@@ -17,7 +17,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gpt2lib import course, course_format, progress
+from gpt2lib import course
+from gpt2lib.course import format as course_format, progress
 from gpt2lib.course import CourseError
 
 REPO_ROOT = Path(course.__file__).resolve().parent.parent
@@ -499,7 +500,7 @@ def test_real_repository_is_consistent():
 # --------------------------------------------------------------------------- progress
 
 PROGRESS_CHECKS = '''import os
-from gpt2lib.checks import CheckFailed, call_learner, passed
+from gpt2lib.course.checks import CheckFailed, call_learner, passed
 
 
 def check_double(fn):

@@ -1,4 +1,4 @@
-"""The course-format contract (gpt2lib/course_format.py): exercises with their stated
+"""The course-format contract (gpt2lib/course/format.py): exercises with their stated
 difficulty and time, prediction prompts and open challenges, read the same way by the build,
 `progress` and the tests."""
 
@@ -11,8 +11,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gpt2lib import course, course_format, progress
-from gpt2lib.course_format import CourseError
+from gpt2lib import course
+from gpt2lib.course import format as course_format, progress
+from gpt2lib.course.format import CourseError
 
 
 def code(source: str, *tags: str):
@@ -155,7 +156,7 @@ def test_grade_challenge_without_a_check_or_after_the_notebook_stopped():
 def test_progress_lists_open_challenges_as_done_or_not(tmp_path: Path):
     cells = [
         new_markdown_cell("# Chapter 1"),
-        code("from gpt2lib.checks import CheckFailed"),
+        code("from gpt2lib.course.checks import CheckFailed"),
         new_markdown_cell("### Exercise 1.1: one (difficulty: easy, about 2 min)"),
         code("def one():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"),
         code("assert one() == 1", "check"),

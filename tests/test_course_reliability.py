@@ -16,7 +16,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_output
 
-from gpt2lib import course, progress
+from gpt2lib import course
+from gpt2lib.course import progress
 from gpt2lib.course import CourseError
 from test_course import (chapter_01, chapter_02, learner_path, progress_chapter, read,
                          set_source, type_answer, write_notebook)

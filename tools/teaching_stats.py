@@ -7,7 +7,7 @@ Columns:
 - code: non-blank lines of code cells (marker lines `### BEGIN/END SOLUTION` not counted);
 - longest: the most non-blank lines in one code cell;
 - solution: non-blank lines inside BEGIN/END SOLUTION regions, and their share of `code`;
-- exercises: markdown headings `### Exercise N.M: ...` (as `gpt2lib.course_format` reads them);
+- exercises: markdown headings `### Exercise N.M: ...` (as `gpt2lib.course.format` reads them);
 - stated: of those, how many state difficulty and time, `(difficulty: easy|medium|hard, about K min)`;
 - thinking: exercises whose markdown cell has a line `Kind: <kind>` with a kind other than
   `write` (design, derive, predict, debug, measure, explain);

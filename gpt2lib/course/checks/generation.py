@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from gpt2lib.checks._core import (
+from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
     call_learner,

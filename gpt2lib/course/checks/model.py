@@ -15,7 +15,7 @@ import numbers
 import torch
 import torch.nn as nn
 
-from gpt2lib.checks._core import (
+from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
     call_learner,

@@ -2,7 +2,7 @@
 
 import torch
 
-from gpt2lib.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
+from gpt2lib.course.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
                                   first_mistake, passed)
 
 EXERCISE = "Exercise 0.1 (token_means)"

@@ -17,7 +17,7 @@ from collections import Counter
 
 import regex
 
-from gpt2lib.checks._core import (
+from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
     call_learner,

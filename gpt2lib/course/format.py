@@ -9,7 +9,7 @@ A chapter holds three kinds of learner task, each opened by a markdown heading:
 - an open challenge, a markdown cell whose first heading starts with `Challenge`; a code cell
   tagged `challenge` after it confirms the goal (it passes, or raises `CheckFailed`).
 
-The build (`gpt2lib.course`), the grader (`gpt2lib.progress`) and the tests all read
+The build (`gpt2lib.course`), the grader (`gpt2lib.course.progress`) and the tests all read
 notebooks through `exercises`, `predictions` and `challenges`, so they agree on what each one
 is. CONTRIBUTING.md describes the markers for authors.
 """

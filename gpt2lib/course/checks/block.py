@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.checks._core import (
+from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
     NotDoneYet,

@@ -11,7 +11,7 @@ notebooks/backups/ before they replace it. Commands that write wait for one anot
 terminals cannot mix their writes. When a command cannot do what was asked it prints one
 `error:` line and exits with status 2.
 """
-# Hand-written; the markers it reads are described in CONTRIBUTING.md and course_format.py.
+# Hand-written; the markers it reads are described in CONTRIBUTING.md and gpt2lib/course/format.py.
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course_format import (BEGIN, CHALLENGE_TAG, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG,
+from gpt2lib.course.format import (BEGIN, CHALLENGE_TAG, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG,
                                    CourseError, exercises, format_problems, read_notebook,
                                    region_titles, solution_regions, tags)
 
@@ -43,7 +43,7 @@ __all__ = [
     "restore", "strip_outputs",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # Which gpt2lib module a chapter's `export` cells go to; `export:<name>` overrides per cell.
 CHAPTER_MODULES = {
@@ -438,7 +438,7 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
         rel = path.relative_to(root).as_posix()
         if path.stem not in CHAPTER_MODULES:
             raise CourseError(
-                f"{rel}: unknown chapter; add it to CHAPTER_MODULES in gpt2lib/course.py"
+                f"{rel}: unknown chapter; add it to CHAPTER_MODULES in gpt2lib/course/__init__.py"
             )
         solution = read_notebook(path, "fix the JSON or take the file back from git")
         titles[rel] = _chapter_title(solution, path.stem)
@@ -883,7 +883,7 @@ def _main(argv: list[str] | None) -> int:
             ask = input if args.which is None and sys.stdin.isatty() else None
             restore(args.chapter, args.which, root, ask=ask)
         elif args.command == "progress":
-            from gpt2lib.progress import report
+            from gpt2lib.course.progress import report
 
             return report(root, args.chapters, timeout=args.cell_timeout)
     except CourseError as exc:
@@ -898,10 +898,3 @@ def _main(argv: list[str] | None) -> int:
         return 130
     return 0
 
-
-if __name__ == "__main__":
-    # Run the one imported copy of this module, not the `__main__` copy: progress imports
-    # `gpt2lib.course`, and two copies would mean two different CourseError classes.
-    from gpt2lib.course import main as _main
-
-    sys.exit(_main())

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course_format import chapter_fix, first_line, read_notebook
-from gpt2lib.course_format import Challenge, CourseError, Exercise, challenges, exercises
+from gpt2lib.course.format import chapter_fix, first_line, read_notebook
+from gpt2lib.course.format import Challenge, CourseError, Exercise, challenges, exercises
 
 __all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "grade_challenge",
            "learner_notebooks", "report"]

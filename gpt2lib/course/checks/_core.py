@@ -185,7 +185,7 @@ def _describe(value: Any) -> str:
 
 # --------------------------------------------------------------------------- notebook display
 
-_CHECKS_DIR = Path(__file__).resolve().parent  # gpt2lib/checks/
+_CHECKS_DIR = Path(__file__).resolve().parent  # gpt2lib/course/checks/
 
 
 def _in_checks(frame) -> bool:
@@ -196,7 +196,7 @@ def _in_checks(frame) -> bool:
 
 
 def _without_check_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback with every frame from gpt2lib/checks/ left out (`tb` itself when it
+    """The traceback with every frame from gpt2lib/course/checks/ left out (`tb` itself when it
     has none)."""
     kept, entry = [], tb
     while entry is not None:
@@ -223,7 +223,7 @@ def _show_in_notebook(shell, etype, value, tb, tb_offset=None):
 
     A failed check is shown as one red line, `CheckFailed: <message>` (the error output
     keeps its ename and evalue, which nbval and `course progress` read). Any other error
-    gets IPython's usual traceback, without the frames of gpt2lib/checks/, so the learner's
+    gets IPython's usual traceback, without the frames of gpt2lib/course/checks/, so the learner's
     own code is what they see."""
     if isinstance(value, CheckFailed):
         line = f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"
@@ -240,7 +240,7 @@ def _show_in_notebook(shell, etype, value, tb, tb_offset=None):
 def install_notebook_display() -> bool:
     """In an IPython kernel, show failed checks as one line (see `_show_in_notebook`).
 
-    Runs when gpt2lib.checks is imported; outside IPython it does nothing. Returns whether
+    Runs when gpt2lib.course.checks is imported; outside IPython it does nothing. Returns whether
     the handler is installed."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gpt2lib.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
+from gpt2lib.course.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
                                   first_mistake, passed)
 
 EX_INDUCTION = "Exercise 8.1 (induction_score)"
