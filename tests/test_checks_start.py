@@ -79,3 +79,110 @@ def test_call_learner_checks_a_module_against_its_forward():
     # A class is checked against its constructor.
     with pytest.raises(CheckFailed, match=r"the check calls WantsTwoInputs\(3, 4\)"):
         call_learner("Exercise 9.9", WantsTwoInputs, 3, 4)
+
+
+# --------------------------------------------------------------------------- 0.2 to the challenge
+
+from gpt2lib.course.checks.start import (CENTER_MISTAKES, LINEAR_MISTAKES, check_center,  # noqa: E402
+                                         check_first_overflow, check_linear_parameter_count,
+                                         check_stable_softmax)
+
+
+@pytest.mark.parametrize("right", [
+    lambda x: x - x.mean(dim=-1, keepdim=True),
+    lambda x: x - x.mean(dim=-1)[..., None],
+    lambda x: x - x.sum(dim=2, keepdim=True) / x.shape[-1],
+], ids=["keepdim", "none-index", "sum"])
+def test_center_right_answers_pass(capsys, right):
+    check_center(right)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", CENTER_MISTAKES, ids=lambda m: m.name)
+def test_center_planted_mistakes_are_named(mistake):
+    # The notebook's own bug only runs when T == C; the check must still name it.
+    with pytest.raises(CheckFailed) as info:
+        check_center(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_center_that_changes_its_input_is_named():
+    def in_place(x):
+        x -= x.mean(dim=-1, keepdim=True)
+        return x
+
+    with pytest.raises(CheckFailed, match="changed its input in place"):
+        check_center(in_place)
+
+
+@pytest.mark.parametrize("right", [
+    lambda n_in, n_out, bias=True: n_in * n_out + (n_out if bias else 0),
+    lambda n_in, n_out, bias=True: (n_in + int(bias)) * n_out,
+    lambda n_in, n_out, bias=True: torch.tensor(n_in * n_out + bias * n_out),
+], ids=["formula", "factored", "tensor"])
+def test_linear_count_right_answers_pass(capsys, right):
+    check_linear_parameter_count(right)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", LINEAR_MISTAKES, ids=lambda m: m.name)
+def test_linear_count_planted_mistakes_are_named(mistake):
+    with pytest.raises(CheckFailed) as info:
+        check_linear_parameter_count(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_linear_count_that_counts_a_built_layer_only_at_one_shape_fails():
+    with pytest.raises(CheckFailed, match="you gave"):
+        check_linear_parameter_count(lambda n_in, n_out, bias=True: 3 * 5 + 5)
+
+
+def test_first_overflow_is_the_measured_number(capsys):
+    check_first_overflow(lambda: 89)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (88, "still finite"), (710, "float64"), (12, "float16"), (100, "is not it"),
+    ("89", "whole number"),
+])
+def test_first_overflow_near_misses_are_named(answer, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        check_first_overflow(lambda: answer)
+
+
+def test_first_overflow_stub_is_not_done():
+    def stub():
+        raise NotImplementedError("Exercise 0.4")
+
+    with pytest.raises(NotDoneYet):
+        check_first_overflow(stub)
+
+
+def _shifted(x):
+    e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def test_stable_softmax_passes(capsys):
+    check_stable_softmax(_shifted)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda x: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True), "NaN or inf"),
+    (lambda x: torch.softmax(x, dim=-1), "blocked"),
+    (lambda x: x.softmax(-1), "blocked"),
+    (lambda x: torch.nn.functional.softmax(x, dim=-1), "blocked"),
+    (lambda x: _shifted(x) * 1.01, "off by up to"),
+    (lambda x: _shifted(x.transpose(-2, -1)).transpose(-2, -1), "off by up to"),
+])
+def test_stable_softmax_wrong_answers_are_explained(wrong, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        check_stable_softmax(wrong)
+
+
+def test_stable_softmax_check_restores_torch_softmax():
+    with pytest.raises(CheckFailed):
+        check_stable_softmax(lambda x: torch.softmax(x, dim=-1))
+    assert torch.allclose(torch.softmax(torch.zeros(2), dim=-1), torch.tensor([0.5, 0.5]))

@@ -48,3 +48,166 @@ def check_token_means(token_means) -> None:
     if not close(got, expected, atol=1e-6):
         raise CheckFailed(EXERCISE, "the shape is right but the values are not the means over C")
     passed(EXERCISE, "each token's vector averaged to one number, shape (B, T)")
+
+
+# --------------------------------------------------------------------------- Exercise 0.2
+
+CENTER = "Exercise 0.2 (center)"
+
+CENTER_MISTAKES = [
+    Mistake("means broadcast along C",
+            "the (B, T) means were broadcast against the last dimension, so token t lost the "
+            "mean of token number c instead of its own (it only runs for one text with T equal to C); keep the "
+            "reduced dimension, keepdim=True or [..., None]",
+            lambda x: x - x.mean(dim=-1)),
+    Mistake("mean over T", "you subtracted the mean over the tokens (dim=1); each token needs its "
+            "own mean over its C numbers", lambda x: x - x.mean(dim=1, keepdim=True)),
+    Mistake("mean of all", "you subtracted one mean of the whole tensor; each token needs its "
+            "own mean over its C numbers", lambda x: x - x.mean()),
+]
+
+
+def check_center(center) -> None:
+    """Passes any `center(x)` that subtracts each token's own mean, on one text with T == C
+    (where the planted bug runs silently) and on other shapes, and leaves its input alone."""
+    __tracebackhide__ = True
+    torch.manual_seed(0)
+    for shape in [(1, 4, 4), (2, 3, 4), (1, 5, 2)]:  # (1, 4, 4) first: the planted bug runs there
+        x = torch.randn(*shape) * 3 + 1  # (B, T, C), means far from 0
+        before = x.clone()
+        got = call_learner(CENTER, center, x)
+        if not torch.equal(x, before):
+            raise CheckFailed(CENTER, "your center changed its input in place (x -= ... or "
+                              "x.sub_); return a new tensor and leave x as it was")
+        got = expect_tensor(CENTER, got, shape, what=f"center(x) for x of shape {shape}")
+        if close(got, x - x.mean(dim=-1, keepdim=True)):
+            continue
+        mistake = first_mistake(CENTER_MISTAKES, lambda m: close(got, m.fn(x)))
+        if mistake is not None:
+            raise CheckFailed(CENTER, f"on x of shape {shape}: {mistake.message}")
+        raise CheckFailed(CENTER, f"on x of shape {shape} the result is not x minus each "
+                          "token's mean: its tokens should each average to 0")
+    passed(CENTER, "every token's vector now averages to 0, at three shapes")
+
+
+# --------------------------------------------------------------------------- Exercise 0.3
+
+LINEAR = "Exercise 0.3 (linear_parameter_count)"
+
+LINEAR_MISTAKES = [
+    Mistake("no bias", "that is the weight matrix alone; with bias=True the layer also holds "
+            "one bias per output", lambda n_in, n_out, bias: n_in * n_out),
+    Mistake("bias per input", "the bias has one number per output, not per input",
+            lambda n_in, n_out, bias: n_in * n_out + (n_in if bias else 0)),
+    Mistake("bias always", "with bias=False there is no bias to count",
+            lambda n_in, n_out, bias: n_in * n_out + n_out),
+    Mistake("added", "a weight connects every input to every output: n_in times n_out, not "
+            "n_in plus n_out", lambda n_in, n_out, bias: n_in + n_out + (n_out if bias else 0)),
+]
+
+
+def check_linear_parameter_count(linear_parameter_count) -> None:
+    """Compares the formula with real nn.Linear layers of several shapes, with and without bias."""
+    __tracebackhide__ = True
+    for n_in, n_out, bias in [(3, 5, True), (768, 3072, True), (7, 2, False), (4, 4, True)]:
+        want = sum(p.numel() for p in torch.nn.Linear(n_in, n_out, bias=bias).parameters())
+        got = call_learner(LINEAR, linear_parameter_count, n_in, n_out, bias)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise CheckFailed(LINEAR, f"return a whole number (an int), not {type(got).__name__}")
+        if got == want:
+            continue
+        mistake = first_mistake(LINEAR_MISTAKES, lambda m: m.fn(n_in, n_out, bias) == got)
+        where = f"for nn.Linear({n_in}, {n_out}, bias={bias}) you gave {got:,}, it holds {want:,}"
+        raise CheckFailed(LINEAR, where + (f": {mistake.message}" if mistake else ""))
+    passed(LINEAR, "the formula matches nn.Linear at four shapes, with and without bias")
+
+
+# --------------------------------------------------------------------------- Exercise 0.4
+
+OVERFLOW = "Exercise 0.4 (first_overflow)"
+
+
+def _first_overflow(dtype) -> int:
+    """The smallest whole number s whose exp is inf in `dtype`, found by stepping up."""
+    s = 0
+    while torch.isfinite(torch.exp(torch.tensor(float(s), dtype=dtype))):
+        s += 1
+    return s
+
+
+def check_first_overflow(first_overflow) -> None:
+    """The number the learner's `first_overflow()` measures against the one measured here,
+    naming the near misses."""
+    __tracebackhide__ = True
+    answer = call_learner(OVERFLOW, first_overflow)
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    if not isinstance(answer, int) or isinstance(answer, bool):
+        raise CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
+    want = _first_overflow(torch.float32)
+    if answer == want:
+        passed(OVERFLOW, f"exp({want}) is the first whole-number power that float32 cannot hold")
+        return
+    near = {
+        want - 1: f"exp({want - 1}) is still finite (about 1.7e38, under float32's largest, 3.4e38); the question asks "
+                  "for the first s whose exp is inf",
+        _first_overflow(torch.float64): "that is where float64 overflows; torch's default "
+                                         "float, and the model's, is float32",
+        _first_overflow(torch.float16): "that is where float16 (half precision) overflows; the "
+                                         "question is about float32",
+    }
+    raise CheckFailed(OVERFLOW, near.get(answer, f"{answer} is not it: try exp of a few whole "
+                                         "numbers near your guess and look for inf"))
+
+
+# --------------------------------------------------------------------------- Challenge
+
+SOFTMAX = "Challenge (a softmax that never overflows)"
+
+
+def check_stable_softmax(softmax) -> None:
+    """Compares with torch.softmax on scores up to ±1e4 and on rows with -inf (masked) entries,
+    while torch's own softmax is blocked, and says how far off the worst row is."""
+    __tracebackhide__ = True
+    torch.manual_seed(0)
+    cases = {
+        "small scores": torch.randn(4, 6),
+        "scores in the hundreds": torch.randn(3, 8) * 300,
+        "scores up to 1e4": torch.randn(2, 3, 5) * 1e4,
+        "masked (-inf) entries": torch.randn(3, 5).masked_fill(torch.ones(3, 5).triu(1).bool(),
+                                                                float("-inf")),
+    }
+    blocked = "the challenge is to build it yourself: torch's softmax is blocked during this check"
+
+    def refuse(*args, **kwargs):
+        raise CheckFailed(SOFTMAX, blocked)
+
+    originals = [(torch, "softmax", torch.softmax), (torch.nn.functional, "softmax",
+                 torch.nn.functional.softmax), (torch.Tensor, "softmax", torch.Tensor.softmax),
+                 (torch.special, "softmax", torch.special.softmax)]
+    for case, x in cases.items():
+        want = originals[0][2](x, dim=-1)
+        for owner, name, _ in originals:
+            setattr(owner, name, refuse)
+        try:
+            got = call_learner(SOFTMAX, softmax, x.clone())
+        finally:
+            for owner, name, original in originals:
+                setattr(owner, name, original)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            raise CheckFailed(SOFTMAX, f"on {case}: return a tensor of the input's shape "
+                              f"{tuple(x.shape)}, softmax over the last dimension")
+        bad = int((~torch.isfinite(got)).sum())
+        if bad:
+            raise CheckFailed(SOFTMAX, f"on {case}: {bad} of {got.numel()} values are NaN or inf "
+                              "(exp overflowed, or inf - inf); what can you subtract from every "
+                              "score of a row without changing the result?")
+        error = float((got.double() - want.double()).abs().max())
+        if error > 1e-6:
+            raise CheckFailed(SOFTMAX, f"on {case}: off by up to {error:.2g} from torch.softmax "
+                              "(the goal is 1e-6); does each row sum to 1 over the last dim?")
+    passed(SOFTMAX, "finite and within 1e-6 of torch.softmax, up to scores of 1e4 and with masks")
