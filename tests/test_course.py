@@ -21,7 +21,7 @@ from gpt2lib import course
 from gpt2lib.course import format as course_format, progress
 from gpt2lib.course import CourseError
 
-REPO_ROOT = Path(course.__file__).resolve().parent.parent
+REPO_ROOT = course.REPO_ROOT
 
 EXERCISE_1_1 = '''def add(a, b):
     """Sum of a and b."""

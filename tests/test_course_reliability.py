@@ -100,7 +100,7 @@ def test_reset_and_restore_from_two_threads_lose_nothing_and_write_valid_json(bu
 def test_reset_and_restore_from_two_processes_lose_nothing(built):
     type_answer(built, "a + b  # first")
     course.reset("01", built, out=io.StringIO())
-    env = dict(os.environ, PYTHONPATH=str(Path(course.__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(course.REPO_ROOT))
     for round_number in range(2):
         marker = f"process round {round_number}"
         type_answer(built, f"a + b  # {marker}")
@@ -301,7 +301,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT, a POSIX signal")
 def test_ctrl_c_during_progress_stops_it_with_no_kernel_left(slow_course):
     root, pid_file = slow_course
-    env = dict(os.environ, PYTHONPATH=str(Path(course.__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(course.REPO_ROOT))
     process = subprocess.Popen([sys.executable, "-m", "gpt2lib.course", "--root", str(root),
                                 "progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, encoding="utf-8", env=env)

@@ -114,53 +114,65 @@ def _error(cell) -> dict | None:
     return None
 
 
-def grade(exercise: Exercise, run: Run) -> Outcome:
-    """An exercise's outcome, read from the outputs of the executed copy."""
-    if not exercise.checks:
-        return Outcome(exercise, FAILED, "no check cell follows this exercise")
-    last_check = exercise.checks[-1]
-    # The first error from the heading to the last check cell explains the failure.
-    for index in (i for i in exercise.cells if i <= last_check):
+def _first_problem(cells: list[int], checks: list[int], run: Run) -> tuple[str, str] | None:
+    """What went wrong from a heading to its last check cell, as (kind, message), or None.
+
+    The first error explains the failure: kind "not done" (the stub), "check failed" (the
+    check's own message), "error" (any other exception) or "stopped" (the run ended in that
+    cell); then "not run" when the run stopped before the last check, or "check not run"
+    when a check cell has no execution count. Exercises and challenges share this walk and
+    differ only in what they call each kind."""
+    last_check = checks[-1]
+    for index in (i for i in cells if i <= last_check):
         error = _error(run.nb.cells[index])
         if error is not None:
             name, message = error.get("ename", "Error"), error.get("evalue", "")
             if name in _NOT_DONE:
-                return Outcome(exercise, NOT_STARTED)
+                return "not done", ""
             if name == "CheckFailed":
-                return Outcome(exercise, FAILED, first_line(message))
-            return Outcome(exercise, FAILED,
-                           f"{name}: {first_line(message)}" if message else name)
+                return "check failed", first_line(message)
+            return "error", f"{name}: {first_line(message)}" if message else name
         if index == run.stopped_at:
-            return Outcome(exercise, FAILED, f"{run.problem} (cell {index})")
+            return "stopped", f"{run.problem} (cell {index})"
     if run.stopped_at is not None and run.stopped_at < last_check:
-        return Outcome(exercise, NOT_RUN, f"the notebook stopped at cell {run.stopped_at}")
-    if any(run.nb.cells[i].get("execution_count") is None for i in exercise.checks):
+        return "not run", f"the notebook stopped at cell {run.stopped_at}"
+    if any(run.nb.cells[i].get("execution_count") is None for i in checks):
+        return "check not run", ""
+    return None
+
+
+def grade(exercise: Exercise, run: Run) -> Outcome:
+    """An exercise's outcome, read from the outputs of the executed copy."""
+    if not exercise.checks:
+        return Outcome(exercise, FAILED, "no check cell follows this exercise")
+    problem = _first_problem(exercise.cells, exercise.checks, run)
+    if problem is None:
+        return Outcome(exercise, PASSED)
+    kind, message = problem
+    if kind == "not done":
+        return Outcome(exercise, NOT_STARTED)
+    if kind == "not run":
+        return Outcome(exercise, NOT_RUN, message)
+    if kind == "check not run":
         return Outcome(exercise, FAILED, "the check cell did not run")
-    return Outcome(exercise, PASSED)
+    return Outcome(exercise, FAILED, message)
 
 
 def grade_challenge(challenge: Challenge, run: Run) -> Outcome:
     """An open challenge's outcome, read from its `challenge` cells in the executed copy."""
     if not challenge.checks:
         return Outcome(challenge, NO_CHECK, "open: no cell confirms a goal")
-    last_check = challenge.checks[-1]
-    for index in (i for i in challenge.cells if i <= last_check):
-        error = _error(run.nb.cells[index])
-        if error is not None:
-            name, message = error.get("ename", "Error"), error.get("evalue", "")
-            if name in _NOT_DONE:
-                return Outcome(challenge, NOT_DONE, "not done")
-            if name == "CheckFailed":
-                return Outcome(challenge, NOT_REACHED, first_line(message) or NOT_REACHED)
-            return Outcome(challenge, NOT_REACHED,
-                           f"{name}: {first_line(message)}" if message else name)
-        if index == run.stopped_at:
-            return Outcome(challenge, NOT_REACHED, f"{run.problem} (cell {index})")
-    if run.stopped_at is not None and run.stopped_at < last_check:
-        return Outcome(challenge, NOT_RUN, f"the notebook stopped at cell {run.stopped_at}")
-    if any(run.nb.cells[i].get("execution_count") is None for i in challenge.checks):
+    problem = _first_problem(challenge.cells, challenge.checks, run)
+    if problem is None:
+        return Outcome(challenge, DONE)
+    kind, message = problem
+    if kind == "not done":
+        return Outcome(challenge, NOT_DONE, "not done")
+    if kind == "not run":
+        return Outcome(challenge, NOT_RUN, message)
+    if kind == "check not run":
         return Outcome(challenge, NOT_RUN, "the challenge cell did not run")
-    return Outcome(challenge, DONE)
+    return Outcome(challenge, NOT_REACHED, message or NOT_REACHED)
 
 
 def _ignored(folder: str, names: list[str]) -> set[str]:
