@@ -1194,6 +1194,9 @@ def test_bytes_check_names_form_mistakes():
     _fails(checks.check_bytes_to_unicode, lambda: list(_reference_table().values()), "should return a dict")
     _fails(checks.check_bytes_to_unicode, lambda: {b: c for b, c in _reference_table().items() if b != 7}, "byte 7 is missing")
     _fails(checks.check_bytes_to_unicode, lambda: {**_reference_table(), 9: "ab"}, "one-character str; byte 9")
+    # two mistakes at once: the message names the first symptom
+    _fails(checks.check_bytes_to_unicode, lambda: {b: chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)},
+           "Latin-1 letters")
     swapped = {**_reference_table(), 65: "B", 66: "A"}
     _fails(checks.check_bytes_to_unicode, lambda: swapped, "first is byte 65: GPT-2 gives 'A', yours 'B'")
 

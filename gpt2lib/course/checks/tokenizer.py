@@ -100,6 +100,26 @@ BYTES_MISTAKES = [
 ]
 
 
+def _byte_table_symptom(got: dict[int, str]) -> Mistake | None:
+    """The planted mistake whose symptom a table shows, when it holds several mistakes at once:
+    first the visible bytes, then the invisible ones kept, then the new characters."""
+    wrong_visible = {b for b in _VISIBLE if got[b] != chr(b)}
+    if wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}:
+        return named(BYTES_MISTAKES, "ends left out")
+    if wrong_visible and wrong_visible <= set(range(161, 256)):
+        return named(BYTES_MISTAKES, "ascii only")
+    kept = {b for b in range(256) if b not in _VISIBLE and got[b] == chr(b)}
+    for byte, name in [(32, "space kept"), (173, "soft hyphen kept")]:
+        if byte in kept:
+            return named(BYTES_MISTAKES, name)
+    if len(set(got.values())) < 256:
+        return named(BYTES_MISTAKES, "one new character")
+    new = [got[b] for b in range(256) if b not in _VISIBLE]
+    if not wrong_visible and new != [chr(256 + k) for k in range(len(new))]:
+        return named(BYTES_MISTAKES, "offset by the byte")
+    return None
+
+
 def check_bytes_to_unicode(bytes_to_unicode) -> None:
     """Exercise 1.1: `bytes_to_unicode()` is GPT-2's table from each byte to a printable character."""
     from gpt2lib.tokenizer import bytes_to_unicode as reference
@@ -119,9 +139,7 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
     if got == want:
         passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
         return
-    mistake = first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got)
-    if mistake is None and len(set(got.values())) < 256:
-        mistake = named(BYTES_MISTAKES, "one new character")
+    mistake = first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(got)
     if mistake is not None:
         raise CheckFailed(EX_BYTES, mistake.message)
     wrong = [b for b in range(256) if got[b] != want[b]]
