@@ -1,13 +1,16 @@
-"""Checks for chapter 1 (the tokenizer): one per exercise.
+"""Checks for chapter 1 (the tokenizer): one per exercise, and the challenge's.
 
 Each check runs the learner's function on small cases, compares with the reference in
-`gpt2lib.tokenizer` and, when the answer is wrong, names the mistake by comparing with known
-wrong versions. The checks never look at source code, so any correct answer passes.
+`gpt2lib.tokenizer` (the chapter's own code, `gpt2lib.bpe`, with the hardening around it) and,
+when the answer is wrong, names the mistake by comparing with known wrong versions. The checks
+never look at source code, so any correct answer passes.
 
-The known wrong versions are module-level lists of `Mistake` (MERGE_MISTAKES, DECODE_MISTAKES,
-PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES); the tests feed each one to its check.
+The known wrong versions are module-level lists of `Mistake` (BYTES_MISTAKES, LOAD_MISTAKES,
+SPLIT_MISTAKES, COUNT_MISTAKES, MERGE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES, DECODE_MISTAKES,
+TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES, FAST_MISTAKES);
+the tests feed each one to its check (`MISTAKES_BY_CHECK` maps the newer checks to theirs).
 Training checks accept either tie rule (first seen, or the greater pair): any most frequent pair
-is right.
+is right; the challenge asks for the reference's merges exactly, so there the rule is fixed.
 """
 
 from __future__ import annotations
@@ -26,12 +29,19 @@ from gpt2lib.course.checks._core import (
     passed,
 )
 
-EX_SPLIT = "Exercise 1.1 (finish the split pattern)"
-EX_MERGE = "Exercise 1.2 (apply merges by rank)"
-EX_DECODE = "Exercise 1.3 (decode ids to text)"
-EX_PAIR = "Exercise 1.4 (find the most frequent pair)"
-EX_MERGE_PAIR = "Exercise 1.5 (merge a pair in every word)"
-EX_TRAIN = "Exercise 1.6 (the training loop)"
+EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unicode"
+EX_LOAD = "Exercise 1.1 (the byte table, and reading the files): load_gpt2_vocab"
+EX_SPLIT = "Exercise 1.2 (finish the split pattern)"
+EX_COUNT = "Exercise 1.3 (how many merges?)"
+EX_MERGE = "Exercise 1.4 (apply merges by rank)"
+EX_DEBUG = "Exercise 1.5 (find and fix the bug in a colleague's encoder)"
+EX_DECODE = "Exercise 1.6 (decode ids to text)"
+EX_TIE = "Exercise 1.7 (a text on which the tie rules disagree)"
+EX_PAIR = "Exercise 1.8 (count pairs, and merge one): most_frequent_pair"
+EX_MERGE_PAIR = "Exercise 1.8 (count pairs, and merge one): merge_pair"
+EX_TRAIN = "Exercise 1.9 (the training loop)"
+EX_RATIO = "Exercise 1.10 (measure how much text a token holds)"
+CH_FAST = "Challenge (train twice as fast)"
 
 
 def _short(value, limit: int = 120) -> str:
@@ -39,7 +49,192 @@ def _short(value, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# --------------------------------------------------------------------------- 1.1 split pattern
+# --------------------------------------------------------------------------- 1.1 byte table
+
+_VISIBLE = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+
+
+def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str]:
+    """A byte -> character table: visible bytes keep chr(byte), the k-th other byte gets new_char(k, byte)."""
+    mapping, k = {}, 0
+    for byte in range(256):
+        if byte in visible:
+            mapping[byte] = chr(byte)
+        else:
+            mapping[byte], k = new_char(k, byte), k + 1
+    return mapping
+
+
+BYTES_MISTAKES = [
+    Mistake("every byte its own character",
+            "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which "
+            "are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get "
+            "chr(256), chr(257), ... in byte order",
+            lambda: {b: chr(b) for b in range(256)}),
+    Mistake("offset by the byte",
+            "a byte without a visible character should get the next unused character: chr(256), "
+            "chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters "
+            "(keep a counter of how many new characters you have handed out)",
+            lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b))),
+    Mistake("ascii only",
+            "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are "
+            "visible characters too and keep their own character; you gave them new ones",
+            lambda: _byte_table(set(range(ord("!"), ord("~") + 1)))),
+    Mistake("soft hyphen kept",
+            "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other "
+            "67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
+            lambda: _byte_table(_VISIBLE | {173})),
+    Mistake("space kept",
+            "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character "
+            "(that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
+            lambda: _byte_table(_VISIBLE | {32})),
+    Mistake("ends left out",
+            "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): "
+            "range(ord('!'), ord('~')) stops one short; add 1 to each end",
+            lambda: _byte_table(set(range(33, 126)) | set(range(161, 172)) | set(range(174, 255)))),
+    Mistake("one new character",
+            "several bytes map to the same character, so the vocabulary files could not be read back: "
+            "each byte without a visible character needs its own, chr(256), chr(257), ... (advance "
+            "the counter after each one)",
+            lambda: _byte_table(_VISIBLE, lambda k, b: chr(256))),
+]
+
+
+def _byte_table_symptom(got: dict[int, str]) -> Mistake | None:
+    """The planted mistake whose symptom a table shows, when it holds several mistakes at once:
+    first the visible bytes, then the invisible ones kept, then the new characters."""
+    wrong_visible = {b for b in _VISIBLE if got[b] != chr(b)}
+    if wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}:
+        return named(BYTES_MISTAKES, "ends left out")
+    if wrong_visible and wrong_visible <= set(range(161, 256)):
+        return named(BYTES_MISTAKES, "ascii only")
+    kept = {b for b in range(256) if b not in _VISIBLE and got[b] == chr(b)}
+    for byte, name in [(32, "space kept"), (173, "soft hyphen kept")]:
+        if byte in kept:
+            return named(BYTES_MISTAKES, name)
+    if len(set(got.values())) < 256:
+        return named(BYTES_MISTAKES, "one new character")
+    new = [got[b] for b in range(256) if b not in _VISIBLE]
+    if not wrong_visible and new != [chr(256 + k) for k in range(len(new))]:
+        return named(BYTES_MISTAKES, "offset by the byte")
+    return None
+
+
+def check_bytes_to_unicode(bytes_to_unicode) -> None:
+    """Exercise 1.1: `bytes_to_unicode()` is GPT-2's table from each byte to a printable character."""
+    from gpt2lib.tokenizer import bytes_to_unicode as reference
+
+    got = call_learner(EX_BYTES, bytes_to_unicode)
+    if not isinstance(got, dict):
+        raise CheckFailed(EX_BYTES, f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}")
+    if set(got) != set(range(256)) or any(type(k) is not int for k in got):
+        missing = sorted(set(range(256)) - set(got))
+        extra = sorted((k for k in got if type(k) is not int or not 0 <= k < 256), key=repr)
+        where = f"byte {missing[0]} is missing" if missing else f"you have {_short(extra)} too"
+        raise CheckFailed(EX_BYTES, f"the keys should be the 256 ints 0..255; {where}")
+    odd = [b for b in range(256) if not (isinstance(got[b], str) and len(got[b]) == 1)]
+    if odd:
+        raise CheckFailed(EX_BYTES, f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}")
+    want = reference()
+    if got == want:
+        passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
+        return
+    mistake = first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(got)
+    if mistake is not None:
+        raise CheckFailed(EX_BYTES, mistake.message)
+    wrong = [b for b in range(256) if got[b] != want[b]]
+    raise CheckFailed(EX_BYTES, f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
+                                f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}")
+
+
+def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, skip_empty=True):
+    """load_gpt2_vocab with one of its steps left out (the planted mistakes of Exercise 1.1)."""
+    import json
+    from pathlib import Path
+
+    from gpt2lib.tokenizer import ENDOFTEXT, bytes_to_unicode
+
+    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+
+    def convert(text):
+        return bytes(byte_of_char[c] for c in text) if as_bytes else text
+
+    encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
+    vocab = {convert(token): i for token, i in encoder.items() if not (drop_special and token == ENDOFTEXT)}
+    lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1 if skip_header else 0 :]
+    return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
+
+
+LOAD_MISTAKES = [
+    Mistake("header kept",
+            "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a "
+            "merge: start from the second line",
+            lambda folder: _load_wrongly(folder, skip_header=False)),
+    Mistake("empty line kept",
+            "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a "
+            "newline, so split('\\n') gives '' last); skip empty lines",
+            lambda folder: _load_wrongly(folder, skip_empty=False)),
+    Mistake("special kept",
+            "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out "
+            "(section 5 adds it)",
+            lambda folder: _load_wrongly(folder, drop_special=False)),
+    Mistake("text not bytes",
+            "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back "
+            "into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
+            lambda folder: _load_wrongly(folder, as_bytes=False)),
+]
+
+
+def _as_comparable(result):
+    """(dict, list of tuples) from what a loader returned, or None if it has another form."""
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], dict)):
+        return None
+    try:
+        return dict(result[0]), [tuple(m) for m in result[1]]
+    except TypeError:
+        return None
+
+
+def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
+    """Exercise 1.1: `load_gpt2_vocab(folder)` reads encoder.json and vocab.bpe into bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from gpt2lib.bpe import load_gpt2_vocab as reference
+    from gpt2lib.tokenizer import BPETokenizer, gpt2_data_dir
+
+    with tempfile.TemporaryDirectory() as scratch:
+        small = BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"])
+        small.save(scratch)
+        folders = [gpt2_data_dir(), Path(scratch)]
+        results = []
+        for folder in folders:
+            got = _as_comparable(call_learner(EX_LOAD, load_gpt2_vocab, folder))
+            if got is None:
+                raise CheckFailed(EX_LOAD, "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
+                                           "token bytes to id, and a list of (bytes, bytes) pairs")
+            results.append(got)
+        want = [reference(folder) for folder in folders]
+        if results == want:
+            passed(EX_LOAD, f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right")
+            return
+        mistake = first_mistake(LOAD_MISTAKES, lambda m: all(
+            r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)))
+        if mistake is not None:
+            raise CheckFailed(EX_LOAD, mistake.message)
+        for (vocab, merges), (want_vocab, want_merges), folder in zip(results, want, ["data/", "a small tokenizer's folder"]):
+            if vocab != want_vocab:
+                wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
+                raise CheckFailed(EX_LOAD, f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
+                                           f"{'yours only' if wrong in vocab.items() else 'the files only'}")
+            if merges != want_merges:
+                i = next((i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b), min(len(merges), len(want_merges)))
+                raise CheckFailed(EX_LOAD, f"for {folder} merge {i} should be "
+                                           f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
+                                           f"{_short(merges[i]) if i < len(merges) else 'missing'}")
+
+
+# --------------------------------------------------------------------------- 1.2 split pattern
 
 SPLIT_SAMPLES = [
     "x y",
@@ -89,7 +284,7 @@ _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
 
 
 def check_split_pattern(gpt2_split_pattern) -> None:
-    """Exercise 1.1: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
+    """Exercise 1.2: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
 
     pattern = call_learner(EX_SPLIT, gpt2_split_pattern)
@@ -132,7 +327,64 @@ def check_split_pattern(gpt2_split_pattern) -> None:
     passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
-# --------------------------------------------------------------------------- 1.2 merges by rank
+# --------------------------------------------------------------------------- 1.3 merge count
+
+COUNT_MISTAKES = [
+    Mistake("every id a merge",
+            "not every id comes from a merge: the 256 single bytes are there before any merge, and "
+            "the special tokens are added whole",
+            lambda vocab_size, n_special: vocab_size),
+    Mistake("bytes counted",
+            "the 256 single bytes are not merges: they are the alphabet the merges start from",
+            lambda vocab_size, n_special: vocab_size - n_special),
+    Mistake("special counted",
+            "a special token such as <|endoftext|> is not made by a merge: it is added whole, after "
+            "the merges (if you counted lines of vocab.bpe, its first line is a version header)",
+            lambda vocab_size, n_special: vocab_size - 256),
+    Mistake("one too many taken",
+            "you take one id too many away: the ids are the 256 bytes, one token per merge, and the "
+            "special tokens, nothing else",
+            lambda vocab_size, n_special: vocab_size - 256 - n_special - 1),
+    Mistake("one special always",
+            "your answer takes away one special token whatever n_special is; a tokenizer may have "
+            "none, or several",
+            lambda vocab_size, n_special: vocab_size - 256 - 1),
+    Mistake("hard-coded",
+            "your answer does not depend on the arguments; it should hold for any vocab_size and "
+            "n_special, not only GPT-2's",
+            lambda vocab_size, n_special: 50000),
+]
+
+
+def _merge_count_cases() -> list[tuple[int, int, int]]:
+    """(vocab_size, n_special, merges the tokenizer really has): GPT-2 and two trained ones."""
+    from gpt2lib.tokenizer import BPETokenizer, load_gpt2_vocab
+
+    cases = [(50257, 1, len(load_gpt2_vocab()[1]))]
+    for vocab_size, specials in [(300, []), (320, ["<|endoftext|>", "<|pad|>"])]:
+        trained = BPETokenizer.train(_training_text(), vocab_size, special_tokens=specials)
+        cases.append((trained.n_vocab, len(specials), len(trained.merges)))
+    return cases
+
+
+def check_merge_count(merge_count) -> None:
+    """Exercise 1.3: `merge_count(vocab_size, n_special)` is the number of merges of a byte-level BPE."""
+    cases = _merge_count_cases()
+    for vocab_size, n_special, want in cases:
+        got = call_learner(EX_COUNT, merge_count, vocab_size, n_special)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+            raise CheckFailed(EX_COUNT, f"merge_count should return a whole number, got {_short(got)}")
+        if got != want:
+            mistake = first_mistake(COUNT_MISTAKES, lambda m: all(
+                m.fn(v, s) == call_learner(EX_COUNT, merge_count, v, s) for v, s, _ in cases))
+            if mistake is not None:
+                raise CheckFailed(EX_COUNT, mistake.message)
+            raise CheckFailed(EX_COUNT, f"for {vocab_size} ids with {n_special} special tokens you say {got} "
+                                        f"merges; the tokenizer has {want}")
+    passed(EX_COUNT, f"GPT-2 has {cases[0][2]} merges, and your formula fits two trained tokenizers too")
+
+
+# --------------------------------------------------------------------------- 1.4 merges by rank
 
 
 def _merge_adjacent(symbols, should_merge) -> list[bytes]:
@@ -244,7 +496,12 @@ def _gpt2_ranks() -> dict[tuple[bytes, bytes], int]:
 
 
 def check_bpe_merge(bpe_merge) -> None:
-    """Exercise 1.2: `bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly."""
+    """Exercise 1.4: `bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly."""
+    _check_merge(EX_MERGE, bpe_merge)
+
+
+def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
+    """`bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly (Exercises 1.4, 1.5)."""
     from gpt2lib.tokenizer import bpe_merge as reference
 
     ranks = _gpt2_ranks()
@@ -252,41 +509,123 @@ def check_bpe_merge(bpe_merge) -> None:
     results = []
     for symbols, table in cases:
         given = list(symbols)
-        got = call_learner(EX_MERGE, bpe_merge, given, table)
+        got = call_learner(exercise, bpe_merge, given, table)
         if given != list(symbols):
             raise CheckFailed(
-                EX_MERGE,
+                exercise,
                 f"your function changed the caller's list (it was {_short(list(symbols))}, afterwards "
                 f"{_short(given)}). Work on a copy: start with symbols = list(symbols).",
             )
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
             raise CheckFailed(
-                EX_MERGE,
-                f"bpe_merge should return a list of bytes objects, got {_short(got)} for {_short(symbols)}",
+                exercise,
+                f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}",
             )
         if b"".join(got) != b"".join(symbols):
             raise CheckFailed(
-                EX_MERGE,
+                exercise,
                 f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. "
                 "When you merge a pair, the two halves become one symbol: skip both before looking further.",
             )
         results.append(list(got))
     expected = [reference(list(symbols), table) for symbols, table in cases]
     if results == expected:
-        passed(EX_MERGE, f"{len(cases)} words merged exactly like GPT-2")
+        passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
         return
     mistake = first_mistake(MERGE_MISTAKES, lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)))
     if mistake is not None:
-        raise CheckFailed(EX_MERGE, mistake.message)
+        raise CheckFailed(exercise, mistake.message)
     for got, want, (symbols, _) in zip(results, expected, cases):
         if got != want:
             raise CheckFailed(
-                EX_MERGE,
+                exercise,
                 f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
             )
 
 
-# --------------------------------------------------------------------------- 1.3 decode
+# --------------------------------------------------------------------------- 1.5 the colleague's bug
+
+
+def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) -> list[bytes]:
+    """The encoder of Exercise 1.5: merges the leftmost pair that has any rank (a planted bug)."""
+    symbols = list(symbols)
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(symbols) - 1):
+            if (symbols[i], symbols[i + 1]) in ranks:
+                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+                merged = True
+                break
+    return symbols
+
+
+DEBUG_MISTAKES = [
+    Mistake("agrees",
+            "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word "
+            "where the order of the merges matters. Compare the ranks of the pairs in a word "
+            "(`ranks[pair]`) with the order in which the colleague's loop merges them",
+            lambda: " dog"),
+    Mistake("one byte",
+            "a word of one byte has no pair to merge, so every encoder agrees on it",
+            lambda: "a"),
+    Mistake("several pieces",
+            "the tokenizer cuts that text into several pieces and merges each piece on its own; give one "
+            "piece (one word, with at most one space in front)",
+            lambda: "the cat"),
+]
+
+
+def check_disagreeing_word(disagreeing_word) -> None:
+    """Exercise 1.5: `disagreeing_word()` is one piece on which `colleague_merge` and GPT-2's
+    encoder give different tokens."""
+    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
+    from gpt2lib.tokenizer import bpe_merge as reference
+
+    word = call_learner(EX_DEBUG, disagreeing_word)
+    if not isinstance(word, str) or not word:
+        raise CheckFailed(EX_DEBUG, f"disagreeing_word() should return a non-empty str, got {_short(word)}")
+    pieces = regex.findall(GPT2_SPLIT_PATTERN, word)
+    if pieces != [word]:
+        raise CheckFailed(EX_DEBUG, f"{named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})")
+    symbols = [bytes([b]) for b in word.encode("utf-8")]
+    if len(symbols) < 2:
+        raise CheckFailed(EX_DEBUG, named(DEBUG_MISTAKES, "one byte").message)
+    ranks = _gpt2_ranks()
+    theirs, right = colleague_merge(symbols, ranks), reference(symbols, ranks)
+    if theirs == right:
+        raise CheckFailed(EX_DEBUG, f"{named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})")
+    passed(EX_DEBUG, f"on {word!r} the colleague's encoder gives {_short(theirs)}, GPT-2's gives "
+                     f"{_short(right)}: it merges the leftmost pair that has a rank, not the pair of lowest rank")
+
+
+def check_fixed_merge(fixed_merge) -> None:
+    """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, merges like GPT-2."""
+    from gpt2lib.tokenizer import bpe_merge as reference
+
+    ranks = _gpt2_ranks()
+    words = [[bytes([b]) for b in word.encode("utf-8")] for word in _GPT2_WORDS]
+    results = [call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
+    if results != [reference(w, ranks) for w in words]:
+        mistake = first_mistake(FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words)))
+        if mistake is not None:
+            raise CheckFailed(EX_DEBUG, mistake.message)
+    _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
+
+
+FIXED_MISTAKES = [
+    Mistake("unfixed",
+            "fixed_merge still gives the colleague's tokens: it merges the first pair from the left "
+            "that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
+            colleague_merge),
+    Mistake("rightmost",
+            "your fix merges the ranked pair furthest to the right; the rank, not the position, "
+            "decides which pair goes first",
+            _merge_loop(lambda positions, pairs, ranks: positions[-1], everywhere=False)),
+]
+
+
+# --------------------------------------------------------------------------- 1.6 decode
 
 
 @functools.lru_cache(maxsize=1)
@@ -346,7 +685,7 @@ DECODE_MISTAKES = [
 
 
 def check_decode_ids(decode_ids) -> None:
-    """Exercise 1.3: `decode_ids(ids, token_texts)` maps characters back to bytes, joins, decodes."""
+    """Exercise 1.6: `decode_ids(ids, token_texts)` maps characters back to bytes, joins, decodes."""
     token_texts = _gpt2_token_texts()
     tok, cases = _decode_cases()
     for ids in cases:
@@ -373,7 +712,61 @@ def check_decode_ids(decode_ids) -> None:
     passed(EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>")
 
 
-# --------------------------------------------------------------------------- 1.4 most frequent pair
+# --------------------------------------------------------------------------- 1.7 a tie
+
+
+def _tie_choices(text: str):
+    """(pair counts of the text's pieces in the order first seen, the tied top pairs)."""
+    from gpt2lib.tokenizer import pretokenize
+
+    counts = Counter()
+    for piece, n in pretokenize(text).items():  # pieces in the order they first appear
+        symbols = [bytes([b]) for b in piece.encode("utf-8")]
+        for pair in zip(symbols, symbols[1:]):
+            counts[pair] += n
+    top = max(counts.values(), default=0)
+    return counts, [pair for pair, n in counts.items() if n == top]
+
+
+TIE_MISTAKES = [
+    Mistake("no tie",
+            "the most frequent pair of your text occurs more often than every other pair, so there is "
+            "no tie to decide; make two pairs occur equally often",
+            lambda: "abab"),
+    Mistake("same choice",
+            "your text has a tie, but both rules pick the same pair: the pair seen first is also the "
+            "greater one. Put the smaller pair first",
+            lambda: "xy ab"),
+    Mistake("no pair",
+            "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters "
+            "from punctuation and digits, and a pair only counts inside one piece",
+            lambda: "a.b,c"),
+    Mistake("too long",
+            "your text is longer than 40 characters; a short one shows the tie better",
+            lambda: "the quick brown fox jumps over the lazy dog and the cat"),
+]
+
+
+def check_tie_text(tie_text) -> None:
+    """Exercise 1.7: `tie_text()` is a short text whose top pair is a tie the two rules decide differently."""
+    text = call_learner(EX_TIE, tie_text)
+    if not isinstance(text, str):
+        raise CheckFailed(EX_TIE, f"tie_text() should return a str, got {type(text).__name__}")
+    if len(text) > 40:
+        raise CheckFailed(EX_TIE, named(TIE_MISTAKES, "too long").message)
+    counts, tied = _tie_choices(text)
+    if not counts:
+        raise CheckFailed(EX_TIE, named(TIE_MISTAKES, "no pair").message)
+    if len(tied) < 2:
+        raise CheckFailed(EX_TIE, f"{named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)")
+    first_seen, greater = tied[0], max(tied)
+    if first_seen == greater:
+        raise CheckFailed(EX_TIE, f"{named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})")
+    passed(EX_TIE, f"{len(tied)} pairs tie at {counts[greater]}: first seen picks {first_seen}, the greater "
+                   f"pair picks {greater}")
+
+
+# --------------------------------------------------------------------------- 1.8 most frequent pair
 
 
 def _pair_counts(word_counts, weighted=True, once_per_word=False, skip_last=False) -> Counter:
@@ -432,7 +825,7 @@ def _is_best(pair, scores: Counter) -> bool:
 
 
 def check_most_frequent_pair(most_frequent_pair) -> None:
-    """Exercise 1.4: `most_frequent_pair(word_counts)` returns a pair with the largest weighted count."""
+    """Exercise 1.8: `most_frequent_pair(word_counts)` returns a pair with the largest weighted count."""
     cases = list(_PAIR_CASES) + [_training_word_counts()]
     answers = []
     for word_counts in cases:
@@ -470,7 +863,7 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
     passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
 
 
-# --------------------------------------------------------------------------- 1.5 merge a pair
+# --------------------------------------------------------------------------- 1.8 merge a pair
 
 
 def _merge_word(word, pair, first_only=False, from_right=False, no_skip=False):
@@ -521,7 +914,7 @@ _MERGE_PAIR_CASES = [
 
 
 def check_merge_pair(merge_pair) -> None:
-    """Exercise 1.5: `merge_pair(word_counts, pair)` merges every occurrence, left to right, and adds counts."""
+    """Exercise 1.8: `merge_pair(word_counts, pair)` merges every occurrence, left to right, and adds counts."""
     from gpt2lib.tokenizer import merge_pair as reference
 
     results = []
@@ -565,7 +958,7 @@ def check_merge_pair(merge_pair) -> None:
                                              f"but yours gives {_short(got)}.")
 
 
-# --------------------------------------------------------------------------- 1.6 training loop
+# --------------------------------------------------------------------------- 1.9 training loop
 
 
 def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
@@ -627,7 +1020,7 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
 
 
 def check_train_merges(train_merges) -> None:
-    """Exercise 1.6: `train_merges(word_counts, num_merges)` is count, merge, repeat (either tie rule)."""
+    """Exercise 1.9: `train_merges(word_counts, num_merges)` is count, merge, repeat (either tie rule)."""
     cases = _train_cases()
     results = []
     for word_counts, num_merges in cases:
@@ -656,3 +1049,162 @@ def check_train_merges(train_merges) -> None:
                                             f"you have {_short(pair)}")
     (word_counts, _), problem = next(((case, p) for case, p in zip(cases, problems) if p))
     raise CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
+
+
+# --------------------------------------------------------------------------- 1.10 bytes per token
+
+
+def _ratio(tokenizer, text, count=len, size=lambda text: len(text.encode("utf-8")), divide=lambda a, b: a / b):
+    return divide(size(text), count(tokenizer.encode(text)))
+
+
+RATIO_MISTAKES = [
+    Mistake("characters",
+            "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes "
+            "2 and 3 bytes; count len(text.encode('utf-8'))",
+            lambda tokenizer, text: _ratio(tokenizer, text, size=len)),
+    Mistake("inverted",
+            "your number is tokens per byte, the inverse: divide the bytes by the tokens",
+            lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: b / a)),
+    Mistake("integer division",
+            "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
+            lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b)),
+    Mistake("distinct tokens",
+            "you count distinct token ids; every token costs a position in the window, repeats included",
+            lambda tokenizer, text: _ratio(tokenizer, text, count=lambda ids: len(set(ids)))),
+]
+
+
+@functools.lru_cache(maxsize=1)
+def _training_text() -> str:
+    from gpt2lib.tokenizer import gpt2_data_dir
+
+    return (gpt2_data_dir() / "bpe_training_text.txt").read_text(encoding="utf-8")
+
+
+def _ratio_cases():
+    from gpt2lib.tokenizer import BPETokenizer, get_encoding
+
+    small = BPETokenizer.train(_training_text(), 300)
+    texts = ["The keeper of the harbour light, the keeper.", "Grüße aus Köln! 世界 🤗", "naïve café au lait"]
+    return [(tokenizer, text) for tokenizer in (get_encoding(), small) for text in texts]
+
+
+def check_bytes_per_token(bytes_per_token) -> None:
+    """Exercise 1.10: `bytes_per_token(tokenizer, text)` is UTF-8 bytes divided by tokens."""
+    cases = _ratio_cases()
+    results = []
+    for tokenizer, text in cases:
+        got = call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise CheckFailed(EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}")
+        results.append(float(got))
+    want = [_ratio(tokenizer, text) for tokenizer, text in cases]
+    if all(abs(g - w) < 1e-9 for g, w in zip(results, want)):
+        passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
+        return
+    mistake = first_mistake(RATIO_MISTAKES, lambda m: all(
+        abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)))
+    if mistake is not None:
+        raise CheckFailed(EX_RATIO, mistake.message)
+    g, w, (_, text) = next((g, w, c) for g, w, c in zip(results, want, cases) if abs(g - w) >= 1e-9)
+    raise CheckFailed(EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}")
+
+
+# --------------------------------------------------------------------------- challenge: fast training
+
+
+def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
+    """The best wall time of `repeats` calls of fn(*args), and the result of the last call."""
+    import time
+
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn(*args)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def _first_seen_train(text, vocab_size):
+    """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
+    from gpt2lib.tokenizer import merge_pair, pretokenize
+
+    words = {tuple(bytes([b]) for b in piece.encode("utf-8")): n for piece, n in pretokenize(text).items()}
+    vocab, merges = {bytes([b]): b for b in range(256)}, []
+    while len(vocab) < vocab_size:
+        counts = Counter()
+        for word, n in words.items():
+            for pair in zip(word, word[1:]):
+                counts[pair] += n
+        if not counts:
+            break
+        pair = max(counts, key=counts.__getitem__)
+        merges.append(pair)
+        vocab.setdefault(pair[0] + pair[1], len(vocab))
+        words = merge_pair(words, pair)
+    return vocab, merges
+
+
+FAST_MISTAKES = [
+    Mistake("other tie rule",
+            "the merges are not the reference's: on a tie the reference takes the greater pair, "
+            "max(counts, key=lambda pair: (counts[pair], pair))",
+            _first_seen_train),
+    Mistake("merges only",
+            "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
+            lambda text, vocab_size: _first_seen_train(text, vocab_size)[1]),
+]
+
+
+@functools.lru_cache(maxsize=2)
+def _shakespeare(n_chars: int) -> str:
+    from gpt2lib.tokenizer import gpt2_data_dir
+
+    return (gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
+
+
+def check_fast_training(fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0) -> float:
+    """Challenge: `fast_train(text, vocab_size)` learns train_merges_simple's merges at least `goal`
+    times faster. Returns how many times faster it is."""
+    from gpt2lib.bpe import train_merges_simple
+
+    text = _shakespeare(n_chars)
+    call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature, named first
+    yours_s, got = _seconds(fast_train, text, vocab_size)
+    reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
+        raise CheckFailed(CH_FAST, named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})")
+    got_vocab, got_merges = got
+    got_merges = [tuple(m) for m in got_merges]
+    if got_merges != merges:
+        i = next((i for i, (a, b) in enumerate(zip(got_merges, merges)) if a != b), min(len(got_merges), len(merges)))
+        if i < min(len(got_merges), len(merges)):
+            detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
+        else:
+            detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
+        named_mistake = first_mistake(FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges)
+        hint = named_mistake.message if named_mistake else "the merges must be the reference's, in the same order"
+        raise CheckFailed(CH_FAST, f"{hint} ({detail})")
+    if dict(got_vocab) != vocab:
+        raise CheckFailed(CH_FAST, "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and "
+                                   "each new token takes the next free id (a token spelled twice keeps its first)")
+    speedup = reference_s / max(yours_s, 1e-9)
+    timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
+    if speedup < goal:
+        raise CheckFailed(CH_FAST, f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the "
+                                   f"reference ({timing}); the goal is {goal:g} times")
+    passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
+    return speedup
+
+
+MISTAKES_BY_CHECK = {
+    check_bytes_to_unicode: BYTES_MISTAKES,
+    check_load_gpt2_vocab: LOAD_MISTAKES,
+    check_fixed_merge: FIXED_MISTAKES,
+    check_merge_count: COUNT_MISTAKES,
+    check_disagreeing_word: DEBUG_MISTAKES,
+    check_tie_text: TIE_MISTAKES,
+    check_bytes_per_token: RATIO_MISTAKES,
+    check_fast_training: FAST_MISTAKES,
+}
