@@ -679,11 +679,12 @@ HANGS = {
 def test_progress_stops_a_cell_that_runs_past_the_limit(learner_course, answer):
     set_source(learner_path(learner_course), 6, "def square(x):\n    return x * x\n\n" + answer)
     # The subprocess timeout only turns a regression (a hang) into a failure.
-    result = run_module("--root", str(learner_course), "progress", "01", "--cell-timeout", "4",
+    # 8 s: long enough that cell 1's import of gpt2lib (torch) finishes on a loaded machine.
+    result = run_module("--root", str(learner_course), "progress", "01", "--cell-timeout", "8",
                         timeout=120)
     lines = [line.strip() for line in result.stdout.splitlines()]
-    assert "! timed out after 4 s at cell 6; the cells after it did not run" in lines
-    assert "✗  Exercise 1.2: square — timed out after 4 s (cell 6)" in lines
+    assert "! timed out after 8 s at cell 6; the cells after it did not run" in lines
+    assert "✗  Exercise 1.2: square — timed out after 8 s (cell 6)" in lines
     assert "✅ Exercise 1.1: double" in lines
     assert "–  Exercise 1.3: negate — the notebook stopped at cell 6" in lines
     assert "KeyboardInterrupt" not in result.stdout + result.stderr
