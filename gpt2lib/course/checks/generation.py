@@ -883,6 +883,10 @@ def check_generate_cached(generate_cached) -> None:
         if not torch.equal(got[:, :T].long(), idx):
             raise CheckFailed(ex, "the result must start with the prompt, unchanged")
         first = int((got.long() != want)[:, T:].any(0).nonzero()[0, 0])
+        if first == 0:
+            raise CheckFailed(ex, "the first new token already differs from a full pass: it "
+                                  "comes from the prefill, the whole prompt in one call, and "
+                                  "the logits at the prompt's last position")
         raise CheckFailed(ex, f"with a prompt of {T} tokens, new token {first} differs from a "
                               "full recomputation: check what the cache holds at each position")
     passed(ex, "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
@@ -934,6 +938,9 @@ WEIGHT_BYTES_MISTAKES = [
             "(a bfloat16 model has 2)", lambda m: 4 * (sum(p.numel() for p in m.parameters())
                                                         - m.wpe.weight.numel()
                                                         + m.wpe.weight.shape[1])),
+    Mistake("no wpe row", "you left out the position table entirely: a step still reads the "
+            "one row of wpe for its position",
+            lambda m: _all_bytes(m) - m.wpe.weight.nbytes),
     Mistake("wte twice", "you counted the token table twice: the lookup reads one row of it and "
             "the readout reads it all, so the whole table once",
             lambda m: _weight_bytes_right(m) + m.wte.weight.nbytes),
