@@ -516,7 +516,8 @@ def yours_or_reference(name: str, yours):
         with torch.random.fork_rng(), torch.no_grad():
             _TRIALS[name](yours)
     except NotImplementedError:
-        print(f"note: your {name} is not done yet; the cells below use gpt2lib.decoding's")
+        print(f"note: your {name} (or a function it calls) is not done yet; the cells below "
+              f"use gpt2lib.decoding's")
         return getattr(decoding, name)
     except Exception as error:  # noqa: BLE001 - any failure: say which, and carry on
         print(f"note: your {name} raised {type(error).__name__}: {error}; the cells below use "
