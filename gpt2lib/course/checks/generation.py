@@ -46,8 +46,10 @@ def _tiny_model():
     from gpt2lib.config import GPT2Config
     from gpt2lib.model import GPT2
 
-    torch.manual_seed(0)
-    return GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=50)).eval()
+    with torch.random.fork_rng():  # the same weights every time; the notebook's RNG untouched
+        torch.manual_seed(0)
+        return GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32,
+                               vocab_size=50)).eval()
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
