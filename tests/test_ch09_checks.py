@@ -9,10 +9,12 @@ import check_cases as cases
 import pytest
 import torch
 
+from gpt2lib import decoding as D
 from gpt2lib import generation as G
 from gpt2lib import kvcache as K
 from gpt2lib.course.checks import generation as C
-from gpt2lib.kernels import split_matmul
+from gpt2lib.course.checks._core import CheckFailed
+from gpt2lib.measure import decode_bytes_per_token
 
 # --------------------------------------------------------------------------- other right answers
 
@@ -22,10 +24,6 @@ def write_kv_narrow(k_buf, v_buf, k, v, start):  # copy_ into narrowed views
     k_buf.narrow(2, start, k.shape[2]).copy_(k)
     v_buf.narrow(2, start, v.shape[2]).copy_(v)
     return k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end)
-
-
-def forward_of_the_model(model, idx, cache):  # the finished model's own cached forward
-    return model(idx, kv_cache=cache)
 
 
 def temperature_shifted(logits, t):  # a shift per row leaves softmax unchanged
@@ -57,10 +55,36 @@ def top_p_loop(logits, p):  # a plain loop over the tokens, most likely first
     return out
 
 
-def split_einsum(x, weight, parts):
-    rows, n_in = x.shape
-    return torch.einsum("prk,pkn->rn", x.view(rows, parts, n_in // parts).transpose(0, 1),
-                        weight.view(parts, n_in // parts, weight.shape[1]))
+def sample_by_inverse_cdf(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    # one uniform number per row, looked up in the running total of the probabilities
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = G.next_token_probs(logits, temperature, top_k, top_p)
+    u = torch.rand(probs.shape[0], 1, generator=generator)
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def kv_bytes_by_heads(config, bytes_per_number):  # heads x head width, the same n_embd
+    return 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * bytes_per_number
+
+
+def generate_cached_without_prefill(model, idx, max_new_tokens, sample, cache):
+    # the prompt fed one token at a time: slower, the same tokens
+    out = idx
+    with torch.no_grad():
+        for t in range(idx.shape[1]):
+            logits = model(idx[:, t:t + 1], kv_cache=cache)[:, -1]
+        for i in range(max_new_tokens):
+            token = sample(logits)
+            out = torch.cat([out, token[:, None]], 1)
+            if i + 1 < max_new_tokens:
+                logits = model(token[:, None], kv_cache=cache)[:, -1]
+    return out
+
+
+def weight_bytes_by_name(model):
+    return sum(p.nbytes for name, p in model.named_parameters() if name != "wpe.weight") \
+        + model.wpe.weight[0].nbytes
 
 
 def offset_with_indices(q, k, v, past):  # index comparison, adding -inf, float64
@@ -80,11 +104,14 @@ def offset_with_sdpa(q, k, v, past):  # torch's attention with an explicit boole
 
 @pytest.mark.parametrize("check, answer", cases.right_answers({
     C.check_write_kv: [K.write_kv, write_kv_narrow],
-    C.check_cached_forward: [C._cached_forward(), forward_of_the_model],
+    C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
+    C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
+    C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
+    C.check_generate_cached: [D.generate_cached, generate_cached_without_prefill],
+    C.check_weight_bytes_per_token: [decode_bytes_per_token, weight_bytes_by_name],
     C.check_apply_temperature: [G.apply_temperature, temperature_shifted, temperature_log_softmax],
     C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
     C.check_top_p_filter: [G.top_p_filter, top_p_loop],
-    C.check_split_matmul: [split_matmul, split_einsum],
     C.check_attend_with_offset: [K.attend_with_offset, offset_with_indices, offset_with_sdpa],
 }))
 def test_right_answers_pass(check, answer, capsys):
@@ -137,19 +164,93 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
     (C.check_write_kv, lambda k_buf, v_buf, k, v: None, "cannot take that"),
     (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
     (C.check_write_kv, write_kv_returning_two_old_tokens, "you returned only the new keys"),
-    (C.check_cached_forward, lambda model, idx, cache: model(idx, kv_cache=cache, last_only=True),
-     r"expected logits of shape (B, T, vocab)"),
+    (C.check_generate_cached, lambda model, idx, n, sample, cache: idx, "has shape"),
+    (C.check_kv_bytes_per_token, lambda config, size: "72 KiB", "return a number of bytes"),
+    (C.check_simple_kv_cache, lambda config, B, max_len, device=None, dtype=None: None,
+     "cache.layers should be a list"),
     (C.check_apply_temperature, lambda logits, t: [1.0], "should be a torch.Tensor"),
     (C.check_apply_temperature, lambda logits, t: logits[:, :1] / t, "has shape (2, 1)"),
     (C.check_top_k_filter, lambda logits, k: torch.topk(logits, k, -1).values, "has shape (3, 1)"),
     (C.check_top_k_filter, top_k_and_the_smallest, "with k=1: off by one: you kept k + 1"),
     (C.check_top_p_filter, top_p_ignores_p_at_one, "the mask is inverted"),
-    (C.check_split_matmul, lambda x, weight, parts: (x @ weight).T, "has shape (3, 5)"),
-    (C.check_split_matmul, lambda x, weight, parts: C._slab_products(x, weight, parts).sum(2),
-     "you summed over the wrong dimension"),
     (C.check_attend_with_offset, attention_with_is_causal, "the offset is ignored"),
     (C.check_attend_with_offset, attention_masking_the_allowed_keys, "wrong side"),
     (C.check_attend_with_offset, lambda q, k, v, past: q[..., 0], "shape"),
 ]))
 def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
+
+
+# --------------------------------------------------------------------------- the chapter's fallback
+
+
+def test_yours_or_reference_keeps_a_working_answer_and_replaces_a_stub(capsys):
+    assert C.yours_or_reference("sample_token", sample_by_inverse_cdf) is sample_by_inverse_cdf
+    assert capsys.readouterr().out == ""
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("Exercise 9.8: replace this line with your code")
+
+    for name in ("sample_token", "SimpleKVCache", "generate_cached"):
+        assert C.yours_or_reference(name, stub) is getattr(D, name)
+        assert f"your {name} (or a function it calls) is not done yet" in capsys.readouterr().out
+
+
+def test_yours_or_reference_replaces_an_answer_that_raises_and_says_why(capsys):
+    class Broken(D.SimpleKVCache):
+        def advance(self, T):
+            raise RuntimeError("boom")
+
+    assert C.yours_or_reference("SimpleKVCache", Broken) is D.SimpleKVCache
+    assert "raised RuntimeError: boom" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- measured, and the challenge
+
+
+def test_cache_gains_are_numbers_and_an_inverted_ratio_is_named(capsys):
+    C.check_cache_gains([8, 64], [1.2, 3.5])
+    assert "✅" in capsys.readouterr().out
+    cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [0.8, 0.3], "cached / uncached")
+    cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [1.0], "one gain per length")
+    cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [1.0, float("nan")],
+                       "positive number")
+
+
+class SmallVocabTokenizer:  # text -> ids below the tiny model's vocabulary of 50
+    def encode(self, text):
+        return [ord(c) % 50 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def beam_search_reference(model, idx, max_new_tokens, beams):
+    seqs, scores = idx, torch.zeros(1)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logp = torch.log_softmax(model(seqs)[:, -1].float(), dim=-1)
+            vocab = logp.shape[-1]
+            scores, best = (scores[:, None] + logp).flatten().topk(beams)
+            seqs = torch.cat([seqs[best // vocab], (best % vocab)[:, None]], dim=1)
+    return seqs[:1]
+
+
+def test_the_beam_search_challenge_passes_a_beam_search_and_refuses_greedy(capsys):
+    model, tokenizer = C._tiny_model(), SmallVocabTokenizer()
+    C.check_beam_search_challenge(beam_search_reference, model, tokenizer)
+    assert "✅" in capsys.readouterr().out
+
+    def greedy(model, idx, n, beams):
+        return G.generate(model, idx, n, temperature=0)
+
+    def worst(model, idx, n, beams):  # the least likely token at every step
+        with torch.no_grad():
+            for _ in range(n):
+                idx = torch.cat([idx, model(idx)[:, -1].argmin(-1, keepdim=True)], 1)
+        return idx
+
+    with pytest.raises(CheckFailed, match="only as likely as greedy"):
+        C.check_beam_search_challenge(greedy, model, tokenizer)
+    with pytest.raises(CheckFailed, match="less likely than greedy"):
+        C.check_beam_search_challenge(worst, model, tokenizer)

@@ -582,3 +582,42 @@ def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path,
     text = "".join(o.get("text", "") for o in outputs)
     assert text.startswith("The meaning of life is") and "no browser attached" in text
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+
+
+# --------------------------------------------------------------------------- the learner's code drives the chapter
+
+
+def _chapter_cell(starts_with):
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    chapter = json.loads((root / "solutions" / "09_generation.ipynb").read_text(encoding="utf-8"))
+    return next("".join(c["source"]) for c in chapter["cells"]
+                if "".join(c["source"]).startswith(starts_with))
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(planted, capsys):
+    """Issue 21: chapter 9's generation cell runs the learner's decode loop, cache class and
+    sampling step (through yours_or_reference); a planted wrong sampling step changes its text."""
+    from gpt2lib import decoding
+    from gpt2lib.course.checks.generation import yours_or_reference
+    from gpt2lib.tokenizer import get_encoding
+
+    tokenizer = get_encoding()
+    model = small_model(n_positions=64, vocab_size=tokenizer.n_vocab)
+
+    def always_seven(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+        return torch.full((logits.shape[0],), 7, dtype=torch.long, device=logits.device)
+
+    namespace = dict(torch=torch, model=model, config=model.config, device=torch.device("cpu"),
+                     dtype=torch.float32, tokenizer=tokenizer, NEW_TOKENS=6, generate=generate,
+                     yours_or_reference=yours_or_reference, generate_cached=decoding.generate_cached,
+                     Cache=decoding.SimpleKVCache, greedy=lambda logits: logits.argmax(-1),
+                     sample=always_seven if planted else decoding.sample_token)
+    exec(_chapter_cell('loop = yours_or_reference("generate_cached"'), namespace)
+    printed = capsys.readouterr().out
+    sevens = tokenizer.decode([7] * 6)
+    assert (printed.count(sevens) == 3) is planted  # the three sampled texts
+    assert "use_cache=False): True" in printed  # greedy runs through the learner's loop too

@@ -56,7 +56,7 @@ CHAPTER_MODULES = {
     "06_model": "model",
     "07_training": "training",
     "08_real_weights": "loading",
-    "09_generation": "generation",
+    "09_generation": "decoding",  # generation.py, kvcache.py: hand-written around it
     "10_finetuning": "tuning",
     "11_scaling": None,  # exports nothing: gpt2lib.scaling and gpt2lib.tokenfile are hand-written
 }

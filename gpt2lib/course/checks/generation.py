@@ -1,5 +1,8 @@
-"""Checks for chapter 9's exercises: temperature, top-k, top-p, attention at an offset, the
-KV cache write, the cached forward pass and the split matrix multiply.
+"""Checks for chapter 9's exercises: temperature, top-k, top-p, the sampling step, attention at
+an offset, the cache's memory, its buffers, the cached decode loop (a planted off-by-one), the
+cache's measured gain, the bytes a decode step reads, and the beam-search challenge; and
+`yours_or_reference`, which lets the chapter run on the learner's code, or on the reference
+with a note while an exercise is unfinished.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
 the planted wrong answers in the module-level `Mistake` lists below (the tests are parametrised
@@ -9,8 +12,6 @@ check also looks for the symptom and names it with the same planted mistake's me
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import torch
 
@@ -28,10 +29,15 @@ from gpt2lib.course.checks._core import (
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.2 (top_k_filter)"
 EX_TOP_P = "Exercise 9.3 (top_p_filter)"
-EX_OFFSET = "Exercise 9.4 (attend_with_offset)"
-EX_WRITE = "Exercise 9.5 (write_kv)"
-EX_FORWARD = "Exercise 9.6 (cached_forward)"
-EX_SPLIT = "Exercise 9.7 (split_matmul)"
+EX_SAMPLE = "Exercise 9.4 (sample_token)"
+EX_OFFSET = "Exercise 9.5 (attend_with_offset)"
+EX_KV_BYTES = "Exercise 9.6 (kv_bytes_per_token)"
+EX_WRITE = "Exercise 9.7 (write_kv)"
+EX_CACHE = "Exercise 9.7 (SimpleKVCache)"
+EX_LOOP = "Exercise 9.8 (generate_cached)"
+EX_GAIN = "Exercise 9.9 (cache_gain)"
+EX_WEIGHT_BYTES = "Exercise 9.10 (weight_bytes_per_token)"
+CHALLENGE = "Challenge (beam search)"
 
 NEG_INF = float("-inf")
 
@@ -40,11 +46,13 @@ def _tiny_model():
     from gpt2lib.config import GPT2Config
     from gpt2lib.model import GPT2
 
-    torch.manual_seed(0)
-    return GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=50)).eval()
+    with torch.random.fork_rng():  # the same weights every time; the notebook's RNG untouched
+        torch.manual_seed(0)
+        return GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32,
+                               vocab_size=50)).eval()
 
 
-# --------------------------------------------------------------------------- 9.5 write_kv
+# --------------------------------------------------------------------------- 9.7 write_kv
 
 
 def _store(k_buf, v_buf, k, v, start):
@@ -174,102 +182,6 @@ def check_write_kv(write_kv) -> None:
         raise CheckFailed(ex, "on its own cases it looks right, but a model using it decodes "
                               "differently from the uncached model")
     passed(ex, "cached greedy decoding equals the uncached model")
-
-
-# --------------------------------------------------------------------------- 9.6 cached_forward
-
-
-def _cached_forward(*, offset=True, advance="once", use_cache=True, ln_f=True):
-    """cached_forward, right (the defaults) or with one planted mistake.
-
-    offset: positions continue after the cache. advance: "once" after the blocks, "per layer"
-    or "never". use_cache: each block gets its layer's cache. ln_f: the final LayerNorm."""
-    def cached_forward(model, idx, cache):
-        T = idx.shape[1]
-        start = cache.length if offset else 0
-        x = model.wte(idx) + model.wpe(torch.arange(start, start + T, device=idx.device))
-        for i, block in enumerate(model.h):
-            x = block(x, kv_cache=cache.layers[i]) if use_cache else block(x)
-            if advance == "per layer":
-                cache.advance(T)
-        if advance == "once":
-            cache.advance(T)
-        return (model.ln_f(x) if ln_f else x) @ model.wte.weight.T  # (B, T, vocab)
-    return cached_forward
-
-
-# fn(model, idx, cache) -> logits (B, T, vocab), a wrong cached_forward
-CACHED_FORWARD_MISTAKES = [
-    Mistake("never advanced", "cache.length is still 0 after the prompt: call cache.advance(T) "
-            "once after the blocks, or the cache position is never advanced and the next token "
-            "overwrites the prompt's keys", _cached_forward(advance="never")),
-    Mistake("advanced per layer", "cache.length moved once per layer: call cache.advance(T) "
-            "once, after the loop over the blocks", _cached_forward(advance="per layer")),
-    Mistake("positions restart", "positions restart at 0 at every call: after the prompt, the "
-            "new token sits at position cache.length, so use "
-            "torch.arange(cache.length, cache.length + T)", _cached_forward(offset=False)),
-    Mistake("no layer cache", "the blocks never get the cache (block(x, kv_cache=cache.layers[i])):"
-            " each new token only sees itself", _cached_forward(use_cache=False)),
-    Mistake("no final LayerNorm", "the final LayerNorm (model.ln_f) is missing before the readout",
-            _cached_forward(ln_f=False)),
-]
-
-
-def _run_forward(fn, model, ids, prompt_len, exercise):
-    """The prompt in one call, then one token a call. -> (logits of each call, cache.length
-    after each call)."""
-    from gpt2lib.kvcache import KVCache
-
-    # room to spare, so that a cache advanced too far still runs and can be diagnosed
-    cache = KVCache.for_model(model, ids.shape[0], model.config.n_positions)
-    outs = [call_learner(exercise, fn, model, ids[:, :prompt_len], cache)]
-    lengths = [cache.length]
-    for t in range(prompt_len, ids.shape[1]):
-        outs.append(call_learner(exercise, fn, model, ids[:, t:t + 1], cache))
-        lengths.append(cache.length)
-    return outs, lengths
-
-
-def check_cached_forward(cached_forward) -> None:
-    """cached_forward(model, idx, cache) -> logits (B, T, vocab), one step of cached decoding."""
-    ex = EX_FORWARD
-    model = _tiny_model()
-    config = model.config
-    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
-    prompt_len = 5
-    with torch.no_grad():
-        outs, lengths = _run_forward(cached_forward, model, ids, prompt_len, ex)
-        full = model(ids)  # (B, 8, V): what every step must reproduce
-    outs = [expect_tensor(ex, out, what="the logits") for out in outs]
-    if lengths[0] == 0:
-        raise CheckFailed(ex, named(CACHED_FORWARD_MISTAKES, "never advanced").message)
-    if lengths[0] == config.n_layer * prompt_len:
-        raise CheckFailed(ex, named(CACHED_FORWARD_MISTAKES, "advanced per layer").message)
-    if lengths != list(range(prompt_len, ids.shape[1] + 1)):
-        raise CheckFailed(ex, f"after each call cache.length should grow by T; it went "
-                              f"{lengths}")
-    if outs[0].shape != (2, prompt_len, config.vocab_size):
-        raise CheckFailed(ex, f"expected logits of shape (B, T, vocab) = "
-                              f"{(2, prompt_len, config.vocab_size)}, got {tuple(outs[0].shape)}")
-    got = torch.cat(outs, 1)
-    if close(got, full, atol=1e-4):
-        passed(ex, "prompt and three decoding steps match the uncached model")
-        return
-
-    def decodes_like(mistake):
-        with torch.no_grad():
-            wrong, _ = _run_forward(mistake.fn, model, ids, prompt_len, ex)
-        return close(got, torch.cat(wrong, 1), atol=1e-4)
-
-    mistake = first_mistake(CACHED_FORWARD_MISTAKES, decodes_like)
-    if mistake is not None:
-        raise CheckFailed(ex, mistake.message)
-    if close(outs[0], full[:, :prompt_len], atol=1e-4):
-        raise CheckFailed(ex, "the prompt's logits are right but the decoding steps are not: "
-                              "check the positions and that each block gets cache.layers[i]")
-    raise CheckFailed(ex, "the logits differ from the uncached model's: embed (wte + wpe at the "
-                          "right positions), run each block with its layer cache, advance, "
-                          "ln_f, then multiply by wte.weight.T")
 
 
 # --------------------------------------------------------------------------- 9.1 temperature
@@ -483,122 +395,7 @@ def check_top_p_filter(top_p_filter) -> None:
                           f">= p); you kept {_kept(got[p]).sum(-1).tolist()}")
 
 
-# --------------------------------------------------------------------------- 9.7 split_matmul
-
-
-class _BatchedMultiplies(torch.overrides.TorchFunctionMode):
-    """Records the batch sizes of the 3-D multiplies (bmm, matmul, @, einsum) run inside it."""
-
-    WATCHED: ClassVar[set] = {torch.bmm, torch.matmul, torch.Tensor.bmm, torch.Tensor.matmul,
-               torch.Tensor.__matmul__, torch.baddbmm, torch.einsum}
-
-    def __init__(self):
-        super().__init__()
-        self.batches = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.WATCHED:
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            if func is torch.einsum and len(args) > 1:
-                tensors = [a for a in args[1:] if isinstance(a, torch.Tensor)]
-            if tensors and tensors[0].dim() == 3:
-                self.batches.append(tensors[0].shape[0])
-        return func(*args, **(kwargs or {}))
-
-
-def _x_slabs(x, parts):  # (rows, n_in) -> (parts, rows, n_in / parts): slab i, columns i*slab..
-    rows, n_in = x.shape
-    return x.view(rows, parts, n_in // parts).transpose(0, 1)
-
-
-def _x_slabs_untransposed(x, parts):  # the right shape, but mixing numbers of different rows
-    rows, n_in = x.shape
-    return x.reshape(parts, rows, n_in // parts)
-
-
-def _weight_slabs(weight, parts):  # (n_in, n_out) -> (parts, n_in / parts, n_out): row blocks
-    n_in, n_out = weight.shape
-    return weight.view(parts, n_in // parts, n_out)
-
-
-def _weight_interleaved(weight, parts):  # slab i takes rows i, i + parts, ...
-    n_in, n_out = weight.shape
-    return weight.view(n_in // parts, parts, n_out).transpose(0, 1)
-
-
-def _slab_products(x, weight, parts, x_slabs=_x_slabs, weight_slabs=_weight_slabs):
-    """(parts, rows, n_out): slab i of x times slab i of weight."""
-    return torch.bmm(x_slabs(x, parts), weight_slabs(weight, parts))
-
-
-def _right_for_small_inputs_only(x, weight, parts):
-    """Right for the first case, wrong at GPT-2's width (here: a precision loss there)."""
-    out = _slab_products(x, weight, parts).sum(0)
-    return out if x.shape[1] <= 12 else out.half().float()
-
-
-# fn(x, weight, parts) -> what that wrong split_matmul returns
-SPLIT_MISTAKES = [
-    Mistake("partial products", "you returned the partial products, one per slab, shape "
-            "(parts, rows, n_out); add them up: .sum(dim=0)", _slab_products),
-    Mistake("summed over the wrong dimension", "you summed over the wrong dimension: the partial "
-            "products are (parts, rows, n_out); sum over dim 0, the slabs",
-            lambda x, weight, parts: _slab_products(x, weight, parts).sum(1)),
-    Mistake("averaged", "the result is x @ weight divided by parts: you averaged the partial "
-            "products (mean); add them (sum)",
-            lambda x, weight, parts: _slab_products(x, weight, parts).mean(0)),
-    Mistake("x cut wrongly", "x's slabs are cut wrongly: x.view(parts, rows, n_in // parts) "
-            "mixes numbers of different rows. Cut each row into slabs, "
-            "x.view(rows, parts, n_in // parts), then move the slab dimension first with "
-            ".transpose(0, 1)", lambda x, weight, parts: _slab_products(
-                x, weight, parts, x_slabs=_x_slabs_untransposed).sum(0)),
-    Mistake("weight interleaved", "weight's slabs must be blocks of consecutive rows, "
-            "weight.view(parts, n_in // parts, n_out); weight.view(n_in // parts, parts, "
-            "n_out).transpose(0, 1) takes every parts-th row instead",
-            lambda x, weight, parts: _slab_products(
-                x, weight, parts, weight_slabs=_weight_interleaved).sum(0)),
-    Mistake("not in slabs", "the numbers are right, but not computed in slabs: the point is one "
-            "batched multiply of the slabs, torch.bmm of (parts, rows, n_in/parts) and "
-            "(parts, n_in/parts, n_out)", lambda x, weight, parts: x @ weight),
-    Mistake("fixed sizes", "right for x of shape (3, 12) in 4 slabs, wrong for one row of 768 in "
-            "8 slabs: use the arguments' shapes, not fixed numbers", _right_for_small_inputs_only),
-]
-
-
-def check_split_matmul(split_matmul) -> None:
-    """split_matmul(x, weight, parts) -> x @ weight, computed as `parts` slab products."""
-    ex = EX_SPLIT
-    gen = torch.Generator().manual_seed(0)
-    rows, n_in, n_out, parts = 3, 12, 5, 4
-    x = torch.randn(rows, n_in, generator=gen)
-    weight = torch.randn(n_in, n_out, generator=gen)
-    want = x @ weight
-    recorder = _BatchedMultiplies()
-    with recorder:
-        got = call_learner(ex, split_matmul, x, weight, parts)
-    got = expect_tensor(ex, got, what="the result")
-    if not close(got, want):
-        mistake = first_mistake(SPLIT_MISTAKES, lambda m: close(got, m.fn(x, weight, parts)))
-        if mistake is None and tuple(got.shape) in ((parts, n_out), (parts, rows)):
-            mistake = named(SPLIT_MISTAKES, "summed over the wrong dimension")
-        if mistake is not None:
-            raise CheckFailed(ex, mistake.message)
-        if got.shape != want.shape:
-            raise CheckFailed(ex, f"x @ weight has shape {tuple(want.shape)} (rows, n_out), got "
-                                  f"{tuple(got.shape)}")
-        raise CheckFailed(ex, "the result differs from x @ weight: slab i of x (its columns "
-                              "i * n_in/parts ...) must meet slab i of weight (the same rows)")
-    if parts not in recorder.batches:
-        raise CheckFailed(ex, named(SPLIT_MISTAKES, "not in slabs").message)
-    x1 = torch.randn(1, 768, generator=gen)  # one row, GPT-2's width, 8 slabs
-    w1 = torch.randn(768, 96, generator=gen)
-    got1 = expect_tensor(ex, call_learner(ex, split_matmul, x1, w1, 8), what="the result")
-    if not close(got1, x1 @ w1, atol=1e-4):
-        raise CheckFailed(ex, named(SPLIT_MISTAKES, "fixed sizes").message)
-    passed(ex, "the slab products add up to x @ weight, in one batched multiply")
-
-
-# --------------------------------------------------------------------------- 9.4 offset mask
+# --------------------------------------------------------------------------- 9.5 offset mask
 
 
 def _attention_masked_by(keep):
@@ -674,12 +471,562 @@ def check_attend_with_offset(attend_with_offset) -> None:
 
 
 # Each check with the planted mistakes it names (the tests run every one through its check).
+
+
+# --------------------------------------------------------------------------- the learner's or the reference
+
+
+def _tiny_config():
+    from gpt2lib.config import GPT2Config
+
+    return GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=8, vocab_size=7)
+
+
+def _try_sample_token(fn):
+    fn(torch.arange(6.0).view(2, 3), temperature=0.7, top_k=2, top_p=0.9,
+       generator=torch.Generator().manual_seed(0))
+
+
+def _try_cache(cls):
+    cache = cls(_tiny_config(), 1, 4)
+    cache.layers[0].update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
+    cache.advance(2)
+
+
+def _try_loop(fn):
+    from gpt2lib.kvcache import KVCache
+
+    model = _tiny_model()
+    fn(model, torch.zeros(1, 2, dtype=torch.long), 2, lambda logits: logits.argmax(-1),
+       KVCache.for_model(model, 1, 4))
+
+
+_TRIALS = {"sample_token": _try_sample_token, "SimpleKVCache": _try_cache,
+           "generate_cached": _try_loop}
+
+
+def yours_or_reference(name: str, yours):
+    """`yours` if it runs on a small case, else gpt2lib.decoding's `name`, with a printed note.
+
+    name: "sample_token", "SimpleKVCache" or "generate_cached". An unfinished exercise (its
+    stub raises NotImplementedError) or one that raises on the small case falls back, so that
+    the rest of the chapter runs; whether the answer is right is the check's business.
+    """
+    from gpt2lib import decoding
+
+    try:
+        with torch.random.fork_rng(), torch.no_grad():
+            _TRIALS[name](yours)
+    except NotImplementedError:
+        print(f"note: your {name} (or a function it calls) is not done yet; the cells below "
+              f"use gpt2lib.decoding's")
+        return getattr(decoding, name)
+    except Exception as error:  # noqa: BLE001 - any failure: say which, and carry on
+        print(f"note: your {name} raised {type(error).__name__}: {error}; the cells below use "
+              f"gpt2lib.decoding's")
+        return getattr(decoding, name)
+    return yours
+
+
+# --------------------------------------------------------------------------- 9.4 sample_token
+
+
+def _sample_right(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    from gpt2lib.decoding import sample_token
+
+    return sample_token(logits, temperature, top_k, top_p, generator)
+
+
+def _sample_wrong(*, greedy_at_zero=True, use_temperature=True, use_top_k=True,
+                  use_top_p=True, use_generator=True, draw=True, squeeze=True,
+                  order="temperature first"):
+    """A sample_token with one planted mistake (the defaults are right)."""
+    from gpt2lib.decoding import top_k_filter, top_p_filter
+
+    def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+        if (greedy_at_zero and temperature == 0) or not draw:
+            return logits.argmax(-1)
+        scaled = logits.float()
+        if order == "top-p first" and top_p is not None:
+            scaled = top_p_filter(scaled, top_p)
+        if use_temperature:
+            scaled = scaled / temperature
+        if use_top_k and top_k is not None:
+            scaled = top_k_filter(scaled, top_k)
+        if use_top_p and order == "temperature first" and top_p is not None:
+            scaled = top_p_filter(scaled, top_p)
+        ids = torch.multinomial(torch.softmax(scaled, -1), 1,
+                                generator=generator if use_generator else None)
+        return ids.squeeze(-1) if squeeze else ids
+    return sample_token
+
+
+# fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
+SAMPLE_MISTAKES = [
+    Mistake("not squeezed", "your ids have shape (B, 1): torch.multinomial gives one column; "
+            "return one id per row, shape (B,)", _sample_wrong(squeeze=False)),
+    Mistake("no greedy", "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
+            "Temperature 0 means greedy: return the argmax", _sample_wrong(greedy_at_zero=False)),
+    Mistake("generator ignored", "two calls with generators seeded alike gave different tokens: "
+            "pass `generator` to torch.multinomial", _sample_wrong(use_generator=False)),
+    Mistake("always greedy", "you always take the most likely token: at temperature 1 the "
+            "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
+            _sample_wrong(draw=False)),
+    Mistake("temperature ignored", "the temperature has no effect on your draws: divide the "
+            "logits by it before the filters and softmax", _sample_wrong(use_temperature=False)),
+    Mistake("top-k ignored", "with top_k=2 you drew tokens outside the two most likely: apply "
+            "top_k_filter when top_k is given", _sample_wrong(use_top_k=False)),
+    Mistake("top-p ignored", "with top_p=0.6 you drew a token outside the nucleus: apply "
+            "top_p_filter when top_p is given", _sample_wrong(use_top_p=False)),
+    Mistake("top-p before temperature", "top-p was applied before the temperature: the nucleus "
+            "is chosen from the distribution the temperature made, so scale first, then filter",
+            _sample_wrong(order="top-p first")),
+]
+
+
+def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
+    """fn on `rows` copies of log(probs): (rows,) ids, with a generator seeded `seed`. fork:
+    restore torch's global random state afterwards (False: let a sampler that uses it move it)."""
+    logits = torch.log(torch.tensor(probs)).expand(rows, -1).contiguous()
+    with torch.random.fork_rng(enabled=fork):
+        ids = call_learner(exercise, fn, logits, generator=torch.Generator().manual_seed(seed),
+                           **settings)
+    return expect_tensor(exercise, ids, (rows,), what="your ids", hints={
+        (rows, 1): named(SAMPLE_MISTAKES, "not squeezed").message})
+
+
+def _frequencies(ids, n):
+    return torch.bincount(ids.long().flatten(), minlength=n).double() / ids.numel()
+
+
+def check_sample_token(sample_token) -> None:
+    """sample_token(logits, temperature, top_k, top_p, generator) -> ids (B,)."""
+    ex = EX_SAMPLE
+    probs = [0.5, 0.3, 0.2]
+    _draws(ex, sample_token, probs, temperature=1.0)  # the shape first
+    logits = torch.randn(3, 9, generator=torch.Generator().manual_seed(0))
+    try:
+        greedy = call_learner(ex, sample_token, logits.clone(), temperature=0)
+    except (RuntimeError, ValueError, ZeroDivisionError):
+        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "no greedy").message) from None
+    greedy = expect_tensor(ex, greedy, (3,), what="your greedy ids")
+    if not torch.equal(greedy.long(), logits.argmax(-1)):
+        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "no greedy").message)
+    with torch.random.fork_rng():
+        again = [_draws(ex, sample_token, probs, seed=7, fork=False, temperature=1.0)
+                 for _ in range(2)]
+    if not torch.equal(again[0], again[1]):
+        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "generator ignored").message)
+    # (settings, probabilities that the draws must show, mistake named when they do not)
+    cases = [(dict(temperature=1.0), [0.5, 0.3, 0.2], "always greedy"),
+             (dict(temperature=0.5), [25 / 38, 9 / 38, 4 / 38], "temperature ignored"),
+             (dict(temperature=1.0, top_k=2), [0.625, 0.375, 0.0], "top-k ignored"),
+             (dict(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0], "top-p ignored"),
+             (dict(temperature=2.0, top_p=0.75), None, "top-p before temperature")]
+    for settings, want, name in cases:
+        seen = _frequencies(_draws(ex, sample_token, probs, **settings), 3)
+        if want is None:  # at T=2 the nucleus of 0.75 holds all three tokens
+            scaled = torch.tensor(probs).sqrt()
+            want = (scaled / scaled.sum()).tolist()
+        if (seen - torch.tensor(want, dtype=torch.float64)).abs().max() > 0.04:
+            raise CheckFailed(ex, f"with {settings}: {named(SAMPLE_MISTAKES, name).message} "
+                                  f"(you drew {[round(f, 3) for f in seen.tolist()]}, expected "
+                                  f"about {[round(f, 3) for f in want]})")
+    passed(ex, "greedy at 0, repeatable with a generator, and draws in the right proportions")
+
+
+# --------------------------------------------------------------------------- 9.6 the cache's memory
+
+
+def _kv_bytes_right(config, bytes_per_number):
+    return config.n_layer * 2 * config.n_embd * bytes_per_number
+
+
+# fn(config, bytes_per_number) -> bytes, a wrong kv_bytes_per_token
+KV_BYTES_MISTAKES = [
+    Mistake("keys only", "you counted the keys only: every layer stores a key AND a value "
+            "vector per token", lambda c, b: c.n_layer * c.n_embd * b),
+    Mistake("one layer", "you counted one layer: each of the n_layer layers has its own cache",
+            lambda c, b: 2 * c.n_embd * b),
+    Mistake("one head", "you counted one head's width (n_embd // n_head): a layer stores all "
+            "n_head heads, n_embd numbers for the keys and n_embd for the values",
+            lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b),
+    Mistake("times heads", "you multiplied by n_head as well: the heads split the n_embd "
+            "numbers between them, they do not add to them",
+            lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b),
+    Mistake("numbers", "you counted numbers, not bytes: multiply by bytes_per_number",
+            lambda c, b: c.n_layer * 2 * c.n_embd),
+    Mistake("bits", "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
+            lambda c, b: c.n_layer * 2 * c.n_embd * b * 8),
+]
+
+
+def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
+    """kv_bytes_per_token(config, bytes_per_number) -> bytes for one token of one sequence."""
+    from gpt2lib.config import GPT2Config
+
+    ex = EX_KV_BYTES
+    cases = [(GPT2Config(), 4), (GPT2Config(n_layer=3, n_head=2, n_embd=8), 2),
+             (GPT2Config(n_layer=24, n_head=16, n_embd=1024), 2)]
+    got = []
+    for config, size in cases:
+        value = call_learner(ex, kv_bytes_per_token, config, size)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
+        got.append(value)
+    want = [_kv_bytes_right(c, b) for c, b in cases]
+    if got == want:
+        passed(ex, f"GPT-2 small in float32: {want[0]:,} bytes ({want[0] // 1024} KiB) a token")
+        return
+    mistake = first_mistake(KV_BYTES_MISTAKES, lambda m: got == [m.fn(c, b) for c, b in cases])
+    if mistake is not None:
+        raise CheckFailed(ex, mistake.message)
+    raise CheckFailed(ex, f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per "
+                          "token, what every layer stores for its keys and for its values")
+
+
+# --------------------------------------------------------------------------- 9.7 SimpleKVCache
+
+
+class _LayerCache:
+    def __init__(self, cache, k_buf, v_buf):
+        self.cache, self.k, self.v = cache, k_buf, v_buf
+
+    @property
+    def length(self):
+        return self.cache.length
+
+    def update(self, k, v):
+        return _write_kv_right(self.k, self.v, k, v, self.cache.length)
+
+
+def _cache_class(layout="right", shared=None, keep_dtype=True, advance="add"):
+    """A SimpleKVCache with one planted mistake (the defaults are right)."""
+    class Cache:
+        def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
+            hd = config.n_embd // config.n_head
+            shape = {"right": (batch_size, config.n_head, max_len, hd),
+                     "heads last": (batch_size, max_len, config.n_head, hd),
+                     "full width": (batch_size, config.n_head, max_len, config.n_embd)}[layout]
+            dtype = dtype if keep_dtype else torch.float32
+
+            def buffer():
+                return torch.zeros(shape, device=device, dtype=dtype)
+
+            self.length = 0
+            if shared == "layers":
+                k, v = buffer(), buffer()
+                self.layers = [_LayerCache(self, k, v) for _ in range(config.n_layer)]
+            elif shared == "k and v":
+                self.layers = [_LayerCache(self, b, b) for b in
+                               [buffer() for _ in range(config.n_layer)]]
+            else:
+                self.layers = [_LayerCache(self, buffer(), buffer())
+                               for _ in range(config.n_layer)]
+
+        def advance(self, T):
+            self.length = self.length + T if advance == "add" else T
+    return Cache
+
+
+# cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
+CACHE_MISTAKES = [
+    Mistake("heads last", "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
+            "keys have after the transpose; yours has max_len before n_head",
+            _cache_class(layout="heads last")),
+    Mistake("full width", "each head stores head_dim = n_embd // n_head numbers per token, "
+            "not n_embd", _cache_class(layout="full width")),
+    Mistake("dtype ignored", "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
+            "buffers (torch.zeros(shape, device=device, dtype=dtype))",
+            _cache_class(keep_dtype=False)),
+    Mistake("one buffer for all layers", "all layers share one pair of buffers: each layer "
+            "writes its own keys, so each needs its own buffers (make them inside the loop)",
+            _cache_class(shared="layers")),
+    Mistake("k and v share", "a layer's keys and values share one buffer: the values overwrite "
+            "the keys; make two", _cache_class(shared="k and v")),
+    Mistake("advance sets", "advance(T) sets the length to T: it must add T, since the prompt "
+            "and every step before are still cached", _cache_class(advance="set")),
+]
+
+
+def check_simple_kv_cache(cls) -> None:
+    """SimpleKVCache(config, batch_size, max_len, device, dtype): its buffers and position,
+    then cached logits against one full pass of a tiny model."""
+    from gpt2lib.config import GPT2Config
+
+    ex = EX_CACHE
+    config = GPT2Config(n_layer=3, n_head=2, n_embd=8, n_positions=16, vocab_size=11)
+    cache = call_learner(ex, cls, config, 2, 10)
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, (list, tuple)) or len(layers) != config.n_layer:
+        raise CheckFailed(ex, f"cache.layers should be a list of {config.n_layer} layer caches, "
+                              "one per block")
+    shape = (2, config.n_head, 10, config.n_embd // config.n_head)
+    hints = {(2, 10, config.n_head, shape[3]): named(CACHE_MISTAKES, "heads last").message,
+             (2, config.n_head, 10, config.n_embd): named(CACHE_MISTAKES, "full width").message}
+    for layer in layers:
+        expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
+        expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
+    if cache.length != 0:
+        raise CheckFailed(ex, f"a new cache holds no tokens: length should be 0, not {cache.length}")
+    wide = call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
+    if wide.layers[0].k.dtype != torch.float64:
+        raise CheckFailed(ex, named(CACHE_MISTAKES, "dtype ignored").message)
+    pointers = [t.data_ptr() for layer in layers for t in (layer.k, layer.v)]
+    if layers[0].k.data_ptr() == layers[0].v.data_ptr():
+        raise CheckFailed(ex, named(CACHE_MISTAKES, "k and v share").message)
+    if len(set(pointers)) < len(pointers):
+        raise CheckFailed(ex, named(CACHE_MISTAKES, "one buffer for all layers").message)
+    call_learner(ex, cache.advance, 3)
+    call_learner(ex, cache.advance, 1)
+    if cache.length != 4:
+        message = named(CACHE_MISTAKES, "advance sets").message if cache.length == 1 else (
+            f"after advance(3) then advance(1) the length should be 4, not {cache.length}")
+        raise CheckFailed(ex, message)
+    model = _tiny_model()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        cache = call_learner(ex, cls, model.config, 2, 7)
+        steps = [model(ids[:, :4], kv_cache=cache)] + [model(ids[:, t:t + 1], kv_cache=cache)
+                                                       for t in range(4, 7)]
+        if not close(torch.cat(steps, 1), model(ids), atol=1e-4):
+            raise CheckFailed(ex, "in a model, the cached logits differ from one full pass: "
+                                  "check that update writes at the cache's length and returns "
+                                  "every key and value so far")
+    passed(ex, "buffers, position, and a tiny model's cached logits equal its full pass")
+
+
+# --------------------------------------------------------------------------- 9.8 generate_cached
+
+
+def _loop(feed="new", sample_used=True, whole=False, new_only=False):
+    """generate_cached with one planted mistake (the defaults are right)."""
+    def generate_cached(model, idx, max_new_tokens, sample, cache):
+        B, T = idx.shape
+        out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
+        out[:, :T] = idx
+        with torch.no_grad():
+            logits = model(idx, kv_cache=cache)[:, -1]
+            for pos in range(T, T + max_new_tokens):
+                out[:, pos] = sample(logits) if sample_used else logits.argmax(-1)
+                if pos + 1 < T + max_new_tokens:
+                    first = 0 if whole else (pos if feed == "new" else pos - 1)
+                    logits = model(out[:, first:first + (pos + 1 if whole else 1)],
+                                   kv_cache=cache)[:, -1]
+        return out[:, T:] if new_only else out
+    return generate_cached
+
+
+# fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
+LOOP_MISTAKES = [
+    Mistake("previous token", "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
+            "the cache slot at position pos then holds the keys and values of token pos - 1, "
+            "and every later step sees a shifted past. Feed the token just made, at position pos",
+            _loop(feed="previous")),
+    Mistake("sample ignored", "your tokens are the argmax even with a sampler that is not "
+            "greedy: choose each token with sample(logits)", _loop(sample_used=False)),
+    Mistake("whole sequence", "you feed the whole sequence again through the cache, which "
+            "already holds the past: the cache overflows. Feed only the new token",
+            _loop(whole=True)),
+    Mistake("new tokens only", "you returned only the new tokens: return the prompt followed by "
+            "them, (B, T + max_new_tokens)", _loop(new_only=True)),
+]
+
+
+def _third_most_likely(logits):  # a deterministic sampler that is not greedy
+    return logits.topk(3, dim=-1).indices[:, 2]
+
+
+def _greedy(logits):
+    return logits.argmax(dim=-1)
+
+
+def _recomputed(model, idx, n, sample):
+    """The tokens a full pass per step gives: what any cached loop must reproduce."""
+    out = idx
+    with torch.no_grad():
+        for _ in range(n):
+            out = torch.cat([out, sample(model(out)[:, -1])[:, None]], dim=1)
+    return out
+
+
+def _run_loop(exercise, fn, model, idx, n, sample):
+    from gpt2lib.kvcache import KVCache
+
+    try:
+        return call_learner(exercise, fn, model, idx, n, sample,
+                            KVCache.for_model(model, idx.shape[0], idx.shape[1] + n))
+    except ValueError as error:
+        if "KV cache is full" in str(error):
+            raise CheckFailed(exercise, named(LOOP_MISTAKES, "whole sequence").message) from None
+        raise
+
+
+def check_generate_cached(generate_cached) -> None:
+    """generate_cached(model, idx, max_new_tokens, sample, cache) -> (B, T + new)."""
+    ex = EX_LOOP
+    model = _tiny_model()
+    gen = torch.Generator().manual_seed(2)
+    for B, T, n, sample in [(1, 3, 5, _greedy), (2, 5, 6, _greedy), (1, 1, 4, _greedy),
+                            (2, 4, 5, _third_most_likely)]:
+        idx = torch.randint(0, 50, (B, T), generator=gen)
+        got = _run_loop(ex, generate_cached, model, idx, n, sample)
+        got = expect_tensor(ex, got, (B, T + n), what="your tokens", hints={
+            (B, n): named(LOOP_MISTAKES, "new tokens only").message})
+        want = _recomputed(model, idx, n, sample)
+        if torch.equal(got.long(), want):
+            continue
+
+        def same(mistake, idx=idx, n=n, sample=sample, got=got):
+            return torch.equal(got.long(), _run_loop(ex, mistake.fn, model, idx, n, sample))
+
+        mistake = first_mistake(LOOP_MISTAKES, same)
+        if mistake is not None:
+            raise CheckFailed(ex, mistake.message)
+        if not torch.equal(got[:, :T].long(), idx):
+            raise CheckFailed(ex, "the result must start with the prompt, unchanged")
+        first = int((got.long() != want)[:, T:].any(0).nonzero()[0, 0])
+        if first == 0:
+            raise CheckFailed(ex, "the first new token already differs from a full pass: it "
+                                  "comes from the prefill, the whole prompt in one call, and "
+                                  "the logits at the prompt's last position")
+        raise CheckFailed(ex, f"with a prompt of {T} tokens, new token {first} differs from a "
+                              "full recomputation: check what the cache holds at each position")
+    passed(ex, "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
+               "full recomputation")
+
+
+# --------------------------------------------------------------------------- 9.9 the cache's gain
+
+
+def check_cache_gains(lengths, gains) -> None:
+    """The gains measured with cache_gain: one positive number per length, above 1 at the
+    longest (without the cache, the longest run repeats the most work)."""
+    ex = EX_GAIN
+    if not isinstance(gains, (list, tuple)) or len(gains) != len(lengths):
+        raise CheckFailed(ex, f"expected one gain per length ({len(lengths)}), got {gains!r}")
+    for n, gain in zip(lengths, gains):
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0 \
+                or gain != gain or gain == float("inf"):
+            raise CheckFailed(ex, f"the gain at {n} tokens should be a positive number of "
+                                  f"times, got {gain!r}")
+    if gains[-1] < 1 and all(g < 1 for g in gains):
+        raise CheckFailed(ex, "every gain is below 1, so the cache would be slower at every "
+                              "length: you probably return cached / uncached time; the gain is "
+                              "uncached / cached")
+    passed(ex, f"{len(gains)} lengths measured")
+
+
+# --------------------------------------------------------------------------- 9.10 bytes per token
+
+
+def _weight_bytes_right(model):
+    from gpt2lib.measure import decode_bytes_per_token
+
+    return decode_bytes_per_token(model)
+
+
+def _all_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# fn(model) -> bytes, a wrong weight_bytes_per_token
+WEIGHT_BYTES_MISTAKES = [
+    Mistake("whole wpe", "you counted the whole position table: a decode step looks up one "
+            "position, so it reads one row of wpe", _all_bytes),
+    Mistake("numbers", "you counted numbers, not bytes: multiply each tensor's numel() by its "
+            "element_size()", lambda m: sum(p.numel() for p in m.parameters())
+            - m.wpe.weight.numel() + m.wpe.weight.shape[1]),
+    Mistake("float32 assumed", "you assumed 4 bytes a number: use each tensor's element_size() "
+            "(a bfloat16 model has 2)", lambda m: 4 * (sum(p.numel() for p in m.parameters())
+                                                        - m.wpe.weight.numel()
+                                                        + m.wpe.weight.shape[1])),
+    Mistake("no wpe row", "you left out the position table entirely: a step still reads the "
+            "one row of wpe for its position",
+            lambda m: _all_bytes(m) - m.wpe.weight.nbytes),
+    Mistake("wte twice", "you counted the token table twice: the lookup reads one row of it and "
+            "the readout reads it all, so the whole table once",
+            lambda m: _weight_bytes_right(m) + m.wte.weight.nbytes),
+]
+
+
+def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
+    """weight_bytes_per_token(model) -> bytes one batch-1 decode step reads."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    ex = EX_WEIGHT_BYTES
+    models = [_tiny_model(), GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=64,
+                                             vocab_size=30)).to(torch.bfloat16)]
+    got = [call_learner(ex, weight_bytes_per_token, m) for m in models]
+    for value in got:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
+    if got == [_weight_bytes_right(m) for m in models]:
+        passed(ex, "a float32 and a bfloat16 model")
+        return
+    mistake = first_mistake(WEIGHT_BYTES_MISTAKES, lambda m: got == [m.fn(x) for x in models])
+    if mistake is not None:
+        raise CheckFailed(ex, mistake.message)
+    raise CheckFailed(ex, f"for a tiny float32 model you give {got[0]:,} bytes, expected "
+                          f"{_weight_bytes_right(models[0]):,}: every weight in full, once, "
+                          "except the position table, of which a step reads one row")
+
+
+# --------------------------------------------------------------------------- challenge: beam search
+
+BEAM_PROMPTS = ["The king said", "Once upon a time", "In the morning we", "I will not"]
+BEAM_TOKENS, BEAMS = 10, 4
+
+
+def _log_prob(model, seq, prompt_len):
+    """Total log-probability the model gives the tokens after the prompt, (1, T) -> float."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(seq)[:, :-1].float(), dim=-1)  # (1, T-1, V)
+    picked = logp.gather(-1, seq[:, 1:, None]).squeeze(-1)  # (1, T-1)
+    return float(picked[:, prompt_len - 1:].sum())
+
+
+def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
+    """beam_search(model, idx, max_new_tokens, beams) scores at least greedy's total
+    log-probability on every prompt and more on at least one."""
+    from gpt2lib.generation import generate
+
+    device = next(model.parameters()).device
+    better, rows = 0, []
+    for prompt in BEAM_PROMPTS:
+        idx = torch.tensor([tokenizer.encode(prompt)], device=device)
+        T = idx.shape[1]
+        got = call_learner(CHALLENGE, beam_search, model, idx, BEAM_TOKENS, BEAMS)
+        got = expect_tensor(CHALLENGE, got, (1, T + BEAM_TOKENS), what="your sequence")
+        if not torch.equal(got[:, :T].long(), idx):
+            raise CheckFailed(CHALLENGE, "the result must start with the prompt, unchanged")
+        greedy = generate(model, idx, BEAM_TOKENS, temperature=0)
+        yours, theirs = _log_prob(model, got.long(), T), _log_prob(model, greedy, T)
+        rows.append((prompt, theirs, yours))
+        print(f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats "
+              f"-> {tokenizer.decode(got[0, T:].tolist())!r}")
+        if yours < theirs - 1e-3:
+            raise CheckFailed(CHALLENGE, f"on {prompt!r} your continuation is less likely than "
+                                         f"greedy's ({yours:.4f} < {theirs:.4f} nats): keep "
+                                         "the best partial sequences by total log-probability")
+        better += yours > theirs + 1e-3
+    if better == 0:
+        raise CheckFailed(CHALLENGE, "on every prompt your continuation is only as likely as "
+                                     "greedy's: keep several candidates per step, not one")
+    passed(CHALLENGE, f"more likely than greedy on {better} of {len(BEAM_PROMPTS)} prompts")
+
+
+# Each check with the planted mistakes it names (the tests run every one through its check).
 MISTAKES_BY_CHECK = {
     check_apply_temperature: TEMPERATURE_MISTAKES,
     check_top_k_filter: TOP_K_MISTAKES,
     check_top_p_filter: TOP_P_MISTAKES,
+    check_sample_token: SAMPLE_MISTAKES,
     check_attend_with_offset: OFFSET_MASK_MISTAKES,
+    check_kv_bytes_per_token: KV_BYTES_MISTAKES,
     check_write_kv: WRITE_KV_MISTAKES,
-    check_cached_forward: CACHED_FORWARD_MISTAKES,
-    check_split_matmul: SPLIT_MISTAKES,
+    check_simple_kv_cache: CACHE_MISTAKES,
+    check_generate_cached: LOOP_MISTAKES,
+    check_weight_bytes_per_token: WEIGHT_BYTES_MISTAKES,
 }
