@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # Which gpt2lib module a chapter's `export` cells go to; `export:<name>` overrides per cell.
 CHAPTER_MODULES = {
     "00_start_here": None,
-    "01_tokenizer": "tokenizer",  # every cell says export:bpe; gpt2lib/tokenizer.py is hand-written
+    "01_tokenizer": "bpe",  # gpt2lib/tokenizer.py is hand-written around it
     "02_embeddings": "embeddings",
     "03_attention": "attention",
     "04_mlp": "mlp",
