@@ -38,6 +38,7 @@ import torch
 from gpt2lib.config import GPT2Config
 from gpt2lib.device import pick_device, resolve_dtype
 from gpt2lib.model import GPT2
+from gpt2lib.validation import HUB_ORG  # the hub's organisation, next to the check of model names
 from gpt2lib.weights import SAFETENSORS_DTYPES, is_mask_buffer, iter_safetensors, load_weights
 
 __all__ = [
@@ -47,8 +48,7 @@ __all__ = [
     "read_config", "resolve_checkpoint", "save_pretrained", "standin_folder",
 ]
 
-HUB_MODELS = tuple(GPT2Config.SIZES)  # one list of names: chapter 2's sizes of the released GPT-2s
-HUB_ORG = "openai-community"
+HUB_MODELS = tuple(GPT2Config.SIZES)  # the one list of names: chapter 2's sizes of the released GPT-2s
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PROBE_TIMEOUT_S = 5  # the one quick request that tells whether the hub can be reached

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream",
+__all__ = ["HUB_ORG", "check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream",
            "require_count", "token_range"]
 
 _EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -124,13 +124,18 @@ def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") ->
         raise ValueError(f"{what} must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), got {shown}")
 
 
+HUB_ORG = "openai-community"  # the hub organisation of the released GPT-2s: 'openai-community/gpt2'
+
+
 def check_model_name(name, sizes) -> str:
-    """`name` if it is a released GPT-2's name (with or without 'openai-community/')."""
+    """The key of `sizes` (chapter 2's GPT2Config.SIZES, the one list of model names) that
+    `name` names, with or without the hub's 'openai-community/' in front."""
     if not isinstance(name, str):
         raise TypeError(f"the model name must be a string such as 'gpt2', got {type(name).__name__}")
-    if name.removeprefix("openai-community/") not in sizes:
+    key = name.removeprefix(f"{HUB_ORG}/")
+    if key not in sizes:
         raise ValueError(f"unknown model name {name!r}; choose one of {', '.join(sizes)}")
-    return name
+    return key
 
 
 def check_is_dict(values) -> None:

@@ -438,7 +438,7 @@ def test_check_module_accepts_right_answers(capsys):
     checks.check_gpt2_embeddings(GPT2Embeddings)
     checks.check_gpt2_embeddings(FunctionalDropout)
     checks.check_gpt2_embeddings(OwnMask)
-    assert capsys.readouterr().out.count("✅ Exercise 2.5") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 3
 
 
 @pytest.mark.parametrize("mistake", checks.EMBEDDINGS_MISTAKES, ids=lambda m: m.name)
@@ -504,7 +504,7 @@ def test_new_checks_name_every_planted_mistake(check, mistake):
 def test_check_count_accepts_a_right_answer_and_refuses_other_types(capsys):
     checks.check_embedding_parameter_count(embedding_parameter_count)
     checks.check_embedding_parameter_count(lambda c: c.n_embd * c.vocab_size + c.n_embd * c.n_positions)
-    assert capsys.readouterr().out.count("✅ Exercise 2.4") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 2.5") == 2
     with pytest.raises(CheckFailed, match="return a whole number"):
         checks.check_embedding_parameter_count(lambda c: str((c.vocab_size + c.n_positions) * c.n_embd))
     assert_not_done_yet(checks.check_embedding_parameter_count)
@@ -545,5 +545,41 @@ def test_check_pieces_accepts_right_answers(capsys):
     checks.check_embed_in_pieces(with_a_cache_count)
     checks.check_embed_in_pieces(lambda e, idx, n: torch.cat(
         [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1))
-    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 2.7") == 2
     assert_not_done_yet(checks.check_embed_in_pieces)
+
+
+# --------------------------------------------------------------------------- check 2.4 (dropout)
+
+
+def dropout_reference(x, p, training=True):
+    if not training or p == 0:
+        return x
+    return x * (torch.rand(x.shape) >= p) / (1 - p)
+
+
+def dropout_with_bernoulli(x, p, training=True):  # another way to draw the mask, float64 inside
+    if not training:
+        return x.clone()
+    return (x.double() * torch.bernoulli(torch.full(x.shape, 1 - p, dtype=torch.float64)) / (1 - p)).float()
+
+
+def test_check_dropout_accepts_right_answers(capsys):
+    checks.check_dropout(dropout_reference)
+    checks.check_dropout(dropout_with_bernoulli)
+    checks.check_dropout(lambda x, p, training=True: F.dropout(x, p, training=training))
+    assert capsys.readouterr().out.count("✅ Exercise 2.4") == 3
+
+
+def test_check_dropout_names_an_unknown_mistake_with_its_numbers():
+    with pytest.raises(CheckFailed, match=r"for p=0.1 your dropout zeroes 0.0000 of the numbers"):
+        checks.check_dropout(lambda x, p, training=True: x * 3)
+
+
+def test_from_name_takes_the_hub_prefix_through_the_one_list_of_names():
+    from gpt2lib import checkpoint, validation
+
+    assert validation.check_model_name("openai-community/gpt2-xl", GPT2Config.SIZES) == "gpt2-xl"
+    assert checkpoint.HUB_ORG == validation.HUB_ORG == "openai-community"
+    assert checkpoint.hub_name("openai-community/gpt2-medium") == "gpt2-medium"
+    assert checkpoint.HUB_MODELS == tuple(GPT2Config.SIZES)

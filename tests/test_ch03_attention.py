@@ -225,7 +225,7 @@ def test_check_previous_token_head_accepts_right_answers(capsys):
 
     checks.check_previous_token_head(with_loops)
     checks.check_previous_token_head(keys_do_the_shift)
-    assert capsys.readouterr().out.count("✅ Exercise 3.1") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 3.4") == 3
 
 
 @pytest.mark.parametrize("mistake", checks.PREVIOUS_TOKEN_MISTAKES, ids=lambda m: m.name)
@@ -292,7 +292,7 @@ def sdpa_multi_head(q, k, v, n_head):  # not what the exercise asks, but a right
 def test_check_multi_head_accepts_right_answers(capsys):
     for answer in (good_multi_head, einsum_multi_head, loop_multi_head, sdpa_multi_head):
         checks.check_multi_head_attention(answer)
-    assert capsys.readouterr().out.count("✅ Exercise 3.2") == 4
+    assert capsys.readouterr().out.count("✅ Exercise 3.5") == 4
 
 
 def test_every_planted_multi_head_mistake_differs_from_the_right_answer():
@@ -407,7 +407,7 @@ def test_check_module_accepts_right_answers(capsys):
     checks.check_causal_self_attention(CausalSelfAttention)
     checks.check_causal_self_attention(LinearAttention)
     checks.check_causal_self_attention(SubclassOfTheReference)
-    assert capsys.readouterr().out.count("✅ Exercise 3.3") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 3.6") == 3
 
 
 @pytest.mark.parametrize("mistake", checks.MODULE_MISTAKES, ids=lambda m: m.name)
@@ -493,7 +493,7 @@ def test_checks_report_stubs_and_wrong_signatures():
 
     class Unfinished(CausalSelfAttention):
         def forward(self, x, kv_cache=None):
-            raise NotImplementedError("Exercise 3.3 (CausalSelfAttention): replace this line with your code")
+            raise NotImplementedError("Exercise 3.6 (CausalSelfAttention): replace this line with your code")
 
     for check, answer in ((checks.check_previous_token_head, stub), (checks.check_multi_head_attention, stub),
                           (checks.check_causal_self_attention, Unfinished)):
@@ -551,3 +551,228 @@ def test_attention_with_a_cache_of_whole_buffers_equals_the_growing_slices():
         full = attn(x)
     torch.testing.assert_close(outs[False], full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[True], full, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- checks 3.1 and 3.2
+
+
+def loops_reference(q, k, v):
+    """A right loops answer: a stable softmax through math.exp."""
+    T, d = q.shape
+    out, weights = torch.zeros(T, v.shape[1]), torch.zeros(T, T)
+    for i in range(T):
+        scores = [float(q[i] @ k[j]) / math.sqrt(d) for j in range(i + 1)]
+        exps = [math.exp(s - max(scores)) for s in scores]
+        for j in range(i + 1):
+            weights[i, j] = exps[j] / sum(exps)
+            out[i] += weights[i, j] * v[j]
+    return out, weights
+
+
+def matrices_with_where(q, k, v):  # torch.where and an index comparison instead of masked_fill
+    T = q.shape[-2]
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    scores = torch.where(j <= i, q @ k.mT / q.shape[-1] ** 0.5, float("-inf"))
+    w = scores.softmax(-1)
+    return w @ v, w
+
+
+def test_causal_attention_is_one_head_of_the_reference_and_uses_the_one_mask():
+    from gpt2lib.attention import causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 3, 6, 4).unbind(0)
+    out, w = causal_attention(q, k, v)
+    want_out, want_w = checks.attend(q, k, v)
+    assert torch.allclose(out, want_out, atol=1e-6) and torch.allclose(w, want_w, atol=1e-6)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+
+
+def test_one_head_checks_accept_right_answers(capsys):
+    from gpt2lib.attention import causal_attention
+
+    checks.check_attention_with_loops(loops_reference)
+    checks.check_attention_with_loops(causal_attention)  # matrices are fine for the loops check too
+    checks.check_causal_attention(causal_attention)
+    checks.check_causal_attention(matrices_with_where)
+    out = capsys.readouterr().out
+    assert out.count("✅ Exercise 3.1") == 2 and out.count("✅ Exercise 3.2") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.ONE_HEAD_MISTAKES, ids=lambda m: m.name)
+def test_check_attention_with_loops_names_every_planted_mistake(mistake):
+    assert_named(checks.check_attention_with_loops, mistake.fn, mistake.message)
+
+
+@pytest.mark.parametrize("mistake", checks.ONE_HEAD_MISTAKES[:-1], ids=lambda m: m.name)
+def test_check_causal_attention_names_every_planted_mistake(mistake):
+    assert_named(checks.check_causal_attention, mistake.fn, mistake.message)
+
+
+def test_a_torch_softmax_without_the_max_is_named_as_overflow():
+    def exp_by_hand(q, k, v):
+        T = q.shape[-2]
+        s = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        w = s.exp() / s.exp().sum(-1, keepdim=True)
+        return w @ v, w
+
+    assert_named(checks.check_causal_attention, exp_by_hand, "overflows on large scores")
+
+
+def test_one_head_checks_report_the_stub_and_a_wrong_return():
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    with pytest.raises(NotDoneYet):
+        checks.check_attention_with_loops(stub)
+    with pytest.raises(CheckFailed, match="return two tensors"):
+        checks.check_causal_attention(lambda q, k, v: q)
+    with pytest.raises(CheckFailed, match=r"has shape"):
+        checks.check_causal_attention(lambda q, k, v: (q, q))
+
+
+# --------------------------------------------------------------------------- check 3.3
+
+
+def saturation_in_float64(dim, scaled, trials=128, T=16):  # another dtype and batch layout
+    q = torch.randn(trials * T, dim, dtype=torch.float64).view(trials, T, dim)
+    k = torch.randn(trials * T, dim, dtype=torch.float64).view(trials, T, dim)
+    s = torch.einsum("btd,bsd->bts", q, k) / (math.sqrt(dim) if scaled else 1.0)
+    return float(s.var()), float(F.softmax(s, -1).amax(-1).mean())
+
+
+def test_check_saturation_accepts_right_answers(capsys):
+    checks.check_saturation(lambda dim, scaled: checks._saturation(dim, scaled))
+    checks.check_saturation(saturation_in_float64)
+    assert capsys.readouterr().out.count("✅ Exercise 3.3") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.SATURATION_MISTAKES, ids=lambda m: m.name)
+def test_check_saturation_names_every_planted_mistake(mistake):
+    assert_named(checks.check_saturation, mistake.fn, mistake.message)
+
+
+def test_check_saturation_rejects_a_wrong_return():
+    with pytest.raises(CheckFailed, match="return two numbers"):
+        checks.check_saturation(lambda dim, scaled: 1.0)
+
+
+# --------------------------------------------------------------------------- split and merge (3.6)
+
+
+def test_check_split_merge_accepts_the_reference_and_reshape_versions(capsys):
+    checks.check_split_merge(split_heads, merge_heads)
+    checks.check_split_merge(checks.split, checks.merge)
+    assert capsys.readouterr().out.count("split_heads and merge_heads passed") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.SPLIT_MISTAKES, ids=lambda m: m.name)
+def test_check_split_merge_names_every_planted_split_mistake(mistake):
+    assert_named(lambda fn: checks.check_split_merge(fn, merge_heads), mistake.fn, mistake.message)
+
+
+@pytest.mark.parametrize("mistake", checks.MERGE_MISTAKES, ids=lambda m: m.name)
+def test_check_split_merge_names_every_planted_merge_mistake(mistake):
+    assert_named(lambda fn: checks.check_split_merge(split_heads, fn), mistake.fn, mistake.message)
+
+
+def test_check_split_merge_names_a_view_after_the_transpose():
+    def view_merge(y):
+        B, nh, T, hd = y.shape
+        return y.transpose(1, 2).view(B, T, nh * hd)
+
+    with pytest.raises(CheckFailed, match=r"`.view` failed"):
+        checks.check_split_merge(split_heads, view_merge)
+
+
+def test_attention_init_stub_is_not_done_yet():
+    class Unfinished(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            raise NotImplementedError("Exercise 3.6: replace this line with your code")
+
+    with pytest.raises(NotDoneYet):
+        checks.check_causal_self_attention(Unfinished)
+
+
+# --------------------------------------------------------------------------- check 3.7
+
+
+def cost_by_layer(T, n_embd, n_head):  # counted from a real layer and the matmul shapes
+    layer = CausalSelfAttention(small_config(n_embd=n_embd, n_head=n_head))
+    hd = n_embd // n_head
+    matmuls = [(T, n_embd, 3 * n_embd), (T, n_embd, n_embd)] + [(T, hd, T), (T, T, hd)] * n_head
+    return sum(p.numel() for p in layer.parameters()), sum(2 * m * k * n for m, k, n in matmuls)
+
+
+def test_check_attention_cost_accepts_right_answers(capsys):
+    checks.check_attention_cost(lambda T, C, n: checks._cost(T, C, n))
+    checks.check_attention_cost(cost_by_layer)
+    assert capsys.readouterr().out.count("✅ Exercise 3.7") == 2
+
+
+def test_the_cost_formula_equals_torchs_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = CausalSelfAttention(small_config(n_embd=24, n_head=3))
+    x = torch.randn(1, 10, 24)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        q, k, v = (split_heads(t, 3) for t in layer.c_attn(x).split(24, dim=2))
+        w = (q @ k.mT).softmax(-1)
+        layer.c_proj(merge_heads(w @ v))
+    assert counter.get_total_flops() == checks._cost(10, 24, 3)[1]
+
+
+@pytest.mark.parametrize("mistake", checks.COST_MISTAKES, ids=lambda m: m.name)
+def test_check_attention_cost_names_every_planted_mistake(mistake):
+    assert_named(checks.check_attention_cost, mistake.fn, mistake.message)
+
+
+def test_check_attention_cost_names_an_unknown_wrong_count():
+    with pytest.raises(CheckFailed, match="your FLOPs are"):
+        checks.check_attention_cost(lambda T, C, n: (checks._cost(T, C, n)[0], 1))
+
+
+# --------------------------------------------------------------------------- challenge
+
+
+def relative_position_head(V, T):  # d = 2: a rotation by the position, aimed 2 back
+    theta = math.pi / (T + 2)
+    pos = torch.arange(T, dtype=torch.float64)
+    w_q, w_k = torch.zeros(V + T, 2, dtype=torch.float64), torch.zeros(V + T, 2, dtype=torch.float64)
+    w_q[V:] = 400 * torch.stack([torch.cos(theta * (pos - 2)), torch.sin(theta * (pos - 2))], dim=1)
+    w_k[V:] = torch.stack([torch.cos(theta * pos), torch.sin(theta * pos)], dim=1)
+    w_v = torch.zeros(V + T, V, dtype=torch.float64)
+    w_v[:V] = torch.eye(V)
+    return w_q, w_k, w_v
+
+
+def reference_copy_head(V, T):
+    w_q = torch.zeros(V + T, T)
+    w_q[V + 2:, :T - 2] = 10 * math.sqrt(T) * torch.eye(T - 2)
+    w_k = torch.zeros(V + T, T)
+    w_k[V:] = torch.eye(T)
+    w_v = torch.zeros(V + T, V)
+    w_v[:V] = torch.eye(V)
+    return w_q, w_k, w_v
+
+
+def test_check_copy_two_back_accepts_different_designs(capsys):
+    checks.check_copy_two_back(reference_copy_head)
+    checks.check_copy_two_back(relative_position_head)
+    assert capsys.readouterr().out.count("✅ Challenge") == 2
+
+
+def test_check_copy_two_back_says_how_far_off_and_where_the_head_looks():
+    def one_back(V, T):
+        w_q, w_k, w_v = reference_copy_head(V, T)
+        w_q = torch.zeros_like(w_q)
+        w_q[V + 1:, :T - 1] = 10 * math.sqrt(T) * torch.eye(T - 1)
+        return w_q, w_k, w_v
+
+    with pytest.raises(CheckFailed, match=r"of the rows copy token i - 2 \(goal 0.99\); most rows put their largest weight on token i - 1"):
+        checks.check_copy_two_back(one_back)
+    with pytest.raises(CheckFailed, match="return three matrices"):
+        checks.check_copy_two_back(lambda V, T: reference_copy_head(V, T)[:2])
+    with pytest.raises(CheckFailed, match=r"w_v \(V=5, T=8\) has shape"):
+        checks.check_copy_two_back(lambda V, T: (*reference_copy_head(V, T)[:2], torch.eye(V + T)))

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from check_cases import assert_named, planted
 
 from gpt2lib.layers import Conv1D
 from gpt2lib.block import Block, LayerNorm
@@ -650,7 +651,7 @@ def test_check_count_names_more_learner_mistakes(wrong, phrase):
 
 def test_check_count_accepts_the_learner_style_formula(capsys):
     checks.check_count_gpt2_parameters(_count)
-    assert "✅ Exercise 6.3" in capsys.readouterr().out
+    assert "✅ Exercise 6.4" in capsys.readouterr().out
 
 
 
@@ -702,7 +703,7 @@ def test_check_memory_passes_correct_answers(capsys):
     checks.check_training_memory(  # floats and extra keys are fine
         lambda n, bytes_per_number=4: {**{k: float(v) for k, v in right_memory(n, bytes_per_number).items()},
                                        "activations": None})
-    assert capsys.readouterr().out.count("✅ Exercise 6.4") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 6.5") == 2
 
 
 @pytest.mark.parametrize("mistake", checks.MEMORY_MISTAKES, ids=lambda m: m.name)
@@ -818,8 +819,76 @@ def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
         pass
 
     checks.check_recording_block(Right)
-    assert "✅ Exercise 6.5" in capsys.readouterr().out
+    assert "✅ Exercise 6.7" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="other logits"):
         checks.check_recording_block(Doubles)
     with pytest.raises(CheckFailed, match="should be a number"):
         checks.check_recording_block(NoRms)
+
+
+# --------------------------------------------------------------------------- Exercises 6.2 and 6.6
+
+
+def stream_std_reference(model, ids):
+    with torch.no_grad():
+        x = model.wte(ids) + model.wpe(torch.arange(ids.shape[1]))
+        out = [x.std().item()]
+        for block in model.h:
+            x = block(x)
+            out.append(x.std().item())
+    return out
+
+
+def stream_std_as_tensor(model, ids):  # a tensor of stds, float64 inside
+    with torch.no_grad():
+        x = model.drop(model.wte(ids) + model.wpe(torch.arange(ids.shape[1]))).double()
+        stds = [x.std()]
+        for block in model.h:
+            x = block(x.float()).double()
+            stds.append(x.std())
+    return torch.stack(stds)
+
+
+def forward_reference(model, idx):
+    x = model.drop(model.wte(idx) + model.wpe(torch.arange(idx.shape[1])))
+    for block in model.h:
+        x = block(x)
+    return model.ln_f(x) @ model.wte.weight.T
+
+
+def test_stream_and_forward_checks_accept_right_answers(capsys):
+    checks.check_stream_std(stream_std_reference)
+    checks.check_stream_std(stream_std_as_tensor)
+    checks.check_forward_by_hand(forward_reference)
+    checks.check_forward_by_hand(lambda model, idx: model(idx))
+    out = capsys.readouterr().out
+    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.6") == 2
+
+
+@pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
+def test_stream_and_forward_checks_name_every_planted_mistake(check, mistake):
+    assert_named(check, mistake.fn, mistake.message)
+
+
+def test_the_notebooks_buggy_forward_is_named_with_both_bugs():
+    def buggy_forward(model, idx):
+        x = model.drop(model.wte(idx) + model.wpe(torch.arange(1, idx.shape[1] + 1)))
+        for block in model.h:
+            x = x + block(x)
+        return model.ln_f(x) @ model.wte.weight.T
+
+    assert_named(checks.check_forward_by_hand, buggy_forward, "both planted bugs are still there")
+
+
+def test_forward_check_names_a_position_past_the_table_and_a_wrong_return():
+    def positions_from_one_only_at_the_end(model, idx):
+        if idx.shape[1] == model.config.n_positions:
+            model.wpe(torch.arange(1, idx.shape[1] + 1))
+        return forward_reference(model, idx)
+
+    with pytest.raises(CheckFailed, match="reads a position the table does not have"):
+        checks.check_forward_by_hand(positions_from_one_only_at_the_end)
+    with pytest.raises(CheckFailed, match="should be a torch.Tensor"):
+        checks.check_forward_by_hand(lambda model, idx: None)
+    with pytest.raises(CheckFailed, match="return a list of numbers"):
+        checks.check_stream_std(lambda model, ids: None)

@@ -1,5 +1,7 @@
-"""Checks for chapter 3's exercises: a previous-token head designed by hand, multi-head
-attention written without SDPA, and GPT-2's attention module.
+"""Checks for chapter 3's exercises: one head with loops and with matrices, the saturation of
+the softmax measured, a previous-token head designed by hand, multi-head attention debugged,
+GPT-2's attention module (with split_heads and merge_heads), the cost of attention derived,
+and the challenge's head that copies the token two places back.
 
 Each check runs the learner's answer on small random inputs and compares it with the right
 answer and with the planted `Mistake`s below (module-level lists, so the tests cover every
@@ -25,9 +27,14 @@ from gpt2lib.course.checks._core import (
     seeded_call,
 )
 
-EX_PREVIOUS = "Exercise 3.1 (previous_token_head)"
-EX_MULTI = "Exercise 3.2 (multi_head_attention)"
-EX_MODULE = "Exercise 3.3 (CausalSelfAttention)"
+EX_LOOPS = "Exercise 3.1 (attention_with_loops)"
+EX_MATRICES = "Exercise 3.2 (causal_attention)"
+EX_SATURATION = "Exercise 3.3 (saturation)"
+EX_PREVIOUS = "Exercise 3.4 (previous_token_head)"
+EX_MULTI = "Exercise 3.5 (multi_head_attention)"
+EX_MODULE = "Exercise 3.6 (CausalSelfAttention)"
+EX_COST = "Exercise 3.7 (attention_cost)"
+CH_COPY = "Challenge (copy_two_back_head)"
 
 # --------------------------------------------------------------------------- reference pieces
 
@@ -50,7 +57,8 @@ def attend(q, k, v, *, scale: float | None = None, mask: str = "causal", softmax
 
     scale: what the scores are multiplied by (default 1/sqrt(d)). mask: "causal" (future scores
     -inf), "none", "zero" (future scores 0), "after_softmax" (future weights zeroed after the
-    softmax), "anti" (the past hidden instead). keys_first: k @ q^T instead of q @ k^T.
+    softmax), "off_by_one" (the next token visible too), "anti" (the past hidden instead).
+    keys_first: k @ q^T instead of q @ k^T.
     The arguments other than the defaults describe known wrong versions.
     """
     T, S = q.shape[-2], k.shape[-2]
@@ -61,6 +69,8 @@ def attend(q, k, v, *, scale: float | None = None, mask: str = "causal", softmax
         scores = scores.masked_fill(~visible, float("-inf"))
     elif mask == "zero":
         scores = scores.masked_fill(~visible, 0.0)
+    elif mask == "off_by_one":  # the next token is visible too
+        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T + 1), float("-inf"))
     elif mask == "anti":
         scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T), float("-inf"))
     weights = scores.softmax(dim=softmax_dim)
@@ -85,7 +95,7 @@ class ListCache:
         return self.k, self.v
 
 
-# --------------------------------------------------------------------------- Exercise 3.1
+# --------------------------------------------------------------------------- Exercise 3.4
 
 _BIG = 10.0  # a score gap of 10 after the scaling: e^10 outweighs thousands of other tokens
 
@@ -172,7 +182,7 @@ def check_previous_token_head(previous_token_head) -> None:
     passed(EX_PREVIOUS, "every token reads the token before it")
 
 
-# --------------------------------------------------------------------------- Exercise 3.2
+# --------------------------------------------------------------------------- Exercise 3.5
 
 TRANSPOSE_1_3 = ("you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the "
                  "T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)")
@@ -245,6 +255,9 @@ MULTI_HEAD_MISTAKES = [
             _heads_with(mask="after_softmax")),
     Mistake("mask_with_zero", "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
             "weight; set them to -inf (float('-inf'))", _heads_with(mask="zero")),
+    Mistake("mask_off_by_one", "your mask is off by one: each token also sees the NEXT token. Hide every "
+            "key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
+            _heads_with(mask="off_by_one")),
     Mistake("anti_causal_mask", "your mask is upside down: each token sees the future and not the past. "
             "Keep the lower triangle (torch.tril), hide the upper one",
             _heads_with(mask="anti")),
@@ -325,7 +338,7 @@ def check_multi_head_attention(multi_head_attention) -> None:
     passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
 
 
-# --------------------------------------------------------------------------- Exercise 3.3
+# --------------------------------------------------------------------------- Exercise 3.6
 
 
 def _gpt2_attention(x, w, n_head, *, order="qkv", split_dim_wrong=False, heads=True, c_proj=True,
@@ -458,3 +471,327 @@ def _check_causal_self_attention(attention_cls) -> None:
         raise CheckFailed(EX_MODULE, found.message)
     raise CheckFailed(EX_MODULE, "in eval() mode your layer is right, but in train() mode it is not the layer "
                       "followed by residual dropout: return self.resid_dropout(self.c_proj(...))")
+
+
+def _split_via_view(x, n_head):
+    B, T, C = x.shape
+    return x.contiguous().view(B, n_head, T, C // n_head)
+
+
+# split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
+SPLIT_MISTAKES = [
+    Mistake("split_without_transpose", "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the "
+            "shape is right but that cuts the sequence, not each token's features, into heads. View as "
+            "(B, T, nh, hd), then transpose(1, 2)", _split_without_transpose),
+    Mistake("split_interleaved", "your split_heads gives head h every nh-th feature (interleaved); head h "
+            "must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
+            _split_interleaved),
+    Mistake("split_transpose_1_3", TRANSPOSE_1_3,
+            lambda x, n: x.reshape(*x.shape[:2], n, x.shape[2] // n).transpose(1, 3)),
+]
+MERGE_MISTAKES = [
+    Mistake("merge_without_transpose", "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that "
+            "glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
+            _merge_without_transpose),
+    Mistake("merge_interleaved", "your merge_heads interleaves the heads (feature 0 of every head, then "
+            "feature 1, ...); head 0's hd features come first, then head 1's", _merge_interleaved),
+]
+
+
+def check_split_merge(split_heads, merge_heads) -> None:
+    """`split_heads(x, n_head)`: (B, T, C) -> (B, nh, T, hd), consecutive features per head;
+    `merge_heads(y)`: its inverse. Tried on slices of a bigger tensor (not contiguous)."""
+    gen = torch.Generator().manual_seed(3)
+    for B, T, C, nh in ((2, 5, 12, 3), (1, 4, 8, 4)):
+        x = torch.randn(B, T, 3 * C, generator=gen)[..., C : 2 * C]  # a slice, as c_attn's split gives
+        try:
+            got = call_learner(EX_MODULE, split_heads, x, nh)
+        except RuntimeError as exc:
+            _view_hint(EX_MODULE, exc)
+        got = expect_tensor(EX_MODULE, got, (B, nh, T, C // nh), what=f"split_heads(x (B={B}, T={T}, C={C}), {nh})",
+                            hints={(B, T, nh, C // nh): "that is (B, T, nh, hd): transpose(1, 2) to put the "
+                                   "heads before the time steps", (B, C // nh, nh, T): TRANSPOSE_1_3})
+        if not close(got, split(x, nh)):
+            found = first_mistake(SPLIT_MISTAKES, lambda m: close(got, m.fn(x, nh)))
+            raise CheckFailed(EX_MODULE, found.message if found else "split_heads puts the wrong numbers in "
+                              "the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]")
+        heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
+        try:
+            back = call_learner(EX_MODULE, merge_heads, heads)
+        except RuntimeError as exc:
+            _view_hint(EX_MODULE, exc)
+        back = expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
+        if not close(back, x):
+            found = first_mistake(MERGE_MISTAKES, lambda m: close(back, m.fn(heads)))
+            raise CheckFailed(EX_MODULE, found.message if found else "merge_heads(split_heads(x)) is not x: "
+                              "merge must undo the split exactly")
+    passed(EX_MODULE + ", split_heads and merge_heads", "consecutive features per head, merged back in order")
+
+
+# --------------------------------------------------------------------------- Exercise 3.1
+
+def _loops_without_max(q, k, v):
+    """A loops answer whose softmax takes exp of the raw scores: it overflows on large scores."""
+    T, d = q.shape
+    out, weights = torch.zeros(T, v.shape[1]), torch.zeros(T, T)
+    for i in range(T):
+        exps = [math.exp(float(q[i] @ k[j]) / math.sqrt(d)) for j in range(i + 1)]
+        for j in range(i + 1):
+            weights[i, j] = exps[j] / sum(exps)
+            out[i] += weights[i, j] * v[j]
+    return out, weights
+
+
+def _attend_with(**options):
+    return lambda q, k, v: attend(q, k, v, **options)
+
+
+OVERFLOW = ("your softmax overflows on large scores: math.exp of a score above about 709 is too large "
+            "for a float. Subtract the row's largest score from every score before exp: the weights "
+            "stay the same, and every exp is at most 1")
+
+# fn(q, k, v) -> (out, weights), for Exercise 3.1 and Exercise 3.2 alike
+ONE_HEAD_MISTAKES = [
+    Mistake("no_scale", "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
+            _attend_with(scale=1.0)),
+    Mistake("divide_by_d", "you divided the scores by d; divide by sqrt(d)",
+            lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1])),
+    Mistake("no_mask", "your output matches attention WITHOUT the causal mask: token i also reads the tokens "
+            "after it. Only j <= i may be read", _attend_with(mask="none")),
+    Mistake("mask_off_by_one", "your mask is off by one: each token also sees the NEXT token. Only keys "
+            "j <= i may be read", _attend_with(mask="off_by_one")),
+    Mistake("mask_with_zero", "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
+            "weight; set them to -inf (float('-inf'))", _attend_with(mask="zero")),
+    Mistake("mask_after_softmax", "you zeroed the future weights AFTER the softmax, so each row no longer "
+            "sums to 1; mask the scores with -inf BEFORE the softmax", _attend_with(mask="after_softmax")),
+    Mistake("softmax_over_queries", "your softmax runs over the wrong dimension (over the queries, dim=-2); "
+            "each query's weights over the keys must sum to 1: softmax(dim=-1)", _attend_with(softmax_dim=-2)),
+    Mistake("keys_times_queries", "you computed k @ q^T, the scores transposed; row i of the scores must be "
+            "query i against every key", _attend_with(keys_first=True)),
+    Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
+]
+
+
+def _check_one_head(exercise, fn, cases, large):
+    """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
+    gen = torch.Generator().manual_seed(1)
+    for lead, T, d in cases:
+        q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
+        if large:  # every score 750 more (a shared first feature): exp overflows unless the max is taken out
+            q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
+        try:
+            got = call_learner(exercise, fn, q.clone(), k.clone(), v.clone())
+        except OverflowError:
+            raise CheckFailed(exercise, OVERFLOW) from None
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailed(exercise, f"return two tensors, (out, weights); got {type(got).__name__}")
+        out, weights = got
+        for value in (out, weights):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                if large:
+                    raise CheckFailed(exercise, OVERFLOW)
+                _no_nan(exercise, value, "your result")
+        what = f"(q, k, v of shape {(*lead, T, d)})"
+        out = expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
+        weights = expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
+        want_out, want_w = attend(q.double(), k.double(), v.double())
+        tol = 1e-3 if large else 1e-4  # float32 rounding of scores near 750
+        if close(out, want_out, atol=tol, rtol=tol) and close(weights, want_w, atol=tol, rtol=tol):
+            continue
+        found = first_mistake(
+            ONE_HEAD_MISTAKES[:-1],
+            lambda m, q=q, k=k, v=v, out=out: close(out, m.fn(q.double(), k.double(), v.double())[0], atol=tol, rtol=tol))
+        if found:
+            raise CheckFailed(exercise, found.message)
+        if close(out, want_out, atol=tol, rtol=tol):
+            raise CheckFailed(exercise, "out is right, but the weights you return are not the softmax weights "
+                              "that made it (row i: token i's weights over keys 0..i, zeros after)")
+        raise CheckFailed(exercise, f"your out differs from causal attention {what}: weights = softmax over "
+                          "j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]")
+
+
+def check_attention_with_loops(attention_with_loops) -> None:
+    """`attention_with_loops(q, k, v)`, (T, d) each -> (out (T, d), weights (T, T)): causal attention
+    of one head, also on scores near 750."""
+    _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
+    _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
+    passed(EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores")
+
+
+def check_causal_attention(causal_attention) -> None:
+    """`causal_attention(q, k, v)`, (..., T, d) each -> (out (..., T, d), weights (..., T, T))."""
+    _check_one_head(EX_MATRICES, causal_attention, [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)], large=False)
+    _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
+    passed(EX_MATRICES, "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys")
+
+
+# --------------------------------------------------------------------------- Exercise 3.3
+
+
+def _saturation(dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, reduce_dim=-1, what="weight"):
+    """(variance of the scores, average largest weight); the keyword arguments describe mistakes."""
+    qs, ks = torch.randn(trials, T, dim), torch.randn(trials, T, dim)
+    scores = qs @ ks.transpose(-2, -1)
+    if scaled:
+        scores = scores * (1 / math.sqrt(dim) if scale is None else scale(dim))
+    chosen = scores.softmax(dim=softmax_dim) if what == "weight" else scores
+    return scores.var().item(), chosen.max(dim=reduce_dim).values.mean().item()
+
+
+SATURATION_MISTAKES = [
+    Mistake("scaled_by_d", "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance "
+            "of the scaled scores should come out near 1)",
+            lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d)),
+    Mistake("largest_score_not_weight", "your second number is the largest SCORE; it should be the largest "
+            "softmax WEIGHT of a row (softmax over the keys, then max)",
+            lambda dim, scaled: _saturation(dim, scaled, what="score")),
+    Mistake("softmax_over_queries", "your softmax runs over the queries (dim=-2); each query's row of "
+            "weights over the keys sums to 1: softmax(dim=-1)",
+            lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2)),
+    Mistake("scaling_ignored", "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when "
+            "scaled is true", lambda dim, scaled: _saturation(dim, False)),
+]
+
+
+def check_saturation(saturation) -> None:
+    """`saturation(dim, scaled)` -> (variance of the scores, average largest softmax weight), for random
+    queries and keys; compared with the course's numbers within a tolerance (random draws differ)."""
+    for dim in (4, 64, 256):
+        for scaled in (False, True):
+            got = seeded_call(call_learner, EX_SATURATION, saturation, dim, scaled)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise CheckFailed(EX_SATURATION, f"return two numbers, (variance, largest weight); got {type(got).__name__}")
+            try:
+                var, top = (float(g) for g in got)
+            except (TypeError, ValueError):
+                raise CheckFailed(EX_SATURATION, "return two numbers (Python floats, `.item()`)") from None
+            want_var, want_top = seeded_call(_saturation, dim, scaled, trials=512)
+
+            def near(a, b):
+                return abs(a - b) <= 0.15 * abs(b) + 0.03
+
+            if near(var, want_var) and near(top, want_top):
+                continue
+            found = first_mistake(SATURATION_MISTAKES, lambda m: all(
+                near(g, w) for g, w in zip((var, top), seeded_call(m.fn, dim, scaled))))
+            if found:
+                raise CheckFailed(EX_SATURATION, found.message)
+            raise CheckFailed(EX_SATURATION, f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and "
+                              f"largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}")
+    passed(EX_SATURATION, "variances and largest weights as expected")
+
+
+# --------------------------------------------------------------------------- Exercise 3.7
+
+
+def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2, biases=True):
+    """(params, flops) of GPT-2 attention; the keyword arguments describe known wrong counts."""
+    params = 3 * C * C + C * C + (4 * C if biases else 0)
+    flops = flop_per_mac * (T * C * 3 * C + (T * C * C if c_proj else 0))
+    flops += flop_per_mac * mixing * T * T * C * (n_head if heads_multiply else 1)
+    return params, flops
+
+
+COST_MISTAKES = [
+    Mistake("params_without_biases", "your parameter count leaves out the biases: c_attn has 3·C of them, "
+            "c_proj C", lambda T, C, n: (_cost(T, C, n, biases=False)[0], _cost(T, C, n)[1])),
+    Mistake("params_without_c_proj", "your parameter count leaves out c_proj (C·C weights and C biases)",
+            lambda T, C, n: (3 * C * C + 3 * C, _cost(T, C, n)[1])),
+    Mistake("params_times_heads", "your parameter count grows with n_head; the heads share c_attn and "
+            "c_proj: the weights are the same whatever the number of heads",
+            lambda T, C, n: (n * _cost(T, C, n)[0], _cost(T, C, n)[1])),
+    Mistake("flops_times_heads", "your FLOPs multiply the attention part by n_head, but each head works on "
+            "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one head of width C "
+            "would", lambda T, C, n: _cost(T, C, n, heads_multiply=True)),
+    Mistake("multiply_adds", "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) "
+            "product costs 2·m·k·n", lambda T, C, n: _cost(T, C, n, flop_per_mac=1)),
+    Mistake("flops_without_c_proj", "your FLOPs leave out c_proj: 2·T·C·C more",
+            lambda T, C, n: _cost(T, C, n, c_proj=False)),
+    Mistake("flops_without_attention", "your FLOPs count only the projections: the scores q @ k^T and the "
+            "weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
+            lambda T, C, n: _cost(T, C, n, mixing=0)),
+    Mistake("flops_half_the_attention", "your FLOPs count only one of the two attention products: q @ k^T "
+            "and weights @ v cost 2·T·T·C each", lambda T, C, n: _cost(T, C, n, mixing=1)),
+]
+
+
+def check_attention_cost(attention_cost) -> None:
+    """`attention_cost(T, n_embd, n_head)` -> (params, flops) of one CausalSelfAttention on T tokens;
+    the parameters are compared with a real layer's, the FLOPs with the four products' count."""
+    from gpt2lib.attention import CausalSelfAttention
+    from gpt2lib.config import GPT2Config
+
+    for T, C, nh in ((16, 64, 4), (100, 48, 3), (7, 768, 12)):
+        got = call_learner(EX_COST, attention_cost, T, C, nh)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailed(EX_COST, f"return two numbers, (params, flops); got {type(got).__name__}")
+        try:
+            params, flops = (float(g) for g in got)
+        except (TypeError, ValueError):
+            raise CheckFailed(EX_COST, "return two numbers, (params, flops)") from None
+        with torch.device("meta"):  # shapes only: no memory, no random numbers
+            layer = CausalSelfAttention(GPT2Config(n_embd=C, n_head=nh, n_layer=1, n_positions=128))
+        want_params = sum(p.numel() for p in layer.parameters())
+        want = (want_params, _cost(T, C, nh)[1])
+        if (params, flops) == want:
+            continue
+        found = first_mistake(COST_MISTAKES, lambda m: tuple(m.fn(T, C, nh)) == (params, flops))
+        if found:
+            raise CheckFailed(EX_COST, found.message)
+        which = "parameters" if params != want[0] else "FLOPs"
+        raise CheckFailed(EX_COST, f"for T={T}, n_embd={C}, n_head={nh} your {which} are "
+                          f"{params if which == 'parameters' else flops:,.0f}, not {want[0] if which == 'parameters' else want[1]:,}: "
+                          "c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and weights @ v")
+    passed(EX_COST, f"{_cost(1024, 768, 12)[0]:,} parameters and {_cost(1024, 768, 12)[1]:,} FLOPs for GPT-2 "
+           "small's attention on 1,024 tokens")
+
+
+# --------------------------------------------------------------------------- Challenge
+
+
+def copy_two_back_inputs(tokens: torch.Tensor, V: int) -> torch.Tensor:
+    """(T,) token ids -> (T, V + T): the token's one-hot, then the position's."""
+    T = tokens.shape[0]
+    return torch.cat([F.one_hot(tokens, V).double(), torch.eye(T, dtype=torch.float64)], dim=1)
+
+
+def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
+    """`copy_two_back_head(V, T)` -> (w_q, w_k, w_v): on random token sequences, the causal attention
+    output's largest entry in row i >= 2 is at token i - 2's id, in at least `goal` of the rows."""
+    gen = torch.Generator().manual_seed(4)
+    for V, T in ((5, 8), (10, 16), (3, 12)):
+        got = call_learner(CH_COPY, copy_two_back_head, V, T)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise CheckFailed(CH_COPY, f"return three matrices, (w_q, w_k, w_v); got {type(got).__name__}")
+        w_q = expect_tensor(CH_COPY, got[0], what=f"w_q (V={V}, T={T})")
+        d = w_q.shape[-1] if w_q.dim() == 2 else 0
+        w_q = expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q (V={V}, T={T})")
+        w_k = expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k (V={V}, T={T}), like w_q")
+        w_v = expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v (V={V}, T={T})")
+        right, total, offsets = 0, 0, torch.zeros(T, dtype=torch.long)
+        for _ in range(100):
+            tokens = torch.randint(V, (T,), generator=gen)
+            x = copy_two_back_inputs(tokens, V)
+            out, weights = attend(x @ w_q, x @ w_k, x @ w_v)
+            if not bool(torch.isfinite(out).all()):
+                raise CheckFailed(CH_COPY, "the output has NaN or inf: the scores are too large")
+            rows = torch.arange(2, T)
+            right += int((out[2:].argmax(dim=-1) == tokens[rows - 2]).sum())
+            total += T - 2
+            offsets += torch.bincount(rows - weights[2:].argmax(dim=-1), minlength=T)[:T]
+        accuracy = right / total
+        if accuracy < goal:
+            most = int(offsets.argmax())
+            raise CheckFailed(CH_COPY, f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal "
+                              f"{goal}); most rows put their largest weight on token i - {most}")
+    passed(CH_COPY, "every row copies the token two places back")
+
+
+MISTAKES_BY_CHECK = {
+    check_attention_with_loops: ONE_HEAD_MISTAKES,
+    check_causal_attention: ONE_HEAD_MISTAKES[:-1],
+    check_saturation: SATURATION_MISTAKES,
+    check_previous_token_head: PREVIOUS_TOKEN_MISTAKES,
+    check_multi_head_attention: MULTI_HEAD_MISTAKES,
+    check_attention_cost: COST_MISTAKES,
+}

@@ -1,5 +1,5 @@
 """Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, the cosine
-matrix of a table, the tables' parameter count, the embedding module with positions that
+matrix of a table, dropout by hand, the tables' parameter count, the embedding module with positions that
 continue after a cache, and the challenge's hand-made position table.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
@@ -28,8 +28,9 @@ from gpt2lib.course.checks._core import (
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
 EX_COSINE = "Exercise 2.3 (cosine_matrix)"
-EX_COUNT = "Exercise 2.4 (embedding_parameter_count)"
-EX_MODULE = "Exercise 2.5 (GPT2Embeddings)"
+EX_DROPOUT = "Exercise 2.4 (dropout)"
+EX_COUNT = "Exercise 2.5 (embedding_parameter_count)"
+EX_MODULE = "Exercise 2.6 (GPT2Embeddings)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 
@@ -273,7 +274,7 @@ def check_cosine_matrix(cosine_matrix) -> None:
     passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
-# --------------------------------------------------------------------------- Exercise 2.4
+# --------------------------------------------------------------------------- Exercise 2.5
 
 
 def _count_configs():
@@ -317,7 +318,7 @@ def check_embedding_parameter_count(embedding_parameter_count) -> None:
     passed(EX_COUNT, "(vocab_size + n_positions) * n_embd, for every config tried")
 
 
-# --------------------------------------------------------------------------- Exercise 2.5
+# --------------------------------------------------------------------------- Exercise 2.6
 
 
 def _positions(past, T):
@@ -501,9 +502,9 @@ MISTAKES_BY_CHECK = {check_cosine_matrix: COSINE_MISTAKES,
                      check_embedding_parameter_count: COUNT_MISTAKES}
 
 
-# --------------------------------------------------------------------------- Exercise 2.6
+# --------------------------------------------------------------------------- Exercise 2.7
 
-EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
+EX_PIECES = "Exercise 2.7 (embed_in_pieces)"
 
 
 def _pieces(embeddings, idx, n, past_of):
@@ -559,3 +560,74 @@ def check_embed_in_pieces(embed_in_pieces) -> None:
 
 
 MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
+
+
+
+# --------------------------------------------------------------------------- Exercise 2.4
+
+
+def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
+    """fn(x, p, training): dropout with one planted mistake, described by the arguments."""
+    def fn(x, p, training=True):
+        if not training and not in_eval:
+            return x
+        keep = torch.rand(x.shape) >= (p if keep_p is None else keep_p(p))
+        factor = 1 / (1 - p) if scale is None else scale(p)
+        if in_place:
+            return x.mul_(keep).mul_(factor)
+        return x * keep * factor
+    return fn
+
+
+# fn(x, p, training) -> what that wrong version returns
+DROPOUT_MISTAKES = [
+    Mistake("no_rescale", "the survivors are not rescaled: zeroing a fraction p lowers the expected value to "
+            "(1 - p) x; divide the survivors by (1 - p)", _dropout_with(scale=lambda p: 1.0)),
+    Mistake("times_one_minus_p", "you multiplied the survivors by (1 - p); that lowers the expected value "
+            "further. Divide by (1 - p) instead", _dropout_with(scale=lambda p: 1 - p)),
+    Mistake("divide_by_p", "you divided the survivors by p; a number survives with probability 1 - p, so "
+            "divide by (1 - p)", _dropout_with(scale=lambda p: 1 / p)),
+    Mistake("drops_one_minus_p", "you zeroed each number with probability 1 - p (kept it with probability "
+            "p): p is the probability to DROP", _dropout_with(keep_p=lambda p: 1 - p)),
+    Mistake("active_in_eval", "with training=False your dropout still zeroes numbers; outside training return "
+            "x unchanged", _dropout_with(in_eval=True)),
+    Mistake("in_place", "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), "
+            "the caller's x must stay as it was", _dropout_with(in_place=True)),
+]
+
+
+def check_dropout(dropout) -> None:
+    """`dropout(x, p, training)`: in training each number zeroed with probability p and the rest divided
+    by 1 - p; outside training x itself. Tried for p = 0.1, 0.5 and 0, on large tensors."""
+    for p in (0.1, 0.5, 0.0):
+        x = torch.full((64, 256), 2.0)
+        before = x.clone()
+        got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
+        if not torch.equal(x, before):
+            raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "in_place").message)
+        got = expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
+        zeroed = (got == 0).double().mean().item()
+        survivors = got[got != 0]
+        if abs(zeroed - p) < 0.03 and survivors.numel() and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double()):
+            continue
+        found = first_mistake(DROPOUT_MISTAKES[:-2], lambda m: _same_statistics(got, seeded_call(m.fn, x.clone(), p, True)))
+        if found:
+            raise CheckFailed(EX_DROPOUT, found.message)
+        raise CheckFailed(EX_DROPOUT, f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about "
+                          f"{p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}")
+    x = torch.randn(8, 16)
+    got = seeded_call(call_learner, EX_DROPOUT, dropout, x, 0.5, False)
+    if not isinstance(got, torch.Tensor) or not torch.equal(got, x):
+        raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "active_in_eval").message)
+    passed(EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training")
+
+
+def _same_statistics(got, want) -> bool:
+    """The same fraction of zeros (within 0.03) and the same surviving values."""
+    if (want == 0).all():
+        return bool((got == 0).all())
+    zeros = abs((got == 0).double().mean().item() - (want == 0).double().mean().item()) < 0.03
+    return zeros and bool((got != 0).any()) and torch.allclose(got[got != 0].unique(), want[want != 0].double().unique())
+
+
+MISTAKES_BY_CHECK[check_dropout] = DROPOUT_MISTAKES

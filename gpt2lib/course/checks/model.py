@@ -22,13 +22,16 @@ from gpt2lib.course.checks._core import (
     close,
     expect_tensor,
     first_mistake,
+    named,
     passed,
 )
 
 EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
-EX_INIT = "Exercise 6.2 (GPT-2's initialisation)"
-EX_COUNT = "Exercise 6.3 (parameter count from the configuration)"
-EX_MEMORY = "Exercise 6.4 (training memory)"
+EX_STREAM = "Exercise 6.2 (stream_std)"
+EX_INIT = "Exercise 6.3 (GPT-2's initialisation)"
+EX_COUNT = "Exercise 6.4 (parameter count from the configuration)"
+EX_MEMORY = "Exercise 6.5 (training memory)"
+EX_DEBUG = "Exercise 6.6 (forward_by_hand)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 
@@ -229,7 +232,7 @@ def check_gpt2_module(model_cls) -> None:
     passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
 
-# --------------------------------------------------------------------------- Exercise 6.2
+# --------------------------------------------------------------------------- Exercise 6.3
 
 
 def _std_of(params):
@@ -252,7 +255,7 @@ INIT_SCALE_MISTAKES = [
 
 
 def check_init_gpt2_weights(init_fn) -> None:
-    """Exercise 6.2: `init_fn(model)` sets a gpt2lib.GPT2's weights as GPT-2 does, in place."""
+    """Exercise 6.3: `init_fn(model)` sets a gpt2lib.GPT2's weights as GPT-2 does, in place."""
     from gpt2lib.model import GPT2
 
     n_layer = 6  # not GPT-2 small's 12, so a hard-coded 12 shows
@@ -338,7 +341,7 @@ def check_init_gpt2_weights(init_fn) -> None:
                       f"0.02 / √(2 · {n_layer}) = {resid:.4f}")
 
 
-# --------------------------------------------------------------------------- Exercise 6.3
+# --------------------------------------------------------------------------- Exercise 6.4
 
 
 def _right_count(config):
@@ -400,7 +403,7 @@ def _meta_count(config_items) -> int:
 
 
 def check_count_gpt2_parameters(count_fn) -> None:
-    """Exercise 6.3: `count_fn(config)` returns the parameter count from the sizes alone."""
+    """Exercise 6.4: `count_fn(config)` returns the parameter count from the sizes alone."""
     from gpt2lib.config import GPT2Config
 
     configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES]
@@ -430,7 +433,7 @@ def check_count_gpt2_parameters(count_fn) -> None:
     passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
 
 
-# --------------------------------------------------------------------------- Exercise 6.4
+# --------------------------------------------------------------------------- Exercise 6.5
 
 
 def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
@@ -457,7 +460,7 @@ MEMORY_MISTAKES = [
 
 
 def check_training_memory(training_memory) -> None:
-    """Exercise 6.4: `training_memory(n_params, bytes_per_number=4)` -> dict of byte counts."""
+    """Exercise 6.5: `training_memory(n_params, bytes_per_number=4)` -> dict of byte counts."""
     keys = ("weights", "gradients", "optimizer", "total")
     for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
         got = call_learner(EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number)
@@ -531,9 +534,9 @@ def check_budget_config(config) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- Exercise 6.5
+# --------------------------------------------------------------------------- Exercise 6.7
 
-EX_RECORD = "Exercise 6.5 (RecordingBlock)"
+EX_RECORD = "Exercise 6.7 (RecordingBlock)"
 
 
 def _rms(x):
@@ -589,3 +592,129 @@ def check_recording_block(recording_cls) -> None:
                                       f"expected {_rms(out):.5f}: the root mean square of the block's output")
                 x = out
     passed(EX_RECORD, "the same logits as GPT-2's blocks, and the stream's root mean square after each")
+
+
+
+# --------------------------------------------------------------------------- Exercise 6.2
+
+
+def _stream(model, ids, *, include_embeddings=True, measure=lambda x: x.std().item(), residual_twice=False,
+            with_ln_f=False):
+    """The spread of the residual stream after the embeddings and after each block; the keyword
+    arguments describe known wrong versions."""
+    x = model.wte(ids) + model.wpe(torch.arange(ids.shape[1]))
+    out = [measure(x)] if include_embeddings else []
+    for block in model.h:
+        x = x + block(x) if residual_twice else block(x)
+        out.append(measure(model.ln_f(x) if with_ln_f else x))
+    return out
+
+
+# fn(model, ids) -> the list that wrong version returns
+STREAM_MISTAKES = [
+    Mistake("no_embeddings_entry", "your list has n_layer numbers; it starts with the std of the embeddings "
+            "(before any block), then one per block: n_layer + 1 in all",
+            lambda m, ids: _stream(m, ids, include_embeddings=False)),
+    Mistake("residual_added_twice", "you added the block's output to the stream (x = x + block(x)); a Block "
+            "already returns the stream with its update added: x = block(x)",
+            lambda m, ids: _stream(m, ids, residual_twice=True)),
+    Mistake("after_ln_f", "you measured the stream after ln_f: the final LayerNorm normalises it and hides the "
+            "growth. Measure the blocks' outputs themselves", lambda m, ids: _stream(m, ids, with_ln_f=True)),
+    Mistake("rms_not_std", "you measured the root mean square; the exercise asks for the standard deviation, "
+            "x.std()", lambda m, ids: _stream(m, ids, measure=lambda x: x.pow(2).mean().sqrt().item())),
+]
+
+
+def check_stream_std(stream_std) -> None:
+    """`stream_std(model, ids)` -> [std of the embeddings, std after block 1, ...], n_layer + 1 floats,
+    on models of two depths."""
+    for n_layer in (3, 6):
+        config = _config(vocab_size=40, n_positions=16, n_embd=16, n_layer=n_layer, n_head=2)
+        model = _reference(config, seed=n_layer)
+        ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(n_layer))
+        with torch.no_grad():
+            want = _stream(model, ids)
+            got = call_learner(EX_STREAM, stream_std, model, ids)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if not isinstance(got, (list, tuple)):
+            raise CheckFailed(EX_STREAM, f"return a list of numbers, got {type(got).__name__}")
+        try:
+            got = [float(g) for g in got]
+        except (TypeError, ValueError):
+            raise CheckFailed(EX_STREAM, "return a list of plain numbers (use .item() on each std)") from None
+
+        def same(a, b):
+            return len(a) == len(b) and all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b))
+
+        if same(got, want):
+            continue
+        with torch.no_grad():
+            found = first_mistake(STREAM_MISTAKES, lambda m: same(got, m.fn(model, ids)))
+        if found:
+            raise CheckFailed(EX_STREAM, found.message)
+        if len(got) != len(want):
+            raise CheckFailed(EX_STREAM, f"for n_layer={n_layer} your list has {len(got)} numbers, expected "
+                              f"{len(want)}: the embeddings, then one after each block")
+        raise CheckFailed(EX_STREAM, f"for n_layer={n_layer} your numbers differ: expected "
+                          f"{[round(w, 4) for w in want]}, got {[round(g, 4) for g in got]}")
+    passed(EX_STREAM, "the stream's std after the embeddings and after every block")
+
+
+# --------------------------------------------------------------------------- Exercise 6.6
+
+DOUBLE_RESIDUAL = ("your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
+                   "already returns x plus its update, so that doubles the stream at every block. "
+                   "Write x = block(x)")
+
+
+def _by_hand(model, idx, *, start=0, residual_twice=False):
+    x = model.drop(model.wte(idx) + _positions(model, idx, start=start))
+    for block in model.h:
+        x = x + block(x) if residual_twice else block(x)
+    return _readout(model, model.ln_f(x))
+
+
+# fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
+FORWARD_MISTAKES = [
+    Mistake("both_planted_bugs", "both planted bugs are still there: the positions start at 1 and each "
+            "block's output is added to the stream a second time",
+            lambda m, idx: _by_hand(m, idx, start=1, residual_twice=True)),
+    Mistake("double_residual", DOUBLE_RESIDUAL, lambda m, idx: _by_hand(m, idx, residual_twice=True)),
+    Mistake("positions from 1", named(MODULE_MISTAKES, "positions from 1").message,
+            lambda m, idx: _by_hand(m, idx, start=1)),
+    *[m for m in MODULE_MISTAKES if m.name != "positions from 1"],
+]
+
+
+def check_forward_by_hand(forward_by_hand) -> None:
+    """`forward_by_hand(model, idx)` equals `model(idx)` for a gpt2lib.GPT2 in eval mode, on two sizes
+    and several lengths (the full context included)."""
+    for n_layer, n_embd in ((2, 32), (3, 16)):
+        # ids below n_positions, so that looking ids up as positions is a wrong answer, not a crash
+        config = _config(vocab_size=16, n_positions=16, n_embd=n_embd, n_layer=n_layer, n_head=4)
+        model = _reference(config, seed=n_layer)
+        gen = torch.Generator().manual_seed(n_layer)
+        for T in (5, 16, 1):
+            idx = torch.randint(0, 16, (2, T), generator=gen)
+            with torch.no_grad():
+                want = model(idx)
+                try:
+                    got = call_learner(EX_DEBUG, forward_by_hand, model, idx)
+                except IndexError:
+                    raise CheckFailed(EX_DEBUG, f"for T={T} = n_positions your forward reads a position the "
+                                      "table does not have: positions are 0 .. T-1, torch.arange(T)") from None
+            got = expect_tensor(EX_DEBUG, got, tuple(want.shape), what=f"your logits for T={T}")
+            if close(got, want, atol=1e-4, rtol=1e-4):
+                continue
+            with torch.no_grad():
+                found = first_mistake(FORWARD_MISTAKES, lambda m: close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4))
+            if found:
+                raise CheckFailed(EX_DEBUG, found.message)
+            raise CheckFailed(EX_DEBUG, f"for T={T} your logits differ from model(idx) by up to "
+                              f"{(got - want.double()).abs().max().item():.4g}")
+    passed(EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream")
+
+
+# checks whose planted mistakes have the exercise's own signature (tests/check_cases.planted)
+MISTAKES_BY_CHECK = {check_stream_std: STREAM_MISTAKES, check_forward_by_hand: FORWARD_MISTAKES}
