@@ -221,7 +221,7 @@ def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits)
     train_ids, val_ids = shakespeare_splits
     history = checks.tiny_run(train_ids, val_ids, steps=6)
     compact_val = checks._compact(train_ids, val_ids)[1]
-    kwargs = dict(max_tokens=256, block_size=32)
+    kwargs = {"max_tokens": 256, "block_size": 32}
     with pytest.raises(checks.CheckFailed, match="took 6 steps; the limit is 5"):
         checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=5, **kwargs)
     with pytest.raises(checks.CheckFailed, match="held 256 tokens a step; the limit is 128"):

@@ -627,7 +627,7 @@ def _run_cells(cells, namespace):
     for src, tags in cells:
         if "check" in tags or "challenge" in tags:
             continue  # an unfinished exercise's check raises: a learner skips it too
-        exec(compile(src, "<chapter 7 cell>", "exec"), namespace)
+        exec(compile(src, "<chapter 7 cell>", "exec"), namespace)  # noqa: S102 (the notebook's own code)
 
 
 def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve(

@@ -582,8 +582,8 @@ def check_uniform_loss(fn):
         value = _as_float(EX_UNIFORM, call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
         if math.isclose(value, math.log(vocab_size), rel_tol=1e-6):
             continue
-        mistake = first_mistake(UNIFORM_MISTAKES, lambda m, v=vocab_size: math.isclose(
-            value, m.fn(v), rel_tol=1e-6))
+        mistake = first_mistake(UNIFORM_MISTAKES, lambda m, v=vocab_size, got=value: math.isclose(
+            got, m.fn(v), rel_tol=1e-6))
         if mistake is not None:
             raise CheckFailed(EX_UNIFORM, mistake.message)
         raise CheckFailed(EX_UNIFORM, f"with {vocab_size} equally likely tokens your loss is "
@@ -640,8 +640,9 @@ def check_unigram_loss(fn):
             continue
         if not math.isfinite(value):
             raise CheckFailed(EX_UNIGRAM, named(UNIGRAM_MISTAKES, "no_smoothing").message)
-        mistake = first_mistake(UNIGRAM_MISTAKES, lambda m, a=(train_ids, val_ids, vocab_size, smoothing):
-                                math.isclose(value, m.fn(*a), rel_tol=1e-6))
+        args = (train_ids, val_ids, vocab_size, smoothing)
+        mistake = first_mistake(UNIGRAM_MISTAKES, lambda m, a=args, got=value:
+                                math.isclose(got, m.fn(*a), rel_tol=1e-6))
         if mistake is not None:
             raise CheckFailed(EX_UNIGRAM, mistake.message)
         raise CheckFailed(EX_UNIGRAM, f"with vocab_size={vocab_size} and smoothing={smoothing} your "
