@@ -1,10 +1,11 @@
 """Argument checks for chapter 7's entry points: `train`, `get_batch`, `lm_loss`,
 `lr_schedule`, `sample` and `ngram_baselines`.
 
-Written by hand (not generated from a notebook). The chapter's code stays the plain lesson and
-makes one call here before it changes anything; every setting is checked up front, so that a
-bad value is a clear error before the first step, never a run that trains nothing, climbs the
-loss, or fails after a hundred steps.
+Written by hand (not generated from a notebook). The chapter's cells are the plain lesson;
+its last export cell wraps the public names with `guarded(check)` and `guarded_train`, so
+that every setting is checked up front: a bad value is a clear error before the first step,
+never a run that trains nothing, climbs the loss, or fails after a hundred steps. The
+wrapped functions keep the lesson's own under `.unchecked`.
 """
 
 from __future__ import annotations
