@@ -1,21 +1,28 @@
-"""Argument checks for chapter 7's entry points: `train` and `ngram_baselines`.
+"""Argument checks for chapter 7's entry points: `train`, `get_batch`, `lm_loss`,
+`lr_schedule`, `sample` and `ngram_baselines`.
 
-Written by hand (not generated from a notebook). The chapter's code stays the plain lesson and
-makes one call here before it changes anything; every setting is checked up front, so that a
-bad value is a clear error before the first step, never a run that trains nothing, climbs the
-loss, or fails after a hundred steps.
+Written by hand (not generated from a notebook). The chapter's cells are the plain lesson;
+its last export cell wraps the public names with `guarded(check)` and `guarded_train`, so
+that every setting is checked up front: a bad value is a clear error before the first step,
+never a run that trains nothing, climbs the loss, or fails after a hundred steps. The
+wrapped functions keep the lesson's own under `.unchecked`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
+import time
 
 import torch
 
 from gpt2lib.validation import token_range
 
-__all__ = ["check_ngram_arguments", "check_train_arguments"]
+__all__ = ["check_batch_arguments", "check_loss_arguments", "check_ngram_arguments",
+           "check_sample_arguments", "check_schedule_arguments", "check_train_arguments",
+           "guarded", "guarded_train"]
 
 
 def _whole(name, value, minimum, allow_none=False):
@@ -125,3 +132,166 @@ def check_ngram_arguments(train_ids, val_ids, vocab_size, smoothing, bigram_weig
           why=" (the count added to every token, so that an unseen one keeps some probability)")
     _real("bigram_weight", bigram_weight, low=0, low_inclusive=True, high=1,
           why=" (the bigram's share of the mix)")
+
+
+# --------------------------------------------------------------------------- the entry points
+# Chapter 7's cells are the plain lesson. Its last export cell wraps the public names with the
+# functions below, so that `gpt2lib.training.get_batch`, `lm_loss`, `lr_schedule`, `sample` and
+# `train` refuse bad input with a clear message before anything runs, while the chapter shows
+# (and the learner writes) only the lesson.
+
+
+def _shape(value):
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def check_loss_arguments(logits, targets) -> None:
+    """lm_loss(logits (B, T, V), targets (B, T))."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise ValueError(f"logits must be a tensor of shape (B, T, V), got {_shape(logits)}")
+    if not isinstance(targets, torch.Tensor) or tuple(targets.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"targets must have shape (B, T) = {tuple(logits.shape[:2])} to match logits of shape "
+            f"{tuple(logits.shape)}, got {_shape(targets)}; targets hold one next-token id per "
+            "position")
+    if targets.dtype != torch.long:
+        raise TypeError(f"targets must hold integer token ids (torch.long), got {targets.dtype}")
+
+
+def check_batch_arguments(ids, batch_size, block_size, generator=None, device=None) -> None:
+    """get_batch(ids (N,), batch_size, block_size, generator, device)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
+        raise ValueError("ids must be a 1-D tensor of token ids (the whole text, encoded); "
+                         "for a list use torch.tensor(ids)")
+    if ids.dtype not in (torch.long, torch.int32):
+        raise TypeError(f"ids must hold integer token ids (torch.long), got {ids.dtype}")
+    _whole("batch_size", batch_size, 1)
+    _whole("block_size", block_size, 1)
+    if len(ids) < block_size + 1:
+        raise ValueError(
+            f"ids hold {len(ids)} tokens, too few for one window: a window of block_size="
+            f"{block_size} needs block_size + 1 = {block_size + 1} tokens (inputs plus the next "
+            "token); use more text or a smaller block_size")
+
+
+def check_schedule_arguments(step, max_lr, warmup_steps, total_steps, min_lr) -> None:
+    """lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr)."""
+    _whole("step", step, 0)
+    _whole("warmup_steps", warmup_steps, 0)
+    _whole("total_steps", total_steps, 0)
+    if not 0 <= min_lr <= max_lr:
+        raise ValueError(f"need 0 <= min_lr <= max_lr, got min_lr={min_lr}, max_lr={max_lr}")
+
+
+def check_sample_arguments(model, idx, max_new_tokens, temperature=1.0, generator=None) -> None:
+    """sample(model, idx (B, T), max_new_tokens, temperature, generator)."""
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
+        raise ValueError("idx must be a (B, T) tensor of token ids; for one prompt use ids[None]")
+    _whole("max_new_tokens", max_new_tokens, 0)
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+
+
+def guarded(check):
+    """fn -> fn behind `check`, called first with the same arguments, defaults filled in."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)  # a wrong call fails as the function would
+            bound.apply_defaults()  # the check sees the defaults too
+            check(*bound.args, **bound.kwargs)
+            return fn(*args, **kwargs)
+
+        entry.unchecked = fn  # the lesson's own function, for whoever wants it plain
+        return entry
+
+    return wrap
+
+
+def guarded_train(lesson_train, history_cls):
+    """The public `train`: chapter 7's loop `lesson_train`, with every guarantee around it.
+
+    Before anything changes: every argument is checked (check_train_arguments). While it runs:
+    a loss that turns NaN or inf stops the run naming the step and the learning rate, and a
+    progress bar counts the steps. Stopped early (Ctrl-C, that NaN, or an error in on_eval),
+    the exception carries what was recorded as `.history`, and the model keeps the mode it
+    came in. `get_batch`, `train_step` and `lr_at` (None: the chapter's reference) plug in
+    the learner's own pieces.
+    """
+
+    @functools.wraps(lesson_train)
+    def train(model, train_ids, val_ids, steps, *, batch_size=8, block_size=None, max_lr=3e-3,
+              min_lr=None, warmup_steps=None, weight_decay=0.1, max_grad_norm=1.0,
+              eval_every=None, eval_batches=10, seed=0, device=None, on_eval=None,
+              progress=True, get_batch=None, train_step=None, lr_at=None):
+        check_train_arguments(
+            model, train_ids, val_ids, steps, batch_size=batch_size, block_size=block_size,
+            max_lr=max_lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm, eval_every=eval_every, eval_batches=eval_batches,
+            seed=seed, device=device, on_eval=on_eval, progress=progress)
+        for name, fn in (("get_batch", get_batch), ("train_step", train_step), ("lr_at", lr_at)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a function or None (the reference), got "
+                                f"{type(fn).__name__}")
+        pieces = {k: v for k, v in (("get_batch", get_batch), ("train_step", train_step),
+                                    ("lr_at", lr_at)) if v is not None}
+        step_fn = train_step or lesson_train.__kwdefaults__["train_step"]
+        if device is not None:
+            model.to(device)
+        history = history_cls()
+        bar = _progress_bar(steps) if progress else None
+        started = time.perf_counter()
+        was_training = model.training
+
+        def watched_step(model, optimizer, x, y, max_grad_norm):
+            loss = float(step_fn(model, optimizer, x, y, max_grad_norm))
+            step = len(history.step)
+            history.largest_batch = max(getattr(history, "largest_batch", 0), x.numel())
+            if not math.isfinite(loss):
+                lr = optimizer.param_groups[0]["lr"]
+                raise FloatingPointError(
+                    f"the training loss became {loss} at step {step} (learning rate {lr:.3g}); "
+                    f"training stopped. Lower the learning rate (max_lr={max_lr:g}, try "
+                    f"{max_lr / 3:.2g}) or keep gradient clipping on")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+            return loss
+
+        def timed_eval(history, model):
+            history.seconds = time.perf_counter() - started
+            if on_eval is not None:
+                on_eval(history, model)
+
+        try:
+            lesson_train(model, train_ids, val_ids, steps, batch_size=batch_size,
+                         block_size=block_size, max_lr=max_lr, min_lr=min_lr,
+                         warmup_steps=warmup_steps, weight_decay=weight_decay,
+                         max_grad_norm=max_grad_norm, eval_every=eval_every,
+                         eval_batches=eval_batches, seed=seed, on_eval=timed_eval,
+                         history=history, **{**pieces, "train_step": watched_step})
+        except BaseException as stopped:
+            history.seconds = time.perf_counter() - started
+            stopped.history = history  # an interrupted run keeps what it recorded
+            model.train(was_training)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        history.seconds = time.perf_counter() - started
+        return history
+
+    train.unchecked = lesson_train
+    return train
+
+
+def _progress_bar(total):
+    """tqdm's bar (a widget in notebooks) if tqdm is installed, else None."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="training", unit="step")

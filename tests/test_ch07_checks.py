@@ -11,12 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt2lib import training
 from gpt2lib.course.checks import training as checks
-from gpt2lib.training import decay_groups, lr_schedule, sample
-
-
-def _targets_right(chunk):
-    return chunk[:, :-1], chunk[:, 1:]
+from gpt2lib.training import decay_groups, lr_schedule
 
 
 def _loss_right(logits, targets):
@@ -61,18 +58,51 @@ def _lr_numpy_style(step, max_lr, warmup_steps, total_steps, min_lr):
     return min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi * progress)) / 2
 
 
-def _sample_reference(model, idx, max_new_tokens, temperature=1.0, generator=None):
-    return sample(model, idx, max_new_tokens, temperature=temperature, generator=generator)
+def _uniform_from_probability(vocab_size):
+    return -math.log(1 / vocab_size)
+
+
+def _unigram_with_unique(train_ids, val_ids, vocab_size, smoothing=0.01):
+    """Another correct answer: counts from torch.unique, in float32."""
+    values, counts = torch.unique(train_ids, return_counts=True)
+    table = torch.full((vocab_size,), smoothing)
+    table[values] += counts.float()
+    return float(-(table / table.sum())[val_ids].log().mean())
+
+
+def _estimate_row_by_row(model, ids, batch_size, block_size, batches=10, seed=0):
+    """Another correct answer: its own batches, drawn one row at a time, under a context manager."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    with torch.no_grad():
+        for _ in range(batches):
+            starts = [int(torch.randint(len(ids) - block_size, (1,), generator=generator))
+                      for _ in range(batch_size)]
+            x = torch.stack([ids[s:s + block_size] for s in starts])
+            y = torch.stack([ids[s + 1:s + block_size + 1] for s in starts])
+            losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def _diagnosis_right():
+    return {"A": "targets not shifted", "B": "gradients cleared before the step",
+            "C": "warm-up never ends"}
 
 
 @pytest.mark.parametrize("check, answer", cases.right_answers({
-    checks.check_inputs_and_targets: [_targets_right],
-    checks.check_cross_entropy: [_loss_right, _loss_float64_einsum],
+    checks.check_cross_entropy: [_loss_right, _loss_float64_einsum, training.lm_loss],
+    checks.check_uniform_loss: [math.log, _uniform_from_probability],
+    checks.check_unigram_loss: [checks._unigram_right, _unigram_with_unique],
     checks.check_random_batch: [checks._batch_right, _batch_vectorised],
     checks.check_decay_groups: [decay_groups, _decay_by_name],
-    checks.check_training_step: [_step_right],
+    checks.check_training_step: [_step_right, training.training_step],
     checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
-    checks.check_sample_tokens: [_sample_reference],
+    checks.check_estimate_loss: [training.estimate_loss, _estimate_row_by_row],
+    checks.check_train_loop: [training.train_loop],
+    checks.check_diagnosis: [_diagnosis_right],
 }))
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
@@ -103,8 +133,19 @@ def _step_returning_a_wrong_loss(model, optimizer, x, y, max_grad_norm=1.0):
     return torch.tensor(0.0)  # a tensor is taken as a number: only its value is wrong
 
 
-def _sample_only_new_tokens(model, idx, n, temperature=1.0, generator=None):
-    return sample(model, idx, n, temperature, generator)[:, idx.shape[1]:]
+def _estimate_on_the_last_batch(model, ids, batch_size, block_size, batches=10, seed=0):
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(batches):
+            x, y = checks._batch_right(ids, batch_size, block_size, generator)
+            loss = float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
+    model.train()  # the check starts in train mode once, in eval mode once
+    return loss
+
+
+def _loop_that_records_nothing(model, train_ids, val_ids, steps, **kwargs):
+    return kwargs["history"]
 
 
 @pytest.mark.parametrize("check, answer, message", cases.numbered([
@@ -113,8 +154,79 @@ def _sample_only_new_tokens(model, idx, n, temperature=1.0, generator=None):
     (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
     (checks.check_decay_groups, _a_parameter_in_two_groups, "is in two groups"),
     (checks.check_training_step, _step_returning_a_wrong_loss, "returned loss"),
-    (checks.check_sample_tokens, _sample_only_new_tokens, "return the prompt AND the new tokens"),
+    (checks.check_estimate_loss, _estimate_on_the_last_batch, "but the mean loss of the batches it ran"),
+    (checks.check_train_loop, _loop_that_records_nothing, "10 steps recorded 0 batch losses"),
+    (checks.check_diagnosis, lambda: {"A": "targets not shifted"}, 'keys "A", "B" and "C"'),
+    (checks.check_diagnosis, lambda: dict.fromkeys("ABC", "a typo"), "is not one of the suspects"),
+    (checks.check_unigram_loss, lambda t, v, n, s=0.01: float(-torch.log(
+        (torch.bincount(t) + s) / (len(t) + s * n))[v].mean()), "minlength=vocab_size"),
+    (checks.check_uniform_loss, lambda v: math.log(50257), "with 2 equally likely tokens"),
     (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
 ]))
 def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
+
+
+# --------------------------------------------------------------------------- the runs the chapter makes
+
+
+@pytest.fixture(scope="module")
+def shakespeare_splits():
+    from gpt2lib.tokenizer import get_encoding, gpt2_data_dir
+
+    text = (gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    ids = torch.tensor(get_encoding().encode_ordinary(text))
+    return ids[:-5000], ids[-5000:]
+
+
+def test_the_rate_sweep_check_passes_fresh_runs_and_names_a_wrong_reading(shakespeare_splits):
+    train_ids, val_ids = shakespeare_splits
+    rates = (3e-4, 3e-3, 3e-1)
+    checks.check_rate_sweep(checks._sweep()(train_ids, val_ids, rates), train_ids, val_ids)
+    (mistake,) = checks.RATE_MISTAKES
+    cases.assert_named(lambda sweep: checks.check_rate_sweep(sweep, train_ids, val_ids),
+                       mistake.fn(train_ids, val_ids, rates), mistake.message)
+
+
+def test_the_broken_runs_show_their_symptoms(shakespeare_splits):
+    """What section 9's text says of the runs holds: A too good in training, B flat, C's rate."""
+    runs = checks.broken_runs(*shakespeare_splits)
+    healthy, a, b, c = runs["healthy"], runs["A"], runs["B"], runs["C"]
+    assert min(a.train_loss) < min(healthy.train_loss) - 1.5 and a.val_loss > healthy.val_loss + 2
+    assert max(b.train_loss) - min(b.train_loss) < 0.1  # the weights never moved
+    assert abs(b.train_loss[-1] - math.log(checks.TINY_VOCAB)) < 0.1
+    assert c.lr[-1] > 10 * max(healthy.lr) and c.val_loss > healthy.val_loss
+
+
+def test_yours_or_reference_falls_back_on_a_stub_and_says_so(capsys):
+    def get_batch(ids, batch_size, block_size, generator=None, device=None):
+        raise NotImplementedError("Exercise 7.3: random batches: replace this line with your code")
+
+    chosen = checks.yours_or_reference("7.3", get_batch)
+    assert chosen is training.get_batch.unchecked
+    assert "exercise 7.3 unfinished: using gpt2lib's reference get_batch" in capsys.readouterr().out
+
+
+def test_yours_or_reference_keeps_a_finished_piece_and_the_random_state(capsys):
+    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
+        return max_lr
+
+    before = torch.random.get_rng_state()
+    assert checks.yours_or_reference("7.6", lr_schedule) is lr_schedule
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert "exercise 7.6: using your lr_schedule" in capsys.readouterr().out
+
+
+def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits):
+    train_ids, val_ids = shakespeare_splits
+    history = checks.tiny_run(train_ids, val_ids, steps=6)
+    compact_val = checks._compact(train_ids, val_ids)[1]
+    kwargs = {"max_tokens": 256, "block_size": 32}
+    with pytest.raises(checks.CheckFailed, match="took 6 steps; the limit is 5"):
+        checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=5, **kwargs)
+    with pytest.raises(checks.CheckFailed, match="held 256 tokens a step; the limit is 128"):
+        checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=6,
+                               max_tokens=128, block_size=32)
+    with pytest.raises(checks.CheckFailed, match="above the goal 1.0000"):
+        checks.check_challenge(history.model, history, compact_val, goal=1.0, max_steps=6, **kwargs)
+    checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=6, **kwargs)

@@ -541,3 +541,126 @@ def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train
     assert history.step == list(range(10)) and len(history.train_loss) == 10
     assert history.eval_step == [5, 10] and history.seconds > 0
     assert model.training == start_in_train_mode
+
+
+# --------------------------------------------------------------------------- issue 21: the learner's pieces drive train
+
+
+def test_train_runs_the_pieces_it_is_given():
+    ids = repeating_ids()
+    calls = {"batch": 0, "step": 0}
+
+    def counting_batch(ids, batch_size, block_size, generator=None, device=None):
+        calls["batch"] += 1
+        return get_batch.unchecked(ids, batch_size, block_size, generator, device)
+
+    def step_that_never_updates(model, optimizer, x, y, max_grad_norm=1.0):
+        calls["step"] += 1
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten()).detach()
+
+    model = small_model()
+    before = [p.clone() for p in model.parameters()]
+    history = train(model, ids[:500], ids[500:], 6, batch_size=2, block_size=8, eval_every=3,
+                    eval_batches=1, progress=False, get_batch=counting_batch,
+                    train_step=step_that_never_updates, lr_at=lambda step, *rest: 0.5 + step)
+    assert calls == {"batch": 6, "step": 6}
+    assert history.lr == [0.5 + s for s in range(6)]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert history.largest_batch == 16  # what the challenge check reads
+
+
+def test_the_public_names_wrap_the_lessons_plain_functions():
+    from gpt2lib import training
+
+    assert train.unchecked is training.train_loop
+    for entry in (get_batch, lm_loss, lr_schedule, sample, ngram_baselines):
+        assert callable(entry.unchecked) and entry.__name__ == entry.unchecked.__name__
+    x = torch.randn(2, 3, 5)
+    targets = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    assert torch.equal(lm_loss(x, targets), training.lm_loss.unchecked(x, targets))
+
+
+@pytest.mark.parametrize("bad", ["get_batch", "train_step", "lr_at"])
+def test_train_refuses_a_piece_that_is_not_a_function(bad):
+    ids = repeating_ids()
+    with pytest.raises(TypeError, match=f"{bad} must be a function or None"):
+        train(small_model(), ids[:500], ids[500:], 2, batch_size=2, block_size=8,
+              progress=False, **{bad: "mine"})
+
+
+def test_an_error_in_a_learners_piece_keeps_the_history_and_the_mode():
+    ids = repeating_ids()
+    model = small_model().eval()
+    done = []
+
+    def step_failing_at_the_third(model, optimizer, x, y, max_grad_norm=1.0):
+        if len(done) == 2:
+            raise RuntimeError("my bug")
+        done.append(1)
+        return torch.tensor(1.0)
+
+    with pytest.raises(RuntimeError, match="my bug") as info:
+        train(model, ids[:500], ids[500:], 5, batch_size=2, block_size=8, progress=False,
+              train_step=step_failing_at_the_third)
+    assert info.value.history.step == [0, 1] and not model.training
+
+
+# --------------------------------------------------------------------------- the learner's notebook
+
+
+_NEEDED = ("QUICK =", "from dataclasses", "def ", "train_ids, val_ids =", "yours_or_reference(",
+           "setting = dict", "history = train(model")
+
+
+def _learner_cells():
+    """The learner notebook's code cells up to the run, those the run needs (the setup, the
+    data, every definition, the choice of pieces, the setting): the rest only prints."""
+    nb = json.loads((ROOT / "notebooks" / "07_training.ipynb").read_text(encoding="utf-8"))
+    cells = [("".join(c["source"]), c.get("metadata", {}).get("tags", []))
+             for c in nb["cells"] if c["cell_type"] == "code"]
+    run = next(i for i, (src, _) in enumerate(cells) if "history = train(model" in src)
+    return [(src, tags) for src, tags in cells[:run + 1]
+            if any(marker in src for marker in _NEEDED)]
+
+
+def _run_cells(cells, namespace):
+    for src, tags in cells:
+        if "check" in tags or "challenge" in tags:
+            continue  # an unfinished exercise's check raises: a learner skips it too
+        exec(compile(src, "<chapter 7 cell>", "exec"), namespace)  # noqa: S102 (the notebook's own code)
+
+
+def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve(
+        capsys, monkeypatch):
+    """Issue 21: the curve comes from the learner's code. The learner notebook as shipped
+    (every exercise a stub) trains with the reference pieces and says so; with a training step
+    that forgets optimizer.step() planted in it, the same cells draw a flat curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setenv("GPT2LIB_QUICK", "1")
+    cells = _learner_cells()
+    namespace = {"__name__": "__chapter7__"}
+    _run_cells(cells, namespace)
+    out = capsys.readouterr().out
+    assert "exercise 7.5 unfinished: using gpt2lib's reference training_step" in out
+    assert "exercise 7.6 unfinished: using gpt2lib's reference lr_schedule" in out
+    reference = namespace["history"]
+    assert reference.train_loss[-1] < reference.train_loss[0] - 2  # the reference learns
+
+    planted = '''
+def training_step(model, optimizer, x, y, max_grad_norm=1.0):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    return loss.item()  # the planted bug: no optimizer.step()
+'''
+    exercise = next(i for i, (src, _) in enumerate(cells) if src.startswith("def decay_groups"))
+    start = next(i for i, (src, _) in enumerate(cells) if "yours_or_reference(" in src)
+    _run_cells([(cells[exercise][0] + planted, [])] + cells[start:], namespace)
+    assert "exercise 7.5: using your training_step" in capsys.readouterr().out
+    wrong = namespace["history"]
+    assert len(wrong.train_loss) == len(reference.train_loss)
+    assert max(wrong.train_loss) - min(wrong.train_loss) < 0.2  # flat: no weight ever moved
+    assert wrong.val_loss > reference.val_loss + 2
