@@ -41,7 +41,7 @@ __all__ = [
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "AdapterError", "PROMPT_TEMPLATE", "ReplyPair",
     "SpeakerData", "accuracy", "apply_lora", "classifier", "collate", "confusion_matrix",
     "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
-    "mean_response_loss", "merge_lora", "reply_dataset", "save_adapter", "speaker_batch",
+    "mean_response_loss", "merge_lora", "peft_logits", "reply_dataset", "save_adapter", "speaker_batch",
     "speaker_dataset", "speeches", "trainable_parameters",
 ]
 
@@ -580,3 +580,16 @@ def load_adapter(model, folder):
             layer.lora_B.weight.copy_(weights[name]["lora_B"].to(device, dtype))
             layer.to(device=device, dtype=dtype)
     return model
+
+
+def peft_logits(base_folder, adapter_folder, ids):
+    """The logits of transformers' GPT2LMHeadModel from `base_folder` with the adapter in
+    `adapter_folder` loaded by peft, for ids (B, T); None when peft or transformers is missing."""
+    try:
+        from peft import PeftModel
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    hf = GPT2LMHeadModel.from_pretrained(str(base_folder), dtype=torch.float32)
+    with torch.no_grad():
+        return PeftModel.from_pretrained(hf, str(adapter_folder)).eval()(ids).logits

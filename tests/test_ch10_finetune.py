@@ -223,6 +223,8 @@ REFERENCE = {
     checks.check_lora_linear: lambda: (LoRALinear,),
     checks.check_add_adapters: lambda: (add_adapters, LoRALinear),
     checks.check_merged_weight: lambda: (merged_weight, LoRALinear),
+    checks.check_training_memory: lambda: (checks.reference_training_memory_mib,),
+    checks.check_rank_sweep: lambda: ([(1, 0.0011, 0.33), (4, 0.0045, 0.39), (16, 0.0178, 0.41)],),
 }
 
 
@@ -299,3 +301,33 @@ def test_batch_check_names_left_padding():
 
     with pytest.raises(CheckFailed, match="your padding is on the left"):
         checks.check_speaker_batch(left)
+
+
+@pytest.mark.parametrize("mistake", checks.MEMORY_MISTAKES, ids=lambda m: m.name)
+def test_memory_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_training_memory(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("mistake", checks.RANK_MISTAKES, ids=lambda m: m.name)
+def test_rank_check_names_each_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_rank_sweep(mistake.fn((1, 4, 16)), (1, 4, 16))
+    assert mistake.message in str(info.value)
+
+
+def test_the_rank_check_tries_the_ranks_it_is_given():
+    checks.check_rank_sweep([(2, 0.001, 0.2), (8, 0.004, 0.3)], (2, 8))
+    with pytest.raises(CheckFailed, match=r"measure RANKS = \[1, 4, 16\]"):
+        checks.check_rank_sweep([(1, 0.001, 0.2), (2, 0.002, 0.3), (16, 0.01, 0.4)])
+
+
+def test_learner_or_reference_falls_back_on_an_unfinished_exercise(capsys):
+    def stub(*args):
+        raise NotImplementedError("Exercise 10.9: replace this line with your code")
+
+    assert checks.learner_or_reference(stub, len, "Exercise 10.9", 10, 1) is len
+    assert "Exercise 10.9 is not done yet" in capsys.readouterr().out
+    mine = checks.reference_training_memory_mib
+    assert checks.learner_or_reference(mine, len, "Exercise 10.9", 10, 1) is mine

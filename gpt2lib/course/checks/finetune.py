@@ -1,6 +1,6 @@
 """Checks for chapter 10's exercises: pooling a classifier's input, the collate function with
-its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight and
-the adapter's parameter count.
+its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight, the
+adapter's parameter count, the memory of training, and the measurement of LoRA's rank.
 
 Each check runs the learner's answer on small random cases (more than one shape), compares it
 with the right answer and with the planted wrong answers below, and names the mistake.
@@ -33,6 +33,8 @@ EX_LORA = "Exercise 10.5 (LoRALinear)"
 EX_ADD = "Exercise 10.6 (add_adapters)"
 EX_MERGE = "Exercise 10.7 (merged_weight)"
 EX_COUNT = "Exercise 10.8 (lora_parameter_count)"
+EX_MEMORY = "Exercise 10.9 (training_memory_mib)"
+EX_RANK = "Exercise 10.10 (the effect of rank)"
 IGNORE = -100
 
 
@@ -440,6 +442,112 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
     passed(EX_COUNT, f"GPT-2 small, rank 8 on c_attn: {_count(GPT2Config(), 8, ('c_attn',)):,}")
 
 
+def reference_lora_parameter_count(config, rank, targets):
+    """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block."""
+    return _count(config, rank, targets)
+
+
+# --------------------------------------------------------------------------- 10.9 memory
+
+
+def _memory(n_params, n_trained, bytes_per_number=4):
+    return (n_params + 3 * n_trained) * bytes_per_number / 2**20
+
+
+def reference_training_memory_mib(n_params, n_trained, bytes_per_number=4):
+    """MiB for the weights, and a gradient and two AdamW moments per trained parameter."""
+    return _memory(n_params, n_trained, bytes_per_number)
+
+
+MEMORY_MISTAKES = [
+    Mistake("no weights", "you count the gradient and the moments but not the weights "
+            "themselves: every parameter, trained or frozen, is held in memory",
+            lambda n, t, b: 3 * t * b / 2**20),
+    Mistake("one moment", "AdamW keeps two moments per trained parameter (the mean of the "
+            "gradient and of its square), plus the gradient: three numbers, not two",
+            lambda n, t, b: (n + 2 * t) * b / 2**20),
+    Mistake("frozen ones too", "the frozen parameters get no gradient and no moments; only "
+            "the trained ones carry three more numbers", lambda n, t, b: 4 * n * b / 2**20),
+    Mistake("bytes", "your answer is in bytes; divide by 2**20 for MiB",
+            lambda n, t, b: (n + 3 * t) * b),
+    Mistake("megabytes", "you divided by 10**6 (megabytes); a MiB is 2**20 bytes",
+            lambda n, t, b: (n + 3 * t) * b / 1e6),
+    Mistake("four bytes always", "you ignore bytes_per_number: 2 for bfloat16, 4 for float32",
+            lambda n, t, b: (n + 3 * t) * 4 / 2**20),
+]
+
+
+def check_training_memory(training_memory_mib) -> None:
+    """`training_memory_mib(n_params, n_trained, bytes_per_number=4)` -> MiB while training."""
+    cases = [(124_439_808, 294_912, 4), (124_439_808, 124_439_808, 4), (7_000_000, 60_000, 2),
+             (1_000, 0, 4)]
+    for n, t, b in cases:
+        got = call_learner(EX_MEMORY, training_memory_mib, n, t, b)
+        want = _memory(n, t, b)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * max(1.0, want):
+            _fail_with(EX_MEMORY, MEMORY_MISTAKES,
+                       lambda m: isinstance(got, (int, float)) and abs(got - m.fn(n, t, b)) <= 1e-6 * max(1.0, want),
+                       f"{n:,} parameters, {t:,} of them trained, {b} bytes each: "
+                       f"{want:.4f} MiB; you said {got!r}")
+    full, lora = _memory(124_439_808, 124_439_808), _memory(124_439_808, 294_912)
+    passed(EX_MEMORY, f"GPT-2 small in float32: {full:,.0f} MiB fully trained, "
+           f"{lora:,.0f} MiB with LoRA rank 8 on c_attn")
+
+
+def learner_or_reference(fn, reference, exercise, *example):
+    """The learner's function if it runs on `example`, else the reference, with a note."""
+    try:
+        fn(*example)
+        return fn
+    except NotImplementedError:
+        print(f"note: {exercise} is not done yet; the cells below use the reference answer")
+        return reference
+
+
+# --------------------------------------------------------------------------- 10.10 rank
+
+
+def _rank_right(ranks):
+    return [(r, 0.001 * r, 0.3 + 0.01 * r) for r in ranks]
+
+
+RANK_MISTAKES = [
+    Mistake("drop sign", "your loss drops are negative: the drop is the loss before tuning "
+            "minus the loss after (or training raised the loss; look at its printout)",
+            lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)]),
+    Mistake("count not share", "the second entry should be the share of the parameters trained "
+            "(trained / total), not a count", lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)]),
+    Mistake("one rank", "measure every rank in RANKS, one result each, in that order",
+            lambda ranks: _rank_right(ranks)[:1]),
+    Mistake("same adapter", "the share trained is the same at every rank: build a fresh copy of "
+            "the base model with apply_lora(..., rank=rank) for each rank",
+            lambda ranks: [(r, 0.001, d) for r, _, d in _rank_right(ranks)]),
+]
+
+
+def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
+    """`results`: one (rank, share of parameters trained, response-loss drop) per rank."""
+    ranks = tuple(ranks)
+    rows = list(results) if isinstance(results, (list, tuple)) else None
+    if rows is None or len(rows) != len(ranks) or any(
+            not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows):
+        _fail_with(EX_RANK, RANK_MISTAKES, lambda m: False,
+                   "measure every rank in RANKS, one result each, in that order: "
+                   f"{len(ranks)} tuples (rank, share, drop); got {results!r}")
+    if tuple(r for r, _, _ in rows) != ranks:
+        raise CheckFailed(EX_RANK, f"the ranks measured are {[r for r, _, _ in rows]}; "
+                          f"measure RANKS = {list(ranks)}, in that order")
+    shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
+    if any(not 0 < s < 1 for s in shares):
+        raise CheckFailed(EX_RANK, RANK_MISTAKES[1].message)
+    if any(b <= a for a, b in zip(shares, shares[1:])):
+        raise CheckFailed(EX_RANK, RANK_MISTAKES[3].message)
+    if any(d != d for d in drops) or any(d <= 0 for d in drops):
+        raise CheckFailed(EX_RANK, RANK_MISTAKES[0].message)
+    passed(EX_RANK, f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
+           f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop")
+
+
 MISTAKES_BY_CHECK = {
     check_pool_mean: POOL_MISTAKES,
     check_collate: COLLATE_MISTAKES,
@@ -448,6 +556,8 @@ MISTAKES_BY_CHECK = {
     check_lora_linear: LORA_MISTAKES,
     check_merged_weight: MERGE_MISTAKES,
     check_lora_parameter_count: COUNT_MISTAKES,
+    check_training_memory: MEMORY_MISTAKES,
+    check_rank_sweep: RANK_MISTAKES,
 }
 
 
