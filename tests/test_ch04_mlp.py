@@ -139,6 +139,76 @@ def test_mlp_matches_hugging_face_and_an_erf_gelu_does_not():
 # --------------------------------------------------------------------------- Exercise 4.1
 
 
+def right_moved(f, x, position):
+    edited = x.clone()
+    edited[:, position] += 1.0
+    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
+
+
+def test_check_outputs_that_change_passes_correct_answers_in_any_style(capsys):
+    checks.check_outputs_that_change(right_moved)
+
+    def with_ne_and_any(f, x, position):  # a list result, another way to say "moved at all"
+        edited = torch.cat([x[:, :position], x[:, position:position + 1] + 1, x[:, position + 1:]], 1)
+        return (f(edited) != f(x)).any(dim=-1).tolist()
+
+    checks.check_outputs_that_change(with_ne_and_any)
+    assert capsys.readouterr().out.count("✅ Exercise 4.1") == 2
+
+
+def test_outputs_that_change_tells_the_mlp_from_attention():
+    from gpt2lib.attention import CausalSelfAttention
+
+    torch.manual_seed(0)
+    mlp = MLP(small_config()).eval()
+    attn = CausalSelfAttention(small_config()).eval()
+    x = torch.randn(2, 4, 8)
+    with torch.no_grad():
+        assert right_moved(mlp, x, 1).tolist() == [[False, True, False, False]] * 2
+        assert right_moved(attn, x, 1).tolist() == [[False, True, True, True]] * 2
+
+
+@pytest.mark.parametrize("mistake", checks.MOVED_MISTAKES, ids=lambda m: m.name)
+def test_check_outputs_that_change_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_outputs_that_change(mistake.fn)
+
+
+def test_check_outputs_that_change_explains_other_wrong_answers():
+    with pytest.raises(CheckFailed, match="expected"):
+        checks.check_outputs_that_change(lambda f, x, position: torch.zeros(x.shape[:2], dtype=torch.bool))
+    with pytest.raises(CheckFailed, match="shape"):
+        checks.check_outputs_that_change(lambda f, x, position: torch.ones(3))
+
+
+# --------------------------------------------------------------------------- Exercise 4.4
+
+
+def test_check_mlp_parameter_count_passes_and_matches_real_layers(capsys):
+    checks.check_mlp_parameter_count(lambda n_embd, expansion=4: 2 * expansion * n_embd**2 + (expansion + 1) * n_embd)
+    checks.check_mlp_parameter_count(lambda n_embd, expansion=4: sum(
+        p.numel() for layer in (Conv1D(n_embd, expansion * n_embd), Conv1D(expansion * n_embd, n_embd))
+        for p in layer.parameters()))
+    out = capsys.readouterr().out
+    assert out.count("✅ Exercise 4.4") == 2 and "4,722,432" in out
+
+
+@pytest.mark.parametrize("mistake", checks.COUNT_MISTAKES, ids=lambda m: m.name)
+def test_check_mlp_parameter_count_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_mlp_parameter_count(mistake.fn)
+
+
+def test_check_mlp_parameter_count_wants_a_whole_number():
+    with pytest.raises(CheckFailed, match="whole number"):
+        checks.check_mlp_parameter_count(lambda n_embd, expansion=4: "4,722,432")
+    with pytest.raises(CheckFailed, match="count the weight and the bias"):
+        checks.check_mlp_parameter_count(lambda n_embd, expansion=4: 7)
+
+
+# --------------------------------------------------------------------------- Exercise 4.2
+
+
 def right_merge(W1, b1, W2, b2):
     return W1 @ W2, b1 @ W2 + b2
 
@@ -148,7 +218,7 @@ def test_check_merge_passes_correct_answers_in_any_style(capsys):
     checks.check_merge_linear_layers(
         lambda W1, b1, W2, b2: (torch.einsum("ch,hd->cd", W1, W2).double(), torch.addmv(b2, W2.T, b1)))
     checks.check_merge_linear_layers(lambda W1, b1, W2, b2: [W1 @ W2, (b1[None] @ W2)[0] + b2])
-    assert capsys.readouterr().out.count("✅ Exercise 4.1") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 4.2") == 3
 
 
 def test_a_merge_is_really_one_layer():
@@ -176,7 +246,7 @@ def test_check_merge_explains_the_form_of_the_answer():
         checks.check_merge_linear_layers(lambda W1, W2: None)
 
 
-# --------------------------------------------------------------------------- Exercise 4.2
+# --------------------------------------------------------------------------- Exercise 4.3
 
 
 def right_fit(x, y, W1, b1, activation=lambda h: F.gelu(h, approximate="tanh"), driver=None):
@@ -193,7 +263,7 @@ def test_check_fit_passes_correct_answers_in_any_style(capsys):
         return F.mse_loss(hidden @ torch.linalg.pinv(hidden) @ y, y)
 
     checks.check_best_fit_error(with_pinv)
-    assert capsys.readouterr().out.count("✅ Exercise 4.2") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 4.3") == 2
 
 
 @pytest.mark.parametrize("mistake", checks.FIT_MISTAKES, ids=lambda m: m.name)
@@ -229,7 +299,7 @@ def test_a_wider_hidden_layer_fits_better_only_with_an_activation():
     assert linear[0] == pytest.approx(linear[2], rel=1e-6)
 
 
-# --------------------------------------------------------------------------- Exercise 4.3: gelu_tanh
+# --------------------------------------------------------------------------- Exercise 4.5: gelu_tanh
 
 
 def test_check_gelu_tanh_passes_the_reference_and_other_correct_answers(capsys):
@@ -239,7 +309,7 @@ def test_check_gelu_tanh_passes_the_reference_and_other_correct_answers(capsys):
         lambda x: x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))
     )
     checks.check_gelu_tanh(lambda x: nn.GELU(approximate="tanh")(x))
-    assert capsys.readouterr().out.count("✅ Exercise 4.3 (gelu_tanh) passed") == 4
+    assert capsys.readouterr().out.count("✅ Exercise 4.5 (gelu_tanh) passed") == 4
 
 
 @pytest.mark.parametrize("mistake", checks.GELU_MISTAKES, ids=lambda m: m.name)
@@ -273,7 +343,7 @@ def test_check_gelu_tanh_catches_in_place_changes_shapes_types_and_stubs():
         checks.check_gelu_tanh(lambda x: gelu_tanh(x) / (x != 0))
 
     def stub(x):
-        raise NotImplementedError("Exercise 4.3: replace this line with your code")
+        raise NotImplementedError("Exercise 4.5: replace this line with your code")
 
     with pytest.raises(CheckFailed, match="not done yet"):
         checks.check_gelu_tanh(stub)
@@ -289,7 +359,7 @@ def test_check_gelu_tanh_explains_math_functions_on_tensors():
         checks.check_gelu_tanh(with_math_tanh)
 
 
-# --------------------------------------------------------------------------- Exercise 4.4: MLP
+# --------------------------------------------------------------------------- Exercise 4.6: MLP
 
 
 class GoodMLP(nn.Module):
@@ -351,7 +421,7 @@ def test_check_mlp_passes_the_reference_and_other_correct_answers(capsys):
     checks.check_mlp(planted(layer=SubclassedConv1D))
     checks.check_mlp(LinearMLP)
     out = capsys.readouterr().out
-    assert out.count("✅ Exercise 4.4 (MLP) passed") == 5
+    assert out.count("✅ Exercise 4.6 (MLP) passed") == 5
     assert "nn.Linear, which store weights [out, in]" in out  # the note for LinearMLP
 
 
@@ -401,7 +471,7 @@ def test_check_mlp_explains_stubs_names_signatures_and_non_modules():
     class Stub(nn.Module):
         def __init__(self, config):
             super().__init__()
-            raise NotImplementedError("Exercise 4.3: replace this line with your code")
+            raise NotImplementedError("Exercise 4.5: replace this line with your code")
 
     with pytest.raises(CheckFailed, match="not done yet"):
         checks.check_mlp(Stub)
@@ -464,7 +534,7 @@ def test_check_gelu_erf_passes_right_answers_and_names_in_place_and_dtype(capsys
 
     checks.check_gelu_erf(gelu_erf)
     checks.check_gelu_erf(lambda x: F.gelu(x))
-    assert capsys.readouterr().out.count("✅ Exercise 4.3 (gelu_erf)") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 4.5 (gelu_erf)") == 2
 
     def in_place(x):
         return x.mul_(0.5 * (1 + torch.erf(x / math.sqrt(2))))

@@ -399,6 +399,36 @@ def test_check_block_names_a_forward_that_forces_eval_mode_or_has_the_wrong_sign
         checks.check_block(NeedsMask)
 
 
+# --------------------------------------------------------------------------- check_no_residual_block
+
+
+class NoResidual(Block):
+    def forward(self, x, kv_cache=None):
+        x = self.attn(self.ln_1(x))
+        return self.mlp(self.ln_2(x))
+
+
+def test_check_no_residual_passes_correct_answers(capsys):
+    class InOneLine(Block):
+        def forward(self, x, kv_cache=None):
+            return self.mlp(self.ln_2(self.attn(self.ln_1(x))))
+
+    checks.check_no_residual_block(NoResidual)
+    checks.check_no_residual_block(InOneLine)
+    assert capsys.readouterr().out.count("✅ Exercise 5.2 (NoResidualBlock) passed") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.NO_RESIDUAL_MISTAKES, ids=lambda m: m.name)
+def test_check_no_residual_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed, match=re.escape(mistake.message)):
+        checks.check_no_residual_block(planted_block(mistake.fn))
+
+
+def test_check_no_residual_explains_other_wrong_outputs():
+    with pytest.raises(CheckFailed, match="is not the block without residuals"):
+        checks.check_no_residual_block(planted_block(lambda s, x: 2 * s.mlp(s.ln_2(s.attn(s.ln_1(x))))))
+
+
 # --------------------------------------------------------------------------- check_post_norm_block
 
 

@@ -651,7 +651,7 @@ def test_check_count_names_more_learner_mistakes(wrong, phrase):
 
 def test_check_count_accepts_the_learner_style_formula(capsys):
     checks.check_count_gpt2_parameters(_count)
-    assert "✅ Exercise 6.4" in capsys.readouterr().out
+    assert "✅ Exercise 6.5" in capsys.readouterr().out
 
 
 
@@ -690,7 +690,7 @@ def test_tied_readout_equals_the_product_with_the_transposed_table(B, T):
     torch.testing.assert_close(logits, x @ weight.T, rtol=1e-5, atol=1e-6)
 
 
-# --------------------------------------------------------------------------- Exercise 6.4 check
+# --------------------------------------------------------------------------- Exercise 6.5 check
 
 
 def right_memory(n_params, bytes_per_number=4):
@@ -703,7 +703,7 @@ def test_check_memory_passes_correct_answers(capsys):
     checks.check_training_memory(  # floats and extra keys are fine
         lambda n, bytes_per_number=4: {**{k: float(v) for k, v in right_memory(n, bytes_per_number).items()},
                                        "activations": None})
-    assert capsys.readouterr().out.count("✅ Exercise 6.5") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 6.6") == 2
 
 
 @pytest.mark.parametrize("mistake", checks.MEMORY_MISTAKES, ids=lambda m: m.name)
@@ -784,7 +784,7 @@ def test_train_checks_the_ids_once_before_training(tiny):
     tiny.eval()
 
 
-# --------------------------------------------------------------------------- Exercise 6.5
+# --------------------------------------------------------------------------- Exercise 6.6
 
 
 def _planted_recording(mistake):
@@ -819,14 +819,14 @@ def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
         pass
 
     checks.check_recording_block(Right)
-    assert "✅ Exercise 6.7" in capsys.readouterr().out
+    assert "✅ Exercise 6.8" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="other logits"):
         checks.check_recording_block(Doubles)
     with pytest.raises(CheckFailed, match="should be a number"):
         checks.check_recording_block(NoRms)
 
 
-# --------------------------------------------------------------------------- Exercises 6.2 and 6.6
+# --------------------------------------------------------------------------- Exercises 6.2 and 6.7
 
 
 def stream_std_reference(model, ids):
@@ -862,7 +862,7 @@ def test_stream_and_forward_checks_accept_right_answers(capsys):
     checks.check_forward_by_hand(forward_reference)
     checks.check_forward_by_hand(lambda model, idx: model(idx))
     out = capsys.readouterr().out
-    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.6") == 2
+    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.7") == 2
 
 
 @pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
@@ -892,3 +892,40 @@ def test_forward_check_names_a_position_past_the_table_and_a_wrong_return():
         checks.check_forward_by_hand(lambda model, idx: None)
     with pytest.raises(CheckFailed, match="return a list of numbers"):
         checks.check_stream_std(lambda model, ids: None)
+
+
+# --------------------------------------------------------------------------- Exercise 6.4
+
+
+def shares_by_name(model):  # another way: sort the named parameters by their names
+    total = sum(p.numel() for p in model.parameters())
+    shares = dict.fromkeys(checks.SHARE_KEYS, 0.0)
+    for name, p in model.named_parameters():
+        part = ("LayerNorms" if ".ln_" in name or name.startswith("ln_f") else
+                "attention" if ".attn." in name else "MLP" if ".mlp." in name else name.split(".")[0])
+        shares[part] += p.numel() / total
+    return shares
+
+
+def test_check_parameter_shares_accepts_right_answers(capsys):
+    checks.check_parameter_shares(shares_by_name)
+    assert "✅ Exercise 6.4" in capsys.readouterr().out
+
+
+def test_parameter_shares_of_gpt2_small():
+    with torch.device("meta"):
+        model = GPT2(GPT2Config())
+    shares = shares_by_name(model)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["wte"] == pytest.approx(38_597_376 / 124_439_808)
+    assert shares["MLP"] == pytest.approx(2 * shares["attention"], rel=1e-3)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (lambda model: [0.3, 0.0, 0.2, 0.5, 0.0], "return a dict with the keys"),
+    (lambda model: {**shares_by_name(model), "MLP": torch.tensor(0.5)}, "should be Python numbers"),
+    (lambda model: {**shares_by_name(model), "wpe": 0.0}, "wpe should be"),
+])
+def test_check_parameter_shares_explains_other_wrong_answers(answer, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        checks.check_parameter_shares(answer)

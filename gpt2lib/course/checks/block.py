@@ -31,6 +31,7 @@ EX_LN = "Exercise 5.1 (layer_norm)"
 EX_LN_MODULE = "Exercise 5.1 (LayerNorm)"
 EX_BLOCK = "Exercise 5.2 (Block)"
 EX_POST = "Exercise 5.2 (PostNormBlock)"
+EX_NO_RESIDUAL = "Exercise 5.2 (NoResidualBlock)"
 EX_STREAM = "Exercise 5.4 (follow_stream)"
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
@@ -443,6 +444,41 @@ def check_post_norm_block(PostNormBlock) -> None:
                         "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))")
     _check_train_mode(EX_POST, PostNormBlock)
     passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
+
+
+
+def _no_residual(b, x):
+    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
+
+
+# fn(block, x) -> a wrong output of the block without residual connections
+NO_RESIDUAL_MISTAKES = [
+    Mistake("residuals kept", "this is GPT-2's pre-norm block with both residual connections: "
+            "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
+            "then x = mlp(ln_2(x))", _pre_norm),
+    Mistake("attention residual kept", "the residual connection around attention is still there: "
+            "x = attn(ln_1(x)), not x + attn(ln_1(x))", lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x))))),
+    Mistake("MLP residual kept", "the residual connection around the MLP is still there: "
+            "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
+            lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x)))),
+    Mistake("MLP reads the input", "the MLP reads the block's input: without residuals the MLP "
+            "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
+            lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x))),
+    Mistake("no norms", "the LayerNorms are gone too: only the residual connections go, each "
+            "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+            lambda b, x: b.mlp(b.attn(x))),
+    Mistake("swapped norms", "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+            lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x))))),
+]
+
+
+def check_no_residual_block(NoResidualBlock) -> None:
+    """`NoResidualBlock(config)`: the pre-norm block without residuals, mlp(ln_2(attn(ln_1(x))))."""
+    block, x = _block_case(EX_NO_RESIDUAL, NoResidualBlock, _small_config())
+    _check_block_output(EX_NO_RESIDUAL, block, x, _no_residual, NO_RESIDUAL_MISTAKES,
+                        "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))")
+    _check_train_mode(EX_NO_RESIDUAL, NoResidualBlock)
+    passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
 # --------------------------------------------------------------------------- Exercise 5.3

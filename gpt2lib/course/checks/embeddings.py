@@ -315,7 +315,13 @@ def check_embedding_parameter_count(embedding_parameter_count) -> None:
             raise CheckFailed(EX_COUNT, found.message)
         raise CheckFailed(EX_COUNT, f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
                           f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables")
-    passed(EX_COUNT, "(vocab_size + n_positions) * n_embd, for every config tried")
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.embeddings import GPT2Embeddings
+
+    with torch.device("meta"):  # shapes only: no memory, no random numbers
+        counted = sum(p.numel() for p in GPT2Embeddings(GPT2Config()).parameters())
+    passed(EX_COUNT, f"(vocab_size + n_positions) * n_embd, for every config tried; for GPT-2 small "
+           f"{counted:,}, as many as gpt2lib's GPT2Embeddings holds")
 
 
 # --------------------------------------------------------------------------- Exercise 2.6

@@ -1,5 +1,6 @@
-"""Checks for chapter 4's exercises: two linear layers merged into one, what a wider hidden
-layer buys (a least-squares fit), and GPT-2's GELU and MLP module.
+"""Checks for chapter 4's exercises: which outputs a change of one token moves, two linear
+layers merged into one, what a wider hidden layer buys (a least-squares fit), the MLP's
+parameter count, and GPT-2's GELU and MLP module.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
 and with the planted wrong answers in the module-level `Mistake` lists below (the tests are
@@ -22,13 +23,16 @@ from gpt2lib.course.checks._core import (
     close,
     expect_tensor,
     first_mistake,
+    named,
     passed,
 )
 
-EX_MERGE = "Exercise 4.1 (merge_linear_layers)"
-EX_FIT = "Exercise 4.2 (best_fit_error)"
-EX_GELU = "Exercise 4.3 (gelu_tanh)"
-EX_MLP = "Exercise 4.4 (MLP)"
+EX_MOVED = "Exercise 4.1 (outputs_that_change)"
+EX_COUNT = "Exercise 4.4 (mlp_parameter_count)"
+EX_MERGE = "Exercise 4.2 (merge_linear_layers)"
+EX_FIT = "Exercise 4.3 (best_fit_error)"
+EX_GELU = "Exercise 4.5 (gelu_tanh)"
+EX_MLP = "Exercise 4.6 (MLP)"
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -43,6 +47,147 @@ def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
 
 
 # --------------------------------------------------------------------------- Exercise 4.1
+
+
+def _moved(f, x, position):
+    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools."""
+    edited = x.clone()
+    edited[:, position] += 1.0
+    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
+
+
+def _signed(f, x, position):
+    edited = x.clone()
+    edited[:, position] += 1.0
+    return (f(edited) - f(x)).sum(dim=-1) > 0
+
+
+def _in_place(f, x, position):
+    before = f(x)
+    x[:, position] += 1.0
+    return (f(x) - before).abs().sum(dim=-1) > 0
+
+
+def _first_sequence(f, x, position):
+    edited = x.clone()
+    edited[0, position] += 1.0
+    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
+
+
+def _feature(f, x, position):
+    edited = x.clone()
+    edited[..., position] += 1.0
+    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
+
+
+def _over_time(f, x, position):
+    edited = x.clone()
+    edited[:, position] += 1.0
+    return (f(edited) - f(x)).abs().sum(dim=1) > 0
+
+
+# fn(f, x, position) -> what that wrong answer returns
+MOVED_MISTAKES = [
+    Mistake("signed sum", "you test the SIGNED sum of the differences: an output that moved down "
+            "sums to less than 0 and is missed. Take the absolute value first, "
+            "(f(edited) - f(x)).abs().sum(dim=-1) > 0", _signed),
+    Mistake("in place", "you changed x itself: the caller's tensor must stay as it was. Edit a "
+            "copy, edited = x.clone()", _in_place),
+    Mistake("first sequence", "you changed the token in the first sequence only: change it in "
+            "every sequence of the batch, edited[:, position]", _first_sequence),
+    Mistake("feature", "you changed feature number `position` of every token (x[..., position]): "
+            "change the whole token at that position, x[:, position]", _feature),
+    Mistake("over time", "you added up over the positions (dim 1): add up over each output's "
+            "vector (the last dim), one answer per (sequence, position)", _over_time),
+]
+
+
+def _moved_cases():
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    return [  # (name, f, what it depends on)
+        ("position by position", lambda x: torch.tanh(x @ W)),
+        ("a running sum over the tokens before", lambda x: torch.tanh(x.cumsum(dim=1) @ W)),
+        ("the token before only", lambda x: torch.roll(x, 1, dims=1) @ W),
+    ]
+
+
+def check_outputs_that_change(outputs_that_change) -> None:
+    """`outputs_that_change(f, x, position)` -> (B, T) bools: which outputs of f move when the
+    token at `position` changes, in every sequence; x is left unchanged."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)  # (B, T, C)
+    for name, f in _moved_cases():
+        for position in (0, 2):
+            before = x.clone()
+            got = call_learner(EX_MOVED, outputs_that_change, f, x, position)
+            if not torch.equal(x, before):
+                raise CheckFailed(EX_MOVED, named(MOVED_MISTAKES, "in place").message)
+            want = _moved(f, x, position)
+            try:
+                got = torch.as_tensor(got)
+            except (TypeError, ValueError, RuntimeError):
+                raise CheckFailed(EX_MOVED, f"return a (B, T) tensor of booleans, got {type(got).__name__}")
+            if tuple(got.shape) != tuple(want.shape):
+                shaped = first_mistake(MOVED_MISTAKES, lambda m: tuple(
+                    m.fn(f, x.clone(), position).shape) == tuple(got.shape))
+                raise CheckFailed(EX_MOVED, shaped.message if shaped else
+                                  f"return one answer per (sequence, position), shape "
+                                  f"{tuple(want.shape)}; got {tuple(got.shape)}")
+            if torch.equal(got.bool(), want):
+                continue
+            mistake = first_mistake(MOVED_MISTAKES, lambda m: torch.equal(
+                got.bool(), m.fn(f, x.clone(), position)))
+            raise CheckFailed(EX_MOVED, mistake.message if mistake else
+                              f"for f = {name}, changing token {position}: expected "
+                              f"{want.tolist()}, got {got.bool().tolist()}")
+    passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
+
+
+# --------------------------------------------------------------------------- Exercise 4.4
+
+
+def _count(C, k, fc_bias=True, proj_bias=True, layers=2):
+    H = k * C
+    return layers * C * H + fc_bias * H + proj_bias * C
+
+
+# fn(n_embd, expansion) -> the count a wrong formula gives
+COUNT_MISTAKES = [
+    Mistake("no biases", "your count has the weights only: each of c_fc and c_proj also has a "
+            "bias, one number per output (4·C and C)",
+            lambda C, k=4: _count(C, k, fc_bias=False, proj_bias=False)),
+    Mistake("no c_proj bias", "c_proj's bias is missing: it adds one number per output, C",
+            lambda C, k=4: _count(C, k, proj_bias=False)),
+    Mistake("no c_fc bias", "c_fc's bias is missing: it adds one number per hidden unit, "
+            "expansion · C", lambda C, k=4: _count(C, k, fc_bias=False)),
+    Mistake("one layer", "you counted one weight matrix: c_fc (C x 4C) and c_proj (4C x C) "
+            "have one each", lambda C, k=4: _count(C, k, layers=1)),
+    Mistake("expansion fixed", "your count ignores `expansion`: the hidden width is "
+            "expansion · n_embd, not always 4 · n_embd", lambda C, k=4: _count(C, 4)),
+]
+
+
+def check_mlp_parameter_count(mlp_parameter_count) -> None:
+    """`mlp_parameter_count(n_embd, expansion=4)`: the MLP's weights and biases, as an int."""
+    for C, k in ((768, 4), (10, 4), (6, 2), (5, 3)):
+        got = call_learner(EX_COUNT, mlp_parameter_count, C, k)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, numbers.Number) or got != int(got):
+            raise CheckFailed(EX_COUNT, f"return a whole number, got {got!r}")
+        if got == _count(C, k):
+            continue
+        mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C, k) == got)
+        raise CheckFailed(EX_COUNT, mistake.message if mistake else
+                          f"for n_embd = {C}, expansion = {k} you count {got:,}; count the "
+                          "weight and the bias of c_fc and of c_proj")
+    real = sum(p.numel() for layer in (nn.Linear(768, 3072), nn.Linear(3072, 768)) for p in layer.parameters())
+    passed(EX_COUNT, f"{_count(768, 4):,} at GPT-2 small's size (n_embd = 768), "
+           f"the same as two real layers hold ({real:,})")
+
+
+# --------------------------------------------------------------------------- Exercise 4.2
 
 # fn(W1, b1, W2, b2) -> (W, b), a wrong merge
 MERGE_MISTAKES = [
@@ -88,7 +233,7 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
     passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
 
 
-# --------------------------------------------------------------------------- Exercise 4.2
+# --------------------------------------------------------------------------- Exercise 4.3
 
 
 def _gelu(h):
@@ -160,7 +305,7 @@ def check_best_fit_error(best_fit_error) -> None:
     passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
 
-# --------------------------------------------------------------------------- Exercise 4.3: GELU
+# --------------------------------------------------------------------------- Exercise 4.5: GELU
 
 # fn(x) -> a wrong activation
 GELU_MISTAKES = [
@@ -248,14 +393,14 @@ def check_gelu_tanh(gelu_tanh) -> None:
     passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
-# --------------------------------------------------------------------------- Exercise 4.3: MLP
+# --------------------------------------------------------------------------- Exercise 4.6: MLP
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
 MLP_MISTAKES = [
     Mistake("activation after c_proj", "the activation comes after c_proj: it belongs BETWEEN the "
             "layers, c_proj(gelu(c_fc(x)))", lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x)))),
     Mistake("no activation", "there is no activation between c_fc and c_proj, so the two linear "
-            "layers collapse into one (Exercise 4.1): apply GELU to c_fc's output",
+            "layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
             lambda m, x: m.c_proj(m.c_fc(x))),
     Mistake("activation twice", "GELU is applied twice (also after c_proj): apply it only between "
             "the layers", lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x))))),
@@ -423,9 +568,9 @@ def check_fit_challenge(W1, b1) -> float:
     return error
 
 
-# --------------------------------------------------------------------------- Exercise 4.3: gelu_erf
+# --------------------------------------------------------------------------- Exercise 4.5: gelu_erf
 
-EX_GELU_ERF = "Exercise 4.3 (gelu_erf)"
+EX_GELU_ERF = "Exercise 4.5 (gelu_erf)"
 
 # fn(x) -> what that wrong exact GELU gives
 GELU_ERF_MISTAKES = [

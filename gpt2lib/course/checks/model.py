@@ -1,5 +1,5 @@
-"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, its size,
-and the memory training needs.
+"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, where its
+parameters sit, its size, and the memory training needs.
 
 Each check runs the learner's code on small random cases, compares with the reference
 `gpt2lib.model.GPT2`, and names the usual mistake by comparing with the planted wrong answers
@@ -29,9 +29,10 @@ from gpt2lib.course.checks._core import (
 EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
 EX_STREAM = "Exercise 6.2 (stream_std)"
 EX_INIT = "Exercise 6.3 (GPT-2's initialisation)"
-EX_COUNT = "Exercise 6.4 (parameter count from the configuration)"
-EX_MEMORY = "Exercise 6.5 (training memory)"
-EX_DEBUG = "Exercise 6.6 (forward_by_hand)"
+EX_SHARES = "Exercise 6.4 (parameter_shares)"
+EX_COUNT = "Exercise 6.5 (parameter count from the configuration)"
+EX_MEMORY = "Exercise 6.6 (training memory)"
+EX_DEBUG = "Exercise 6.7 (forward_by_hand)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 
@@ -343,6 +344,80 @@ def check_init_gpt2_weights(init_fn) -> None:
 
 # --------------------------------------------------------------------------- Exercise 6.4
 
+SHARE_KEYS = ("wte", "wpe", "attention", "MLP", "LayerNorms")
+
+
+def _n(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _shares(model, *, ln_f=True, extra=0, blocks=None, attention=lambda b: _n(b.attn), scale=1.0,
+            raw=False):
+    """The right shares, or (with an argument changed) a wrong variant of them."""
+    blocks = list(model.h) if blocks is None else blocks
+    parts = {"wte": _n(model.wte), "wpe": _n(model.wpe),
+             "attention": sum(attention(b) for b in blocks), "MLP": sum(_n(b.mlp) for b in blocks),
+             "LayerNorms": sum(_n(b.ln_1) + _n(b.ln_2) for b in blocks) + ln_f * _n(model.ln_f)}
+    total = 1 if raw else _n(model) + extra
+    return {key: scale * n / total for key, n in parts.items()}
+
+
+# fn(model) -> the dict a wrong answer returns
+SHARES_MISTAKES = [
+    Mistake("no ln_f", "your LayerNorms leave out the final LayerNorm ln_f: count it with the "
+            "blocks' ln_1 and ln_2", lambda model: _shares(model, ln_f=False)),
+    Mistake("readout counted", "your total counts the readout as a layer of its own: it is wte "
+            "itself (tied), so the model's total is sum(p.numel() for p in model.parameters())",
+            lambda model: _shares(model, extra=_n(model.wte))),
+    Mistake("one block", "you counted attention, MLP and LayerNorms of the first block only: add "
+            "them up over all the blocks in model.h", lambda model: _shares(model, blocks=list(model.h)[:1])),
+    Mistake("c_attn only", "your attention counts c_attn only: its output projection c_proj "
+            "belongs to attention too (count the whole block.attn)",
+            lambda model: _shares(model, attention=lambda b: _n(b.attn.c_attn))),
+    Mistake("percent", "your shares are percentages: return fractions of the total (they add up "
+            "to 1, not 100)", lambda model: _shares(model, scale=100.0)),
+    Mistake("counts", "you return parameter counts: divide each by the model's total, so that the "
+            "shares add up to 1", lambda model: _shares(model, raw=True)),
+]
+
+
+def _same_shares(got, want) -> bool:
+    return all(math.isclose(float(got[k]), want[k], rel_tol=1e-9, abs_tol=1e-12) for k in want)
+
+
+def check_parameter_shares(parameter_shares) -> None:
+    """Exercise 6.4: `parameter_shares(model)` -> {part: share of the model's parameters}."""
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    configs = [_config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
+               _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=3, n_head=2)]
+    for config in configs + [GPT2Config()]:
+        with torch.device("meta"):  # shapes only: counting needs no values
+            model = GPT2(config)
+        got = call_learner(EX_SHARES, parameter_shares, model)
+        if not isinstance(got, dict) or set(got) != set(SHARE_KEYS):
+            keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+            raise CheckFailed(EX_SHARES, f"return a dict with the keys {', '.join(SHARE_KEYS)}; got {keys}")
+        bad = [k for k in SHARE_KEYS if isinstance(got[k], bool) or not isinstance(got[k], numbers.Real)]
+        if bad:
+            raise CheckFailed(EX_SHARES, f"the shares should be Python numbers (floats); {bad[0]!r} is "
+                              f"{type(got[bad[0]]).__name__}")
+        want = _shares(model)
+        if _same_shares(got, want):
+            continue
+        mistake = first_mistake(SHARES_MISTAKES, lambda m: _same_shares(got, m.fn(model)))
+        if mistake is not None:
+            raise CheckFailed(EX_SHARES, mistake.message)
+        wrong = [k for k in SHARE_KEYS if not math.isclose(float(got[k]), want[k], rel_tol=1e-9)]
+        raise CheckFailed(EX_SHARES, f"for n_embd={config.n_embd}, n_layer={config.n_layer}: "
+                          f"{', '.join(wrong)} should be {', '.join(f'{want[k]:.4f}' for k in wrong)}, "
+                          f"got {', '.join(f'{float(got[k]):.4f}' for k in wrong)}")
+    passed(EX_SHARES, "right for three sizes; the five parts add up to the whole model")
+
+
+# --------------------------------------------------------------------------- Exercise 6.5
+
 
 def _right_count(config):
     V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
@@ -403,7 +478,7 @@ def _meta_count(config_items) -> int:
 
 
 def check_count_gpt2_parameters(count_fn) -> None:
-    """Exercise 6.4: `count_fn(config)` returns the parameter count from the sizes alone."""
+    """Exercise 6.5: `count_fn(config)` returns the parameter count from the sizes alone."""
     from gpt2lib.config import GPT2Config
 
     configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES]
@@ -433,7 +508,7 @@ def check_count_gpt2_parameters(count_fn) -> None:
     passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
 
 
-# --------------------------------------------------------------------------- Exercise 6.5
+# --------------------------------------------------------------------------- Exercise 6.6
 
 
 def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
@@ -460,7 +535,7 @@ MEMORY_MISTAKES = [
 
 
 def check_training_memory(training_memory) -> None:
-    """Exercise 6.5: `training_memory(n_params, bytes_per_number=4)` -> dict of byte counts."""
+    """Exercise 6.6: `training_memory(n_params, bytes_per_number=4)` -> dict of byte counts."""
     keys = ("weights", "gradients", "optimizer", "total")
     for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
         got = call_learner(EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number)
@@ -534,9 +609,9 @@ def check_budget_config(config) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- Exercise 6.7
+# --------------------------------------------------------------------------- Exercise 6.8
 
-EX_RECORD = "Exercise 6.7 (RecordingBlock)"
+EX_RECORD = "Exercise 6.8 (RecordingBlock)"
 
 
 def _rms(x):
@@ -661,7 +736,7 @@ def check_stream_std(stream_std) -> None:
     passed(EX_STREAM, "the stream's std after the embeddings and after every block")
 
 
-# --------------------------------------------------------------------------- Exercise 6.6
+# --------------------------------------------------------------------------- Exercise 6.7
 
 DOUBLE_RESIDUAL = ("your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
                    "already returns x plus its update, so that doubles the stream at every block. "
@@ -717,4 +792,5 @@ def check_forward_by_hand(forward_by_hand) -> None:
 
 
 # checks whose planted mistakes have the exercise's own signature (tests/check_cases.planted)
-MISTAKES_BY_CHECK = {check_stream_std: STREAM_MISTAKES, check_forward_by_hand: FORWARD_MISTAKES}
+MISTAKES_BY_CHECK = {check_stream_std: STREAM_MISTAKES, check_forward_by_hand: FORWARD_MISTAKES,
+                     check_parameter_shares: SHARES_MISTAKES}
