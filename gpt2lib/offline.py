@@ -14,9 +14,9 @@ The order, first match wins:
    differ from GPT-2, and the one command that fetches the real weights.
 
 The stand-in writes Shakespeare-shaped text but has no induction head (a few minutes of Tiny
-Shakespeare do not reward copying), so chapter 8 looks for circuits in `data/circuits`, a
-2-layer GPT-2 trained to have them (tools/make_circuits.py), unless OpenAI's weights are in
-use.
+Shakespeare do not reward copying), so chapter 8 looks for circuits in `data/circuits`, a small
+GPT-2 trained to have them (tools/make_circuits.py), unless OpenAI's weights are in use; without
+data/circuits it looks in the model loaded, and says so.
 """
 
 from __future__ import annotations
@@ -99,17 +99,24 @@ def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
     if not (CIRCUITS / "model.safetensors").is_file():
         if verbose:
             print("no circuits model in this repository (data/circuits; tools/make_circuits.py "
-                  "makes one): looking for circuits in the model loaded above")
+                  "makes one): looking for circuits in the model loaded above, which was not "
+                  "trained to have them: expect no induction head")
         return folder
     if verbose:
+        import json
+
+        config = json.loads((CIRCUITS / "config.json").read_text(encoding="utf-8"))
+        sizes = (f"{config.get('n_layer')} layers of {config.get('n_head')} heads, width "
+                 f"{config.get('n_embd')}")
         print(
             "=" * 78 + "\n"
-            f"The model loaded above is not OpenAI's GPT-2, so this part uses the circuits model\n"
-            f"({CIRCUITS}): GPT-2's code and vocabulary, 2 layers of 8 heads, width 128, trained\n"
-            "on Tiny Shakespeare and on random segments of common Shakespeare tokens repeated\n"
-            "(tools/make_circuits.py), which is what makes induction heads form. Its heads are\n"
-            "cleaner and fewer than GPT-2's, and its text is worse than the stand-in's. With the\n"
-            "real weights this part analyses GPT-2 itself: python -m gpt2lib download gpt2\n"
+            "The model loaded above is not OpenAI's GPT-2, so this part uses the circuits model\n"
+            f"({CIRCUITS}): GPT-2's code and vocabulary, {sizes},\n"
+            "trained on repeated random segments of common Tiny Shakespeare tokens\n"
+            "(tools/make_circuits.py; its README.md and training_record.json say how), which\n"
+            "is what makes induction heads form. It is trained for this part, not to write text,\n"
+            "and its heads are fewer and cleaner than GPT-2's. With the real weights this part\n"
+            "analyses GPT-2 itself: python -m gpt2lib download gpt2\n"
             + "=" * 78
         )
     return CIRCUITS

@@ -3,6 +3,7 @@ induction scores), tested against transformers, and the checks of exercises 8.1-
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -513,3 +514,220 @@ def test_bad_tensor_or_scalar_heads_get_a_clear_error(model, idx, ablate, messag
     with pytest.raises(TypeError, match=message):
         run_with_cache(model, idx, ablate_heads=ablate)
     assert _no_hooks(model)
+
+
+# --------------------------------------------------------------------------- the new checks (#21)
+
+
+from check_cases import planted  # noqa: E402
+
+from gpt2lib import weights  # noqa: E402
+
+
+@pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
+def test_every_planted_mistake_is_named(check, mistake):
+    with pytest.raises(CheckFailed) as info:
+        check(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def _mapping_regex(tensors):
+    return {k.removeprefix("transformer."): v for k, v in tensors.items()
+            if not weights.is_mask_buffer(k) and k != "lm_head.weight"}
+
+
+def _scores_loop(pattern):
+    B, nh, T, _ = pattern.shape
+    return sum(pattern[:, :, q, q - 1].sum(0) for q in range(1, T)) / (B * (T - 1))
+
+
+def _copies_loop(logits, idx, seq_len):
+    losses = [[], []]
+    for b in range(idx.shape[0]):
+        for t in range(1, 2 * seq_len + 1):  # logits at t - 1 predict idx[t]
+            if t in (1, seq_len + 1):
+                continue  # the first token of each copy
+            loss = -logits[b, t - 1].log_softmax(-1)[idx[b, t]]
+            losses[t > seq_len].append(loss)
+    return tuple(torch.stack(part).mean().item() for part in losses)
+
+
+def test_the_new_checks_pass_right_answers(capsys):
+    checks.check_checkpoint_to_model(weights.checkpoint_to_model, weights.load_weights)
+    checks.check_checkpoint_to_model(_mapping_regex)
+    checks.check_run_with_cache(interpret.run_with_cache)
+    checks.check_previous_token_score(interpret.previous_token_score)
+    checks.check_previous_token_score(_scores_loop)
+    checks.check_induction_score(interpret.induction_score, interpret.repeated_tokens,
+                                 interpret.induction_scores)
+    checks.check_copy_losses(interpret.copy_losses)
+    checks.check_copy_losses(_copies_loop)
+    checks.check_ablation_effects(interpret.ablation_effects, interpret.mean_head_outputs)
+    assert capsys.readouterr().out.count("✅") == 9
+
+
+@pytest.mark.parametrize("check", [checks.check_checkpoint_to_model, checks.check_run_with_cache,
+                                   checks.check_previous_token_score, checks.check_copy_losses,
+                                   checks.check_ablation_effects])
+def test_new_unfinished_exercises_are_not_done_yet(check):
+    def stub(*args, **kwargs):  # the learner notebook's stub raises when the code runs
+        raise NotImplementedError("Exercise 8.x: replace this line with your code")
+
+    with pytest.raises(NotDoneYet):
+        check(stub)
+
+
+def _recorder(before=None, after=None):
+    """run_with_cache with its recording hooks replaced: a learner's wrong version."""
+    def run(model, idx, capture=interpret.DEFAULT_CAPTURE, ablate_heads=None):
+        cache = interpret.ActivationCache()
+        wanted = set((capture,) if isinstance(capture, str) else capture)
+        handles = []
+        for block in model.h:
+            handles.append(block.register_forward_pre_hook(lambda b, a: before(b, a, cache, wanted)))
+            handles.append(block.register_forward_hook(lambda b, a, o: after(b, a, o, cache, wanted)))
+            if "head_out" in wanted:
+                handles.append(block.attn.c_proj.register_forward_pre_hook(
+                    lambda m, a, n=block.attn.n_head: cache.head_out.append(
+                        a[0].detach().reshape(*a[0].shape[:2], n, -1).transpose(1, 2))))
+        try:
+            return model(idx), cache
+        finally:
+            for h in handles:
+                h.remove()
+    return run
+
+
+def _before_right(block, args, cache, wanted, *, norm=True, first_only=True, detach=True):
+    x = args[0]
+    if "resid" in wanted and (not cache.resid or not first_only):
+        cache.resid.append(x.detach() if detach else x)
+    if "attn" in wanted:
+        from gpt2lib.attention import attention_weights
+        w = attention_weights(block.attn, block.ln_1(x) if norm else x)
+        cache.attn.append(w.detach() if detach else w)
+
+
+def _after_right(block, args, out, cache, wanted, *, detach=True):
+    if "resid" in wanted:
+        cache.resid.append(out.detach() if detach else out)
+
+
+@pytest.mark.parametrize("before, after, message", [
+    (lambda b, a, c, w: _before_right(b, a, c, w, norm=False), _after_right, "block.ln_1(x)"),
+    (lambda b, a, c, w: _before_right(b, a, c, w, first_only=False), _after_right, "there twice"),
+    (lambda b, a, c, w: _before_right(b, a, c, w) if c.resid else None, _after_right, "embeddings"),
+    (lambda b, a, c, w: _before_right(b, a, c, w, detach=False),
+     lambda b, a, o, c, w: _after_right(b, a, o, c, w, detach=False), "autograd"),
+])
+def test_recording_mistakes_are_named(before, after, message):
+    with pytest.raises(CheckFailed, match=re.escape(message)):
+        checks.check_run_with_cache(_recorder(before, after))
+
+
+def test_recording_only_what_is_asked_for():
+    def everything(b, a, c, w):
+        _before_right(b, a, c, {"resid", "attn"})
+    with pytest.raises(CheckFailed, match="only when they are in `wanted`"):
+        checks.check_run_with_cache(_recorder(everything, _after_right))
+
+
+def _tokens_with(mutate):
+    def make(batch=4, seq_len=50, vocab_size=50257, seed=0, bos_token_id=None, tokens=None):
+        return mutate(interpret.repeated_tokens(batch, seq_len, vocab_size, seed, bos_token_id, tokens),
+                      seq_len, seed)
+    return make
+
+
+@pytest.mark.parametrize("make, message", [
+    (_tokens_with(lambda t, L, s: t[:, 1:]), "the start token is missing"),
+    (_tokens_with(lambda t, L, s: t[:, :L + 1]), "the second copy is missing"),
+    (_tokens_with(lambda t, L, s: torch.cat([t[:, :1] * 0, t[:, 1:]], 1)), "bos_token_id"),
+    (_tokens_with(lambda t, L, s: torch.cat([t[:, :L + 1], t[:, 1:L + 1].flip(1)], 1)), "repeat the first"),
+    (lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: interpret.repeated_tokens(
+        batch, seq_len, vocab_size, 0, bos_token_id, tokens), "another seed gives the same ids"),
+    (lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: interpret.repeated_tokens(
+        batch, seq_len, vocab_size, seed, bos_token_id, None), "draw the ids from `tokens`"),
+])
+def test_repeated_tokens_mistakes_are_named(make, message):
+    with pytest.raises(CheckFailed, match=re.escape(message)):
+        checks.check_induction_score(interpret.induction_score, make)
+
+
+def test_induction_scores_mistakes_are_named():
+    def last_layer_only(model, seq_len=50, batch=4, seed=0, previous=False, tokens=None):
+        return interpret.induction_scores(model, seq_len, batch, seed, previous, tokens)[-1]
+
+    def no_previous(model, seq_len=50, batch=4, seed=0, previous=False, tokens=None):
+        return interpret.induction_scores(model, seq_len, batch, seed, False, tokens)
+
+    with pytest.raises(CheckFailed, match="one row per layer"):
+        checks.check_induction_score(interpret.induction_score, None, last_layer_only)
+    with pytest.raises(CheckFailed, match="previous=True"):
+        checks.check_induction_score(interpret.induction_score, None, no_previous)
+
+
+def test_load_weights_mistakes_are_named():
+    def on_meta(path, config, device="cpu", dtype=torch.float32, model_cls=GPT2):
+        tensors = {n: t.to(dtype=dtype) for n, t in weights.iter_safetensors(path)}
+        with torch.device("meta"):
+            model = model_cls(config)
+        model.load_state_dict(weights.checkpoint_to_model(tensors), strict=True)  # no assign
+        return model.eval()
+
+    def train_mode(*args, **kwargs):
+        return weights.load_weights(*args, **kwargs).train()
+
+    def float32_always(path, config, device="cpu", dtype=torch.float32, model_cls=GPT2):
+        return weights.load_weights(path, config, device, torch.float32, model_cls)
+
+    for wrong, message in [(on_meta, "meta device"), (train_mode, "eval mode"), (float32_always, "dtype")]:
+        with pytest.raises(CheckFailed, match=message):
+            checks.check_checkpoint_to_model(weights.checkpoint_to_model, wrong)
+
+
+def test_mean_head_outputs_mistakes_are_named():
+    def over_heads(model, idx):
+        return [m.mean(0, keepdim=True).expand_as(m) for m in interpret.mean_head_outputs(model, idx)]
+
+    def flat(model, idx):
+        return [m.mean(-1) for m in interpret.mean_head_outputs(model, idx)]
+
+    with pytest.raises(CheckFailed, match="means differ"):
+        checks.check_ablation_effects(interpret.ablation_effects, over_heads)
+    with pytest.raises(CheckFailed, match="keep the head_dim channels"):
+        checks.check_ablation_effects(interpret.ablation_effects, flat)
+
+
+def test_ablation_effects_that_leave_a_hook_are_named(model):
+    def leaky(model, idx, seq_len, head_means=None):
+        model.h[0].attn.c_proj.register_forward_pre_hook(lambda m, a: None)
+        return interpret.ablation_effects(model, idx, seq_len, head_means)
+
+    with pytest.raises(CheckFailed, match="left hooks"):
+        checks.check_ablation_effects(leaky)
+
+
+def test_the_challenge_check_compares_with_the_best_head(model, monkeypatch):
+    idx = interpret.repeated_tokens(2, 5, SMALL["vocab_size"], seed=0)
+    effects = torch.zeros(SMALL["n_layer"], SMALL["n_head"])
+    effects[2, 1], effects[1, 3] = 1.0, 0.95
+    monkeypatch.setattr(checks, "_zero_effects", lambda *args: effects)
+    checks.check_copying_head(model, (2, 1), idx, 5)
+    checks.check_copying_head(model, (1, 3), idx, 5)  # 95% of the best: enough
+    with pytest.raises(CheckFailed, match="Keep looking"):
+        checks.check_copying_head(model, (0, 0), idx, 5)
+    with pytest.raises(NotDoneYet):
+        checks.check_copying_head(model, None, idx, 5)
+    for wrong in [(3, 0), (0, 4), "2.1", (1.0, 2)]:
+        with pytest.raises(CheckFailed):
+            checks.check_copying_head(model, wrong, idx, 5)
+    monkeypatch.setattr(checks, "_zero_effects", lambda *args: effects * 0.01)
+    checks.check_copying_head(model, (0, 0), idx, 5)  # no head matters: said, and passed
+
+
+def test_the_challenge_check_runs_the_real_effects(model, capsys):
+    idx = interpret.repeated_tokens(2, 5, SMALL["vocab_size"], seed=0)
+    best = interpret.ablation_effects(model, idx, 5).argmax().item()
+    checks.check_copying_head(model, divmod(best, SMALL["n_head"]), idx, 5)
+    assert "✅" in capsys.readouterr().out

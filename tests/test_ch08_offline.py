@@ -41,3 +41,29 @@ def test_chapter_runs_offline_on_the_stand_in(chapter, monkeypatch):
     assert "OFFLINE" in out and "Loading the STAND-IN instead" in out
     assert "python -m gpt2lib download gpt2" in out
     assert [e for e in errors if e[0] not in UNFINISHED] == []
+
+
+def _folder(path, **config):
+    import json
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def test_circuits_checkpoint_picks_gpt2_then_data_circuits_then_the_model_itself(tmp_path, monkeypatch, capsys):
+    """Chapter 8's circuits part: the real GPT-2 if loaded, else data/circuits, else (said) the model."""
+    from gpt2lib import offline
+
+    small = _folder(tmp_path / "small", n_layer=4, n_head=4, n_embd=128, vocab_size=50257)
+    real = _folder(tmp_path / "real", n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
+    monkeypatch.setattr(offline, "CIRCUITS", tmp_path / "no-circuits")
+    assert offline.circuits_checkpoint(str(small)) == small
+    assert "no circuits model" in capsys.readouterr().out
+    circuits = _folder(tmp_path / "circuits", n_layer=2, n_head=8, n_embd=128, vocab_size=50257)
+    monkeypatch.setattr(offline, "CIRCUITS", circuits)
+    assert offline.circuits_checkpoint(str(small)) == circuits
+    assert "circuits model" in capsys.readouterr().out
+    assert offline.circuits_checkpoint(str(real)) == real  # OpenAI's sizes: GPT-2 itself
+    assert offline.is_real_gpt2(real) and not offline.is_real_gpt2(small)

@@ -1,4 +1,6 @@
-"""Checks for chapter 8's exercises: the induction score, the logit lens, zeroing heads.
+"""Checks for chapter 8's exercises: mapping a checkpoint onto the model, the logit lens, the
+previous-token and induction scores, the two copies' losses, zeroing heads, ablation effects,
+and the challenge (the head the copying needs most).
 
 Each check runs the learner's function on small made-up cases (attention patterns, a tiny
 random GPT-2), compares it with the right answer computed here, and when they differ names the
@@ -8,14 +10,22 @@ exercise; the tests are parametrised over them). Written by hand.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from gpt2lib.course.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
-                                  first_mistake, passed)
+from gpt2lib.course.checks._core import (CheckFailed, Mistake, NotDoneYet, call_learner, close,
+                                         expect_tensor, first_mistake, named, passed)
 
-EX_INDUCTION = "Exercise 8.1 (induction_score)"
-EX_LENS = "Exercise 8.2 (logit_lens)"
-EX_ZERO = "Exercise 8.3 (zero_heads)"
+EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
+EX_RECORD = "Exercise 8.2 (run_with_cache's hooks)"
+EX_LENS = "Exercise 8.3 (logit_lens)"
+EX_PREVIOUS = "Exercise 8.4 (previous_token_score)"
+EX_INDUCTION = "Exercise 8.5 (induction_score, repeated_tokens, induction_scores)"
+EX_COPY = "Exercise 8.6 (copy_losses)"
+EX_ZERO = "Exercise 8.7 (zero_heads)"
+EX_EFFECTS = "Exercise 8.8 (mean_head_outputs, ablation_effects)"
+CH_HEAD = "Challenge (the head the copying needs most)"
 
 
 # --------------------------------------------------------------------------- 8.1 induction score
@@ -70,8 +80,9 @@ def _patterns(B=3, nh=4, L=5, seed=0):
     return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-def check_induction_score(induction_score) -> None:
-    """Exercise 8.1: `induction_score(pattern, seq_len)` -> (n_head,) scores."""
+def check_induction_score(induction_score, repeated_tokens=None, induction_scores=None) -> None:
+    """Exercise 8.5: `induction_score(pattern, seq_len)` -> (n_head,) scores; then the test input
+    `repeated_tokens` and the whole test `induction_scores(model)`, if given."""
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
         pattern = _patterns(B, nh, L, seed)
         given = pattern.clone()
@@ -97,7 +108,68 @@ def check_induction_score(induction_score) -> None:
                           f"{[round(v, 4) for v in want.tolist()]}, got "
                           f"{[round(v, 4) for v in got.tolist()]}: average pattern[b, h, q, "
                           "q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len")
-    passed(EX_INDUCTION, "head 0 of the test pattern (an induction head) scores highest")
+    if repeated_tokens is not None:
+        _check_repeated_tokens(repeated_tokens)
+    if induction_scores is not None:
+        _check_induction_scores(induction_scores, repeated_tokens)
+    passed(EX_INDUCTION, "head 0 of the test pattern (an induction head) scores highest"
+           + ("; the repeated input and the model's scores are right" if induction_scores else ""))
+
+
+def _check_repeated_tokens(repeated_tokens):
+    for batch, L, V, seed, bos, pool in [(3, 5, 50, 0, None, None), (2, 7, 40, 1, 7, torch.tensor([3, 11, 30]))]:
+        got = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        got = expect_tensor(EX_INDUCTION, got, (batch, 2 * L + 1), what="repeated_tokens' ids", hints={
+            (batch, 2 * L): "the start token is missing: 2 * seq_len + 1 ids per row",
+            (batch, L + 1): "the second copy is missing: the L ids come twice",
+        })
+        if got.dtype.is_floating_point:
+            raise CheckFailed(EX_INDUCTION, "repeated_tokens must return integer ids (torch.long)")
+        want_bos = V - 1 if bos is None else bos
+        if not bool((got[:, 0] == want_bos).all()):
+            raise CheckFailed(EX_INDUCTION, f"every row must start with bos_token_id ({want_bos}; "
+                              "by default vocab_size - 1, <|endoftext|> in GPT-2)")
+        if not torch.equal(got[:, 1:L + 1], got[:, L + 1:]):
+            raise CheckFailed(EX_INDUCTION, "the second half must repeat the first: ids 1 .. L "
+                              "and L + 1 .. 2L are the same")
+        allowed = torch.arange(V) if pool is None else pool
+        if not bool(torch.isin(got[:, 1:], allowed).all()):
+            raise CheckFailed(EX_INDUCTION, "draw the ids from `tokens` when it is given (else "
+                              "from 0 .. vocab_size - 1)")
+        again = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        if not torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()):
+            raise CheckFailed(EX_INDUCTION, "two calls with the same seed give different ids: "
+                              "draw with the generator seeded from `seed`")
+        other = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
+        if pool is None and torch.equal(torch.as_tensor(other), torch.as_tensor(got).long()):
+            raise CheckFailed(EX_INDUCTION, "another seed gives the same ids: use `seed`")
+        if pool is None and len(set(got[0, 1:L + 1].tolist())) < 2:
+            raise CheckFailed(EX_INDUCTION, "the ids of a row should be random, not one id repeated")
+
+
+def _check_induction_scores(induction_scores, repeated_tokens):
+    from gpt2lib.interpret import previous_token_score, run_with_cache
+    from gpt2lib.interpret import repeated_tokens as reference_tokens
+
+    make = repeated_tokens or reference_tokens
+    model = _tiny_gpt2(3, n_positions=32)
+    for L, batch in [(5, 2), (7, 3)]:
+        idx = make(batch, L, model.config.vocab_size, 0)
+        _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
+        want = torch.stack([_induction_right(p, L) for p in cache.attn])
+        want_prev = torch.stack([previous_token_score(p) for p in cache.attn])
+        got = call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
+        got = expect_tensor(EX_INDUCTION, got, tuple(want.shape), what="induction_scores' result", hints={
+            tuple(want.shape[1:]): "one row per layer: stack the scores of every layer",
+        })
+        if not close(got, want, atol=1e-5):
+            raise CheckFailed(EX_INDUCTION, "induction_scores(model) differs from your induction_score "
+                              "applied to each layer's attention on repeated_tokens(batch, seq_len, "
+                              "vocab_size, seed): score cache.attn of run_with_cache, one layer a row")
+        both = call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True)
+        if not (isinstance(both, tuple) and len(both) == 2 and close(both[1], want_prev, atol=1e-5)):
+            raise CheckFailed(EX_INDUCTION, "with previous=True return (induction scores, previous-"
+                              "token scores), each (n_layer, n_head)")
 
 
 # --------------------------------------------------------------------------- 8.2 logit lens
@@ -259,3 +331,509 @@ def check_zero_heads(zero_heads) -> None:
                           f"h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head "
                           "must be 0 and every other value unchanged")
     passed(EX_ZERO, "the listed heads' channels are 0, the rest untouched, y unchanged")
+
+
+# --------------------------------------------------------------------------- 8.1 checkpoint -> model
+
+
+def _tiny_gpt2(seed=0, n_layer=2, n_head=3, n_embd=12, vocab_size=23, n_positions=16):
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(seed)
+    return GPT2(GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd,
+                           n_layer=n_layer, n_head=n_head)).eval()
+
+
+def _checkpoint_file(model, prefixed):
+    """What a GPT-2 checkpoint holds for `model`: the hub layout, or save_pretrained's."""
+    n = model.config.n_positions
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        tensors[name] = tensor.detach().clone()
+        if name.endswith("attn.c_attn.weight"):  # OpenAI's checkpoints carry the masks too
+            layer = name.split(".")[1]
+            tensors[f"h.{layer}.attn.bias"] = torch.ones(n, n).tril().view(1, 1, n, n)
+            tensors[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    if prefixed:
+        tensors = {f"transformer.{k}": v for k, v in tensors.items()}
+        tensors["lm_head.weight"] = model.wte.weight.detach().clone()
+    return tensors
+
+
+def _mapping_right(tensors):
+    out = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("transformer.")
+        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        out[name] = tensor
+    return out
+
+
+def _conv_weight(name, tensor):
+    return tensor.dim() == 2 and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+
+
+MAPPING_MISTAKES = [
+    Mistake("kept_masks", "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal "
+            "masks (n_positions x n_positions of ones below the diagonal), which our attention "
+            "builds on the fly; our model has no place for them, so leave them out",
+            lambda t: {k.removeprefix("transformer."): v for k, v in t.items()
+                       if k != "lm_head.weight"}),
+    Mistake("kept_lm_head", "you kept lm_head.weight: GPT-2's readout is tied to wte (the same "
+            "tensor), so our model has no separate lm_head; leave it out",
+            lambda t: {**_mapping_right(t), **({"lm_head.weight": t["lm_head.weight"]}
+                                                if "lm_head.weight" in t else {})}),
+    Mistake("kept_prefix", "names written by save_pretrained start with `transformer.`; drop that "
+            "prefix, our modules are named without it",
+            lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"
+                       and not k.endswith((".attn.bias", ".attn.masked_bias"))}),
+    Mistake("dropped_c_attn_bias", "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a "
+            "name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself "
+            "(and masked_bias) is one",
+            lambda t: {k: v for k, v in _mapping_right(t).items()
+                       if not k.endswith(("c_attn.bias", "attn.c_proj.bias"))}),
+    Mistake("transposed", "you transposed the Conv1D weights: the file stores them [in, out], "
+            "and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape "
+            "test cannot tell: c_proj's weight is square)",
+            lambda t: {k: (v.T if _conv_weight(k, v) else v) for k, v in _mapping_right(t).items()}),
+]
+
+
+def _same_state(a, b) -> bool:
+    return (isinstance(a, dict) and set(a) == set(b)
+            and all(isinstance(a[k], torch.Tensor) and a[k].shape == b[k].shape
+                    and torch.equal(a[k], b[k]) for k in b))
+
+
+def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
+    """Exercise 8.1: `checkpoint_to_model(tensors)` -> the state dict our GPT2 loads; then
+    `load_weights(path, config, device, dtype, model_cls)`, if given."""
+    model = _tiny_gpt2()
+    for prefixed in (False, True):
+        tensors = _checkpoint_file(model, prefixed)
+        given = {k: v.clone() for k, v in tensors.items()}
+        got = call_learner(EX_MAPPING, checkpoint_to_model, tensors)
+        if not isinstance(got, dict):
+            raise CheckFailed(EX_MAPPING, f"return a dict {{name: tensor}}, got {type(got).__name__}")
+        if not _same_state(tensors, given):
+            raise CheckFailed(EX_MAPPING, "your function changed the dict it was given; build a "
+                              "new dict instead")
+        want = _mapping_right(given)
+        if _same_state(got, want):
+            continue
+        mistake = first_mistake(MAPPING_MISTAKES, lambda m, got=got, t=given: _same_state(got, m.fn(t)))
+        if mistake:
+            raise CheckFailed(EX_MAPPING, mistake.message)
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        layout = "save_pretrained's layout" if prefixed else "the hub's layout"
+        raise CheckFailed(EX_MAPPING, f"on a checkpoint in {layout}: "
+                          + (f"missing {missing[:4]}; " if missing else "")
+                          + (f"names our model does not have {extra[:4]}; " if extra else "")
+                          + ("some tensors differ from the file's (keep each tensor as it is)"
+                             if not (missing or extra) else ""))
+    with torch.device("meta"):
+        probe = type(model)(model.config)
+    probe.load_state_dict(got, strict=True, assign=True)  # the mapping loads strictly
+    if load_weights is not None:
+        _check_load_weights(load_weights, model)
+    passed(EX_MAPPING, "both layouts load into GPT2 with strict=True"
+           + ("; load_weights gives the same model" if load_weights else ""))
+
+
+def _check_load_weights(load_weights, model):
+    import tempfile
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from gpt2lib.model import GPT2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in _checkpoint_file(model, prefixed=True).items()}, str(path))
+        idx = torch.tensor([[1, 5, 7, 2]])
+        for dtype in (torch.float32, torch.float64):
+            got = call_learner(EX_MAPPING, load_weights, path, model.config, device="cpu", dtype=dtype,
+                               model_cls=GPT2)
+            if not isinstance(got, torch.nn.Module):
+                raise CheckFailed(EX_MAPPING, f"load_weights must return the model, got {type(got).__name__}")
+            left = [n for n, t in [*got.named_parameters(), *got.named_buffers()] if t.is_meta]
+            if left:
+                raise CheckFailed(EX_MAPPING, f"after load_weights, {left[:3]} are still on the meta "
+                                  "device: pass assign=True to load_state_dict, so the file's tensors "
+                                  "become the parameters")
+            if got.training:
+                raise CheckFailed(EX_MAPPING, "return the model in eval mode (model.eval()): dropout off")
+            if got.wte.weight.dtype != dtype:
+                raise CheckFailed(EX_MAPPING, f"asked for dtype={dtype}, the weights are "
+                                  f"{got.wte.weight.dtype}: convert each tensor as it is read")
+            with torch.no_grad():
+                if not close(got(idx), model(idx).to(dtype), atol=1e-4):
+                    raise CheckFailed(EX_MAPPING, "the loaded model computes other logits than the "
+                                      "model the checkpoint was written from")
+
+
+# --------------------------------------------------------------------------- 8.3 previous-token score
+
+
+def _previous_right(pattern):
+    T = pattern.shape[-1]
+    q = torch.arange(1, T)
+    return pattern[:, :, q, q - 1].mean(dim=(0, -1))
+
+
+def _diagonal_mean(pattern, offset):
+    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean(dim=(0, -1))
+
+
+PREVIOUS_MISTAKES = [
+    Mistake("itself", "you score the attention of each token to *itself* (the main diagonal); "
+            "the previous token is key q - 1, one below it", lambda p: _diagonal_mean(p, 0)),
+    Mistake("two_back", "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
+            lambda p: _diagonal_mean(p, -2)),
+    Mistake("transposed", "rows are queries and columns keys: the previous token of query q is "
+            "pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask "
+            "leaves zeros)", lambda p: _diagonal_mean(p, 1)),
+    Mistake("counts_position_0", "you average over all T queries, counting position 0 (which has "
+            "no previous token) as a zero; average over the T - 1 queries that have one",
+            lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-1]),
+    Mistake("sum", "you add the attention up instead of averaging it: a perfect previous-token "
+            "head should score 1", lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, -1))),
+    Mistake("first_example", "you use only the first sequence of the batch; average over the "
+            "batch too", lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1)[0].mean(-1)),
+]
+
+
+def check_previous_token_score(previous_token_score) -> None:
+    """Exercise 8.3: `previous_token_score(pattern)` -> (n_head,) scores."""
+    for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
+        pattern = _patterns(B, nh, L, seed)
+        given = pattern.clone()
+        got = call_learner(EX_PREVIOUS, previous_token_score, pattern)
+        if not torch.equal(pattern, given):
+            raise CheckFailed(EX_PREVIOUS, "your function changed the pattern it was given")
+        T = pattern.shape[-1]
+        got = expect_tensor(EX_PREVIOUS, got, (nh,), what="the scores", hints={
+            (): "you return one number: keep one score per head",
+            (B, nh): "average over the batch too: one score per head",
+            (nh, T - 1): "average over the queries too: one score per head",
+            (B, nh, T - 1): "average over the batch and the queries: one score per head",
+        })
+        want = _previous_right(pattern)
+        if close(got, want, atol=1e-6):
+            continue
+        mistake = first_mistake(PREVIOUS_MISTAKES, lambda m, got=got, p=pattern: close(got, m.fn(p), atol=1e-6))
+        if mistake:
+            raise CheckFailed(EX_PREVIOUS, mistake.message)
+        raise CheckFailed(EX_PREVIOUS, f"the scores should be {[round(v, 4) for v in want.tolist()]}, "
+                          f"got {[round(v, 4) for v in got.tolist()]}")
+    passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
+
+
+# --------------------------------------------------------------------------- 8.5 the two copies' losses
+
+
+def _per_token(logits, idx):
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), idx[:, 1:],
+                                             reduction="none")  # (B, 2L)
+
+
+def _copies_right(logits, idx, L):
+    per = _per_token(logits, idx)
+    return per[:, 1:L].mean().item(), per[:, L + 1:].mean().item()
+
+
+COPY_MISTAKES = [
+    Mistake("first_tokens_counted", "you count the first token of each copy too; it follows "
+            "<|endoftext|> or the end of the first copy, and nothing can predict it: count the "
+            "predictions of tokens 2 .. L of each copy",
+            lambda lg, idx, L: (_per_token(lg, idx)[:, :L].mean().item(),
+                                _per_token(lg, idx)[:, L:].mean().item())),
+    Mistake("no_shift", "the logits at position t predict the token at t + 1: compare "
+            "logits[:, :-1] with idx[:, 1:], not the same positions",
+            lambda lg, idx, L: (lambda per: (per[:, 1:L].mean().item(), per[:, L + 1:].mean().item()))(
+                torch.nn.functional.cross_entropy(lg[:, 1:].transpose(1, 2), idx[:, 1:], reduction="none"))),
+    Mistake("swapped", "you return (second, first); return the first copy's loss first",
+            lambda lg, idx, L: _copies_right(lg, idx, L)[::-1]),
+    Mistake("split_late", "the second copy starts one prediction late: after the start token and "
+            "the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and "
+            "L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
+            lambda lg, idx, L: (_per_token(lg, idx)[:, 1:L].mean().item(),
+                                _per_token(lg, idx)[:, L + 2:].mean().item())),
+    Mistake("bits", "you measure in bits (log base 2); the loss of the course is in nats (natural "
+            "log, as F.cross_entropy gives)",
+            lambda lg, idx, L: tuple(v / math.log(2) for v in _copies_right(lg, idx, L))),
+]
+
+
+def check_copy_losses(copy_losses) -> None:
+    """Exercise 8.5: `copy_losses(logits, idx, seq_len)` -> (first copy's loss, second's)."""
+    from gpt2lib.interpret import repeated_tokens
+
+    for B, L, V, seed in [(3, 5, 13, 0), (2, 7, 17, 1)]:
+        idx = repeated_tokens(B, L, V, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
+        got = call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise CheckFailed(EX_COPY, "return two numbers, (first copy's loss, second copy's loss)")
+        try:
+            got = tuple(float(v) for v in got)
+        except (TypeError, ValueError, RuntimeError):
+            raise CheckFailed(EX_COPY, "each of the two values must be one number (use .item())") from None
+        want = _copies_right(logits, idx, L)
+        if all(math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, want)):
+            continue
+        mistake = first_mistake(COPY_MISTAKES, lambda m, got=got, lg=logits, idx=idx, L=L: all(
+            math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, m.fn(lg, idx, L))))
+        if mistake:
+            raise CheckFailed(EX_COPY, mistake.message)
+        raise CheckFailed(EX_COPY, f"for seq_len={L} the losses should be ({want[0]:.4f}, "
+                          f"{want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})")
+    passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
+
+
+# --------------------------------------------------------------------------- 8.7 ablation effects
+
+
+def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False, sign=1.0):
+    """The second copy's loss rise with each head replaced (by 0, or by its mean), one at a time."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    hd = model.config.n_embd // n_head
+
+    def loss(logits):
+        per = _per_token(logits, idx)
+        return per.mean().item() if whole else per[:, L + 1:].mean().item()
+
+    with torch.no_grad():
+        base = loss(model(idx))
+        out = torch.zeros(n_layer, n_head)
+        for layer in range(n_layer):
+            for head in range(n_head):
+                heads = range(n_head) if all_heads else [head]
+
+                def hook(module, args, layer=layer, heads=heads):
+                    y = args[0].clone()
+                    for h in heads:
+                        y[..., h * hd:(h + 1) * hd] = 0.0 if head_means is None else head_means[layer][h]
+                    return (y,)
+
+                handle = model.h[layer].attn.c_proj.register_forward_pre_hook(hook)
+                try:
+                    out[layer, head] = sign * (loss(model(idx)) - base)
+                finally:
+                    handle.remove()
+    return out
+
+
+EFFECTS_MISTAKES = [
+    Mistake("sign", "your effects have the wrong sign: report the ablated loss minus the normal "
+            "loss, so that a head the model needs shows a rise (a positive number)",
+            lambda model, idx, L, head_means=None: _effects_right(model, idx, L, head_means, sign=-1.0)),
+    Mistake("whole_sequence", "you measure the loss over the whole sequence; measure the second "
+            "copy only (copy_losses' second value), where copying is what helps",
+            lambda model, idx, L, head_means=None: _effects_right(model, idx, L, head_means, whole=True)),
+    Mistake("means_ignored", "with head_means given, your function still zeroes the head: set its "
+            "channels to head_means[layer][head] (a (head_dim,) vector) instead",
+            lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None)),
+    Mistake("whole_layer", "you ablate every head of the layer at once; ablate one head at a "
+            "time, leaving the others as they are",
+            lambda model, idx, L, head_means=None: _effects_right(model, idx, L, head_means, all_heads=True)),
+]
+
+
+def _effects_model(seed=0):
+    model = _tiny_gpt2(seed, n_positions=32)
+    with torch.no_grad():  # larger weights, so that every head's ablation moves the loss
+        for block in model.h:
+            block.attn.c_proj.weight.mul_(8.0)
+            block.attn.c_attn.weight.mul_(4.0)
+    return model
+
+
+def _hooks_left(model):
+    return [name for name, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks]
+
+
+def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
+    """Exercise 8.8: `mean_head_outputs(model, idx)` -> per layer (n_head, head_dim), if given;
+    `ablation_effects(model, idx, seq_len, head_means=None)` -> (n_layer, n_head)."""
+    from gpt2lib.interpret import repeated_tokens, run_with_cache
+
+    model = _effects_model()
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    hd = model.config.n_embd // n_head
+    for L, seed in [(5, 0), (7, 1)]:
+        idx = repeated_tokens(2, L, model.config.vocab_size, seed=seed)
+        with torch.no_grad():
+            _, cache = run_with_cache(model, idx, capture="head_out")
+        means = [h.mean(dim=(0, 2)) for h in cache.head_out]  # per layer (nh, hd)
+        if mean_head_outputs is not None:
+            got_means = call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
+            if not (isinstance(got_means, (list, tuple)) and len(got_means) == n_layer):
+                raise CheckFailed(EX_EFFECTS, f"mean_head_outputs must return a list of n_layer = "
+                                  f"{n_layer} tensors, one per layer")
+            for layer, (g, w) in enumerate(zip(got_means, means)):
+                g = expect_tensor(EX_EFFECTS, g, (n_head, hd), what=f"layer {layer}'s means", hints={
+                    (hd,): "keep one mean per head: average over the batch and positions only",
+                    (n_head,): "keep the head_dim channels: average over the batch and positions only",
+                })
+                if not close(g, w, atol=1e-5):
+                    raise CheckFailed(EX_EFFECTS, f"layer {layer}'s means differ: average "
+                                      "cache.head_out[layer], (B, n_head, T, head_dim), over the "
+                                      "batch and the positions (dims 0 and 2)")
+        for head_means in (None, means):
+            how = "zeroed" if head_means is None else "set to their means"
+            try:
+                got = call_learner(EX_EFFECTS, ablation_effects, model, idx, L, head_means=head_means)
+            finally:
+                left = _hooks_left(model)
+                for m in model.modules():
+                    m._forward_pre_hooks.clear()
+                    m._forward_hooks.clear()
+            if left:
+                raise CheckFailed(EX_EFFECTS, f"your function left hooks on {left[:3]}: remove "
+                                  "each hook after its forward pass (handle.remove(), in a finally)")
+            got = expect_tensor(EX_EFFECTS, got, (n_layer, n_head), what="the effects")
+            want = _effects_right(model, idx, L, head_means)
+            if close(got, want, atol=1e-4, rtol=1e-4):
+                continue
+            mistake = first_mistake(EFFECTS_MISTAKES, lambda m, got=got, idx=idx, L=L, hm=head_means:
+                                    close(got, m.fn(model, idx, L, head_means=hm), atol=1e-4, rtol=1e-4))
+            if mistake:
+                raise CheckFailed(EX_EFFECTS, mistake.message)
+            raise CheckFailed(EX_EFFECTS, f"with the heads {how}, seq_len={L}: the effects should "
+                              f"be {want.round(decimals=4).tolist()}, got "
+                              f"{got.round(decimals=4).tolist()}")
+    passed(EX_EFFECTS, "zeroed and mean-ablated heads, one at a time, on the second copy")
+
+
+# --------------------------------------------------------------------------- the challenge
+
+
+def _zero_effects(model, idx, seq_len):
+    return _effects_right(model, idx, seq_len)
+
+
+def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None:
+    """Challenge: `head` = (layer, head) raises the second copy's loss by >= share of the best head's."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    if head is None:
+        raise NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
+    if (not isinstance(head, (tuple, list)) or len(head) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in head)):
+        raise CheckFailed(CH_HEAD, f"CHOSEN_HEAD must be a pair of whole numbers (layer, head), got {head!r}")
+    layer, h = head
+    if not (0 <= layer < n_layer and 0 <= h < n_head):
+        raise CheckFailed(CH_HEAD, f"({layer}, {h}) is not a head of this model: layers 0 .. "
+                          f"{n_layer - 1}, heads 0 .. {n_head - 1}")
+    effects = _zero_effects(model, idx, seq_len)
+    best = effects.max().item()
+    where = divmod(int(effects.argmax()), n_head)
+    mine = effects[layer, h].item()
+    if best < floor:
+        passed(CH_HEAD, f"no head of this model raises the second copy's loss by {floor} nats or "
+               f"more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours "
+               f"{mine:+.4f}): it does not rely on one head for copying")
+        return
+    if mine < share * best:
+        raise CheckFailed(CH_HEAD, f"zeroing head {layer}.{h} raises the second copy's loss by "
+                          f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
+                          f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking")
+    passed(CH_HEAD, f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, "
+           f"{mine / best:.0%} of the best head's ({best:+.4f})")
+
+
+
+
+# --------------------------------------------------------------------------- 8.2 recording hooks
+
+
+def _record_right(model, idx):
+    """resid, attn, head_out of a forward pass, computed here without hooks."""
+    from gpt2lib.attention import attention_weights
+
+    resid, attn, head_out = [], [], []
+    with torch.no_grad():
+        x = model.wte(idx) + model.wpe(torch.arange(idx.shape[1]))
+        resid.append(x)
+        for block in model.h:
+            attn.append(attention_weights(block.attn, block.ln_1(x)))
+            outs = []
+            hook = block.attn.c_proj.register_forward_pre_hook(lambda m, a: outs.append(a[0]))
+            try:
+                x = block(x)
+            finally:
+                hook.remove()
+            B, T, C = outs[0].shape
+            head_out.append(outs[0].reshape(B, T, block.attn.n_head, -1).transpose(1, 2))
+            resid.append(x)
+    return resid, attn, head_out
+
+
+RECORD_MISTAKES = [
+    Mistake("no_embeddings", "cache.resid has n_layer entries: the stream entering block 0 (token "
+            "plus position embeddings) is missing; record it once, in the first block's pre-hook",
+            lambda r, a, h: (r[1:], a, h)),
+    Mistake("inputs_twice", "cache.resid holds each block's input *and* output, so every stream "
+            "between two blocks is there twice: record the input only for the first block",
+            lambda r, a, h: ([t for x in zip(r[:-1], r[1:]) for t in x], a, h)),
+    Mistake("attn_without_ln_1", "your attention patterns are computed from the raw stream; in a "
+            "pre-norm block attention sees block.ln_1(x): attention_weights(block.attn, block.ln_1(x))",
+            None),
+    Mistake("head_out_layout", "cache.head_out must be (B, n_head, T, head_dim): reshape c_proj's "
+            "input (B, T, C) to (B, T, n_head, head_dim), then transpose(1, 2)", None),
+]
+
+
+def check_run_with_cache(run_with_cache) -> None:
+    """Exercise 8.2: the hooks of `run_with_cache(model, idx, capture)` record resid, attn, head_out."""
+    from gpt2lib.attention import attention_weights
+
+    model = _tiny_gpt2(2, n_layer=3, n_positions=16)
+    for B, T in [(2, 5), (1, 7)]:
+        idx = torch.randint(0, model.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(T))
+        want_r, want_a, want_h = _record_right(model, idx)
+        with torch.enable_grad():  # recorded tensors must be cut off from autograd
+            logits, cache = call_learner(EX_RECORD, run_with_cache, model, idx,
+                                         capture=("resid", "attn", "head_out"))
+        if _hooks_left(model):
+            raise CheckFailed(EX_RECORD, "hooks are left on the model after run_with_cache")
+        r, a, h = list(cache.resid), list(cache.attn), list(cache.head_out)
+        if any(t.requires_grad for t in r + a + h):
+            raise CheckFailed(EX_RECORD, "the recorded tensors still carry autograd history: "
+                              "record t.detach()")
+        if not (len(r) == len(want_r) and all(close(x, y, atol=1e-5) for x, y in zip(r, want_r))):
+            mistake = first_mistake(RECORD_MISTAKES[:2], lambda m: (lambda w: len(r) == len(w) and all(
+                close(x, y, atol=1e-5) for x, y in zip(r, w)))(m.fn(want_r, want_a, want_h)[0]))
+            if mistake:
+                raise CheckFailed(EX_RECORD, mistake.message)
+            raise CheckFailed(EX_RECORD, f"cache.resid should be n_layer + 1 = {len(want_r)} streams "
+                              f"(B, T, C): the embeddings, then the stream after each block; got "
+                              f"{len(r)} tensors")
+        if not (len(a) == len(want_a) and all(close(x, y, atol=1e-5) for x, y in zip(a, want_a))):
+            raw = [attention_weights(b.attn, x) for b, x in zip(model.h, want_r)]
+            if len(a) == len(raw) and all(close(x, y, atol=1e-5) for x, y in zip(a, raw)):
+                raise CheckFailed(EX_RECORD, named(RECORD_MISTAKES, "attn_without_ln_1").message)
+            raise CheckFailed(EX_RECORD, f"cache.attn should hold n_layer = {len(want_a)} patterns "
+                              f"(B, n_head, T, T), one per block, from attention_weights(block.attn, "
+                              "block.ln_1(x)) with x the stream entering the block")
+        if not (len(h) == len(want_h) and all(close(x, y, atol=1e-5) for x, y in zip(h, want_h))):
+            raise CheckFailed(EX_RECORD, named(RECORD_MISTAKES, "head_out_layout").message)
+        _, only = call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
+        if only.attn or only.head_out:
+            raise CheckFailed(EX_RECORD, "with capture='resid' only the stream is asked for: record "
+                              "attn and head_out only when they are in `wanted`")
+    passed(EX_RECORD, "the stream, the patterns and the heads' outputs, detached, hooks removed")
+
+
+MISTAKES_BY_CHECK = {
+    check_checkpoint_to_model: MAPPING_MISTAKES,
+    check_previous_token_score: PREVIOUS_MISTAKES,
+    check_induction_score: INDUCTION_MISTAKES,
+    check_copy_losses: COPY_MISTAKES,
+    check_zero_heads: ZERO_MISTAKES,
+    check_ablation_effects: EFFECTS_MISTAKES,
+}
