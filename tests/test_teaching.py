@@ -1,0 +1,31 @@
+"""Issue #21's teaching numbers hold for every chapter: size, longest cell, the learner's share,
+exercises with difficulty and time, half of them more than transcription, a prediction and a
+challenge (tools/teaching_stats.py measures them; this test keeps them from slipping)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
+
+_spec = importlib.util.spec_from_file_location("teaching_stats", REPO / "tools" / "teaching_stats.py")
+teaching_stats = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(teaching_stats)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_meets_the_teaching_targets(path):
+    assert teaching_stats.misses(teaching_stats.stats(path)) == []
+
+
+def test_the_measure_sees_a_chapter_that_misses():
+    # A chapter of given code only, with one dictated exercise, misses several targets.
+    row = dict(chapter="05_block", code=400, longest=70, inside=0, share=0.0, exercises=1,
+               stated=0, thinking=0, predict=0, challenge=0, challenge_cells=0)
+    found = teaching_stats.misses(row)
+    assert any("code lines > 350" in m for m in found)
+    assert any("a cell of 70 lines" in m for m in found)
+    assert any("solution share 0% < 20%" in m for m in found)
+    assert any("no ### Predict" in m for m in found) and any("no ### Challenge" in m for m in found)
