@@ -221,6 +221,7 @@ REFERENCE = {
     checks.check_classification_loss: lambda: (classification_loss,),
     checks.check_confusion_counts: lambda: (checks._confusion_right,),
     checks.check_response_loss: lambda: (response_loss,),
+    checks.check_write_reply: lambda: (checks.reference_write_reply,),
     checks.check_collate: lambda: (collate,),
     checks.check_speaker_batch: lambda: (speaker_batch,),
     checks.check_loss_by_position: lambda: (loss_by_position,),
@@ -243,7 +244,8 @@ def test_every_check_passes_the_reference(check, capsys):
     pytest.param(check, m, id=f"{check.__name__}-{m.name}")
     for check, ms in ((checks.check_classification_loss, checks.CLASS_LOSS_MISTAKES),
                       (checks.check_confusion_counts, checks.CONFUSION_MISTAKES),
-                      (checks.check_response_loss, checks.RESPONSE_MISTAKES)) for m in ms])
+                      (checks.check_response_loss, checks.RESPONSE_MISTAKES),
+                      (checks.check_write_reply, checks.REPLY_MISTAKES)) for m in ms])
 def test_classifier_loss_and_confusion_checks_name_each_mistake(check, mistake):
     with pytest.raises(CheckFailed) as info:
         check(mistake.fn)
@@ -256,6 +258,11 @@ def test_confusion_check_passes_a_vectorised_count_and_the_package_s(capsys):
 
     checks.check_confusion_counts(confusion_matrix)
     assert capsys.readouterr().out.count("✅") == 2
+
+
+def test_reply_check_names_a_reply_that_asks_for_more_than_the_context():
+    with pytest.raises(CheckFailed, match="no more tokens than fit"):
+        checks.check_write_reply(checks._reply(crop=False))
 
 
 def test_classifier_check_names_a_head_on_the_wrong_size_and_the_last_token():

@@ -772,3 +772,72 @@ def check_response_loss(response_loss) -> None:
 
 
 MISTAKES_BY_CHECK[check_response_loss] = RESPONSE_MISTAKES
+
+
+# --------------------------------------------------------------------------- 10.4b writing a reply
+
+
+EX_REPLY = "Exercise 10.4b (write_reply)"
+
+
+def _reply(keep_prompt=False, cut=True, crop=True):
+    """A write_reply; the right one by default, each argument plants one mistake."""
+
+    def write_reply(gpt, prompt, new_tokens=30):
+        from gpt2lib.generation import generate
+        from gpt2lib.tokenizer import get_encoding
+
+        enc = get_encoding()
+        ids = torch.tensor([enc.encode(prompt)])
+        if crop:
+            new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
+        out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
+        out = out if keep_prompt else out[ids.shape[1]:]
+        if cut and enc.eot_token in out:
+            out = out[: out.index(enc.eot_token)]
+        return enc.decode(out).strip()
+
+    return write_reply
+
+
+reference_write_reply = _reply()
+
+REPLY_MISTAKES = [
+    Mistake("prompt kept", "your reply starts with the prompt: return only the new tokens, those "
+            "after the prompt's length", _reply(keep_prompt=True)),
+    Mistake("not cut", "your reply runs past <|endoftext|>: cut the new tokens before the first "
+            "PAD, where the model ended its reply", _reply(cut=False)),
+]
+
+
+def _eot_model():
+    """A tiny GPT2 whose every next token is <|endoftext|>: the tied readout sees only that row."""
+    gpt = _tiny_gpt(vocab_size=50257)
+    with torch.no_grad():
+        gpt.ln_f.weight.zero_()
+        gpt.ln_f.bias.fill_(1.0)  # every final state is all ones
+        gpt.wte.weight.zero_()
+        gpt.wte.weight[50256] = 1.0  # so <|endoftext|> scores n_embd, every other token 0
+    return gpt
+
+
+def check_write_reply(write_reply) -> None:
+    """`write_reply(gpt, prompt, new_tokens)` -> the greedy reply's text, cut at <|endoftext|>."""
+    prompt = "ROMEO:\nBut soft, what light"  # 9 tokens; the tiny models' context is 16
+    cases = [(_tiny_gpt(seed=1, vocab_size=50257), 5), (_eot_model(), 8), (_tiny_gpt(seed=1, vocab_size=50257), 30)]
+    for gpt, new_tokens in cases:
+        try:
+            got = call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
+        except ValueError:  # generate refuses a prompt and new tokens longer than the context
+            raise CheckFailed(EX_REPLY, "with a prompt near the end of the context, ask generate for "
+                                        "no more tokens than fit: n_positions - the prompt's length") from None
+        if not isinstance(got, str):
+            raise CheckFailed(EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}")
+        want = reference_write_reply(gpt, prompt, new_tokens)
+        if got != want:
+            _fail_with(EX_REPLY, REPLY_MISTAKES, lambda m: got == m.fn(gpt, prompt, new_tokens),
+                       f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}")
+    passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
+
+
+MISTAKES_BY_CHECK[check_write_reply] = REPLY_MISTAKES
