@@ -26,10 +26,24 @@ def _loss_float64_einsum(logits, targets):
     return -torch.einsum("btv,btv->bt", logits.double().log_softmax(-1), one_hot).mean()
 
 
-def _batch_vectorised(ids, batch_size, block_size, generator=None):
+def _batch_vectorised(ids, batch_size, block_size, generator=None, device=None):
     starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
     offsets = starts[:, None] + torch.arange(block_size)
-    return ids[offsets], ids[offsets + 1]
+    return ids[offsets].to(device), ids[offsets + 1].to(device)
+
+
+def _bigram_with_a_dict(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
+    """Another correct answer: pair counts in a Python dict."""
+    pairs, prev_counts = {}, {}
+    for a, b in zip(train_ids[:-1].tolist(), train_ids[1:].tolist()):
+        pairs[a, b] = pairs.get((a, b), 0) + 1
+        prev_counts[a] = prev_counts.get(a, 0) + 1
+    counts = torch.bincount(train_ids, minlength=vocab_size).double()
+    p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
+    losses = [-math.log(bigram_weight * pairs.get((a, b), 0) / max(prev_counts.get(a, 0), 1)
+                        + (1 - bigram_weight) * float(p_uni[b]))
+              for a, b in zip(val_ids[:-1].tolist(), val_ids[1:].tolist())]
+    return {"bigram": sum(losses) / len(losses)}
 
 
 def _decay_by_name(model, weight_decay):
@@ -97,6 +111,7 @@ def _diagnosis_right():
     checks.check_uniform_loss: [math.log, _uniform_from_probability],
     checks.check_unigram_loss: [checks._unigram_right, _unigram_with_unique],
     checks.check_random_batch: [checks._batch_right, _batch_vectorised],
+    checks.check_bigram: [training.ngram_baselines, _bigram_with_a_dict],
     checks.check_decay_groups: [decay_groups, _decay_by_name],
     checks.check_training_step: [_step_right, training.training_step],
     checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
@@ -144,6 +159,19 @@ def _estimate_on_the_last_batch(model, ids, batch_size, block_size, batches=10, 
     return loss
 
 
+def _bigram_dividing_by_zero(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
+    """The reference's counts without the clamp: a previous token never seen divides 0 by 0."""
+    pairs, pair_counts = torch.unique(train_ids[:-1] * vocab_size + train_ids[1:], return_counts=True)
+    keys = val_ids[:-1] * vocab_size + val_ids[1:]
+    where = torch.searchsorted(pairs, keys).clamp(max=len(pairs) - 1)
+    c_pair = torch.where(pairs[where] == keys, pair_counts[where], 0).double()
+    c_prev = torch.bincount(train_ids[:-1], minlength=vocab_size).double()[val_ids[:-1]]
+    counts = torch.bincount(train_ids, minlength=vocab_size).double()
+    p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
+    p = bigram_weight * c_pair / c_prev + (1 - bigram_weight) * p_uni[val_ids[1:]]
+    return {"bigram": float(-p.log().mean())}
+
+
 def _loop_that_records_nothing(model, train_ids, val_ids, steps, **kwargs):
     return kwargs["history"]
 
@@ -162,6 +190,8 @@ def _loop_that_records_nothing(model, train_ids, val_ids, steps, **kwargs):
         (torch.bincount(t) + s) / (len(t) + s * n))[v].mean()), "minlength=vocab_size"),
     (checks.check_uniform_loss, lambda v: math.log(50257), "with 2 equally likely tokens"),
     (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
+    (checks.check_bigram, checks._bigram_right, "a table of all pairs is too large"),
+    (checks.check_bigram, _bigram_dividing_by_zero, "0 / 0 is NaN"),
 ]))
 def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)

@@ -15,8 +15,9 @@ from gpt2lib import finetune as ft
 from gpt2lib.course.checks import finetune as checks
 from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.loading import from_pretrained
-from gpt2lib.tuning import (LoRALinear, add_adapters, collate, loss_by_position, masked_lm_loss,
-                            merged_weight, pool_mean, speaker_batch)
+from gpt2lib.tuning import (GPT2Classifier, LoRALinear, add_adapters, classification_loss, collate,
+                            hidden_states, loss_by_position, masked_lm_loss, merged_weight,
+                            pool_mean, response_loss, speaker_batch)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +217,11 @@ def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
 
 REFERENCE = {
     checks.check_pool_mean: lambda: (pool_mean,),
+    checks.check_classifier: lambda: (GPT2Classifier, hidden_states),
+    checks.check_classification_loss: lambda: (classification_loss,),
+    checks.check_confusion_counts: lambda: (checks._confusion_right,),
+    checks.check_response_loss: lambda: (response_loss,),
+    checks.check_write_reply: lambda: (checks.reference_write_reply,),
     checks.check_collate: lambda: (collate,),
     checks.check_speaker_batch: lambda: (speaker_batch,),
     checks.check_loss_by_position: lambda: (loss_by_position,),
@@ -232,6 +238,46 @@ REFERENCE = {
 def test_every_check_passes_the_reference(check, capsys):
     check(*REFERENCE[check]())
     assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check, mistake", [
+    pytest.param(check, m, id=f"{check.__name__}-{m.name}")
+    for check, ms in ((checks.check_classification_loss, checks.CLASS_LOSS_MISTAKES),
+                      (checks.check_confusion_counts, checks.CONFUSION_MISTAKES),
+                      (checks.check_response_loss, checks.RESPONSE_MISTAKES),
+                      (checks.check_write_reply, checks.REPLY_MISTAKES)) for m in ms])
+def test_classifier_loss_and_confusion_checks_name_each_mistake(check, mistake):
+    with pytest.raises(CheckFailed) as info:
+        check(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_confusion_check_passes_a_vectorised_count_and_the_package_s(capsys):
+    checks.check_confusion_counts(lambda t, p, n: torch.bincount(t * n + p, minlength=n * n).view(n, n))
+    from gpt2lib.finetune import confusion_matrix
+
+    checks.check_confusion_counts(confusion_matrix)
+    assert capsys.readouterr().out.count("✅") == 2
+
+
+def test_reply_check_names_a_reply_that_asks_for_more_than_the_context():
+    with pytest.raises(CheckFailed, match="no more tokens than fit"):
+        checks.check_write_reply(checks._reply(crop=False))
+
+
+def test_classifier_check_names_a_head_on_the_wrong_size_and_the_last_token():
+    class WrongHead(GPT2Classifier):
+        def __init__(self, gpt, n_classes):
+            super().__init__(gpt, n_classes)
+            self.head = torch.nn.Linear(gpt.config.vocab_size, n_classes)
+
+    class LastToken(GPT2Classifier):
+        def forward(self, idx, lengths):
+            return self.head(hidden_states(self.gpt, idx)[torch.arange(len(idx)), lengths - 1])
+
+    for cls, phrase in ((WrongHead, "it reads a pooled hidden state"), (LastToken, "reads the last real token")):
+        with pytest.raises(CheckFailed, match=phrase):
+            checks.check_classifier(cls, hidden_states)
 
 
 @pytest.mark.parametrize("mistake", checks.POOL_MISTAKES, ids=lambda m: m.name)

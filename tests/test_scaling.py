@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from gpt2lib import tokenfile
+from gpt2lib.course.checks import scaling as scaling_checks
+from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.scaling import (
     CHECKPOINT_FILE,
     Ranks,
@@ -325,3 +327,23 @@ def test_a_run_killed_at_a_random_point_and_resumed_equals_an_uninterrupted_run(
     for x, y in zip(a, b):
         assert abs(x["loss"] - y["loss"]) <= 1e-6, (where, x, y)
     assert_same_weights(final_weights(whole), final_weights(cut), 1e-6)
+
+
+# --------------------------------------------------------------------------- chapter 11's format check
+
+
+def test_the_format_check_passes_a_right_answer_written_another_way(capsys):
+    def with_numpy_style(values, dtype):
+        back = values.to(dtype).to(torch.float32)
+        held = torch.isfinite(back) & (back.abs() > 0)
+        return (back[held] / values[held] - 1).abs().max().item(), held.sum().item() / len(values)
+
+    scaling_checks.check_format_error(with_numpy_style)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", scaling_checks.FORMAT_MISTAKES, ids=lambda m: m.name)
+def test_the_format_check_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        scaling_checks.check_format_error(mistake.fn)
+    assert mistake.message in str(info.value)

@@ -576,3 +576,268 @@ def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
                           f"is {goal_nats} nats")
     passed(name, f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
            "parameters trained")
+
+
+# --------------------------------------------------------------------------- 10.1 the classifier, its loss
+
+
+EX_CLASSIFIER = "Exercise 10.1 (GPT2Classifier)"
+EX_CLASS_LOSS = "Exercise 10.1 (classification_loss)"
+EX_CONFUSION = "Exercise 10.1b (confusion_counts)"
+
+
+def _tiny_gpt(seed=0, vocab_size=60):
+    from gpt2lib.config import GPT2Config
+    from gpt2lib.model import GPT2
+
+    torch.manual_seed(seed)
+    return GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=vocab_size)).eval()
+
+
+def check_classifier(GPT2Classifier, hidden_states) -> None:
+    """`GPT2Classifier(gpt, n_classes)(idx, lengths)` = a linear head on the masked mean state."""
+    from gpt2lib.tuning import hidden_states as reference_states
+
+    gen = torch.Generator().manual_seed(4)
+    for n_classes in (3, 5):
+        gpt = _tiny_gpt()
+        model = call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
+        head = getattr(model, "head", None)
+        if getattr(model, "gpt", None) is not gpt or not isinstance(head, nn.Linear):
+            raise CheckFailed(EX_CLASSIFIER, "keep the body as self.gpt and the head as self.head, "
+                                             "an nn.Linear")
+        if (head.in_features, head.out_features) != (gpt.config.n_embd, n_classes):
+            raise CheckFailed(EX_CLASSIFIER, f"your head maps {head.in_features} -> {head.out_features}: "
+                              f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
+                              f"and gives one score per class ({n_classes})")
+        idx = torch.randint(0, 60, (3, 7), generator=gen)
+        lengths = torch.tensor([7, 4, 2])
+        with torch.no_grad():
+            got = call_learner(EX_CLASSIFIER, model, idx, lengths)
+            got = expect_tensor(EX_CLASSIFIER, got, (3, n_classes), what="your scores")
+            want = head(_pool_right(reference_states(gpt, idx), lengths))
+            if not close(got, want, atol=1e-5):
+                last = head(reference_states(gpt, idx)[torch.arange(3), lengths - 1])
+                raise CheckFailed(EX_CLASSIFIER, "your forward reads the last real token: pool "
+                                  "with pool_mean over the real tokens" if close(got, last, atol=1e-5)
+                                  else "your scores differ from head(pool_mean(hidden_states(gpt, "
+                                       "idx), lengths))")
+    passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
+
+
+def _class_loss_right(model, rows, pad_id):
+    from gpt2lib.tuning import speaker_batch
+
+    idx, lengths, labels = speaker_batch(rows, pad_id)
+    return F.cross_entropy(model(idx, lengths), labels)
+
+
+def _class_loss_softmaxed(model, rows, pad_id):
+    from gpt2lib.tuning import speaker_batch
+
+    idx, lengths, labels = speaker_batch(rows, pad_id)
+    return F.cross_entropy(model(idx, lengths).softmax(-1), labels)
+
+
+def _class_loss_summed(model, rows, pad_id):
+    from gpt2lib.tuning import speaker_batch
+
+    idx, lengths, labels = speaker_batch(rows, pad_id)
+    return F.cross_entropy(model(idx, lengths), labels, reduction="sum")
+
+
+def _class_loss_padding_pooled(model, rows, pad_id):
+    from gpt2lib.tuning import speaker_batch
+
+    idx, _, labels = speaker_batch(rows, pad_id)
+    return F.cross_entropy(model(idx, torch.full((len(rows),), idx.shape[1])), labels)
+
+
+CLASS_LOSS_MISTAKES = [
+    Mistake("softmax first", "you applied softmax before F.cross_entropy, which takes raw scores "
+            "(logits) and does the log-softmax itself", _class_loss_softmaxed),
+    Mistake("sum", "your loss is a sum over the batch: take the mean, so that the step size does "
+            "not grow with the batch", _class_loss_summed),
+    Mistake("padding pooled", "your model read the padding: pass each row's real lengths, not the "
+            "padded length, to the classifier", _class_loss_padding_pooled),
+]
+
+
+def check_classification_loss(classification_loss) -> None:
+    """`classification_loss(model, rows, pad_id)` -> the mean cross-entropy of the batch's scores."""
+    from gpt2lib.tuning import GPT2Classifier
+
+    for n_classes, rows in ((3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
+                            (4, [([1, 2], 3), ([3, 4, 5, 6], 0)])):
+        model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
+        with torch.no_grad():
+            got = call_learner(EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59)
+            got = expect_tensor(EX_CLASS_LOSS, got, (), what="your loss")
+            want = _class_loss_right(model, rows, 59)
+            if not close(got, want, atol=1e-5):
+                _fail_with(EX_CLASS_LOSS, CLASS_LOSS_MISTAKES,
+                           lambda m: close(got, m.fn(model, rows, 59), atol=1e-5),
+                           "your loss differs from F.cross_entropy of the classifier's scores "
+                           "on speaker_batch(rows, pad_id) and the labels")
+    passed(EX_CLASS_LOSS)
+
+
+def _confusion_right(labels, predictions, n_classes):
+    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    for t, p in zip(labels.tolist(), predictions.tolist()):
+        counts[t, p] += 1
+    return counts
+
+
+def _confusion_no_accumulate(labels, predictions, n_classes):
+    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    counts[labels, predictions] += 1
+    return counts
+
+
+CONFUSION_MISTAKES = [
+    Mistake("no accumulate", "two speeches in the same cell were counted once: "
+            "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
+            "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
+            _confusion_no_accumulate),
+    Mistake("transposed", "your rows are the predictions: row = the true class, column = the "
+            "classifier's answer", lambda t, p, n: _confusion_right(t, p, n).T),
+    Mistake("hits only", "you counted only the right answers (the diagonal): every speech "
+            "counts once, in row t and column p",
+            lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n)))),
+]
+
+
+def check_confusion_counts(confusion_counts) -> None:
+    """`confusion_counts(labels (N,), predictions (N,), n)` -> (n, n) counts, row = true class."""
+    gen = torch.Generator().manual_seed(5)
+    for n, N in ((3, 20), (5, 40)):
+        labels = torch.randint(0, n, (N,), generator=gen)
+        predictions = torch.randint(0, n, (N,), generator=gen)
+        got = call_learner(EX_CONFUSION, confusion_counts, labels.clone(), predictions.clone(), n)
+        got = expect_tensor(EX_CONFUSION, got, (n, n), what="your counts")
+        want = _confusion_right(labels, predictions, n)
+        if not torch.equal(got.long(), want):
+            _fail_with(EX_CONFUSION, CONFUSION_MISTAKES,
+                       lambda m: torch.equal(got.long(), m.fn(labels, predictions, n)),
+                       "your counts differ: entry [t, p] is the number of speeches of class t "
+                       "answered p")
+    passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
+
+
+MISTAKES_BY_CHECK.update({check_classification_loss: CLASS_LOSS_MISTAKES,
+                          check_confusion_counts: CONFUSION_MISTAKES})
+
+
+EX_RESPONSE = "Exercise 10.3 (response_loss)"
+
+
+def _response_loss_summed(gpt, inputs, targets):
+    keep = targets != IGNORE
+    return F.cross_entropy(gpt(inputs)[keep], targets[keep], reduction="sum")
+
+
+def _response_loss_over_all(gpt, inputs, targets):
+    keep = targets != IGNORE
+    return F.cross_entropy(gpt(inputs)[keep], targets[keep], reduction="sum") / targets.numel()
+
+
+RESPONSE_MISTAKES = [
+    Mistake("sum", "your loss is a sum; take the mean over the kept targets", _response_loss_summed),
+    Mistake("mean over all", "you divided by every position, ignored ones included: divide by "
+            "the number of kept targets", _response_loss_over_all),
+]
+
+
+def check_response_loss(response_loss) -> None:
+    """`response_loss(gpt, inputs, targets)` = masked_lm_loss(gpt(inputs), targets)."""
+    gen = torch.Generator().manual_seed(6)
+    for B, T in ((2, 6), (3, 5)):
+        gpt = _tiny_gpt(seed=B)
+        inputs = torch.randint(0, 60, (B, T), generator=gen)
+        targets = torch.randint(0, 60, (B, T), generator=gen)
+        targets[0, :3] = IGNORE
+        targets[-1, -2:] = IGNORE
+        with torch.no_grad():
+            got = call_learner(EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone())
+            got = expect_tensor(EX_RESPONSE, got, (), what="your loss")
+            keep = targets != IGNORE
+            want = F.cross_entropy(gpt(inputs)[keep], targets[keep])
+            if not close(got, want, atol=1e-5):
+                _fail_with(EX_RESPONSE, RESPONSE_MISTAKES,
+                           lambda m: close(got, m.fn(gpt, inputs, targets), atol=1e-5),
+                           "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
+                           "of hidden_states at the kept positions, scored against their targets")
+    passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
+
+
+MISTAKES_BY_CHECK[check_response_loss] = RESPONSE_MISTAKES
+
+
+# --------------------------------------------------------------------------- 10.4b writing a reply
+
+
+EX_REPLY = "Exercise 10.4b (write_reply)"
+
+
+def _reply(keep_prompt=False, cut=True, crop=True):
+    """A write_reply; the right one by default, each argument plants one mistake."""
+
+    def write_reply(gpt, prompt, new_tokens=30):
+        from gpt2lib.generation import generate
+        from gpt2lib.tokenizer import get_encoding
+
+        enc = get_encoding()
+        ids = torch.tensor([enc.encode(prompt)])
+        if crop:
+            new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
+        out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
+        out = out if keep_prompt else out[ids.shape[1]:]
+        if cut and enc.eot_token in out:
+            out = out[: out.index(enc.eot_token)]
+        return enc.decode(out).strip()
+
+    return write_reply
+
+
+reference_write_reply = _reply()
+
+REPLY_MISTAKES = [
+    Mistake("prompt kept", "your reply starts with the prompt: return only the new tokens, those "
+            "after the prompt's length", _reply(keep_prompt=True)),
+    Mistake("not cut", "your reply runs past <|endoftext|>: cut the new tokens before the first "
+            "PAD, where the model ended its reply", _reply(cut=False)),
+]
+
+
+def _eot_model():
+    """A tiny GPT2 whose every next token is <|endoftext|>: the tied readout sees only that row."""
+    gpt = _tiny_gpt(vocab_size=50257)
+    with torch.no_grad():
+        gpt.ln_f.weight.zero_()
+        gpt.ln_f.bias.fill_(1.0)  # every final state is all ones
+        gpt.wte.weight.zero_()
+        gpt.wte.weight[50256] = 1.0  # so <|endoftext|> scores n_embd, every other token 0
+    return gpt
+
+
+def check_write_reply(write_reply) -> None:
+    """`write_reply(gpt, prompt, new_tokens)` -> the greedy reply's text, cut at <|endoftext|>."""
+    prompt = "ROMEO:\nBut soft, what light"  # 9 tokens; the tiny models' context is 16
+    cases = [(_tiny_gpt(seed=1, vocab_size=50257), 5), (_eot_model(), 8), (_tiny_gpt(seed=1, vocab_size=50257), 30)]
+    for gpt, new_tokens in cases:
+        try:
+            got = call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
+        except ValueError:  # generate refuses a prompt and new tokens longer than the context
+            raise CheckFailed(EX_REPLY, "with a prompt near the end of the context, ask generate for "
+                                        "no more tokens than fit: n_positions - the prompt's length") from None
+        if not isinstance(got, str):
+            raise CheckFailed(EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}")
+        want = reference_write_reply(gpt, prompt, new_tokens)
+        if got != want:
+            _fail_with(EX_REPLY, REPLY_MISTAKES, lambda m: got == m.fn(gpt, prompt, new_tokens),
+                       f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}")
+    passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
+
+
+MISTAKES_BY_CHECK[check_write_reply] = REPLY_MISTAKES

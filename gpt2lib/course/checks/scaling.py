@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -199,6 +202,58 @@ def check_to_bfloat16(fn):
             raise CheckFailed(EX_BF16, f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
                                        f"bfloat16 is {float(want[bad])!r}")
     passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
+
+
+def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_of="all"):
+    """The right answer by default; each argument plants one mistake."""
+    kept = values.to(dtype).float()
+    held = kept.isfinite() & (kept != 0)
+    error = (kept - values).abs() if absolute else ((kept - values) / values).abs()
+    error = error.max() if keep_out_of_range else error[held].max()
+    share = held.float().mean() if share_of == "all" else held.float().sum()
+    return float(error), float(share)
+
+
+FORMAT_MISTAKES = [
+    Mistake("out of range kept", "a value the format cannot hold came back as inf (or as 0, an "
+            "error of 100%) and took the maximum: take the maximum over the values the format "
+            "holds only (finite and not 0)", lambda v, d: _format_error(v, d, keep_out_of_range=True)),
+    Mistake("absolute", "your error is absolute, |kept - value|, which large values dominate: "
+            "divide by |value| for the relative error", lambda v, d: _format_error(v, d, absolute=True)),
+    Mistake("count not share", "the second number is a count: return the share of the values "
+            "held, between 0 and 1", lambda v, d: _format_error(v, d, share_of="count")),
+]
+
+
+def check_format_error(fn):
+    """`format_error(values, dtype)` -> (largest relative error where held, share held)."""
+    for values in (torch.logspace(-9, 9, 3001), -torch.logspace(-3, 6, 500)):
+        for dtype in (torch.bfloat16, torch.float16):
+            got = call_learner(EX_BF16, fn, values.clone(), dtype)
+            if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                raise CheckFailed(EX_BF16, "return two numbers: the largest relative error and the "
+                                           "share of values held")
+            got = tuple(float(g) for g in got)
+            want = _format_error(values, dtype)
+            if all(math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, want)):
+                continue
+            wrong = first_mistake(FORMAT_MISTAKES, lambda m, v=values, d=dtype: all(
+                math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, m.fn(v, d))))
+            raise CheckFailed(EX_BF16, wrong.message if wrong else
+                              f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's "
+                              f"largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}")
+    passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
+
+
+def cli(*args, processes=1):
+    """Run `python -m gpt2lib ARGS` (under torchrun when processes > 1) and return its output."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={processes}"] if processes > 1 else [sys.executable]
+    done = subprocess.run([*launcher, "-m", "gpt2lib", *map(str, args)], capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return done.stdout
 
 
 def reference_flops_per_token(config, block_size):

@@ -30,7 +30,8 @@ from gpt2lib.course.checks._core import (
 EX_LOSS = "Exercise 7.1 (the loss)"
 EX_UNIFORM = "Exercise 7.2 (the loss before any training)"
 EX_BATCH = "Exercise 7.3 (random batches)"
-EX_UNIGRAM = "Exercise 7.4 (the unigram line)"
+EX_UNIGRAM = "Exercise 7.4 (the unigram and bigram lines)"
+EX_BIGRAM = EX_UNIGRAM
 EX_DECAY = "Exercise 7.5 (one training step, and which weights decay)"
 EX_STEP = EX_DECAY
 EX_LR = "Exercise 7.6 (find what is wrong with the schedule)"
@@ -148,7 +149,7 @@ def _windows_ok(ids, x, y, block_size):
 def _batch(start_range, shift=1, rows="random"):
     """A batch function; the arguments plant one mistake each (the defaults are right)."""
 
-    def run(ids, batch_size, block_size, generator=None):
+    def run(ids, batch_size, block_size, generator=None, device=None):
         high = len(ids) - block_size + start_range
         if rows == "first":
             starts = [0] * batch_size
@@ -158,7 +159,7 @@ def _batch(start_range, shift=1, rows="random"):
             starts = torch.randint(high, (batch_size,), generator=generator).tolist()
         x = torch.stack([ids[s:s + block_size] for s in starts])
         y = torch.stack([ids[s + shift:s + shift + block_size] for s in starts])
-        return x, y
+        return (x, y) if device is None else (x.to(device), y.to(device))
 
     return run
 
@@ -181,6 +182,18 @@ BATCH_MISTAKES = [
             _batch(-1)),
 ]
 _BATCH = {m.name: m for m in BATCH_MISTAKES}
+
+
+def _batch_on_cpu(ids, batch_size, block_size, generator=None, device=None):
+    """A right batch that forgets the device argument."""
+    return _batch_right(ids, batch_size, block_size, generator)
+
+
+DEVICE_MISTAKES = [
+    Mistake("device_ignored", "your batch stays where ids are: when a device is given, move x "
+            "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
+            _batch_on_cpu),
+]
 
 
 def _call_batch(fn, ids, batch_size, block_size, seed):
@@ -231,7 +244,20 @@ def check_random_batch(fn):
     if not (torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])):
         raise CheckFailed(EX_BATCH, "the same seed gave different batches: pass "
                                     "generator=generator to torch.randint")
-    passed(EX_BATCH, "random windows, y one token later, every start possible, repeatable")
+    _check_batch_device(fn, ids)
+    passed(EX_BATCH, "random windows, y one token later, every start possible, repeatable, on the device")
+
+
+def _check_batch_device(fn, ids):
+    """With device='meta' (a device that holds shapes only) both tensors must land there."""
+    try:
+        got = call_learner(EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), torch.device("meta"))
+    except RuntimeError:
+        raise CheckFailed(EX_BATCH, "with device given, your function failed: draw the starts on the "
+                                    "CPU with the generator, then move x and y to the device") from None
+    x, y = _as_pair(EX_BATCH, got)
+    if x.device.type != "meta" or y.device.type != "meta":
+        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
 
 
 # --------------------------------------------------------------------------- Exercise 7.5: weight decay
@@ -650,6 +676,95 @@ def check_unigram_loss(fn):
     passed(EX_UNIGRAM, "counts plus smoothing, normalised, scored on the validation part")
 
 
+def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_counts="prev"):
+    """The bigram line by a full V x V table; the arguments plant one mistake each."""
+
+    def ngram_baselines(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
+        counted = train_ids if pairs_from == "train" else val_ids
+        table = torch.zeros(vocab_size, vocab_size, dtype=torch.double)
+        table.index_put_((counted[:-1], counted[1:]), torch.ones(len(counted) - 1, dtype=torch.double),
+                         accumulate=True)
+        prev, nxt = val_ids[:-1], val_ids[1:]
+        if not conditional:
+            denominator = table.sum()
+        elif prev_counts == "all":
+            denominator = torch.bincount(counted, minlength=vocab_size).double()[prev]
+        else:
+            denominator = table.sum(1)[prev]  # how often prev is followed by anything
+        looked_up = table[nxt, prev] if order == "ba" else table[prev, nxt]  # "ba": key b * V + a
+        p_bi = looked_up / denominator.clamp(min=1)
+        counts = torch.bincount(train_ids, minlength=vocab_size).double()
+        p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
+        weight = bigram_weight if mix else 1.0
+        p = weight * p_bi + (1 - weight) * p_uni[val_ids[1:]]
+        return {"uniform": math.log(vocab_size), "unigram": float(-p_uni[val_ids].log().mean()),
+                "bigram": float(-p.log().mean())}
+
+    return ngram_baselines
+
+
+_bigram_right = _bigram()
+
+BIGRAM_MISTAKES = [
+    Mistake("no_mix", "your bigram ignores bigram_weight: a validation pair never seen in training "
+            "gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with "
+            "(1 - bigram_weight) * the unigram probability of the next token", _bigram(mix=False)),
+    Mistake("joint", "you divided a pair's count by the number of all pairs: that is how common the "
+            "pair is, not how often b follows a. Divide by the number of times a is followed by "
+            "anything", _bigram(conditional=False)),
+    Mistake("reversed", "your pairs are read backwards: you scored how often a follows b. The key "
+            "of a pair (previous a, next b) must be the same when you count and when you look up",
+            _bigram(order="ba")),
+    Mistake("counted_on_val", "you counted the pairs of val_ids: the line measures counts from "
+            "train_ids on text they never saw", _bigram(pairs_from="val")),
+    Mistake("prev_counts_all", "you divided by how often a occurs anywhere in train_ids, the last "
+            "token included, which is followed by nothing: count a only among the first N - 1 "
+            "tokens", _bigram(prev_counts="all")),
+]
+
+
+def check_bigram(fn):
+    gen = torch.Generator().manual_seed(1)
+    skewed = torch.tensor([0, 1, 1, 2, 2, 2, 3, 4, 4, 5])
+    cases = [(skewed[torch.randint(0, 10, (300,), generator=gen)], torch.randint(0, 7, (80,), generator=gen),
+              7, 0.01, 0.6),
+             (torch.randint(0, 4, (60,), generator=gen), torch.randint(0, 5, (50,), generator=gen), 5, 0.5, 0.8)]
+    for train_ids, val_ids, vocab_size, smoothing, weight in cases:
+        args = (train_ids, val_ids, vocab_size, smoothing, weight)
+        got = call_learner(EX_BIGRAM, fn, *(a.clone() if torch.is_tensor(a) else a for a in args))
+        if not isinstance(got, dict) or "bigram" not in got:
+            raise CheckFailed(EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'")
+        value = _as_float(EX_BIGRAM, got["bigram"], "your bigram loss")
+        want = _bigram_right(*args)["bigram"]
+        if math.isclose(value, want, rel_tol=1e-6):
+            continue
+        if math.isnan(value):
+            raise CheckFailed(EX_BIGRAM, "your bigram loss is NaN: a previous token that never occurs "
+                                         "in train_ids has count 0, and 0 / 0 is NaN. Its bigram "
+                                         "probability is 0 (clamp the count to at least 1)")
+        if not math.isfinite(value):
+            raise CheckFailed(EX_BIGRAM, named(BIGRAM_MISTAKES, "no_mix").message)
+        mistake = first_mistake(BIGRAM_MISTAKES, lambda m, a=args, v=value:
+                                math.isclose(v, m.fn(*a)["bigram"], rel_tol=1e-6))
+        if mistake is not None:
+            raise CheckFailed(EX_BIGRAM, mistake.message)
+        raise CheckFailed(EX_BIGRAM, f"with vocab_size={vocab_size} and bigram_weight={weight} your "
+                                     f"bigram loss is {value:.4f}, the line is {want:.4f}")
+    # a vocabulary of 2 million: a table of all pairs would hold 4 * 10^12 numbers
+    big = 2_000_000
+    train_ids, val_ids = cases[0][0] * 300_000, cases[0][1] * 300_000
+    try:
+        got = call_learner(EX_BIGRAM, fn, train_ids, val_ids, big, 0.01, 0.6)
+    except (RuntimeError, MemoryError):
+        raise CheckFailed(EX_BIGRAM, "with a vocabulary of 2 million your function ran out of memory: "
+                                     "a table of all pairs is too large. Count only the pairs that "
+                                     "occur (one integer a * V + b per pair)") from None
+    if not math.isfinite(_as_float(EX_BIGRAM, got["bigram"] if isinstance(got, dict) else got, "your loss")):
+        raise CheckFailed(EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite")
+    passed(EX_BIGRAM, "pairs counted from the training part, conditional on the previous token, "
+                      "mixed with the unigram, without a table of all pairs")
+
+
 # --------------------------------------------------------------------------- Exercise 7.7: evaluation
 
 
@@ -1028,7 +1143,9 @@ def _probe(name, fn):
     from gpt2lib import training
 
     ids = torch.arange(30)
-    if name == "get_batch":
+    if name == "ngram_baselines":
+        fn(ids, ids, 30)
+    elif name == "get_batch":
         fn(ids, 2, 4, torch.Generator().manual_seed(0), None)
     elif name == "lr_schedule":
         fn(0, 1e-3, 2, 10, 1e-4)
@@ -1068,7 +1185,8 @@ MISTAKES_BY_CHECK = {
     check_cross_entropy: LOSS_MISTAKES,
     check_uniform_loss: UNIFORM_MISTAKES,
     check_unigram_loss: UNIGRAM_MISTAKES,
-    check_random_batch: BATCH_MISTAKES,
+    check_random_batch: BATCH_MISTAKES + DEVICE_MISTAKES,
+    check_bigram: BIGRAM_MISTAKES,
     check_decay_groups: DECAY_MISTAKES,
     check_training_step: STEP_MISTAKES,
     check_cosine_lr: LR_MISTAKES,
