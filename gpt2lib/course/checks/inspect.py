@@ -17,6 +17,7 @@ import torch
 from gpt2lib.course.checks._core import (CheckFailed, Mistake, NotDoneYet, call_learner, close,
                                          expect_tensor, first_mistake, named, passed)
 
+EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
 EX_RECORD = "Exercise 8.2 (run_with_cache's hooks)"
 EX_LENS = "Exercise 8.3 (logit_lens)"
@@ -26,6 +27,120 @@ EX_COPY = "Exercise 8.6 (copy_losses)"
 EX_ZERO = "Exercise 8.7 (zero_heads)"
 EX_EFFECTS = "Exercise 8.8 (mean_head_outputs, ablation_effects)"
 CH_HEAD = "Challenge (the head the copying needs most)"
+
+
+# --------------------------------------------------------------------------- 8.0 reading the file
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+           "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _read_planted(path, keep=None, *, from_file_start=False, ignore_keep=False, mapped=False,
+                  flat=False):
+    """A safetensors reader with the mistakes switched on by name (the right one with none)."""
+    import json
+    import mmap
+    import struct
+    import warnings
+
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+        header.pop("__metadata__", None)
+        whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if mapped else None
+        for name, info in header.items():
+            if not ignore_keep and keep is not None and not keep(name):
+                continue
+            begin, end = info["data_offsets"]
+            start = begin if from_file_start else 8 + header_len + begin
+            if mapped:  # a view of the mapped file: no copy (torch warns that it is read-only)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    raw = torch.frombuffer(whole, dtype=torch.uint8, count=end - begin, offset=start)
+            else:
+                f.seek(start)
+                raw = torch.frombuffer(bytearray(f.read(end - begin)), dtype=torch.uint8)
+            tensor = raw.view(_DTYPES[info["dtype"]])
+            yield name, tensor if flat else tensor.view(info["shape"])
+
+
+READ_MISTAKES = [
+    Mistake("offsets from the file's start",
+            "the values are wrong although names, dtypes and shapes are right: data_offsets "
+            "count from the end of the header, so a tensor starts at byte 8 + header length + "
+            "its first offset", lambda path, keep=None: _read_planted(path, keep, from_file_start=True)),
+    Mistake("keep ignored", "with keep=... you still yielded tensors that keep(name) refused; "
+            "test each name before reading its bytes", lambda path, keep=None: _read_planted(
+                path, keep, ignore_keep=True)),
+    Mistake("flat", "every tensor came back flat (1-D): view it with the shape from its header "
+            "entry", lambda path, keep=None: _read_planted(path, keep, flat=True)),
+    Mistake("memory map", "your tensors changed when the file was rewritten after reading: they "
+            "are views of the file (a memory map), not tensors of their own; copy the bytes into "
+            "fresh memory (this is what lets a new download replace the file under a loaded "
+            "model)", lambda path, keep=None: _read_planted(path, keep, mapped=True)),
+]
+
+
+def _read_all(iter_safetensors, path, keep=None):
+    """{name: tensor} from the learner's reader, its stub turned into NotDoneYet."""
+    try:
+        return dict(call_learner(EX_READ, iter_safetensors, path, keep=keep))
+    except NotImplementedError:
+        raise NotDoneYet(EX_READ, "not done yet: replace the `raise NotImplementedError(...)` "
+                                  "line with your code, run that cell, then run this check "
+                                  "again.") from None
+
+
+def check_iter_safetensors(iter_safetensors) -> None:
+    """Reads a file with four dtypes and a metadata entry, with and without `keep`, and again
+    after the file's bytes were overwritten (a memory map would see the new bytes)."""
+    __tracebackhide__ = True
+    import tempfile
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    tensors = {"h.0.attn.c_attn.weight": torch.randn(3, 4), "wte.weight": torch.randn(2, 5).half(),
+               "count": torch.arange(6).view(2, 3), "ln.bias": torch.randn(4).bfloat16()}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.safetensors"
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        want = load_file(str(path))
+        got = _read_all(iter_safetensors, path)
+        if "__metadata__" in got:
+            raise CheckFailed(EX_READ, "you yielded the header's __metadata__ entry: it describes "
+                              "the file and holds no tensor; leave it out")
+        if set(got) != set(want):
+            raise CheckFailed(EX_READ, f"names read: {sorted(got)}; the file holds {sorted(want)}")
+        for name, tensor in got.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckFailed(EX_READ, f"{name}: yield (name, tensor) pairs, not {type(tensor).__name__}")
+            if tensor.dtype != want[name].dtype:
+                raise CheckFailed(EX_READ, f"{name} came back as {tensor.dtype}, the file stores "
+                                  f"{want[name].dtype}: take the dtype from its header entry")
+        mistake = first_mistake(READ_MISTAKES, lambda m: all(
+            torch.equal(got[n].view(-1), t.view(-1)) and got[n].shape == t.shape
+            for n, t in dict(m.fn(path)).items()))
+        for name, tensor in got.items():
+            if tuple(tensor.shape) != tuple(want[name].shape) or not torch.equal(tensor, want[name]):
+                if mistake is not None:
+                    raise CheckFailed(EX_READ, mistake.message)
+                raise CheckFailed(EX_READ, f"{name}: the shape or values differ from the file's "
+                                  f"(shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})")
+        kept = _read_all(iter_safetensors, path, keep=lambda n: n.startswith("h."))
+        if set(kept) != {"h.0.attn.c_attn.weight"}:
+            raise CheckFailed(EX_READ, named(READ_MISTAKES, "keep ignored").message
+                              + f" (with keep, you yielded {sorted(kept)})")
+        before = {n: t.clone() for n, t in got.items()}
+        with open(path, "r+b") as f:  # same layout, every tensor's bytes set to zero
+            size = path.stat().st_size
+            f.seek(8 + int.from_bytes(path.read_bytes()[:8], "little"))
+            f.write(bytes(size - f.tell()))
+        if any(not torch.equal(got[n], before[n]) for n in got):
+            raise CheckFailed(EX_READ, named(READ_MISTAKES, "memory map").message)
+    passed(EX_READ, "four dtypes, the metadata left out, keep honoured, and tensors of their own")
 
 
 # --------------------------------------------------------------------------- 8.1 induction score
@@ -830,6 +945,7 @@ def check_run_with_cache(run_with_cache) -> None:
 
 
 MISTAKES_BY_CHECK = {
+    check_iter_safetensors: READ_MISTAKES,
     check_checkpoint_to_model: MAPPING_MISTAKES,
     check_previous_token_score: PREVIOUS_MISTAKES,
     check_induction_score: INDUCTION_MISTAKES,
@@ -837,3 +953,17 @@ MISTAKES_BY_CHECK = {
     check_zero_heads: ZERO_MISTAKES,
     check_ablation_effects: EFFECTS_MISTAKES,
 }
+
+
+def yours_or_reference(read_safetensors):
+    """A reader that is yours when exercise 8.0 is done, else gpt2lib.weights', with a note."""
+    def read(path):
+        try:
+            return read_safetensors(path)
+        except NotImplementedError:
+            from gpt2lib.weights import read_safetensors as reference
+
+            print("exercise 8.0 unfinished: reading the file with gpt2lib.weights' reference")
+            return reference(path)
+
+    return read
