@@ -419,3 +419,22 @@ def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeyp
     monkeypatch.setattr(Conv1D, "forward", lambda self, x: x @ self.weight + self.bias)
     assert speed.use_split_conv1d(fresh) == 0
     assert all(type(m) is Conv1D for m in fresh.modules() if isinstance(m, Conv1D))
+
+
+def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
+    """benchmarks/decode_cpu_time.py times gpt2lib against transformers on the weights it
+    copies across: both must compute the same logits (the tied readout included)."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import decode_cpu_time
+
+    ours, hf = decode_cpu_time.paired_models(n_embd=24, vocab_size=50)
+    assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+    assert decode_cpu_time.summary([0.5, 0.1, 0.3], per=10) == pytest.approx(
+        {"median": 30.0, "min": 10.0, "max": 50.0})
