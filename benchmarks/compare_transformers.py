@@ -365,7 +365,7 @@ def best_read_gbps(megabytes: int = 512, repeats: int = 7) -> dict:
 
 
 @torch.inference_mode()
-def multiplies_only_seconds(model, repeats: int = 7) -> float:
+def multiplies_only_seconds(model, repeats: int = 7, clock=time.perf_counter) -> float:
     """Seconds for the multiplies of one batch-1 decode step alone, back to back (best of `repeats`).
 
     One row times each layer's four weight matrices, then the token table: every weight byte a
@@ -386,7 +386,7 @@ def multiplies_only_seconds(model, repeats: int = 7) -> float:
             torch.mm(rows[w.shape[0]], w)
         torch.mm(table, column)
 
-    return min(wall_times(step, repeats))
+    return min(wall_times(step, repeats, clock=clock))
 
 
 def report_bandwidth(bench) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "CapturedDecodeStep",
     "SplitConv1D",
     "capture_decode_step",
+    "swappable",
     "use_split_conv1d",
 ]
 
@@ -39,19 +40,39 @@ class SplitConv1D(Conv1D):
 
 _SWAP_LOCK = threading.Lock()
 
+# gpt2lib's own class -> its forward as the chapter wrote it, read when this module is imported.
+# A module is switched only while its class is exactly that class and still runs that forward.
+_AS_WRITTEN = {Conv1D: Conv1D.forward}
+
+
+def swappable(module, cls) -> bool:
+    """Whether `module` may be switched to a faster subclass of gpt2lib's `cls`, in place.
+
+    Only an instance whose class is exactly `cls` (a learner's subclass keeps its own class),
+    whose class still has the forward the chapter wrote (nobody patched `cls.forward`), and
+    whose instance has no `forward` of its own (an experimenter's replacement keeps running).
+    """
+    return (
+        type(module) is cls
+        and cls.forward is _AS_WRITTEN[cls]
+        and "forward" not in vars(module)
+    )
+
 
 def use_split_conv1d(model) -> int:
     """Switch every plain Conv1D of `model` to SplitConv1D, in place, if the split was measured
     faster on this machine (kernels.split_measured_faster). Returns how many were switched.
 
-    Only the class of each layer changes: its weights, name, hooks and state_dict stay.
+    Only the class of each layer changes: its weights, name, hooks and state_dict stay. A
+    learner's Conv1D subclass, or a layer whose forward was replaced, is left as it is
+    (`swappable`).
     """
     if torch.get_num_threads() < 2 or not kernels.split_measured_faster():
         return 0
     switched = 0
     with _SWAP_LOCK:
         for module in model.modules():
-            if type(module) is Conv1D:
+            if swappable(module, Conv1D):
                 module.__class__ = SplitConv1D
                 switched += 1
     return switched

@@ -334,3 +334,107 @@ def test_use_split_matmul_refuses_what_is_not_true_false_or_none():
     with pytest.raises(TypeError, match="True, False or None"):
         with kernels.use_split_matmul("yes"):
             pass
+
+
+# --------------------------------------------------------------------------- the swap, kept honest
+
+
+@torch.no_grad()
+def greedy_by_full_forwards(model, idx, n):
+    """The reference: the whole sequence through model(...) at every step, argmax."""
+    for _ in range(n):
+        idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def sharp_tiny_model():
+    """tiny_model with larger weights: its greedy tokens depend on every layer and head."""
+    model = tiny_model(n_embd=32, n_head=4, n_layer=3, vocab_size=97, seed=3)
+    with torch.no_grad():
+        for block in model.h:
+            block.attn.c_proj.weight.mul_(8)
+            block.mlp.c_proj.weight.mul_(4)
+    return model
+
+
+@pytest.mark.parametrize("change", ["nothing", "hook on a block", "hook on a swapped layer",
+                                    "ablated heads"])
+def test_a_swapped_model_generates_what_the_plain_model_computes(change):
+    """SplitConv1D is the same function: generating with the swapped layers (split on) gives the
+    tokens of full forward passes of the untouched model, also under hooks and ablations
+    (a hook registered before the swap keeps firing after it)."""
+    import contextlib
+    import copy
+
+    from gpt2lib import speed
+    from gpt2lib.interpret import ablated_heads
+    from gpt2lib.layers import Conv1D
+
+    plain = sharp_tiny_model()
+    swapped = copy.deepcopy(plain)
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(4))
+    handles, scopes = [], []
+    for model in (plain, swapped):
+        if change == "hook on a block":
+            handles.append(model.h[1].register_forward_hook(lambda m, a, out: -out))
+        elif change == "hook on a swapped layer":
+            handles.append(model.h[0].mlp.c_fc.register_forward_hook(lambda m, a, out: out * 3))
+        elif change == "ablated heads":
+            scopes.append(ablated_heads(model, {0: [0, 1], 2: [3]}))
+    with contextlib.ExitStack() as stack:
+        for scope in scopes:
+            stack.enter_context(scope)
+        want = greedy_by_full_forwards(plain, ids, 10)  # plain is never swapped
+        assert speed.use_split_conv1d(swapped) == 3 * 4
+        assert all(type(m) is speed.SplitConv1D for m in swapped.modules() if isinstance(m, Conv1D))
+        with kernels.use_split_matmul(True):
+            with torch.no_grad():
+                torch.testing.assert_close(swapped(ids), plain(ids), atol=1e-4, rtol=1e-4)
+            got = generate(swapped, ids, 10, temperature=0)
+    for handle in handles:
+        handle.remove()
+    assert torch.equal(got, want)
+    if change != "nothing":  # the change mattered: without it the tokens differ
+        assert not torch.equal(want, greedy_by_full_forwards(sharp_tiny_model(), ids, 10))
+
+
+def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeypatch):
+    from gpt2lib import speed
+    from gpt2lib.layers import Conv1D
+
+    class MyConv1D(Conv1D):  # a learner's own layer: it keeps its class
+        pass
+
+    model = tiny_model()
+    model.h[0].mlp.c_fc.__class__ = MyConv1D
+    replaced = model.h[1].attn.c_proj
+    replaced.forward = lambda x: Conv1D.forward(replaced, x) * 2  # an experimenter's patch
+    assert speed.use_split_conv1d(model) == 2 * 4 - 2
+    assert type(model.h[0].mlp.c_fc) is MyConv1D and type(replaced) is Conv1D
+    assert type(model.h[0].attn.c_attn) is speed.SplitConv1D
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    assert torch.equal(generate(model, ids, 4, temperature=0), greedy_by_full_forwards(model, ids, 4))
+
+    fresh = tiny_model()  # a class whose forward was patched: nothing is switched
+    monkeypatch.setattr(Conv1D, "forward", lambda self, x: x @ self.weight + self.bias)
+    assert speed.use_split_conv1d(fresh) == 0
+    assert all(type(m) is Conv1D for m in fresh.modules() if isinstance(m, Conv1D))
+
+
+def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
+    """benchmarks/decode_cpu_time.py times gpt2lib against transformers on the weights it
+    copies across: both must compute the same logits (the tied readout included)."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import decode_cpu_time
+
+    ours, hf = decode_cpu_time.paired_models(n_embd=24, vocab_size=50)
+    assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+    assert decode_cpu_time.summary([0.5, 0.1, 0.3], per=10) == pytest.approx(
+        {"median": 30.0, "min": 10.0, "max": 50.0})
