@@ -68,6 +68,15 @@ machine (8 helpers), one thread each, scores from the training log (softmax over
   2500 steps: previous 0.51, induction 0.013, second copy 4.62 vs 4.80; with `--layout
   copied` (context 64): previous 0.72, induction 0.000, 4.33 vs 5.80.
 
+- On the quiet machine afterwards (2 threads, about 0.018 s a step at width 64, context 64):
+  the closest command above for 12,000 steps (3.5 min): previous 0.67, induction 0.0005,
+  second copy 3.78 vs first 5.75 (pool softmax). `--layout twice --loss-on all --skip-rows 0
+  --common 30 --n-head 2 --lr 1e-3`, 12,000 steps (2.4 min): second copy 0.51 vs 3.76 in the
+  pool softmax, yet 4.69 vs 10.05 in the full one, induction 0.004, previous 0.06; its heads,
+  looked at directly, put 0.97 (layer 0) and 0.5 (layer 1) of their attention on fixed
+  earlier positions: it guesses among the ids it has seen (ln 20 is 3.0) and never matches
+  content. So more steps alone do not get out of this plateau here.
+
 So the previous-token half is solved (skip rows); the missing part is the layer-1 head that
 matches on content: in every run it settles on a positional sink and stays there for the
 few thousand steps this machine allows. Next to try: far more steps on a quieter machine
