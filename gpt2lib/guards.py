@@ -1,5 +1,6 @@
 """Argument checks for chapter 7's entry points: `train`, `get_batch`, `lm_loss`,
-`lr_schedule`, `sample` and `ngram_baselines`.
+`lr_schedule`, `sample` and `ngram_baselines`; and `sample` itself (chapter 9's decoding loop
+without a cache, which chapter 7 uses to show text before chapter 9 teaches sampling).
 
 Written by hand (not generated from a notebook). The chapter's cells are the plain lesson;
 its last export cell wraps the public names with `guarded(check)` and `guarded_train`, so
@@ -22,7 +23,7 @@ from gpt2lib.validation import token_range
 
 __all__ = ["check_batch_arguments", "check_loss_arguments", "check_ngram_arguments",
            "check_sample_arguments", "check_schedule_arguments", "check_train_arguments",
-           "guarded", "guarded_train"]
+           "guarded", "guarded_train", "sample"]
 
 
 def _whole(name, value, minimum, allow_none=False):
@@ -209,6 +210,25 @@ def guarded(check):
         return entry
 
     return wrap
+
+
+@guarded(check_sample_arguments)
+@torch.no_grad()
+def sample(model, idx, max_new_tokens, temperature=1.0, generator=None):
+    """Extend idx (B, T) by max_new_tokens tokens with chapter 9's loop (no cache), in eval mode.
+
+    Each step feeds the last n_positions tokens; temperature 0 is greedy. The model's mode is
+    restored afterwards. `gpt2lib.training.sample` is this function.
+    """
+    from gpt2lib.generation import decode_all  # chapter 9's loop, the one generate() runs
+
+    was_training = model.training
+    model.eval()
+    try:
+        return decode_all(model, idx, max_new_tokens, sampling=(float(temperature), None, None),
+                          generator=generator, use_cache=False, crop=True)
+    finally:
+        model.train(was_training)
 
 
 def guarded_train(lesson_train, history_cls):

@@ -347,3 +347,62 @@ def test_the_format_check_names_each_planted_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
         scaling_checks.check_format_error(mistake.fn)
     assert mistake.message in str(info.value)
+
+
+# --------------------------------------------------------------------------- chapter 11's log check
+
+
+def test_the_run_speed_check_passes_a_right_answer_written_another_way(capsys):
+    def from_the_mfu_column(folder):
+        """Another right answer: each step's seconds from its MFU, the run's rate from them."""
+        run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+        lines = (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()[1:]
+        flops = run["flops_per_token"] * run["tokens_per_step"]
+        peak = run["peak_flops_per_device"] * run["world_size"]
+        seconds = sum(flops / (json.loads(line)["mfu"] * peak) for line in lines)
+        rate = len(lines) * run["tokens_per_step"] / seconds
+        return [rate, rate * run["flops_per_token"] / peak]
+
+    scaling_checks.check_run_speed(from_the_mfu_column)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", scaling_checks.SPEED_MISTAKES, ids=lambda m: m.name)
+def test_the_run_speed_check_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        scaling_checks.check_run_speed(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda folder: (lambda t, m: (t, 100 * m))(*scaling_checks._run_speed(folder)), "a percentage"),
+    (lambda folder: scaling_checks._run_speed(folder)[0], "return two numbers"),
+    (lambda folder: (1.0, 0.5), "tokens/s and MFU"),
+], ids=["percent", "one number", "far off"])
+def test_the_run_speed_check_names_other_wrong_answers(answer, message):
+    with pytest.raises(CheckFailed, match=message):
+        scaling_checks.check_run_speed(answer)
+
+
+def test_the_run_speed_check_reads_a_stub_as_not_done_yet():
+    from gpt2lib.course.checks._core import NotDoneYet
+
+    def run_speed(folder):
+        raise NotImplementedError("Exercise 11.8: replace this line with your code")
+
+    with pytest.raises(NotDoneYet):
+        scaling_checks.check_run_speed(run_speed)
+
+
+def test_run_speed_reads_a_real_runs_files_as_the_log_wrote_them(tmp_path, token_file):
+    """The check's synthetic runs have the keys and meaning of a real run's files."""
+    from gpt2lib.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(token_file), "--n-layer", "1", "--n-head", "2",
+                 "--n-embd", "16", "--block-size", "16", "--batch-size", "2", "--steps", "3",
+                 "--no-progress", "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in (out / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    rate, mfu = scaling_checks._run_speed(out)
+    assert min(x["tokens_per_s"] for x in lines[1:]) <= rate <= max(x["tokens_per_s"] for x in lines[1:])
+    assert min(x["mfu"] for x in lines[1:]) <= mfu * (1 + 1e-9) and mfu <= max(x["mfu"] for x in lines[1:]) * (1 + 1e-9)

@@ -1,6 +1,6 @@
 """Checks for chapter 11 (scaling up): sharded gradients as DDP averages them, gradient
-accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, and the
-token-budget challenge.
+accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, a run's
+throughput and MFU read from its log, and the token-budget challenge.
 
 Each check runs the learner's code on more than one setting and compares it with the right
 answer; when they differ, it tries the usual wrong versions (the planted mistakes below) and
@@ -34,6 +34,7 @@ EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
 EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
 EX_FLOPS = "Exercise 11.5 (parameters and FLOPs from the config)"
 EX_COST = "Exercise 11.6 (what a run costs)"
+EX_SPEED = "Exercise 11.8 (the throughput and MFU of a run)"
 CHALLENGE = "Challenge 11 (the most from a token budget)"
 
 
@@ -328,6 +329,84 @@ def learner_or_reference(fn, reference, exercise, *example):
     except NotImplementedError:
         print(f"note: {exercise} is not done yet; the cells below use the reference answer")
         return reference
+
+
+# --------------------------------------------------------------------------- Exercise 11.8
+
+
+def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
+    """The right (tokens/s, MFU) of a run folder by default; each argument plants one mistake."""
+    folder = Path(folder)
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    lines = [json.loads(line) for line in
+             (folder / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    steps = lines[1:] if skip_first else lines
+    if mean_of_rates:
+        tokens_per_s = sum(line["tokens_per_s"] for line in steps) / len(steps)
+    else:  # the run's tokens over its seconds
+        seconds = sum(run["tokens_per_step"] / line["tokens_per_s"] for line in steps)
+        tokens_per_s = run["tokens_per_step"] * len(steps) / seconds
+    peak = run["peak_flops_per_device"] * (run["world_size"] if all_devices else 1)
+    return tokens_per_s, tokens_per_s * run["flops_per_token"] / peak
+
+
+SPEED_MISTAKES = [
+    Mistake("first step kept", "your throughput counts the first step, which also pays for "
+            "start-up (allocating memory, setting up the processes' communication, compiling): "
+            "leave it out", lambda folder: _run_speed(folder, skip_first=False)),
+    Mistake("mean of rates", "you averaged the steps' tokens per second, but a step twice as "
+            "long counts no more in that mean than a short one: the run's rate is all its tokens "
+            "over all its seconds (each step's seconds are its tokens over its rate)",
+            lambda folder: _run_speed(folder, mean_of_rates=True)),
+    Mistake("one device", "your MFU compares the FLOPs of every process with the peak of one "
+            "device: the run had world_size devices, and the peak is theirs together",
+            lambda folder: _run_speed(folder, all_devices=False)),
+]
+
+# (world_size, tokens per step, FLOPs per token, one device's peak, each step's seconds)
+_SPEED_RUNS = ((1, 256, 1.5e6, 2e10, (4.0, 0.5, 0.25, 1.0)),
+               (2, 1024, 3e6, 5e10, (2.5, 0.2, 0.6, 0.2, 1.0)))
+
+
+def _write_run(folder, world, tokens_per_step, flops_token, peak, seconds):
+    """A run folder as gpt2lib train writes it, with step times the check chooses."""
+    folder.mkdir(parents=True)
+    info = {"world_size": world, "tokens_per_step": tokens_per_step,
+            "flops_per_token": flops_token, "peak_flops_per_device": peak,
+            "peak_source": "given (a check's own numbers)"}
+    (folder / "run.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    lines = [{"step": step, "loss": 10.0 - step, "lr": 1e-3, "tokens_per_s": tokens_per_step / t,
+              "mfu": flops_token * tokens_per_step / t / (peak * world)}
+             for step, t in enumerate(seconds)]
+    (folder / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines),
+                                      encoding="utf-8")
+    return folder
+
+
+def check_run_speed(fn):
+    """`run_speed(folder)` -> (tokens per second, MFU) over every step but the first."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as work:
+        for k, (world, *rest) in enumerate(_SPEED_RUNS):
+            folder = _write_run(Path(work) / f"run{k}", world, *rest)
+            got = call_learner(EX_SPEED, fn, folder)
+            if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                raise CheckFailed(EX_SPEED, "return two numbers: (tokens per second, MFU)")
+            got = tuple(float(g) for g in got)
+            want = _run_speed(folder)
+            same = lambda a, b: all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b))  # noqa: E731
+            if same(got, want):
+                continue
+            wrong = first_mistake(SPEED_MISTAKES, lambda m, f=folder: same(got, m.fn(f)))
+            if wrong is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
+                raise CheckFailed(EX_SPEED, "your MFU is a percentage: return the share, between "
+                                            "0 and 1")
+            raise CheckFailed(EX_SPEED, wrong.message if wrong else
+                              f"for {world} process(es) with steps of {rest[-1]} s you give "
+                              f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
+                              f"{want[0]:,.1f} and {want[1]:.4g}")
+    passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
 
 
 TOKEN_BUDGET = 32 * 8 * 32  # tokens the challenge's run may read: 32 steps x 8 windows x 32

@@ -286,6 +286,11 @@ DECAY_MISTAKES = [
             "gain is also called weight. Choose by shape instead: p.dim() >= 2",
             lambda model, wd: _groups([p for n, p in model.named_parameters() if n.endswith("weight")],
                                       [p for n, p in model.named_parameters() if not n.endswith("weight")], wd)),
+    Mistake("fixed_rate",
+            "your decayed group's weight decay stays 0.1 when decay_groups is given another "
+            "weight_decay: use the argument, so that make_optimizer and train can set it",
+            lambda model, wd: _groups([p for p in model.parameters() if p.dim() >= 2],
+                                      [p for p in model.parameters() if p.dim() < 2], 0.1)),
 ]
 
 
@@ -316,8 +321,15 @@ def _decay_of_each(exercise, groups, model):
 
 
 def check_decay_groups(fn):
-    model = _tiny_model()
-    wd = 0.1
+    """Two models and two rates: matrices decay by `weight_decay`, gains and biases not at all."""
+    for model, wd in ((_tiny_model(), 0.1), (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3)):
+        _check_decay_once(fn, model, wd)
+    n_decay = sum(1 for p in model.parameters() if p.dim() >= 2)
+    passed(EX_DECAY, f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
+                     "gains and biases not, for two models and two rates")
+
+
+def _check_decay_once(fn, model, wd):
     groups = call_learner(EX_DECAY, fn, model, wd)
     try:
         got = _decay_of_each(EX_DECAY, groups, model)
@@ -327,9 +339,7 @@ def check_decay_groups(fn):
         want = {i: (wd if p.dim() >= 2 else 0.0) for i, p in enumerate(model.parameters())}
         if got == want:
             torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
-            n_decay = sum(1 for v in got.values() if v)
-            return passed(EX_DECAY, f"{n_decay} weight matrices decayed, "
-                                    f"{len(got) - n_decay} gains and biases not")
+            return
     mistake = first_mistake(DECAY_MISTAKES, lambda m: got == _decay_of_each(EX_DECAY, m.fn(model, wd), model))
     if mistake is not None:
         raise CheckFailed(EX_DECAY, mistake.message)
@@ -338,7 +348,7 @@ def check_decay_groups(fn):
     params = list(model.parameters())
     wrong = [names[i] for i, v in got.items() if v != (wd if params[i].dim() >= 2 else 0.0)]
     raise CheckFailed(EX_DECAY, f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
-                                f"2-D weights get {wd}, 1-D gains and biases 0.0")
+                                f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0")
 
 
 # --------------------------------------------------------------------------- Exercise 7.5: the step
