@@ -406,3 +406,40 @@ def test_run_speed_reads_a_real_runs_files_as_the_log_wrote_them(tmp_path, token
     rate, mfu = scaling_checks._run_speed(out)
     assert min(x["tokens_per_s"] for x in lines[1:]) <= rate <= max(x["tokens_per_s"] for x in lines[1:])
     assert min(x["mfu"] for x in lines[1:]) <= mfu * (1 + 1e-9) and mfu <= max(x["mfu"] for x in lines[1:]) * (1 + 1e-9)
+
+
+def _recipe_price(**mistakes):
+    """Exercise 11.7's four numbers, right unless a mistake is planted."""
+    from gpt2lib.config import GPT2Config
+
+    _, per_token = scaling_checks.reference_flops_per_token(GPT2Config(), 1024)
+    steps = 10e9 / (512 if mistakes.get("windows") else 524_288)
+    total = per_token * (steps if mistakes.get("per_step") else 10e9)
+    gpus, mfu = (1 if mistakes.get("one_gpu") else 8), (1.0 if mistakes.get("no_mfu") else 0.4)
+    hours, dollars = scaling_checks.reference_run_cost(total, gpus, 989e12, mfu, 2.5)
+    if mistakes.get("one_gpu_paid"):
+        dollars /= 8
+    return steps, total, hours, dollars
+
+
+def test_the_recipe_price_check_passes_the_right_numbers(capsys):
+    scaling_checks.check_recipe_price(*_recipe_price())
+    assert "Exercise 11.7" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake, phrase", [
+    ("windows", "divide the tokens by the tokens of a step"),
+    ("per_step", "every token of every step"),
+    ("one_gpu", "shared by all the GPUs"),
+    ("no_mfu", "MFU share of their peak"),
+    ("one_gpu_paid", "every GPU of the node is paid"),
+])
+def test_the_recipe_price_check_names_each_planted_mistake(mistake, phrase):
+    with pytest.raises(CheckFailed, match=phrase):
+        scaling_checks.check_recipe_price(*_recipe_price(**{mistake: True}))
+
+
+def test_the_recipe_price_check_refuses_what_is_not_a_number():
+    steps, total, hours, _ = _recipe_price()
+    with pytest.raises(CheckFailed, match="dollars should be a number"):
+        scaling_checks.check_recipe_price(steps, total, hours, "$15")

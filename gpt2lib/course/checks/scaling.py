@@ -1,6 +1,6 @@
 """Checks for chapter 11 (scaling up): sharded gradients as DDP averages them, gradient
-accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, a run's
-throughput and MFU read from its log, and the token-budget challenge.
+accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, the price of
+build-nanogpt's recipe, a run's throughput and MFU read from its log, and the token-budget challenge.
 
 Each check runs the learner's code on more than one setting and compares it with the right
 answer; when they differ, it tries the usual wrong versions (the planted mistakes below) and
@@ -34,6 +34,7 @@ EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
 EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
 EX_FLOPS = "Exercise 11.5 (parameters and FLOPs from the config)"
 EX_COST = "Exercise 11.6 (what a run costs)"
+EX_PRICE = "Exercise 11.7 (price the recipe)"
 EX_SPEED = "Exercise 11.8 (the throughput and MFU of a run)"
 CHALLENGE = "Challenge 11 (the most from a token budget)"
 
@@ -319,6 +320,44 @@ def check_run_cost(fn):
             raise CheckFailed(EX_COST, f"for {case}: you give {got}, expected "
                                        f"({want[0]:.4g} h, ${want[1]:.4g}){hint}")
     passed(EX_COST, "hours and dollars for three runs")
+
+
+def check_recipe_price(steps, total_flops, hours, dollars, tokens=10e9, global_tokens=524_288,
+                       gpus=8, peak_flops=989e12, mfu=0.4, dollars_per_gpu_hour=2.5):
+    """Exercise 11.7: the recipe's steps, FLOPs, hours and dollars against the reference."""
+    from gpt2lib.config import GPT2Config
+
+    _, per_token = reference_flops_per_token(GPT2Config(), 1024)
+    want_steps, want_total = tokens / global_tokens, per_token * tokens
+    want_hours, want_dollars = reference_run_cost(want_total, gpus, peak_flops, mfu,
+                                                  dollars_per_gpu_hour)
+    for name, got in (("steps", steps), ("total FLOPs", total_flops), ("hours", hours),
+                      ("dollars", dollars)):
+        if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
+            raise CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
+    if not math.isclose(steps, want_steps, rel_tol=1e-6):
+        hint = (": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens "
+                "of a step, not by the windows" if math.isclose(steps, tokens / 512, rel_tol=1e-6)
+                else "")
+        raise CheckFailed(EX_PRICE, f"{steps:,.0f} steps, expected {want_steps:,.0f}{hint}")
+    if not math.isclose(total_flops, want_total, rel_tol=1e-6):
+        hint = (": that is FLOPs per token times steps; every token of every step costs them"
+                if math.isclose(total_flops, per_token * want_steps, rel_tol=1e-6) else "")
+        raise CheckFailed(EX_PRICE, f"total {total_flops:.3e} FLOPs, expected "
+                                    f"{want_total:.3e}{hint}")
+    if not math.isclose(hours, want_hours, rel_tol=1e-6):
+        hint = ""
+        if math.isclose(hours, want_hours * mfu, rel_tol=1e-6):
+            hint = ": the GPUs reach only the MFU share of their peak: divide by it"
+        elif math.isclose(hours, want_hours * gpus, rel_tol=1e-6):
+            hint = ": the work is shared by all the GPUs of the node"
+        raise CheckFailed(EX_PRICE, f"{hours:.3g} hours, expected {want_hours:.3g}{hint}")
+    if not math.isclose(dollars, want_dollars, rel_tol=1e-6):
+        hint = (": every GPU of the node is paid for those hours"
+                if math.isclose(dollars, want_dollars / gpus, rel_tol=1e-6) else "")
+        raise CheckFailed(EX_PRICE, f"${dollars:,.2f}, expected ${want_dollars:,.2f}{hint}")
+    passed(EX_PRICE, f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
+                     f"${want_dollars:,.0f}")
 
 
 def learner_or_reference(fn, reference, exercise, *example):
