@@ -1159,6 +1159,11 @@ RIGHT_ANSWERS = {
     checks.check_fixed_merge: [_fixed_merge, bpe_merge],
     checks.check_tie_text: [lambda: "ab xy", lambda: "ab ba"],
     checks.check_bytes_per_token: [lambda tokenizer, text: len(text.encode()) / len(tokenizer.encode(text))],
+    checks.check_encode_sketch: [
+        lambda text, vocab, ranks: BPETokenizer(vocab, sorted(ranks, key=ranks.get)).encode_ordinary(text),
+        lambda text, vocab, ranks: [vocab[t] for piece in regex.findall(GPT2_SPLIT_PATTERN, text)
+                                    for t in _fixed_merge([bytes([b]) for b in piece.encode()], ranks)],
+    ],
 }
 
 
@@ -1286,3 +1291,47 @@ def test_the_chapter_states_what_each_check_uses():
              checks.EX_TIE, checks.EX_PAIR, checks.EX_TRAIN, checks.EX_RATIO]
     assert [name.split(" (")[0] + ": " + name.split(" (", 1)[1].split(")")[0] for name in names] == titles
     assert [c.title for c in course_format.challenges(nb)] == ["Challenge: train twice as fast"]
+
+
+# --------------------------------------------------------------------------- 1.4 encode, 1.10 measurement
+
+
+def test_the_encode_check_names_a_wrong_return():
+    _fails(checks.check_encode_sketch, lambda text, vocab, ranks: "ids", "should return a list of ints")
+    _fails(checks.check_encode_sketch, lambda text, vocab, ranks: [0], "gives the ids")
+
+
+def test_the_gpt2_encoder_of_the_check_is_tiktokens():
+    vocab, merges = load_gpt2_vocab()
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    for text in checks._ENCODE_TEXTS:
+        assert checks._encode_with(text, vocab, ranks) == get_encoding().encode(text)
+
+
+_SWEEP_TEXT = (DATA / "bpe_training_text.txt").read_text(encoding="utf-8")
+SWEEP_TEXTS = _SWEEP_TEXT[:1500], _SWEEP_TEXT[1500:2700]  # (train, held out)
+SWEEP_SIZES = [256, 270, 290]
+
+
+def test_the_sweep_check_accepts_the_right_measurement(capsys):
+    ratios, gpt2_ratio = checks._sweep(*SWEEP_TEXTS, SWEEP_SIZES)
+    checks.check_vocabulary_sweep(SWEEP_SIZES, ratios, gpt2_ratio, *SWEEP_TEXTS)
+    assert ratios[0] == 1.0  # bytes only
+    assert "✅ Exercise 1.10 (measure how much text a token holds): the measurement" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", checks.SWEEP_MISTAKES, ids=lambda m: m.name)
+def test_the_sweep_check_names_each_planted_mistake(mistake):
+    ratios, gpt2_ratio = mistake.fn(*SWEEP_TEXTS, SWEEP_SIZES)
+    with pytest.raises(CheckFailed) as info:
+        checks.check_vocabulary_sweep(SWEEP_SIZES, ratios, gpt2_ratio, *SWEEP_TEXTS)
+    assert mistake.message in str(info.value)
+
+
+def test_the_sweep_check_names_form_mistakes_and_unknown_numbers():
+    with pytest.raises(CheckFailed, match="give one per size"):
+        checks.check_vocabulary_sweep(SWEEP_SIZES, [1.0], 3.0, *SWEEP_TEXTS)
+    with pytest.raises(CheckFailed, match="a list of numbers"):
+        checks.check_vocabulary_sweep(SWEEP_SIZES, ["a", "b", "c"], 3.0, *SWEEP_TEXTS)
+    with pytest.raises(CheckFailed, match="your numbers are not the bytes per token on held_out"):
+        checks.check_vocabulary_sweep(SWEEP_SIZES, [1.0, 2.0, 3.0], 3.0, *SWEEP_TEXTS)

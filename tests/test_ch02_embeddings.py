@@ -571,6 +571,31 @@ def test_check_dropout_accepts_right_answers(capsys):
     assert capsys.readouterr().out.count("✅ Exercise 2.4") == 3
 
 
+def measure_dropout_reference(drop, x):
+    y = drop.train()(x)
+    kept = y != 0
+    return 1 - kept.float().mean().item(), (y[kept] / x[kept]).mean().item(), torch.equal(drop.eval()(x), x)
+
+
+def measure_dropout_by_scale(drop, x):  # right: the factor from the largest kept ratio, tensors returned
+    y = drop.train()(x)
+    return (y == 0).double().mean(), (y / x).max(), bool((drop.eval()(x) == x).all())
+
+
+def test_check_measure_dropout_accepts_right_answers(capsys):
+    checks.check_measure_dropout(measure_dropout_reference)
+    checks.check_measure_dropout(measure_dropout_by_scale)
+    assert capsys.readouterr().out.count("✅ Exercise 2.4 (measure_dropout)") == 2
+
+
+def test_check_measure_dropout_reports_the_stub_a_wrong_return_and_unknown_numbers():
+    assert_not_done_yet(checks.check_measure_dropout)
+    with pytest.raises(CheckFailed, match="return three things"):
+        checks.check_measure_dropout(lambda drop, x: 0.1)
+    with pytest.raises(CheckFailed, match=r"for nn.Dropout\(0.1\) you measured 0.5000 zeroed"):
+        checks.check_measure_dropout(lambda drop, x: (0.5, 2.0, True))
+
+
 def test_check_dropout_names_an_unknown_mistake_with_its_numbers():
     with pytest.raises(CheckFailed, match=r"for p=0.1 your dropout zeroes 0.0000 of the numbers"):
         checks.check_dropout(lambda x, p, training=True: x * 3)

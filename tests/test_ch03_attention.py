@@ -1,5 +1,5 @@
 """Chapter 3: gpt2lib.layers (Conv1D), gpt2lib.attention (split_heads, merge_heads,
-CausalSelfAttention, attention_weights) and the checks behind exercises 3.1-3.3, one test per
+CausalSelfAttention, attention_weights) and the checks behind exercises 3.1-3.8, one test per
 planted mistake."""
 
 from __future__ import annotations
@@ -169,12 +169,23 @@ def test_submodules_and_parameter_count_of_gpt2_small():
 
 
 @pytest.mark.parametrize("shape", [(4, 32), (1, 4, 16), (1, 2, 4, 32)])
-def test_attention_rejects_bad_input_shapes(shape):
+def test_a_bad_input_shape_never_passes_the_layer_silently(shape):
+    # the layer is plain teaching code without argument checks, but a wrong shape still stops it
     layer = CausalSelfAttention(small_config())
-    with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 32\)"):
+    with pytest.raises((ValueError, RuntimeError, IndexError)):
         layer(torch.randn(*shape))
-    with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 32\)"):
+    with pytest.raises((ValueError, RuntimeError, IndexError)):
         attention_weights(layer, torch.randn(*shape))
+
+
+@pytest.mark.parametrize("shape", [(4,), (1, 2, 4)])
+def test_the_clear_message_about_a_bad_shape_comes_from_the_entry_point(shape):
+    from gpt2lib import GPT2
+    from gpt2lib.generation import generate
+
+    model = GPT2(small_config()).eval()
+    with pytest.raises(ValueError, match=r"token ids must have shape \(B, T\)"):
+        generate(model, torch.zeros(shape, dtype=torch.long), 1)
 
 
 def test_attention_weights_are_causal_rows_that_reproduce_the_output():
@@ -698,6 +709,39 @@ def test_attention_init_stub_is_not_done_yet():
 # --------------------------------------------------------------------------- check 3.7
 
 
+def test_check_attention_by_hand_accepts_right_answers(capsys):
+    checks.check_attention_by_hand(checks.attention_by_hand_reference)
+    checks.check_attention_by_hand(loop_attention)  # loops over batch, heads, queries and keys
+    checks.check_attention_by_hand(lambda layer, x: layer(x))  # the layer itself
+    assert capsys.readouterr().out.count("✅ Exercise 3.7") == 3
+
+
+def test_the_reference_by_hand_is_the_layer_at_gpt2_small_size():
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(GPT2Config()).eval()
+    x = torch.randn(1, 7, 768)
+    with torch.no_grad():
+        assert torch.allclose(checks.attention_by_hand_reference(layer, x), layer(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("mistake", checks.BY_HAND_MISTAKES, ids=lambda m: m.name)
+def test_check_attention_by_hand_names_every_planted_mistake(mistake):
+    assert_named(checks.check_attention_by_hand, mistake.fn, mistake.message)
+
+
+def test_check_attention_by_hand_reports_the_stub_a_wrong_shape_and_other_mistakes():
+    def stub(layer, x):
+        raise NotImplementedError("Exercise 3.7: replace this line with your code")
+
+    with pytest.raises(NotDoneYet):
+        checks.check_attention_by_hand(stub)
+    assert_named(checks.check_attention_by_hand, lambda layer, x: x[:, :-1], "has shape")
+    assert_named(checks.check_attention_by_hand, lambda layer, x: 2 * layer(x), "differs from the layer's")
+
+
+# --------------------------------------------------------------------------- check 3.8
+
+
 def cost_by_layer(T, n_embd, n_head):  # counted from a real layer and the matmul shapes
     layer = CausalSelfAttention(small_config(n_embd=n_embd, n_head=n_head))
     hd = n_embd // n_head
@@ -708,7 +752,7 @@ def cost_by_layer(T, n_embd, n_head):  # counted from a real layer and the matmu
 def test_check_attention_cost_accepts_right_answers(capsys):
     checks.check_attention_cost(lambda T, C, n: checks._cost(T, C, n))
     checks.check_attention_cost(cost_by_layer)
-    assert capsys.readouterr().out.count("✅ Exercise 3.7") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 3.8") == 2
 
 
 def test_the_cost_formula_equals_torchs_flop_counter():

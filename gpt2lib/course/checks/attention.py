@@ -1,6 +1,7 @@
 """Checks for chapter 3's exercises: one head with loops and with matrices, the saturation of
 the softmax measured, a previous-token head designed by hand, multi-head attention debugged,
-GPT-2's attention module (with split_heads and merge_heads), the cost of attention derived,
+GPT-2's attention module (with split_heads and merge_heads), the module taken apart by hand,
+the cost of attention derived,
 and the challenge's head that copies the token two places back.
 
 Each check runs the learner's answer on small random inputs and compares it with the right
@@ -33,7 +34,8 @@ EX_SATURATION = "Exercise 3.3 (saturation)"
 EX_PREVIOUS = "Exercise 3.4 (previous_token_head)"
 EX_MULTI = "Exercise 3.5 (multi_head_attention)"
 EX_MODULE = "Exercise 3.6 (CausalSelfAttention)"
-EX_COST = "Exercise 3.7 (attention_cost)"
+EX_BY_HAND = "Exercise 3.7 (attention_by_hand)"
+EX_COST = "Exercise 3.8 (attention_cost)"
 CH_COPY = "Challenge (copy_two_back_head)"
 
 # --------------------------------------------------------------------------- reference pieces
@@ -684,6 +686,86 @@ def check_saturation(saturation) -> None:
 # --------------------------------------------------------------------------- Exercise 3.7
 
 
+def _by_hand(layer, x, *, biases=True, c_proj=True, heads=True, order=(0, 1, 2), mask="causal",
+             scale_width=None):
+    """layer(x) in eval mode from the layer's tensors; the keyword arguments describe known wrong
+    versions (order: which thirds of c_attn's output are taken as q, k, v)."""
+    B, T, C = x.shape
+    W, b = layer.c_attn.weight, layer.c_attn.bias
+    qkv = (x @ W + b if biases else x @ W).split(C, dim=2)
+    q, k, v = (qkv[i] for i in order)
+    nh = layer.n_head if heads else 1
+    q, k, v = (split(t, nh) for t in (q, k, v))
+    scale = None if scale_width is None else 1 / math.sqrt(scale_width)
+    y = merge(attend(q, k, v, mask=mask, scale=scale)[0])
+    if not c_proj:
+        return y
+    return y @ layer.c_proj.weight + layer.c_proj.bias if biases else y @ layer.c_proj.weight
+
+
+def attention_by_hand_reference(layer, x: torch.Tensor) -> torch.Tensor:
+    """Exercise 3.7's answer: `layer(x)` of a CausalSelfAttention in eval mode, (B, T, C), written
+    out with plain matrix products (c_attn, heads, causal attention, merge, c_proj)."""
+    return _by_hand(layer, x)
+
+
+BY_HAND_MISTAKES = [
+    Mistake("no_biases", "you left out the biases: c_attn and c_proj are x @ weight + bias",
+            lambda layer, x: _by_hand(layer, x, biases=False)),
+    Mistake("no_c_proj", "you return the merged heads; the layer then mixes them with c_proj (its weight "
+            "and its bias)", lambda layer, x: _by_hand(layer, x, c_proj=False)),
+    Mistake("one_head", "you ran one head over all C features; cut q, k and v into layer.n_head heads "
+            "before the attention, and merge the heads back after it",
+            lambda layer, x: _by_hand(layer, x, heads=False)),
+    Mistake("q_k_swapped", "you took q and k in the wrong order: c_attn's output is q, then k, then v, "
+            "C features each", lambda layer, x: _by_hand(layer, x, order=(1, 0, 2))),
+    Mistake("v_not_last", "your q, k, v are not the three thirds of c_attn's output in the order q, k, v "
+            "(the first C features are q, the next C are k, the last C are v)",
+            lambda layer, x: _by_hand(layer, x, order=(2, 1, 0))),
+    Mistake("no_mask", "your attention reads future tokens: each token may only see itself and the "
+            "tokens before it (the causal mask)", lambda layer, x: _by_hand(layer, x, mask="none")),
+    Mistake("scaled_by_C", "your scores are divided by √C; each head divides by the square root of its "
+            "own width, hd = C / n_head", lambda layer, x: _by_hand(layer, x, scale_width=x.shape[-1])),
+]
+
+
+def check_attention_by_hand(attention_by_hand) -> None:
+    """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
+    numbers of heads with weights and biases far from their initial values."""
+    with torch.random.fork_rng():  # building layers draws random numbers: leave the notebook's alone
+        _check_attention_by_hand(attention_by_hand)
+
+
+def _check_attention_by_hand(attention_by_hand) -> None:
+    from gpt2lib.attention import CausalSelfAttention
+    from gpt2lib.config import GPT2Config
+
+    gen = torch.Generator().manual_seed(5)
+    for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
+        config = GPT2Config(vocab_size=32, n_positions=16, n_embd=C, n_head=nh, n_layer=1,
+                            embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+        layer = CausalSelfAttention(config).eval()
+        with torch.no_grad():  # large weights and biases: attention far from uniform, biases visible
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        x = torch.randn(B, T, C, generator=gen)
+        with torch.no_grad():
+            got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
+            got = expect_tensor(EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})")
+            want = attention_by_hand_reference(layer, x)
+        if close(got, want, rtol=1e-4, atol=1e-4):
+            continue
+        found = first_mistake(BY_HAND_MISTAKES, lambda m: close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4))
+        if found:
+            raise CheckFailed(EX_BY_HAND, found.message)
+        raise CheckFailed(EX_BY_HAND, f"for C={C} with {nh} heads your output differs from the layer's; "
+                          "follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj")
+    passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
+
+
+# --------------------------------------------------------------------------- Exercise 3.8
+
+
 def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2, biases=True):
     """(params, flops) of GPT-2 attention; the keyword arguments describe known wrong counts."""
     params = 3 * C * C + C * C + (4 * C if biases else 0)
@@ -793,5 +875,6 @@ MISTAKES_BY_CHECK = {
     check_saturation: SATURATION_MISTAKES,
     check_previous_token_head: PREVIOUS_TOKEN_MISTAKES,
     check_multi_head_attention: MULTI_HEAD_MISTAKES,
+    check_attention_by_hand: BY_HAND_MISTAKES,
     check_attention_cost: COST_MISTAKES,
 }

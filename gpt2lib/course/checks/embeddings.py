@@ -29,6 +29,7 @@ EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
 EX_COSINE = "Exercise 2.3 (cosine_matrix)"
 EX_DROPOUT = "Exercise 2.4 (dropout)"
+EX_MEASURE_DROPOUT = "Exercise 2.4 (measure_dropout)"
 EX_COUNT = "Exercise 2.5 (embedding_parameter_count)"
 EX_MODULE = "Exercise 2.6 (GPT2Embeddings)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
@@ -637,3 +638,69 @@ def _same_statistics(got, want) -> bool:
 
 
 MISTAKES_BY_CHECK[check_dropout] = DROPOUT_MISTAKES
+
+
+def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval"):
+    """fn(drop, x): measure_dropout with one planted mistake, described by the arguments."""
+    def fn(drop, x):
+        y = drop.train()(x) if mode == "train" else drop.eval()(x)
+        kept = y != 0
+        fraction = (1 - kept.double().mean().item()) if zeros else kept.double().mean().item()
+        if factor == "ratio":
+            times = (y[kept] / x[kept]).mean().item()
+        elif factor == "values":
+            times = y[kept].mean().item()
+        else:  # the mean over every number, zeros included
+            times = (y / x).mean().item()
+        after = drop.eval()(x) if eval_mode == "eval" else drop.train()(x)
+        return fraction, times, torch.equal(after, x)
+    return fn
+
+
+# fn(drop, x) -> what that wrong measurement returns
+MEASURE_DROPOUT_MISTAKES = [
+    Mistake("measured_in_eval", "nothing was zeroed in your train-mode measurement: the module was in eval() "
+            "mode; switch it with drop.train() before the first call", _measure_with(mode="eval")),
+    Mistake("counted_survivors", "your fraction is the share of numbers that SURVIVED (about 1 - p); "
+            "measure the share that train mode set to zero", _measure_with(zeros=False)),
+    Mistake("factor_with_zeros", "your factor averages y / x over every number, zeros included (that gives "
+            "about 1: dropout keeps the mean); average over the survivors only", _measure_with(factor="all")),
+    Mistake("survivor_values", "your factor is the survivors' values, not what they were multiplied by: "
+            "divide each survivor by the number of x it came from", _measure_with(factor="values")),
+    Mistake("eval_in_train_mode", "your eval-mode answer is False: the second call ran in train() mode; "
+            "switch the module with drop.eval() first", _measure_with(eval_mode="train")),
+]
+
+
+def check_measure_dropout(measure_dropout) -> None:
+    """`measure_dropout(drop, x)` -> (fraction zeroed in train mode, factor of the survivors, eval leaves
+    x unchanged), measured on nn.Dropout for p = 0.1 and 0.5 and inputs that are not all ones."""
+    gen = torch.Generator().manual_seed(2)
+    for p in (0.1, 0.5):
+        x = torch.rand(64, 256, generator=gen) + 0.5  # no zeros, not all equal
+        got = seeded_call(call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone())
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise CheckFailed(EX_MEASURE_DROPOUT, "return three things: (fraction zeroed, factor of the "
+                              f"survivors, eval unchanged); got {type(got).__name__}")
+        try:
+            fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])
+        except (TypeError, ValueError, RuntimeError):
+            raise CheckFailed(EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)") from None
+
+        def matches(values, fraction=fraction, factor=factor, unchanged=unchanged):
+            f, t, u = values
+            return abs(fraction - f) < 0.03 and abs(factor - t) < 1e-3 * max(1.0, abs(t)) and unchanged == u
+
+        if matches((p, 1 / (1 - p), True)):
+            continue
+        found = first_mistake(MEASURE_DROPOUT_MISTAKES,
+                              lambda m: matches(seeded_call(m.fn, nn.Dropout(p), x.clone())))
+        if found:
+            raise CheckFailed(EX_MEASURE_DROPOUT, found.message)
+        raise CheckFailed(EX_MEASURE_DROPOUT, f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor "
+                          f"{factor:.4f} and eval unchanged {unchanged}; expected about {p}, "
+                          f"{1 / (1 - p):.4f} and True")
+    passed(EX_MEASURE_DROPOUT, "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5")
+
+
+MISTAKES_BY_CHECK[check_measure_dropout] = MEASURE_DROPOUT_MISTAKES

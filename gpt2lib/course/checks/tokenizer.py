@@ -6,8 +6,9 @@ when the answer is wrong, names the mistake by comparing with known wrong versio
 never look at source code, so any correct answer passes.
 
 The known wrong versions are module-level lists of `Mistake` (BYTES_MISTAKES, LOAD_MISTAKES,
-SPLIT_MISTAKES, COUNT_MISTAKES, MERGE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES, DECODE_MISTAKES,
-TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES, FAST_MISTAKES);
+SPLIT_MISTAKES, COUNT_MISTAKES, MERGE_MISTAKES, ENCODE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES,
+DECODE_MISTAKES, TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES,
+SWEEP_MISTAKES, FAST_MISTAKES);
 the tests feed each one to its check (`MISTAKES_BY_CHECK` maps the newer checks to theirs).
 Training checks accept either tie rule (first seen, or the greater pair): any most frequent pair
 is right; the challenge asks for the reference's merges exactly, so there the rule is fixed.
@@ -33,7 +34,8 @@ EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unico
 EX_LOAD = "Exercise 1.1 (the byte table, and reading the files): load_gpt2_vocab"
 EX_SPLIT = "Exercise 1.2 (finish the split pattern)"
 EX_COUNT = "Exercise 1.3 (how many merges?)"
-EX_MERGE = "Exercise 1.4 (apply merges by rank)"
+EX_MERGE = "Exercise 1.4 (apply merges by rank, then encode): bpe_merge"
+EX_ENCODE = "Exercise 1.4 (apply merges by rank, then encode): encode_sketch"
 EX_DEBUG = "Exercise 1.5 (find and fix the bug in a colleague's encoder)"
 EX_DECODE = "Exercise 1.6 (decode ids to text)"
 EX_TIE = "Exercise 1.7 (a text on which the tie rules disagree)"
@@ -41,6 +43,7 @@ EX_PAIR = "Exercise 1.8 (count pairs, and merge one): most_frequent_pair"
 EX_MERGE_PAIR = "Exercise 1.8 (count pairs, and merge one): merge_pair"
 EX_TRAIN = "Exercise 1.9 (the training loop)"
 EX_RATIO = "Exercise 1.10 (measure how much text a token holds)"
+EX_SWEEP = "Exercise 1.10 (measure how much text a token holds): the measurement"
 CH_FAST = "Challenge (train twice as fast)"
 
 
@@ -541,6 +544,82 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
                 exercise,
                 f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
             )
+
+
+# --------------------------------------------------------------------------- 1.4 the whole encoder
+
+_FIRST_TRY = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"  # section 3's first try
+
+
+def _encode_with(text, vocab, ranks, *, pieces="pattern", merge=True):
+    """Ids of `text`; the keyword arguments describe known wrong encoders."""
+    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN, bpe_merge
+
+    if pieces == "pattern":
+        parts = regex.findall(GPT2_SPLIT_PATTERN, text)
+    elif pieces == "first_try":
+        parts = regex.findall(_FIRST_TRY, text)
+    elif pieces == "split":
+        parts = text.split()
+    else:  # the whole text as one piece
+        parts = [text]
+    ids = []
+    for part in parts:
+        symbols = [bytes([b]) for b in part.encode("utf-8")]
+        ids.extend(vocab[token] for token in (bpe_merge(symbols, ranks) if merge else symbols))
+    return ids
+
+
+# fn(text, vocab, ranks) -> the ids that wrong encoder gives
+ENCODE_MISTAKES = [
+    Mistake("no_split", "you merged the whole text as one piece, so merges cross word boundaries (two "
+            "newlines became one token); cut the text with GPT2_SPLIT_PATTERN first and merge each piece "
+            "on its own", lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="whole")),
+    Mistake("first_try_pattern", "your ids leave out whitespace: you split with section 3's first try, which "
+            "drops runs of spaces and newlines; split with the finished GPT2_SPLIT_PATTERN",
+            lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="first_try")),
+    Mistake("str_split", "your ids lose every space: text.split() throws the whitespace away, but GPT-2 keeps "
+            "a space with the word after it; split with GPT2_SPLIT_PATTERN",
+            lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="split")),
+    Mistake("no_merge", "you looked up single bytes: merge each piece's bytes by rank (bpe_merge) before "
+            "looking up the ids", lambda text, vocab, ranks: _encode_with(text, vocab, ranks, merge=False)),
+]
+_ENCODE_TEXTS = ["Hello world! Tokenizers split text.", "a\n\nb  c\n", "I'll pay 42 dollars, she's sure.  Ok?\n",
+                 "Grüße aus Köln! 世界 👋", "x   y"]
+
+
+@functools.lru_cache(maxsize=1)
+def _small_vocab_and_ranks():
+    from gpt2lib.tokenizer import train_merges_simple
+
+    vocab, merges = train_merges_simple(_training_text(), 300)
+    return vocab, {pair: rank for rank, pair in enumerate(merges)}
+
+
+def check_encode_sketch(encode_sketch) -> None:
+    """Exercise 1.4: `encode_sketch(text, vocab, ranks)` gives the ids of a byte-level BPE, for GPT-2's
+    vocabulary and for a small trained one."""
+    from gpt2lib.tokenizer import load_gpt2_vocab
+
+    gpt2_vocab, _ = load_gpt2_vocab()
+    settings = [("GPT-2's vocabulary", gpt2_vocab, _gpt2_ranks()), ("a 300-token vocabulary", *_small_vocab_and_ranks())]
+    for name, vocab, ranks in settings:
+        results = []
+        for text in _ENCODE_TEXTS:
+            got = call_learner(EX_ENCODE, encode_sketch, text, vocab, ranks)
+            if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) for i in got):
+                raise CheckFailed(EX_ENCODE, f"encode_sketch should return a list of ints, got {_short(got)}")
+            results.append(list(got))
+        expected = [_encode_with(text, vocab, ranks) for text in _ENCODE_TEXTS]
+        if results == expected:
+            continue
+        mistake = first_mistake(ENCODE_MISTAKES, lambda m: all(
+            got == m.fn(text, vocab, ranks) for got, text in zip(results, _ENCODE_TEXTS)))
+        if mistake is not None:
+            raise CheckFailed(EX_ENCODE, mistake.message)
+        got, want, text = next((g, w, t) for g, w, t in zip(results, expected, _ENCODE_TEXTS) if g != w)
+        raise CheckFailed(EX_ENCODE, f"with {name}, {text!r} gives the ids {_short(want)}; yours are {_short(got)}")
+    passed(EX_ENCODE, f"{len(_ENCODE_TEXTS)} texts, with GPT-2's vocabulary and a small trained one")
 
 
 # --------------------------------------------------------------------------- 1.5 the colleague's bug
@@ -1111,6 +1190,54 @@ def check_bytes_per_token(bytes_per_token) -> None:
     raise CheckFailed(EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}")
 
 
+# --------------------------------------------------------------------------- 1.10 the measurement
+
+
+def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train", gpt2_on="test"):
+    """(bytes per token on test_text of BPEs trained with each size, GPT-2's); the keyword arguments
+    describe known wrong measurements."""
+    from gpt2lib.tokenizer import BPETokenizer, get_encoding
+
+    texts = {"train": train_text, "test": test_text}
+    ratios = [_ratio(BPETokenizer.train(texts[train_on], vocab_size=n), texts[measure_on]) for n in sizes]
+    return ratios, _ratio(get_encoding(), texts[gpt2_on])
+
+
+# fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
+SWEEP_MISTAKES = [
+    Mistake("measured_on_training_text", "your tokenizers were measured on the text they were trained on; "
+            "measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
+            lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train")),
+    Mistake("trained_on_held_out", "your tokenizers were trained on held_out, the text they are measured on; "
+            "train them on train_part", lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test")),
+    Mistake("gpt2_on_training_text", "your GPT-2 number is measured on train_part; measure it on held_out, like "
+            "the others, or the comparison mixes two texts", lambda tr, te, sizes: _sweep(tr, te, sizes, gpt2_on="train")),
+]
+
+
+def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> None:
+    """Exercise 1.10's measurement: `ratios[i]` is the bytes per token on `test_text` of a BPE trained on
+    `train_text` up to `sizes[i]` ids, `gpt2_ratio` GPT-2's on `test_text`."""
+    try:
+        got = [float(r) for r in ratios], float(gpt2_ratio)
+    except (TypeError, ValueError):
+        raise CheckFailed(EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number") from None
+    if len(got[0]) != len(sizes):
+        raise CheckFailed(EX_SWEEP, f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})")
+
+    def same(values):
+        return all(abs(a - b) < 1e-9 for a, b in zip([*got[0], got[1]], [*values[0], values[1]]))
+
+    if same(_sweep(train_text, test_text, sizes)):
+        passed(EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text")
+        return
+    mistake = first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
+    if mistake is not None:
+        raise CheckFailed(EX_SWEEP, mistake.message)
+    raise CheckFailed(EX_SWEEP, "your numbers are not the bytes per token on held_out of tokenizers trained on "
+                      "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())")
+
+
 # --------------------------------------------------------------------------- challenge: fast training
 
 
@@ -1206,5 +1333,6 @@ MISTAKES_BY_CHECK = {
     check_disagreeing_word: DEBUG_MISTAKES,
     check_tie_text: TIE_MISTAKES,
     check_bytes_per_token: RATIO_MISTAKES,
+    check_encode_sketch: ENCODE_MISTAKES,
     check_fast_training: FAST_MISTAKES,
 }
