@@ -6,6 +6,7 @@ __all__ = [
     "last_level_cache_bytes",
     "median_seconds",
     "memory_read_gbps",
+    "print_decode_limits",
     "wall_times",
     "weight_multiplies_seconds",
 ]
@@ -128,3 +129,28 @@ def decode_rate(model, prompt, new_tokens=32, repeats=3, **generate_kwargs):
     one = median_seconds(lambda: generate(model, prompt, 1, **kwargs), repeats, sync=sync)
     many = median_seconds(lambda: generate(model, prompt, new_tokens, **kwargs), repeats, sync=sync)
     return prompt.shape[0] * (new_tokens - 1) / max(many - one, 1e-9)
+
+
+def print_decode_limits(rate, multiplies, stream_limit, fits, *, per_token, llc, bandwidth):
+    """Chapter 9's printout: the decoding rate next to each limit it is compared with.
+
+    rate: tokens/s of cached decoding; multiplies: tokens/s of a step's multiplies alone;
+    stream_limit: tokens/s if every weight came from memory; fits: whether the weights fit in
+    the last-level cache (llc, bytes; None: unknown), in which case the memory limit does not
+    apply. A rate above a limit is printed as such, with the advice to rerun: it means the
+    machine's load changed between the timings, never that the limit was beaten.
+    """
+    print(f"weights read per token: {per_token / 1e6:.1f} MB; last-level cache: "
+          f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}\n"
+          f"memory stream: {bandwidth:.1f} GB/s -> at most {stream_limit:.0f} tokens/s from memory\n"
+          f"the multiplies alone: at most {multiplies:.0f} tokens/s\n"
+          f"cached greedy decoding, batch 1: {rate:.1f} tokens/s")
+    limits = {"the multiplies alone": multiplies}
+    if fits:
+        print("the weights fit in the last-level cache, so after the first step they come from "
+              "the cache, faster than memory: the memory limit does not apply to this model here")
+    else:
+        limits["the memory stream"] = stream_limit
+    for name, limit in limits.items():
+        relation = "within" if rate <= limit else "ABOVE (the load changed between timings: rerun)"
+        print(f"  {rate / limit:.0%} of the limit of {name}: {relation} it")

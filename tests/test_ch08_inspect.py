@@ -731,3 +731,85 @@ def test_the_challenge_check_runs_the_real_effects(model, capsys):
     best = interpret.ablation_effects(model, idx, 5).argmax().item()
     checks.check_copying_head(model, divmod(best, SMALL["n_head"]), idx, 5)
     assert "✅" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the chapter's fallback
+
+
+def test_yours_or_reference_keeps_a_working_reader_and_replaces_an_unfinished_one(capsys):
+    """Chapter 8's fallback goes through the shared _core.yours_or_reference, with its own probe."""
+    from gpt2lib import weights
+
+    def reader(path):
+        return weights.read_safetensors(path)
+
+    assert checks.yours_or_reference(reader) is reader
+    assert capsys.readouterr().out == ""
+
+    def unfinished(path):  # the learner notebook's iter_safetensors is a stub until 8.0 is done
+        raise NotImplementedError("Exercise 8.0: read a safetensors file by hand: replace this line")
+
+    assert checks.yours_or_reference(unfinished) is weights.read_safetensors
+    assert "your read_safetensors (or a function it calls) is not done yet" in capsys.readouterr().out
+
+
+def test_the_shared_fallback_keeps_the_random_state_and_names_an_error(capsys):
+    from gpt2lib.course.checks._core import yours_or_reference
+
+    def broken(fn):
+        torch.rand(3)  # a probe that draws must not move the notebook's random state
+        raise ValueError("bad shape")
+
+    torch.manual_seed(0)
+    state = torch.random.get_rng_state()
+    assert yours_or_reference("mine", "reference", broken, what="your piece") == "reference"
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert "your piece raised ValueError: bad shape" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- 8.3 next_token_logprobs
+
+
+def _next_by_loops(lens, idx):  # a right answer written another way: one position at a time
+    L, B, T, _ = lens.shape
+    out = torch.empty(L, B, T - 1)
+    for t in range(T - 1):
+        logp = torch.log_softmax(lens[:, :, t], dim=-1)  # (L, B, V)
+        out[:, :, t] = logp[:, torch.arange(B), idx[:, t + 1]]
+    return out
+
+
+@pytest.mark.parametrize("answer", [interpret.next_token_logprobs, _next_by_loops,
+                                    lambda lens, idx: interpret.next_token_logprobs(lens.double(), idx)],
+                         ids=["package", "loops", "float64"])
+def test_next_token_logprobs_check_accepts_right_answers(answer, capsys):
+    checks.check_next_token_logprobs(answer)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda lens, idx: interpret.next_token_logprobs(torch.cat([lens, lens[:, :, -1:]], 2),
+                                                     torch.cat([idx, idx[:, -1:]], 1)),
+     "the last position predicts no token"),
+    (lambda lens, idx: lens[:, :, :-1].log_softmax(-1), "keep only the one of the token"),
+    (lambda lens, idx: interpret.next_token_logprobs(lens.sub_(1), idx), "changed the lens logits"),
+    (lambda lens, idx: interpret.next_token_logprobs(lens, idx).exp().log() * 2, "your values differ"),
+], ids=["T values", "whole distribution", "in place", "other"])
+def test_next_token_logprobs_check_names_other_wrong_answers(answer, message):
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_next_token_logprobs(answer)
+
+
+def test_next_token_logprobs_check_says_not_done_yet():
+    with pytest.raises(NotDoneYet):
+        checks.check_next_token_logprobs(_stub)
+
+
+def test_next_token_logprobs_reads_the_figure_of_the_chapter(model):
+    """The package's answer equals log_softmax of the model's logits at the last layer."""
+    idx = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    logits, cache = run_with_cache(model, idx)
+    right = interpret.next_token_logprobs(interpret.logit_lens(model, cache), idx)
+    assert right.shape == (model.config.n_layer + 1, 2, 6)
+    want = logits[:, :-1].log_softmax(-1).gather(-1, idx[:, 1:, None])[..., 0]
+    assert torch.allclose(right[-1], want, atol=1e-4)

@@ -67,3 +67,22 @@ def test_circuits_checkpoint_picks_gpt2_then_data_circuits_then_the_model_itself
     assert "circuits model" in capsys.readouterr().out
     assert offline.circuits_checkpoint(str(real)) == real  # OpenAI's sizes: GPT-2 itself
     assert offline.is_real_gpt2(real) and not offline.is_real_gpt2(small)
+
+
+def test_the_circuits_training_log_is_drawn_when_there_is_one(tmp_path, capsys):
+    """Chapter 8 draws data/circuits' training log (tools/make_circuits.py's columns and rows)
+    through gpt2lib.course.figures, and says so when there is none."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from gpt2lib.course import figures
+
+    log = tmp_path / "training_log.json"
+    figures.training_log(log, "the circuits model")
+    assert "no training log for the circuits model" in capsys.readouterr().out
+    log.write_text(json.dumps({"columns": ["step", "induction", "previous"],
+                               "rows": [[0, 0.1, 0.2], [10, 0.3, 0.5], [20, 0.7, 0.6]]}), encoding="utf-8")
+    figures.training_log(log, "the circuits model")
+    assert "first logged step with an induction score above 0.4: 20" in capsys.readouterr().out

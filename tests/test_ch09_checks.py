@@ -102,12 +102,31 @@ def offset_with_sdpa(q, k, v, past):  # torch's attention with an explicit boole
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
+def cache_gap_loop(model, cache_cls, idx, prefill):  # a right answer: compared call by call
+    B, T = idx.shape
+    full = model(idx)
+    cache = cache_cls(model.config, B, T, dtype=torch.float32)
+    worst = (model(idx[:, :prefill], kv_cache=cache) - full[:, :prefill]).abs().max()
+    for t in range(prefill, T):
+        worst = torch.maximum(worst, (model(idx[:, t:t + 1], kv_cache=cache) - full[:, t:t + 1]).abs().max())
+    return float(worst)
+
+
+def cache_gap_with_kvcache_sizes(model, cache_cls, idx, prefill):  # room for more than T: also right
+    B, T = idx.shape
+    cache = cache_cls(model.config, B, T + 3)
+    logits = [model(idx[:, :prefill], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache)
+                                                          for t in range(prefill, T)]
+    return (torch.cat(logits, 1) - model(idx)).abs().amax().item()
+
+
 @pytest.mark.parametrize("check, answer", cases.right_answers({
     C.check_write_kv: [K.write_kv, write_kv_narrow],
     C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
     C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
     C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
     C.check_generate_cached: [D.generate_cached, generate_cached_without_prefill],
+    C.check_cache_gap: [D.cache_gap, cache_gap_loop, cache_gap_with_kvcache_sizes],
     C.check_weight_bytes_per_token: [decode_bytes_per_token, weight_bytes_by_name],
     C.check_apply_temperature: [G.apply_temperature, temperature_shifted, temperature_log_softmax],
     C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
@@ -165,6 +184,12 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
     (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
     (C.check_write_kv, write_kv_returning_two_old_tokens, "you returned only the new keys"),
     (C.check_generate_cached, lambda model, idx, n, sample, cache: idx, "has shape"),
+    (C.check_cache_gap, lambda model, cls, idx, prefill: torch.tensor(D.cache_gap(model, cls, idx, prefill)),
+     "return a Python float"),
+    (C.check_cache_gap, lambda model, cls, idx, prefill: [0.0], "return one Python float"),
+    (C.check_cache_gap, lambda model, cls, idx, prefill: 0.0, "your gap is 0"),
+    (C.check_cache_gap, lambda model, cls, idx, prefill: D.cache_gap(model, cls, idx, prefill) + 1.0,
+     "with a right cache"),
     (C.check_kv_bytes_per_token, lambda config, size: "72 KiB", "return a number of bytes"),
     (C.check_simple_kv_cache, lambda config, B, max_len, device=None, dtype=None: None,
      "cache.layers should be a list"),
@@ -189,9 +214,9 @@ def test_yours_or_reference_keeps_a_working_answer_and_replaces_a_stub(capsys):
     assert capsys.readouterr().out == ""
 
     def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 9.8: replace this line with your code")
+        raise NotImplementedError("Exercise 9.9: replace this line with your code")
 
-    for name in ("sample_token", "SimpleKVCache", "generate_cached"):
+    for name in ("sample_token", "SimpleKVCache", "cache_gap", "generate_cached"):
         assert C.yours_or_reference(name, stub) is getattr(D, name)
         assert f"your {name} (or a function it calls) is not done yet" in capsys.readouterr().out
 

@@ -621,3 +621,18 @@ def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(plant
     sevens = tokenizer.decode([7] * 6)
     assert (printed.count(sevens) == 3) is planted  # the three sampled texts
     assert "use_cache=False): True" in printed  # greedy runs through the learner's loop too
+
+
+def test_the_speed_printout_puts_each_speed_next_to_its_limit(capsys):
+    """Chapter 9's speed cell prints through gpt2lib.measure.print_decode_limits: the memory limit
+    only where the weights do not fit in the last-level cache; a rate above a limit is flagged."""
+    from gpt2lib.measure import print_decode_limits
+
+    common = dict(per_token=2e6, llc=32 * 2**20, bandwidth=10.0)
+    print_decode_limits(100.0, 400.0, 5000.0, True, **common)
+    out = capsys.readouterr().out
+    assert "25% of the limit of the multiplies alone: within it" in out
+    assert "the memory stream:" not in out and "does not apply" in out
+    print_decode_limits(100.0, 400.0, 80.0, False, **common)
+    out = capsys.readouterr().out
+    assert "125% of the limit of the memory stream: ABOVE" in out and "rerun" in out

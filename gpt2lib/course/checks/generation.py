@@ -25,6 +25,7 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
+from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.2 (top_k_filter)"
@@ -34,9 +35,10 @@ EX_OFFSET = "Exercise 9.5 (attend_with_offset)"
 EX_KV_BYTES = "Exercise 9.6 (kv_bytes_per_token)"
 EX_WRITE = "Exercise 9.7 (write_kv)"
 EX_CACHE = "Exercise 9.7 (SimpleKVCache)"
-EX_LOOP = "Exercise 9.8 (generate_cached)"
-EX_GAIN = "Exercise 9.9 (cache_gain)"
-EX_WEIGHT_BYTES = "Exercise 9.10 (weight_bytes_per_token)"
+EX_GAP = "Exercise 9.8 (cache_gap)"
+EX_LOOP = "Exercise 9.9 (generate_cached)"
+EX_GAIN = "Exercise 9.10 (cache_gain)"
+EX_WEIGHT_BYTES = "Exercise 9.11 (weight_bytes_per_token)"
 CHALLENGE = "Challenge (beam search)"
 
 NEG_INF = float("-inf")
@@ -501,31 +503,26 @@ def _try_loop(fn):
        KVCache.for_model(model, 1, 4))
 
 
+def _try_gap(fn):
+    from gpt2lib.decoding import SimpleKVCache
+
+    fn(_tiny_model(), SimpleKVCache, torch.zeros(1, 3, dtype=torch.long), 2)
+
+
 _TRIALS = {"sample_token": _try_sample_token, "SimpleKVCache": _try_cache,
-           "generate_cached": _try_loop}
+           "generate_cached": _try_loop, "cache_gap": _try_gap}
 
 
 def yours_or_reference(name: str, yours):
     """`yours` if it runs on a small case, else gpt2lib.decoding's `name`, with a printed note.
 
-    name: "sample_token", "SimpleKVCache" or "generate_cached". An unfinished exercise (its
-    stub raises NotImplementedError) or one that raises on the small case falls back, so that
-    the rest of the chapter runs; whether the answer is right is the check's business.
+    name: "sample_token", "SimpleKVCache", "cache_gap" or "generate_cached" (each has its probe in
+    `_TRIALS`); the fallback itself is the course's shared `_core.yours_or_reference`.
     """
     from gpt2lib import decoding
 
-    try:
-        with torch.random.fork_rng(), torch.no_grad():
-            _TRIALS[name](yours)
-    except NotImplementedError:
-        print(f"note: your {name} (or a function it calls) is not done yet; the cells below "
-              f"use gpt2lib.decoding's")
-        return getattr(decoding, name)
-    except Exception as error:  # noqa: BLE001 - any failure: say which, and carry on
-        print(f"note: your {name} raised {type(error).__name__}: {error}; the cells below use "
-              f"gpt2lib.decoding's")
-        return getattr(decoding, name)
-    return yours
+    return _yours_or_reference(yours, getattr(decoding, name), _TRIALS[name], what=f"your {name}",
+                               instead="gpt2lib.decoding's")
 
 
 # --------------------------------------------------------------------------- 9.4 sample_token
@@ -796,7 +793,145 @@ def check_simple_kv_cache(cls) -> None:
     passed(ex, "buffers, position, and a tiny model's cached logits equal its full pass")
 
 
-# --------------------------------------------------------------------------- 9.8 generate_cached
+# --------------------------------------------------------------------------- 9.8 testing a cache
+
+
+def _stuck_cache():
+    """A SimpleKVCache whose position never moves: each call overwrites the first slots."""
+    from gpt2lib.decoding import SimpleKVCache
+
+    class StuckCache(SimpleKVCache):
+        def advance(self, T):
+            pass
+
+    return StuckCache
+
+
+def _shuffled_prefill_cache():
+    """Stores right, but hands a call of several tokens its keys and values in reverse order: the
+    prefill's last position (it sees every key) and every later call stay right, the rest not."""
+    from gpt2lib.decoding import SimpleKVCache
+
+    class ShuffledPrefill(SimpleKVCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for layer in self.layers:
+                plain = layer.update
+
+                def update(k, v, plain=plain):
+                    k_all, v_all = plain(k, v)
+                    if k.shape[2] == 1:
+                        return k_all, v_all
+                    return k_all.flip(2), v_all.flip(2)
+
+                layer.update = update
+
+    return ShuffledPrefill
+
+
+def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
+    """(cached logits, one pass's logits), the cached run as the exercise asks (split=False:
+    one token a call from the start)."""
+    B, T = idx.shape
+    cache = cache_cls(model.config, B, T, device=idx.device, dtype=torch.float32)
+    first = prefill if split else 1
+    with torch.no_grad():
+        steps = [model(idx[:, :first], kv_cache=cache)]
+        steps += [model(idx[:, t:t + 1], kv_cache=cache) for t in range(first, T)]
+        return torch.cat(steps, dim=1), model(idx)
+
+
+def _gap_right(model, cache_cls, idx, prefill):
+    cached, full = _gap_runs(model, cache_cls, idx, prefill)
+    return (cached - full).abs().max().item()
+
+
+def _gap_wrong(kind):
+    def cache_gap(model, cache_cls, idx, prefill):
+        cached, full = _gap_runs(model, cache_cls, idx, prefill, split=kind != "one at a time")
+        diff = cached - full
+        if kind == "after the prefill":
+            return diff[:, prefill:].abs().max().item() if prefill < idx.shape[1] else 0.0
+        if kind == "last of each call":
+            ends = [prefill - 1] + list(range(prefill, idx.shape[1]))
+            return diff[:, ends].abs().max().item()
+        if kind == "mean":
+            return diff.abs().mean().item()
+        if kind == "signed":
+            return diff.max().item()
+        if kind == "misaligned":  # the prompt's last token fed again before the next one
+            B, T = idx.shape
+            cache = cache_cls(model.config, B, T + 1, device=idx.device, dtype=torch.float32)
+            with torch.no_grad():
+                steps = [model(idx[:, :prefill], kv_cache=cache)]
+                steps += [model(idx[:, t - 1:t], kv_cache=cache) for t in range(prefill, T)]
+            return (torch.cat(steps, dim=1) - full).abs().max().item()
+        return (cached - full).abs().max().item()  # "one at a time": right only when prefill = 1
+    return cache_gap
+
+
+GAP_MISTAKES = [
+    Mistake("after the prefill", "your gap misses wrong logits inside the prefill: a cache that "
+            "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
+            "position, those the prefill call returns too, not only the one-token calls' or each "
+            "call's last", _gap_wrong("after the prefill")),
+    Mistake("last of each call", "your gap misses wrong logits inside the prefill: a cache that "
+            "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
+            "position, those the prefill call returns too, not only the one-token calls' or each "
+            "call's last", _gap_wrong("last of each call")),
+    Mistake("one at a time", "you fed every token on its own: the first `prefill` tokens go in one "
+            "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
+            _gap_wrong("one at a time")),
+    Mistake("mean", "that is the mean difference; return the largest absolute difference (a cache "
+            "wrong at one position would hide in a mean)", _gap_wrong("mean")),
+    Mistake("signed", "that is the largest signed difference; a logit can be off either way: take "
+            "the absolute value before the maximum", _gap_wrong("signed")),
+    Mistake("misaligned", "with a right cache your gap is large: after the prefill, feed the token "
+            "at the cache's position (the first one not yet fed), not the last prompt token again",
+            _gap_wrong("misaligned")),
+]
+
+
+def check_cache_gap(cache_gap) -> None:
+    """cache_gap(model, cache_cls, idx, prefill) -> float: catches broken caches, passes a right one."""
+    from gpt2lib.decoding import SimpleKVCache
+
+    ex = EX_GAP
+    model = _tiny_model()
+    gen = torch.Generator().manual_seed(5)
+    caches = {"right": SimpleKVCache, "stuck": _stuck_cache(), "shuffled prefill": _shuffled_prefill_cache()}
+    for B, T, prefill in [(1, 6, 3), (2, 7, 4), (2, 5, 1), (1, 5, 5)]:
+        idx = torch.randint(0, 50, (B, T), generator=gen)
+        for name, cls in caches.items():
+            with torch.no_grad():
+                got = call_learner(ex, cache_gap, model, cls, idx, prefill)
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                raise CheckFailed(ex, "return a Python float (tensor.item()), not a tensor")
+            if not isinstance(got, (float, int)) or got != got:
+                raise CheckFailed(ex, f"return one Python float, the largest difference; got {got!r}")
+            want = _gap_right(model, cls, idx, prefill)
+            if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
+                continue
+
+            def same(mistake, cls=cls, idx=idx, prefill=prefill, got=got):
+                return abs(mistake.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got)
+
+            if name == "shuffled prefill" and got < 1e-4:
+                raise CheckFailed(ex, named(GAP_MISTAKES, "after the prefill").message)
+            mistake = first_mistake(GAP_MISTAKES, same)
+            if mistake is not None:
+                raise CheckFailed(ex, mistake.message)
+            if name == "right":
+                raise CheckFailed(ex, f"with a right cache (batch {B}, {T} tokens, prefill {prefill}) "
+                                  f"your gap is {got:.3g}: the cached logits equal one pass's to "
+                                  "float32 rounding; check which tokens each call feeds")
+            raise CheckFailed(ex, f"with a broken cache ({name}; batch {B}, {T} tokens, prefill "
+                              f"{prefill}) your gap is {got:.3g}, the largest absolute difference "
+                              f"of the logits is {want:.3g}")
+    passed(ex, "a right cache passes; one that never advances and one that garbles a prefill are caught")
+
+
+# --------------------------------------------------------------------------- 9.9 generate_cached
 
 
 def _loop(feed="new", sample_used=True, whole=False, new_only=False):
@@ -896,7 +1031,7 @@ def check_generate_cached(generate_cached) -> None:
                "full recomputation")
 
 
-# --------------------------------------------------------------------------- 9.9 the cache's gain
+# --------------------------------------------------------------------------- 9.10 the cache's gain
 
 
 def check_cache_gains(lengths, gains) -> None:
@@ -917,7 +1052,7 @@ def check_cache_gains(lengths, gains) -> None:
     passed(ex, f"{len(gains)} lengths measured")
 
 
-# --------------------------------------------------------------------------- 9.10 bytes per token
+# --------------------------------------------------------------------------- 9.11 bytes per token
 
 
 def _weight_bytes_right(model):
@@ -1027,6 +1162,7 @@ MISTAKES_BY_CHECK = {
     check_kv_bytes_per_token: KV_BYTES_MISTAKES,
     check_write_kv: WRITE_KV_MISTAKES,
     check_simple_kv_cache: CACHE_MISTAKES,
+    check_cache_gap: GAP_MISTAKES,
     check_generate_cached: LOOP_MISTAKES,
     check_weight_bytes_per_token: WEIGHT_BYTES_MISTAKES,
 }

@@ -16,11 +16,13 @@ import torch
 
 from gpt2lib.course.checks._core import (CheckFailed, Mistake, NotDoneYet, call_learner, close,
                                          expect_tensor, first_mistake, named, passed)
+from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
 EX_RECORD = "Exercise 8.2 (run_with_cache's hooks)"
 EX_LENS = "Exercise 8.3 (logit_lens)"
+EX_NEXT = "Exercise 8.3 (next_token_logprobs)"
 EX_PREVIOUS = "Exercise 8.4 (previous_token_score)"
 EX_INDUCTION = "Exercise 8.5 (induction_score, repeated_tokens, induction_scores)"
 EX_COPY = "Exercise 8.6 (copy_losses)"
@@ -366,6 +368,77 @@ def check_logit_lens(logit_lens) -> None:
         raise CheckFailed(EX_LENS, mistake.message)
     raise CheckFailed(EX_LENS, "the logits differ from model.ln_f(stream) @ model.wte.weight.T "
                       "for each stream in cache.resid")
+
+
+def _next_right(lens, idx):
+    """The reference: at every layer, log p(the token that comes next), (n_layer + 1, B, T - 1)."""
+    logp = lens[:, :, :-1].double().log_softmax(-1)  # position t's logits predict token t + 1
+    return logp.gather(-1, idx[None, :, 1:, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
+
+
+def _next_unshifted(lens, idx):  # position t's logits scored against token t
+    logp = lens[:, :, :-1].double().log_softmax(-1)
+    return logp.gather(-1, idx[None, :, :-1, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
+
+
+def _next_backwards(lens, idx):  # position t + 1's logits scored against token t
+    logp = lens[:, :, 1:].double().log_softmax(-1)
+    return logp.gather(-1, idx[None, :, :-1, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
+
+
+def _next_from(transform):
+    def wrong(lens, idx):
+        values = transform(lens[:, :, :-1].double())
+        return values.gather(-1, idx[None, :, 1:, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
+    return wrong
+
+
+NEXT_MISTAKES = [
+    Mistake("unshifted", "you scored each position's logits against its own token; the logits at "
+            "position t predict the token at t + 1 (and the last position has nothing to predict)",
+            _next_unshifted),
+    Mistake("backwards", "you scored position t + 1's logits against token t: the shift runs the "
+            "other way, the logits at t predict the token at t + 1", _next_backwards),
+    Mistake("raw logits", "these are raw logits, not log-probabilities: apply log_softmax over the "
+            "vocabulary first", _next_from(lambda x: x)),
+    Mistake("probabilities", "these are probabilities; the exercise asks for log-probabilities "
+            "(log_softmax, not softmax)", _next_from(lambda x: x.softmax(-1))),
+    Mistake("softmax over positions", "your log_softmax runs over the wrong dimension: normalise "
+            "over the vocabulary (the last one), not over the positions",
+            _next_from(lambda x: x.log_softmax(-2))),
+]
+
+
+def check_next_token_logprobs(next_token_logprobs) -> None:
+    """Exercise 8.3: `next_token_logprobs(lens, idx)` -> (n_layer + 1, B, T - 1) log-probabilities."""
+    ex = EX_NEXT
+    gen = torch.Generator().manual_seed(3)
+    for layers, B, T, V in [(3, 1, 6, 11), (5, 2, 4, 7), (2, 3, 2, 5)]:  # T = 2: one prediction
+        lens = torch.randn(layers, B, T, V, generator=gen) * 3
+        idx = torch.randint(0, V, (B, T), generator=gen)
+        given = lens.clone()
+        got = call_learner(ex, next_token_logprobs, lens, idx)
+        if not torch.equal(lens, given):
+            raise CheckFailed(ex, "your function changed the lens logits in place; read them "
+                              "without writing to them")
+        got = expect_tensor(ex, got, (layers, B, T - 1), what="the log-probabilities", hints={
+            (layers, B, T): "one value a position, T of them: the last position predicts no token "
+                            "of the text, so there are T - 1",
+            (layers, B, T - 1, V): "that is every token's log-probability: keep only the one of "
+                                   "the token that really comes next (gather)",
+            (layers, B, T, V): "that is the whole distribution at every position: keep only the "
+                               "log-probability of the token that comes next, at T - 1 positions",
+        })
+        if close(got, _next_right(lens, idx), atol=1e-4):
+            continue
+        mistake = first_mistake(NEXT_MISTAKES, lambda m: close(got, m.fn(lens, idx), atol=1e-4))
+        if mistake:
+            raise CheckFailed(ex, mistake.message)
+        raise CheckFailed(ex, f"with {layers} layers, batch {B}, {T} tokens, your values differ from "
+                          "the log-probability, under each layer's lens, of the token that comes next")
+    if not (got <= 1e-6).all():
+        raise CheckFailed(ex, "a log-probability above 0: apply log_softmax over the vocabulary")
+    passed(ex, "each layer's log-probability of the next token, for several batches and lengths")
 
 
 # --------------------------------------------------------------------------- 8.3 zero heads
@@ -947,6 +1020,7 @@ def check_run_with_cache(run_with_cache) -> None:
 MISTAKES_BY_CHECK = {
     check_iter_safetensors: READ_MISTAKES,
     check_checkpoint_to_model: MAPPING_MISTAKES,
+    check_next_token_logprobs: NEXT_MISTAKES,
     check_previous_token_score: PREVIOUS_MISTAKES,
     check_induction_score: INDUCTION_MISTAKES,
     check_copy_losses: COPY_MISTAKES,
@@ -955,15 +1029,24 @@ MISTAKES_BY_CHECK = {
 }
 
 
+def _try_reader(read_safetensors):
+    """The probe of yours_or_reference: read a two-tensor file written by safetensors itself."""
+    import tempfile
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.safetensors"
+        save_file({"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, dtype=torch.int64)}, str(path))
+        read_safetensors(path)
+
+
 def yours_or_reference(read_safetensors):
-    """A reader that is yours when exercise 8.0 is done, else gpt2lib.weights', with a note."""
-    def read(path):
-        try:
-            return read_safetensors(path)
-        except NotImplementedError:
-            from gpt2lib.weights import read_safetensors as reference
+    """Your reader when exercise 8.0 is done (it reads a small file), else gpt2lib.weights', with a
+    note; the fallback itself is the course's shared `_core.yours_or_reference`."""
+    from gpt2lib.weights import read_safetensors as reference
 
-            print("exercise 8.0 unfinished: reading the file with gpt2lib.weights' reference")
-            return reference(path)
-
-    return read
+    return _yours_or_reference(read_safetensors, reference, _try_reader,
+                               what="your read_safetensors",
+                               instead="gpt2lib.weights' reader")
