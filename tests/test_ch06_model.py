@@ -255,8 +255,27 @@ def test_the_forward_reads_no_token_values_and_uses_chapter_2s_positions(tiny, m
 
 @pytest.mark.parametrize("config", [{}, {"n_embd": 768}, None, "gpt2"])
 def test_the_constructor_needs_a_gpt2_config(config):
+    # the clear error moved from chapter 6's teaching cell to the entry point, gpt2lib.GPT2 (what
+    # `from gpt2lib import GPT2` gives); the plain class still fails loudly, at the first field
+    import gpt2lib
+
     with pytest.raises(TypeError, match=r"GPT2 needs a GPT2Config, got .*GPT2Config.from_name"):
+        gpt2lib.GPT2(config)
+    with pytest.raises(TypeError, match=r"GPT2 needs a GPT2Config, got dict"):
+        gpt2lib.GPT2(config={"n_layer": 1})
+    with pytest.raises((AttributeError, TypeError)):
         GPT2(config)
+
+
+def test_the_entry_point_class_builds_the_same_model_from_a_gpt2_config():
+    import gpt2lib
+
+    torch.manual_seed(0)
+    plain = GPT2(TINY)
+    torch.manual_seed(0)
+    entry = gpt2lib.GPT2(TINY, block_cls=Block)
+    assert isinstance(entry, GPT2)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), entry.state_dict().values()))
 
 
 # --------------------------------------------------------------------------- KV-cache protocol
@@ -741,14 +760,29 @@ def test_adamw_keeps_two_states_per_parameter_as_the_exercise_says():
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32])
-def test_any_integer_dtype_of_ids_gives_the_same_logits(dtype):
-    # One validator (chapter 2's check_token_ids) accepts every integer dtype; the model
-    # converts before the lookup, so small int types are not a crash deep inside nn.Embedding.
+@pytest.mark.parametrize("entry", ["generate", "run_with_cache"])
+def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtype, entry):
+    # One validator (chapter 2's check_token_ids) accepts every integer dtype; the entry points
+    # convert with idx.long() before the lookup (the plain forward does not: it takes the int64
+    # or int32 ids nn.Embedding takes), so small int types are not a crash inside nn.Embedding.
+    from gpt2lib.generation import generate
+    from gpt2lib.interpret import run_with_cache
+
     torch.manual_seed(0)
     model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
     ids = torch.tensor([[1, 7, 3, 42]])
     with torch.no_grad():
-        assert torch.equal(model(ids.to(dtype)), model(ids))
+        if entry == "generate":
+            assert torch.equal(generate(model, ids.to(dtype), 3, temperature=0), generate(model, ids, 3, temperature=0))
+        else:
+            assert torch.equal(run_with_cache(model, ids.to(dtype))[0], model(ids))
+
+
+def test_a_plain_forward_refuses_small_integer_ids_loudly():
+    # no silent wrong answer: nn.Embedding names the dtypes it takes
+    model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
+    with pytest.raises((RuntimeError, IndexError)):
+        model(torch.tensor([[1, 7, 3]], dtype=torch.int8))
 
 
 # --------------------------------------------------------------------------- challenge
