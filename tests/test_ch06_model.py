@@ -853,14 +853,14 @@ def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
         pass
 
     checks.check_recording_block(Right)
-    assert "✅ Exercise 6.8" in capsys.readouterr().out
+    assert "✅ Exercise 6.9" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="other logits"):
         checks.check_recording_block(Doubles)
     with pytest.raises(CheckFailed, match="should be a number"):
         checks.check_recording_block(NoRms)
 
 
-# --------------------------------------------------------------------------- Exercises 6.2 and 6.7
+# --------------------------------------------------------------------------- Exercises 6.2 and 6.8
 
 
 def stream_std_reference(model, ids):
@@ -896,7 +896,7 @@ def test_stream_and_forward_checks_accept_right_answers(capsys):
     checks.check_forward_by_hand(forward_reference)
     checks.check_forward_by_hand(lambda model, idx: model(idx))
     out = capsys.readouterr().out
-    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.7") == 2
+    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.8") == 2
 
 
 @pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
@@ -963,3 +963,40 @@ def test_parameter_shares_of_gpt2_small():
 def test_check_parameter_shares_explains_other_wrong_answers(answer, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_parameter_shares(answer)
+
+
+# --------------------------------------------------------------------------- Exercise 6.7
+
+
+def test_check_random_logit_loss_passes_the_formula_in_any_style_and_a_finer_one(capsys):
+    checks.check_random_logit_loss(lambda V, sigma: math.log(V) + sigma**2 / 2)
+    checks.check_random_logit_loss(lambda V, sigma: torch.tensor(V).log() + sigma * sigma * 0.5)
+
+    def finer(V, sigma):  # with the next term of the expansion: Jensen's gap, -Var/(2·mean²)
+        return math.log(V) + sigma**2 / 2 - (math.exp(sigma**2) - 1) / (2 * V)
+
+    checks.check_random_logit_loss(finer)
+    assert capsys.readouterr().out.count("✅ Exercise 6.7 (random_logit_loss) passed") == 3
+
+
+def test_check_random_logit_loss_explains_other_answers():
+    with pytest.raises(CheckFailed, match=r"for V = 20,000 and σ = 1.5 the expected loss is about 11.028"):
+        checks.check_random_logit_loss(lambda V, sigma: 3.0)
+    with pytest.raises(CheckFailed, match="one finite number"):
+        checks.check_random_logit_loss(lambda V, sigma: float("nan"))
+    with pytest.raises(CheckFailed, match="one finite number"):
+        checks.check_random_logit_loss(lambda V, sigma: [math.log(V)])
+
+
+def test_the_formula_predicts_the_fresh_models_loss():
+    # the chapter's claim: GPT-2 small at initialisation pays about ln(V) + σ²/2 on random ids
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2)
+    model = GPT2(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), ids[:, 1:].reshape(-1)).item()
+    sigma = logits.std().item()
+    assert abs(loss - (math.log(config.vocab_size) + sigma**2 / 2)) < 0.05
+    assert loss > math.log(config.vocab_size)
