@@ -15,6 +15,7 @@ with these mixins. A learner's own class gets the methods the same way:
 """
 
 from gpt2lib import generation, interpret
+from gpt2lib.config import GPT2Config
 from gpt2lib.model import GPT2 as _ChapterGPT2
 
 # The checkpoint functions, in one place: repoint these two names to move saving and loading.
@@ -53,4 +54,20 @@ class PretrainedMixin:
 
 class GPT2(PretrainedMixin, GenerationMixin, InspectionMixin, _ChapterGPT2):
     """Chapter 6's GPT2 (gpt2lib.model.GPT2) with from_pretrained, generate, save_pretrained
-    and run_with_cache. The modules, parameter names and forward are chapter 6's."""
+    and run_with_cache. The modules, parameter names and forward are chapter 6's; the
+    constructor, an entry point, first checks that it was given a GPT2Config (chapter 6's
+    plain class checks nothing)."""
+
+    def __init__(self, config, *args, **kwargs):
+        check_is_gpt2_config(config)
+        super().__init__(config, *args, **kwargs)
+
+
+def check_is_gpt2_config(config) -> None:
+    """A clear TypeError unless `config` is a GPT2Config (a dict, a name or None is not)."""
+    if not isinstance(config, GPT2Config):
+        raise TypeError(
+            f"GPT2 needs a GPT2Config, got {type(config).__name__}: build one with "
+            "GPT2Config(n_layer=..., ...) or GPT2Config.from_name('gpt2') "
+            "(from gpt2lib import GPT2Config)"
+        )

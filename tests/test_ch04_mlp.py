@@ -359,7 +359,7 @@ def test_check_gelu_tanh_explains_math_functions_on_tensors():
         checks.check_gelu_tanh(with_math_tanh)
 
 
-# --------------------------------------------------------------------------- Exercise 4.6: MLP
+# --------------------------------------------------------------------------- Exercise 4.7: MLP
 
 
 class GoodMLP(nn.Module):
@@ -421,7 +421,7 @@ def test_check_mlp_passes_the_reference_and_other_correct_answers(capsys):
     checks.check_mlp(planted(layer=SubclassedConv1D))
     checks.check_mlp(LinearMLP)
     out = capsys.readouterr().out
-    assert out.count("✅ Exercise 4.6 (MLP) passed") == 5
+    assert out.count("✅ Exercise 4.7 (MLP) passed") == 5
     assert "nn.Linear, which store weights [out, in]" in out  # the note for LinearMLP
 
 
@@ -543,3 +543,76 @@ def test_check_gelu_erf_passes_right_answers_and_names_in_place_and_dtype(capsys
         checks.check_gelu_erf(in_place)
     with pytest.raises(CheckFailed, match="should give a torch.float32 tensor"):
         checks.check_gelu_erf(lambda x: F.gelu(x.double()))
+
+
+# --------------------------------------------------------------------------- Exercise 4.6: gaps
+
+
+def _gaps_with_modules(fc, proj, x):
+    import copy
+
+    with torch.no_grad():
+        h = fc(x)
+        out_tanh, out_erf = proj(F.gelu(h, approximate="tanh")), proj(F.gelu(h))
+        fc64, proj64 = copy.deepcopy(fc).double(), copy.deepcopy(proj).double()
+        exact = proj64(F.gelu(fc64(x.double()), approximate="tanh"))
+    return (out_tanh - out_erf).abs().max().item(), (out_tanh.double() - exact).abs().max().item()
+
+
+def _gaps_from_weights(fc, proj, x):  # the chapter's own gelu_tanh/gelu_erf, tensors returned
+    from gpt2lib.mlp import gelu_erf
+
+    W1, b1, W2, b2 = (t.detach() for t in (fc.weight, fc.bias, proj.weight, proj.bias))
+    h = x @ W1 + b1
+    out_tanh, out_erf = gelu_tanh(h) @ W2 + b2, gelu_erf(h) @ W2 + b2
+    exact = gelu_tanh(x.double() @ W1.double() + b1.double()) @ W2.double() + b2.double()
+    return (out_tanh - out_erf).abs().max(), (out_tanh.double() - exact).abs().max()
+
+
+def test_check_approximation_gaps_passes_right_answers_in_any_style(capsys):
+    checks.check_approximation_gaps(_gaps_with_modules)
+    checks.check_approximation_gaps(_gaps_from_weights)
+    assert capsys.readouterr().out.count("✅ Exercise 4.6 (approximation_gaps) passed") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.GAPS_MISTAKES, ids=lambda m: m.name)
+def test_check_approximation_gaps_names_each_planted_mistake(mistake):
+    with pytest.raises(CheckFailed) as info:
+        checks.check_approximation_gaps(mistake.fn)
+    assert mistake.message in str(info.value)
+
+
+def test_check_approximation_gaps_names_changed_layers_stubs_and_other_answers():
+    def converts_in_place(fc, proj, x):  # the trap: Module.double() converts the module itself
+        with torch.no_grad():
+            out_tanh = proj(F.gelu(fc(x), approximate="tanh"))
+            out_erf = proj(F.gelu(fc(x)))
+            exact = proj.double()(F.gelu(fc.double()(x.double()), approximate="tanh"))
+        return (out_tanh - out_erf).abs().max().item(), (out_tanh.double() - exact).abs().max().item()
+
+    with pytest.raises(CheckFailed, match="IN PLACE"):
+        checks.check_approximation_gaps(converts_in_place)
+    with pytest.raises(CheckFailed, match="return two numbers"):
+        checks.check_approximation_gaps(lambda fc, proj, x: 0.1)
+    with pytest.raises(CheckFailed, match=r"the gaps are about .* you return 1 and 1"):
+        checks.check_approximation_gaps(lambda fc, proj, x: (1.0, 1.0))
+    with pytest.raises(CheckFailed, match="your first number is 0"):  # 0 with a wrong rounding gap
+        checks.check_approximation_gaps(lambda fc, proj, x: (0.0, 1.0))
+
+    def stub(fc, proj, x):
+        raise NotImplementedError("Exercise 4.6: replace this line with your code")
+
+    from gpt2lib.course.checks._core import NotDoneYet
+
+    with pytest.raises(NotDoneYet, match="not done yet"):
+        checks.check_approximation_gaps(stub)
+
+
+def test_the_erf_gelu_moves_a_scaled_up_mlp_far_more_than_float32_rounding():
+    torch.manual_seed(0)
+    fc, proj = Conv1D(768, 3072), Conv1D(3072, 768)
+    with torch.no_grad():
+        fc.weight.normal_(std=0.07)
+        proj.weight.normal_(std=0.02)
+    gap_activation, gap_rounding = _gaps_with_modules(fc, proj, torch.randn(1, 16, 768))
+    assert gap_activation > 100 * gap_rounding and gap_activation > 1e-5  # the chapter's claim

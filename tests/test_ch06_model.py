@@ -255,8 +255,27 @@ def test_the_forward_reads_no_token_values_and_uses_chapter_2s_positions(tiny, m
 
 @pytest.mark.parametrize("config", [{}, {"n_embd": 768}, None, "gpt2"])
 def test_the_constructor_needs_a_gpt2_config(config):
+    # the clear error moved from chapter 6's teaching cell to the entry point, gpt2lib.GPT2 (what
+    # `from gpt2lib import GPT2` gives); the plain class still fails loudly, at the first field
+    import gpt2lib
+
     with pytest.raises(TypeError, match=r"GPT2 needs a GPT2Config, got .*GPT2Config.from_name"):
+        gpt2lib.GPT2(config)
+    with pytest.raises(TypeError, match=r"GPT2 needs a GPT2Config, got dict"):
+        gpt2lib.GPT2(config={"n_layer": 1})
+    with pytest.raises((AttributeError, TypeError)):
         GPT2(config)
+
+
+def test_the_entry_point_class_builds_the_same_model_from_a_gpt2_config():
+    import gpt2lib
+
+    torch.manual_seed(0)
+    plain = GPT2(TINY)
+    torch.manual_seed(0)
+    entry = gpt2lib.GPT2(TINY, block_cls=Block)
+    assert isinstance(entry, GPT2)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), entry.state_dict().values()))
 
 
 # --------------------------------------------------------------------------- KV-cache protocol
@@ -741,14 +760,29 @@ def test_adamw_keeps_two_states_per_parameter_as_the_exercise_says():
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32])
-def test_any_integer_dtype_of_ids_gives_the_same_logits(dtype):
-    # One validator (chapter 2's check_token_ids) accepts every integer dtype; the model
-    # converts before the lookup, so small int types are not a crash deep inside nn.Embedding.
+@pytest.mark.parametrize("entry", ["generate", "run_with_cache"])
+def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtype, entry):
+    # One validator (chapter 2's check_token_ids) accepts every integer dtype; the entry points
+    # convert with idx.long() before the lookup (the plain forward does not: it takes the int64
+    # or int32 ids nn.Embedding takes), so small int types are not a crash inside nn.Embedding.
+    from gpt2lib.generation import generate
+    from gpt2lib.interpret import run_with_cache
+
     torch.manual_seed(0)
     model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
     ids = torch.tensor([[1, 7, 3, 42]])
     with torch.no_grad():
-        assert torch.equal(model(ids.to(dtype)), model(ids))
+        if entry == "generate":
+            assert torch.equal(generate(model, ids.to(dtype), 3, temperature=0), generate(model, ids, 3, temperature=0))
+        else:
+            assert torch.equal(run_with_cache(model, ids.to(dtype))[0], model(ids))
+
+
+def test_a_plain_forward_refuses_small_integer_ids_loudly():
+    # no silent wrong answer: nn.Embedding names the dtypes it takes
+    model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
+    with pytest.raises((RuntimeError, IndexError)):
+        model(torch.tensor([[1, 7, 3]], dtype=torch.int8))
 
 
 # --------------------------------------------------------------------------- challenge
@@ -819,14 +853,14 @@ def test_check_recording_passes_a_right_answer_and_names_other_mistakes(capsys):
         pass
 
     checks.check_recording_block(Right)
-    assert "✅ Exercise 6.8" in capsys.readouterr().out
+    assert "✅ Exercise 6.9" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="other logits"):
         checks.check_recording_block(Doubles)
     with pytest.raises(CheckFailed, match="should be a number"):
         checks.check_recording_block(NoRms)
 
 
-# --------------------------------------------------------------------------- Exercises 6.2 and 6.7
+# --------------------------------------------------------------------------- Exercises 6.2 and 6.8
 
 
 def stream_std_reference(model, ids):
@@ -862,7 +896,7 @@ def test_stream_and_forward_checks_accept_right_answers(capsys):
     checks.check_forward_by_hand(forward_reference)
     checks.check_forward_by_hand(lambda model, idx: model(idx))
     out = capsys.readouterr().out
-    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.7") == 2
+    assert out.count("✅ Exercise 6.2") == 2 and out.count("✅ Exercise 6.8") == 2
 
 
 @pytest.mark.parametrize("check, mistake", planted(checks.MISTAKES_BY_CHECK))
@@ -929,3 +963,40 @@ def test_parameter_shares_of_gpt2_small():
 def test_check_parameter_shares_explains_other_wrong_answers(answer, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_parameter_shares(answer)
+
+
+# --------------------------------------------------------------------------- Exercise 6.7
+
+
+def test_check_random_logit_loss_passes_the_formula_in_any_style_and_a_finer_one(capsys):
+    checks.check_random_logit_loss(lambda V, sigma: math.log(V) + sigma**2 / 2)
+    checks.check_random_logit_loss(lambda V, sigma: torch.tensor(V).log() + sigma * sigma * 0.5)
+
+    def finer(V, sigma):  # with the next term of the expansion: Jensen's gap, -Var/(2·mean²)
+        return math.log(V) + sigma**2 / 2 - (math.exp(sigma**2) - 1) / (2 * V)
+
+    checks.check_random_logit_loss(finer)
+    assert capsys.readouterr().out.count("✅ Exercise 6.7 (random_logit_loss) passed") == 3
+
+
+def test_check_random_logit_loss_explains_other_answers():
+    with pytest.raises(CheckFailed, match=r"for V = 20,000 and σ = 1.5 the expected loss is about 11.028"):
+        checks.check_random_logit_loss(lambda V, sigma: 3.0)
+    with pytest.raises(CheckFailed, match="one finite number"):
+        checks.check_random_logit_loss(lambda V, sigma: float("nan"))
+    with pytest.raises(CheckFailed, match="one finite number"):
+        checks.check_random_logit_loss(lambda V, sigma: [math.log(V)])
+
+
+def test_the_formula_predicts_the_fresh_models_loss():
+    # the chapter's claim: GPT-2 small at initialisation pays about ln(V) + σ²/2 on random ids
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2)
+    model = GPT2(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), ids[:, 1:].reshape(-1)).item()
+    sigma = logits.std().item()
+    assert abs(loss - (math.log(config.vocab_size) + sigma**2 / 2)) < 0.05
+    assert loss > math.log(config.vocab_size)

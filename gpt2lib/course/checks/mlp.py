@@ -1,6 +1,6 @@
 """Checks for chapter 4's exercises: which outputs a change of one token moves, two linear
 layers merged into one, what a wider hidden layer buys (a least-squares fit), the MLP's
-parameter count, and GPT-2's GELU and MLP module.
+parameter count, GPT-2's GELU, whether its tanh approximation matters, and the MLP module.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
 and with the planted wrong answers in the module-level `Mistake` lists below (the tests are
@@ -9,6 +9,7 @@ parametrised over those lists), and names the mistake when one of them matches.
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 
@@ -32,7 +33,8 @@ EX_COUNT = "Exercise 4.4 (mlp_parameter_count)"
 EX_MERGE = "Exercise 4.2 (merge_linear_layers)"
 EX_FIT = "Exercise 4.3 (best_fit_error)"
 EX_GELU = "Exercise 4.5 (gelu_tanh)"
-EX_MLP = "Exercise 4.6 (MLP)"
+EX_GAPS = "Exercise 4.6 (approximation_gaps)"
+EX_MLP = "Exercise 4.7 (MLP)"
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -393,7 +395,7 @@ def check_gelu_tanh(gelu_tanh) -> None:
     passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
-# --------------------------------------------------------------------------- Exercise 4.6: MLP
+# --------------------------------------------------------------------------- Exercise 4.7: MLP
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
 MLP_MISTAKES = [
@@ -605,3 +607,118 @@ def check_gelu_erf(gelu_erf) -> None:
                               "0.5·x·(1 + erf(x / √2))")
     gap = (_gelu_tanh(points) - F.gelu(points)).abs().max().item()
     passed(EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}")
+
+
+# --------------------------------------------------------------------------- Exercise 4.6: gaps
+
+
+def _mlp_outputs(fc, proj, x, activation, dtype=None):
+    """proj(activation(fc(x))) without gradients, on copies of the layers when `dtype` is given."""
+    with torch.no_grad():
+        if dtype is not None:
+            fc, proj, x = copy.deepcopy(fc).to(dtype), copy.deepcopy(proj).to(dtype), x.to(dtype)
+        return proj(activation(fc(x)))
+
+
+def _erf(h):
+    return F.gelu(h)
+
+
+def _right_gaps(fc, proj, x):
+    out_tanh = _mlp_outputs(fc, proj, x, _gelu_tanh)  # float32
+    out_erf = _mlp_outputs(fc, proj, x, _erf)
+    out_exact = _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)
+    return ((out_tanh - out_erf).abs().max().item(),
+            (out_tanh.double() - out_exact).abs().max().item())
+
+
+# fn(fc, proj, x) -> the two floats that wrong answer returns
+GAPS_MISTAKES = [
+    Mistake("swapped", "your two numbers are the right ones the other way round: return first the "
+            "change that the erf GELU makes, then the change that float32 rounding makes",
+            lambda fc, proj, x: _right_gaps(fc, proj, x)[::-1]),
+    Mistake("hidden", "your first number is the largest change of the hidden values after GELU; "
+            "the question is how far the MLP's OUTPUT moves, so run both activations through proj "
+            "(its weights can make the change larger or smaller)",
+            lambda fc, proj, x: ((_gelu_tanh(fc(x)) - _erf(fc(x))).abs().max().item(),
+                                 _right_gaps(fc, proj, x)[1])),
+    Mistake("mean", "you return the MEAN change of the output numbers; the question is the largest "
+            "change of any one of them (the absolute difference's maximum)",
+            lambda fc, proj, x: ((_mlp_outputs(fc, proj, x, _gelu_tanh)
+                                  - _mlp_outputs(fc, proj, x, _erf)).abs().mean().item(),
+                                 (_mlp_outputs(fc, proj, x, _gelu_tanh).double()
+                                  - _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)).abs().mean().item())),
+    Mistake("same activation", "your first number is 0: both outputs used the same GELU. F.gelu(h) "
+            "is the exact (erf) form; GPT-2's is F.gelu(h, approximate=\"tanh\") or your gelu_tanh",
+            lambda fc, proj, x: (0.0, _right_gaps(fc, proj, x)[1])),
+    Mistake("float32 reference", "your rounding gap is 0: both sides ran in float32, so they round "
+            "alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
+            lambda fc, proj, x: (_right_gaps(fc, proj, x)[0], 0.0)),
+    Mistake("erf reference", "your rounding gap is as large as the activation's: your float64 "
+            "reference used the other GELU. Rounding alone is the float32 tanh MLP against the "
+            "SAME tanh MLP in float64",
+            lambda fc, proj, x: (_right_gaps(fc, proj, x)[0],
+                                 (_mlp_outputs(fc, proj, x, _gelu_tanh).double()
+                                  - _mlp_outputs(fc, proj, x, _erf, torch.float64)).abs().max().item())),
+]
+
+
+def _gap_cases():
+    """Three MLPs: (B, T, C, H), the std of fc's and proj's weights (hidden values of a few units)."""
+    from gpt2lib.layers import Conv1D
+
+    gen = torch.Generator().manual_seed(4)
+    for (B, T, C, H), proj_std in (((2, 5, 16, 64), 0.5), ((1, 9, 32, 128), 0.02), ((3, 4, 24, 96), 0.1)):
+        fc, proj = Conv1D(C, H), Conv1D(H, C)
+        with torch.no_grad():
+            fc.weight.copy_(torch.randn(C, H, generator=gen) * (2.5 / math.sqrt(C)))
+            fc.bias.copy_(torch.randn(H, generator=gen) * 0.5)
+            proj.weight.copy_(torch.randn(H, C, generator=gen) * proj_std)
+            proj.bias.copy_(torch.randn(C, generator=gen) * 0.1)
+        yield fc, proj, torch.randn(B, T, C, generator=gen)
+
+
+def _two_numbers(got):
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise CheckFailed(EX_GAPS, "return two numbers, `gap_activation, gap_rounding` (a tuple), "
+                          f"got {type(got).__name__}")
+    return tuple(_as_number(EX_GAPS, g) for g in got)
+
+
+def _gaps_match(got, want):
+    """The activation gap to 1e-3 (float32 or float64 arithmetic both fine); the rounding gap,
+    which depends on the order of the float32 operations, within a factor of 4 and not 0."""
+    (a, r), (wa, wr) = got, want
+    return math.isclose(a, wa, rel_tol=1e-3, abs_tol=1e-9) and wr / 4 <= r <= wr * 4
+
+
+def check_approximation_gaps(approximation_gaps) -> None:
+    """`approximation_gaps(fc, proj, x)` -> (largest output change erf vs tanh, float32 rounding)."""
+    for fc, proj, x in _gap_cases():
+        before = {name: t.clone() for name, t in [*fc.state_dict().items(), *[("p" + k, v) for k, v in
+                                                                              proj.state_dict().items()]]}
+        x_before = x.clone()
+        got = _two_numbers(call_learner(EX_GAPS, approximation_gaps, fc, proj, x))
+        after = {name: t for name, t in [*fc.state_dict().items(), *[("p" + k, v) for k, v in
+                                                                     proj.state_dict().items()]]}
+        if any(t.dtype != before[name].dtype or not torch.equal(t, before[name]) for name, t in after.items()):
+            raise CheckFailed(EX_GAPS, "your function changed the layers it was given (their dtype or "
+                              "values): Module.double() and .to() convert a module IN PLACE. Work on "
+                              "copies (copy.deepcopy(fc).double()), or compute from the weights")
+        if not torch.equal(x, x_before):
+            raise CheckFailed(EX_GAPS, "your function changed its input x in place: leave it alone")
+        want = _right_gaps(fc, proj, x)
+        if _gaps_match(got, want):
+            continue
+        mistake = first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
+        if mistake is None and got[0] == 0.0:
+            mistake = named(GAPS_MISTAKES, "same activation")
+        elif mistake is None and got[1] == 0.0:
+            mistake = named(GAPS_MISTAKES, "float32 reference")
+        if mistake is not None:
+            raise CheckFailed(EX_GAPS, mistake.message)
+        raise CheckFailed(EX_GAPS, f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> "
+                          f"{proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about "
+                          f"{want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you "
+                          f"return {got[0]:.3g} and {got[1]:.2g}")
+    passed(EX_GAPS, "the output's largest change from the activation, and from float32 rounding")

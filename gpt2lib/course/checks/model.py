@@ -1,5 +1,5 @@
 """Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, where its
-parameters sit, its size, and the memory training needs.
+parameters sit, its size, the memory training needs, and the loss of random logits.
 
 Each check runs the learner's code on small random cases, compares with the reference
 `gpt2lib.model.GPT2`, and names the usual mistake by comparing with the planted wrong answers
@@ -32,7 +32,8 @@ EX_INIT = "Exercise 6.3 (GPT-2's initialisation)"
 EX_SHARES = "Exercise 6.4 (parameter_shares)"
 EX_COUNT = "Exercise 6.5 (parameter count from the configuration)"
 EX_MEMORY = "Exercise 6.6 (training memory)"
-EX_DEBUG = "Exercise 6.7 (forward_by_hand)"
+EX_RANDOM_LOSS = "Exercise 6.7 (random_logit_loss)"
+EX_DEBUG = "Exercise 6.8 (forward_by_hand)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 
@@ -609,9 +610,9 @@ def check_budget_config(config) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- Exercise 6.8
+# --------------------------------------------------------------------------- Exercise 6.9
 
-EX_RECORD = "Exercise 6.8 (RecordingBlock)"
+EX_RECORD = "Exercise 6.9 (RecordingBlock)"
 
 
 def _rms(x):
@@ -736,7 +737,7 @@ def check_stream_std(stream_std) -> None:
     passed(EX_STREAM, "the stream's std after the embeddings and after every block")
 
 
-# --------------------------------------------------------------------------- Exercise 6.7
+# --------------------------------------------------------------------------- Exercise 6.8
 
 DOUBLE_RESIDUAL = ("your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
                    "already returns x plus its update, so that doubles the stream at every block. "
@@ -792,5 +793,61 @@ def check_forward_by_hand(forward_by_hand) -> None:
 
 
 # checks whose planted mistakes have the exercise's own signature (tests/check_cases.planted)
+# --------------------------------------------------------------------------- Exercise 6.7
+
+
+def _random_loss(V, sigma):
+    """The right answer for large V: E[logsumexp(z)] - E[z_target] = ln(V·exp(σ²/2)) - 0."""
+    return math.log(V) + sigma**2 / 2
+
+
+# fn(vocab_size, sigma) -> what that wrong formula gives
+RANDOM_LOSS_MISTAKES = [
+    Mistake("uniform", "that is the loss of a uniform guess, ln(V): it leaves out what the spread "
+            "of the logits costs. Random logits are not flat: the largest of them pull the "
+            "normaliser (the log of the sum of exp) up, while the target's logit is 0 on average",
+            lambda V, sigma: math.log(V)),
+    Mistake("linear in sigma", "your extra cost grows like σ; it grows like σ²: the normaliser holds "
+            "the mean of exp(z), and E[exp(z)] = exp(σ²/2) for z normal with std σ",
+            lambda V, sigma: math.log(V) + sigma / 2),
+    Mistake("no half", "your extra cost is σ², twice too much: E[exp(z)] = exp(σ²/2) for z normal "
+            "with std σ, so the log of the sum gains σ²/2",
+            lambda V, sigma: math.log(V) + sigma**2),
+    Mistake("minus", "your spread LOWERS the loss; it raises it: the normaliser log Σ exp(z) "
+            "grows with the spread (exp favours the large logits), and the target's logit averages 0",
+            lambda V, sigma: math.log(V) - sigma**2 / 2),
+    Mistake("log10", "cross-entropy uses the natural logarithm (math.log), not log10",
+            lambda V, sigma: math.log10(V) + sigma**2 / 2),
+    Mistake("log2", "cross-entropy here is in nats, with the natural logarithm (math.log), not "
+            "log2 (bits)", lambda V, sigma: math.log2(V) + sigma**2 / 2),
+]
+
+# (vocab_size, sigma): sigma 1.5 first, where σ/2, σ² and σ²/2 all differ
+_RANDOM_LOSS_CASES = ((20_000, 1.5), (50_257, 0.5), (1_000, 1.0), (5_000, 0.8))
+
+
+def check_random_logit_loss(random_logit_loss) -> None:
+    """`random_logit_loss(vocab_size, sigma)` -> the expected cross-entropy of random logits."""
+    for V, sigma in _RANDOM_LOSS_CASES:
+        got = call_learner(EX_RANDOM_LOSS, random_logit_loss, V, sigma)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
+            raise CheckFailed(EX_RANDOM_LOSS, f"return the loss as one finite number (a Python "
+                              f"float), got {got!r}")
+        want = _random_loss(V, sigma)
+        if abs(got - want) <= 0.05:  # the large-V formula, a finer one, or a sampled estimate
+            continue
+        mistake = first_mistake(RANDOM_LOSS_MISTAKES, lambda m: math.isclose(got, m.fn(V, sigma), abs_tol=1e-6))
+        if mistake is not None:
+            raise CheckFailed(EX_RANDOM_LOSS, mistake.message)
+        raise CheckFailed(EX_RANDOM_LOSS, f"for V = {V:,} and σ = {sigma} the expected loss is "
+                          f"about {want:.3f} nats; you return {float(got):.3f}. Split the loss into "
+                          "the log of the sum of exp(z) and the target's logit, and take each "
+                          "one's expectation")
+    passed(EX_RANDOM_LOSS, f"ln(V) + σ²/2; for GPT-2's vocabulary and σ = 0.5: {_random_loss(50_257, 0.5):.2f}")
+
+
 MISTAKES_BY_CHECK = {check_stream_std: STREAM_MISTAKES, check_forward_by_hand: FORWARD_MISTAKES,
-                     check_parameter_shares: SHARES_MISTAKES}
+                     check_parameter_shares: SHARES_MISTAKES,
+                     check_random_logit_loss: RANDOM_LOSS_MISTAKES}
