@@ -40,9 +40,10 @@ from gpt2lib.tuning import (
 __all__ = [
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "AdapterError", "PROMPT_TEMPLATE", "ReplyPair",
     "SpeakerData", "accuracy", "apply_lora", "classifier", "collate", "confusion_matrix",
-    "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
-    "mean_response_loss", "merge_lora", "peft_logits", "reply_dataset", "save_adapter", "speaker_batch",
-    "speaker_dataset", "speeches", "trainable_parameters",
+    "describe", "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
+    "mean_response_loss", "merge_lora", "model_name", "peft_logits", "plot_confusion",
+    "plot_curves", "reply_dataset", "save_adapter", "speaker_batch", "speaker_dataset", "speeches",
+    "trainable_parameters",
 ]
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
@@ -287,6 +288,49 @@ def mean_response_loss(gpt, encoded_pairs, pad_id: int, batch_size: int = 16,
     finally:
         gpt.train(was_training)
     return total / count
+
+
+def model_name(checkpoint) -> str:
+    """The name the chapter prints for a checkpoint: a hub name as is, a folder by its last part."""
+    checkpoint = str(checkpoint)
+    return os.path.basename(checkpoint.rstrip("/\\")) if os.path.isdir(checkpoint) else checkpoint
+
+
+def describe(model, checkpoint, quick: bool) -> str:
+    """Print which model is tuned (size, layers, width, context) and the setting; return its name."""
+    name, config = model_name(checkpoint), model.config
+    print(f"tuning {name}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{config.n_layer} layers of width {config.n_embd}, context {config.n_positions}; "
+          f"setting: {'quick' if quick else 'full'}")
+    return name
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def plot_confusion(counts, names, title):
+    """Draw a confusion matrix of counts (row = true class, column = answer) with class names."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    image = ax.imshow(counts, cmap="Blues")
+    ax.set_xticks(range(len(names)), names, rotation=60, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set(xlabel="predicted speaker", ylabel="true speaker", title=title)
+    fig.colorbar(image, ax=ax, label="speeches")
+    plt.show()
+
+
+def plot_curves(curves, xlabel, ylabel, title):
+    """Draw {label: values} as lines with markers on one axis."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for (label, values), marker in zip(curves.items(), "os^vD"):
+        ax.plot(values, marker=marker, label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend()
+    plt.show()
 
 
 # --------------------------------------------------------------------------- LoRA

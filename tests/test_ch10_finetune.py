@@ -377,3 +377,20 @@ def test_learner_or_reference_falls_back_on_an_unfinished_exercise(capsys):
     assert "Exercise 10.9 is not done yet" in capsys.readouterr().out
     mine = checks.reference_training_memory_mib
     assert checks.learner_or_reference(mine, len, "Exercise 10.9", 10, 1) is mine
+
+
+# --------------------------------------------------------------------------- 10.9b the frozen table
+
+
+def test_the_frozen_table_check_passes_a_copy_with_only_wte_unchanged(capsys):
+    base = checks._tiny_gpt()
+    checks.check_frozen_table(checks._trained_copy(base, lambda n: n != "wte.weight"), base)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", checks.FROZEN_MISTAKES, ids=lambda m: m.name)
+def test_the_frozen_table_check_names_each_mistake(mistake):
+    base = checks._tiny_gpt()
+    with pytest.raises(CheckFailed) as info:
+        checks.check_frozen_table(mistake.fn(base), base)
+    assert mistake.message in str(info.value)

@@ -1,6 +1,7 @@
 """Checks for chapter 10's exercises: pooling a classifier's input, the collate function with
 its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight, the
-adapter's parameter count, the memory of training, and the measurement of LoRA's rank.
+adapter's parameter count, the memory of training, full fine-tuning with a frozen token table,
+and the measurement of LoRA's rank.
 
 Each check runs the learner's answer on small random cases (more than one shape), compares it
 with the right answer and with the planted wrong answers below, and names the mistake.
@@ -8,6 +9,7 @@ with the right answer and with the planted wrong answers below, and names the mi
 
 from __future__ import annotations
 
+import types
 
 import torch
 import torch.nn as nn
@@ -504,6 +506,59 @@ def learner_or_reference(fn, reference, exercise, *example):
         return reference
 
 
+# --------------------------------------------------------------------------- 10.9b frozen table
+
+
+EX_FROZEN = "Exercise 10.9b (full fine-tuning, token table frozen)"
+
+
+def _trained_copy(base, moved=lambda name: True, in_place=False):
+    """A classifier on `base` (or a copy) whose parameters named by `moved` were nudged."""
+    import copy
+
+    gpt = base if in_place else copy.deepcopy(base)
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if moved(name):
+                p.add_(0.01)
+    return types.SimpleNamespace(gpt=gpt, head=nn.Linear(gpt.config.n_embd, 3))
+
+
+FROZEN_MISTAKES = [
+    Mistake("table trained", "the token table moved: call requires_grad_(False) on the copy's "
+            "wte.weight before training (the optimizer gets what requires grad)",
+            lambda base: _trained_copy(base)),
+    Mistake("base trained", "you trained base_model itself: train a copy.deepcopy of it, so that "
+            "the cells below still start from the pretrained weights",
+            lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True)),
+    Mistake("only the head", "nothing but the head trained: freeze only the token table; the "
+            "blocks, the position table and ln_f train as in full fine-tuning",
+            lambda base: _trained_copy(base, lambda n: False)),
+    Mistake("positions frozen", "more than the token table is frozen: only wte.weight should stay "
+            "as pretrained", lambda base: _trained_copy(base, lambda n: n not in ("wte.weight", "wpe.weight"))),
+]
+
+
+def check_frozen_table(model, base) -> None:
+    """`model`: a classifier trained from a copy of `base` (a GPT2) with only wte frozen."""
+    gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
+    if gpt is None or not isinstance(head, nn.Linear):
+        raise CheckFailed(EX_FROZEN, "frozen should be a classifier (classifier(gpt, n_classes)) "
+                          f"after training; got {type(model).__name__}")
+    if gpt is base:
+        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[1].message)
+    reference = dict(base.named_parameters())
+    still = [n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])]
+    if "wte.weight" not in still:
+        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[0].message)
+    if len(still) == len(reference):
+        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[2].message)
+    if len(still) > 1:
+        raise CheckFailed(EX_FROZEN, f"{FROZEN_MISTAKES[3].message}; these did not move: "
+                          f"{', '.join(n for n in still if n != 'wte.weight')[:200]}")
+    passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
+
+
 # --------------------------------------------------------------------------- 10.10 rank
 
 
@@ -558,6 +613,7 @@ MISTAKES_BY_CHECK = {
     check_lora_parameter_count: COUNT_MISTAKES,
     check_training_memory: MEMORY_MISTAKES,
     check_rank_sweep: RANK_MISTAKES,
+    check_frozen_table: FROZEN_MISTAKES,
 }
 
 
