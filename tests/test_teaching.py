@@ -29,3 +29,18 @@ def test_the_measure_sees_a_chapter_that_misses():
     assert any("a cell of 70 lines" in m for m in found)
     assert any("solution share 0% < 20%" in m for m in found)
     assert any("no ### Predict" in m for m in found) and any("no ### Challenge" in m for m in found)
+
+
+def test_the_learner_writes_a_quarter_of_the_course():
+    # Issue #21: at least 25% overall, over chapters 01 on, marker lines counted as code.
+    code, inside = teaching_stats.course_share([teaching_stats.stats(p) for p in CHAPTERS])
+    assert inside / code >= teaching_stats.LIMITS["overall_share"], f"{inside}/{code}"
+
+
+def test_marker_lines_count_as_code_not_as_the_learners(tmp_path):
+    cell = {"cell_type": "code", "metadata": {}, "source":
+            "x = 1\n### BEGIN SOLUTION\ny = 2\n\n### END SOLUTION\n"}
+    path = tmp_path / "05_x.ipynb"
+    path.write_text(__import__("json").dumps({"cells": [cell]}), encoding="utf-8")
+    row = teaching_stats.stats(path)
+    assert (row["code"], row["inside"]) == (4, 1)
