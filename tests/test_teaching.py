@@ -44,3 +44,13 @@ def test_marker_lines_count_as_code_not_as_the_learners(tmp_path):
     path.write_text(__import__("json").dumps({"cells": [cell]}), encoding="utf-8")
     row = teaching_stats.stats(path)
     assert (row["code"], row["inside"]) == (4, 1)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_exercise_and_challenge_has_a_cell_that_grades_it(path):
+    # `progress` grades an exercise by its `check` cells and a challenge by its `challenge`
+    # cells: without one, a learner who finished it is told it failed.
+    from gpt2lib.course.format import challenges, exercises, read_notebook
+
+    nb = read_notebook(path)
+    assert [t.title for t in exercises(nb) + challenges(nb) if not t.checks] == []
