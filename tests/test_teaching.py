@@ -29,3 +29,28 @@ def test_the_measure_sees_a_chapter_that_misses():
     assert any("a cell of 70 lines" in m for m in found)
     assert any("solution share 0% < 20%" in m for m in found)
     assert any("no ### Predict" in m for m in found) and any("no ### Challenge" in m for m in found)
+
+
+def test_the_learner_writes_a_quarter_of_the_course():
+    # Issue #21: at least 25% overall, over chapters 01 on, marker lines counted as code.
+    code, inside = teaching_stats.course_share([teaching_stats.stats(p) for p in CHAPTERS])
+    assert inside / code >= teaching_stats.LIMITS["overall_share"], f"{inside}/{code}"
+
+
+def test_marker_lines_count_as_code_not_as_the_learners(tmp_path):
+    cell = {"cell_type": "code", "metadata": {}, "source":
+            "x = 1\n### BEGIN SOLUTION\ny = 2\n\n### END SOLUTION\n"}
+    path = tmp_path / "05_x.ipynb"
+    path.write_text(__import__("json").dumps({"cells": [cell]}), encoding="utf-8")
+    row = teaching_stats.stats(path)
+    assert (row["code"], row["inside"]) == (4, 1)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_exercise_and_challenge_has_a_cell_that_grades_it(path):
+    # `progress` grades an exercise by its `check` cells and a challenge by its `challenge`
+    # cells: without one, a learner who finished it is told it failed.
+    from gpt2lib.course.format import challenges, exercises, read_notebook
+
+    nb = read_notebook(path)
+    assert [t.title for t in exercises(nb) + challenges(nb) if not t.checks] == []

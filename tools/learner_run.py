@@ -1,0 +1,86 @@
+"""Run the learner notebooks as a learner who finished every exercise would, and grade them.
+
+    python tools/learner_run.py            # every chapter
+    python tools/learner_run.py 03 07      # some chapters
+
+Each stub in notebooks/NN_*.ipynb (the `raise NotImplementedError("...: replace this line with
+your code")` line that the build writes for a solution region) is replaced by that region's
+answer from solutions/NN_*.ipynb, and the filled notebook is run top to bottom by the same
+machinery as `python -m gpt2lib.course progress` (a scratch copy of the course folder, the
+short CI setting). It prints each exercise's grade and every cell that raised, and exits 1
+when an exercise did not pass, a challenge was not done, or any cell raised: a finished
+learner notebook must run clean. This is issue #21's "verified by running the chapters as a
+learner would, with the learner notebooks filled in"; the course's tests run the solutions and
+the unfinished notebooks, not this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpt2lib.course import exported_code  # noqa: E402
+from gpt2lib.course.format import challenges, exercises, read_notebook, solution_regions  # noqa: E402
+from gpt2lib.course.progress import (  # noqa: E402
+    DONE, PASSED, cell_timeout, execute_copy, grade, grade_challenge, learner_notebooks)
+
+STUB = re.compile(r'^\s*raise NotImplementedError\(".*: replace this line with your code"\)\s*$')
+
+
+def filled(learner, solution, where: str):
+    """The learner notebook with each stub replaced by the solution's answer, in order."""
+    for index, (mine, answer) in enumerate(zip(learner.cells, solution.cells)):
+        if mine.cell_type != "code":
+            continue
+        regions = solution_regions(answer.source, f"{where}, cell {index}")
+        stubs = [i for i, line in enumerate(mine.source.split("\n")) if STUB.match(line)]
+        if len(stubs) != len(regions):
+            raise SystemExit(f"{where}, cell {index}: {len(stubs)} stubs for {len(regions)} "
+                             f"solution regions; run `python -m gpt2lib.course build`")
+        if not regions:
+            continue
+        answer_lines = answer.source.split("\n")
+        lines = mine.source.split("\n")
+        for stub, (begin, end) in reversed(list(zip(stubs, regions))):
+            lines[stub:stub + 1] = answer_lines[begin + 1:end]
+        mine.source = "\n".join(lines)
+        # the filled cell is the solution's code without the markers: anything else is drift
+        if mine.source.strip("\n") != exported_code(answer.source, where):
+            raise SystemExit(f"{where}, cell {index}: the learner cell differs from the solution "
+                             f"outside its answers; run `python -m gpt2lib.course build`")
+    return learner
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
+    args = parser.parse_args(argv)
+    failed = False
+    for path in learner_notebooks(ROOT, args.chapters):
+        solution = read_notebook(ROOT / "solutions" / path.name)
+        nb = filled(read_notebook(path), solution, f"notebooks/{path.name}")
+        run = execute_copy(nb, path, ROOT, cell_timeout())
+        print(f"{path.stem}" + (f": {run.problem} at cell {run.stopped_at}" if run.problem else ""))
+        failed |= bool(run.problem)
+        for outcome in [grade(e, run) for e in exercises(run.nb)] + \
+                       [grade_challenge(c, run) for c in challenges(run.nb)]:
+            ok = outcome.status in (PASSED, DONE)
+            failed |= not ok
+            print(f"  {'ok  ' if ok else 'FAIL'} {outcome.title}"
+                  + ("" if ok else f" ({outcome.status}: {outcome.detail})"))
+        for index, cell in enumerate(run.nb.cells):
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    failed = True
+                    print(f"  cell {index} raised {output.get('ename')}: "
+                          f"{str(output.get('evalue', '')).splitlines()[:1]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
