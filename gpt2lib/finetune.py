@@ -290,10 +290,22 @@ def mean_response_loss(gpt, encoded_pairs, pad_id: int, batch_size: int = 16,
     return total / count
 
 
+_OPENAI_NAMES = {12: "gpt2", 24: "gpt2-medium", 36: "gpt2-large", 48: "gpt2-xl"}  # by n_layer
+
+
 def model_name(checkpoint) -> str:
-    """The name the chapter prints for a checkpoint: a hub name as is, a folder by its last part."""
+    """The name the chapter prints for a checkpoint: a hub name as is; a folder with OpenAI's
+    sizes (the hub cache's snapshot folder, say) by that model's name; any other folder by its
+    last part."""
+    from gpt2lib.offline import is_real_gpt2
+
     checkpoint = str(checkpoint)
-    return os.path.basename(checkpoint.rstrip("/\\")) if os.path.isdir(checkpoint) else checkpoint
+    if not os.path.isdir(checkpoint):
+        return checkpoint
+    if is_real_gpt2(checkpoint):
+        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+        return _OPENAI_NAMES[config["n_layer"]]
+    return os.path.basename(checkpoint.rstrip("/\\"))
 
 
 def describe(model, checkpoint, quick: bool) -> str:

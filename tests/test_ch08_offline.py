@@ -1,4 +1,4 @@
-"""Chapters 8 and 9 run offline with no settings: they load the stand-in and say so (#23 item 2).
+"""Chapters 8, 9 and 10 run offline with no settings: they load the stand-in and say so (#23 item 2).
 
 Each learner notebook runs top to bottom in a kernel with GPT2LIB_CHECKPOINT unset and
 HF_HUB_OFFLINE=1; the only errors allowed are those of unfinished exercises."""
@@ -16,11 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 UNFINISHED = {"NotImplementedError", "NotDoneYet"}
 
 
-def _run_offline(path, monkeypatch):
+def _run_offline(path, monkeypatch, cells=None):
+    """Run the notebook at `path` (its first `cells` cells if given) offline, in its folder."""
     monkeypatch.delenv("GPT2LIB_CHECKPOINT", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("GPT2LIB_QUICK", "1")
     nb = nbformat.read(path, as_version=4)
+    if cells is not None:
+        nb.cells = nb.cells[:cells]
     client = NotebookClient(nb, timeout=600, allow_errors=True, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
@@ -86,3 +89,15 @@ def test_the_circuits_training_log_is_drawn_when_there_is_one(tmp_path, capsys):
                                "rows": [[0, 0.1, 0.2], [10, 0.3, 0.5], [20, 0.7, 0.6]]}), encoding="utf-8")
     figures.training_log(log, "the circuits model")
     assert "first logged step with an induction score above 0.4: 20" in capsys.readouterr().out
+
+
+def test_chapter_10_loads_the_stand_in_offline_with_the_banner(monkeypatch):
+    # Chapter 10's set-up cells only (through the one that loads and describes the model): the
+    # rest trains, and the notebook runs whole under nbval with GPT2LIB_CHECKPOINT set.
+    path = REPO / "notebooks" / "10_finetuning.ipynb"
+    cells = nbformat.read(path, as_version=4).cells
+    last = next(i for i, cell in enumerate(cells) if "describe(base_model" in cell.source)
+    out, errors = _run_offline(path, monkeypatch, cells=last + 1)
+    assert errors == []
+    assert "OFFLINE" in out and "Loading the STAND-IN instead" in out
+    assert "tuning standin:" in out

@@ -394,3 +394,17 @@ def test_the_frozen_table_check_names_each_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
         checks.check_frozen_table(mistake.fn(base), base)
     assert mistake.message in str(info.value)
+
+
+def test_the_chapter_names_a_hub_snapshot_of_openais_weights_by_the_models_name(tmp_path):
+    import json
+
+    snapshot = tmp_path / "snapshots" / "607a30d783dfa663caf39e06633721c8d4cfcd7e"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(
+        {"n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50257}), encoding="utf-8")
+    assert ft.model_name(snapshot) == "gpt2-medium"
+    assert ft.model_name("gpt2") == "gpt2"
+    (snapshot / "config.json").write_text(json.dumps(
+        {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 50257}), encoding="utf-8")
+    assert ft.model_name(snapshot) == snapshot.name
