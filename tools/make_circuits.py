@@ -122,25 +122,26 @@ def common_tokens(train_ids, n):
     return counts.argsort(descending=True)[:n]
 
 
-def repeated_rows(n_rows, L, pool, gen):
-    """(n_rows, 2L + 1): <|endoftext|>, then L random ids of `pool`, then the same L ids again."""
-    seg = pool[torch.randint(0, len(pool), (n_rows, L), generator=gen)]
-    return torch.cat([torch.full((n_rows, 1), BOS), seg, seg], dim=1)
-
-
-def copied_rows(n_rows, T, L, pool, gen):
-    """(n_rows, T + 1): <|endoftext|>, then random ids of `pool`, in which the L ids from a
-    random start are written again at a random later start. Where the two copies sit varies
-    from row to row, so only the tokens (not the positions) say where to copy from."""
+def segment_rows(n_rows, T, pool, gen, min_len=2, exact=0.3):
+    """(n_rows, T + 1): <|endoftext|>, random ids of `pool`, and in them a segment of distinct
+    pool ids written twice. The segment's length L (min_len .. (T - 1) // 2) is drawn per row;
+    a share `exact` of the rows is the measured layout (<|endoftext|>, segment, segment, filler),
+    the others put a random-length filler before the first copy and between the copies, so
+    neither an absolute position nor a fixed offset says where the earlier copy is."""
     rows = pool[torch.randint(0, len(pool), (n_rows, T + 1), generator=gen)]
-    rows[:, 0] = BOS
-    copy = torch.zeros(n_rows, T, dtype=torch.bool)  # targets that the earlier copy predicts
     for r in range(n_rows):
-        a = int(torch.randint(1, T + 2 - 2 * L, (1,), generator=gen))
-        b = int(torch.randint(a + L, T + 2 - L, (1,), generator=gen))
-        rows[r, b:b + L] = rows[r, a:a + L]
-        copy[r, b:b + L - 1] = True  # targets rows[b + 1 .. b + L - 1]
-    return rows, copy
+        L = int(torch.randint(min_len, (T - 1) // 2 + 1, (1,), generator=gen))
+        seg = pool[torch.randperm(len(pool), generator=gen)[:L]]  # no id twice in a segment
+        if torch.rand(1, generator=gen).item() < exact:
+            s1, s2 = 1, 1 + L
+        else:
+            room = T - 2 * L  # filler positions left
+            pre = int(torch.randint(0, room + 1, (1,), generator=gen))
+            gap = int(torch.randint(0, room - pre + 1, (1,), generator=gen))
+            s1, s2 = 1 + pre, 1 + pre + L + gap
+        rows[r, s1:s1 + L] = seg
+        rows[r, s2:s2 + L] = seg
+    return rows
 
 
 def skip_rows(n_rows, T, pool, perm, gen, noise=0.2):
@@ -156,11 +157,6 @@ def skip_rows(n_rows, T, pool, perm, gen, noise=0.2):
     return rows
 
 
-def text_rows(n_rows, T, ids, gen):
-    starts = torch.randint(0, len(ids) - T - 1, (n_rows,), generator=gen)
-    return torch.stack([ids[s:s + T + 1] for s in starts.tolist()])
-
-
 def make_attention_only(model):
     """Zero every MLP's weights and biases and freeze them: GELU(0) = 0, so each block adds
     only its attention's output (block(x) = x + attn(ln_1(x)) exactly), in GPT-2's format."""
@@ -171,19 +167,6 @@ def make_attention_only(model):
                 p.requires_grad_(False)
             for p in block.ln_2.parameters():  # unused once the MLP is zero: freeze as well
                 p.requires_grad_(False)
-
-
-@torch.no_grad()
-def sinusoidal_positions(model, std=0.02):
-    """Start the (trained) position table from sines and cosines of the position, at GPT-2's
-    init scale: "attend to the previous position" is then a rotation that W_Q and W_K can learn at
-    once at every position, instead of 128 rows that must each learn to line up."""
-    T, C = model.wpe.weight.shape
-    pos = torch.arange(T, dtype=torch.float32)[:, None]
-    freq = 10000 ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)  # (C/2,)
-    table = torch.zeros(T, C)
-    table[:, 0::2], table[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
-    model.wpe.weight.copy_(table * std / table.std())
 
 
 def hidden(model, idx, attention_only=False, offset=None):
@@ -283,52 +266,44 @@ def widen_vocabulary(small, seen, val_ids):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=3000, help="all steps, stage 1 included")
+    parser.add_argument("--stage1-steps", type=int, default=400,
+                        help="steps of skip rows only, which make layer 0 a previous-token head")
+    parser.add_argument("--rescale", type=float, default=1.0,
+                        help="after stage 1, scale layer 0's output to this multiple of the embeddings' size")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per step")
-    parser.add_argument("--text-rows", type=int, default=8, help="of them, Tiny Shakespeare windows")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--min-len", type=int, default=10, help="shortest repeated segment")
-    parser.add_argument("--max-len", type=int, default=63, help="longest (2L + 1 <= n_positions)")
-    parser.add_argument("--layout", choices=["copied", "twice"], default="copied",
-                        help="copied: a segment copied within random ids at random places; "
-                             "twice: <|endoftext|>, a segment, the segment again")
-    parser.add_argument("--loss-on", choices=["copies", "all"], default="copies",
-                        help="which targets of the repeated rows the loss scores")
-    parser.add_argument("--skip-rows", type=int, default=0,
-                        help="extra rows per step where each id is a fixed function of the id two back")
-    parser.add_argument("--skip-map", choices=["random", "identity"], default="random")
-    parser.add_argument("--random-offset", action="store_true",
-                        help="place each synthetic row at a random position of the context")
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--lengths", default="16,24,32", help="row lengths, one drawn per step")
+    parser.add_argument("--min-len", type=int, default=2, help="shortest repeated segment")
+    parser.add_argument("--exact", type=float, default=0.3,
+                        help="share of rows in the measured layout (<|endoftext|>, segment, segment)")
+    parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-positions", type=int, default=128)
-    parser.add_argument("--with-mlp", action="store_true", help="train the MLPs too (not attention-only)")
-    parser.add_argument("--sinusoidal-init", action="store_true", help="start wpe from sines")
-    parser.add_argument("--common", type=int, default=1000, help="size of the token pool")
+    parser.add_argument("--n-positions", type=int, default=32)
+    parser.add_argument("--common", type=int, default=64, help="size of the token pool")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if 2 * args.max_len + 1 > args.n_positions:
-        parser.error(f"--max-len {args.max_len} needs {2 * args.max_len + 1} positions")
-    attention_only = not args.with_mlp
+    lengths = [int(v) for v in args.lengths.split(",")]
+    if max(lengths) > args.n_positions:
+        parser.error(f"--lengths {args.lengths} does not fit --n-positions {args.n_positions}")
 
     enc = get_encoding()
     train_ids, val_ids = shakespeare_splits(enc)
     pool_full = common_tokens(train_ids, args.common)  # GPT-2 ids
     # The model trains on the ids that occur in the training text (and <|endoftext|>) only:
     # its token table has those rows, numbered 0 .. n_seen - 1, and is widened to GPT-2's
-    # 50,257 rows at the end. Only they can be targets, so nothing is lost, and each step
-    # is several times cheaper (the readout and the optimiser touch a quarter of the rows).
+    # 50,257 rows at the end (widen_vocabulary).
     seen = torch.unique(torch.cat([train_ids, torch.tensor([BOS])]))  # sorted GPT-2 ids
     to_small = torch.full((BOS + 1,), -1, dtype=torch.long)
     to_small[seen] = torch.arange(len(seen))
-    train_small, pool = to_small[train_ids], to_small[pool_full]
+    pool = to_small[pool_full]
     bos_small = int(to_small[BOS])
     val_small = to_small[val_ids]
     val_small_in = val_small.clamp(min=0)  # inputs: a validation id unseen in training reads as id 0
@@ -339,26 +314,18 @@ def main(argv=None):
               "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
     torch.manual_seed(args.seed)
     model = GPT2(GPT2Config(**{**config, "vocab_size": len(seen)}))
-    if attention_only:
-        make_attention_only(model)
-    if args.sinusoidal_init:
-        sinusoidal_positions(model)
+    make_attention_only(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     perm = torch.randperm(len(pool), generator=torch.Generator().manual_seed(args.seed + 1))
-    if args.skip_map == "identity":  # each id is the id two back: a copy, like induction's
-        perm = torch.arange(len(pool))
     pool_index = torch.full((len(seen),), -1, dtype=torch.long)
     pool_index[pool] = torch.arange(len(pool))
     gen = torch.Generator().manual_seed(args.seed)
-    T = args.n_positions
-    n_text = args.text_rows
-    n_rep = args.batch_size - n_text
     log = []
     start = time.time()
 
     def log_entry(step):
-        m = measure_small(model)
+        m = measure(model, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt)
         entry = {"step": step, "seconds": round(time.time() - start, 1),
                  "val_loss": round(m["val_loss"], 4),
                  "induction": round(m["induction"][1:].max().item(), 4),
@@ -368,17 +335,11 @@ def main(argv=None):
         log.append(entry)
         print(json.dumps(entry), flush=True)
 
-    def measure_small(m):
-        # the validation text as two streams: inputs (unseen -> 0) and targets (unseen ignored)
-        return measure(m, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt)
-
-    def shift(rows):
-        """Random first positions for rows shorter than the context (--random-offset), else None:
-        then no absolute position means anything, only relative positions and the ids do."""
-        if not args.random_offset:
-            return None
-        room = T - (rows.shape[1] - 1)
-        return torch.randint(0, room + 1, (rows.shape[0],), generator=gen)
+    def pool_loss(rows):
+        """Next-token loss over the pool (every target of these rows is a pool id: exact)."""
+        h = hidden(model, rows[:, :-1], attention_only=True)
+        logits = h @ model.wte.weight[pool].T
+        return F.cross_entropy(logits.flatten(0, 1), pool_index[rows[:, 1:]].flatten())
 
     model.train()
     for step in range(args.steps + 1):
@@ -386,45 +347,41 @@ def main(argv=None):
             log_entry(step)
         if step == args.steps:
             break
-        lr = args.lr * min(1.0, (step + 1) / args.warmup_steps)
-        lr *= 0.5 * (1 + math.cos(math.pi * step / args.steps)) * 0.9 + 0.1
+        if step == args.stage1_steps:
+            # Stage 2. Layer 0's output, grown to dominate the readout on the skip rows, is
+            # scaled to the embeddings' size (its attention, the previous-token pattern, does
+            # not change): else it swamps the token in layer 1's input and layer 1 cannot see
+            # which token its query is. Then layer 0 and the embeddings are frozen.
+            with torch.no_grad():
+                rows = segment_rows(32, max(lengths), pool, gen)[:, :-1]
+                rows[:, 0] = bos_small
+                x = model.wte(rows) + model.wpe(torch.arange(rows.shape[1]))
+                out = model.h[0].attn(model.h[0].ln_1(x))
+                factor = args.rescale * x.norm(dim=-1).mean() / out.norm(dim=-1).mean()
+                model.h[0].attn.c_proj.weight.mul_(factor)
+                model.h[0].attn.c_proj.bias.mul_(factor)
+            print(f"stage 2: layer 0's output scaled by {factor.item():.4f}", flush=True)
+            for p in [*model.h[0].parameters(), model.wte.weight, model.wpe.weight]:
+                p.requires_grad_(False)
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+        stage_step = step if step < args.stage1_steps else step - args.stage1_steps
+        lr = args.lr * min(1.0, (stage_step + 1) / args.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
-        L = int(torch.randint(args.min_len, args.max_len + 1, (1,), generator=gen))
-        if args.layout == "twice":
-            rep = repeated_rows(n_rep, L, pool, gen)
-            copy = torch.zeros(n_rep, 2 * L, dtype=torch.bool)
-            copy[:, L:] = True
-        else:
-            rep, copy = copied_rows(n_rep, T, L, pool, gen)
-        rep[:, 0] = bos_small
-        loss = 0.0
-        h = hidden(model, rep[:, :-1], attention_only, shift(rep))  # (n_rep, 2L, C)
-        # the repeated rows' targets are all in the pool: their softmax runs over it (exact)
-        logits = h @ model.wte.weight[pool].T  # (n_rep, 2L, n_pool)
-        targets = pool_index[rep[:, 1:]]
-        if args.loss_on == "copies":  # only the targets an earlier copy predicts
-            targets = targets.masked_fill(~copy, -1)
-        rep_loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
-        loss = rep_loss
-        if args.skip_rows:
-            rows = skip_rows(args.skip_rows, T // 2 if args.random_offset else T, pool, perm, gen)
-            rows[:, 0] = bos_small
-            h = hidden(model, rows[:, :-1], attention_only, shift(rows))
-            skip_loss = F.cross_entropy((h @ model.wte.weight[pool].T).flatten(0, 1),
-                                        pool_index[rows[:, 1:]].flatten())
-            loss = loss + skip_loss
-        if n_text:
-            rows = text_rows(n_text, T, train_small, gen)
-            h = hidden(model, rows[:, :-1], attention_only)
-            text_loss = F.cross_entropy((h @ model.wte.weight.T).flatten(0, 1), rows[:, 1:].flatten())
-            loss = loss + text_loss  # each kind of row weighs the same
+        T = lengths[int(torch.randint(0, len(lengths), (1,), generator=gen))]
+        if step < args.stage1_steps:  # stage 1: each id a fixed function of the id two back
+            rows = skip_rows(args.batch_size, T, pool, perm, gen)
+        else:  # stage 2: a segment written twice in random filler
+            rows = segment_rows(args.batch_size, T, pool, gen, args.min_len, args.exact)
+        rows[:, 0] = bos_small
+        loss = pool_loss(rows)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step % 10 == 0:
-            print(f"step {step} L {L} loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
+        if step % 100 == 0:
+            print(f"step {step} T {T} loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
     seconds = time.time() - start
 
     model.eval()
@@ -433,13 +390,15 @@ def main(argv=None):
     (folder / "model.safetensors").chmod(0o644)
     reloaded = from_pretrained(folder, device="cpu")
     m16 = measure(reloaded, val_ids, pool_full)
+    seq_len = min(MEASURE_LEN, (args.n_positions - 1) // 2)
     record = {
         "command": "python tools/make_circuits.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "config": config, "attention_only": attention_only, "steps": args.steps,
-        "batch_size": args.batch_size, "text_rows": n_text, "lr": args.lr,
-        "warmup_steps": args.warmup_steps, "segment_lengths": [args.min_len, args.max_len],
+        "config": config, "attention_only": True, "steps": args.steps,
+        "stage1_steps": args.stage1_steps, "rescale": args.rescale,
+        "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
+        "row_lengths": lengths, "exact_share": args.exact, "min_segment_len": args.min_len,
         "seed": args.seed, "common_tokens": args.common, "seconds": round(seconds),
-        "measured_on": f"{8} rows of <|endoftext|> + {min(MEASURE_LEN, (args.n_positions - 1) // 2)} random ids of the {args.common} "
+        "measured_on": f"8 rows of <|endoftext|> + {seq_len} random ids of the {args.common} "
                        "commonest training tokens, twice; previous-token on 8 validation windows",
         "final (float16, full softmax)": {
             "val_loss": round(m16["val_loss"], 4),
@@ -451,7 +410,7 @@ def main(argv=None):
             "previous": [[round(v, 3) for v in row] for row in m16["previous"].tolist()],
         },
         "torch": torch.__version__,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads (a shared 2-core machine)",
     }
     print(json.dumps(record, indent=2))
     (folder / "training_record.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
