@@ -1,92 +1,57 @@
 """Train the small "circuits" GPT-2 that chapter 8 analyses when OpenAI's weights are not available.
 
-    python tools/make_circuits.py /tmp/try --threads 1 --common 100 --layout twice --text-rows 0 \
-        --skip-rows 16 --skip-map identity --batch-size 64 --n-head 1 --n-positions 64 \
-        --n-embd 64 --max-len 31 --steps 2000          # the closest so far (see STATUS), 4 min
-
-No setting found yet makes the model data/circuits should hold (see STATUS below).
+    python tools/make_circuits.py data/circuits --threads 1      # about 2-3 min on one CPU thread
 
 The stand-in (`data/standin`, tools/make_standin.py) is chapter 7's CPU run: it writes
 Shakespeare-shaped text but has no induction head, because nothing in a few minutes of Tiny
-Shakespeare rewards copying. This model is meant to have the circuits chapter 8 looks for.
+Shakespeare rewards copying. This model is trained to have the circuits chapter 8 looks for.
 It is an ordinary gpt2lib.GPT2 in GPT-2's format (GPT-2's 50,257 ids, so gpt2lib.from_pretrained
-and transformers both read it), by default attention-only: every MLP's weights and biases are
-zero and frozen, and GELU(0) = 0, so each block adds only its attention (ARENA analyses a
-2-layer attention-only model). A step's rows (`--layout`, `--skip-rows`, `--text-rows`):
+and transformers both read it): 2 layers, 4 heads, width 128, a context of 32 tokens,
+attention-only (every MLP's weights and biases are zero and frozen, and GELU(0) = 0, so each
+block adds only its attention; ARENA analyses a 2-layer attention-only model). Its rows are
+ids of the `--common` (64) most frequent Tiny Shakespeare training tokens, in two stages:
 
-- copied (default) or twice: random ids of the `--common` most frequent training tokens in
-  which a segment of `--min-len`..`--max-len` ids appears twice (at random places, or as
-  <|endoftext|>, segment, segment). The loss scores the second copy only (`--loss-on`).
-  Predicting it pays only for an induction head: a previous-token head in layer 0 feeding a
-  head in layer 1 that attends to the token after the current token's earlier copy.
-- skip rows: ids where each is a fixed function of the id two back (`--skip-map`): they pay
-  for a previous-token head on their own, which an induction head then builds on.
-- text rows: windows of Tiny Shakespeare (the first 90% of its tokens, as chapter 7 trains on).
+1. `--stage1-steps` (400) steps of skip rows: each id is a fixed random function of the id two
+   back (20% noise). Predicting them needs the previous token: layer 0 becomes a
+   previous-token head (0.93 on Shakespeare text by step 300).
+2. Layer 0's output is scaled (its c_proj weight and bias times one factor, about 0.05) to the
+   size of the token and position embeddings; its attention, the previous-token pattern, does
+   not change. Then layer 0 and both embedding tables are frozen, and the rest trains on rows of
+   random filler in which a segment of distinct ids (length 2 .. 15, drawn per row) appears
+   twice: 30% in the measured layout (<|endoftext|>, segment, segment), the others with
+   random-length filler before and between the copies, so that no position or fixed offset says
+   where the earlier copy is. Each step draws a row length of 16, 24 or 32 tokens.
 
-The model trains on a token table of only the ids that occur in the training text (11,707
-with <|endoftext|>); `widen_vocabulary` then writes it out with all 50,257 rows, the unseen
-ones set so that the full softmax puts almost no probability on them. Every `--eval-every`
-steps the script logs the best induction (layer >= 1) and previous-token scores, measured
-with plain tensor code (not gpt2lib.interpret), to training_log.json.
+The loss is next-token cross-entropy on every position, over the pool's ids (all targets are
+pool ids). The model trains on a token table of only the ids that occur in the training text;
+`widen_vocabulary` then writes it out with all 50,257 rows. Every `--eval-every` steps the
+script logs the best induction (layer >= 1) and previous-token scores and the two copies'
+losses, measured with plain tensor code (not gpt2lib.interpret), to training_log.json; after
+saving it reloads the float16 file and records the scores in the full softmax in
+training_record.json.
 
-STATUS (work in progress, not shipped; no data/circuits yet): no run has reached the
-targets (an induction head in layer >= 1 scoring >= 0.5, a previous-token head >= 0.5 on
-Shakespeare, the second copy >= 2 nats cheaper than the first). Measured on the shared 2-core
-machine (8 helpers), one thread each, scores from the training log (softmax over the pool):
+STATUS: the command above makes data/circuits. The induction head appears in a phase change
+about 300-400 steps into stage 2 (step 700-800 of 3,000; see training_log.json): induction
+0.05 -> 0.68 in 100 steps, the second copy's loss 4.1 -> 2.5 nats (pool softmax). Final,
+float16, full softmax: induction 0.91 (head 1.0), previous-token 0.94 (layer 0, all heads),
+first copy 9.68 against second copy 5.35 nats.
 
-- Earlier, with MLPs (the previous version of this script): 8 heads, pool 2000, batch 12,
-  lr 3e-3, 1500 steps: induction 0.015, previous 0.06; 4 heads, pool 500, batch 24, 400
-  steps: 0.018; many repeats of a segment, pool 300, 400 steps: 0.008.
-- Attention-only, width 128, context 128, 4 heads, `--layout twice`, pool 100, batch 32, no
-  text, 4000 steps (7 min): lr 3e-3 copies well (second copy 0.49 vs first 4.86 nats by step
-  1400) but induction stays 0.002 and previous 0.05: the layer-0 heads attend to about half
-  the query's position and the layer-1 heads to fixed positions, a positional trick that the
-  fixed layout (copies always at 1 and L + 1) allows. lr 1e-3: the same, slower (0.61).
-- `--layout copied` (copies at random places, so positions cannot say where to copy from),
-  same model, lr 3e-3, 1300 steps: nothing learned (4.60 vs 4.61); with `--loss-on copies`
-  and `--sinusoidal-init` no better by step 300.
-- Width 64, context 64 (L 8..31, measured at 31), copied, copies-only loss, sinusoidal init,
-  pool 100: lr 3e-3, 4000 steps: second copy 1.77 vs 6.1 but induction 0.01, previous 0.08;
-  lr 6e-3: second copy 0.99, induction 0.25, previous 0.17 (all four layer-1 heads alike,
-  attending to fixed positions, not a clean stripe).
-- Adding 16 skip rows (`--skip-rows 16`) makes a previous-token head at once: previous 0.6
-  by step 300 and 0.73-0.81 later, with either map and pool 100 or 500. But no induction
-  head followed: pool 500, random map, 1200 steps: 0.023; identity map, 2450 steps: 0.032
-  (second copy 5.81 vs 7.73); pool 100, identity map, twice layout, 3000 steps: 0.032
-  (4.42 vs 5.59), its layer-1 heads sharp on fixed positions (<|endoftext|> and position 14),
-  i.e. attention sinks chosen by position, not content. With lr 6e-3 and batch 64: the same
-  by step 1700.
-
-- Without the sinusoidal init (skip rows, twice, pool 100): previous 0.72, induction 0.003
-  at step 1650. Pool 30, batch 64, 3000 steps: previous 0.79, induction 0.064, second copy
-  3.24 vs 4.04. `--random-offset` (each synthetic row at a random place in a 128 context, so
-  no absolute position means anything), 4 heads, L 8..50: previous 0.50, induction 0.016 at
-  3000 steps. One head per layer (`--n-head 1`), batch 64, 2000 steps: layer 0 is a clean
-  previous-token head (0.7-0.9 on the token before, 0.73 on Shakespeare) and layer 1 still
-  parks on a fixed position (about 18) instead of matching content: induction 0.000; lr 1e-2
-  with 4 heads the same. One head per layer with `--random-offset` (context 128, L 8..50),
-  2500 steps: previous 0.51, induction 0.013, second copy 4.62 vs 4.80; with `--layout
-  copied` (context 64): previous 0.72, induction 0.000, 4.33 vs 5.80.
-
-- On the quiet machine afterwards (2 threads, about 0.018 s a step at width 64, context 64):
-  the closest command above for 12,000 steps (3.5 min): previous 0.67, induction 0.0005,
-  second copy 3.78 vs first 5.75 (pool softmax). `--layout twice --loss-on all --skip-rows 0
-  --common 30 --n-head 2 --lr 1e-3`, 12,000 steps (2.4 min): second copy 0.51 vs 3.76 in the
-  pool softmax, yet 4.69 vs 10.05 in the full one, induction 0.004, previous 0.06; its heads,
-  looked at directly, put 0.97 (layer 0) and 0.5 (layer 1) of their attention on fixed
-  earlier positions: it guesses among the ids it has seen (ln 20 is 3.0) and never matches
-  content. `--layout twice --random-offset --loss-on copies --skip-rows 16 --common 500
-  --n-head 4 --n-positions 128 --max-len 50 --lr 1e-3`, 9,000 of 12,000 steps (6 min):
-  previous 0.58, induction 0.026, second copy 6.22 vs 6.54: with random offsets the copy is
-  hardly learned at all, which is worth checking against the rows `--random-offset` makes.
-  So more steps alone do not get out of this plateau here.
-
-So the previous-token half is solved (skip rows); the missing part is the layer-1 head that
-matches on content: in every run it settles on a positional sink and stays there for the
-few thousand steps this machine allows. Next to try: far more steps on a quieter machine
-(or the device), a learned <|endoftext|> sink made more attractive than positions (e.g.
-every synthetic row starting with it at a random offset, as `--random-offset` does, but
-with more steps), or a smaller initial scale for the layer-1 queries and keys.
+Why earlier attempts failed (about 20 runs, 2-layer attention-only, widths 64-128, pools of
+30-2,000 ids, layouts with fixed and random places, skip rows, sinusoidal positions, 1-8 heads,
+lr 1e-3 to 1e-2, up to 12,000 steps; none passed 0.25, most stayed at 0.00-0.06): either no
+previous-token head formed (layer 1 then parks on fixed positions, or the model guesses among
+the ids it has seen), or, with skip rows mixed in, layer 0 became a clean previous-token head
+(0.6-0.9) whose output grew to about 25 times the size of the embeddings: skip rows reward it
+for writing the earlier token straight into the readout, against the tied embeddings' pull
+towards the current token. After ln_1, layer 1's query then hardly holds its own token, so it
+cannot match it against the previous token held at the key. Measured on one such model (pool
+64, width 128): embeddings' norm 0.82, layer 0's output 19.9; each layer-1 head put all its
+attention on one arbitrary key. Scaling that output down to the embeddings' size and freezing
+layer 0 (stage 2 above) was the one change that made the head form, at once. Further
+negative results of this session, all with layer 0 and the embeddings trainable throughout
+(none formed an induction head): pool 1,000, width 64, context 128, random layouts and 16
+identity skip rows, 800 steps: induction 0.01; rows that repeat a short period (2..15) to the
+end: no previous-token head; rows of 16-24 tokens only: 0.19 after 1,600 steps.
 """
 
 from __future__ import annotations
