@@ -1,92 +1,57 @@
 """Train the small "circuits" GPT-2 that chapter 8 analyses when OpenAI's weights are not available.
 
-    python tools/make_circuits.py /tmp/try --threads 1 --common 100 --layout twice --text-rows 0 \
-        --skip-rows 16 --skip-map identity --batch-size 64 --n-head 1 --n-positions 64 \
-        --n-embd 64 --max-len 31 --steps 2000          # the closest so far (see STATUS), 4 min
-
-No setting found yet makes the model data/circuits should hold (see STATUS below).
+    python tools/make_circuits.py data/circuits --threads 1      # about 2-3 min on one CPU thread
 
 The stand-in (`data/standin`, tools/make_standin.py) is chapter 7's CPU run: it writes
 Shakespeare-shaped text but has no induction head, because nothing in a few minutes of Tiny
-Shakespeare rewards copying. This model is meant to have the circuits chapter 8 looks for.
+Shakespeare rewards copying. This model is trained to have the circuits chapter 8 looks for.
 It is an ordinary gpt2lib.GPT2 in GPT-2's format (GPT-2's 50,257 ids, so gpt2lib.from_pretrained
-and transformers both read it), by default attention-only: every MLP's weights and biases are
-zero and frozen, and GELU(0) = 0, so each block adds only its attention (ARENA analyses a
-2-layer attention-only model). A step's rows (`--layout`, `--skip-rows`, `--text-rows`):
+and transformers both read it): 2 layers, 4 heads, width 128, a context of 32 tokens,
+attention-only (every MLP's weights and biases are zero and frozen, and GELU(0) = 0, so each
+block adds only its attention; ARENA analyses a 2-layer attention-only model). Its rows are
+ids of the `--common` (64) most frequent Tiny Shakespeare training tokens, in two stages:
 
-- copied (default) or twice: random ids of the `--common` most frequent training tokens in
-  which a segment of `--min-len`..`--max-len` ids appears twice (at random places, or as
-  <|endoftext|>, segment, segment). The loss scores the second copy only (`--loss-on`).
-  Predicting it pays only for an induction head: a previous-token head in layer 0 feeding a
-  head in layer 1 that attends to the token after the current token's earlier copy.
-- skip rows: ids where each is a fixed function of the id two back (`--skip-map`): they pay
-  for a previous-token head on their own, which an induction head then builds on.
-- text rows: windows of Tiny Shakespeare (the first 90% of its tokens, as chapter 7 trains on).
+1. `--stage1-steps` (400) steps of skip rows: each id is a fixed random function of the id two
+   back (20% noise). Predicting them needs the previous token: layer 0 becomes a
+   previous-token head (0.93 on Shakespeare text by step 300).
+2. Layer 0's output is scaled (its c_proj weight and bias times one factor, about 0.05) to the
+   size of the token and position embeddings; its attention, the previous-token pattern, does
+   not change. Then layer 0 and both embedding tables are frozen, and the rest trains on rows of
+   random filler in which a segment of distinct ids (length 2 .. 15, drawn per row) appears
+   twice: 30% in the measured layout (<|endoftext|>, segment, segment), the others with
+   random-length filler before and between the copies, so that no position or fixed offset says
+   where the earlier copy is. Each step draws a row length of 16, 24 or 32 tokens.
 
-The model trains on a token table of only the ids that occur in the training text (11,707
-with <|endoftext|>); `widen_vocabulary` then writes it out with all 50,257 rows, the unseen
-ones set so that the full softmax puts almost no probability on them. Every `--eval-every`
-steps the script logs the best induction (layer >= 1) and previous-token scores, measured
-with plain tensor code (not gpt2lib.interpret), to training_log.json.
+The loss is next-token cross-entropy on every position, over the pool's ids (all targets are
+pool ids). The model trains on a token table of only the ids that occur in the training text;
+`widen_vocabulary` then writes it out with all 50,257 rows. Every `--eval-every` steps the
+script logs the best induction (layer >= 1) and previous-token scores and the two copies'
+losses, measured with plain tensor code (not gpt2lib.interpret), to training_log.json; after
+saving it reloads the float16 file and records the scores in the full softmax in
+training_record.json.
 
-STATUS (work in progress, not shipped; no data/circuits yet): no run has reached the
-targets (an induction head in layer >= 1 scoring >= 0.5, a previous-token head >= 0.5 on
-Shakespeare, the second copy >= 2 nats cheaper than the first). Measured on the shared 2-core
-machine (8 helpers), one thread each, scores from the training log (softmax over the pool):
+STATUS: the command above makes data/circuits. The induction head appears in a phase change
+about 300-400 steps into stage 2 (step 700-800 of 3,000; see training_log.json): induction
+0.05 -> 0.68 in 100 steps, the second copy's loss 4.1 -> 2.5 nats (pool softmax). Final,
+float16, full softmax: induction 0.91 (head 1.0), previous-token 0.94 (layer 0, all heads),
+first copy 9.68 against second copy 5.35 nats.
 
-- Earlier, with MLPs (the previous version of this script): 8 heads, pool 2000, batch 12,
-  lr 3e-3, 1500 steps: induction 0.015, previous 0.06; 4 heads, pool 500, batch 24, 400
-  steps: 0.018; many repeats of a segment, pool 300, 400 steps: 0.008.
-- Attention-only, width 128, context 128, 4 heads, `--layout twice`, pool 100, batch 32, no
-  text, 4000 steps (7 min): lr 3e-3 copies well (second copy 0.49 vs first 4.86 nats by step
-  1400) but induction stays 0.002 and previous 0.05: the layer-0 heads attend to about half
-  the query's position and the layer-1 heads to fixed positions, a positional trick that the
-  fixed layout (copies always at 1 and L + 1) allows. lr 1e-3: the same, slower (0.61).
-- `--layout copied` (copies at random places, so positions cannot say where to copy from),
-  same model, lr 3e-3, 1300 steps: nothing learned (4.60 vs 4.61); with `--loss-on copies`
-  and `--sinusoidal-init` no better by step 300.
-- Width 64, context 64 (L 8..31, measured at 31), copied, copies-only loss, sinusoidal init,
-  pool 100: lr 3e-3, 4000 steps: second copy 1.77 vs 6.1 but induction 0.01, previous 0.08;
-  lr 6e-3: second copy 0.99, induction 0.25, previous 0.17 (all four layer-1 heads alike,
-  attending to fixed positions, not a clean stripe).
-- Adding 16 skip rows (`--skip-rows 16`) makes a previous-token head at once: previous 0.6
-  by step 300 and 0.73-0.81 later, with either map and pool 100 or 500. But no induction
-  head followed: pool 500, random map, 1200 steps: 0.023; identity map, 2450 steps: 0.032
-  (second copy 5.81 vs 7.73); pool 100, identity map, twice layout, 3000 steps: 0.032
-  (4.42 vs 5.59), its layer-1 heads sharp on fixed positions (<|endoftext|> and position 14),
-  i.e. attention sinks chosen by position, not content. With lr 6e-3 and batch 64: the same
-  by step 1700.
-
-- Without the sinusoidal init (skip rows, twice, pool 100): previous 0.72, induction 0.003
-  at step 1650. Pool 30, batch 64, 3000 steps: previous 0.79, induction 0.064, second copy
-  3.24 vs 4.04. `--random-offset` (each synthetic row at a random place in a 128 context, so
-  no absolute position means anything), 4 heads, L 8..50: previous 0.50, induction 0.016 at
-  3000 steps. One head per layer (`--n-head 1`), batch 64, 2000 steps: layer 0 is a clean
-  previous-token head (0.7-0.9 on the token before, 0.73 on Shakespeare) and layer 1 still
-  parks on a fixed position (about 18) instead of matching content: induction 0.000; lr 1e-2
-  with 4 heads the same. One head per layer with `--random-offset` (context 128, L 8..50),
-  2500 steps: previous 0.51, induction 0.013, second copy 4.62 vs 4.80; with `--layout
-  copied` (context 64): previous 0.72, induction 0.000, 4.33 vs 5.80.
-
-- On the quiet machine afterwards (2 threads, about 0.018 s a step at width 64, context 64):
-  the closest command above for 12,000 steps (3.5 min): previous 0.67, induction 0.0005,
-  second copy 3.78 vs first 5.75 (pool softmax). `--layout twice --loss-on all --skip-rows 0
-  --common 30 --n-head 2 --lr 1e-3`, 12,000 steps (2.4 min): second copy 0.51 vs 3.76 in the
-  pool softmax, yet 4.69 vs 10.05 in the full one, induction 0.004, previous 0.06; its heads,
-  looked at directly, put 0.97 (layer 0) and 0.5 (layer 1) of their attention on fixed
-  earlier positions: it guesses among the ids it has seen (ln 20 is 3.0) and never matches
-  content. `--layout twice --random-offset --loss-on copies --skip-rows 16 --common 500
-  --n-head 4 --n-positions 128 --max-len 50 --lr 1e-3`, 9,000 of 12,000 steps (6 min):
-  previous 0.58, induction 0.026, second copy 6.22 vs 6.54: with random offsets the copy is
-  hardly learned at all, which is worth checking against the rows `--random-offset` makes.
-  So more steps alone do not get out of this plateau here.
-
-So the previous-token half is solved (skip rows); the missing part is the layer-1 head that
-matches on content: in every run it settles on a positional sink and stays there for the
-few thousand steps this machine allows. Next to try: far more steps on a quieter machine
-(or the device), a learned <|endoftext|> sink made more attractive than positions (e.g.
-every synthetic row starting with it at a random offset, as `--random-offset` does, but
-with more steps), or a smaller initial scale for the layer-1 queries and keys.
+Why earlier attempts failed (about 20 runs, 2-layer attention-only, widths 64-128, pools of
+30-2,000 ids, layouts with fixed and random places, skip rows, sinusoidal positions, 1-8 heads,
+lr 1e-3 to 1e-2, up to 12,000 steps; none passed 0.25, most stayed at 0.00-0.06): either no
+previous-token head formed (layer 1 then parks on fixed positions, or the model guesses among
+the ids it has seen), or, with skip rows mixed in, layer 0 became a clean previous-token head
+(0.6-0.9) whose output grew to about 25 times the size of the embeddings: skip rows reward it
+for writing the earlier token straight into the readout, against the tied embeddings' pull
+towards the current token. After ln_1, layer 1's query then hardly holds its own token, so it
+cannot match it against the previous token held at the key. Measured on one such model (pool
+64, width 128): embeddings' norm 0.82, layer 0's output 19.9; each layer-1 head put all its
+attention on one arbitrary key. Scaling that output down to the embeddings' size and freezing
+layer 0 (stage 2 above) was the one change that made the head form, at once. Further
+negative results of this session, all with layer 0 and the embeddings trainable throughout
+(none formed an induction head): pool 1,000, width 64, context 128, random layouts and 16
+identity skip rows, 800 steps: induction 0.01; rows that repeat a short period (2..15) to the
+end: no previous-token head; rows of 16-24 tokens only: 0.19 after 1,600 steps.
 """
 
 from __future__ import annotations
@@ -122,25 +87,26 @@ def common_tokens(train_ids, n):
     return counts.argsort(descending=True)[:n]
 
 
-def repeated_rows(n_rows, L, pool, gen):
-    """(n_rows, 2L + 1): <|endoftext|>, then L random ids of `pool`, then the same L ids again."""
-    seg = pool[torch.randint(0, len(pool), (n_rows, L), generator=gen)]
-    return torch.cat([torch.full((n_rows, 1), BOS), seg, seg], dim=1)
-
-
-def copied_rows(n_rows, T, L, pool, gen):
-    """(n_rows, T + 1): <|endoftext|>, then random ids of `pool`, in which the L ids from a
-    random start are written again at a random later start. Where the two copies sit varies
-    from row to row, so only the tokens (not the positions) say where to copy from."""
+def segment_rows(n_rows, T, pool, gen, min_len=2, exact=0.3):
+    """(n_rows, T + 1): <|endoftext|>, random ids of `pool`, and in them a segment of distinct
+    pool ids written twice. The segment's length L (min_len .. (T - 1) // 2) is drawn per row;
+    a share `exact` of the rows is the measured layout (<|endoftext|>, segment, segment, filler),
+    the others put a random-length filler before the first copy and between the copies, so
+    neither an absolute position nor a fixed offset says where the earlier copy is."""
     rows = pool[torch.randint(0, len(pool), (n_rows, T + 1), generator=gen)]
-    rows[:, 0] = BOS
-    copy = torch.zeros(n_rows, T, dtype=torch.bool)  # targets that the earlier copy predicts
     for r in range(n_rows):
-        a = int(torch.randint(1, T + 2 - 2 * L, (1,), generator=gen))
-        b = int(torch.randint(a + L, T + 2 - L, (1,), generator=gen))
-        rows[r, b:b + L] = rows[r, a:a + L]
-        copy[r, b:b + L - 1] = True  # targets rows[b + 1 .. b + L - 1]
-    return rows, copy
+        L = int(torch.randint(min_len, (T - 1) // 2 + 1, (1,), generator=gen))
+        seg = pool[torch.randperm(len(pool), generator=gen)[:L]]  # no id twice in a segment
+        if torch.rand(1, generator=gen).item() < exact:
+            s1, s2 = 1, 1 + L
+        else:
+            room = T - 2 * L  # filler positions left
+            pre = int(torch.randint(0, room + 1, (1,), generator=gen))
+            gap = int(torch.randint(0, room - pre + 1, (1,), generator=gen))
+            s1, s2 = 1 + pre, 1 + pre + L + gap
+        rows[r, s1:s1 + L] = seg
+        rows[r, s2:s2 + L] = seg
+    return rows
 
 
 def skip_rows(n_rows, T, pool, perm, gen, noise=0.2):
@@ -156,11 +122,6 @@ def skip_rows(n_rows, T, pool, perm, gen, noise=0.2):
     return rows
 
 
-def text_rows(n_rows, T, ids, gen):
-    starts = torch.randint(0, len(ids) - T - 1, (n_rows,), generator=gen)
-    return torch.stack([ids[s:s + T + 1] for s in starts.tolist()])
-
-
 def make_attention_only(model):
     """Zero every MLP's weights and biases and freeze them: GELU(0) = 0, so each block adds
     only its attention's output (block(x) = x + attn(ln_1(x)) exactly), in GPT-2's format."""
@@ -171,19 +132,6 @@ def make_attention_only(model):
                 p.requires_grad_(False)
             for p in block.ln_2.parameters():  # unused once the MLP is zero: freeze as well
                 p.requires_grad_(False)
-
-
-@torch.no_grad()
-def sinusoidal_positions(model, std=0.02):
-    """Start the (trained) position table from sines and cosines of the position, at GPT-2's
-    init scale: "attend to the previous position" is then a rotation that W_Q and W_K can learn at
-    once at every position, instead of 128 rows that must each learn to line up."""
-    T, C = model.wpe.weight.shape
-    pos = torch.arange(T, dtype=torch.float32)[:, None]
-    freq = 10000 ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)  # (C/2,)
-    table = torch.zeros(T, C)
-    table[:, 0::2], table[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
-    model.wpe.weight.copy_(table * std / table.std())
 
 
 def hidden(model, idx, attention_only=False, offset=None):
@@ -283,52 +231,44 @@ def widen_vocabulary(small, seen, val_ids):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=3000, help="all steps, stage 1 included")
+    parser.add_argument("--stage1-steps", type=int, default=400,
+                        help="steps of skip rows only, which make layer 0 a previous-token head")
+    parser.add_argument("--rescale", type=float, default=1.0,
+                        help="after stage 1, scale layer 0's output to this multiple of the embeddings' size")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per step")
-    parser.add_argument("--text-rows", type=int, default=8, help="of them, Tiny Shakespeare windows")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--min-len", type=int, default=10, help="shortest repeated segment")
-    parser.add_argument("--max-len", type=int, default=63, help="longest (2L + 1 <= n_positions)")
-    parser.add_argument("--layout", choices=["copied", "twice"], default="copied",
-                        help="copied: a segment copied within random ids at random places; "
-                             "twice: <|endoftext|>, a segment, the segment again")
-    parser.add_argument("--loss-on", choices=["copies", "all"], default="copies",
-                        help="which targets of the repeated rows the loss scores")
-    parser.add_argument("--skip-rows", type=int, default=0,
-                        help="extra rows per step where each id is a fixed function of the id two back")
-    parser.add_argument("--skip-map", choices=["random", "identity"], default="random")
-    parser.add_argument("--random-offset", action="store_true",
-                        help="place each synthetic row at a random position of the context")
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--lengths", default="16,24,32", help="row lengths, one drawn per step")
+    parser.add_argument("--min-len", type=int, default=2, help="shortest repeated segment")
+    parser.add_argument("--exact", type=float, default=0.3,
+                        help="share of rows in the measured layout (<|endoftext|>, segment, segment)")
+    parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-positions", type=int, default=128)
-    parser.add_argument("--with-mlp", action="store_true", help="train the MLPs too (not attention-only)")
-    parser.add_argument("--sinusoidal-init", action="store_true", help="start wpe from sines")
-    parser.add_argument("--common", type=int, default=1000, help="size of the token pool")
+    parser.add_argument("--n-positions", type=int, default=32)
+    parser.add_argument("--common", type=int, default=64, help="size of the token pool")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if 2 * args.max_len + 1 > args.n_positions:
-        parser.error(f"--max-len {args.max_len} needs {2 * args.max_len + 1} positions")
-    attention_only = not args.with_mlp
+    lengths = [int(v) for v in args.lengths.split(",")]
+    if max(lengths) > args.n_positions:
+        parser.error(f"--lengths {args.lengths} does not fit --n-positions {args.n_positions}")
 
     enc = get_encoding()
     train_ids, val_ids = shakespeare_splits(enc)
     pool_full = common_tokens(train_ids, args.common)  # GPT-2 ids
     # The model trains on the ids that occur in the training text (and <|endoftext|>) only:
     # its token table has those rows, numbered 0 .. n_seen - 1, and is widened to GPT-2's
-    # 50,257 rows at the end. Only they can be targets, so nothing is lost, and each step
-    # is several times cheaper (the readout and the optimiser touch a quarter of the rows).
+    # 50,257 rows at the end (widen_vocabulary).
     seen = torch.unique(torch.cat([train_ids, torch.tensor([BOS])]))  # sorted GPT-2 ids
     to_small = torch.full((BOS + 1,), -1, dtype=torch.long)
     to_small[seen] = torch.arange(len(seen))
-    train_small, pool = to_small[train_ids], to_small[pool_full]
+    pool = to_small[pool_full]
     bos_small = int(to_small[BOS])
     val_small = to_small[val_ids]
     val_small_in = val_small.clamp(min=0)  # inputs: a validation id unseen in training reads as id 0
@@ -339,26 +279,18 @@ def main(argv=None):
               "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
     torch.manual_seed(args.seed)
     model = GPT2(GPT2Config(**{**config, "vocab_size": len(seen)}))
-    if attention_only:
-        make_attention_only(model)
-    if args.sinusoidal_init:
-        sinusoidal_positions(model)
+    make_attention_only(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     perm = torch.randperm(len(pool), generator=torch.Generator().manual_seed(args.seed + 1))
-    if args.skip_map == "identity":  # each id is the id two back: a copy, like induction's
-        perm = torch.arange(len(pool))
     pool_index = torch.full((len(seen),), -1, dtype=torch.long)
     pool_index[pool] = torch.arange(len(pool))
     gen = torch.Generator().manual_seed(args.seed)
-    T = args.n_positions
-    n_text = args.text_rows
-    n_rep = args.batch_size - n_text
     log = []
     start = time.time()
 
     def log_entry(step):
-        m = measure_small(model)
+        m = measure(model, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt)
         entry = {"step": step, "seconds": round(time.time() - start, 1),
                  "val_loss": round(m["val_loss"], 4),
                  "induction": round(m["induction"][1:].max().item(), 4),
@@ -368,17 +300,11 @@ def main(argv=None):
         log.append(entry)
         print(json.dumps(entry), flush=True)
 
-    def measure_small(m):
-        # the validation text as two streams: inputs (unseen -> 0) and targets (unseen ignored)
-        return measure(m, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt)
-
-    def shift(rows):
-        """Random first positions for rows shorter than the context (--random-offset), else None:
-        then no absolute position means anything, only relative positions and the ids do."""
-        if not args.random_offset:
-            return None
-        room = T - (rows.shape[1] - 1)
-        return torch.randint(0, room + 1, (rows.shape[0],), generator=gen)
+    def pool_loss(rows):
+        """Next-token loss over the pool (every target of these rows is a pool id: exact)."""
+        h = hidden(model, rows[:, :-1], attention_only=True)
+        logits = h @ model.wte.weight[pool].T
+        return F.cross_entropy(logits.flatten(0, 1), pool_index[rows[:, 1:]].flatten())
 
     model.train()
     for step in range(args.steps + 1):
@@ -386,45 +312,41 @@ def main(argv=None):
             log_entry(step)
         if step == args.steps:
             break
-        lr = args.lr * min(1.0, (step + 1) / args.warmup_steps)
-        lr *= 0.5 * (1 + math.cos(math.pi * step / args.steps)) * 0.9 + 0.1
+        if step == args.stage1_steps:
+            # Stage 2. Layer 0's output, grown to dominate the readout on the skip rows, is
+            # scaled to the embeddings' size (its attention, the previous-token pattern, does
+            # not change): else it swamps the token in layer 1's input and layer 1 cannot see
+            # which token its query is. Then layer 0 and the embeddings are frozen.
+            with torch.no_grad():
+                rows = segment_rows(32, max(lengths), pool, gen)[:, :-1]
+                rows[:, 0] = bos_small
+                x = model.wte(rows) + model.wpe(torch.arange(rows.shape[1]))
+                out = model.h[0].attn(model.h[0].ln_1(x))
+                factor = args.rescale * x.norm(dim=-1).mean() / out.norm(dim=-1).mean()
+                model.h[0].attn.c_proj.weight.mul_(factor)
+                model.h[0].attn.c_proj.bias.mul_(factor)
+            print(f"stage 2: layer 0's output scaled by {factor.item():.4f}", flush=True)
+            for p in [*model.h[0].parameters(), model.wte.weight, model.wpe.weight]:
+                p.requires_grad_(False)
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
+        stage_step = step if step < args.stage1_steps else step - args.stage1_steps
+        lr = args.lr * min(1.0, (stage_step + 1) / args.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
-        L = int(torch.randint(args.min_len, args.max_len + 1, (1,), generator=gen))
-        if args.layout == "twice":
-            rep = repeated_rows(n_rep, L, pool, gen)
-            copy = torch.zeros(n_rep, 2 * L, dtype=torch.bool)
-            copy[:, L:] = True
-        else:
-            rep, copy = copied_rows(n_rep, T, L, pool, gen)
-        rep[:, 0] = bos_small
-        loss = 0.0
-        h = hidden(model, rep[:, :-1], attention_only, shift(rep))  # (n_rep, 2L, C)
-        # the repeated rows' targets are all in the pool: their softmax runs over it (exact)
-        logits = h @ model.wte.weight[pool].T  # (n_rep, 2L, n_pool)
-        targets = pool_index[rep[:, 1:]]
-        if args.loss_on == "copies":  # only the targets an earlier copy predicts
-            targets = targets.masked_fill(~copy, -1)
-        rep_loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
-        loss = rep_loss
-        if args.skip_rows:
-            rows = skip_rows(args.skip_rows, T // 2 if args.random_offset else T, pool, perm, gen)
-            rows[:, 0] = bos_small
-            h = hidden(model, rows[:, :-1], attention_only, shift(rows))
-            skip_loss = F.cross_entropy((h @ model.wte.weight[pool].T).flatten(0, 1),
-                                        pool_index[rows[:, 1:]].flatten())
-            loss = loss + skip_loss
-        if n_text:
-            rows = text_rows(n_text, T, train_small, gen)
-            h = hidden(model, rows[:, :-1], attention_only)
-            text_loss = F.cross_entropy((h @ model.wte.weight.T).flatten(0, 1), rows[:, 1:].flatten())
-            loss = loss + text_loss  # each kind of row weighs the same
+        T = lengths[int(torch.randint(0, len(lengths), (1,), generator=gen))]
+        if step < args.stage1_steps:  # stage 1: each id a fixed function of the id two back
+            rows = skip_rows(args.batch_size, T, pool, perm, gen)
+        else:  # stage 2: a segment written twice in random filler
+            rows = segment_rows(args.batch_size, T, pool, gen, args.min_len, args.exact)
+        rows[:, 0] = bos_small
+        loss = pool_loss(rows)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step % 10 == 0:
-            print(f"step {step} L {L} loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
+        if step % 100 == 0:
+            print(f"step {step} T {T} loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
     seconds = time.time() - start
 
     model.eval()
@@ -433,13 +355,15 @@ def main(argv=None):
     (folder / "model.safetensors").chmod(0o644)
     reloaded = from_pretrained(folder, device="cpu")
     m16 = measure(reloaded, val_ids, pool_full)
+    seq_len = min(MEASURE_LEN, (args.n_positions - 1) // 2)
     record = {
         "command": "python tools/make_circuits.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "config": config, "attention_only": attention_only, "steps": args.steps,
-        "batch_size": args.batch_size, "text_rows": n_text, "lr": args.lr,
-        "warmup_steps": args.warmup_steps, "segment_lengths": [args.min_len, args.max_len],
+        "config": config, "attention_only": True, "steps": args.steps,
+        "stage1_steps": args.stage1_steps, "rescale": args.rescale,
+        "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
+        "row_lengths": lengths, "exact_share": args.exact, "min_segment_len": args.min_len,
         "seed": args.seed, "common_tokens": args.common, "seconds": round(seconds),
-        "measured_on": f"{8} rows of <|endoftext|> + {min(MEASURE_LEN, (args.n_positions - 1) // 2)} random ids of the {args.common} "
+        "measured_on": f"8 rows of <|endoftext|> + {seq_len} random ids of the {args.common} "
                        "commonest training tokens, twice; previous-token on 8 validation windows",
         "final (float16, full softmax)": {
             "val_loss": round(m16["val_loss"], 4),
@@ -451,7 +375,7 @@ def main(argv=None):
             "previous": [[round(v, 3) for v in row] for row in m16["previous"].tolist()],
         },
         "torch": torch.__version__,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads (a shared 2-core machine)",
     }
     print(json.dumps(record, indent=2))
     (folder / "training_record.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
