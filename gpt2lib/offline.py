@@ -15,8 +15,9 @@ The order, first match wins:
 
 The stand-in writes Shakespeare-shaped text but has no induction head (a few minutes of Tiny
 Shakespeare do not reward copying), so chapter 8 looks for circuits in `data/circuits`, a small
-GPT-2 trained to have them (tools/make_circuits.py), unless OpenAI's weights are in use; without
-data/circuits it looks in the model loaded, and says so.
+attention-only GPT-2 trained to have them (tools/make_circuits.py; tests/test_circuits.py
+measures them), unless OpenAI's weights are in use; without data/circuits it looks in the model
+loaded, and says so.
 """
 
 from __future__ import annotations
@@ -112,11 +113,12 @@ def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
             "=" * 78 + "\n"
             "The model loaded above is not OpenAI's GPT-2, so this part uses the circuits model\n"
             f"({CIRCUITS}): GPT-2's code and vocabulary, {sizes},\n"
-            "trained on repeated random segments of common Tiny Shakespeare tokens\n"
-            "(tools/make_circuits.py; its README.md and training_record.json say how), which\n"
-            "is what makes induction heads form. It is trained for this part, not to write text,\n"
-            "and its heads are fewer and cleaner than GPT-2's. With the real weights this part\n"
-            "analyses GPT-2 itself: python -m gpt2lib download gpt2\n"
+            "trained on common Tiny Shakespeare tokens to copy: first rows that pay for a\n"
+            "previous-token head, then random rows with a segment written twice (tools/\n"
+            "make_circuits.py; its README.md and training_record.json say how). It is trained\n"
+            "for this part, not to write text, and its heads are fewer and cleaner than\n"
+            "GPT-2's. With the real weights this part analyses GPT-2 itself:\n"
+            "python -m gpt2lib download gpt2\n"
             + "=" * 78
         )
     return CIRCUITS

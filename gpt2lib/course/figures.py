@@ -74,7 +74,8 @@ def layer_head_maps(panels, model_name, label, vmin=0.0, vmax=1.0, cmap="viridis
                              squeeze=False)
     for ax, (values, title) in zip(axes[0], panels):
         im = ax.imshow(values.float().cpu(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-        ax.set(xlabel="head", ylabel="layer", title=f"{title}\n({model_name})", yticks=range(n_layer))
+        ax.set(xlabel="head", ylabel="layer", title=f"{title}\n({model_name})", yticks=range(n_layer),
+               xticks=range(0, n_head, max(1, n_head // 12)))  # whole heads only
     fig.colorbar(im, ax=axes, label=label)
     plt.show()
 
@@ -94,6 +95,10 @@ def training_log(log_file, model_name):
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for key in ("induction", "previous"):
         ax.plot(column["step"], column[key], marker=".", label=f"best {key} score")
+    record = log_file.parent / "training_record.json"  # tools/make_circuits.py's two stages
+    stage1 = json.loads(record.read_text(encoding="utf-8")).get("stage1_steps") if record.is_file() else None
+    if stage1:
+        ax.axvline(stage1, color="grey", linestyle="--", label="stage 2 (repeated segments) starts")
     ax.set(xlabel="training step", ylabel="score", ylim=(0, 1),
            title=f"scores during training ({model_name})")
     ax.legend()
