@@ -39,6 +39,9 @@ def trained_adapter(model, seed=1):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in ft.lora_layers(model).values():
+            if isinstance(layer, ft.LoRAEmbedding):  # A starts at zero there, as in peft
+                layer.lora_embedding_A.copy_(0.05 * torch.randn(layer.lora_embedding_A.shape, generator=gen))
+                continue
             layer.lora_B.weight.copy_(0.05 * torch.randn(layer.lora_B.weight.shape, generator=gen))
     return model
 
@@ -59,6 +62,35 @@ def test_apply_lora_starts_at_zero_freezes_the_rest_and_trains_under_two_percent
     assert trained / total < 0.02
 
 
+def test_an_adapter_on_the_token_table_starts_at_zero_and_the_readout_keeps_the_base_table(tiny):
+    model = load(tiny)
+    table, before = model.wte.weight, model(IDS)
+    ft.apply_lora(model, rank=2, alpha=4, targets=("wte", "c_attn"))
+    assert isinstance(model.wte, ft.LoRAEmbedding) and model.wte.weight is table
+    assert model.wte.lora_embedding_A.shape == (2, 50257) and model.wte.lora_embedding_B.shape == (64, 2)
+    assert not model.wte.lora_embedding_A.any()  # peft's start: A zero, B normal
+    assert torch.equal(model(IDS), before)
+    trained_adapter(model)
+    with torch.no_grad():
+        embedded = model.wte(IDS)
+        update = model.wte.lora_embedding_A.T[IDS] @ model.wte.lora_embedding_B.T * 2.0
+        assert torch.allclose(embedded, table[IDS] + update, atol=1e-6)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {"wte.lora_embedding_A", "wte.lora_embedding_B"} <= trainable
+    assert not table.requires_grad and all("lora" in n for n in trainable)
+
+
+def test_merge_refuses_an_adapter_on_the_tied_token_table_before_merging_anything(tiny):
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte", "c_attn")))
+    with torch.no_grad():
+        before = model(IDS)
+    with pytest.raises(ft.AdapterError, match="the readout is tied to the token table"):
+        ft.merge_lora(model)
+    assert sorted(ft.lora_layers(model)) == ["h.0.attn.c_attn", "h.1.attn.c_attn", "wte"]
+    with torch.no_grad():
+        assert torch.equal(model(IDS), before)
+
+
 def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused(tiny):
     model = ft.apply_lora(load(tiny), targets=("h.1.mlp.c_fc",))
     assert list(ft.lora_layers(model)) == ["h.1.mlp.c_fc"]
@@ -70,6 +102,8 @@ def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused
     (dict(targets=("q_proj",)), "no layer of the model is called 'q_proj'"),
     (dict(rank=0), "rank must be at least 1"),
     (dict(rank=65), r"rank 65 is above the width of h.0.attn.c_attn \(64 -> 192\)"),
+    (dict(rank=65, targets=("wte",)), r"rank 65 is above the width of wte \(50257 rows of width 64\)"),
+    (dict(targets=("wte", "ln_f")), "no layer of the model is called 'ln_f'.* end in c_attn, c_fc, c_proj, wpe, wte"),
     (dict(rank=2.5), "rank must be a whole number"),
     (dict(alpha=0), "alpha must be a number above 0"),
     (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
@@ -129,6 +163,32 @@ def test_save_and_load_adapter_round_trip_creates_the_folder(tiny, tmp_path):
     assert sorted(ft.lora_layers(other)) == sorted(ft.lora_layers(model))
 
 
+def test_an_adapter_on_the_token_table_round_trips(tiny, tmp_path):
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte", "c_fc")))
+    folder = ft.save_adapter(model, tmp_path / "adapter")
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    assert config["target_modules"] == ["c_fc", "wte"] and config["r"] == 2
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as handle:
+        keys = set(handle.keys())
+    assert {"base_model.model.transformer.wte.lora_embedding_A",
+            "base_model.model.transformer.wte.lora_embedding_B"} <= keys
+    other = ft.load_adapter(load(tiny), folder)
+    assert isinstance(other.wte, ft.LoRAEmbedding)
+    with torch.no_grad():
+        assert torch.equal(other(IDS), model(IDS))
+
+
+def test_a_table_adapter_for_another_width_is_refused_and_nothing_is_loaded(tiny, tmp_path):
+    adapter = ft.save_adapter(trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte",))),
+                              tmp_path / "adapter")
+    other = load(write_hub_checkpoint(tmp_path / "other", n_positions=64, n_layer=2, n_head=4, n_embd=32))
+    with pytest.raises(ft.AdapterError, match=r"wte.lora_embedding_B has shape \(64, 2\).*needs \(32, 2\)"):
+        ft.load_adapter(other, adapter)
+    assert not ft.lora_layers(other)
+
+
 @pytest.mark.parametrize("sizes, phrase", [
     (dict(n_layer=2, n_head=4, n_embd=32), "does not fit this model: h.0.attn.c_attn.lora_A has shape"),
     (dict(n_layer=3, n_head=4, n_embd=64), "holds no weights for them"),
@@ -166,21 +226,34 @@ def test_peft_loads_a_gpt2lib_adapter_onto_transformers_gpt2_with_the_same_logit
         assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
 
 
-def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path):
+def test_peft_loads_a_gpt2lib_adapter_on_the_token_table_with_the_same_logits(tiny, tmp_path):
+    peft, transformers = _peft()
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4,
+                                          targets=("wte", "c_attn", "c_proj", "c_fc")))
+    adapter = ft.save_adapter(model, tmp_path / "adapter")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
+    assert isinstance(theirs.base_model.model.transformer.wte, peft.tuners.lora.Embedding)
+    with torch.no_grad():
+        assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("targets", [["c_attn", "c_fc"], ["wte", "c_attn", "c_proj"]])
+def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path, targets):
     peft, transformers = _peft()
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"],
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                              fan_in_fan_out=True, task_type="CAUSAL_LM")
     wrapped = peft.get_peft_model(hf, config)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in wrapped.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "lora_embedding_A" in name:  # the parts that start at zero
                 p.normal_(std=0.05)
     wrapped.eval()
     wrapped.save_pretrained(str(tmp_path / "peft_adapter"))
     ours = ft.load_adapter(load(tiny), tmp_path / "peft_adapter")
-    assert len(ft.lora_layers(ours)) == 4
+    assert len(ft.lora_layers(ours)) == {2: 4, 3: 7}[len(targets)]
     with torch.no_grad():
         assert (wrapped(IDS).logits - ours(IDS)).abs().max() < 1e-4
 
