@@ -46,7 +46,7 @@ __all__ = [
     "describe", "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
     "mean_response_loss", "merge_lora", "model_name", "peft_logits", "plot_confusion",
     "plot_curves", "reply_dataset", "save_adapter", "speaker_batch", "speaker_dataset", "speeches",
-    "trainable_parameters",
+    "trainable_parameters", "tune_seeds",
 ]
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
@@ -78,12 +78,13 @@ def speeches(path=None) -> list[tuple[str, str]]:
     return found
 
 
-def _split_of(key: str) -> str:
-    """A fixed split from a hash of the example's position: 80% train, 10% val, 10% test.
+def _split_of(key: str, train: int = 8, val: int = 1) -> str:
+    """A fixed split from a hash of the example's position: `train` tenths train, `val` tenths
+    validation, the rest test (80/10/10 by default).
 
     The same on every machine and Python version (no random generator involved)."""
     bucket = int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
-    return "train" if bucket < 8 else ("val" if bucket == 8 else "test")
+    return "train" if bucket < train else ("val" if bucket < train + val else "test")
 
 
 @dataclass
@@ -105,7 +106,10 @@ class SpeakerData:
 
 
 def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
-    """The classification data set: which of the `top` most frequent speakers said a speech."""
+    """The classification data set: which of the `top` most frequent speakers said a speech.
+
+    Split 60/20/20 (train, validation, test), so that the test split holds about 250 speeches
+    of the top 8 and one speech is 0.4 points of accuracy."""
     if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 2:
         raise ValueError(f"top must be a whole number of speakers, at least 2; got {top!r}")
     found = speeches(path)
@@ -117,7 +121,8 @@ def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
     data = SpeakerData(speakers=names, splits={s: [] for s in SPLITS})
     for position, (speaker, speech) in enumerate(found):
         if speaker in label:
-            data.splits[_split_of(f"speech {position}")].append((speech, label[speaker]))
+            data.splits[_split_of(f"speech {position}", train=6, val=2)].append(
+                (speech, label[speaker]))
     return data
 
 
@@ -274,6 +279,27 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def tune_seeds(make_model, loss_of_batch, encoded, pad_id: int, seeds, steps: int, lr: float,
+               head_lr=None, batch_size: int = 16, baseline=None, split: str = "test",
+               desc: str = "fine-tuning", progress: bool = True):
+    """One classifier per seed: torch.manual_seed(seed), model = make_model(), fine_tune on
+    encoded["train"] with that seed's batch order, accuracy on encoded[split]. Prints a line per
+    seed, with the majority baseline beside the accuracy when given. Returns (accuracies, models)."""
+    accuracies, models = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = make_model()
+        fine_tune(model, loss_of_batch, encoded["train"], steps, batch_size=batch_size, lr=lr,
+                  head_lr=head_lr, seed=seed, desc=f"{desc}, seed {seed}", progress=progress)
+        acc, _ = accuracy(model, encoded[split], pad_id, progress=False)
+        accuracies.append(acc)
+        models.append(model)
+        versus = "" if baseline is None else (f" (majority baseline {baseline:.1%}, "
+                                              f"{100 * (acc - baseline):+.1f} points)")
+        print(f"{desc}, seed {seed}: {split} accuracy {acc:.1%}{versus}")
+    return accuracies, models
 
 
 @torch.no_grad()
