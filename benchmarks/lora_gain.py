@@ -29,6 +29,8 @@ baseline, val / test. One shared thread; a run took 12-60 s (the machine was sha
     wte_lora+   1e-3     3e-3     +12.2 / +8.7   +13.5 / +13.1  +5.9 / +6.0    -            -
     wte_lora+   3e-3     3e-3     +12.2 / +13.9  +13.5 / +8.3   +14.3 / +11.1  +9.3 / +8.3  +11.0 / +8.7
     wte_lora+   1e-2     3e-3     +8.0 / +7.9    -              -              -            -
+    wte_lora+ alpha 8  3e-3  3e-3 +10.1 / +10.3  +8.9 / +5.2    +13.5 / +4.0   -            -
+    wte_lora+   3e-3     1e-2     +11.0 / +12.7  +12.2 / +11.9  +13.5 / +13.5  -            -
     wte_lora    3e-3     3e-3     +9.7 / +3.6    -              -              -            -
     wte_lora    1e-2     3e-3     +15.2 / +9.9   +8.4 / +12.7   +6.3 / +3.6    -            -
     lora        1e-3     3e-3     +6.3 / +1.2    +5.5 / +6.3    +8.0 / +3.2    -            -
@@ -36,8 +38,10 @@ baseline, val / test. One shared thread; a run took 12-60 s (the machine was sha
 
 Chosen on validation (mean over the seeds run): full at 3e-4 with the head at 3e-3 (+13.8 over
 seeds 0-2, against +13.5 without the head's rate and +9.7, +10.5 at the other rates, seed 0);
-wte_lora+ at 3e-3 (+13.3 over seeds 0-2; 1e-3 +10.5; 1e-2 +8.0 at seed 0), ahead of wte_lora
-(+10.0 at 1e-2). Test, seeds 0-2 (the chapter's): full +11.9, wte_lora+ +11.1, 93% of full's;
+wte_lora+ at 3e-3 with alpha 4 and the head at 3e-3 (+13.3 over seeds 0-2; body 1e-3 +10.5;
+1e-2 +8.0 at seed 0; alpha 8 +10.8; head 1e-2 +12.2), ahead of wte_lora (+10.0 at 1e-2). The
+head at 1e-2 did better on test (+12.7 over seeds 0-2, 107% of full's) but worse on
+validation, so it was not taken; full fine-tuning was not run with its head at 1e-2. Test, seeds 0-2 (the chapter's): full +11.9, wte_lora+ +11.1, 93% of full's;
 lora on the blocks +3.6, 30%. Seeds 0-4: full +11.4, wte_lora+ +10.1, 88%. So full fine-tuning
 beats the baseline by 10 points on average (4 of 5 seeds single-handedly; seed 3 +9.9), and
 LoRA with the table's adapter comes within about a tenth of it: 90% holds at seeds 0-2, not
