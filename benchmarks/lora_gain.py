@@ -1,24 +1,57 @@
 """Chapter 10's classifier: LoRA's accuracy gain against full fine-tuning's, over seeds and splits.
 
 Issue #25 asks that LoRA (under 2% of the parameters) reach at least 90% of full fine-tuning's
-gain over the majority baseline, on the same data and steps. The chapter measures one seed on a
-test split of 129 speeches, where one speech is 0.8 points. This script repeats the comparison
-over seeds, on the chapter's split or a larger one, and adds a method the package does not have
-yet: a LoRA adapter on the token table `wte` (peft's `lora_embedding_A/B`; defined here only).
+gain over the majority baseline, on the same data and steps, and that the classifier beat the
+baseline by 10 points. This script repeats the chapter's comparison over seeds and methods,
+with the package's adapters (gpt2lib.finetune.apply_lora, the token table `wte` included).
 
-    python benchmarks/lora_gain.py --seeds 0 1 2 --methods full lora wte_lora
-    python benchmarks/lora_gain.py --split 60/20/20 --seeds 0 1
+    python benchmarks/lora_gain.py --seeds 0 1 2 --methods full wte_lora+      # the chapter's
+    python benchmarks/lora_gain.py --seeds 0 1 2 --methods full lora wte_lora wte_lora+
+    python benchmarks/lora_gain.py --split 80/10/10 --head-lr 0 --seeds 0      # the earlier setup
 
 Setting: the stand-in (data/standin), 150 steps of batch 16, 48 tokens per speech, as the chapter
-at GPT2LIB_QUICK=1. Methods and learning rates: full (every weight, 3e-4, the chapter's); lora
-(rank 8, alpha 16 on c_attn, c_proj, c_fc, 1e-3, the chapter's; 0.91% trained); wte_lora (rank 2,
-alpha 4 on wte only, 1e-2; 1.39%); wte_lora+ (wte rank 2 and rank 4 on c_attn, c_proj, c_fc,
-3e-3; 1.82%). The head trains in every method. `--lr` sets one rate for all (the lora rows
-at 3e-3 and 1e-2 below).
+at GPT2LIB_QUICK=1. Methods and body learning rates: full (every weight, 3e-4); lora (rank 8,
+alpha 16 on c_attn, c_proj, c_fc, 1e-3; 0.91% trained); wte_lora (rank 2, alpha 4 on wte only,
+1e-2; 1.39%); wte_lora+ (rank 2, alpha 4 on wte, c_attn, c_proj, c_fc, 3e-3; 1.61%, the
+chapter's LoRA). The new head trains in every method, at --head-lr (3e-3; 0: the body's rate).
 
-Measured on 2026-12-02, one thread of a shared 2-core Xeon (accuracy in %, gain in points over
-the majority baseline of that split; val baseline 12.2 and test 20.9 on 80/10/10, 15.2 and 16.7
-on 60/20/20):
+Second round (2026-12-02, after the package got the table's adapter), the package's split
+60/20/20 (train 799, val 237, test 252 speeches: one test speech is 0.4 points; majority
+baseline val 15.2%, test 16.7%), head at 3e-3 unless said. Gains in points over that split's
+baseline, val / test. One shared thread; a run took 12-60 s (the machine was shared):
+
+    method      body lr  head lr  seed 0         seed 1         seed 2         seed 3       seed 4
+    full        3e-4     (body)   +13.5 / +9.5   -              -              -            -
+    full        3e-4     3e-3     +14.8 / +11.1  +11.0 / +11.9  +15.6 / +12.7  +12.7 / +9.9  +12.2 / +11.5
+    full        1e-3     3e-3     +9.7 / +9.9    -              -              -            -
+    full        1e-4     3e-3     +10.5 / +5.6   -              -              -            -
+    full (96 tokens a speech)     +16.5 / +10.7  -  (95 s of training instead of 24; not taken)
+    wte_lora+   1e-3     3e-3     +12.2 / +8.7   +13.5 / +13.1  +5.9 / +6.0    -            -
+    wte_lora+   3e-3     3e-3     +12.2 / +13.9  +13.5 / +8.3   +14.3 / +11.1  +9.3 / +8.3  +11.0 / +8.7
+    wte_lora+   1e-2     3e-3     +8.0 / +7.9    -              -              -            -
+    wte_lora+ alpha 8  3e-3  3e-3 +10.1 / +10.3  +8.9 / +5.2    +13.5 / +4.0   -            -
+    wte_lora+   3e-3     1e-2     +11.0 / +12.7  +12.2 / +11.9  +13.5 / +13.5  -            -
+    wte_lora    3e-3     3e-3     +9.7 / +3.6    -              -              -            -
+    wte_lora    1e-2     3e-3     +15.2 / +9.9   +8.4 / +12.7   +6.3 / +3.6    -            -
+    lora        1e-3     3e-3     +6.3 / +1.2    +5.5 / +6.3    +8.0 / +3.2    -            -
+    lora        3e-3     3e-3     +4.6 / -0.8    -              -              -            -
+
+Chosen on validation (mean over the seeds run): full at 3e-4 with the head at 3e-3 (+13.8 over
+seeds 0-2, against +13.5 without the head's rate and +9.7, +10.5 at the other rates, seed 0);
+wte_lora+ at 3e-3 with alpha 4 and the head at 3e-3 (+13.3 over seeds 0-2; body 1e-3 +10.5;
+1e-2 +8.0 at seed 0; alpha 8 +10.8; head 1e-2 +12.2), ahead of wte_lora (+10.0 at 1e-2). The
+head at 1e-2 did better on test (+12.7 over seeds 0-2, 107% of full's) but worse on
+validation, so it was not taken; full fine-tuning was not run with its head at 1e-2. Test, seeds 0-2 (the chapter's): full +11.9, wte_lora+ +11.1, 93% of full's;
+lora on the blocks +3.6, 30%. Seeds 0-4: full +11.4, wte_lora+ +10.1, 88%. So full fine-tuning
+beats the baseline by 10 points on average (4 of 5 seeds single-handedly; seed 3 +9.9), and
+LoRA with the table's adapter comes within about a tenth of it: 90% holds at seeds 0-2, not
+over 0-4. One method's single runs scatter by up to 5.6 points (14 speeches) on 252 speeches.
+Exercise 10.9b (wte frozen, everything else trains, seed 0): +1.6 points against full's +11.1.
+
+First round (2026-12-02, before the table's adapter was in the package; its own copy of it),
+mostly on the earlier split 80/10/10 (129 test speeches; baseline val 12.2%, test 20.9%; the
+60/20/20 rows used the buckets the package uses now), one learning rate for body and head
+(--head-lr 0); wte_lora+ then had rank 4 on the blocks (1.82%):
 
     split     method      lr     seed 0 val/test  seed 1 val/test  seed 2 val/test  mean test gain
     80/10/10  full        3e-4   28.5 / 34.1      26.0 / 28.7      28.5 / 21.7      +7.3
@@ -30,22 +63,17 @@ on 60/20/20):
     60/20/20  full        3e-4   28.7 / 26.2      22.8 / 25.0      -                +8.9
     60/20/20  wte_lora    1e-2   26.2 / 31.4      28.3 / 25.8      -                +11.9 (134%)
 
-Read: LoRA on the blocks alone gains at most +4.7, about +1 at the larger rates (at seed 0 its training loss ends near 1.97,
-full fine-tuning's near 1.58); full fine-tuning's gain comes from moving the token table
-(frozen, it gains +5.4 at seed 0; the chapter's Exercise 10.9b). An adapter on the table, within
-the 2% budget, matches full fine-tuning on average; single runs scatter by about 5 points either
-way, so a single-seed comparison on 129 speeches cannot show 90%. On the 60/20/20 split full
-fine-tuning's own gain at seed 0 is +9.5, under the chapter's 10-point goal.
+(accuracies in %.) Read then: LoRA on the blocks alone gained at most +4.7; full fine-tuning's
+gain comes from moving the token table (frozen, it gained +5.4 at seed 0); single runs on 129
+speeches scatter by about 5 points, and the chapter's printed +13.2 for full fine-tuning was
+partly luck.
 """
 
 import argparse
 import copy
-import hashlib
 import statistics
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import gpt2lib.finetune as ft
 from gpt2lib.loading import from_pretrained
@@ -53,85 +81,63 @@ from gpt2lib.tokenizer import get_encoding
 from gpt2lib.tuning import classification_loss
 
 BLOCKS = ("c_attn", "c_proj", "c_fc")
-
-
-class LoRAEmbedding(nn.Module):
-    """peft's LoRA on an embedding: base(idx) + B·A[:, idx] · alpha / rank, A starting at zero."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        n_rows, width = base.weight.shape
-        self.base, self.scale = base, alpha / rank
-        self.lora_embedding_A = nn.Parameter(torch.zeros(rank, n_rows))
-        self.lora_embedding_B = nn.Parameter(torch.randn(width, rank))
-
-    @property
-    def weight(self):  # the tied readout keeps reading the base table, as in peft
-        return self.base.weight
-
-    def forward(self, idx):
-        update = F.embedding(idx, self.lora_embedding_A.T) @ self.lora_embedding_B.T  # (B, T, C)
-        return self.base(idx) + update * self.scale
-
-
-def body(base, method):
-    gpt = copy.deepcopy(base)
-    if method == "lora":
-        return ft.apply_lora(gpt, rank=8, alpha=16, targets=BLOCKS), 1e-3
-    if method in ("wte_lora", "wte_lora+"):
-        if method == "wte_lora+":
-            ft.apply_lora(gpt, rank=4, alpha=8, targets=BLOCKS)
-        for p in gpt.parameters():
-            p.requires_grad_(False)
-        for p in ft.lora_layers(gpt).values():
-            p.lora_A.weight.requires_grad_(True)
-            p.lora_B.weight.requires_grad_(True)
-        gpt.wte = LoRAEmbedding(gpt.wte, 2, 4)
-        return gpt, (3e-3 if method == "wte_lora+" else 1e-2)
-    return gpt, 3e-4  # full
+# method -> (apply_lora's arguments, or None for full fine-tuning; the body's learning rate)
+METHODS = {
+    "full": (None, 3e-4),
+    "lora": (dict(rank=8, alpha=16, targets=BLOCKS), 1e-3),
+    "wte_lora": (dict(rank=2, alpha=4, targets=("wte",)), 1e-2),
+    "wte_lora+": (dict(rank=2, alpha=4, targets=("wte", *BLOCKS)), 3e-3),
+}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--methods", nargs="+", default=["full", "lora", "wte_lora"])
-    parser.add_argument("--split", default="80/10/10", choices=["80/10/10", "60/20/20"])
+    parser.add_argument("--methods", nargs="+", default=["full", "wte_lora+"], choices=list(METHODS))
+    parser.add_argument("--split", default="60/20/20", choices=["60/20/20", "80/10/10"],
+                        help="60/20/20: the package's (the chapter's); 80/10/10: the earlier one")
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--lr", type=float, default=None, help="one rate for every method")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--lr", type=float, default=None, help="one body rate for every method")
+    parser.add_argument("--head-lr", type=float, default=3e-3, help="the new head's rate; 0: the body's")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.split == "60/20/20":
-        def split_of(key):
-            bucket = int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
-            return "train" if bucket < 6 else ("val" if bucket < 8 else "test")
-        ft._split_of = split_of
+    if args.split == "80/10/10":
+        split_of = ft._split_of
+        ft._split_of = lambda key, train=8, val=1: split_of(key)
     base = from_pretrained("data/standin", device="cpu", dtype=torch.float32).eval()
     tokenizer = get_encoding()
     pad = tokenizer.eot_token
     data = ft.speaker_dataset(top=8)
-    rows = {s: ft.encode_speeches(r, tokenizer, max_tokens=48) for s, r in data.splits.items()}
+    rows = {s: ft.encode_speeches(r, tokenizer, max_tokens=args.max_tokens) for s, r in data.splits.items()}
     baselines = {s: data.majority_baseline(s) for s in ("val", "test")}
     print(f"split {args.split}: {({s: len(r) for s, r in rows.items()})}, majority baseline "
           f"val {baselines['val']:.1%}, test {baselines['test']:.1%}")
     gains = {}
     for method in args.methods:
+        lora, lr = METHODS[method]
+        lr = args.lr or lr
         for seed in args.seeds:
             torch.manual_seed(seed)
-            gpt, lr = body(base, method)
+            gpt = copy.deepcopy(base)
+            if lora:
+                ft.apply_lora(gpt, **lora)
             model = ft.classifier(gpt, len(data.speakers))
             ft.fine_tune(model, lambda m, b: classification_loss(m, b, pad), rows["train"], args.steps,
-                         batch_size=16, lr=args.lr or lr, seed=seed, progress=False)
+                         batch_size=16, lr=lr, head_lr=args.head_lr or None, seed=seed, progress=False)
             acc = {s: ft.accuracy(model, rows[s], pad, progress=False)[0] for s in ("val", "test")}
             trained, total = ft.trainable_parameters(model)
-            gains.setdefault(method, []).append(acc["test"] - baselines["test"])
-            print(f"{method:10s} lr {args.lr or lr:.0e} seed {seed}: {trained / total:.2%} trained; "
+            for s in ("val", "test"):
+                gains.setdefault((method, s), []).append(acc[s] - baselines[s])
+            print(f"{method:10s} lr {lr:.0e} seed {seed}: {trained / total:.2%} trained; "
                   f"val {acc['val']:.1%} ({100 * (acc['val'] - baselines['val']):+.1f}), "
-                  f"test {acc['test']:.1%} ({100 * gains[method][-1]:+.1f} points)", flush=True)
-    for method, values in gains.items():
+                  f"test {acc['test']:.1%} ({100 * (acc['test'] - baselines['test']):+.1f} points)",
+                  flush=True)
+    for (method, split), values in gains.items():
         ratio = ""
-        if "full" in gains and method != "full":
-            ratio = f", {statistics.mean(values) / statistics.mean(gains['full']):.0%} of full's"
-        print(f"mean test gain, {method}: {100 * statistics.mean(values):+.1f} points{ratio}")
+        if ("full", split) in gains and method != "full":
+            ratio = f", {statistics.mean(values) / statistics.mean(gains['full', split]):.0%} of full's"
+        print(f"mean {split} gain, {method}: {100 * statistics.mean(values):+.1f} points{ratio}")
 
 
 if __name__ == "__main__":

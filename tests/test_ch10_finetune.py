@@ -1,6 +1,7 @@
 """Chapter 10: gpt2lib.finetune's entry points (LoRA, adapters in peft's layout, the data
 sets) and the chapter's checks against planted mistakes. The chapter's trained numbers are
-asserted by the notebook itself at the tests' setting (nbval runs solutions/10_finetuning)."""
+asserted by the notebook itself at the tests' setting (nbval runs solutions/10_finetuning);
+the LoRA-against-full comparison also by a slow test here."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def trained_adapter(model, seed=1):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in ft.lora_layers(model).values():
+            if isinstance(layer, ft.LoRAEmbedding):  # A starts at zero there, as in peft
+                layer.lora_embedding_A.copy_(0.05 * torch.randn(layer.lora_embedding_A.shape, generator=gen))
+                continue
             layer.lora_B.weight.copy_(0.05 * torch.randn(layer.lora_B.weight.shape, generator=gen))
     return model
 
@@ -59,6 +63,35 @@ def test_apply_lora_starts_at_zero_freezes_the_rest_and_trains_under_two_percent
     assert trained / total < 0.02
 
 
+def test_an_adapter_on_the_token_table_starts_at_zero_and_the_readout_keeps_the_base_table(tiny):
+    model = load(tiny)
+    table, before = model.wte.weight, model(IDS)
+    ft.apply_lora(model, rank=2, alpha=4, targets=("wte", "c_attn"))
+    assert isinstance(model.wte, ft.LoRAEmbedding) and model.wte.weight is table
+    assert model.wte.lora_embedding_A.shape == (2, 50257) and model.wte.lora_embedding_B.shape == (64, 2)
+    assert not model.wte.lora_embedding_A.any()  # peft's start: A zero, B normal
+    assert torch.equal(model(IDS), before)
+    trained_adapter(model)
+    with torch.no_grad():
+        embedded = model.wte(IDS)
+        update = model.wte.lora_embedding_A.T[IDS] @ model.wte.lora_embedding_B.T * 2.0
+        assert torch.allclose(embedded, table[IDS] + update, atol=1e-6)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {"wte.lora_embedding_A", "wte.lora_embedding_B"} <= trainable
+    assert not table.requires_grad and all("lora" in n for n in trainable)
+
+
+def test_merge_refuses_an_adapter_on_the_tied_token_table_before_merging_anything(tiny):
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte", "c_attn")))
+    with torch.no_grad():
+        before = model(IDS)
+    with pytest.raises(ft.AdapterError, match="the readout is tied to the token table"):
+        ft.merge_lora(model)
+    assert sorted(ft.lora_layers(model)) == ["h.0.attn.c_attn", "h.1.attn.c_attn", "wte"]
+    with torch.no_grad():
+        assert torch.equal(model(IDS), before)
+
+
 def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused(tiny):
     model = ft.apply_lora(load(tiny), targets=("h.1.mlp.c_fc",))
     assert list(ft.lora_layers(model)) == ["h.1.mlp.c_fc"]
@@ -70,6 +103,8 @@ def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused
     (dict(targets=("q_proj",)), "no layer of the model is called 'q_proj'"),
     (dict(rank=0), "rank must be at least 1"),
     (dict(rank=65), r"rank 65 is above the width of h.0.attn.c_attn \(64 -> 192\)"),
+    (dict(rank=65, targets=("wte",)), r"rank 65 is above the width of wte \(50257 rows of width 64\)"),
+    (dict(targets=("wte", "ln_f")), "no layer of the model is called 'ln_f'.* end in c_attn, c_fc, c_proj, wpe, wte"),
     (dict(rank=2.5), "rank must be a whole number"),
     (dict(alpha=0), "alpha must be a number above 0"),
     (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
@@ -129,6 +164,32 @@ def test_save_and_load_adapter_round_trip_creates_the_folder(tiny, tmp_path):
     assert sorted(ft.lora_layers(other)) == sorted(ft.lora_layers(model))
 
 
+def test_an_adapter_on_the_token_table_round_trips(tiny, tmp_path):
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte", "c_fc")))
+    folder = ft.save_adapter(model, tmp_path / "adapter")
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    assert config["target_modules"] == ["c_fc", "wte"] and config["r"] == 2
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as handle:
+        keys = set(handle.keys())
+    assert {"base_model.model.transformer.wte.lora_embedding_A",
+            "base_model.model.transformer.wte.lora_embedding_B"} <= keys
+    other = ft.load_adapter(load(tiny), folder)
+    assert isinstance(other.wte, ft.LoRAEmbedding)
+    with torch.no_grad():
+        assert torch.equal(other(IDS), model(IDS))
+
+
+def test_a_table_adapter_for_another_width_is_refused_and_nothing_is_loaded(tiny, tmp_path):
+    adapter = ft.save_adapter(trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte",))),
+                              tmp_path / "adapter")
+    other = load(write_hub_checkpoint(tmp_path / "other", n_positions=64, n_layer=2, n_head=4, n_embd=32))
+    with pytest.raises(ft.AdapterError, match=r"wte.lora_embedding_B has shape \(64, 2\).*needs \(32, 2\)"):
+        ft.load_adapter(other, adapter)
+    assert not ft.lora_layers(other)
+
+
 @pytest.mark.parametrize("sizes, phrase", [
     (dict(n_layer=2, n_head=4, n_embd=32), "does not fit this model: h.0.attn.c_attn.lora_A has shape"),
     (dict(n_layer=3, n_head=4, n_embd=64), "holds no weights for them"),
@@ -166,21 +227,34 @@ def test_peft_loads_a_gpt2lib_adapter_onto_transformers_gpt2_with_the_same_logit
         assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
 
 
-def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path):
+def test_peft_loads_a_gpt2lib_adapter_on_the_token_table_with_the_same_logits(tiny, tmp_path):
+    peft, transformers = _peft()
+    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4,
+                                          targets=("wte", "c_attn", "c_proj", "c_fc")))
+    adapter = ft.save_adapter(model, tmp_path / "adapter")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
+    assert isinstance(theirs.base_model.model.transformer.wte, peft.tuners.lora.Embedding)
+    with torch.no_grad():
+        assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("targets", [["c_attn", "c_fc"], ["wte", "c_attn", "c_proj"]])
+def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path, targets):
     peft, transformers = _peft()
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"],
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                              fan_in_fan_out=True, task_type="CAUSAL_LM")
     wrapped = peft.get_peft_model(hf, config)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in wrapped.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "lora_embedding_A" in name:  # the parts that start at zero
                 p.normal_(std=0.05)
     wrapped.eval()
     wrapped.save_pretrained(str(tmp_path / "peft_adapter"))
     ours = ft.load_adapter(load(tiny), tmp_path / "peft_adapter")
-    assert len(ft.lora_layers(ours)) == 4
+    assert len(ft.lora_layers(ours)) == {2: 4, 3: 7}[len(targets)]
     with torch.no_grad():
         assert (wrapped(IDS).logits - ours(IDS)).abs().max() < 1e-4
 
@@ -192,13 +266,57 @@ def test_the_data_sets_are_fixed_and_the_baseline_is_the_majority_share():
     first, again = ft.speaker_dataset(), ft.speaker_dataset()
     assert first == again and len(first.speakers) == 8
     train = first.splits["train"]
-    assert len(train) > 8 * (len(first.splits["val"]) + len(first.splits["test"])) / 2 * 0.8
+    sizes = {split: len(rows) for split, rows in first.splits.items()}
+    assert sizes == {"train": 799, "val": 237, "test": 252}  # 60/20/20: one test speech is 0.4 points
     test_labels = [y for _, y in first.splits["test"]]
     majority = max(range(8), key=[y for _, y in train].count)
     assert first.majority_baseline("test") == test_labels.count(majority) / len(test_labels)
     replies = ft.reply_dataset()
     assert all(p.speaker != p.replier for p in replies["val"])
     assert replies["train"][0].prompt.endswith("### Response:\n")
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_gains_10_points_and_lora_with_the_table_adapter_most_of_it():
+    """Chapter 10's section 4 at the tests' setting (GPT2LIB_QUICK=1, the stand-in): 150 steps of
+    batch 16, 48 tokens a speech, seeds 0, 1, 2, the test split of 252 speeches; full
+    fine-tuning at 3e-4, LoRA rank 2 on wte, c_attn, c_proj, c_fc at 3e-3, the heads at 3e-3
+    (each rate chosen on the validation split, benchmarks/lora_gain.py). Measured: full +11.9
+    points over the majority baseline on average, LoRA +11.1, 93% of full's gain.
+
+    Issue #25 asks for 90%. It holds at these seeds, but not over seeds 0 to 4 (full +11.4,
+    LoRA +10.1: 88%), so this test does not claim it: it holds LoRA at 85% of full's gain
+    (without the table's adapter, on the blocks alone, LoRA reached about 30%) and full fine-tuning at 10 points over the baseline (+11.4 over five seeds)."""
+    from pathlib import Path
+
+    from gpt2lib.tokenizer import get_encoding
+
+    base = load(Path(__file__).resolve().parent.parent / "data" / "standin")
+    tokenizer = get_encoding()
+    pad = tokenizer.eot_token
+    data = ft.speaker_dataset(top=8)
+    encoded = {split: ft.encode_speeches(rows, tokenizer, max_tokens=48)
+               for split, rows in data.splits.items()}
+    baseline, seeds = data.majority_baseline("test"), (0, 1, 2)
+
+    def loss(model, rows):
+        return classification_loss(model, rows, pad)
+
+    def lora():
+        targets = ("wte", "c_attn", "c_proj", "c_fc")
+        return ft.classifier(ft.apply_lora(copy.deepcopy(base), rank=2, alpha=4, targets=targets), 8)
+
+    full_accs, _ = ft.tune_seeds(lambda: ft.classifier(copy.deepcopy(base), 8), loss, encoded, pad,
+                                 seeds, 150, lr=3e-4, head_lr=3e-3, progress=False)
+    lora_accs, models = ft.tune_seeds(lora, loss, encoded, pad, seeds, 150, lr=3e-3, head_lr=3e-3,
+                                      progress=False)
+    trained, total = ft.trainable_parameters(models[0])
+    assert trained / total < 0.02
+    full_gain = sum(full_accs) / len(seeds) - baseline
+    lora_gain = sum(lora_accs) / len(seeds) - baseline
+    assert full_gain >= 0.10, f"full fine-tuning gained {100 * full_gain:+.1f} points"
+    assert lora_gain >= 0.85 * full_gain, (f"LoRA gained {100 * lora_gain:+.1f} points, "
+                                           f"{lora_gain / full_gain:.0%} of full's")
 
 
 def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
