@@ -30,6 +30,10 @@ RUN_TIMEOUT = float(os.environ.get("BROWSER_RUN_TIMEOUT", "300"))
 CHAPTERS = sorted(p.stem for p in (REPO_ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 # Chapters whose notebook must show at least one working slider.
 MUST_HAVE_SLIDER = {"03_attention"}
+# Chapters that take minutes in the browser (chapter 10 trains eight classifiers). They run from
+# tests/test_browser_heavy.py, a module of its own: pytest-xdist's `--dist loadscope` gives each
+# module to one worker, so the two workers share the browser runs instead of one doing them all.
+HEAVY = ("10_finetuning",)
 TIMINGS: dict[str, float] = {}
 
 
@@ -149,15 +153,21 @@ def screenshot(page, shots: Path, name: str) -> Path:
 # --------------------------------------------------------------------------- the chapters
 
 
-def _chapter_params():
-    for name in CHAPTERS:
+def _chapter_params(names):
+    for name in names:
         path = REPO_ROOT / "solutions" / f"{name}.ipynb"
         marks = [] if path.exists() else [pytest.mark.skip(reason=f"solutions/{name}.ipynb not written yet")]
         yield pytest.param(name, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("chapter", list(_chapter_params()))
+@pytest.mark.parametrize("chapter", list(_chapter_params([c for c in CHAPTERS if c not in HEAVY])))
 def test_chapter_runs_in_jupyterlab(chapter, page, shots):
+    check_chapter_in_lab(chapter, page, shots)
+
+
+def check_chapter_in_lab(chapter, page, shots):
+    """Run All on the chapter in JupyterLab: no errors, every cell run, widgets that render and a
+    slider that moves."""
     result = run_and_inspect(page, f"solutions/{chapter}.ipynb", chapter)
 
     assert result.errors == [], f"{chapter}: cells raised in JupyterLab:\n" + "\n".join(result.errors)

@@ -1,7 +1,8 @@
 """Chapter 10: gpt2lib.finetune's entry points (LoRA, adapters in peft's layout, the data
 sets) and the chapter's checks against planted mistakes. The chapter's trained numbers are
-asserted by the notebook itself at the tests' setting (nbval runs solutions/10_finetuning);
-the LoRA-against-full comparison also by a slow test here."""
+asserted by the notebook itself at the tests' setting (nbval runs solutions/10_finetuning),
+the LoRA-against-full comparison over three seeds included; benchmarks/lora_gain.py repeats it
+over more seeds and splits."""
 
 from __future__ import annotations
 
@@ -274,49 +275,6 @@ def test_the_data_sets_are_fixed_and_the_baseline_is_the_majority_share():
     replies = ft.reply_dataset()
     assert all(p.speaker != p.replier for p in replies["val"])
     assert replies["train"][0].prompt.endswith("### Response:\n")
-
-
-@pytest.mark.slow
-def test_full_fine_tuning_gains_10_points_and_lora_with_the_table_adapter_most_of_it():
-    """Chapter 10's section 4 at the tests' setting (GPT2LIB_QUICK=1, the stand-in): 150 steps of
-    batch 16, 48 tokens a speech, seeds 0, 1, 2, the test split of 252 speeches; full
-    fine-tuning at 3e-4, LoRA rank 2 on wte, c_attn, c_proj, c_fc at 3e-3, the heads at 3e-3
-    (each rate chosen on the validation split, benchmarks/lora_gain.py). Measured: full +11.9
-    points over the majority baseline on average, LoRA +11.1, 93% of full's gain.
-
-    Issue #25 asks for 90%. It holds at these seeds, but not over seeds 0 to 4 (full +11.4,
-    LoRA +10.1: 88%), so this test does not claim it: it holds LoRA at 85% of full's gain
-    (without the table's adapter, on the blocks alone, LoRA reached about 30%) and full fine-tuning at 10 points over the baseline (+11.4 over five seeds)."""
-    from pathlib import Path
-
-    from gpt2lib.tokenizer import get_encoding
-
-    base = load(Path(__file__).resolve().parent.parent / "data" / "standin")
-    tokenizer = get_encoding()
-    pad = tokenizer.eot_token
-    data = ft.speaker_dataset(top=8)
-    encoded = {split: ft.encode_speeches(rows, tokenizer, max_tokens=48)
-               for split, rows in data.splits.items()}
-    baseline, seeds = data.majority_baseline("test"), (0, 1, 2)
-
-    def loss(model, rows):
-        return classification_loss(model, rows, pad)
-
-    def lora():
-        targets = ("wte", "c_attn", "c_proj", "c_fc")
-        return ft.classifier(ft.apply_lora(copy.deepcopy(base), rank=2, alpha=4, targets=targets), 8)
-
-    full_accs, _ = ft.tune_seeds(lambda: ft.classifier(copy.deepcopy(base), 8), loss, encoded, pad,
-                                 seeds, 150, lr=3e-4, head_lr=3e-3, progress=False)
-    lora_accs, models = ft.tune_seeds(lora, loss, encoded, pad, seeds, 150, lr=3e-3, head_lr=3e-3,
-                                      progress=False)
-    trained, total = ft.trainable_parameters(models[0])
-    assert trained / total < 0.02
-    full_gain = sum(full_accs) / len(seeds) - baseline
-    lora_gain = sum(lora_accs) / len(seeds) - baseline
-    assert full_gain >= 0.10, f"full fine-tuning gained {100 * full_gain:+.1f} points"
-    assert lora_gain >= 0.85 * full_gain, (f"LoRA gained {100 * lora_gain:+.1f} points, "
-                                           f"{lora_gain / full_gain:.0%} of full's")
 
 
 def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):

@@ -52,7 +52,7 @@ def measured():
     model = from_pretrained(FOLDER, device="cpu").eval()
     assert model.config.vocab_size == 50257
     record = FOLDER / "training_record.json"
-    n_common = json.loads(record.read_text()).get("common_tokens", 1000) if record.is_file() else 1000
+    n_common = json.loads(record.read_text(encoding="utf-8")).get("common_tokens", 1000) if record.is_file() else 1000
     enc = get_encoding()
     ids = torch.tensor(enc.encode_ordinary((REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")))
     split = int(0.9 * len(ids))
