@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,30 @@ from checkpoints import (
 def pytest_configure(config):
     os.environ.setdefault("GPT2LIB_QUICK", "1")  # long notebook cells take their CI setting
     install_test_checkpoint()
+
+
+# The modules that take minutes, first. pytest-xdist (`--dist loadscope`) gives each module to
+# one worker, in the collection's order (`--no-loadscope-reorder` in pyproject.toml): the two
+# workers start on these and fill in with the short ones. xdist's own order (most tests first)
+# left chapter 10's one browser test for last, a 3-minute tail on one worker while the other
+# waited.
+SLOW_FIRST = (
+    "tests/test_browser_heavy.py",
+    "notebooks/10_finetuning.ipynb",
+    "solutions/10_finetuning.ipynb",
+    "tests/test_browser.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    modules = Counter(item.nodeid.split("::")[0] for item in items)
+
+    def order(item):
+        module = item.nodeid.split("::")[0]
+        first = SLOW_FIRST.index(module) if module in SLOW_FIRST else len(SLOW_FIRST)
+        return first, -modules[module]  # then, as xdist would, the modules with most tests
+
+    items.sort(key=order)  # stable: each module keeps its own order (a notebook's cells)
 
 
 def pytest_unconfigure(config):
