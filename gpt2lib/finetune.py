@@ -192,7 +192,10 @@ def _progress(iterable, total, desc, show):
         from tqdm.auto import tqdm
     except ImportError:
         return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="batch", leave=True)
+    # At most one redraw a second: each redraw is a message to the notebook, and a minute-long
+    # cell of runs at tqdm's default 10 a second overflowed the kernel's output queue under
+    # load (nbval then timed out waiting for the cell's end, which had been dropped).
+    return tqdm(iterable, total=total, desc=desc, unit="batch", leave=True, mininterval=1.0)
 
 
 def _chunks(rows, batch_size):

@@ -314,4 +314,4 @@ def _progress_bar(total):
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc="training", unit="step")
+    return tqdm(total=total, desc="training", unit="step", mininterval=1.0)  # see finetune._progress
