@@ -321,8 +321,9 @@ def decode_all(model, idx, max_new_tokens, **loop):
 
 
 def _swap_in_fast_modules(model, device):
-    if device.type == "cpu":  # the split multiply, where it was measured faster here
+    if device.type == "cpu":  # the split multiplies, where one was measured faster here
         speed.use_split_conv1d(model)
+        speed.use_split_readout(model)
 
 
 def decode_tokens(
@@ -401,8 +402,9 @@ def generate(
     compile: on CUDA, capture the model's decode step (its own forward, at a position held in a
       tensor) as a CUDA graph and replay it; elsewhere a warning, and eager steps.
     Every step runs the model's own forward, so hooks, ablations and replaced modules apply.
-    On a CPU, gpt2lib's Conv1D layers are switched (in place, once) to SplitConv1D, the same
-    layer with chapter 9's split multiply, where that was measured faster on this machine.
+    On a CPU, gpt2lib's Conv1D layers and chapter 6's TiedReadout are switched (in place, once)
+    to SplitConv1D and SplitReadout (gpt2lib.speed), the same layers with a split multiply for
+    few rows, where one was measured faster on this machine (gpt2lib.kernels).
     A prompt plus max_new_tokens longer than the context (n_positions) is an error, not
     silently cropped.
     """

@@ -1,13 +1,28 @@
-"""Matrix kernels for decoding on a CPU (chapter 9, last section): the split multiply.
+"""Matrix kernels for decoding on a CPU (chapter 9, last section): the split multiplies.
 
 A leaf module: it imports nothing from gpt2lib, and the teaching layers (Conv1D, the tied
-readout) never call it. Only the decoding engine in `gpt2lib.speed` does.
+readout) never call it. Only the modules `gpt2lib.speed` swaps in do.
+
+A decode step multiplies one row (or a few) by every weight matrix, so its speed is how fast
+the matrix library streams the weights. On some CPUs the library runs such a multiply on one
+core; the same product cut into slabs, in one `torch.bmm`, spreads over all of them. Which way
+is fastest depends on the CPU and the library, so it is measured once per thread count on this
+machine (`measured_routes`), for one row and for a few, and a split is used only where it beat
+torch's own multiply by 10%:
+
+- Conv1D's multiply `x @ W` (W is [n_in, n_out]): "inner" cuts n_in into slabs and sums the
+  partial products; "columns" cuts n_out into slabs (each output stays one dot product, with
+  no partial sums to add);
+- the tied readout `x @ table.T` (table is [V, C]): "blocks" cuts the vocabulary into blocks
+  of whole rows; "table" walks the table row by row as `(table @ x.T).T`.
 """
 
 __all__ = [
     "SPLIT_MAX_ROWS",
     "SPLIT_PARTS",
+    "column_split_matmul",
     "matmul_bias",
+    "measured_routes",
     "readout_matmul",
     "split_matmul",
     "split_measured_faster",
@@ -20,9 +35,9 @@ import time
 
 import torch
 
-SPLIT_MAX_ROWS = 32  # up to this many rows the split pays on a CPU (chapter 9 plots it)
+SPLIT_MAX_ROWS = 32  # up to this many rows a split can pay on a CPU (chapter 9 plots it)
 SPLIT_PARTS = 8  # slabs per multiply: more than the cores, so that none of them waits
-_split_enabled = None  # None: decided by one measurement on this machine (see _split_pays)
+_split_enabled = None  # None: the routes measured on this machine (see measured_routes)
 
 
 def split_matmul(x, weight, parts):
@@ -38,82 +53,135 @@ def split_matmul(x, weight, parts):
     return torch.bmm(x_slabs, w_slabs).sum(dim=0)  # (rows, n_out)
 
 
-_measured = {}  # thread count -> whether the split beat torch's one-row multiply here
+def column_split_matmul(x, weight, parts):
+    """x @ weight for x (rows, n_in) and weight (n_in, n_out), in `parts` slabs of columns.
+
+    The output dimension is cut into `parts` slabs of n_out // parts columns of weight (views,
+    no copy); one torch.bmm multiplies x by each. No sum: every output is one dot product, as
+    in x @ weight. `parts` must divide n_out.
+    """
+    rows, n_in = x.shape
+    n_out = weight.shape[1]
+    w_slabs = weight.view(n_in, parts, n_out // parts).transpose(0, 1)  # (parts, n_in, n_out/parts)
+    y = torch.bmm(x.expand(parts, rows, n_in), w_slabs)  # (parts, rows, n_out/parts)
+    return y.transpose(0, 1).reshape(rows, n_out)  # (rows, n_out)
 
 
-def split_measured_faster():
-    """Whether, on this machine, the split beats torch's own multiply for one row.
+def _readout_blocks(x, table):
+    """x @ table.T in SPLIT_PARTS blocks of whole table rows (one torch.bmm), plus the
+    V % SPLIT_PARTS rows left over. No sum is needed."""
+    rows = x.shape[0]
+    V, C = table.shape
+    per_part = V // SPLIT_PARTS
+    covered = SPLIT_PARTS * per_part  # tokens inside the blocks
+    blocks = table[:covered].view(SPLIT_PARTS, per_part, C)  # (parts, V/parts, C)
+    scores = torch.bmm(blocks, x.T.expand(SPLIT_PARTS, C, rows))  # (parts, V/parts, rows)
+    scores = scores.view(covered, rows)
+    if covered < V:
+        scores = torch.cat([scores, table[covered:] @ x.T])  # (V, rows)
+    return scores.T.contiguous()  # (rows, V)
 
-    It depends on the CPU's matrix library: where a one-row multiply runs on one core (seen
-    on an AMD EPYC) the split was 1.5x faster; where it already uses every core (seen on an
-    Intel Xeon) the split was slower. So it is measured once per thread count, on a GPT-2
-    small MLP weight (about 30 ms), and the split is used only if it wins by 10%.
+
+_CONV = {
+    "torch": lambda x, w: torch.mm(x, w),
+    "inner": lambda x, w: split_matmul(x, w, SPLIT_PARTS),
+    "columns": lambda x, w: column_split_matmul(x, w, SPLIT_PARTS),
+}
+_READOUT = {
+    "torch": lambda x, t: x @ t.T,
+    "table": lambda x, t: torch.mm(t, x.T).T.contiguous(),
+    "blocks": _readout_blocks,
+}
+
+_measured = {}  # thread count -> the routes measured fastest here (see measured_routes)
+
+
+def _fastest(candidates, args_of, repeats=5):
+    """The name of the fastest candidate, timed interleaved (a busy moment hits them all),
+    best of `repeats`; a split only where it beats "torch" by 10%."""
+    best = {name: float("inf") for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            args = args_of()
+            began = time.perf_counter()
+            for a in args:
+                fn(*a)
+            best[name] = min(best[name], time.perf_counter() - began)
+    winner = min(best, key=best.get)
+    return winner if best[winner] < 0.9 * best["torch"] else "torch"
+
+
+def measured_routes():
+    """How this machine multiplies few rows fastest, measured once per thread count (about
+    half a second): {"conv_one", "conv_few", "readout_one", "readout_few"} -> a route name.
+
+    "one" is one row (batch 1), "few" eight (a small batch). Conv1D is timed on eight GPT-2
+    small MLP-sized weights and the readout on a 32,768 × 768 table: together larger than the
+    CPU's caches, as a model's weights are, so the memory's speed is what gets measured.
     """
     threads = torch.get_num_threads()
     if threads not in _measured:
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(1, 768, generator=gen), torch.randn(768, 3072, generator=gen)
-        plain, split = [], []
-        for _ in range(15):  # interleaved, so that a busy moment hits both
-            began = time.perf_counter()
-            torch.mm(x, w)
-            plain.append(time.perf_counter() - began)
-            began = time.perf_counter()
-            split_matmul(x, w, SPLIT_PARTS)
-            split.append(time.perf_counter() - began)
-        _measured[threads] = min(split) < 0.9 * min(plain)
+        weights = [torch.ones(768, 3072) for _ in range(8)]  # 75 MB
+        table = torch.ones(32768, 768)  # 100 MB
+        routes = {}
+        for bucket, rows in (("one", 1), ("few", 8)):
+            x = torch.ones(rows, 768)
+            with torch.no_grad():
+                routes[f"conv_{bucket}"] = _fastest(_CONV, lambda: [(x, w) for w in weights])
+                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda: [(x, table)])
+        _measured[threads] = routes
     return _measured[threads]
 
 
-def _split_pays(x, rows):
-    """The split only for few rows of float32 on a CPU with several threads (one thread has
-    nothing to spread the slabs over), and only where it was measured faster, unless
-    use_split_matmul(True) asks for it."""
+def split_measured_faster():
+    """Whether any split beat torch's own multiply on this machine (measured_routes)."""
+    return any(route != "torch" for route in measured_routes().values())
+
+
+def _route(kind, x, rows):
+    """The route for `rows` rows of x: a split only for few rows of float32 on a CPU with
+    several threads (one thread has nothing to spread the slabs over), and only where it was
+    measured faster, unless use_split_matmul(True) asks for one."""
     if torch.compiler.is_compiling():  # an eager trick: a compiler plans its own kernels
-        return False
+        return "torch"
     if _split_enabled is False or not (
         rows <= SPLIT_MAX_ROWS
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and torch.get_num_threads() > 1
     ):
-        return False
-    return _split_enabled is True or split_measured_faster()
+        return "torch"
+    route = measured_routes()[f"{kind}_{'one' if rows == 1 else 'few'}"]
+    if _split_enabled is True and route == "torch":  # asked for a split: the first one
+        return "inner" if kind == "conv" else "blocks"
+    return route
 
 
 def matmul_bias(x, weight, bias):
     """bias + x @ weight for x (rows, n_in) and weight (n_in, n_out): Conv1D's multiply."""
-    if _split_pays(x, x.shape[0]) and weight.shape[0] % SPLIT_PARTS == 0:
+    route = _route("conv", x, x.shape[0])
+    if route == "inner" and weight.shape[0] % SPLIT_PARTS == 0:
         return split_matmul(x, weight, SPLIT_PARTS) + bias
+    if route == "columns" and weight.shape[1] % SPLIT_PARTS == 0:
+        return column_split_matmul(x, weight, SPLIT_PARTS) + bias
     return torch.addmm(bias, x, weight)  # bias + x @ weight in one kernel
 
 
 def readout_matmul(x, table):
-    """x @ table.T for x (rows, C) and the token table (V, C): the tied readout's multiply.
-
-    Here the table is cut along the vocabulary instead: SPLIT_PARTS blocks of whole rows in
-    one torch.bmm, and the V % SPLIT_PARTS rows left over on their own. No sum is needed.
-    """
-    rows = x.shape[0]
-    V, C = table.shape
-    if _split_pays(x, rows) and V >= SPLIT_PARTS:
-        per_part = V // SPLIT_PARTS
-        covered = SPLIT_PARTS * per_part  # tokens inside the blocks
-        blocks = table[:covered].view(SPLIT_PARTS, per_part, C)  # (parts, V/parts, C)
-        scores = torch.bmm(blocks, x.T.expand(SPLIT_PARTS, C, rows))  # (parts, V/parts, rows)
-        scores = scores.view(covered, rows)
-        if covered < V:
-            scores = torch.cat([scores, table[covered:] @ x.T])  # (V, rows)
-        return scores.T.contiguous()  # (rows, V)
-    if rows <= 16 and x.device.type == "cpu":  # walking the table row by row beats its transpose
+    """x @ table.T for x (rows, C) and the token table (V, C): the tied readout's multiply."""
+    route = _route("readout", x, x.shape[0])
+    if route == "blocks" and table.shape[0] >= SPLIT_PARTS:
+        return _readout_blocks(x, table)
+    if route == "table":
         return torch.mm(table, x.T).T.contiguous()
     return x @ table.T
 
 
 @contextlib.contextmanager
 def use_split_matmul(enabled):
-    """Within the `with` block, the decoding engine splits few-row multiplies (True), never
-    (False), or where it was measured faster on this machine (None, the default)."""
+    """Within the `with` block, the swapped-in modules split few-row multiplies (True: the
+    route measured here, or the first split where none won), never (False), or where it was
+    measured faster on this machine (None, the default)."""
     global _split_enabled
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"use_split_matmul takes True, False or None, got {enabled!r}")

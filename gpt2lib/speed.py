@@ -4,9 +4,10 @@ Nothing here computes a block, an attention or an MLP of its own: generation alw
 model's forward. What this module adds is how that forward runs fast:
 
 - On a CPU, `SplitConv1D` is gpt2lib's `Conv1D` with its few-row multiplies done by
-  `gpt2lib.kernels.matmul_bias` (the split, where it was measured faster on this machine).
-  `use_split_conv1d(model)` switches a model's Conv1D layers to it in place: same weights,
-  same parameter names, same hooks; only the class changes.
+  `gpt2lib.kernels.matmul_bias`, and `SplitReadout` is chapter 6's `TiedReadout` with
+  `gpt2lib.kernels.readout_matmul` (each a split, where one was measured faster on this
+  machine). `use_split_conv1d(model)` and `use_split_readout(model)` switch a model's layers
+  to them in place: same weights, same parameter names, same hooks; only the class changes.
 - On CUDA, `capture_decode_step` captures one decode step, `model(token, kv_cache=cache)`
   with a static cache whose position is a tensor, as a CUDA graph, and replays it per token.
 """
@@ -14,9 +15,11 @@ model's forward. What this module adds is how that forward runs fast:
 __all__ = [
     "CapturedDecodeStep",
     "SplitConv1D",
+    "SplitReadout",
     "capture_decode_step",
     "swappable",
     "use_split_conv1d",
+    "use_split_readout",
 ]
 
 
@@ -27,6 +30,7 @@ import torch
 
 from gpt2lib import kernels
 from gpt2lib.layers import Conv1D
+from gpt2lib.model import TiedReadout
 
 
 class SplitConv1D(Conv1D):
@@ -38,11 +42,20 @@ class SplitConv1D(Conv1D):
         return kernels.matmul_bias(rows, self.weight, self.bias).view(*x.shape[:-1], -1)
 
 
+class SplitReadout(TiedReadout):
+    """TiedReadout (logits = x @ wte.T) with the multiply of gpt2lib.kernels: a split for few
+    rows on a CPU where one was measured faster, x @ wte.T otherwise. The same function."""
+
+    def forward(self, x, wte_weight):  # (..., C), (V, C) -> (..., V)
+        rows = x.reshape(-1, x.shape[-1])  # (rows, C)
+        return kernels.readout_matmul(rows, wte_weight).view(*x.shape[:-1], -1)
+
+
 _SWAP_LOCK = threading.Lock()
 
 # gpt2lib's own class -> its forward as the chapter wrote it, read when this module is imported.
 # A module is switched only while its class is exactly that class and still runs that forward.
-_AS_WRITTEN = {Conv1D: Conv1D.forward}
+_AS_WRITTEN = {Conv1D: Conv1D.forward, TiedReadout: TiedReadout.forward}
 
 
 def swappable(module, cls) -> bool:
@@ -67,13 +80,24 @@ def use_split_conv1d(model) -> int:
     learner's Conv1D subclass, or a layer whose forward was replaced, is left as it is
     (`swappable`).
     """
+    return _switch(model, Conv1D, SplitConv1D)
+
+
+def use_split_readout(model) -> int:
+    """Switch the model's plain TiedReadout to SplitReadout, in place, where a split was
+    measured faster on this machine; returns how many were switched (0 or 1). As for
+    use_split_conv1d, a learner's subclass or a replaced forward is left as it is."""
+    return _switch(model, TiedReadout, SplitReadout)
+
+
+def _switch(model, cls, faster_cls) -> int:
     if torch.get_num_threads() < 2 or not kernels.split_measured_faster():
         return 0
     switched = 0
     with _SWAP_LOCK:
         for module in model.modules():
-            if swappable(module, Conv1D):
-                module.__class__ = SplitConv1D
+            if swappable(module, cls):
+                module.__class__ = faster_cls
                 switched += 1
     return switched
 

@@ -1,6 +1,6 @@
-"""gpt2lib.kernels (the split multiply), gpt2lib.measure and gpt2lib.speed: the split gives
-torch's numbers, is taken only where it was measured to pay, can be switched off; SplitConv1D
-is Conv1D with that multiply; the static cache's step (a position tensor, the whole buffer,
+"""gpt2lib.kernels (the split multiplies), gpt2lib.measure and gpt2lib.speed: the splits give
+torch's numbers, are taken only where they were measured to pay, can be switched off;
+SplitConv1D is Conv1D with those multiplies and SplitReadout chapter 6's TiedReadout; the static cache's step (a position tensor, the whole buffer,
 a mask) gives the tokens of the growing slices, reads nothing on the host, compiles without a
 graph break, and keeps nothing inside the model; speed.py holds no layer of its own."""
 
@@ -13,14 +13,24 @@ from gpt2lib import kernels, measure
 from gpt2lib.config import GPT2Config
 from gpt2lib.generation import generate
 from gpt2lib.kvcache import KVCache
-from gpt2lib.model import GPT2
+from gpt2lib.model import GPT2, TiedReadout
+
+
+# What the routing tests pretend this machine measured: every route a split.
+SPLIT_ROUTES = {"conv_one": "inner", "conv_few": "columns", "readout_one": "blocks",
+                "readout_few": "table"}
+TORCH_ROUTES = dict.fromkeys(SPLIT_ROUTES, "torch")
+
+
+def pretend_measured(monkeypatch, routes):
+    monkeypatch.setattr(kernels, "measured_routes", lambda: dict(routes))
 
 
 @pytest.fixture(autouse=True)
 def several_threads(monkeypatch):
     """The split is only taken with more than one thread: give the tests two, then restore.
     And only where it was measured faster: the routing tests pretend this machine is one."""
-    monkeypatch.setattr(kernels, "split_measured_faster", lambda: True)
+    pretend_measured(monkeypatch, SPLIT_ROUTES)
     before = torch.get_num_threads()
     torch.set_num_threads(max(2, before))
     yield
@@ -47,33 +57,54 @@ def test_split_matmul_equals_the_plain_product(rows, slab, parts, n_out, seed):
 
 
 class CountSplits:
-    """Wraps kernels.split_matmul and torch.bmm to see which route a call took."""
+    """Wraps kernels.split_matmul, kernels.column_split_matmul and torch.bmm to see which
+    route a call took."""
 
     def __init__(self, monkeypatch):
         self.split_calls = 0
+        self.column_calls = 0
         self.bmm_calls = 0
-        real_split, real_bmm = kernels.split_matmul, torch.bmm
+        real_split, real_columns, real_bmm = (kernels.split_matmul, kernels.column_split_matmul,
+                                              torch.bmm)
 
         def split(*args, **kwargs):
             self.split_calls += 1
             return real_split(*args, **kwargs)
+
+        def columns(*args, **kwargs):
+            self.column_calls += 1
+            return real_columns(*args, **kwargs)
 
         def bmm(*args, **kwargs):
             self.bmm_calls += 1
             return real_bmm(*args, **kwargs)
 
         monkeypatch.setattr(kernels, "split_matmul", split)
+        monkeypatch.setattr(kernels, "column_split_matmul", columns)
         monkeypatch.setattr(kernels.torch, "bmm", bmm)
 
 
-@pytest.mark.parametrize("rows, splits", [(1, True), (8, True), (kernels.SPLIT_MAX_ROWS, True),
-                                          (kernels.SPLIT_MAX_ROWS + 1, False)])
-def test_matmul_bias_splits_only_few_rows_and_matches_addmm(monkeypatch, rows, splits):
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), n_in=st.integers(1, 12), slab=st.integers(1, 6),
+       parts=st.sampled_from([1, 2, 3, 8]), seed=st.integers(0, 2**16))
+def test_column_split_matmul_equals_the_plain_product(rows, n_in, slab, parts, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=gen, dtype=torch.float64)
+    w = torch.randn(n_in, slab * parts, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(kernels.column_split_matmul(x, w, parts), x @ w)
+
+
+@pytest.mark.parametrize("rows, route", [(1, "inner"), (8, "columns"),
+                                         (kernels.SPLIT_MAX_ROWS, "columns"),
+                                         (kernels.SPLIT_MAX_ROWS + 1, "torch")])
+def test_matmul_bias_takes_the_measured_route_for_few_rows_and_matches_addmm(monkeypatch, rows,
+                                                                            route):
     counter = CountSplits(monkeypatch)
     gen = torch.Generator().manual_seed(rows)
     x, w, b = torch.randn(rows, 64, generator=gen), torch.randn(64, 24, generator=gen), torch.randn(24, generator=gen)
     got = kernels.matmul_bias(x, w, b)
-    assert counter.split_calls == (1 if splits else 0)
+    assert (counter.split_calls, counter.column_calls) == {
+        "inner": (1, 0), "columns": (0, 1), "torch": (0, 0)}[route]
     torch.testing.assert_close(got, torch.addmm(b, x, w), atol=1e-5, rtol=1e-5)
 
 
@@ -82,11 +113,12 @@ def test_matmul_bias_splits_only_few_rows_and_matches_addmm(monkeypatch, rows, s
 def test_matmul_bias_keeps_torch_for_other_dtypes_and_widths(monkeypatch, x_dtype, n_in):
     """Measured only for float32; a width that SPLIT_PARTS does not divide cannot be split."""
     counter = CountSplits(monkeypatch)
-    x = torch.randn(1, n_in).to(x_dtype)
-    w, b = torch.randn(n_in, 8).to(x_dtype), torch.randn(8).to(x_dtype)
-    got = kernels.matmul_bias(x, w, b)
-    assert counter.split_calls == 0
-    torch.testing.assert_close(got, torch.addmm(b, x, w))
+    for rows in (1, 8):  # the inner and the column route
+        x = torch.randn(rows, n_in).to(x_dtype)
+        w, b = torch.randn(n_in, 12).to(x_dtype), torch.randn(12).to(x_dtype)
+        got = kernels.matmul_bias(x, w, b)
+        torch.testing.assert_close(got, torch.addmm(b, x, w))
+    assert counter.split_calls == 0 and counter.column_calls == 0
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 17, kernels.SPLIT_MAX_ROWS, 40])
@@ -99,13 +131,18 @@ def test_readout_matmul_equals_x_times_table_transposed(rows, vocab):
     torch.testing.assert_close(got, x @ table.T, atol=1e-5, rtol=1e-5)
 
 
-def test_readout_matmul_uses_the_blocks_for_few_rows_only(monkeypatch):
+def test_readout_matmul_takes_the_measured_route_for_few_rows_only(monkeypatch):
     counter = CountSplits(monkeypatch)
     table = torch.randn(203, 16)
-    kernels.readout_matmul(torch.randn(2, 16), table)
-    assert counter.bmm_calls == 1
-    kernels.readout_matmul(torch.randn(kernels.SPLIT_MAX_ROWS + 1, 16), table)
-    assert counter.bmm_calls == 1
+    mm_calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(kernels.torch, "mm", lambda *a: mm_calls.append(1) or real_mm(*a))
+    kernels.readout_matmul(torch.randn(1, 16), table)  # readout_one: the blocks, one bmm
+    assert counter.bmm_calls == 1 and not mm_calls
+    kernels.readout_matmul(torch.randn(2, 16), table)  # readout_few: the table walked by mm
+    assert counter.bmm_calls == 1 and len(mm_calls) == 1
+    kernels.readout_matmul(torch.randn(kernels.SPLIT_MAX_ROWS + 1, 16), table)  # torch's own
+    assert counter.bmm_calls == 1 and len(mm_calls) == 1
 
 
 def test_use_split_matmul_switches_off_and_restores_even_after_an_error(monkeypatch):
@@ -135,7 +172,7 @@ def test_gradients_through_the_split_equal_the_plain_ones():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_split_conv1d_is_conv1d_with_the_split_and_generate_swaps_it_in(monkeypatch):
+def test_split_modules_are_the_chapters_with_the_split_and_generate_swaps_them_in(monkeypatch):
     from gpt2lib import speed
     from gpt2lib.layers import Conv1D
 
@@ -147,11 +184,12 @@ def test_split_conv1d_is_conv1d_with_the_split_and_generate_swaps_it_in(monkeypa
     with kernels.use_split_matmul(False):
         tokens_off = generate(model, ids, 12, temperature=0)  # swaps the class in, unsplit
     assert {type(m) for m in model.modules() if isinstance(m, Conv1D)} == {speed.SplitConv1D}
+    assert type(model.readout) is speed.SplitReadout
     assert set(model.state_dict()) == set(GPT2(model.config).state_dict())  # same names
     counter = CountSplits(monkeypatch)
     with torch.no_grad():
         split = model(ids[:, :2], last_only=True)[:, -1]
-    assert counter.split_calls > 0  # few rows really go through the split now
+    assert counter.column_calls > 0  # three rows really go through the column split now
     torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
     assert torch.equal(generate(model, ids, 12, temperature=0), tokens_off)
 
@@ -160,11 +198,12 @@ def test_the_swap_happens_only_where_the_split_was_measured_faster(monkeypatch):
     from gpt2lib import speed
     from gpt2lib.layers import Conv1D
 
-    monkeypatch.setattr(kernels, "split_measured_faster", lambda: False)
+    pretend_measured(monkeypatch, TORCH_ROUTES)
     model = tiny_model()
     generate(model, torch.zeros(1, 3, dtype=torch.long), 2, temperature=0)
-    assert speed.use_split_conv1d(model) == 0
+    assert speed.use_split_conv1d(model) == 0 and speed.use_split_readout(model) == 0
     assert all(type(m) is Conv1D for m in model.modules() if isinstance(m, Conv1D))
+    assert type(model.readout) is TiedReadout
 
 
 def test_decode_bytes_per_token_counts_every_weight_but_the_unused_positions():
@@ -307,7 +346,8 @@ def test_speed_holds_no_block_attention_or_mlp_of_its_own():
 
 @pytest.mark.parametrize("measured_faster", [True, False])
 def test_by_default_the_split_follows_this_machines_measurement(monkeypatch, measured_faster):
-    monkeypatch.setattr(kernels, "split_measured_faster", lambda: measured_faster)
+    pretend_measured(monkeypatch, SPLIT_ROUTES if measured_faster else TORCH_ROUTES)
+    assert kernels.split_measured_faster() is measured_faster
     counter = CountSplits(monkeypatch)
     x, w, b = torch.randn(1, 64), torch.randn(64, 8), torch.randn(8)
     torch.testing.assert_close(kernels.matmul_bias(x, w, b), torch.addmm(b, x, w))
@@ -317,17 +357,39 @@ def test_by_default_the_split_follows_this_machines_measurement(monkeypatch, mea
     assert counter.split_calls == (2 if measured_faster else 1)
 
 
-def test_the_measurement_runs_once_per_thread_count_and_gives_a_bool(monkeypatch):
+def test_the_measurement_runs_once_per_thread_count_and_names_a_route_for_each(monkeypatch):
     monkeypatch.undo()  # the real measurement, not the autouse fixture's stand-in
+    torch.set_num_threads(2)
     monkeypatch.setattr(kernels, "_measured", {})
     calls = []
-    real_mm = torch.mm
-    monkeypatch.setattr(kernels.torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
-    first = kernels.split_measured_faster()
-    second = kernels.split_measured_faster()
-    assert isinstance(first, bool) and first == second
-    assert len(calls) == 15  # measured once, then remembered
-    assert set(kernels._measured) == {torch.get_num_threads()}
+    real_fastest = kernels._fastest
+    monkeypatch.setattr(kernels, "_fastest", lambda *a, **k: calls.append(1) or real_fastest(*a, **k))
+    first = kernels.measured_routes()
+    second = kernels.measured_routes()
+    assert first == second and len(calls) == 4  # measured once, then remembered
+    assert set(first) == set(SPLIT_ROUTES)
+    assert {first[k] for k in first if k.startswith("conv")} <= {"torch", "inner", "columns"}
+    assert {first[k] for k in first if k.startswith("readout")} <= {"torch", "table", "blocks"}
+    assert isinstance(kernels.split_measured_faster(), bool)
+    assert set(kernels._measured) == {2}
+
+
+def test_a_split_is_chosen_only_when_it_beats_torch_by_ten_percent(monkeypatch):
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks))
+    cost = {}  # clock ticks each route takes
+
+    def route(name):
+        def run():
+            for _ in range(cost[name]):
+                next(ticks)
+        return run
+
+    routes = {name: route(name) for name in ("torch", "inner", "columns")}
+    cost.update(torch=10, inner=9, columns=12)  # inner is faster, but by less than 10%
+    assert kernels._fastest(routes, lambda: [()], repeats=2) == "torch"
+    cost.update(torch=10, inner=7, columns=5)
+    assert kernels._fastest(routes, lambda: [()], repeats=2) == "columns"
 
 
 def test_use_split_matmul_refuses_what_is_not_true_false_or_none():
@@ -387,6 +449,8 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
         want = greedy_by_full_forwards(plain, ids, 10)  # plain is never swapped
         assert speed.use_split_conv1d(swapped) == 3 * 4
         assert all(type(m) is speed.SplitConv1D for m in swapped.modules() if isinstance(m, Conv1D))
+        assert speed.use_split_readout(swapped) == 1
+        assert type(swapped.readout) is speed.SplitReadout
         with kernels.use_split_matmul(True):
             with torch.no_grad():
                 torch.testing.assert_close(swapped(ids), plain(ids), atol=1e-4, rtol=1e-4)
@@ -438,3 +502,24 @@ def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
     assert decode_cpu_time.summary([0.5, 0.1, 0.3], per=10) == pytest.approx(
         {"median": 30.0, "min": 10.0, "max": 50.0})
+
+
+def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone():
+    from gpt2lib import speed
+
+    model = tiny_model()
+    seen = []
+    model.readout.register_forward_hook(lambda module, args, logits: seen.append(logits.shape))
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    want = greedy_by_full_forwards(tiny_model(), ids, 4)
+    seen.clear()
+    assert torch.equal(generate(model, ids, 4, temperature=0), want)
+    assert type(model.readout) is speed.SplitReadout
+    assert seen == [(2, 1, 61)] * 4  # the prompt's pass and three steps, each seen by the hook
+
+    class MyReadout(TiedReadout):  # a learner's own readout keeps its class
+        pass
+
+    mine = tiny_model()
+    mine.readout.__class__ = MyReadout
+    assert speed.use_split_readout(mine) == 0 and type(mine.readout) is MyReadout
