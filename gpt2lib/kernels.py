@@ -112,23 +112,27 @@ def _fastest(candidates, args_of, repeats=5):
 
 
 def measured_routes():
-    """How this machine multiplies few rows fastest, measured once per thread count (about
-    half a second): {"conv_one", "conv_few", "readout_one", "readout_few"} -> a route name.
+    """How this machine multiplies few rows fastest, measured once per thread count (under a
+    second): {"conv_one", "conv_few", "readout_one", "readout_few"} -> a route name.
 
-    "one" is one row (batch 1), "few" eight (a small batch). Conv1D is timed on eight GPT-2
-    small MLP-sized weights and the readout on a 32,768 × 768 table: together larger than the
-    CPU's caches, as a model's weights are, so the memory's speed is what gets measured.
+    "one" is one row (batch 1), "few" eight (a small batch). Conv1D is timed on the weights
+    of four GPT-2 small layers (113 MB) and the readout on a 32,768 × 768 table (100 MB):
+    larger than the CPU's caches, as a model's weights are, so that what gets measured is how
+    fast each route streams them from memory.
     """
     threads = torch.get_num_threads()
     if threads not in _measured:
-        weights = [torch.ones(768, 3072) for _ in range(8)]  # 75 MB
-        table = torch.ones(32768, 768)  # 100 MB
+        shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # c_attn, c_proj, c_fc, c_proj
+        weights = [torch.ones(shape) for _ in range(4) for shape in shapes]
+        table = torch.ones(32768, 768)
         routes = {}
         for bucket, rows in (("one", 1), ("few", 8)):
-            x = torch.ones(rows, 768)
+            x = {n_in: torch.ones(rows, n_in) for n_in in (768, 3072)}
             with torch.no_grad():
-                routes[f"conv_{bucket}"] = _fastest(_CONV, lambda: [(x, w) for w in weights])
-                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda: [(x, table)])
+                routes[f"conv_{bucket}"] = _fastest(
+                    _CONV, lambda: [(x[w.shape[0]], w) for w in weights]
+                )
+                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda: [(x[768], table)])
         _measured[threads] = routes
     return _measured[threads]
 
