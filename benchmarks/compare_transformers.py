@@ -39,7 +39,7 @@ from checkpoints import write_hub_checkpoint  # noqa: E402
 
 from gpt2lib import GPT2  # noqa: E402
 from gpt2lib.generation import generate  # noqa: E402
-from gpt2lib.kernels import use_split_matmul  # noqa: E402
+from gpt2lib.kernels import measured_routes, use_split_matmul  # noqa: E402
 from gpt2lib.loading import from_pretrained  # noqa: E402
 from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps, wall_times  # noqa: E402
 
@@ -531,6 +531,9 @@ def main(argv=None) -> int:
     if not args.skip_tokenizer:
         time_tokenizer(bench)
     record["machine"]["load_average_at_end"] = load_average()
+    if args.device == "cpu" and torch.get_num_threads() > 1:  # the routes generate chose here
+        record["machine"]["split_routes"] = measured_routes()
+        print(f"split routes measured here: {record['machine']['split_routes']}")
     print_table(record, bench.rows, args)
     print(f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
           f"at the end {record['machine']['load_average_at_end']}")
