@@ -270,7 +270,7 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
     head = [p for n, p in named if n.startswith("head.")] if head_lr is not None else []
     body = [p for n, p in named if not (head_lr is not None and n.startswith("head."))]
     groups = [g for g in ({"params": body, "lr": lr}, {"params": head, "lr": head_lr}) if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
+    optimizer = _adamw(groups, lr)
     generator = torch.Generator().manual_seed(seed)
     order, losses = [], []
     model.train()
@@ -285,6 +285,21 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def _adamw(groups, lr):
+    """AdamW without weight decay; fused (one pass over each tensor) where PyTorch has it for
+    these parameters. On the CPU the default loop of AdamW took more than half of each step of
+    full fine-tuning on the stand-in (its 6.4M-number token table), the fused one a tenth of
+    that; the two agree to rounding."""
+    params = [p for g in groups for p in g["params"]]
+    if all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
+           for p in params):
+        try:
+            return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, fused=True)
+        except (RuntimeError, ValueError, TypeError):  # a PyTorch without it for this device
+            pass
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
 
 def tune_seeds(make_model, loss_of_batch, encoded, pad_id: int, seeds, steps: int, lr: float,
