@@ -6,6 +6,8 @@ in solutions/10_finetuning.ipynb, are generated into gpt2lib/tuning.py).
     apply_lora(model, rank=8, alpha=16, targets=("c_attn",))   # adapters in place, rest frozen
     apply_lora(model, rank=2, alpha=4, targets=("wte", "c_attn"))  # the token table too (peft's
                                                                   # lora_embedding_A/B)
+    apply_lora(model, rank=4, alpha=8, targets=("wte", "c_fc"), rank_pattern={"wte": 2})
+                                           # a rank per target (peft's rank_pattern, alpha_pattern)
     ...train...
     save_adapter(model, "my_adapter")      # adapter_config.json + adapter_model.safetensors
     load_adapter(other_model, "my_adapter")
@@ -21,6 +23,7 @@ import hashlib
 import json
 import numbers
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -267,7 +270,7 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
     head = [p for n, p in named if n.startswith("head.")] if head_lr is not None else []
     body = [p for n, p in named if not (head_lr is not None and n.startswith("head."))]
     groups = [g for g in ({"params": body, "lr": lr}, {"params": head, "lr": head_lr}) if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
+    optimizer = _adamw(groups, lr)
     generator = torch.Generator().manual_seed(seed)
     order, losses = [], []
     model.train()
@@ -282,6 +285,21 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def _adamw(groups, lr):
+    """AdamW without weight decay; fused (one pass over each tensor) where PyTorch has it for
+    these parameters. On the CPU the default loop of AdamW took more than half of each step of
+    full fine-tuning on the stand-in (its 6.4M-number token table), the fused one a tenth of
+    that; the two agree to rounding."""
+    params = [p for g in groups for p in g["params"]]
+    if all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
+           for p in params):
+        try:
+            return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, fused=True)
+        except (RuntimeError, ValueError, TypeError):  # a PyTorch without it for this device
+            pass
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
 
 def tune_seeds(make_model, loss_of_batch, encoded, pad_id: int, seeds, steps: int, lr: float,
@@ -472,41 +490,72 @@ def _check_plain(model, what):
                            f"); merge_lora(model) first, or start from a model without them")
 
 
-def apply_lora(model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0):
+def apply_lora(model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0, rank_pattern=None,
+               alpha_pattern=None):
     """Add LoRA adapters in place to every layer whose name ends with a target; freeze the rest.
 
     targets: 'c_attn', 'c_proj', 'c_fc' (every layer of that name), the tables 'wte' and 'wpe'
     (a LoRAEmbedding, peft's layout; the readout tied to wte keeps the base table), or full
     names of gpt2lib's modules ('h.1.mlp.c_fc'). Each adapter's output starts at zero, so the
     model computes what it did. Only the adapters train. dropout acts on the linear layers'
-    adapters only (peft applies none on a table). Returns the model."""
+    adapters only (peft applies none on a table). rank_pattern and alpha_pattern (peft's names):
+    {target: value} for the layers that take another rank or alpha than `rank` and `alpha`, a
+    target named as in `targets` (rank=4, rank_pattern={"wte": 2}: rank 2 on the table, 4 on
+    the rest). Returns the model."""
     _check_plain(model, "apply_lora")
     rank = _whole("rank", rank, 1)
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
-        raise ValueError(f"alpha must be a number above 0, got {alpha!r}")
+    alpha = _alpha(alpha)
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
         raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
     chosen = _targets_of(model, targets)
+    ranks = _per_layer(chosen, rank, rank_pattern, "rank_pattern", lambda v: _whole("rank", v, 1))
+    alphas = _per_layer(chosen, alpha, alpha_pattern, "alpha_pattern", _alpha)
     for name, layer in chosen.items():
         n_in, n_out = _in_out(layer)
-        if rank > min(n_in, n_out):
+        if ranks[name] > min(n_in, n_out):
             shape = f"{n_in} rows of width {n_out}" if isinstance(layer, nn.Embedding) else f"{n_in} -> {n_out}"
-            raise AdapterError(f"rank {rank} is above the width of {name} ({shape}): a "
+            raise AdapterError(f"rank {ranks[name]} is above the width of {name} ({shape}): a "
                                f"rank above {min(n_in, n_out)} adds parameters and no expressiveness")
     for p in model.parameters():
         p.requires_grad_(False)
-    _add(model, list(chosen), rank, float(alpha), float(dropout))
+    _add(model, list(chosen), ranks, alphas, float(dropout))
     for layer in lora_layers(model).values():
         layer.to(device=layer.base.weight.device, dtype=layer.base.weight.dtype)
     return model
 
 
-def _add(model, names, rank, alpha, dropout):
-    """add_adapters (the chapter's) for the linear layers, a LoRAEmbedding for each table."""
+def _alpha(alpha):
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise ValueError(f"alpha must be a number above 0, got {alpha!r}")
+    return float(alpha)
+
+
+def _per_layer(chosen, default, pattern, what, check):
+    """{layer name: value}: pattern's value where one of its targets names the layer, else default."""
+    if pattern is None:
+        return dict.fromkeys(chosen, default)
+    if not isinstance(pattern, dict) or not all(isinstance(t, str) and t for t in pattern):
+        raise ValueError(f"{what} must be a dict {{target: value}} such as {{'wte': 2}}, got {pattern!r}")
+    values = {t: check(v) for t, v in pattern.items()}
+    for target in values:
+        if not any(_matches(name, target) for name in chosen):
+            raise AdapterError(f"{what} names {target!r}, which is none of the adapted layers "
+                               f"(the targets pick them: {', '.join(list(chosen)[:4])}"
+                               f"{' ...' if len(chosen) > 4 else ''})")
+    return {name: next((v for t, v in values.items() if _matches(name, t)), default)
+            for name in chosen}
+
+
+def _add(model, names, ranks, alphas, dropout):
+    """add_adapters (the chapter's) for the linear layers, a LoRAEmbedding for each table; ranks
+    and alphas: {name: value}."""
     tables = [n for n in names if isinstance(model.get_submodule(n), nn.Embedding)]
-    add_adapters(model, [n for n in names if n not in tables], rank, alpha, dropout)
+    for name in names:  # one call per layer, in order: each may take its own rank and alpha
+        if name not in tables:
+            add_adapters(model, [name], ranks[name], alphas[name], dropout)
     for name in tables:
-        model.set_submodule(name, LoRAEmbedding(model.get_submodule(name), rank, alpha, dropout))
+        model.set_submodule(name, LoRAEmbedding(model.get_submodule(name), ranks[name],
+                                                alphas[name], dropout))
 
 
 def _in_out(layer):
@@ -547,13 +596,14 @@ def save_adapter(model, folder, base_model_name_or_path=None):
     layers = lora_layers(model)
     if not layers:
         raise AdapterError("the model has no LoRA adapters to save: apply_lora(model) first")
-    settings = {(m.rank, m.alpha,
-                 m.dropout if isinstance(m, LoRAEmbedding) else m.lora_dropout.p)
+    dropouts = {m.dropout if isinstance(m, LoRAEmbedding) else m.lora_dropout.p
                 for m in layers.values()}
-    if len(settings) != 1:
-        raise AdapterError(f"the adapters differ in rank, alpha or dropout ({sorted(settings)}); "
-                           "peft's layout holds one setting for all of them")
-    rank, alpha, dropout = settings.pop()
+    if len(dropouts) != 1:
+        raise AdapterError(f"the adapters differ in dropout ({sorted(dropouts)}); peft's layout "
+                           "holds one dropout for all of them")
+    dropout = dropouts.pop()
+    rank, rank_pattern = _pattern(model, {n: m.rank for n, m in layers.items()})
+    alpha, alpha_pattern = _pattern(model, {n: m.alpha for n, m in layers.items()})
     tensors = {}
     for name, layer in layers.items():
         for part, weight in _lora_parts(layer).items():
@@ -565,6 +615,8 @@ def save_adapter(model, folder, base_model_name_or_path=None):
         "base_model_name_or_path": base_model_name_or_path,
         "r": rank,
         "lora_alpha": alpha,
+        "rank_pattern": rank_pattern,  # {pattern: rank} where a layer's differs from r (peft's)
+        "alpha_pattern": alpha_pattern,
         "lora_dropout": dropout,
         "target_modules": _short_targets(model, layers),
         "fan_in_fan_out": True,  # Conv1D stores [in, out], as transformers' GPT-2 does
@@ -587,6 +639,34 @@ def save_adapter(model, folder, base_model_name_or_path=None):
     partial.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, folder / ADAPTER_CONFIG)
     return folder
+
+
+def _pattern(model, values):
+    """peft's default and pattern for one setting of the adapters: the most common value, and
+    {pattern: value} for the layers that differ (a layer kind, 'wte' or 'c_fc', where every
+    adapted layer of that kind shares the value; the escaped full name otherwise)."""
+    counts: dict = {}
+    for value in values.values():
+        counts[value] = counts.get(value, 0) + 1
+    default = max(counts, key=counts.get)  # ties: the first layer's
+    pattern = {}
+    for kind in sorted({n.rsplit(".", 1)[-1] for n in values}):
+        of_kind = {n: v for n, v in values.items() if n.rsplit(".", 1)[-1] == kind}
+        if len(set(of_kind.values())) == 1:
+            if next(iter(of_kind.values())) != default:
+                pattern[kind] = next(iter(of_kind.values()))
+        else:
+            pattern.update({re.escape(n): v for n, v in of_kind.items() if v != default})
+    return default, pattern
+
+
+def _from_pattern(name, default, pattern):
+    """A layer's value under peft's rule: the first key k of `pattern` for which the regular
+    expression (.*\\.)?(k)$ matches the layer's name in transformers' GPT-2, else `default`."""
+    for key, value in (pattern or {}).items():
+        if re.match(rf"(.*\.)?({key})$", "transformer." + name):
+            return value
+    return default
 
 
 def _short_targets(model, adapted):
@@ -650,8 +730,6 @@ def _unsupported(config):
         problems.append("use_dora=true")
     if config.get("use_rslora"):
         problems.append("use_rslora=true")
-    if config.get("rank_pattern") or config.get("alpha_pattern"):
-        problems.append("per-layer ranks or alphas")
     return problems
 
 
@@ -685,7 +763,6 @@ def load_adapter(model, folder):
     if problems:
         raise AdapterError(f"{where!r} asks for {', '.join(problems)}, which gpt2lib's LoRA does "
                            "not implement; the model would compute something else, so it is refused")
-    rank, alpha = config.get("r"), config.get("lora_alpha")
     weights: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         named = _module_name(key)
@@ -720,6 +797,7 @@ def load_adapter(model, folder):
             raise AdapterError(f"{str(folder)!r}: {name} has {', '.join(sorted(parts))}; its layer "
                                f"({type(layers[name]).__name__}) needs {' and '.join(sorted(need))}")
         n_in, n_out = _in_out(layers[name])
+        rank = _from_pattern(name, config.get("r"), config.get("rank_pattern"))
         want = {"lora_A": (rank, n_in), "lora_B": (n_out, rank),
                 "lora_embedding_A": (rank, n_in), "lora_embedding_B": (n_out, rank)}
         for part, tensor in parts.items():
@@ -731,7 +809,11 @@ def load_adapter(model, folder):
                                                                  if differ else ""))
     for p in model.parameters():
         p.requires_grad_(False)
-    _add(model, sorted(weights), rank, float(alpha), float(config.get("lora_dropout", 0.0)))
+    names = sorted(weights)
+    ranks = {n: _from_pattern(n, config.get("r"), config.get("rank_pattern")) for n in names}
+    alphas = {n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
+              for n in names}
+    _add(model, names, ranks, alphas, float(config.get("lora_dropout", 0.0)))
     with torch.no_grad():
         for name, layer in lora_layers(model).items():
             device, dtype = layer.base.weight.device, layer.base.weight.dtype
