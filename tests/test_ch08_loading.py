@@ -319,7 +319,7 @@ def test_unknown_device_and_dtype():
 
 
 _MEASURE = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import torch
     from gpt2lib import from_pretrained
     def rss_mib():
@@ -332,7 +332,10 @@ _MEASURE = textwrap.dedent("""
     seconds = time.perf_counter() - t
     with torch.no_grad():
         model(torch.tensor([[50256, 464, 3290]]))  # touches every weight
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM: this process's own peak. ru_maxrss would not do: Linux carries the parent's
+    # peak across fork and exec, so a large pytest worker would set this child's figure.
+    status = open("/proc/self/status").read().split("VmHWM:")[1]
+    peak = int(status.split()[0]) / 1024
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps(dict(seconds=seconds, base=base, peak=peak, after=rss_mib(), params=params)))
 """)
