@@ -24,6 +24,7 @@ import json
 import numbers
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -645,10 +646,7 @@ def _pattern(model, values):
     """peft's default and pattern for one setting of the adapters: the most common value, and
     {pattern: value} for the layers that differ (a layer kind, 'wte' or 'c_fc', where every
     adapted layer of that kind shares the value; the escaped full name otherwise)."""
-    counts: dict = {}
-    for value in values.values():
-        counts[value] = counts.get(value, 0) + 1
-    default = max(counts, key=counts.get)  # ties: the first layer's
+    default = Counter(values.values()).most_common(1)[0][0]  # ties: the first layer's
     pattern = {}
     for kind in sorted({n.rsplit(".", 1)[-1] for n in values}):
         of_kind = {n: v for n, v in values.items() if n.rsplit(".", 1)[-1] == kind}
@@ -790,6 +788,10 @@ def load_adapter(model, folder):
                            f"targets {targets} cover {', '.join(without[:4])}"
                            f"{' ...' if len(without) > 4 else ''} of this model, but it holds no "
                            "weights for them" + (f"; it was saved for {', '.join(differ)}" if differ else ""))
+    names = sorted(weights)
+    ranks = {n: _from_pattern(n, config.get("r"), config.get("rank_pattern")) for n in names}
+    alphas = {n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
+              for n in names}
     for name, parts in sorted(weights.items()):
         table = isinstance(layers[name], nn.Embedding)
         need = {"lora_embedding_A", "lora_embedding_B"} if table else {"lora_A", "lora_B"}
@@ -797,7 +799,7 @@ def load_adapter(model, folder):
             raise AdapterError(f"{str(folder)!r}: {name} has {', '.join(sorted(parts))}; its layer "
                                f"({type(layers[name]).__name__}) needs {' and '.join(sorted(need))}")
         n_in, n_out = _in_out(layers[name])
-        rank = _from_pattern(name, config.get("r"), config.get("rank_pattern"))
+        rank = ranks[name]
         want = {"lora_A": (rank, n_in), "lora_B": (n_out, rank),
                 "lora_embedding_A": (rank, n_in), "lora_embedding_B": (n_out, rank)}
         for part, tensor in parts.items():
@@ -809,10 +811,6 @@ def load_adapter(model, folder):
                                                                  if differ else ""))
     for p in model.parameters():
         p.requires_grad_(False)
-    names = sorted(weights)
-    ranks = {n: _from_pattern(n, config.get("r"), config.get("rank_pattern")) for n in names}
-    alphas = {n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
-              for n in names}
     _add(model, names, ranks, alphas, float(config.get("lora_dropout", 0.0)))
     with torch.no_grad():
         for name, layer in lora_layers(model).items():
