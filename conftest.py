@@ -59,7 +59,9 @@ SLOW_FIRST = (
 )
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they deselect
 def pytest_collection_modifyitems(config, items):
+    run_once_in_lab(config, items)
     modules = Counter(item.nodeid.split("::")[0] for item in items)
 
     def order(item):
@@ -68,6 +70,26 @@ def pytest_collection_modifyitems(config, items):
         return first, -modules[module]  # then, as xdist would, the modules with most tests
 
     items.sort(key=order)  # stable: each module keeps its own order (a notebook's cells)
+
+
+def run_once_in_lab(config, items):
+    """A solution notebook that this run executes in JupyterLab (tests/test_browser.py, when a
+    browser is here) is not executed a second time, cell by cell, by nbval. Both runs fail on
+    any cell that raises (nbval with --nbval-lax compares no outputs, and the solutions carry
+    none); the JupyterLab run also checks the widgets. Chapter 10 alone took about 95 s a run.
+    Without a browser, or with `-m "not browser"`, nbval runs every solution as before; the
+    learner notebooks always run under nbval."""
+    import browser_support as bs
+
+    in_lab = [item.callspec.params.get("chapter") for item in items
+              if item.get_closest_marker("browser") and hasattr(item, "callspec")]
+    if not in_lab:
+        return
+    chapters = bs.chapters_run_in_lab(in_lab, bs.browser_missing())
+    twice = [item for item in items if bs.solution_chapter(item.nodeid) in chapters]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [item for item in items if item not in set(twice)]
 
 
 def pytest_unconfigure(config):

@@ -86,6 +86,29 @@ def find_chromium() -> tuple[Path | None, str]:
     )
 
 
+def browser_missing() -> str:
+    """'' when the browser tests can run here, else what is missing and how to get it."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package playwright is not installed (pip install -r requirements.txt)"
+    return find_chromium()[1]
+
+
+def chapters_run_in_lab(chapters_of_browser_tests, missing: str) -> set[str]:
+    """The chapters whose solution notebook a run executes in JupyterLab: those with a browser
+    test among the run's tests (their `chapter` parameters), when no browser part is missing."""
+    return set() if missing else {c for c in chapters_of_browser_tests if c}
+
+
+def solution_chapter(nodeid: str) -> str | None:
+    """'10_finetuning' for an nbval item of solutions/10_finetuning.ipynb, else None."""
+    path = nodeid.split("::")[0]
+    if path.startswith("solutions/") and path.endswith(".ipynb") and "/" not in path[len("solutions/"):]:
+        return path[len("solutions/"):-len(".ipynb")]
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

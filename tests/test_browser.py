@@ -42,13 +42,7 @@ def _in_ci() -> bool:
 
 
 def _require_browser() -> None:
-    missing = ""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing = "the Python package playwright is not installed (pip install -r requirements.txt)"
-    if not missing:
-        _, missing = bs.find_chromium()
+    missing = bs.browser_missing()
     if missing:
         if _in_ci():
             pytest.fail(f"CI=true but {missing}", pytrace=False)
