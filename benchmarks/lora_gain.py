@@ -9,6 +9,9 @@ with the package's adapters (gpt2lib.finetune.apply_lora, the token table `wte` 
     python benchmarks/lora_gain.py --seeds 5 6 7 8 9 --methods full wte2_blocks5   # five more
     python benchmarks/lora_gain.py --seeds 0 1 2 --methods full lora wte_lora wte_lora+
     python benchmarks/lora_gain.py --split 80/10/10 --head-lr 0 --seeds 0      # the earlier setup
+    python benchmarks/lora_gain.py --seeds 10 11 12 13 14 15 16 17 18 19      # ten more
+    python benchmarks/lora_gain.py --methods wte2_blocks5 --table-b-ratio 0 --seeds 0 1 2 3 4 5 6 7 8 9
+    python benchmarks/lora_gain.py --methods wte3 --seeds 0 1 2 3 4 5 6 7 8 9  # over the 2%
 
 Setting: the stand-in (data/standin), 150 steps of batch 16, 48 tokens per speech, as the chapter
 at GPT2LIB_QUICK=1. Methods and body learning rates: full (every weight, 3e-4); lora (rank 8,
@@ -17,6 +20,48 @@ alpha 16 on c_attn, c_proj, c_fc, 1e-3; 0.91% trained); wte_lora (rank 2, alpha 
 chapter's LoRA until the third round); wte2_blocks5 (rank 2, alpha 4 on wte, rank 5, alpha 10
 on c_attn, c_proj, c_fc, 3e-3; 1.93%, the chapter's LoRA since the third round). The new head
 trains in every method, at --head-lr (3e-3; 0: the body's rate).
+
+Fourth round (2026-12-02, a later session): can training alone lift wte2_blocks5 (the chapter's
+LoRA, 1.93%) to 90% of full fine-tuning's gain? The setting above, one thread per run, two runs
+side by side; gains in points over the baseline, mean over seeds 0-9 unless said, val / test.
+Full fine-tuning over seeds 0-9: +14.6 / +11.7 (third round). Options: --table-b-ratio (LoRA+
+gives B a larger rate; 0 freezes the table's B, a fixed random projection), --table-lr,
+--weight-decay (on every trained tensor, the head's too), --schedule linear.
+
+    wte2_blocks5, as in the chapter          +12.3 / +10.3   (third round)
+    table B at 16x (LoRA+), 3e-3             +1.4 / -0.0
+    table B at 16x, A at 1e-3                +6.3 / +4.6
+    table B at 4x                            +6.0 / +3.5
+    table B at 0.1x                          +12.9 / +10.0
+    table B frozen (0x)                      +12.7 / +10.2
+    table B frozen, table at 1e-2            +10.9 / +8.9
+    table at 1e-2                            +10.0 / +9.3
+    table at 1e-3                            +12.4 / +9.7
+    table at 5e-4                            +10.0 / +7.5
+    table at 1e-3, blocks and head at 1e-2   +0.7 / -0.7
+    weight decay 0.1                         +12.3 / +10.0
+    weight decay 1.0                         +12.1 / +10.5
+    ln_1, ln_2, ln_f trained too (1.96%)     +12.9 / +10.4   (not an option of this script)
+    and every bias too (2.03%)               +10.0 / +9.6    (not an option of this script)
+    linear decay                             +12.5 / +10.5
+    full fine-tuning, linear decay           +10.0 / +7.6
+    wte3: rank 3 on the table alone, 2.06%   +13.1 / +11.5   (98% of full's test gain)
+    wte3, table at 1e-2                      +13.7 / +11.9   (102%)
+
+Seeds 10-19: full +12.7 / +10.6, wte2_blocks5 +10.7 / +8.4 (79% on test). Over the twenty seeds
+0-19, paired by seed: full +13.6 / +11.1, wte2_blocks5 +11.5 / +9.3, 84% of full's gain on both
+splits; resampling the twenty seeds (10,000 bootstrap draws) puts the test ratio between 73% and
+95% (95% interval), at 90% or more in 13% of the draws.
+
+Read: nothing in training moves LoRA under 2% to 90%. A larger rate on the table's B (LoRA+)
+hurts badly, and freezing it changes nothing, so the direction the codes write into is not what
+limits. Every lower or higher rate, decay and schedule lands at or below the chapter's setting.
+On seed 0, LoRA fits the training speeches better than full fine-tuning (68.3% against 59.6%
+accuracy on train after 150 steps, --train-accuracy) and generalizes worse; with a linear decay full fine-tuning
+loses a third of its gain and LoRA nothing, so at 150 steps full fine-tuning is still learning
+and LoRA has stopped. What reaches full fine-tuning's gain is rank 3 on the table, at 2.06%:
+each unit of the table's rank costs V + C = 50,385 parameters, 0.70% of the stand-in, so the
+2% budget caps the table at rank 2.
 
 Third round (2026-12-02, after apply_lora got a rank and alpha per target, rank_pattern and
 alpha_pattern), the 60/20/20 split and setting above, head at 3e-3 and body at 3e-3 unless
@@ -142,7 +187,35 @@ METHODS = {
     "wte_lora+": (dict(rank=2, alpha=4, targets=("wte", *BLOCKS)), 3e-3),
     "wte2_blocks5": (dict(rank=5, alpha=10, targets=("wte", *BLOCKS), rank_pattern={"wte": 2},
                           alpha_pattern={"wte": 4}), 3e-3),
+    "wte3": (dict(rank=3, alpha=6, targets=("wte",)), 3e-3),  # 2.06%: over the issue's 2%
 }
+
+
+def with_training_variant(model, args):
+    """Patch fine_tune's optimizer for one run: the table adapter's own rate (--table-lr), its B
+    at --table-b-ratio times that (LoRA+ scales B up), --weight-decay, and a linear decay of
+    every rate to zero over --steps (--schedule linear). Undone by the returned function."""
+    plain = ft._adamw
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def adamw(groups, lr):
+        regrouped = {}
+        for group in groups:
+            for p in group["params"]:
+                name, rate = names[id(p)], group["lr"]
+                if ".wte.lora_embedding_" in name:
+                    rate = (args.table_lr or rate) * (args.table_b_ratio if name.endswith("_B") else 1.0)
+                regrouped.setdefault(rate, []).append(p)
+        optimizer = torch.optim.AdamW([{"params": ps, "lr": r} for r, ps in regrouped.items()], lr=lr,
+                                      weight_decay=args.weight_decay, fused=True)
+        if args.schedule == "linear":
+            decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / args.steps)
+            step = optimizer.step
+            optimizer.step = lambda: (step(), decay.step())
+        return optimizer
+
+    ft._adamw = adamw
+    return lambda: setattr(ft, "_adamw", plain)
 
 
 def main():
@@ -157,6 +230,11 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--lr", type=float, default=None, help="one body rate for every method")
     parser.add_argument("--head-lr", type=float, default=3e-3, help="the new head's rate; 0: the body's")
+    parser.add_argument("--table-lr", type=float, default=None, help="the table adapter's rate (default: the body's)")
+    parser.add_argument("--table-b-ratio", type=float, default=1.0, help="lora_embedding_B's rate over A's")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
+    parser.add_argument("--schedule", default="constant", choices=["constant", "linear"])
+    parser.add_argument("--train-accuracy", action="store_true", help="also print the accuracy on train")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.split == "80/10/10":
@@ -181,9 +259,16 @@ def main():
                 extra = json.loads(args.alpha_pattern) if args.alpha_pattern else {}
                 ft.apply_lora(gpt, **{**lora, "alpha_pattern": {**lora.get("alpha_pattern", {}), **extra}})
             model = ft.classifier(gpt, len(data.speakers))
-            ft.fine_tune(model, lambda m, b: classification_loss(m, b, pad), rows["train"], args.steps,
-                         batch_size=16, lr=lr, head_lr=args.head_lr or None, seed=seed, progress=False)
+            undo = with_training_variant(model, args)
+            try:
+                ft.fine_tune(model, lambda m, b: classification_loss(m, b, pad), rows["train"], args.steps,
+                             batch_size=16, lr=lr, head_lr=args.head_lr or None, seed=seed, progress=False)
+            finally:
+                undo()
             acc = {s: ft.accuracy(model, rows[s], pad, progress=False)[0] for s in ("val", "test")}
+            if args.train_accuracy:
+                print(f"{method} seed {seed}: train accuracy "
+                      f"{ft.accuracy(model, rows['train'], pad, progress=False)[0]:.1%}")
             trained, total = ft.trainable_parameters(model)
             for s in ("val", "test"):
                 gains.setdefault((method, s), []).append(acc[s] - baselines[s])
