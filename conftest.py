@@ -72,6 +72,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)  # stable: each module keeps its own order (a notebook's cells)
 
 
+def pytest_report_header(config):
+    import browser_support as bs
+
+    if bs.browser_missing():
+        return None  # the browser tests will skip and say why in the summary
+    return (f"browser tests: {bs.find_chromium()[0]}; a solution notebook that a browser test runs in JupyterLab "
+            "is not run a second time by nbval")
+
+
 def run_once_in_lab(config, items):
     """A solution notebook that this run executes in JupyterLab (tests/test_browser.py, when a
     browser is here) is not executed a second time, cell by cell, by nbval. Both runs fail on
