@@ -90,15 +90,14 @@ def run_once_in_lab(config, items):
     learner notebooks always run under nbval."""
     import browser_support as bs
 
-    in_lab = [item.callspec.params.get("chapter") for item in items
-              if item.get_closest_marker("browser") and hasattr(item, "callspec")]
-    if not in_lab:
+    in_lab = {item.callspec.params.get("chapter") for item in items
+              if item.get_closest_marker("browser") and hasattr(item, "callspec")} - {None}
+    if not in_lab or bs.browser_missing():
         return
-    chapters = bs.chapters_run_in_lab(in_lab, bs.browser_missing())
-    twice = [item for item in items if bs.solution_chapter(item.nodeid) in chapters]
+    twice = [item for item in items if bs.solution_chapter(item.nodeid) in in_lab]
     if twice:
         config.hook.pytest_deselected(items=twice)
-        items[:] = [item for item in items if item not in set(twice)]
+        items[:] = [item for item in items if bs.solution_chapter(item.nodeid) not in in_lab]
 
 
 def pytest_unconfigure(config):

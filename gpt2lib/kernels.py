@@ -164,21 +164,18 @@ def _route(kind, x, rows):
 def matmul_bias(x, weight, bias):
     """bias + x @ weight for x (rows, n_in) and weight (n_in, n_out): Conv1D's multiply."""
     route = _route("conv", x, x.shape[0])
-    if route == "inner" and weight.shape[0] % SPLIT_PARTS == 0:
-        return split_matmul(x, weight, SPLIT_PARTS) + bias
-    if route == "columns" and weight.shape[1] % SPLIT_PARTS == 0:
-        return column_split_matmul(x, weight, SPLIT_PARTS) + bias
+    cut = {"inner": weight.shape[0], "columns": weight.shape[1]}.get(route)  # the dimension split
+    if cut is not None and cut % SPLIT_PARTS == 0:
+        return _CONV[route](x, weight) + bias
     return torch.addmm(bias, x, weight)  # bias + x @ weight in one kernel
 
 
 def readout_matmul(x, table):
     """x @ table.T for x (rows, C) and the token table (V, C): the tied readout's multiply."""
     route = _route("readout", x, x.shape[0])
-    if route == "blocks" and table.shape[0] >= SPLIT_PARTS:
-        return _readout_blocks(x, table)
-    if route == "table":
-        return torch.mm(table, x.T).T.contiguous()
-    return x @ table.T
+    if route == "blocks" and table.shape[0] < SPLIT_PARTS:  # too few rows to cut in blocks
+        route = "torch"
+    return _READOUT[route](x, table)
 
 
 @contextlib.contextmanager

@@ -95,12 +95,6 @@ def browser_missing() -> str:
     return find_chromium()[1]
 
 
-def chapters_run_in_lab(chapters_of_browser_tests, missing: str) -> set[str]:
-    """The chapters whose solution notebook a run executes in JupyterLab: those with a browser
-    test among the run's tests (their `chapter` parameters), when no browser part is missing."""
-    return set() if missing else {c for c in chapters_of_browser_tests if c}
-
-
 def solution_chapter(nodeid: str) -> str | None:
     """'10_finetuning' for an nbval item of solutions/10_finetuning.ipynb, else None."""
     path = nodeid.split("::")[0]

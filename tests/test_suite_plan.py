@@ -22,11 +22,6 @@ def test_solution_chapter_names_only_solution_notebooks():
     assert bs.solution_chapter("solutions/old/10_finetuning.ipynb::Cell 3") is None
 
 
-def test_chapters_run_in_lab_only_with_a_browser():
-    assert bs.chapters_run_in_lab(["03_attention", None, "10_finetuning"], "") == {"03_attention", "10_finetuning"}
-    assert bs.chapters_run_in_lab(["03_attention"], "Chromium is missing") == set()
-
-
 def collected(*args: str, chromium: str) -> list[str]:
     env = {**os.environ, bs.CHROMIUM_ENV: chromium}
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *args],
