@@ -32,9 +32,10 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpt2lib.config import GPT2Config
-from gpt2lib.model import GPT2
-from gpt2lib.training import get_batch, make_optimizer
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
+from gpt2lib.training import get_batch
+from gpt2lib.chapters.training import make_optimizer
 
 CHAPTER_SETTING = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128}
 QUICK_SETTING = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 32}

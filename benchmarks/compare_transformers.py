@@ -39,9 +39,9 @@ from checkpoints import write_hub_checkpoint  # noqa: E402
 
 from gpt2lib import GPT2  # noqa: E402
 from gpt2lib.generation import generate  # noqa: E402
-from gpt2lib.kernels import measured_routes, use_split_matmul  # noqa: E402
-from gpt2lib.loading import from_pretrained  # noqa: E402
-from gpt2lib.measure import decode_bytes_per_token, memory_read_gbps, wall_times  # noqa: E402
+from gpt2lib.speed.kernels import measured_routes, use_split_matmul  # noqa: E402
+from gpt2lib.model import from_pretrained  # noqa: E402
+from gpt2lib.speed.measure import decode_bytes_per_token, memory_read_gbps, wall_times  # noqa: E402
 
 # --------------------------------------------------------------------------- set-up
 
@@ -160,7 +160,7 @@ torch.set_num_threads({threads})
 which, folder = sys.argv[1], sys.argv[2]
 if which == "gpt2lib":
     from gpt2lib import GPT2
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import from_pretrained
     load = lambda path: from_pretrained(path, device="cpu", model_cls=GPT2)
 else:
     from transformers import GPT2LMHeadModel

@@ -107,7 +107,7 @@ def ours_generate(model, prompt, new_tokens, graph):
 
 def decode_tokens_per_second(fn, prompt, new_tokens, repeats, sync):
     """Tokens/s of the decode steps alone: time(new_tokens) - time(1 token) is the decoding."""
-    from gpt2lib.measure import median_seconds
+    from gpt2lib.speed.measure import median_seconds
 
     one = median_seconds(lambda: fn(prompt, 1), repeats, sync=sync)
     many = median_seconds(lambda: fn(prompt, new_tokens), repeats, sync=sync)
@@ -123,8 +123,8 @@ def agreeing_tokens(a, b) -> int:
 def run_dtype(dtype_name, folder, args, record) -> bool:
     import torch
 
-    from gpt2lib.loading import from_pretrained
-    from gpt2lib.measure import decode_bytes_per_token
+    from gpt2lib.model import from_pretrained
+    from gpt2lib.speed.measure import decode_bytes_per_token
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
@@ -192,7 +192,7 @@ def training_check(args, record, steps=30) -> bool:
     if args.device != "cuda":
         record["results"]["training"] = "skipped: CUDA only"
         return True
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import from_pretrained
     from gpt2lib.tokenfile import prepare
 
     gpus = torch.cuda.device_count()
@@ -234,7 +234,7 @@ def machine(args) -> dict:
     import torch
     import transformers
 
-    from gpt2lib.measure import memory_read_gbps
+    from gpt2lib.speed.measure import memory_read_gbps
 
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,

@@ -175,9 +175,9 @@ import statistics
 import torch
 
 import gpt2lib.finetune as ft
-from gpt2lib.loading import from_pretrained
+from gpt2lib.model import from_pretrained
 from gpt2lib.tokenizer import get_encoding
-from gpt2lib.tuning import classification_loss
+from gpt2lib.chapters.tuning import classification_loss
 
 BLOCKS = ("c_attn", "c_proj", "c_fc")
 # method -> (apply_lora's arguments, or None for full fine-tuning; the body's learning rate)

@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a clone without installing
 
-from gpt2lib.measure import median_seconds  # noqa: E402  (the timer the other benchmarks use)
+from gpt2lib.speed.measure import median_seconds  # noqa: E402  (the timer the other benchmarks use)
 from gpt2lib.tokenizer import BPETokenizer, get_encoding, train_merges_simple  # noqa: E402
 
 

@@ -1,19 +1,19 @@
-"""GPT-2 checkpoints both ways: the format, `from_pretrained` and `save_pretrained`.
+"""GPT-2 checkpoints both ways: loading (`load_pretrained`) and saving (`save_pretrained`).
 
 Written by hand (not generated from a notebook). Chapter 8 teaches how the weights are read
-into the model (`gpt2lib.weights`: the safetensors file, the names, the tied readout) and
+into the model (`gpt2lib.chapters.weights`: the safetensors file, the names, the tied readout) and
 chapter 7 what the two files hold. This module is what stands behind those lessons at the
 entry points people call: it owns the file names, the hub's config.json fields and model
 names, finds a checkpoint (a folder, or a hub name through the local cache and one quick
 probe of the hub), checks every file and value before a model is built, and writes models
 atomically.
 
-    from gpt2lib.checkpoint import from_pretrained, save_pretrained
+    from gpt2lib import from_pretrained, save_pretrained   # gpt2lib.model and this module
     model = from_pretrained("gpt2")                  # or a folder: "data/standin"
     save_pretrained(model, "my_model")               # config.json + model.safetensors
 
-`gpt2lib.from_pretrained`, `gpt2lib.loading.from_pretrained`, `gpt2lib.save_pretrained` and
-`gpt2lib.training.save_pretrained` are these functions.
+`gpt2lib.from_pretrained` (gpt2lib.model) calls `load_pretrained` with the model class that
+carries the methods; `gpt2lib.save_pretrained` is `save_pretrained`.
 
 A save writes both files beside their targets first (hidden temp files, flushed to disk),
 then renames the weights, then the config. The weights file carries a copy of its config in
@@ -35,20 +35,23 @@ from pathlib import Path
 
 import torch
 
-from gpt2lib.config import GPT2Config
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
+from gpt2lib.chapters.weights import is_mask_buffer, iter_safetensors, load_weights
 from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.model import GPT2
-from gpt2lib.validation import HUB_ORG  # the hub's organisation, next to the check of model names
-from gpt2lib.weights import SAFETENSORS_DTYPES, is_mask_buffer, iter_safetensors, load_weights
+from gpt2lib.files import atomic_write, fsync_dir, fsync_file
+from gpt2lib.validation import (DATA_DIR, DTYPE_NAMES, GPT2_SIZES, HUB_ORG, SAFETENSORS_DTYPES,
+                                released_name)
 
 __all__ = [
     "CONFIG_FILE", "WEIGHTS_FILE", "HUB_MODELS", "HUB_ORG", "PROBE_TIMEOUT_S",
     "CheckpointError", "HubUnreachable", "check_fits", "check_values", "course_root",
-    "download", "from_pretrained", "hub_checkpoint", "hub_config_dict", "hub_name",
-    "read_config", "resolve_checkpoint", "save_pretrained", "standin_folder",
+    "download", "hub_checkpoint", "hub_config_dict", "hub_name", "is_real_gpt2",
+    "load_pretrained", "read_config", "read_config_dict", "resolve_checkpoint",
+    "save_pretrained", "standin_folder",
 ]
 
-HUB_MODELS = tuple(GPT2Config.SIZES)  # the one list of names: chapter 2's sizes of the released GPT-2s
+HUB_MODELS = tuple(GPT2_SIZES)  # the one list of names of the released GPT-2s
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PROBE_TIMEOUT_S = 5  # the one quick request that tells whether the hub can be reached
@@ -71,11 +74,6 @@ _HUB_CONFIG_EXTRA = {
     "model_type": "gpt2",
     "tie_word_embeddings": True,
 }
-_STORAGE_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
 # A save writes into its own hidden folder, .gpt2lib-save.<pid>.<random>, inside the target
 # folder (same file system, so the renames are atomic). The safetensors library writes its
 # own temp file beside the file it is asked for, so that one lands in there too.
@@ -93,14 +91,13 @@ class CheckpointError(ValueError):
 def course_root() -> Path | None:
     """The course folder (the checkout holding data/ and notebooks/), or None if installed
     without one."""
-    root = Path(__file__).resolve().parent.parent
-    return root if (root / "data").is_dir() else None
+    return DATA_DIR.parent if DATA_DIR.is_dir() else None
 
 
 def standin_folder() -> Path | None:
     """The absolute path of data/standin, the small GPT-2 that ships with the course."""
     root = course_root()
-    folder = root / "data" / "standin" if root is not None else None
+    folder = DATA_DIR / "standin" if root is not None else None
     if folder is not None and all((folder / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE)):
         return folder
     return None
@@ -312,6 +309,25 @@ def read_config(folder) -> GPT2Config:
     return _parse_config(_read_text(path, repr(str(path))), repr(str(path)))
 
 
+def read_config_dict(folder) -> dict:
+    """A checkpoint folder's config.json as a dict, unchecked beyond being a JSON object;
+    CheckpointError naming the file if it cannot be read."""
+    path = Path(folder) / CONFIG_FILE
+    where = repr(str(path))
+    try:
+        values = json.loads(_read_text(path, where))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{where} is not a readable JSON config ({exc})") from None
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{where} must hold a JSON object, got {type(values).__name__}")
+    return values
+
+
+def is_real_gpt2(folder) -> bool:
+    """True if the checkpoint folder has the sizes of one of OpenAI's released GPT-2 models."""
+    return released_name(read_config_dict(folder)) is not None
+
+
 def hub_config_dict(config: GPT2Config) -> dict:
     """A GPT2Config as the dict of a Hugging Face config.json (their field names)."""
     if not isinstance(config, GPT2Config):
@@ -477,7 +493,7 @@ def _recover(folder: Path) -> None:
             if path.is_dir() and not (path / WEIGHTS_FILE).exists() and pending.is_file() \
                     and carried is not None and pending.read_text(encoding="utf-8") == carried:
                 os.replace(pending, folder / CONFIG_FILE)
-                _fsync_dir(folder)
+                fsync_dir(folder)
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
@@ -486,39 +502,19 @@ def _recover(folder: Path) -> None:
             pass  # a read-only folder: nothing of ours can be there to clean
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # --------------------------------------------------------------------------- from_pretrained
 
 
-def from_pretrained(name_or_folder, device=None, dtype=None, *, model_cls=GPT2):
-    """A model of class `model_cls` with real weights, from a hub name or a checkpoint folder.
+def load_pretrained(name_or_folder, device=None, dtype=None, *, model_cls):
+    """A model of class `model_cls` with real weights, from a hub name or a checkpoint folder
+    (`gpt2lib.from_pretrained` calls this with `gpt2lib.GPT2` unless told another class).
 
     name_or_folder: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' (also with the prefix
     'openai-community/'), or a folder holding config.json and model.safetensors (a relative
     path is looked up from the current folder, then from the course folder).
     device: None picks CUDA, then MPS, then CPU (see gpt2lib.device.pick_device).
     dtype: None means float32 on CPU and MPS, bfloat16 on a CUDA GPU that supports it.
-    model_cls: the class to build, called as model_cls(config); chapter 6's GPT2 unless told.
+    model_cls: the class to build, called as model_cls(config).
     Returns the model in eval mode. Everything is checked before the model is built: the
     files (no unpickling; truncated and corrupt files refused), config.json's values, every
     tensor's name, shape and dtype, and afterwards that no weight is NaN or infinite.
@@ -617,10 +613,10 @@ def _storage_dtype(dtype):
         return None
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
-        if key not in _STORAGE_DTYPES:
+        if key not in DTYPE_NAMES:
             raise ValueError(f"unknown dtype {dtype!r}; store weights as float32, bfloat16 or "
                              "float16 (or None to keep the model's own)")
-        return _STORAGE_DTYPES[key]
+        return DTYPE_NAMES[key]
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be float32, bfloat16 or float16 (or None to keep the "
                          f"model's own), got {dtype!r}: GPT-2's weights are floating point")
@@ -746,15 +742,12 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
         try:
             staging.mkdir()
             save_file(tensors, str(weights_tmp), metadata=metadata)
-            _fsync_file(weights_tmp)
-            with open(config_tmp, "w", encoding="utf-8") as f:
-                f.write(config_text)
-                f.flush()
-                os.fsync(f.fileno())
+            fsync_file(weights_tmp)
+            atomic_write(config_tmp, config_text)
             os.replace(weights_tmp, folder / WEIGHTS_FILE)
             weights_in_place = True
             os.replace(config_tmp, folder / CONFIG_FILE)
-            _fsync_dir(folder)
+            fsync_dir(folder)
             shutil.rmtree(staging, ignore_errors=True)
         except BaseException as exc:
             if weights_in_place:  # finish the save rather than leave a mixed folder

@@ -163,7 +163,7 @@ def _stdout_or_fail():
 
 
 def _generate(args) -> int:
-    from gpt2lib.checkpoint import from_pretrained
+    from gpt2lib.model import from_pretrained
     from gpt2lib.generation import stream_text
 
     out = _stdout_or_fail()  # before the model is loaded: nowhere to write means no work

@@ -12,6 +12,7 @@ when it asks for a device that is not there.
 import warnings
 
 import torch
+from gpt2lib.validation import DTYPE_NAMES
 
 __all__ = ["available_devices", "default_dtype", "pick_device", "resolve_dtype"]
 
@@ -89,11 +90,6 @@ def default_dtype(device) -> torch.dtype:
     return torch.float32
 
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
 
 
 def resolve_dtype(dtype, device) -> torch.dtype:
@@ -102,11 +98,11 @@ def resolve_dtype(dtype, device) -> torch.dtype:
         return default_dtype(device)
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
-        if key not in _DTYPES:
+        if key not in DTYPE_NAMES:
             raise ValueError(
                 f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16 (or None/'auto')"
             )
-        dtype = _DTYPES[key]
+        dtype = DTYPE_NAMES[key]
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     if dtype == torch.float16 and torch.device(device).type == "cpu":

@@ -31,8 +31,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt2lib.layers import Conv1D
-from gpt2lib.tuning import (
+from gpt2lib.checkpoint import read_config_dict
+from gpt2lib.files import atomic_write
+from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, released_name
+
+from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.chapters.tuning import (
     IGNORE_INDEX,
     GPT2Classifier,
     LoRALinear,
@@ -53,7 +57,7 @@ __all__ = [
     "trainable_parameters", "tune_seeds",
 ]
 
-DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
+DATA_FILE = DATA_DIR / "tinyshakespeare.txt"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model.transformer."  # peft's key prefix on transformers' GPT-2
@@ -185,7 +189,7 @@ def encode_speeches(examples, tokenizer, max_tokens: int = 64):
 
 def encode_pairs(pairs, tokenizer):
     """ReplyPair -> (prompt_ids, reply_ids + [<|endoftext|>]): the reply ends the text."""
-    end = tokenizer.eot_token if hasattr(tokenizer, "eot_token") else 50256
+    end = tokenizer.eot_token if hasattr(tokenizer, "eot_token") else ENDOFTEXT_ID
     return [(tokenizer.encode(p.prompt), tokenizer.encode(p.reply) + [end]) for p in pairs]
 
 
@@ -342,22 +346,15 @@ def mean_response_loss(gpt, encoded_pairs, pad_id: int, batch_size: int = 16,
     return total / count
 
 
-_OPENAI_NAMES = {12: "gpt2", 24: "gpt2-medium", 36: "gpt2-large", 48: "gpt2-xl"}  # by n_layer
-
-
 def model_name(checkpoint) -> str:
     """The name the chapter prints for a checkpoint: a hub name as is; a folder with OpenAI's
     sizes (the hub cache's snapshot folder, say) by that model's name; any other folder by its
     last part."""
-    from gpt2lib.offline import is_real_gpt2
-
     checkpoint = str(checkpoint)
     if not os.path.isdir(checkpoint):
         return checkpoint
-    if is_real_gpt2(checkpoint):
-        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
-        return _OPENAI_NAMES[config["n_layer"]]
-    return os.path.basename(checkpoint.rstrip("/\\"))
+    name = released_name(read_config_dict(checkpoint))
+    return name if name is not None else os.path.basename(checkpoint.rstrip("/\\"))
 
 
 def describe(model, checkpoint, quick: bool) -> str:
@@ -592,7 +589,7 @@ def save_adapter(model, folder, base_model_name_or_path=None):
     """Write the model's adapters in peft's layout: folder/adapter_config.json and
     folder/adapter_model.safetensors (keys `base_model.model.transformer.<name>.lora_A.weight`).
     Creates the folder; an adapter already there is replaced (written beside, then renamed)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     layers = lora_layers(model)
     if not layers:
@@ -630,15 +627,11 @@ def save_adapter(model, folder, base_model_name_or_path=None):
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the adapter")
     folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / (ADAPTER_WEIGHTS + ".partial")
     # the base model's sizes ride in the file's metadata (peft ignores it), so that a misfit
     # can be named in the model's terms
     metadata = {"format": "pt", "gpt2lib_base": json.dumps(_base_sizes(model))}
-    save_file(tensors, str(partial), metadata=metadata)
-    os.replace(partial, folder / ADAPTER_WEIGHTS)
-    partial = folder / (ADAPTER_CONFIG + ".partial")
-    partial.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, folder / ADAPTER_CONFIG)
+    atomic_write(folder / ADAPTER_WEIGHTS, save(tensors, metadata=metadata))
+    atomic_write(folder / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
     return folder
 
 
@@ -701,7 +694,8 @@ def _read_adapter(folder):
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{str(folder / ADAPTER_CONFIG)!r} is not a LoRA adapter's config "
                            f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})")
-    from gpt2lib.loading import CheckpointError, iter_safetensors
+    from gpt2lib.checkpoint import CheckpointError
+    from gpt2lib.chapters.weights import iter_safetensors
 
     try:
         tensors = dict(iter_safetensors(folder / ADAPTER_WEIGHTS))

@@ -34,10 +34,10 @@ import warnings
 import torch
 
 from gpt2lib import speed
-from gpt2lib.decoding import apply_temperature, top_k_filter, top_p_filter
-from gpt2lib.embeddings import check_token_ids
+from gpt2lib.chapters.decoding import apply_temperature, top_k_filter, top_p_filter
+from gpt2lib.validation import ENDOFTEXT_ID, check_token_ids
 from gpt2lib.kvcache import KVCache
-from gpt2lib.tokenizer import ENDOFTEXT_ID
+
 
 
 def _real(name, value, rule):

@@ -17,7 +17,7 @@ __all__ = [
 
 import torch
 
-from gpt2lib.decoding import attend_with_offset, write_kv  # chapter 9, the learner's
+from gpt2lib.chapters.decoding import attend_with_offset, write_kv  # chapter 9, the learner's
 
 
 class LayerKVCache:

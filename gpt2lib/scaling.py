@@ -53,6 +53,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt2lib.files import atomic_write
+
 CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "log.jsonl"
 RUN_FILE = "run.json"
@@ -283,14 +285,7 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 def save_checkpoint(path, state: dict) -> Path:
     """torch.save beside the target, fsync, then rename: a crash leaves the old one whole."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
-    return path
+    return atomic_write(path, lambda file: torch.save(state, file))
 
 
 def load_checkpoint(path) -> dict:
@@ -358,9 +353,7 @@ def _rewrite_log(path: Path, before_step: int):
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             break  # a line cut short by the crash, and everything after it
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-    os.replace(partial, path)
+    atomic_write(path, "".join(k + "\n" for k in kept))
 
 
 # --------------------------------------------------------------------------- the run
@@ -376,7 +369,7 @@ def pretrain(**settings) -> dict:
     log, checkpoint and model were written.
     """
     s = _settings(settings)
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
     from gpt2lib.tokenfile import VOCAB_SIZE, open_tokens
 
     ranks = Ranks.from_env()
@@ -429,9 +422,10 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.model import GPT2
     from gpt2lib.tokenfile import windows
-    from gpt2lib.training import lm_loss, lr_schedule, make_optimizer
+    from gpt2lib.training import lm_loss, lr_schedule
+    from gpt2lib.chapters.training import make_optimizer
 
     distributed = ranks.world > 1
     if distributed:
@@ -597,8 +591,8 @@ def _save_final(raw, config, folder):
     """config.json + model.safetensors (the hub's layout), the vocabulary cut back to GPT-2's."""
     from dataclasses import replace
 
-    from gpt2lib import save_pretrained
-    from gpt2lib.model import GPT2
+    from gpt2lib.checkpoint import save_pretrained
+    from gpt2lib.chapters.model import GPT2
     from gpt2lib.tokenfile import VOCAB_SIZE
 
     model = raw

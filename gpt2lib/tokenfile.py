@@ -23,11 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2lib.files import atomic_write
+from gpt2lib.validation import ENDOFTEXT_ID
+
 MAGIC = b"GPT2TOK1"
 HEADER_BYTES = 1024
 VOCABULARY = "gpt2"  # the course's tokenizer: GPT-2's byte-level BPE
 VOCAB_SIZE = 50257
-EOT = 50256  # <|endoftext|>: put between the files of a folder, never inside one file
+EOT = ENDOFTEXT_ID  # <|endoftext|>: put between the files of a folder, never inside one file
 DTYPE = np.dtype("<u2")
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 
@@ -76,14 +79,12 @@ def write_token_file(path: str | Path, ids, *, source_sha256: str = "", source: 
             "max_id": int(ids.max()) if ids.size else -1, "dtype": "uint16",
             "source_sha256": source_sha256, "source": source}
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        f.write(_header_bytes(meta))
-        f.write(ids.astype(DTYPE, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
-    return path
+
+    def write(file):
+        file.write(_header_bytes(meta))
+        file.write(ids.astype(DTYPE, copy=False).tobytes())
+
+    return atomic_write(path, write)
 
 
 # --------------------------------------------------------------------------- reading

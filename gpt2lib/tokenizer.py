@@ -45,10 +45,9 @@ from pathlib import Path
 
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} and \p{N}
 
-from gpt2lib import bpe
-from gpt2lib.bpe import (
-    ENDOFTEXT,
-    ENDOFTEXT_ID,
+from gpt2lib.chapters import bpe
+from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID
+from gpt2lib.chapters.bpe import (
     GPT2_SPLIT_PATTERN,
     bpe_merge,
     bytes_to_unicode,

@@ -1,20 +1,69 @@
-"""The checks that stand behind the teaching code: the config's values and the token ids.
+"""The checks and constants that everything shares: the one leaf of the package.
 
-Written by hand (not generated). The chapters export the plain model; these checks run once
+Hand-written. It imports nothing from gpt2lib, so the chapters' generated code may use it (and
+nothing else that is hand-written): GPT-2's constants (the end-of-text token, the released
+sizes, safetensors' dtype names, where the course's data lives) and the checks that run once
 at the entry points people call (`GPT2Config(...)`, `generate`, `train`, `run_with_cache`,
-the CLI), never inside a layer's forward. A leaf module: it imports nothing from gpt2lib, so
-the config (chapter 2) and every layer may use it.
+the CLI), never inside a layer's forward: the config's values, token ids and numbers.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from pathlib import Path
 
 import torch
 
-__all__ = ["HUB_ORG", "check_config", "check_is_dict", "check_model_name", "check_token_ids", "check_token_stream",
-           "require_count", "token_range"]
+__all__ = ["DATA_DIR", "DTYPE_NAMES", "ENDOFTEXT", "ENDOFTEXT_ID", "GPT2_SIZES", "HUB_ORG",
+           "SAFETENSORS_DTYPES", "check_config", "check_is_dict", "check_model_name",
+           "check_token_ids", "check_token_stream", "released_name", "require_count",
+           "token_range"]
+
+# --------------------------------------------------------------------------- constants
+
+ENDOFTEXT = "<|endoftext|>"  # GPT-2's one special token: it separates documents
+ENDOFTEXT_ID = 50256  # its id, the last of the 50,257
+
+# The released GPT-2s: name -> the sizes that differ between them (all have 50,257 tokens and a
+# context of 1,024).
+GPT2_SIZES = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),
+}
+HUB_ORG = "openai-community"  # the hub organisation of the released GPT-2s: 'openai-community/gpt2'
+
+SAFETENSORS_DTYPES = {  # safetensors' dtype names -> torch dtypes
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+DTYPE_NAMES = {  # what a user may call the float dtypes a model can be loaded or saved in
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+# The course's data (GPT-2's vocabulary files, Tiny Shakespeare, the shipped models): beside the
+# package in a clone of the repository.
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+def released_name(config) -> str | None:
+    """The name of the released GPT-2 whose sizes `config` (a GPT2Config or a config.json dict)
+    has, or None."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    if get("vocab_size") != 50257:
+        return None
+    for name, sizes in GPT2_SIZES.items():
+        if all(get(key) == value for key, value in sizes.items()):
+            return name
+    return None
+
+
+# --------------------------------------------------------------------------- checks
 
 _EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
@@ -122,9 +171,6 @@ def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") ->
         shown = ("a value of 2**63 or more" if idx.dtype == torch.uint64 and low < 0
                  else f"values from {low} to {high}")
         raise ValueError(f"{what} must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), got {shown}")
-
-
-HUB_ORG = "openai-community"  # the hub organisation of the released GPT-2s: 'openai-community/gpt2'
 
 
 def check_model_name(name, sizes) -> str:

@@ -12,13 +12,9 @@ from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import embeddings as checks
 from gpt2lib.course.checks._core import NotDoneYet
 from check_cases import assert_named, assert_not_done_yet, planted
-from gpt2lib.config import GPT2Config
-from gpt2lib.embeddings import (
-    GPT2Embeddings,
-    check_token_ids,
-    embedding_parameter_count,
-    position_ids,
-)
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.embeddings import GPT2Embeddings, embedding_parameter_count, position_ids
+from gpt2lib.validation import check_token_ids
 
 TINY = dict(vocab_size=50, n_positions=12, n_embd=8, n_layer=2, n_head=2)
 

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from check_cases import assert_named
 
-import gpt2lib.attention
-from gpt2lib.attention import (
+import gpt2lib.chapters.attention
+from gpt2lib.chapters.attention import (
     CausalSelfAttention,
     attention_weights,
     merge_heads,
@@ -23,8 +23,8 @@ from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import attention as checks
 from gpt2lib.course.checks._core import NotDoneYet
 from gpt2lib.course.checks.attention import ListCache
-from gpt2lib.config import GPT2Config
-from gpt2lib.layers import Conv1D
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.layers import Conv1D
 
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
@@ -63,8 +63,10 @@ def loop_attention(layer, x):
 
 
 def test_conv1d_lives_in_layers_and_is_re_exported_by_attention():
-    assert gpt2lib.attention.Conv1D is Conv1D
-    assert Conv1D.__module__ == "gpt2lib.layers"
+    import gpt2lib.chapters.attention
+
+    assert gpt2lib.chapters.attention.Conv1D is Conv1D
+    assert Conv1D.__module__ == "gpt2lib.chapters.layers"
 
 
 def test_conv1d_is_linear_with_the_weight_transposed():
@@ -528,7 +530,7 @@ def test_checks_leave_the_global_random_state_alone():
 
 
 def test_causal_mask_is_the_lower_triangle_and_takes_an_offset_and_a_tensor_position():
-    from gpt2lib.attention import causal_mask
+    from gpt2lib.chapters.attention import causal_mask
 
     assert torch.equal(causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())
     # 3 new queries after 4 cached tokens: query i sees keys 0 .. 4 + i
@@ -589,7 +591,7 @@ def matrices_with_where(q, k, v):  # torch.where and an index comparison instead
 
 
 def test_causal_attention_is_one_head_of_the_reference_and_uses_the_one_mask():
-    from gpt2lib.attention import causal_attention
+    from gpt2lib.chapters.attention import causal_attention
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, 3, 6, 4).unbind(0)
@@ -600,7 +602,7 @@ def test_causal_attention_is_one_head_of_the_reference_and_uses_the_one_mask():
 
 
 def test_one_head_checks_accept_right_answers(capsys):
-    from gpt2lib.attention import causal_attention
+    from gpt2lib.chapters.attention import causal_attention
 
     checks.check_attention_with_loops(loops_reference)
     checks.check_attention_with_loops(causal_attention)  # matrices are fine for the loops check too

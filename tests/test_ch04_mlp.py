@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.layers import Conv1D
+from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import mlp as checks
-from gpt2lib.config import GPT2Config
-from gpt2lib.mlp import MLP, gelu_tanh
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.mlp import MLP, gelu_tanh
 
 
 def small_config(pdrop: float = 0.0, n_embd: int = 8) -> GPT2Config:
@@ -157,7 +157,7 @@ def test_check_outputs_that_change_passes_correct_answers_in_any_style(capsys):
 
 
 def test_outputs_that_change_tells_the_mlp_from_attention():
-    from gpt2lib.attention import CausalSelfAttention
+    from gpt2lib.chapters.attention import CausalSelfAttention
 
     torch.manual_seed(0)
     mlp = MLP(small_config()).eval()
@@ -530,7 +530,7 @@ def test_check_gelu_erf_names_each_planted_mistake(mistake):
 
 
 def test_check_gelu_erf_passes_right_answers_and_names_in_place_and_dtype(capsys):
-    from gpt2lib.mlp import gelu_erf
+    from gpt2lib.chapters.mlp import gelu_erf
 
     checks.check_gelu_erf(gelu_erf)
     checks.check_gelu_erf(lambda x: F.gelu(x))
@@ -560,7 +560,7 @@ def _gaps_with_modules(fc, proj, x):
 
 
 def _gaps_from_weights(fc, proj, x):  # the chapter's own gelu_tanh/gelu_erf, tensors returned
-    from gpt2lib.mlp import gelu_erf
+    from gpt2lib.chapters.mlp import gelu_erf
 
     W1, b1, W2, b2 = (t.detach() for t in (fc.weight, fc.bias, proj.weight, proj.bias))
     h = x @ W1 + b1

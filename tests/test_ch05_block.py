@@ -9,13 +9,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.attention import CausalSelfAttention
-from gpt2lib.block import Block, LayerNorm
+from gpt2lib.chapters.attention import CausalSelfAttention
+from gpt2lib.chapters.block import Block, LayerNorm
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks._core import NotDoneYet
 from gpt2lib.course.checks import block as checks
-from gpt2lib.config import GPT2Config
-from gpt2lib.mlp import MLP
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.mlp import MLP
 
 
 def small_config(**overrides) -> GPT2Config:

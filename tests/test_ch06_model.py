@@ -9,12 +9,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from check_cases import assert_named, planted
 
-from gpt2lib.layers import Conv1D
-from gpt2lib.block import Block, LayerNorm
+from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.chapters.block import Block, LayerNorm
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import model as checks
-from gpt2lib.config import GPT2Config
-from gpt2lib.model import GPT2
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
 
 TINY = GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
 
@@ -215,9 +215,9 @@ def test_dropout_only_in_training():
 def test_bad_input_gets_a_clear_error_at_the_entry_points(tiny, bad, error, message, entry):
     # moved from a plain forward (tiny(bad)): the forward no longer reads the ids; the entry
     # points that take ids from users check them once, with chapter 2's validator
-    from gpt2lib.embeddings import check_token_ids
+    from gpt2lib.validation import check_token_ids
     from gpt2lib.generation import generate
-    from gpt2lib.interpret import run_with_cache
+    from gpt2lib.inspection import run_with_cache
 
     call = {"check_token_ids": lambda: check_token_ids(bad, TINY),
             "generate": lambda: generate(tiny, bad, 1),
@@ -236,7 +236,7 @@ def test_a_plain_forward_still_fails_loudly_on_bad_input(tiny, bad):
 
 
 def test_the_forward_reads_no_token_values_and_uses_chapter_2s_positions(tiny, monkeypatch):
-    import gpt2lib.model as model_module
+    import gpt2lib.chapters.model as model_module
     import gpt2lib.validation as validation
 
     calls = []
@@ -698,7 +698,7 @@ def test_building_on_meta_fills_nothing(monkeypatch):
 
 @pytest.mark.parametrize("B, T", [(1, 1), (8, 1), (4, 4), (2, 9), (3, 40)])
 def test_tied_readout_equals_the_product_with_the_transposed_table(B, T):
-    from gpt2lib.model import tied_readout
+    from gpt2lib.chapters.model import tied_readout
 
     torch.manual_seed(0)
     weight = torch.randn(101, 24)  # (V, C)
@@ -766,7 +766,7 @@ def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtyp
     # convert with idx.long() before the lookup (the plain forward does not: it takes the int64
     # or int32 ids nn.Embedding takes), so small int types are not a crash inside nn.Embedding.
     from gpt2lib.generation import generate
-    from gpt2lib.interpret import run_with_cache
+    from gpt2lib.inspection import run_with_cache
 
     torch.manual_seed(0)
     model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()

@@ -12,11 +12,12 @@ import torch
 from checkpoints import (hub_config, random_hub_tensors, write_hub_checkpoint,
                          write_save_pretrained_checkpoint)
 
-from gpt2lib import checkpoint, loading
+from gpt2lib import checkpoint
+from gpt2lib.chapters import weights as loading
 from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.loading import CheckpointError, HubUnreachable
-from gpt2lib.loading import from_pretrained
-from gpt2lib.model import GPT2
+from gpt2lib.checkpoint import CheckpointError, HubUnreachable
+from gpt2lib.model import from_pretrained
+from gpt2lib.chapters.model import GPT2
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -266,7 +267,7 @@ def test_offline_without_a_cached_copy_says_how_to_download(tmp_path):
     env.pop("HF_HUB_CACHE", None)
     code = textwrap.dedent("""
         from gpt2lib import from_pretrained
-        from gpt2lib.loading import CheckpointError
+        from gpt2lib.checkpoint import CheckpointError
         try:
             from_pretrained("gpt2")
         except CheckpointError as exc:
@@ -422,9 +423,8 @@ def test_hub_names_with_the_organisation_are_accepted(monkeypatch):
     assert checkpoint.resolve_checkpoint("openai-community/gpt2-medium") == Path("x")
     assert checkpoint.resolve_checkpoint("gpt2") == Path("x")
     assert asked == ["openai-community/gpt2-medium", "gpt2"]
-    assert loading.hub_name("openai-community/gpt2-xl") == "gpt2-xl"
-    assert loading.hub_name("someone-else/gpt2") is None
-    assert loading.hub_name is checkpoint.hub_name  # the prefix is stripped in one place
+    assert checkpoint.hub_name("openai-community/gpt2-xl") == "gpt2-xl"
+    assert checkpoint.hub_name("someone-else/gpt2") is None
 
 
 @pytest.mark.parametrize("name", ["", "   "])
@@ -434,12 +434,17 @@ def test_an_empty_name_is_refused(name):
 
 
 def test_the_loader_builds_gpt2_or_the_class_it_is_given(hub_dir):
-    assert type(from_pretrained(hub_dir, device="cpu")) is GPT2
+    import gpt2lib
 
-    class Variant(GPT2):  # e.g. a learner's model with the same parameter names
+    assert type(from_pretrained(hub_dir, device="cpu")) is gpt2lib.GPT2
+
+    class Variant(GPT2):  # e.g. a learner's model with the same parameter names, no methods
         pass
 
-    assert type(from_pretrained(hub_dir, device="cpu", model_cls=Variant)) is Variant
+    loaded = from_pretrained(hub_dir, device="cpu", model_cls=Variant)
+    assert isinstance(loaded, Variant) and type(loaded).__name__ == "Variant"
+    for method in ("generate", "run_with_cache", "save_pretrained", "from_pretrained"):
+        assert callable(getattr(loaded, method)), method  # the same methods as gpt2lib.GPT2
     with pytest.raises(TypeError, match="model_cls must be a model class such as GPT2"):
         from_pretrained(hub_dir, model_cls="GPT2")
 
@@ -502,8 +507,8 @@ def test_offline_mode_asks_the_cache_only(monkeypatch):
 def test_the_package_level_loader_is_gpt2s(hub_dir):
     import gpt2lib
 
-    assert gpt2lib.from_pretrained is loading.from_pretrained is checkpoint.from_pretrained
-    assert isinstance(gpt2lib.from_pretrained(hub_dir, device="cpu"), GPT2)
+    assert gpt2lib.from_pretrained is from_pretrained
+    assert type(gpt2lib.from_pretrained(hub_dir, device="cpu")) is gpt2lib.GPT2
 
 
 def test_a_cached_model_needs_no_network(monkeypatch, tmp_path):
@@ -516,7 +521,7 @@ def test_a_cached_model_needs_no_network(monkeypatch, tmp_path):
                         fake.downloads.append((repo, filename, local_files_only)) or
                         str(snapshot / filename))
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fake.metadata)
-    assert loading.hub_checkpoint("gpt2-large") == snapshot
-    assert loading.download(["openai-community/gpt2-large"]) == [snapshot]
+    assert checkpoint.hub_checkpoint("gpt2-large") == snapshot
+    assert checkpoint.download(["openai-community/gpt2-large"]) == [snapshot]
     assert fake.probes == []  # the cache answered: the network was never asked
     assert {d[2] for d in fake.downloads} == {True}

@@ -57,7 +57,7 @@ def _folder(path, **config):
 
 def test_circuits_checkpoint_picks_gpt2_then_data_circuits_then_the_model_itself(tmp_path, monkeypatch, capsys):
     """Chapter 8's circuits part: the real GPT-2 if loaded, else data/circuits, else (said) the model."""
-    from gpt2lib import offline
+    from gpt2lib.course import models as offline
 
     small = _folder(tmp_path / "small", n_layer=4, n_head=4, n_embd=128, vocab_size=50257)
     real = _folder(tmp_path / "real", n_layer=12, n_head=12, n_embd=768, vocab_size=50257)

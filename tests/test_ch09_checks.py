@@ -9,12 +9,12 @@ import check_cases as cases
 import pytest
 import torch
 
-from gpt2lib import decoding as D
+from gpt2lib.chapters import decoding as D
 from gpt2lib import generation as G
 from gpt2lib import kvcache as K
 from gpt2lib.course.checks import generation as C
 from gpt2lib.course.checks._core import CheckFailed
-from gpt2lib.measure import decode_bytes_per_token
+from gpt2lib.speed.measure import decode_bytes_per_token
 
 # --------------------------------------------------------------------------- other right answers
 

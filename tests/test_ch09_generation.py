@@ -6,13 +6,13 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpt2lib.config import GPT2Config
+from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.generation import (generate, next_token_probs, sample_next,
                                 stream_text, top_k_filter, top_p_filter)
 from gpt2lib.kvcache import KVCache, write_kv
-from gpt2lib.loading import from_pretrained
+from gpt2lib.model import from_pretrained
 from gpt2lib.tokenizer import ENDOFTEXT_ID
-from gpt2lib.model import GPT2
+from gpt2lib.chapters.model import GPT2
 
 INF = float("inf")
 
@@ -459,7 +459,7 @@ class CustomBlock(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        from gpt2lib.block import Block
+        from gpt2lib.chapters.block import Block
 
         self.inner = Block(config)
         self.dropout = nn.Dropout(0.5)
@@ -567,7 +567,7 @@ def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path,
     playground = next(c for c in chapter["cells"] if c.get("id") == "94411265")
     setup = (
         "import os, torch\n"
-        "from gpt2lib.loading import from_pretrained\n"
+        "from gpt2lib.model import from_pretrained\n"
         "from gpt2lib.generation import stream_text\n"
         "from gpt2lib.tokenizer import get_encoding\n"
         f"model = from_pretrained({os.environ['GPT2LIB_CHECKPOINT']!r}).eval()\n"
@@ -601,7 +601,7 @@ def _chapter_cell(starts_with):
 def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(planted, capsys):
     """Issue 21: chapter 9's generation cell runs the learner's decode loop, cache class and
     sampling step (through yours_or_reference); a planted wrong sampling step changes its text."""
-    from gpt2lib import decoding
+    from gpt2lib.chapters import decoding
     from gpt2lib.course.checks.generation import yours_or_reference
     from gpt2lib.tokenizer import get_encoding
 
@@ -626,7 +626,7 @@ def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(plant
 def test_the_speed_printout_puts_each_speed_next_to_its_limit(capsys):
     """Chapter 9's speed cell prints through gpt2lib.measure.print_decode_limits: the memory limit
     only where the weights do not fit in the last-level cache; a rate above a limit is flagged."""
-    from gpt2lib.measure import print_decode_limits
+    from gpt2lib.speed.measure import print_decode_limits
 
     common = dict(per_token=2e6, llc=32 * 2**20, bandwidth=10.0)
     print_decode_limits(100.0, 400.0, 5000.0, True, **common)

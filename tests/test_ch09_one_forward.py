@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpt2lib.block import Block
-from gpt2lib.config import GPT2Config
+from gpt2lib.chapters.block import Block
+from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.generation import generate
-from gpt2lib.interpret import ablated_heads
-from gpt2lib.model import GPT2 as ChapterGPT2
+from gpt2lib.inspection import ablated_heads
+from gpt2lib.chapters.model import GPT2 as ChapterGPT2
 
 CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
 NEW = 12
@@ -140,8 +140,8 @@ def test_a_block_without_kv_cache_falls_back_to_full_forwards():
 
 
 def test_from_pretrained_model_cls_is_what_generates(tmp_path):
-    from gpt2lib.loading import from_pretrained
-    from gpt2lib.training import save_pretrained
+    from gpt2lib.model import from_pretrained
+    from gpt2lib.checkpoint import save_pretrained
 
     save_pretrained(make_model(), tmp_path / "m")
 
@@ -153,8 +153,9 @@ def test_from_pretrained_model_cls_is_what_generates(tmp_path):
             return super().forward(idx, kv_cache=kv_cache, last_only=last_only)
 
     model = from_pretrained(tmp_path / "m", model_cls=Counting).eval()
-    generate(model, prompt(), 4, temperature=0)
-    assert Counting.calls == 4
+    assert isinstance(model, Counting)  # with the methods added (gpt2lib.model.with_methods)
+    model.generate(prompt(), 4, temperature=0)
+    assert type(model).calls == 4
 
 
 def test_two_threads_generating_on_one_eval_model_get_the_results_of_one_alone():
@@ -195,9 +196,9 @@ def test_bad_token_ids_are_refused_before_the_model_runs():
 
 
 def test_the_methods_equal_the_functions(tmp_path):
-    from gpt2lib import GPT2, interpret
-    from gpt2lib.loading import from_pretrained
-    from gpt2lib.training import save_pretrained
+    from gpt2lib import GPT2, inspection
+    from gpt2lib.model import from_pretrained
+    from gpt2lib.checkpoint import save_pretrained
 
     model = make_model(cls=GPT2)
     assert isinstance(model, ChapterGPT2) and type(model) is not ChapterGPT2
@@ -205,7 +206,7 @@ def test_the_methods_equal_the_functions(tmp_path):
     assert torch.equal(model.generate(ids, 6, temperature=0), generate(model, ids, 6, temperature=0))
     assert torch.equal(model.generate(ids, 6, seed=3), generate(model, ids, 6, seed=3))
     logits, cache = model.run_with_cache(ids)
-    want_logits, want_cache = interpret.run_with_cache(model, ids)
+    want_logits, want_cache = inspection.run_with_cache(model, ids)
     assert torch.equal(logits, want_logits) and len(cache.resid) == len(want_cache.resid)
     assert all(torch.equal(a, b) for a, b in zip(cache.resid, want_cache.resid))
     model.save_pretrained(tmp_path / "methods")
@@ -232,7 +233,7 @@ def test_the_methods_equal_the_functions(tmp_path):
 
 
 def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_them_in():
-    from gpt2lib.mixins import GenerationMixin
+    from gpt2lib.model import GPT2Methods
 
     for method in ("from_pretrained", "generate", "save_pretrained", "run_with_cache"):
         assert not hasattr(ChapterGPT2, method), method
@@ -246,7 +247,7 @@ def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_t
         def forward(self, idx):
             return self.inner(idx)
 
-    class Mine(MyGPT2, GenerationMixin):
+    class Mine(MyGPT2, GPT2Methods):
         pass
 
     torch.manual_seed(0)

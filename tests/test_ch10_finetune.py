@@ -15,10 +15,10 @@ import torch
 
 from checkpoints import write_hub_checkpoint
 from gpt2lib import finetune as ft
-from gpt2lib.course.checks import finetune as checks
+from gpt2lib.course.checks import finetuning as checks
 from gpt2lib.course.checks._core import CheckFailed
-from gpt2lib.loading import from_pretrained
-from gpt2lib.tuning import (GPT2Classifier, LoRALinear, add_adapters, classification_loss, collate,
+from gpt2lib.model import from_pretrained
+from gpt2lib.chapters.tuning import (GPT2Classifier, LoRALinear, add_adapters, classification_loss, collate,
                             hidden_states, loss_by_position, masked_lm_loss, merged_weight,
                             pool_mean, response_loss, speaker_batch)
 

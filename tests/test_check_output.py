@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = {
-    "wrong": "from gpt2lib.course.checks.start import check_token_means\n"
+    "wrong": "from gpt2lib.course.checks.start_here import check_token_means\n"
              "check_token_means(lambda x: x.sum(dim=-1))",
     "stub": "def token_means(x):\n"
             "    raise NotImplementedError('Exercise 0.1: replace this line with your code')\n"

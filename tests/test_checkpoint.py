@@ -14,9 +14,10 @@ import torch
 from checkpoints import write_hub_checkpoint
 
 from gpt2lib import checkpoint
-from gpt2lib.checkpoint import CheckpointError, from_pretrained, save_pretrained
-from gpt2lib.config import GPT2Config
-from gpt2lib.model import GPT2
+from gpt2lib.checkpoint import CheckpointError, save_pretrained
+from gpt2lib.model import from_pretrained
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
@@ -41,8 +42,8 @@ def files_of(folder):
 _CRASH = textwrap.dedent("""
     import os, sys, torch
     from gpt2lib.checkpoint import save_pretrained
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
     folder, where = sys.argv[1], sys.argv[2]
     torch.manual_seed(1)
     model = GPT2(GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=32, vocab_size=101))
@@ -90,9 +91,10 @@ def test_a_save_killed_at_any_point_leaves_a_loadable_model_and_no_temp_file(tmp
 _KILL_LOOP = textwrap.dedent("""
     import json, os, random, signal, sys, time
     import torch
-    from gpt2lib.checkpoint import from_pretrained, save_pretrained
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.model import from_pretrained
+    from gpt2lib.checkpoint import save_pretrained
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
     folder, rounds = sys.argv[1], int(sys.argv[2])
     def model(n_layer, seed):
         torch.manual_seed(seed)
@@ -362,15 +364,14 @@ def test_float16_weights_that_overflow_on_loading_are_refused(tmp_path):
         from_pretrained(folder, device="cpu", dtype=torch.float16)
 
 
-def test_one_loader_and_one_saver_under_every_old_name():
+def test_one_loader_and_one_saver():
     import gpt2lib
-    from gpt2lib import loading, training
+    from gpt2lib import model
 
-    assert gpt2lib.save_pretrained is training.save_pretrained is checkpoint.save_pretrained
-    assert gpt2lib.from_pretrained is loading.from_pretrained is checkpoint.from_pretrained
-    assert training.CONFIG_FILE == loading.CONFIG_FILE == checkpoint.CONFIG_FILE == "config.json"
-    assert training.hub_config_dict is checkpoint.hub_config_dict
-    assert checkpoint.HUB_MODELS == tuple(GPT2Config.SIZES) == loading.HUB_MODELS
+    assert gpt2lib.save_pretrained is checkpoint.save_pretrained
+    assert gpt2lib.from_pretrained is model.from_pretrained
+    assert gpt2lib.GPT2.from_pretrained.__func__ is model.GPT2Methods.from_pretrained.__func__
+    assert checkpoint.HUB_MODELS == tuple(GPT2Config.SIZES)
 
 
 def test_two_threads_saving_into_one_folder_leave_one_whole_model(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gpt2lib.course.checks import CheckFailed, NotDoneYet, call_learner
-from gpt2lib.course.checks.start import SHAPE_MISTAKES, VALUE_MISTAKES, check_token_means
+from gpt2lib.course.checks.start_here import SHAPE_MISTAKES, VALUE_MISTAKES, check_token_means
 
 
 @pytest.mark.parametrize("right", [
@@ -83,7 +83,7 @@ def test_call_learner_checks_a_module_against_its_forward():
 
 # --------------------------------------------------------------------------- 0.2 to the challenge
 
-from gpt2lib.course.checks.start import (CENTER_MISTAKES, LINEAR_MISTAKES, check_center,  # noqa: E402
+from gpt2lib.course.checks.start_here import (CENTER_MISTAKES, LINEAR_MISTAKES, check_center,  # noqa: E402
                                          check_first_overflow, check_linear_parameter_count,
                                          check_stable_softmax)
 

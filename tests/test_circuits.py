@@ -43,7 +43,7 @@ def _patterns(model, idx):
 
 @pytest.fixture(scope="module")
 def measured():
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import from_pretrained
     from gpt2lib.tokenizer import get_encoding
 
     if not (FOLDER / "model.safetensors").is_file():

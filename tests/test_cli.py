@@ -32,7 +32,7 @@ def test_help_lists_the_commands():
 def test_generate_streams_the_prompt_and_its_greedy_continuation(checkpoint_dir):
     tokenizer = pytest.importorskip("gpt2lib.tokenizer").get_encoding()
     from gpt2lib.generation import generate
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import from_pretrained
 
     text = "Hello, world"
     out = run("generate", "--model", str(checkpoint_dir), "--prompt", text,
@@ -48,7 +48,7 @@ def test_generate_streams_the_prompt_and_its_greedy_continuation(checkpoint_dir)
 def test_seeded_sampling_matches_stream_text(checkpoint_dir):
     tokenizer = pytest.importorskip("gpt2lib.tokenizer").get_encoding()
     from gpt2lib.generation import stream_text
-    from gpt2lib.loading import from_pretrained
+    from gpt2lib.model import from_pretrained
 
     out = run("generate", "--model", str(checkpoint_dir), "--prompt", "Once upon a time",
               "--max-new-tokens", "10", "--top-k", "40", "--top-p", "0.9", "--seed", "7",

@@ -239,10 +239,10 @@ def test_a_learner_notebook_built_from_an_older_chapter_is_drift_and_the_advice_
 
 def test_a_hand_edited_module_still_fails_check(built):
     type_answer(built, "a + b  # mine")
-    module = built / "gpt2lib" / "bpe.py"
+    module = built / "gpt2lib" / "chapters" / "bpe.py"
     module.write_text(module.read_text(encoding="utf-8") + "\nX = 1\n", encoding="utf-8")
     assert course.check(built) == [
-        "gpt2lib/bpe.py: edited by hand; change the notebook instead (build keeps a backup "
+        "gpt2lib/chapters/bpe.py: edited by hand; change the notebook instead (build keeps a backup "
         "of this version and rewrites it)"
     ]
 

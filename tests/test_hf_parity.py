@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from gpt2lib.config import GPT2Config
-from gpt2lib.model import GPT2
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
 
 transformers = pytest.importorskip("transformers")
 

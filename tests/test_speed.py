@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpt2lib import kernels, measure
-from gpt2lib.config import GPT2Config
+from gpt2lib.speed import kernels, measure
+from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.generation import generate
 from gpt2lib.kvcache import KVCache
-from gpt2lib.model import GPT2, TiedReadout
+from gpt2lib.chapters.model import GPT2, TiedReadout
 
 
 # What the routing tests pretend this machine measured: every route a split.
@@ -174,7 +174,7 @@ def test_gradients_through_the_split_equal_the_plain_ones():
 
 def test_split_modules_are_the_chapters_with_the_split_and_generate_swaps_them_in(monkeypatch):
     from gpt2lib import speed
-    from gpt2lib.layers import Conv1D
+    from gpt2lib.chapters.layers import Conv1D
 
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=331, n_positions=64, n_embd=48, n_layer=2, n_head=4)).eval()
@@ -196,7 +196,7 @@ def test_split_modules_are_the_chapters_with_the_split_and_generate_swaps_them_i
 
 def test_the_swap_happens_only_where_the_split_was_measured_faster(monkeypatch):
     from gpt2lib import speed
-    from gpt2lib.layers import Conv1D
+    from gpt2lib.chapters.layers import Conv1D
 
     pretend_measured(monkeypatch, TORCH_ROUTES)
     model = tiny_model()
@@ -429,8 +429,8 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
     import copy
 
     from gpt2lib import speed
-    from gpt2lib.interpret import ablated_heads
-    from gpt2lib.layers import Conv1D
+    from gpt2lib.inspection import ablated_heads
+    from gpt2lib.chapters.layers import Conv1D
 
     plain = sharp_tiny_model()
     swapped = copy.deepcopy(plain)
@@ -464,7 +464,7 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
 
 def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeypatch):
     from gpt2lib import speed
-    from gpt2lib.layers import Conv1D
+    from gpt2lib.chapters.layers import Conv1D
 
     class MyConv1D(Conv1D):  # a learner's own layer: it keeps its class
         pass

@@ -70,11 +70,11 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpt2lib.config import GPT2Config  # noqa: E402
-from gpt2lib.loading import from_pretrained  # noqa: E402
-from gpt2lib.model import GPT2  # noqa: E402
+from gpt2lib.chapters.config import GPT2Config  # noqa: E402
+from gpt2lib.model import from_pretrained  # noqa: E402
+from gpt2lib.chapters.model import GPT2  # noqa: E402
 from gpt2lib.tokenizer import get_encoding  # noqa: E402
-from gpt2lib.training import save_pretrained  # noqa: E402
+from gpt2lib.checkpoint import save_pretrained  # noqa: E402
 from make_standin import shakespeare_splits  # noqa: E402  (tools/ is the script's folder)
 
 BOS = 50256  # <|endoftext|>

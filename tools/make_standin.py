@@ -26,11 +26,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpt2lib.config import GPT2Config
-from gpt2lib.loading import from_pretrained
-from gpt2lib.model import GPT2
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.model import from_pretrained
+from gpt2lib.chapters.model import GPT2
 from gpt2lib.tokenizer import get_encoding
-from gpt2lib.training import ngram_baselines, sample, save_pretrained, train
+from gpt2lib.training import ngram_baselines, sample, train
+from gpt2lib.checkpoint import save_pretrained
 
 CONFIG = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128,
               "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}

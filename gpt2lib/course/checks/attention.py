@@ -417,7 +417,7 @@ def check_causal_self_attention(attention_cls) -> None:
 
 
 def _check_causal_self_attention(attention_cls) -> None:
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     p = 0.5  # residual dropout in the train-mode run
     sizes = dict(vocab_size=32, n_positions=16, n_embd=12, n_head=3, n_layer=1, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -737,8 +737,8 @@ def check_attention_by_hand(attention_by_hand) -> None:
 
 
 def _check_attention_by_hand(attention_by_hand) -> None:
-    from gpt2lib.attention import CausalSelfAttention
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.attention import CausalSelfAttention
+    from gpt2lib.chapters.config import GPT2Config
 
     gen = torch.Generator().manual_seed(5)
     for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
@@ -800,8 +800,8 @@ COST_MISTAKES = [
 def check_attention_cost(attention_cost) -> None:
     """`attention_cost(T, n_embd, n_head)` -> (params, flops) of one CausalSelfAttention on T tokens;
     the parameters are compared with a real layer's, the FLOPs with the four products' count."""
-    from gpt2lib.attention import CausalSelfAttention
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.attention import CausalSelfAttention
+    from gpt2lib.chapters.config import GPT2Config
 
     for T, C, nh in ((16, 64, 4), (100, 48, 3), (7, 768, 12)):
         got = call_learner(EX_COST, attention_cost, T, C, nh)

@@ -245,7 +245,7 @@ def check_layer_norm_module(LayerNorm) -> None:
 
 
 def _small_config(pdrop: float = 0.0):
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     return GPT2Config(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
                       embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
@@ -616,8 +616,8 @@ COUNT_MISTAKES = [
 def check_block_parameter_count(block_parameter_count) -> None:
     """block_parameter_count(n_embd) -> the parameters of one GPT-2 block, for three widths,
     compared with blocks built on the meta device."""
-    from gpt2lib.block import Block
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.block import Block
+    from gpt2lib.chapters.config import GPT2Config
 
     for C in (768, 64, 6):
         got = call_learner(EX_COUNT, block_parameter_count, C)
@@ -647,7 +647,7 @@ def deep_stack_scores(block_cls) -> dict:
     """48 blocks of block_cls (n_embd 64, 4 heads, no dropout), every weight matrix drawn from
     N(0, 0.1²) by the check: the input's cosine after the last block, and the smallest mean
     relative update of any block, |block(x) - x| / |x|."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     config = GPT2Config(n_embd=64, n_head=4, n_layer=DEEP_GOALS["n_layer"], attn_pdrop=0.0,
                         resid_pdrop=0.0, embd_pdrop=0.0)

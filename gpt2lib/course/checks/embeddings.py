@@ -279,7 +279,7 @@ def check_cosine_matrix(cosine_matrix) -> None:
 
 
 def _count_configs():
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     return [GPT2Config(), GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
             GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4)]
@@ -316,8 +316,8 @@ def check_embedding_parameter_count(embedding_parameter_count) -> None:
             raise CheckFailed(EX_COUNT, found.message)
         raise CheckFailed(EX_COUNT, f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
                           f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables")
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.embeddings import GPT2Embeddings
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.embeddings import GPT2Embeddings
 
     with torch.device("meta"):  # shapes only: no memory, no random numbers
         counted = sum(p.numel() for p in GPT2Embeddings(GPT2Config()).parameters())
@@ -405,8 +405,8 @@ def check_gpt2_embeddings(embeddings_cls) -> None:
 
 
 def _check_gpt2_embeddings(embeddings_cls) -> None:
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.embeddings import GPT2Embeddings
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.embeddings import GPT2Embeddings
 
     V, P, C, p = 11, 16, 6, 0.5  # P > V, so a wrong wpe(idx) still runs
     config = GPT2Config(vocab_size=V, n_positions=P, n_embd=C, n_layer=1, n_head=2, embd_pdrop=p)
@@ -540,8 +540,8 @@ PIECES_MISTAKES = [
 def check_embed_in_pieces(embed_in_pieces) -> None:
     """embed_in_pieces(embeddings, idx, piece_length) equals embeddings(idx), for piece lengths
     that divide T and one that does not, on a batch of two sequences."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.embeddings import GPT2Embeddings
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.embeddings import GPT2Embeddings
 
     with torch.random.fork_rng():
         torch.manual_seed(0)

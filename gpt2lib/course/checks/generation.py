@@ -45,8 +45,8 @@ NEG_INF = float("-inf")
 
 
 def _tiny_model():
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     with torch.random.fork_rng():  # the same weights every time; the notebook's RNG untouched
         torch.manual_seed(0)
@@ -479,7 +479,7 @@ def check_attend_with_offset(attend_with_offset) -> None:
 
 
 def _tiny_config():
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     return GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=8, vocab_size=7)
 
@@ -504,7 +504,7 @@ def _try_loop(fn):
 
 
 def _try_gap(fn):
-    from gpt2lib.decoding import SimpleKVCache
+    from gpt2lib.chapters.decoding import SimpleKVCache
 
     fn(_tiny_model(), SimpleKVCache, torch.zeros(1, 3, dtype=torch.long), 2)
 
@@ -519,7 +519,7 @@ def yours_or_reference(name: str, yours):
     name: "sample_token", "SimpleKVCache", "cache_gap" or "generate_cached" (each has its probe in
     `_TRIALS`); the fallback itself is the course's shared `_core.yours_or_reference`.
     """
-    from gpt2lib import decoding
+    from gpt2lib.chapters import decoding
 
     return _yours_or_reference(yours, getattr(decoding, name), _TRIALS[name], what=f"your {name}",
                                instead="gpt2lib.decoding's")
@@ -529,7 +529,7 @@ def yours_or_reference(name: str, yours):
 
 
 def _sample_right(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    from gpt2lib.decoding import sample_token
+    from gpt2lib.chapters.decoding import sample_token
 
     return sample_token(logits, temperature, top_k, top_p, generator)
 
@@ -538,7 +538,7 @@ def _sample_wrong(*, greedy_at_zero=True, use_temperature=True, use_top_k=True,
                   use_top_p=True, use_generator=True, draw=True, squeeze=True,
                   order="temperature first"):
     """A sample_token with one planted mistake (the defaults are right)."""
-    from gpt2lib.decoding import top_k_filter, top_p_filter
+    from gpt2lib.chapters.decoding import top_k_filter, top_p_filter
 
     def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
         if (greedy_at_zero and temperature == 0) or not draw:
@@ -660,7 +660,7 @@ KV_BYTES_MISTAKES = [
 
 def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
     """kv_bytes_per_token(config, bytes_per_number) -> bytes for one token of one sequence."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     ex = EX_KV_BYTES
     cases = [(GPT2Config(), 4), (GPT2Config(n_layer=3, n_head=2, n_embd=8), 2),
@@ -749,7 +749,7 @@ CACHE_MISTAKES = [
 def check_simple_kv_cache(cls) -> None:
     """SimpleKVCache(config, batch_size, max_len, device, dtype): its buffers and position,
     then cached logits against one full pass of a tiny model."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     ex = EX_CACHE
     config = GPT2Config(n_layer=3, n_head=2, n_embd=8, n_positions=16, vocab_size=11)
@@ -798,7 +798,7 @@ def check_simple_kv_cache(cls) -> None:
 
 def _stuck_cache():
     """A SimpleKVCache whose position never moves: each call overwrites the first slots."""
-    from gpt2lib.decoding import SimpleKVCache
+    from gpt2lib.chapters.decoding import SimpleKVCache
 
     class StuckCache(SimpleKVCache):
         def advance(self, T):
@@ -810,7 +810,7 @@ def _stuck_cache():
 def _shuffled_prefill_cache():
     """Stores right, but hands a call of several tokens its keys and values in reverse order: the
     prefill's last position (it sees every key) and every later call stay right, the rest not."""
-    from gpt2lib.decoding import SimpleKVCache
+    from gpt2lib.chapters.decoding import SimpleKVCache
 
     class ShuffledPrefill(SimpleKVCache):
         def __init__(self, *args, **kwargs):
@@ -894,7 +894,7 @@ GAP_MISTAKES = [
 
 def check_cache_gap(cache_gap) -> None:
     """cache_gap(model, cache_cls, idx, prefill) -> float: catches broken caches, passes a right one."""
-    from gpt2lib.decoding import SimpleKVCache
+    from gpt2lib.chapters.decoding import SimpleKVCache
 
     ex = EX_GAP
     model = _tiny_model()
@@ -1056,7 +1056,7 @@ def check_cache_gains(lengths, gains) -> None:
 
 
 def _weight_bytes_right(model):
-    from gpt2lib.measure import decode_bytes_per_token
+    from gpt2lib.speed.measure import decode_bytes_per_token
 
     return decode_bytes_per_token(model)
 
@@ -1087,8 +1087,8 @@ WEIGHT_BYTES_MISTAKES = [
 
 def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
     """weight_bytes_per_token(model) -> bytes one batch-1 decode step reads."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     ex = EX_WEIGHT_BYTES
     models = [_tiny_model(), GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=64,

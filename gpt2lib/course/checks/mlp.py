@@ -419,7 +419,7 @@ MLP_MISTAKES = [
 
 
 def _small_config(pdrop: float):
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     return GPT2Config(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
                       embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
@@ -468,7 +468,7 @@ def check_mlp(MLP) -> None:
             raise CheckFailed(
                 EX_MLP,
                 f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as "
-                f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.attention it is ({C}, {H})",
+                f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it is ({C}, {H})",
             )
         else:
             raise CheckFailed(
@@ -665,7 +665,7 @@ GAPS_MISTAKES = [
 
 def _gap_cases():
     """Three MLPs: (B, T, C, H), the std of fc's and proj's weights (hidden values of a few units)."""
-    from gpt2lib.layers import Conv1D
+    from gpt2lib.chapters.layers import Conv1D
 
     gen = torch.Generator().manual_seed(4)
     for (B, T, C, H), proj_std in (((2, 5, 16, 64), 0.5), ((1, 9, 32, 128), 0.02), ((3, 4, 24, 96), 0.1)):

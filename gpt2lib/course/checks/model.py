@@ -39,13 +39,13 @@ _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 
 
 def _config(**sizes):
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     return GPT2Config(**sizes)
 
 
 def _reference(config, seed=0):
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     model = GPT2(config).eval()
@@ -258,7 +258,7 @@ INIT_SCALE_MISTAKES = [
 
 def check_init_gpt2_weights(init_fn) -> None:
     """Exercise 6.3: `init_fn(model)` sets a gpt2lib.GPT2's weights as GPT-2 does, in place."""
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.model import GPT2
 
     n_layer = 6  # not GPT-2 small's 12, so a hard-coded 12 shows
     config = _config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=n_layer, n_head=4)
@@ -388,8 +388,8 @@ def _same_shares(got, want) -> bool:
 
 def check_parameter_shares(parameter_shares) -> None:
     """Exercise 6.4: `parameter_shares(model)` -> {part: share of the model's parameters}."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     configs = [_config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
                _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=3, n_head=2)]
@@ -471,8 +471,8 @@ COUNT_MISTAKES = [
 @functools.lru_cache(maxsize=None)
 def _meta_count(config_items) -> int:
     """Parameters of gpt2lib.GPT2 for a config, counted on the meta device (no memory)."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     with torch.device("meta"):
         return sum(p.numel() for p in GPT2(GPT2Config(**dict(config_items))).parameters())
@@ -480,7 +480,7 @@ def _meta_count(config_items) -> int:
 
 def check_count_gpt2_parameters(count_fn) -> None:
     """Exercise 6.5: `count_fn(config)` returns the parameter count from the sizes alone."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES]
     configs += [
@@ -583,8 +583,8 @@ def check_budget_config(config) -> int:
     """The challenge: a GPT2Config with GPT-2's vocabulary and context, at least 8 blocks, whose
     float32 weights + gradients + AdamW state (16 bytes a parameter) fit in 1 GiB, with at least
     50 million parameters. Counts a model built on the meta device; returns the count."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     if not isinstance(config, GPT2Config):
         raise CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
@@ -635,7 +635,7 @@ RECORD_MISTAKES = [
 def check_recording_block(recording_cls) -> None:
     """`recording_cls(config)`, a subclass of gpt2lib's Block: forward(x, kv_cache=None) returns what
     Block returns and sets self.rms to the root mean square of that output (a float)."""
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.model import GPT2
 
     for n_layer in (1, 3):
         config = _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=n_layer, n_head=2)

@@ -40,8 +40,8 @@ CHALLENGE = "Challenge 11 (the most from a token budget)"
 
 
 def tiny_model(seed=0, n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8):
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     return GPT2(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
@@ -265,7 +265,7 @@ def reference_flops_per_token(config, block_size):
 
 
 def check_flops_per_token(fn):
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     for sizes in (dict(n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8),
                   dict(n_layer=3, n_embd=48, n_head=4, vocab_size=97, n_positions=32),
@@ -279,7 +279,7 @@ def check_flops_per_token(fn):
         params, flops = got
         if params != want_params:
             with torch.device("meta"):
-                from gpt2lib.model import GPT2
+                from gpt2lib.chapters.model import GPT2
 
                 model = GPT2(config)
             total = sum(p.numel() for p in model.parameters())
@@ -325,7 +325,7 @@ def check_run_cost(fn):
 def check_recipe_price(steps, total_flops, hours, dollars, tokens=10e9, global_tokens=524_288,
                        gpus=8, peak_flops=989e12, mfu=0.4, dollars_per_gpu_hour=2.5):
     """Exercise 11.7: the recipe's steps, FLOPs, hours and dollars against the reference."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     _, per_token = reference_flops_per_token(GPT2Config(), 1024)
     want_steps, want_total = tokens / global_tokens, per_token * tokens

@@ -203,7 +203,7 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
     import tempfile
     from pathlib import Path
 
-    from gpt2lib.bpe import load_gpt2_vocab as reference
+    from gpt2lib.chapters.bpe import load_gpt2_vocab as reference
     from gpt2lib.tokenizer import BPETokenizer, gpt2_data_dir
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -1294,7 +1294,7 @@ def _shakespeare(n_chars: int) -> str:
 def check_fast_training(fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0) -> float:
     """Challenge: `fast_train(text, vocab_size)` learns train_merges_simple's merges at least `goal`
     times faster. Returns how many times faster it is."""
-    from gpt2lib.bpe import train_merges_simple
+    from gpt2lib.chapters.bpe import train_merges_simple
 
     text = _shakespeare(n_chars)
     call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature, named first

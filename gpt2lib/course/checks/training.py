@@ -43,8 +43,8 @@ CHALLENGE = "Challenge (beat the bigram line in half the steps)"
 
 
 def _tiny_model(seed=0, n_positions=16, vocab_size=37, dropout=0.0):
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=n_positions,
@@ -864,7 +864,7 @@ def check_estimate_loss(fn):
 
 
 def _reference_pieces():
-    from gpt2lib import training
+    from gpt2lib.chapters import training
 
     return {"get_batch": getattr(training.get_batch, "unchecked", training.get_batch),
             "train_step": training.training_step,
@@ -878,7 +878,7 @@ def _loop(set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, 
                    max_lr=3e-3, min_lr=None, warmup_steps=None, weight_decay=0.1,
                    max_grad_norm=1.0, eval_every=None, eval_batches=10, seed=0, on_eval=None,
                    get_batch=None, train_step=None, lr_at=None, history=None):
-        from gpt2lib import training
+        from gpt2lib.chapters import training
 
         block_size = block_size or model.config.n_positions
         min_lr = max_lr / 10 if min_lr is None else min_lr
@@ -935,7 +935,7 @@ LOOP_MISTAKES = [
 
 
 def _run_loop(fn, exercise=None):
-    from gpt2lib import training
+    from gpt2lib.chapters import training
 
     # dropout draws from the global random stream, so batches drawn from it (the generator not
     # passed) differ from the run's own generator's
@@ -1001,8 +1001,8 @@ def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
     for all others), so that a run takes a second. `pieces` (get_batch, train_step, lr_at)
     replace the reference ones, as in train. -> its History, with the model as .model.
     """
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
     from gpt2lib.training import train
 
     train_ids, val_ids = _compact(train_ids, val_ids)
@@ -1092,7 +1092,7 @@ def check_diagnosis(fn):
 
 def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, block_size):
     """The challenge: a validation loss below `goal` in at most max_steps steps."""
-    from gpt2lib.training import estimate_loss
+    from gpt2lib.chapters.training import estimate_loss
 
     steps = len(history.step)
     if steps > max_steps:
@@ -1150,7 +1150,7 @@ def check_rate_sweep(sweep, train_ids, val_ids):
 
 
 def _probe(name, fn):
-    from gpt2lib import training
+    from gpt2lib.chapters import training
 
     ids = torch.arange(30)
     if name == "ngram_baselines":
@@ -1173,7 +1173,7 @@ def _probe(name, fn):
 
 def yours_or_reference(exercise, fn):
     """Your function if its exercise is done, else gpt2lib.training's, with a printed note."""
-    from gpt2lib import training
+    from gpt2lib.chapters import training
 
     name = getattr(fn, "__name__", "")
     reference = getattr(training, name)

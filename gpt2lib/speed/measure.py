@@ -19,7 +19,7 @@ import time
 import torch
 
 from gpt2lib.generation import generate
-from gpt2lib.layers import Conv1D
+from gpt2lib.chapters.layers import Conv1D
 
 
 def wall_times(fn, repeats=5, warmup=1, sync=None, clock=time.perf_counter):

@@ -25,21 +25,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpt2lib.checkpoint import is_real_gpt2
+from gpt2lib.validation import DATA_DIR
+
 __all__ = [
     "CIRCUITS",
     "STANDIN",
     "chapter_checkpoint",
     "circuits_checkpoint",
-    "is_real_gpt2",
 ]
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = DATA_DIR
 STANDIN = DATA / "standin"
 CIRCUITS = DATA / "circuits"
 ENV = "GPT2LIB_CHECKPOINT"
-
-# (n_layer, n_head, n_embd) of OpenAI's four sizes
-_REAL_SHAPES = {(12, 12, 768), (24, 16, 1024), (36, 20, 1280), (48, 25, 1600)}
 
 
 def _shipped(folder: Path, what: str) -> Path:
@@ -52,22 +51,13 @@ def _shipped(folder: Path, what: str) -> Path:
     return folder
 
 
-def is_real_gpt2(folder) -> bool:
-    """True if the checkpoint folder has the sizes of one of OpenAI's GPT-2 models."""
-    import json
-
-    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    shape = (config.get("n_layer"), config.get("n_head"), config.get("n_embd"))
-    return shape in _REAL_SHAPES and config.get("vocab_size") == 50257
-
-
 def chapter_checkpoint(name: str = "gpt2", *, verbose: bool = True):
     """What a chapter should load: $GPT2LIB_CHECKPOINT, else `name` from cache or hub, else the stand-in.
 
     Returns a local folder (as a str, like a name typed in a notebook); prints one line saying which model it is, or a banner when
     it falls back to the stand-in.
     """
-    from gpt2lib.loading import HubUnreachable, resolve_checkpoint
+    from gpt2lib.checkpoint import HubUnreachable, resolve_checkpoint
 
     chosen = os.environ.get(ENV)
     if chosen:
@@ -90,7 +80,7 @@ def chapter_checkpoint(name: str = "gpt2", *, verbose: bool = True):
 
 def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
     """The model to look for circuits in: `checkpoint` itself if it is OpenAI's GPT-2, else data/circuits."""
-    from gpt2lib.loading import resolve_checkpoint
+    from gpt2lib.checkpoint import resolve_checkpoint
 
     folder = resolve_checkpoint(checkpoint)
     if is_real_gpt2(folder):

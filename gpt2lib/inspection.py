@@ -1,12 +1,13 @@
-"""Argument checks and thread-scoped hooks behind chapter 8's look inside (gpt2lib.interpret).
+"""A look inside a model (chapter 8), as the package's entry points.
 
-Written by hand (not generated from a notebook). The chapter's code stays the plain lesson
-(hooks that record, a head zeroed before c_proj, a score read off a diagonal) and makes one
-call here before it registers anything: every argument is checked up front, so that a bad
-layer number, capture name or sequence length is a clear error before any hook is on the
-model. `hook_scope()` registers hooks that act only in the calling thread and context and are
-removed afterwards, also when the forward pass fails. This module imports nothing from
-gpt2lib.interpret (it is a leaf the interpret module calls).
+    from gpt2lib.inspection import run_with_cache, ablated_heads, logit_lens, induction_scores
+
+Hand-written. Chapter 8's lesson (`gpt2lib.chapters.interpret`) records a forward pass with
+hooks, reads the logit lens, scores heads and zeroes them. This module checks every argument
+before anything runs, so that a bad layer number, capture name or sequence length is a clear
+error before any hook is on the model, and records on a view of the model
+(`gpt2lib.views.model_view`): the caller's model never carries the recording hooks, so another
+thread running it at the same moment is not recorded or changed.
 """
 
 from __future__ import annotations
@@ -14,24 +15,33 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+from collections.abc import Iterable, Iterator
 
 import torch
+import torch.nn as nn
 
+from gpt2lib.chapters import interpret as lesson
+from gpt2lib.chapters.interpret import ActivationCache
 from gpt2lib.validation import check_token_ids
+from gpt2lib.views import model_view
 
 __all__ = [
     "CAPTURES",
+    "DEFAULT_CAPTURE",
+    "ActivationCache",
+    "ablated_heads",
     "check_ablation",
     "check_lens",
-    "check_pattern",
     "check_repeat_args",
     "check_run_with_cache",
-    "check_whole",
-    "hook_scope",
+    "induction_scores",
+    "logit_lens",
+    "run_with_cache",
 ]
 
-# What run_with_cache can record.
+# What run_with_cache can record, and what it records unless asked otherwise.
 CAPTURES = ("resid", "attn", "head_out", "mlp_out")
+DEFAULT_CAPTURE = ("resid", "attn")
 
 
 def _blocks(model):
@@ -149,14 +159,6 @@ def check_repeat_args(model, seq_len, batch, tokens):
             raise ValueError(f"tokens must be ids in 0 .. {vocab_size - 1} (the model's vocabulary)")
 
 
-def check_pattern(pattern, seq_len):
-    """An attention pattern on repeated_tokens of seq_len must cover 2 * seq_len + 1 tokens."""
-    T = pattern.shape[-1]
-    if T != 2 * seq_len + 1:
-        raise ValueError(f"pattern covers {T} tokens; repeated_tokens of seq_len={seq_len} "
-                         f"have {2 * seq_len + 1}")
-
-
 def check_lens(model, cache, top_k):
     """logit_lens's arguments: a top_k within the vocabulary, a cache that holds the stream."""
     if top_k is not None:
@@ -166,30 +168,76 @@ def check_lens(model, cache, top_k):
                          "in capture (it is there by default)")
 
 
-# Hooks sit on the model, which other threads may be running at the same moment. Each scope is
-# visible only to its own thread (and context), and its hooks act only there: another thread's
-# forward pass runs past them unchanged.
-_OPEN_SCOPES = contextvars.ContextVar("gpt2lib_interpret_open_scopes", default=frozenset())
+# --------------------------------------------------------------------------- the entry points
+
+
+def run_with_cache(
+    model: nn.Module,
+    idx: torch.Tensor,
+    capture: str | Iterable[str] = DEFAULT_CAPTURE,
+    ablate_heads: dict | None = None,
+) -> tuple[torch.Tensor, ActivationCache]:
+    """Logits (B, T, V) and an ActivationCache of one forward pass over idx (B, T).
+
+    capture: any of CAPTURES. ablate_heads: {layer: [head, ...]}, heads whose outputs are
+    zeroed before c_proj in this pass. Every argument is checked before anything runs; the
+    hooks go on a view of the model, never on the model itself.
+    """
+    wanted = check_run_with_cache(model, idx, capture)
+    checked = check_ablation(ablate_heads, model)
+    view = model_view(model)
+    return lesson.run_with_cache(view, idx.long(), tuple(sorted(wanted)), checked or None)
+
+
+# The context manager below changes the model itself, which other threads may be running. Each
+# one is seen only in its own thread (and context): another thread's forward runs past its hooks.
+_OPEN_ABLATIONS = contextvars.ContextVar("gpt2lib_open_ablations", default=frozenset())
 
 
 @contextlib.contextmanager
-def hook_scope():
-    """Yields add(register, hook): register a hook that acts only in this scope; all removed after.
-
-        with hook_scope() as add:
-            add(block.register_forward_pre_hook, before_block)
-            logits = model(idx)
-    """
+def ablated_heads(model: nn.Module, ablate_heads: dict) -> Iterator[nn.Module]:
+    """Within the block, the listed heads' outputs ({layer: [head, ...]}) are zeroed before
+    c_proj on `model` itself (chapter 8's zero_heads), in this thread only; the hooks are
+    removed afterwards, also after an error."""
+    checked = check_ablation(ablate_heads, model)
     key = object()
-    handles = []
 
-    def add(register, hook):
-        handles.append(register(lambda *args: hook(*args) if key in _OPEN_SCOPES.get() else None))
+    def zero(heads, n_head):
+        def hook(module, args):
+            if key in _OPEN_ABLATIONS.get():
+                return (lesson.zero_heads(args[0], heads, n_head),)
+            return None
 
-    _OPEN_SCOPES.set(_OPEN_SCOPES.get() | {key})
+        return hook
+
+    handles = [model.h[layer].attn.c_proj.register_forward_pre_hook(
+                   zero(heads, model.h[layer].attn.n_head)) for layer, heads in checked.items()]
+    token = _OPEN_ABLATIONS.set(_OPEN_ABLATIONS.get() | {key})
     try:
-        yield add
+        yield model
     finally:
+        _OPEN_ABLATIONS.reset(token)
         for handle in handles:
             handle.remove()
-        _OPEN_SCOPES.set(_OPEN_SCOPES.get() - {key})
+
+
+def logit_lens(model: nn.Module, cache: ActivationCache, top_k: int | None = None):
+    """The readout applied to the stream after every block: (n_layer + 1, B, T, V) logits, or
+    their torch.topk (values and indices, (n_layer + 1, B, T, top_k)) when top_k is given."""
+    check_lens(model, cache, top_k)
+    logits = lesson.logit_lens(model, cache)
+    return logits if top_k is None else logits.topk(top_k, dim=-1)
+
+
+def induction_scores(
+    model: nn.Module,
+    seq_len: int = 50,
+    batch: int = 4,
+    seed: int = 0,
+    previous: bool = False,
+    tokens: torch.Tensor | None = None,
+):
+    """(n_layer, n_head) induction scores on repeated random tokens; with previous=True also
+    the previous-token scores. `tokens` (1-d ids) is the pool the random tokens come from."""
+    check_repeat_args(model, seq_len, batch, tokens)
+    return lesson.induction_scores(model_view(model), seq_len, batch, seed, previous, tokens)

@@ -28,9 +28,9 @@ import warnings
 
 import torch
 
-from gpt2lib import kernels
-from gpt2lib.layers import Conv1D
-from gpt2lib.model import TiedReadout
+from gpt2lib.speed import kernels
+from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.chapters.model import TiedReadout
 
 
 class SplitConv1D(Conv1D):

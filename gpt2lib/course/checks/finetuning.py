@@ -240,8 +240,8 @@ POSITION_MISTAKES = [
 
 def check_loss_by_position(loss_by_position) -> None:
     """`loss_by_position(gpt, pairs, pad_id, positions)` -> (positions,) mean loss per reply position."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(0)
     gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
@@ -336,8 +336,8 @@ def check_lora_linear(LoRALinear) -> None:
 
 def check_add_adapters(add_adapters, LoRALinear) -> None:
     """`add_adapters(model, names, rank, alpha, dropout)` swaps each named layer for a LoRALinear."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(0)
     model = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=50)).eval()
@@ -381,7 +381,7 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
     """`merged_weight(layer)` -> the [in, out] weight W with x @ W + b == layer(x)."""
     gen = torch.Generator().manual_seed(4)
     for n_in, n_out, rank in ((6, 10, 2), (9, 4, 3)):
-        from gpt2lib.tuning import LoRALinear as Reference
+        from gpt2lib.chapters.tuning import LoRALinear as Reference
 
         layer = Reference(_Conv1D(n_in, n_out, gen), rank, 2.0 * rank + 1)
         with torch.no_grad():
@@ -428,7 +428,7 @@ COUNT_MISTAKES = [
 
 def check_lora_parameter_count(lora_parameter_count) -> None:
     """`lora_parameter_count(config, rank, targets)` -> parameters the adapters add."""
-    from gpt2lib.config import GPT2Config
+    from gpt2lib.chapters.config import GPT2Config
 
     cases = [(GPT2Config(), 8, ("c_attn",)), (GPT2Config(n_layer=3, n_head=2, n_embd=32), 4,
                                               ("c_attn", "c_fc")),
@@ -643,8 +643,8 @@ EX_CONFUSION = "Exercise 10.1b (confusion_counts)"
 
 
 def _tiny_gpt(seed=0, vocab_size=60):
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     return GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=vocab_size)).eval()
@@ -652,7 +652,7 @@ def _tiny_gpt(seed=0, vocab_size=60):
 
 def check_classifier(GPT2Classifier, hidden_states) -> None:
     """`GPT2Classifier(gpt, n_classes)(idx, lengths)` = a linear head on the masked mean state."""
-    from gpt2lib.tuning import hidden_states as reference_states
+    from gpt2lib.chapters.tuning import hidden_states as reference_states
 
     gen = torch.Generator().manual_seed(4)
     for n_classes in (3, 5):
@@ -682,28 +682,28 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
 
 
 def _class_loss_right(model, rows, pad_id):
-    from gpt2lib.tuning import speaker_batch
+    from gpt2lib.chapters.tuning import speaker_batch
 
     idx, lengths, labels = speaker_batch(rows, pad_id)
     return F.cross_entropy(model(idx, lengths), labels)
 
 
 def _class_loss_softmaxed(model, rows, pad_id):
-    from gpt2lib.tuning import speaker_batch
+    from gpt2lib.chapters.tuning import speaker_batch
 
     idx, lengths, labels = speaker_batch(rows, pad_id)
     return F.cross_entropy(model(idx, lengths).softmax(-1), labels)
 
 
 def _class_loss_summed(model, rows, pad_id):
-    from gpt2lib.tuning import speaker_batch
+    from gpt2lib.chapters.tuning import speaker_batch
 
     idx, lengths, labels = speaker_batch(rows, pad_id)
     return F.cross_entropy(model(idx, lengths), labels, reduction="sum")
 
 
 def _class_loss_padding_pooled(model, rows, pad_id):
-    from gpt2lib.tuning import speaker_batch
+    from gpt2lib.chapters.tuning import speaker_batch
 
     idx, _, labels = speaker_batch(rows, pad_id)
     return F.cross_entropy(model(idx, torch.full((len(rows),), idx.shape[1])), labels)
@@ -721,7 +721,7 @@ CLASS_LOSS_MISTAKES = [
 
 def check_classification_loss(classification_loss) -> None:
     """`classification_loss(model, rows, pad_id)` -> the mean cross-entropy of the batch's scores."""
-    from gpt2lib.tuning import GPT2Classifier
+    from gpt2lib.chapters.tuning import GPT2Classifier
 
     for n_classes, rows in ((3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
                             (4, [([1, 2], 3), ([3, 4, 5, 6], 0)])):

@@ -265,8 +265,9 @@ def _check_repeated_tokens(repeated_tokens):
 
 
 def _check_induction_scores(induction_scores, repeated_tokens):
-    from gpt2lib.interpret import previous_token_score, run_with_cache
-    from gpt2lib.interpret import repeated_tokens as reference_tokens
+    from gpt2lib.chapters.interpret import previous_token_score
+    from gpt2lib.inspection import run_with_cache
+    from gpt2lib.chapters.interpret import repeated_tokens as reference_tokens
 
     make = repeated_tokens or reference_tokens
     model = _tiny_gpt2(3, n_positions=32)
@@ -301,8 +302,8 @@ class _Cache:
 
 def _lens_model(seed=0):
     """A tiny random GPT-2 whose ln_f has a gain and a shift far from 1 and 0."""
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     model = GPT2(GPT2Config(vocab_size=23, n_positions=16, n_embd=12, n_layer=3, n_head=3)).eval()
@@ -525,8 +526,8 @@ def check_zero_heads(zero_heads) -> None:
 
 
 def _tiny_gpt2(seed=0, n_layer=2, n_head=3, n_embd=12, vocab_size=23, n_positions=16):
-    from gpt2lib.config import GPT2Config
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
     return GPT2(GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd,
@@ -636,7 +637,7 @@ def _check_load_weights(load_weights, model):
 
     from safetensors.torch import save_file
 
-    from gpt2lib.model import GPT2
+    from gpt2lib.chapters.model import GPT2
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
@@ -758,7 +759,7 @@ COPY_MISTAKES = [
 
 def check_copy_losses(copy_losses) -> None:
     """Exercise 8.5: `copy_losses(logits, idx, seq_len)` -> (first copy's loss, second's)."""
-    from gpt2lib.interpret import repeated_tokens
+    from gpt2lib.chapters.interpret import repeated_tokens
 
     for B, L, V, seed in [(3, 5, 13, 0), (2, 7, 17, 1)]:
         idx = repeated_tokens(B, L, V, seed=seed)
@@ -848,7 +849,8 @@ def _hooks_left(model):
 def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
     """Exercise 8.8: `mean_head_outputs(model, idx)` -> per layer (n_head, head_dim), if given;
     `ablation_effects(model, idx, seq_len, head_means=None)` -> (n_layer, n_head)."""
-    from gpt2lib.interpret import repeated_tokens, run_with_cache
+    from gpt2lib.chapters.interpret import repeated_tokens
+    from gpt2lib.inspection import run_with_cache
 
     model = _effects_model()
     n_layer, n_head = model.config.n_layer, model.config.n_head
@@ -941,7 +943,7 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
 
 def _record_right(model, idx):
     """resid, attn, head_out of a forward pass, computed here without hooks."""
-    from gpt2lib.attention import attention_weights
+    from gpt2lib.chapters.attention import attention_weights
 
     resid, attn, head_out = [], [], []
     with torch.no_grad():
@@ -978,7 +980,7 @@ RECORD_MISTAKES = [
 
 def check_run_with_cache(run_with_cache) -> None:
     """Exercise 8.2: the hooks of `run_with_cache(model, idx, capture)` record resid, attn, head_out."""
-    from gpt2lib.attention import attention_weights
+    from gpt2lib.chapters.attention import attention_weights
 
     model = _tiny_gpt2(2, n_layer=3, n_positions=16)
     for B, T in [(2, 5), (1, 7)]:
@@ -1045,7 +1047,7 @@ def _try_reader(read_safetensors):
 def yours_or_reference(read_safetensors):
     """Your reader when exercise 8.0 is done (it reads a small file), else gpt2lib.weights', with a
     note; the fallback itself is the course's shared `_core.yours_or_reference`."""
-    from gpt2lib.weights import read_safetensors as reference
+    from gpt2lib.chapters.weights import read_safetensors as reference
 
     return _yours_or_reference(read_safetensors, reference, _try_reader,
                                what="your read_safetensors",
