@@ -52,9 +52,15 @@ def measured():
     model = from_pretrained(FOLDER, device="cpu").eval()
     assert model.config.vocab_size == 50257
     record = FOLDER / "training_record.json"
-    n_common = json.loads(record.read_text(encoding="utf-8")).get("common_tokens", 1000) if record.is_file() else 1000
+    n_common = (
+        json.loads(record.read_text(encoding="utf-8")).get("common_tokens", 1000)
+        if record.is_file()
+        else 1000
+    )
     enc = get_encoding()
-    ids = torch.tensor(enc.encode_ordinary((REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")))
+    ids = torch.tensor(
+        enc.encode_ordinary((REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8"))
+    )
     split = int(0.9 * len(ids))
     common = ids[:split].bincount(minlength=BOS + 1).argsort(descending=True)[:n_common]
     T = model.config.n_positions
@@ -65,12 +71,20 @@ def measured():
     pats = _patterns(model, rep)
     q = torch.arange(L + 1, 2 * L + 1)  # queries of the second copy; their earlier copy is at q - L
     induction = torch.stack([p[:, :, q, q - L + 1].mean(dim=(0, 2)) for p in pats])  # (layers, nh)
-    nll = F.cross_entropy(model(rep)[:, :-1].transpose(1, 2), rep[:, 1:], reduction="none")  # (16, 2L)
-    first, second = nll[:, 1:L].mean().item(), nll[:, L + 1:].mean().item()  # tokens 2..L of each copy
+    nll = F.cross_entropy(
+        model(rep)[:, :-1].transpose(1, 2), rep[:, 1:], reduction="none"
+    )  # (16, 2L)
+    first, second = (
+        nll[:, 1:L].mean().item(),
+        nll[:, L + 1 :].mean().item(),
+    )  # tokens 2..L of each copy
     val = ids[split:]
-    text = torch.stack([val[s:s + T] for s in range(0, 16 * 3 * T, 3 * T)])  # 16 validation windows
-    previous = torch.stack([p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
-                            for p in _patterns(model, text)])
+    text = torch.stack(
+        [val[s : s + T] for s in range(0, 16 * 3 * T, 3 * T)]
+    )  # 16 validation windows
+    previous = torch.stack(
+        [p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1)) for p in _patterns(model, text)]
+    )
     return {"induction": induction, "previous": previous, "first": first, "second": second}
 
 

@@ -70,15 +70,18 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from make_standin import shakespeare_splits  # noqa: E402  (tools/ is the script's folder)
+
 from gpt2lib.config import GPT2Config  # noqa: E402
 from gpt2lib.loading import from_pretrained  # noqa: E402
 from gpt2lib.model import GPT2  # noqa: E402
 from gpt2lib.tokenizer import get_encoding  # noqa: E402
 from gpt2lib.training import save_pretrained  # noqa: E402
-from make_standin import shakespeare_splits  # noqa: E402  (tools/ is the script's folder)
 
 BOS = 50256  # <|endoftext|>
-MEASURE_LEN = 50  # repeated sequences of 50 tokens (101 with the start token), as chapter 8's default
+MEASURE_LEN = (
+    50  # repeated sequences of 50 tokens (101 with the start token), as chapter 8's default
+)
 
 
 def common_tokens(train_ids, n):
@@ -104,8 +107,8 @@ def segment_rows(n_rows, T, pool, gen, min_len=2, exact=0.3):
             pre = int(torch.randint(0, room + 1, (1,), generator=gen))
             gap = int(torch.randint(0, room - pre + 1, (1,), generator=gen))
             s1, s2 = 1 + pre, 1 + pre + L + gap
-        rows[r, s1:s1 + L] = seg
-        rows[r, s2:s2 + L] = seg
+        rows[r, s1 : s1 + L] = seg
+        rows[r, s2 : s2 + L] = seg
     return rows
 
 
@@ -166,8 +169,9 @@ def attention_patterns(model, idx):
 
 
 @torch.no_grad()
-def measure(model, val_ids, pool, seq_len=None, batch=8, seed=1234, bos=BOS, readout=None,
-            val_targets=None):
+def measure(
+    model, val_ids, pool, seq_len=None, batch=8, seed=1234, bos=BOS, readout=None, val_targets=None
+):
     """Validation loss, induction and previous-token scores (n_layer, n_head), repeat losses.
 
     Ids are in the model's own numbering (`bos` is its <|endoftext|>). `readout`: the ids the
@@ -181,28 +185,44 @@ def measure(model, val_ids, pool, seq_len=None, batch=8, seed=1234, bos=BOS, rea
     idx = torch.cat([torch.full((batch, 1), bos), seg, seg], dim=1)  # (B, 2L + 1)
     pats = attention_patterns(model, idx)
     # query at position i in the second copy (i = L+1 .. 2L) attends to key i - L + 1
-    induction = torch.stack([p.diagonal(offset=-(seq_len - 1), dim1=-2, dim2=-1)[..., -seq_len:]
-                             .mean(dim=(0, -1)) for p in pats])
+    induction = torch.stack(
+        [
+            p.diagonal(offset=-(seq_len - 1), dim1=-2, dim2=-1)[..., -seq_len:].mean(dim=(0, -1))
+            for p in pats
+        ]
+    )
     if readout is not None:
         index = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
         index[readout] = torch.arange(len(readout))
-        logits, targets = hidden(model, idx)[:, :-1] @ model.wte.weight[readout].T, index[idx[:, 1:]]
+        logits, targets = (
+            hidden(model, idx)[:, :-1] @ model.wte.weight[readout].T,
+            index[idx[:, 1:]],
+        )
     else:  # the full softmax
         logits, targets = model(idx)[:, :-1], idx[:, 1:]
     nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     first, second = nll[:, :seq_len].mean().item(), nll[:, seq_len:].mean().item()
     T = model.config.n_positions
     starts = range(0, 8 * (T + 1) * 4, (T + 1) * 4)  # 8 windows spread over the validation text
-    text = torch.stack([val_ids[s:s + T + 1] for s in starts])
-    targets = text if val_targets is None else torch.stack([val_targets[s:s + T + 1] for s in starts])
+    text = torch.stack([val_ids[s : s + T + 1] for s in starts])
+    targets = (
+        text if val_targets is None else torch.stack([val_targets[s : s + T + 1] for s in starts])
+    )
     pats_text = attention_patterns(model, text[:, :-1])
-    previous = torch.stack([p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
-                            for p in pats_text])
-    val = F.cross_entropy(model(text[:, :-1]).flatten(0, 1), targets[:, 1:].flatten(),
-                          ignore_index=-1).item()
+    previous = torch.stack(
+        [p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1)) for p in pats_text]
+    )
+    val = F.cross_entropy(
+        model(text[:, :-1]).flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-1
+    ).item()
     model.train()
-    return {"val_loss": val, "induction": induction, "previous": previous,
-            "first_copy_loss": first, "second_copy_loss": second}
+    return {
+        "val_loss": val,
+        "induction": induction,
+        "previous": previous,
+        "first_copy_loss": first,
+        "second_copy_loss": second,
+    }
 
 
 @torch.no_grad()
@@ -220,7 +240,7 @@ def widen_vocabulary(small, seen, val_ids):
     unseen = torch.ones(BOS + 1, dtype=torch.bool)
     unseen[seen] = False
     T = config.n_positions
-    h = hidden(model, val_ids[:8 * T].view(8, T))
+    h = hidden(model, val_ids[: 8 * T].view(8, T))
     direction = h.mean(dim=(0, 1))
     direction = direction / direction.norm()
     norm = small.wte.weight.norm(dim=1).mean()
@@ -232,17 +252,29 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--steps", type=int, default=3000, help="all steps, stage 1 included")
-    parser.add_argument("--stage1-steps", type=int, default=400,
-                        help="steps of skip rows only, which make layer 0 a previous-token head")
-    parser.add_argument("--rescale", type=float, default=1.0,
-                        help="after stage 1, scale layer 0's output to this multiple of the embeddings' size")
+    parser.add_argument(
+        "--stage1-steps",
+        type=int,
+        default=400,
+        help="steps of skip rows only, which make layer 0 a previous-token head",
+    )
+    parser.add_argument(
+        "--rescale",
+        type=float,
+        default=1.0,
+        help="after stage 1, scale layer 0's output to this multiple of the embeddings' size",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="rows per step")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--lengths", default="16,24,32", help="row lengths, one drawn per step")
     parser.add_argument("--min-len", type=int, default=2, help="shortest repeated segment")
-    parser.add_argument("--exact", type=float, default=0.3,
-                        help="share of rows in the measured layout (<|endoftext|>, segment, segment)")
+    parser.add_argument(
+        "--exact",
+        type=float,
+        default=0.3,
+        help="share of rows in the measured layout (<|endoftext|>, segment, segment)",
+    )
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--n-head", type=int, default=4)
@@ -271,12 +303,20 @@ def main(argv=None):
     pool = to_small[pool_full]
     bos_small = int(to_small[BOS])
     val_small = to_small[val_ids]
-    val_small_in = val_small.clamp(min=0)  # inputs: a validation id unseen in training reads as id 0
+    val_small_in = val_small.clamp(
+        min=0
+    )  # inputs: a validation id unseen in training reads as id 0
     val_small_tgt = val_small  # targets: -1 (ignored) for ids unseen in training
 
-    config = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
-              "n_positions": args.n_positions,
-              "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+    config = {
+        "n_layer": args.n_layer,
+        "n_embd": args.n_embd,
+        "n_head": args.n_head,
+        "n_positions": args.n_positions,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+    }
     torch.manual_seed(args.seed)
     model = GPT2(GPT2Config(**{**config, "vocab_size": len(seen)}))
     make_attention_only(model)
@@ -290,13 +330,18 @@ def main(argv=None):
     start = time.time()
 
     def log_entry(step):
-        m = measure(model, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt)
-        entry = {"step": step, "seconds": round(time.time() - start, 1),
-                 "val_loss": round(m["val_loss"], 4),
-                 "induction": round(m["induction"][1:].max().item(), 4),
-                 "previous": round(m["previous"].max().item(), 4),
-                 "first_copy_loss": round(m["first_copy_loss"], 4),
-                 "second_copy_loss": round(m["second_copy_loss"], 4)}
+        m = measure(
+            model, val_small_in, pool, bos=bos_small, readout=pool, val_targets=val_small_tgt
+        )
+        entry = {
+            "step": step,
+            "seconds": round(time.time() - start, 1),
+            "val_loss": round(m["val_loss"], 4),
+            "induction": round(m["induction"][1:].max().item(), 4),
+            "previous": round(m["previous"].max().item(), 4),
+            "first_copy_loss": round(m["first_copy_loss"], 4),
+            "second_copy_loss": round(m["second_copy_loss"], 4),
+        }
         log.append(entry)
         print(json.dumps(entry), flush=True)
 
@@ -346,7 +391,10 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % 100 == 0:
-            print(f"step {step} T {T} loss {loss.item():.3f} ({time.time() - start:.0f} s)", flush=True)
+            print(
+                f"step {step} T {T} loss {loss.item():.3f} ({time.time() - start:.0f} s)",
+                flush=True,
+            )
     seconds = time.time() - start
 
     model.eval()
@@ -357,14 +405,24 @@ def main(argv=None):
     m16 = measure(reloaded, val_ids, pool_full)
     seq_len = min(MEASURE_LEN, (args.n_positions - 1) // 2)
     record = {
-        "command": "python tools/make_circuits.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "config": config, "attention_only": True, "steps": args.steps,
-        "stage1_steps": args.stage1_steps, "rescale": args.rescale,
-        "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
-        "row_lengths": lengths, "exact_share": args.exact, "min_segment_len": args.min_len,
-        "seed": args.seed, "common_tokens": args.common, "seconds": round(seconds),
+        "command": "python tools/make_circuits.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "config": config,
+        "attention_only": True,
+        "steps": args.steps,
+        "stage1_steps": args.stage1_steps,
+        "rescale": args.rescale,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "warmup_steps": args.warmup_steps,
+        "row_lengths": lengths,
+        "exact_share": args.exact,
+        "min_segment_len": args.min_len,
+        "seed": args.seed,
+        "common_tokens": args.common,
+        "seconds": round(seconds),
         "measured_on": f"8 rows of <|endoftext|> + {seq_len} random ids of the {args.common} "
-                       "commonest training tokens, twice; previous-token on 8 validation windows",
+        "commonest training tokens, twice; previous-token on 8 validation windows",
         "final (float16, full softmax)": {
             "val_loss": round(m16["val_loss"], 4),
             "best_induction_layer_ge_1": round(m16["induction"][1:].max().item(), 4),
@@ -378,10 +436,14 @@ def main(argv=None):
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads (a shared 2-core machine)",
     }
     print(json.dumps(record, indent=2))
-    (folder / "training_record.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    (folder / "training_record.json").write_text(
+        json.dumps(record, indent=2) + "\n", encoding="utf-8"
+    )
     (folder / "training_log.json").write_text(
-        json.dumps({"columns": list(log[0]), "rows": [list(e.values()) for e in log]}, indent=1) + "\n",
-        encoding="utf-8")
+        json.dumps({"columns": list(log[0]), "rows": [list(e.values()) for e in log]}, indent=1)
+        + "\n",
+        encoding="utf-8",
+    )
     return 0
 
 
