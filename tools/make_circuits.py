@@ -35,9 +35,9 @@ the scores in the full softmax in training_record.json, on the pool and on the 6
 STATUS: the command above makes data/circuits. The committed run took 7 min 18 s (438 s wall,
 214 s of CPU time; training 426 s) on one thread of a shared 2-core machine whose other core
 and more were busy (load average 5); the same command trained in 175 s when the machine was
-quiet. Its tensors are identical run to run (a first run of this recipe gave the same values);
-the file's bytes can differ in its header, whose two metadata keys safetensors 0.8 writes in an
-order that changes from process to process.
+quiet. Its tensors are identical run to run (two more runs, one of them 5 min 58 s, gave the
+same values); the file's bytes can differ in its header, whose two metadata keys safetensors
+0.8 writes in an order that changes from process to process.
 The induction head appears in a phase change about 300 steps into stage 2 (see
 training_log.json): induction 0.19 -> 0.63 -> 0.78 at steps 600, 700, 800 of 3,000; the second
 copy's loss (pool softmax) 7.4 -> 4.8 -> 2.1 nats, the first copy's staying near
