@@ -77,8 +77,10 @@ def pytest_report_header(config):
 
     if bs.browser_missing():
         return None  # the browser tests will skip and say why in the summary
-    return (f"browser tests: {bs.find_chromium()[0]}; a solution notebook that a browser test runs in JupyterLab "
-            "is not run a second time by nbval")
+    return (
+        f"browser tests: {bs.find_chromium()[0]}; a solution notebook that a browser test runs in JupyterLab "
+        "is not run a second time by nbval"
+    )
 
 
 def run_once_in_lab(config, items):
@@ -90,8 +92,11 @@ def run_once_in_lab(config, items):
     learner notebooks always run under nbval."""
     import browser_support as bs
 
-    in_lab = {item.callspec.params.get("chapter") for item in items
-              if item.get_closest_marker("browser") and hasattr(item, "callspec")} - {None}
+    in_lab = {
+        item.callspec.params.get("chapter")
+        for item in items
+        if item.get_closest_marker("browser") and hasattr(item, "callspec")
+    } - {None}
     if not in_lab or bs.browser_missing():
         return
     twice = [item for item in items if bs.solution_chapter(item.nodeid) in in_lab]

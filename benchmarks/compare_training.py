@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
-from gpt2lib.training import get_batch
 from gpt2lib.chapters.training import make_optimizer
+from gpt2lib.training import get_batch
 
 CHAPTER_SETTING = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128}
 QUICK_SETTING = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 32}
@@ -83,19 +83,32 @@ def hf_copy(model, device, dtype):
     from transformers import GPT2LMHeadModel
 
     c = model.config
-    hf = GPT2LMHeadModel(HFConfig(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
-                                  n_positions=c.n_positions, vocab_size=c.vocab_size,
-                                  embd_pdrop=c.embd_pdrop, attn_pdrop=c.attn_pdrop,
-                                  resid_pdrop=c.resid_pdrop,
-                                  layer_norm_epsilon=c.layer_norm_epsilon,
-                                  activation_function="gelu_new"))
+    hf = GPT2LMHeadModel(
+        HFConfig(
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_embd=c.n_embd,
+            n_positions=c.n_positions,
+            vocab_size=c.vocab_size,
+            embd_pdrop=c.embd_pdrop,
+            attn_pdrop=c.attn_pdrop,
+            resid_pdrop=c.resid_pdrop,
+            layer_norm_epsilon=c.layer_norm_epsilon,
+            activation_function="gelu_new",
+        )
+    )
     state = {"transformer." + k: v for k, v in model.state_dict().items()}  # same [in, out] layout
     missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))
-               and k != "lm_head.weight"]
+    missing = [
+        k
+        for k in missing
+        if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"
+    ]
     if missing or unexpected:
-        raise RuntimeError(f"weights do not map onto transformers' model: missing {missing}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"weights do not map onto transformers' model: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
     hf.tie_weights()
     return hf.to(device=device, dtype=dtype)
 
@@ -113,8 +126,11 @@ AUTOCAST = None  # torch.autocast's dtype for the forward pass (--autocast), or 
 
 def step(model, logits_fn, optimizer, x, y):
     optimizer.zero_grad(set_to_none=True)
-    context = (torch.autocast(x.device.type, dtype=AUTOCAST) if AUTOCAST is not None
-               else contextlib.nullcontext())
+    context = (
+        torch.autocast(x.device.type, dtype=AUTOCAST)
+        if AUTOCAST is not None
+        else contextlib.nullcontext()
+    )
     with context:  # as gpt2lib.scaling's training loop runs it
         logits = logits_fn(model, x)  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
@@ -129,9 +145,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps: a smoke test")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--autocast", default=None, choices=["bfloat16"],
-                        help="run both forwards under torch.autocast (mixed precision), "
-                             "weights and optimizer in --dtype")
+    parser.add_argument(
+        "--autocast",
+        default=None,
+        choices=["bfloat16"],
+        help="run both forwards under torch.autocast (mixed precision), "
+        "weights and optimizer in --dtype",
+    )
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per round")
@@ -160,7 +180,9 @@ def main(argv=None):
         text = text[:50_000]
     ids = torch.tensor(get_encoding().encode_ordinary(text))
 
-    peak = matmul_peak_gflops(device, AUTOCAST or dtype, 512 if args.quick else 2048, 0.5 if args.quick else 3.0)
+    peak = matmul_peak_gflops(
+        device, AUTOCAST or dtype, 512 if args.quick else 2048, 0.5 if args.quick else 3.0
+    )
 
     torch.manual_seed(0)
     ours = GPT2(config).to(device=device, dtype=dtype).train()
@@ -175,13 +197,17 @@ def main(argv=None):
     tolerance = 1e-4 if dtype == torch.float32 and AUTOCAST is None else 2e-2
     same_losses = abs(loss_ours - loss_theirs) <= tolerance * max(1.0, abs(loss_ours))
     if not same_losses:
-        raise SystemExit(f"the two models disagree before timing: loss {loss_ours:.6f} vs "
-                         f"{loss_theirs:.6f}; the comparison would not be fair")
+        raise SystemExit(
+            f"the two models disagree before timing: loss {loss_ours:.6f} vs "
+            f"{loss_theirs:.6f}; the comparison would not be fair"
+        )
 
     gen = torch.Generator().manual_seed(1)
     batches = [get_batch(ids, batch_size, block_size, gen, device) for _ in range(steps)]
-    contenders = {"gpt2lib": (ours, ours_logits, opt_ours),
-                  "transformers": (theirs, hf_logits, opt_theirs)}
+    contenders = {
+        "gpt2lib": (ours, ours_logits, opt_ours),
+        "transformers": (theirs, hf_logits, opt_theirs),
+    }
     for model, fn, opt in contenders.values():  # warm-up: allocator, kernels
         step(model, fn, opt, *batches[0])
     times = {name: [] for name in contenders}
@@ -199,22 +225,37 @@ def main(argv=None):
     flops = train_flops_per_step(config, batch_size, block_size)
     tokens = batch_size * block_size
     result = {
-        "setting": {**sizes, "vocab_size": config.vocab_size, "batch_size": batch_size,
-                    "block_size": block_size, "dtype": args.dtype, "autocast": args.autocast,
-                    "device": str(device),
-                    "threads": torch.get_num_threads(), "steps_per_round": steps, "rounds": rounds},
-        "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "matmul_peak_gflops": round(peak, 1), "flops_per_step": flops,
+        "setting": {
+            **sizes,
+            "vocab_size": config.vocab_size,
+            "batch_size": batch_size,
+            "block_size": block_size,
+            "dtype": args.dtype,
+            "autocast": args.autocast,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "steps_per_round": steps,
+            "rounds": rounds,
+        },
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "matmul_peak_gflops": round(peak, 1),
+        "flops_per_step": flops,
         "first_step_loss": {"gpt2lib": round(loss_ours, 6), "transformers": round(loss_theirs, 6)},
         "same_losses": same_losses,
     }
     for name, seconds in times.items():
         median = statistics.median(seconds)
-        result[name] = {"seconds_per_step": round(median, 5),
-                        "tokens_per_s": round(tokens / median, 1),
-                        "tokens_per_s_range": [round(tokens / max(seconds), 1), round(tokens / min(seconds), 1)],
-                        "gflops": round(flops / median / 1e9, 2),
-                        "fraction_of_peak": round(flops / median / 1e9 / peak, 3)}
+        result[name] = {
+            "seconds_per_step": round(median, 5),
+            "tokens_per_s": round(tokens / median, 1),
+            "tokens_per_s_range": [
+                round(tokens / max(seconds), 1),
+                round(tokens / min(seconds), 1),
+            ],
+            "gflops": round(flops / median / 1e9, 2),
+            "fraction_of_peak": round(flops / median / 1e9 / peak, 3),
+        }
     ratio = result["gpt2lib"]["tokens_per_s"] / result["transformers"]["tokens_per_s"]
     result["ratio_gpt2lib_over_transformers"] = round(ratio, 3)
     # on a shared machine the fastest round is the one least slowed by other work
@@ -222,17 +263,21 @@ def main(argv=None):
     result["ratio_of_fastest_rounds"] = round(best_ratio, 3)
 
     s = result["setting"]
-    print(f"training step (forward + backward + clip + AdamW), {s['n_layer']} layers, width "
-          f"{s['n_embd']}, batch {batch_size} x {block_size}, {args.dtype}"
-          f"{' under ' + args.autocast + ' autocast' if args.autocast else ''} on {device} "
-          f"({s['threads']} threads)")
+    print(
+        f"training step (forward + backward + clip + AdamW), {s['n_layer']} layers, width "
+        f"{s['n_embd']}, batch {batch_size} x {block_size}, {args.dtype}"
+        f"{' under ' + args.autocast + ' autocast' if args.autocast else ''} on {device} "
+        f"({s['threads']} threads)"
+    )
     print(f"first-step loss: gpt2lib {loss_ours:.6f}, transformers {loss_theirs:.6f}")
     print(f"matrix-multiply peak of this machine: {peak:.1f} GFLOP/s")
     for name in contenders:
         r = result[name]
-        print(f"{name:13} {r['tokens_per_s']:10.1f} tokens/s  (range {r['tokens_per_s_range'][0]:.1f}"
-              f"..{r['tokens_per_s_range'][1]:.1f})  {r['gflops']:8.2f} GFLOP/s  "
-              f"{100 * r['fraction_of_peak']:5.1f}% of peak")
+        print(
+            f"{name:13} {r['tokens_per_s']:10.1f} tokens/s  (range {r['tokens_per_s_range'][0]:.1f}"
+            f"..{r['tokens_per_s_range'][1]:.1f})  {r['gflops']:8.2f} GFLOP/s  "
+            f"{100 * r['fraction_of_peak']:5.1f}% of peak"
+        )
     print(f"gpt2lib / transformers: {ratio:.2f}x (medians), {best_ratio:.2f}x (fastest rounds)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

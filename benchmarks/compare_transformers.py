@@ -39,8 +39,8 @@ from checkpoints import write_hub_checkpoint  # noqa: E402
 
 from gpt2lib import GPT2  # noqa: E402
 from gpt2lib.generation import generate  # noqa: E402
-from gpt2lib.speed.kernels import measured_routes, use_split_matmul  # noqa: E402
 from gpt2lib.model import from_pretrained  # noqa: E402
+from gpt2lib.speed.kernels import measured_routes, use_split_matmul  # noqa: E402
 from gpt2lib.speed.measure import decode_bytes_per_token, memory_read_gbps, wall_times  # noqa: E402
 
 # --------------------------------------------------------------------------- set-up
@@ -202,7 +202,10 @@ def measure_loading(folder: Path, repeats: int, threads: int) -> dict:
         for which in order:
             out = subprocess.run(
                 [sys.executable, "-c", snippet, which, str(folder)],
-                capture_output=True, text=True, check=True, cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=REPO,
             )
             runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
     return runs
@@ -224,7 +227,9 @@ def summary(seconds: list[float], work: float) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint", type=Path, help="folder with config.json + model.safetensors")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -232,11 +237,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--uncached-new-tokens", type=int, default=32,
-                   help="new tokens for the no-cache baseline (it is slow: quadratic)")
+    p.add_argument(
+        "--uncached-new-tokens",
+        type=int,
+        default=32,
+        help="new tokens for the no-cache baseline (it is slow: quadratic)",
+    )
     p.add_argument("--prefill-len", type=int, default=1024)
-    p.add_argument("--compile", action="store_true",
-                   help="gpt2lib's captured CUDA graph for the decode step (GPU)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="gpt2lib's captured CUDA graph for the decode step (GPU)",
+    )
     p.add_argument("--quick", action="store_true", help="3 repeats, 32 new tokens: a smoke run")
     p.add_argument("--skip-loading", action="store_true")
     p.add_argument("--skip-tokenizer", action="store_true")
@@ -296,8 +308,12 @@ class Bench:
         t_ours, t_hf = timed_pair(fn_ours, fn_hf, self.args.repeats, self.args.device)
         s_ours, s_hf = summary(t_ours, work), summary(t_hf, work)
         ratio = s_ours["median"] / s_hf["median"]
-        self.record["results"][name] = {"unit": unit, "gpt2lib": s_ours, "transformers": s_hf,
-                                        "ratio": ratio}
+        self.record["results"][name] = {
+            "unit": unit,
+            "gpt2lib": s_ours,
+            "transformers": s_hf,
+            "ratio": ratio,
+        }
         self.rows.append((name, unit, s_ours, s_hf, ratio))
         print(f"  {name}: {s_ours['median']:.1f} vs {s_hf['median']:.1f} {unit} ({ratio:.2f}x)")
 
@@ -324,22 +340,38 @@ def time_decoding(bench) -> None:
     n = bench.args.new_tokens
     for batch in (1, 8):
         prompt = bench.prompt(batch)
-        bench.compare(f"decode, KV cache, batch {batch}",
-                      lambda: bench.generate(prompt, n), lambda: hf_loop(bench.hf, prompt, n),
-                      batch * n, "tokens/s")
+        bench.compare(
+            f"decode, KV cache, batch {batch}",
+            lambda: bench.generate(prompt, n),
+            lambda: hf_loop(bench.hf, prompt, n),
+            batch * n,
+            "tokens/s",
+        )
         if batch == 1:
-            bench.compare("decode, KV cache, batch 1 (vs transformers generate())",
-                          lambda: bench.generate(prompt, n),
-                          lambda: hf_generate(bench.hf, prompt, n), batch * n, "tokens/s")
+            bench.compare(
+                "decode, KV cache, batch 1 (vs transformers generate())",
+                lambda: bench.generate(prompt, n),
+                lambda: hf_generate(bench.hf, prompt, n),
+                batch * n,
+                "tokens/s",
+            )
             if bench.args.device == "cpu":
-                bench.compare("decode, KV cache, batch 1, gpt2lib without split matmul",
-                              lambda: ours_generate_unsplit(bench.ours, prompt, n),
-                              lambda: hf_loop(bench.hf, prompt, n), batch * n, "tokens/s")
+                bench.compare(
+                    "decode, KV cache, batch 1, gpt2lib without split matmul",
+                    lambda: ours_generate_unsplit(bench.ours, prompt, n),
+                    lambda: hf_loop(bench.hf, prompt, n),
+                    batch * n,
+                    "tokens/s",
+                )
     prompt = bench.prompt(1)
     n = bench.args.uncached_new_tokens
-    bench.compare("decode, no cache, batch 1",
-                  lambda: bench.generate(prompt, n, use_cache=False),
-                  lambda: hf_loop(bench.hf, prompt, n, use_cache=False), n, "tokens/s")
+    bench.compare(
+        "decode, no cache, batch 1",
+        lambda: bench.generate(prompt, n, use_cache=False),
+        lambda: hf_loop(bench.hf, prompt, n, use_cache=False),
+        n,
+        "tokens/s",
+    )
 
 
 def best_read_gbps(megabytes: int = 512, repeats: int = 7) -> dict:
@@ -358,8 +390,10 @@ def best_read_gbps(megabytes: int = 512, repeats: int = 7) -> dict:
     def best(fn, nbytes):
         return nbytes / min(wall_times(fn, repeats)) / 1e9
 
-    found = {"sum": best(buffer.sum, buffer.nbytes),
-             "one_row_mm": best(lambda: torch.mm(row, matrix), matrix.nbytes)}
+    found = {
+        "sum": best(buffer.sum, buffer.nbytes),
+        "one_row_mm": best(lambda: torch.mm(row, matrix), matrix.nbytes),
+    }
     found["best"] = max(found.values())
     return found
 
@@ -375,8 +409,11 @@ def multiplies_only_seconds(model, repeats: int = 7, clock=time.perf_counter) ->
     the weights still sits in a large last-level cache from the step before.)
     """
     C = model.config.n_embd
-    matrices = [m.weight for block in model.h
-                for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)]
+    matrices = [
+        m.weight
+        for block in model.h
+        for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    ]
     rows = {w.shape[0]: torch.ones(1, w.shape[0], dtype=w.dtype, device=w.device) for w in matrices}
     table = model.wte.weight
     column = torch.ones(C, 1, dtype=table.dtype, device=table.device)
@@ -396,13 +433,17 @@ def report_bandwidth(bench) -> None:
     achieved = {k: decode1[k]["median"] * per_token / 1e9 for k in ("gpt2lib", "transformers")}
     decode1["weights_gb_per_s"] = achieved
     decode1["weight_bytes_per_token"] = per_token
-    line = (f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
-            f"{achieved['transformers']:.1f} GB/s (transformers)")
+    line = (
+        f"  batch 1 reads the weights at {achieved['gpt2lib']:.1f} GB/s (gpt2lib) and "
+        f"{achieved['transformers']:.1f} GB/s (transformers)"
+    )
     if bench.args.device == "cpu":
         bandwidth = memory_read_gbps()
         bench.record["machine"]["memory_read_gb_per_s"] = bandwidth
-        line += (f"; this machine reads {bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per "
-                 f"token: at most {bandwidth * 1e9 / per_token:.0f} tokens/s)")
+        line += (
+            f"; this machine reads {bandwidth:.1f} GB/s ({per_token / 1e6:.0f} MB per "
+            f"token: at most {bandwidth * 1e9 / per_token:.0f} tokens/s)"
+        )
         streamed = best_read_gbps()
         bench.record["machine"]["best_read_gb_per_s"] = streamed
         stream_limit = streamed["best"] * 1e9 / per_token  # tokens/s at that memory speed
@@ -421,14 +462,16 @@ def report_bandwidth(bench) -> None:
             # a small model's weights fit in the caches: then neither figure bounds anything
             "is_a_bound": limit >= max(decode1[k]["max"] for k in ("gpt2lib", "transformers")),
         }
-        line += (f"\n  ceiling: the fastest stream measured here is {streamed['best']:.1f} GB/s "
-                 f"(sum {streamed['sum']:.1f}, one-row torch.mm {streamed['one_row_mm']:.1f}): "
-                 f"{stream_limit:.1f} tokens/s; the step's multiplies alone take "
-                 f"{multiplies * 1e3:.1f} ms ({per_token / multiplies / 1e9:.1f} GB/s): "
-                 f"{1 / multiplies:.1f} tokens/s, {hf_rate * multiplies:.2f}x transformers' "
-                 f"{hf_rate:.1f}. So batch 1 can reach at most "
-                 f"{limit:.1f} tokens/s, {limit / hf_rate:.2f}x this transformers run; gpt2lib "
-                 f"reaches {decode1['ceiling']['fraction_reached_by_gpt2lib']:.0%} of it")
+        line += (
+            f"\n  ceiling: the fastest stream measured here is {streamed['best']:.1f} GB/s "
+            f"(sum {streamed['sum']:.1f}, one-row torch.mm {streamed['one_row_mm']:.1f}): "
+            f"{stream_limit:.1f} tokens/s; the step's multiplies alone take "
+            f"{multiplies * 1e3:.1f} ms ({per_token / multiplies / 1e9:.1f} GB/s): "
+            f"{1 / multiplies:.1f} tokens/s, {hf_rate * multiplies:.2f}x transformers' "
+            f"{hf_rate:.1f}. So batch 1 can reach at most "
+            f"{limit:.1f} tokens/s, {limit / hf_rate:.2f}x this transformers run; gpt2lib "
+            f"reaches {decode1['ceiling']['fraction_reached_by_gpt2lib']:.0%} of it"
+        )
         if not decode1["ceiling"]["is_a_bound"]:
             line += " (not a bound here: a run went faster, the weights fit in the CPU's caches)"
     print(line)
@@ -436,9 +479,13 @@ def report_bandwidth(bench) -> None:
 
 def time_prefill(bench) -> None:
     long_prompt = bench.prompt(1, bench.args.prefill_len)
-    bench.compare(f"prefill, {bench.args.prefill_len} tokens",
-                  lambda: ours_prefill(bench.ours, long_prompt),
-                  lambda: hf_prefill(bench.hf, long_prompt), bench.args.prefill_len, "tokens/s")
+    bench.compare(
+        f"prefill, {bench.args.prefill_len} tokens",
+        lambda: ours_prefill(bench.ours, long_prompt),
+        lambda: hf_prefill(bench.hf, long_prompt),
+        bench.args.prefill_len,
+        "tokens/s",
+    )
 
 
 def time_loading(bench, folder: Path) -> None:
@@ -449,14 +496,20 @@ def time_loading(bench, folder: Path) -> None:
     ratio = s_ours["median"] / s_hf["median"]
     load_only = {k: statistics.median(r["load_only_seconds"] for r in v) for k, v in runs.items()}
     bench.record["results"]["loading"] = {
-        "unit": "loads/s", "gpt2lib": s_ours, "transformers": s_hf, "ratio": ratio,
-        "peak_added_mib": peak, "load_only_seconds": load_only,
+        "unit": "loads/s",
+        "gpt2lib": s_ours,
+        "transformers": s_hf,
+        "ratio": ratio,
+        "peak_added_mib": peak,
+        "load_only_seconds": load_only,
     }
     bench.rows.append(("load 124M safetensors + first forward", "loads/s", s_ours, s_hf, ratio))
-    print(f"  loading + first forward: {s_ours['median_seconds']:.2f} s vs "
-          f"{s_hf['median_seconds']:.2f} s (from_pretrained alone {load_only['gpt2lib']:.2f} s vs "
-          f"{load_only['transformers']:.2f} s); peak added memory {peak['gpt2lib']:.0f} MiB vs "
-          f"{peak['transformers']:.0f} MiB")
+    print(
+        f"  loading + first forward: {s_ours['median_seconds']:.2f} s vs "
+        f"{s_hf['median_seconds']:.2f} s (from_pretrained alone {load_only['gpt2lib']:.2f} s vs "
+        f"{load_only['transformers']:.2f} s); peak added memory {peak['gpt2lib']:.0f} MiB vs "
+        f"{peak['transformers']:.0f} MiB"
+    )
 
 
 def time_tokenizer(bench) -> None:
@@ -466,19 +519,33 @@ def time_tokenizer(bench) -> None:
     bench.record["results"]["tokenizer"] = tok
     for label, key in (("cold", "bpe_cold_mb_s"), ("warm", "bpe_warm_mb_s")):
         ours = {"median": tok[key], "min": tok[key], "max": tok[key]}
-        theirs = {"median": tok["tiktoken_mb_s"], "min": tok["tiktoken_mb_s"],
-                  "max": tok["tiktoken_mb_s"]}
-        bench.rows.append((f"tokenizer: teaching BPE ({label} cache) vs tiktoken", "MB/s", ours,
-                           theirs, tok[key] / tok["tiktoken_mb_s"]))
+        theirs = {
+            "median": tok["tiktoken_mb_s"],
+            "min": tok["tiktoken_mb_s"],
+            "max": tok["tiktoken_mb_s"],
+        }
+        bench.rows.append(
+            (
+                f"tokenizer: teaching BPE ({label} cache) vs tiktoken",
+                "MB/s",
+                ours,
+                theirs,
+                tok[key] / tok["tiktoken_mb_s"],
+            )
+        )
 
 
 def print_table(record, rows, args) -> None:
     print()
     if "memory_read_gb_per_s" in record["machine"]:
-        print(f"memory read speed (sum of 256 MB): {record['machine']['memory_read_gb_per_s']:.1f} GB/s")
-    print(f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
-          f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
-          f"{args.device} {args.dtype}, weights: {record['weights']}")
+        print(
+            f"memory read speed (sum of 256 MB): {record['machine']['memory_read_gb_per_s']:.1f} GB/s"
+        )
+    print(
+        f"{record['machine']['processor']}, {record['machine']['threads']} threads, "
+        f"torch {record['machine']['torch']}, transformers {record['machine']['transformers']}, "
+        f"{args.device} {args.dtype}, weights: {record['weights']}"
+    )
     print(f"| {'measure':<56} | {'unit':<8} | {'gpt2lib':>18} | {'transformers':>18} | ratio |")
     print(f"|{'-' * 58}|{'-' * 10}|{'-' * 20}|{'-' * 20}|-------|")
     for name, unit, a, b, ratio in rows:
@@ -491,16 +558,26 @@ def print_table(record, rows, args) -> None:
     ceiling = record["results"].get("decode, KV cache, batch 1", {}).get("ceiling")
     if ceiling and ceiling["is_a_bound"]:
         hf_rate = ceiling["tokens_per_s"] / ceiling["best_ratio_to_transformers"]
-        for name, rate in (("decode batch 1 ceiling: memory stream / bytes per token",
-                            ceiling["stream_tokens_per_s"]),
-                           ("decode batch 1 ceiling: the multiplies alone (torch.mm)",
-                            ceiling["multiplies_only_tokens_per_s"])):
-            print(f"| {name:<56} | {'tokens/s':<8} | {rate:>18.1f} | {'':>18} | "
-                  f"{rate / hf_rate:4.2f}x |")
-        print(f"(ceiling rows: the fastest memory stream measured here ({ceiling['gb_per_s']:.1f} "
-              f"GB/s) over the weight bytes per token, and one step's multiplies alone, back to "
-              f"back ({ceiling['multiplies_only_seconds'] * 1e3:.1f} ms); each ratio is against "
-              f"this run's transformers batch-1 rate: the most a decoder could show)")
+        for name, rate in (
+            (
+                "decode batch 1 ceiling: memory stream / bytes per token",
+                ceiling["stream_tokens_per_s"],
+            ),
+            (
+                "decode batch 1 ceiling: the multiplies alone (torch.mm)",
+                ceiling["multiplies_only_tokens_per_s"],
+            ),
+        ):
+            print(
+                f"| {name:<56} | {'tokens/s':<8} | {rate:>18.1f} | {'':>18} | "
+                f"{rate / hf_rate:4.2f}x |"
+            )
+        print(
+            f"(ceiling rows: the fastest memory stream measured here ({ceiling['gb_per_s']:.1f} "
+            f"GB/s) over the weight bytes per token, and one step's multiplies alone, back to "
+            f"back ({ceiling['multiplies_only_seconds'] * 1e3:.1f} ms); each ratio is against "
+            f"this run's transformers batch-1 rate: the most a decoder could show)"
+        )
 
 
 def main(argv=None) -> int:
@@ -535,8 +612,10 @@ def main(argv=None) -> int:
         record["machine"]["split_routes"] = measured_routes()
         print(f"split routes measured here: {record['machine']['split_routes']}")
     print_table(record, bench.rows, args)
-    print(f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
-          f"at the end {record['machine']['load_average_at_end']}")
+    print(
+        f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
+        f"at the end {record['machine']['load_average_at_end']}"
+    )
     out = args.json or REPO / "benchmarks" / "results" / time.strftime("compare-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2), encoding="utf-8")

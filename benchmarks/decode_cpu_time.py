@@ -66,7 +66,9 @@ def paired_models(n_embd, vocab_size, seed=0):
     state["lm_head.weight"] = ours.wte.weight
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all(".attn.bias" in m or "masked_bias" in m for m in missing), (
-        missing, unexpected)
+        missing,
+        unexpected,
+    )
     hf.tie_weights()
     return ours, hf
 
@@ -95,15 +97,19 @@ def summary(seconds, per):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--prefill-len", type=int, default=1024)
     p.add_argument("--quick", action="store_true", help="2 repeats, 8 new tokens, prefill of 64")
-    p.add_argument("--profile", action="store_true",
-                   help="print torch.profiler's table of one batch-1 decode per library")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="print torch.profiler's table of one batch-1 decode per library",
+    )
     p.add_argument("--json", type=Path, help="where to write the record")
     args = p.parse_args(argv)
     if args.quick:
@@ -115,13 +121,18 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # thread_time counts this thread only: no worker threads
     args.threads, args.device, args.dtype = 1, "cpu", "float32"
-    record = {"machine": machine_record(args), "clock": "time.thread_time, one thread",
-              "results": {}}
+    record = {
+        "machine": machine_record(args),
+        "clock": "time.thread_time, one thread",
+        "results": {},
+    }
     results = record["results"]
     gen = torch.Generator().manual_seed(1)
     n = args.new_tokens
-    for label, n_embd, vocab in (("GPT-2 small shapes", 768, 50257),
-                                 ("narrow model (per-step overhead)", 96, 1000)):
+    for label, n_embd, vocab in (
+        ("GPT-2 small shapes", 768, 50257),
+        ("narrow model (per-step overhead)", 96, 1000),
+    ):
         ours, hf = paired_models(n_embd, vocab)
         print(f"{label}: 12 layers, 12 heads, width {n_embd}, {vocab} tokens")
         for batch in (1, 8):
@@ -130,45 +141,64 @@ def main(argv=None) -> int:
             if not same:
                 print("  greedy tokens differ from transformers: refusing to time")
                 return 1
-            t_ours, t_hf = paired_cpu_times(lambda: ours_generate(ours, prompt, n),
-                                            lambda: hf_loop(hf, prompt, n), args.repeats)
-            entry = {"unit": "CPU ms per new token (each row's)", "gpt2lib": summary(t_ours, n),
-                     "transformers": summary(t_hf, n)}
+            t_ours, t_hf = paired_cpu_times(
+                lambda: ours_generate(ours, prompt, n), lambda: hf_loop(hf, prompt, n), args.repeats
+            )
+            entry = {
+                "unit": "CPU ms per new token (each row's)",
+                "gpt2lib": summary(t_ours, n),
+                "transformers": summary(t_hf, n),
+            }
             entry["ratio"] = entry["transformers"]["median"] / entry["gpt2lib"]["median"]
             if n_embd == 768 and batch == 1:
                 multiplies = multiplies_only_seconds(ours, clock=time.thread_time) * 1e3
                 entry["multiplies_only_ms"] = multiplies
                 entry["fraction_of_ceiling"] = {
-                    k: multiplies / entry[k]["median"] for k in ("gpt2lib", "transformers")}
+                    k: multiplies / entry[k]["median"] for k in ("gpt2lib", "transformers")
+                }
             results[f"{label}, decode batch {batch}"] = entry
-            line = (f"  decode, batch {batch}: gpt2lib {entry['gpt2lib']['median']:.2f} "
-                    f"({entry['gpt2lib']['min']:.2f}-{entry['gpt2lib']['max']:.2f}), "
-                    f"transformers {entry['transformers']['median']:.2f} "
-                    f"({entry['transformers']['min']:.2f}-{entry['transformers']['max']:.2f}) "
-                    f"CPU ms/step: {entry['ratio']:.2f}x")
+            line = (
+                f"  decode, batch {batch}: gpt2lib {entry['gpt2lib']['median']:.2f} "
+                f"({entry['gpt2lib']['min']:.2f}-{entry['gpt2lib']['max']:.2f}), "
+                f"transformers {entry['transformers']['median']:.2f} "
+                f"({entry['transformers']['min']:.2f}-{entry['transformers']['max']:.2f}) "
+                f"CPU ms/step: {entry['ratio']:.2f}x"
+            )
             if "multiplies_only_ms" in entry:
-                line += (f"; the multiplies alone {entry['multiplies_only_ms']:.2f} ms: gpt2lib "
-                         f"at {entry['fraction_of_ceiling']['gpt2lib']:.0%} of that ceiling, "
-                         f"transformers at {entry['fraction_of_ceiling']['transformers']:.0%}")
+                line += (
+                    f"; the multiplies alone {entry['multiplies_only_ms']:.2f} ms: gpt2lib "
+                    f"at {entry['fraction_of_ceiling']['gpt2lib']:.0%} of that ceiling, "
+                    f"transformers at {entry['fraction_of_ceiling']['transformers']:.0%}"
+                )
             print(line)
         if n_embd == 768 and args.prefill_len:
             long_prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=gen)
-            t_ours, t_hf = paired_cpu_times(lambda: ours_prefill(ours, long_prompt),
-                                            lambda: hf_prefill(hf, long_prompt),
-                                            max(2, args.repeats // 2))
-            entry = {"unit": "CPU ms per prompt token", "gpt2lib": summary(t_ours, args.prefill_len),
-                     "transformers": summary(t_hf, args.prefill_len)}
+            t_ours, t_hf = paired_cpu_times(
+                lambda: ours_prefill(ours, long_prompt),
+                lambda: hf_prefill(hf, long_prompt),
+                max(2, args.repeats // 2),
+            )
+            entry = {
+                "unit": "CPU ms per prompt token",
+                "gpt2lib": summary(t_ours, args.prefill_len),
+                "transformers": summary(t_hf, args.prefill_len),
+            }
             entry["ratio"] = entry["transformers"]["median"] / entry["gpt2lib"]["median"]
             results[f"{label}, prefill {args.prefill_len}"] = entry
-            print(f"  prefill of {args.prefill_len}: gpt2lib {entry['gpt2lib']['median']:.3f}, "
-                  f"transformers {entry['transformers']['median']:.3f} CPU ms/token: "
-                  f"{entry['ratio']:.2f}x")
+            print(
+                f"  prefill of {args.prefill_len}: gpt2lib {entry['gpt2lib']['median']:.3f}, "
+                f"transformers {entry['transformers']['median']:.3f} CPU ms/token: "
+                f"{entry['ratio']:.2f}x"
+            )
         if args.profile:
-            profile_one_decode(ours, hf, torch.randint(0, vocab, (1, args.prompt_len),
-                                                       generator=gen), n)
+            profile_one_decode(
+                ours, hf, torch.randint(0, vocab, (1, args.prompt_len), generator=gen), n
+            )
     record["machine"]["load_average_at_end"] = load_average()
-    print(f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
-          f"at the end {record['machine']['load_average_at_end']}")
+    print(
+        f"load average (1, 5, 15 min) at the start {record['machine']['load_average_at_start']}, "
+        f"at the end {record['machine']['load_average_at_end']}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2), encoding="utf-8")
@@ -179,14 +209,18 @@ def main(argv=None) -> int:
 def profile_one_decode(ours, hf, prompt, n):
     from torch.profiler import ProfilerActivity, profile
 
-    for name, fn in (("gpt2lib", lambda: ours_generate(ours, prompt, n)),
-                     ("transformers", lambda: hf_loop(hf, prompt, n))):
+    for name, fn in (
+        ("gpt2lib", lambda: ours_generate(ours, prompt, n)),
+        ("transformers", lambda: hf_loop(hf, prompt, n)),
+    ):
         fn()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn()
         events = prof.key_averages()
-        print(f"{name}: {sum(e.count for e in events) / n:.0f} aten calls per step "
-              "(nested calls counted too)")
+        print(
+            f"{name}: {sum(e.count for e in events) / n:.0f} aten calls per step "
+            "(nested calls counted too)"
+        )
         print(events.table(sort_by="self_cpu_time_total", row_limit=15))
 
 

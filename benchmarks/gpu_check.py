@@ -39,8 +39,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-NEEDED = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors",
-          "tiktoken": "tiktoken", "regex": "regex", "numpy": "numpy"}  # module -> pip name
+NEEDED = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "tiktoken": "tiktoken",
+    "regex": "regex",
+    "numpy": "numpy",
+}  # module -> pip name
 
 
 # --------------------------------------------------------------------------- set-up
@@ -67,12 +73,16 @@ def install(packages: list[str]) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke run)")
     p.add_argument("--checkpoint", type=Path, help="folder with config.json + model.safetensors")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny random model, few tokens, 1 repeat: proves the script runs")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny random model, few tokens, 1 repeat: proves the script runs",
+    )
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -91,9 +101,14 @@ def hf_generate(model, prompt, new_tokens):
     import torch
 
     with torch.inference_mode():
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, use_cache=True)
+        return model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            use_cache=True,
+        )
 
 
 def ours_generate(model, prompt, new_tokens, graph):
@@ -122,11 +137,11 @@ def agreeing_tokens(a, b) -> int:
 
 def run_dtype(dtype_name, folder, args, record) -> bool:
     import torch
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
 
     from gpt2lib.model import from_pretrained
     from gpt2lib.speed.measure import decode_bytes_per_token
-    from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     dtype = getattr(torch, dtype_name)
@@ -159,20 +174,26 @@ def run_dtype(dtype_name, folder, args, record) -> bool:
                 rows.setdefault("agreeing_positions", {})[name] = agree
                 if dtype_name == "float32" and not same:
                     ok = False
-                    print(f"  {dtype_name} batch {batch} {name}: tokens differ from "
-                          f"transformers from position {agree}", flush=True)
+                    print(
+                        f"  {dtype_name} batch {batch} {name}: tokens differ from "
+                        f"transformers from position {agree}",
+                        flush=True,
+                    )
         for name, fn in implementations.items():
             rate = decode_tokens_per_second(fn, prompt, args.new_tokens, args.repeats, sync)
             gbps = rate / batch * per_token / 1e9  # one step reads every weight once
             rows[name] = {"tokens_per_s": rate, "weights_gb_per_s": gbps}
-            print(f"  {dtype_name:8s} batch {batch}: {name:24s} {rate:9.1f} tokens/s "
-                  f"({gbps:7.1f} GB/s of weights)", flush=True)
+            print(
+                f"  {dtype_name:8s} batch {batch}: {name:24s} {rate:9.1f} tokens/s "
+                f"({gbps:7.1f} GB/s of weights)",
+                flush=True,
+            )
         base = rows["transformers generate"]["tokens_per_s"]
         for name in implementations:
             if name.startswith("gpt2lib"):
                 rows[name]["vs_transformers"] = rows[name]["tokens_per_s"] / base
     section["weight_bytes_per_token"] = per_token
-    del ours, hf
+    ours = hf = None  # free both models before the next dtype
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return ok
@@ -198,35 +219,83 @@ def training_check(args, record, steps=30) -> bool:
     gpus = torch.cuda.device_count()
     with tempfile.TemporaryDirectory() as tmp:
         prepare(REPO / "data" / "tinyshakespeare.txt", Path(tmp) / "s.bin", 0.1, progress=False)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={gpus}", "-m", "gpt2lib", "train", "--data",
-                   f"{tmp}/s.bin", "--val-data", f"{tmp}/s.val.bin", "--n-layer", "12",
-                   "--n-head", "12", "--n-embd", "768", "--block-size", "1024", "--batch-size",
-                   "16", "--grad-accum", "2", "--steps", str(steps), "--lr", "6e-4",
-                   "--dtype", "bfloat16", "--compile", "--pad-vocab", "--no-progress",
-                   "--out", f"{tmp}/run"]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            "-m",
+            "gpt2lib",
+            "train",
+            "--data",
+            f"{tmp}/s.bin",
+            "--val-data",
+            f"{tmp}/s.val.bin",
+            "--n-layer",
+            "12",
+            "--n-head",
+            "12",
+            "--n-embd",
+            "768",
+            "--block-size",
+            "1024",
+            "--batch-size",
+            "16",
+            "--grad-accum",
+            "2",
+            "--steps",
+            str(steps),
+            "--lr",
+            "6e-4",
+            "--dtype",
+            "bfloat16",
+            "--compile",
+            "--pad-vocab",
+            "--no-progress",
+            "--out",
+            f"{tmp}/run",
+        ]
         began = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        section = {"command": " ".join(command[2:]), "gpus": gpus,
-                   "seconds": time.perf_counter() - began, "returncode": done.returncode}
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        section = {
+            "command": " ".join(command[2:]),
+            "gpus": gpus,
+            "seconds": time.perf_counter() - began,
+            "returncode": done.returncode,
+        }
         record["results"]["training"] = section
         if done.returncode != 0:
             section["stderr"] = done.stderr[-3000:]
             print(f"  training: torchrun failed\n{done.stderr[-3000:]}", flush=True)
             return False
-        log = [json.loads(line) for line in Path(tmp, "run", "log.jsonl").read_text(encoding="utf-8").splitlines()]
-        tail = log[len(log) // 2:]  # after compilation and warm-up
-        section.update(tokens_per_s=statistics.median(x["tokens_per_s"] for x in tail),
-                       mfu=statistics.median(x["mfu"] for x in tail),
-                       first_loss=log[0]["loss"], last_loss=log[-1]["loss"],
-                       run=json.loads(Path(tmp, "run", "run.json").read_text(encoding="utf-8")))
+        log = [
+            json.loads(line)
+            for line in Path(tmp, "run", "log.jsonl").read_text(encoding="utf-8").splitlines()
+        ]
+        tail = log[len(log) // 2 :]  # after compilation and warm-up
+        section.update(
+            tokens_per_s=statistics.median(x["tokens_per_s"] for x in tail),
+            mfu=statistics.median(x["mfu"] for x in tail),
+            first_loss=log[0]["loss"],
+            last_loss=log[-1]["loss"],
+            run=json.loads(Path(tmp, "run", "run.json").read_text(encoding="utf-8")),
+        )
         loaded = from_pretrained(str(Path(tmp, "run")), device="cpu")
         section["saved_model_loads"] = loaded.config.vocab_size == 50257
     ok = section["last_loss"] < section["first_loss"] and section["saved_model_loads"]
-    print(f"  training ({gpus} GPU(s), NCCL, bf16, compile): {section['tokens_per_s']:,.0f} "
-          f"tokens/s, MFU {section['mfu']:.1%}, loss {section['first_loss']:.3f} -> "
-          f"{section['last_loss']:.3f}", flush=True)
+    print(
+        f"  training ({gpus} GPU(s), NCCL, bf16, compile): {section['tokens_per_s']:,.0f} "
+        f"tokens/s, MFU {section['mfu']:.1%}, loss {section['first_loss']:.3f} -> "
+        f"{section['last_loss']:.3f}",
+        flush=True,
+    )
     return ok
 
 
@@ -236,14 +305,17 @@ def machine(args) -> dict:
 
     from gpt2lib.speed.measure import memory_read_gbps
 
-    info = {"platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "device": args.device}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": args.device,
+    }
     if args.device == "cuda":
         info["device_name"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
-    info["memory_read_gb_per_s"] = memory_read_gbps(64 if args.quick else 1024,
-                                                    device=args.device)
+    info["memory_read_gb_per_s"] = memory_read_gbps(64 if args.quick else 1024, device=args.device)
     return info
 
 
@@ -280,19 +352,33 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     began = time.perf_counter()
-    record = {"script": "benchmarks/gpu_check.py", "machine": machine(args), "results": {},
-              "settings": {"new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-                           "repeats": args.repeats, "quick": args.quick}}
-    print(f"{record['machine'].get('device_name', args.device)}, torch {torch.__version__}; "
-          f"memory read speed {record['machine']['memory_read_gb_per_s']:.0f} GB/s", flush=True)
+    record = {
+        "script": "benchmarks/gpu_check.py",
+        "machine": machine(args),
+        "results": {},
+        "settings": {
+            "new_tokens": args.new_tokens,
+            "prompt_len": args.prompt_len,
+            "repeats": args.repeats,
+            "quick": args.quick,
+        },
+    }
+    print(
+        f"{record['machine'].get('device_name', args.device)}, torch {torch.__version__}; "
+        f"memory read speed {record['machine']['memory_read_gb_per_s']:.0f} GB/s",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.checkpoint
         if folder is None:
             from checkpoints import write_hub_checkpoint
 
             folder = Path(tmp)
-            sizes = (dict(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64) if args.quick
-                     else dict(n_layer=12, n_head=12, n_embd=768))
+            sizes = (
+                dict(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64)
+                if args.quick
+                else dict(n_layer=12, n_head=12, n_embd=768)
+            )
             write_hub_checkpoint(folder, seed=0, **sizes)
             record["weights"] = f"random (seed 0), {sizes}"
         else:

@@ -175,9 +175,9 @@ import statistics
 import torch
 
 import gpt2lib.finetune as ft
+from gpt2lib.chapters.tuning import classification_loss
 from gpt2lib.model import from_pretrained
 from gpt2lib.tokenizer import get_encoding
-from gpt2lib.chapters.tuning import classification_loss
 
 BLOCKS = ("c_attn", "c_proj", "c_fc")
 # method -> (apply_lora's arguments, or None for full fine-tuning; the body's learning rate)
@@ -186,8 +186,16 @@ METHODS = {
     "lora": (dict(rank=8, alpha=16, targets=BLOCKS), 1e-3),
     "wte_lora": (dict(rank=2, alpha=4, targets=("wte",)), 1e-2),
     "wte_lora+": (dict(rank=2, alpha=4, targets=("wte", *BLOCKS)), 3e-3),
-    "wte2_blocks5": (dict(rank=5, alpha=10, targets=("wte", *BLOCKS), rank_pattern={"wte": 2},
-                          alpha_pattern={"wte": 4}), 3e-3),
+    "wte2_blocks5": (
+        dict(
+            rank=5,
+            alpha=10,
+            targets=("wte", *BLOCKS),
+            rank_pattern={"wte": 2},
+            alpha_pattern={"wte": 4},
+        ),
+        3e-3,
+    ),
     "wte3": (dict(rank=3, alpha=6, targets=("wte",)), 3e-3),  # 2.06%: over the issue's 2%
 }
 
@@ -205,10 +213,16 @@ def with_training_variant(model, args):
             for p in group["params"]:
                 name, rate = names[id(p)], group["lr"]
                 if ".wte.lora_embedding_" in name:
-                    rate = (args.table_lr or rate) * (args.table_b_ratio if name.endswith("_B") else 1.0)
+                    rate = (args.table_lr or rate) * (
+                        args.table_b_ratio if name.endswith("_B") else 1.0
+                    )
                 regrouped.setdefault(rate, []).append(p)
-        optimizer = torch.optim.AdamW([{"params": ps, "lr": r} for r, ps in regrouped.items()], lr=lr,
-                                      weight_decay=args.weight_decay, fused=True)
+        optimizer = torch.optim.AdamW(
+            [{"params": ps, "lr": r} for r, ps in regrouped.items()],
+            lr=lr,
+            weight_decay=args.weight_decay,
+            fused=True,
+        )
         if args.schedule == "linear":
             decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / args.steps)
             step = optimizer.step
@@ -222,20 +236,42 @@ def with_training_variant(model, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--methods", nargs="+", default=["full", "wte2_blocks5"], choices=list(METHODS))
-    parser.add_argument("--alpha-pattern", default=None,
-                        help='JSON {target: alpha} over the method\'s own, e.g. \'{"wte": 8}\'')
-    parser.add_argument("--split", default="60/20/20", choices=["60/20/20", "80/10/10"],
-                        help="60/20/20: the package's (the chapter's); 80/10/10: the earlier one")
+    parser.add_argument(
+        "--methods", nargs="+", default=["full", "wte2_blocks5"], choices=list(METHODS)
+    )
+    parser.add_argument(
+        "--alpha-pattern",
+        default=None,
+        help="JSON {target: alpha} over the method's own, e.g. '{\"wte\": 8}'",
+    )
+    parser.add_argument(
+        "--split",
+        default="60/20/20",
+        choices=["60/20/20", "80/10/10"],
+        help="60/20/20: the package's (the chapter's); 80/10/10: the earlier one",
+    )
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--lr", type=float, default=None, help="one body rate for every method")
-    parser.add_argument("--head-lr", type=float, default=3e-3, help="the new head's rate; 0: the body's")
-    parser.add_argument("--table-lr", type=float, default=None, help="the table adapter's rate (default: the body's)")
-    parser.add_argument("--table-b-ratio", type=float, default=1.0, help="lora_embedding_B's rate over A's")
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
+    parser.add_argument(
+        "--head-lr", type=float, default=3e-3, help="the new head's rate; 0: the body's"
+    )
+    parser.add_argument(
+        "--table-lr",
+        type=float,
+        default=None,
+        help="the table adapter's rate (default: the body's)",
+    )
+    parser.add_argument(
+        "--table-b-ratio", type=float, default=1.0, help="lora_embedding_B's rate over A's"
+    )
+    parser.add_argument(
+        "--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay"
+    )
     parser.add_argument("--schedule", default="constant", choices=["constant", "linear"])
-    parser.add_argument("--train-accuracy", action="store_true", help="also print the accuracy on train")
+    parser.add_argument(
+        "--train-accuracy", action="store_true", help="also print the accuracy on train"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.split == "80/10/10":
@@ -245,10 +281,15 @@ def main():
     tokenizer = get_encoding()
     pad = tokenizer.eot_token
     data = ft.speaker_dataset(top=8)
-    rows = {s: ft.encode_speeches(r, tokenizer, max_tokens=args.max_tokens) for s, r in data.splits.items()}
+    rows = {
+        s: ft.encode_speeches(r, tokenizer, max_tokens=args.max_tokens)
+        for s, r in data.splits.items()
+    }
     baselines = {s: data.majority_baseline(s) for s in ("val", "test")}
-    print(f"split {args.split}: {({s: len(r) for s, r in rows.items()})}, majority baseline "
-          f"val {baselines['val']:.1%}, test {baselines['test']:.1%}")
+    print(
+        f"split {args.split}: { ({s: len(r) for s, r in rows.items()}) }, majority baseline "
+        f"val {baselines['val']:.1%}, test {baselines['test']:.1%}"
+    )
     gains = {}
     for method in args.methods:
         lora, lr = METHODS[method]
@@ -258,29 +299,46 @@ def main():
             gpt = copy.deepcopy(base)
             if lora:
                 extra = json.loads(args.alpha_pattern) if args.alpha_pattern else {}
-                ft.apply_lora(gpt, **{**lora, "alpha_pattern": {**lora.get("alpha_pattern", {}), **extra}})
+                ft.apply_lora(
+                    gpt, **{**lora, "alpha_pattern": {**lora.get("alpha_pattern", {}), **extra}}
+                )
             model = ft.classifier(gpt, len(data.speakers))
             undo = with_training_variant(model, args)
             try:
-                ft.fine_tune(model, lambda m, b: classification_loss(m, b, pad), rows["train"], args.steps,
-                             batch_size=16, lr=lr, head_lr=args.head_lr or None, seed=seed, progress=False)
+                ft.fine_tune(
+                    model,
+                    lambda m, b: classification_loss(m, b, pad),
+                    rows["train"],
+                    args.steps,
+                    batch_size=16,
+                    lr=lr,
+                    head_lr=args.head_lr or None,
+                    seed=seed,
+                    progress=False,
+                )
             finally:
                 undo()
             acc = {s: ft.accuracy(model, rows[s], pad, progress=False)[0] for s in ("val", "test")}
             if args.train_accuracy:
-                print(f"{method} seed {seed}: train accuracy "
-                      f"{ft.accuracy(model, rows['train'], pad, progress=False)[0]:.1%}")
+                print(
+                    f"{method} seed {seed}: train accuracy "
+                    f"{ft.accuracy(model, rows['train'], pad, progress=False)[0]:.1%}"
+                )
             trained, total = ft.trainable_parameters(model)
             for s in ("val", "test"):
                 gains.setdefault((method, s), []).append(acc[s] - baselines[s])
-            print(f"{method:10s} lr {lr:.0e} seed {seed}: {trained / total:.2%} trained; "
-                  f"val {acc['val']:.1%} ({100 * (acc['val'] - baselines['val']):+.1f}), "
-                  f"test {acc['test']:.1%} ({100 * (acc['test'] - baselines['test']):+.1f} points)",
-                  flush=True)
+            print(
+                f"{method:10s} lr {lr:.0e} seed {seed}: {trained / total:.2%} trained; "
+                f"val {acc['val']:.1%} ({100 * (acc['val'] - baselines['val']):+.1f}), "
+                f"test {acc['test']:.1%} ({100 * (acc['test'] - baselines['test']):+.1f} points)",
+                flush=True,
+            )
     for (method, split), values in gains.items():
         ratio = ""
         if ("full", split) in gains and method != "full":
-            ratio = f", {statistics.mean(values) / statistics.mean(gains['full', split]):.0%} of full's"
+            ratio = (
+                f", {statistics.mean(values) / statistics.mean(gains['full', split]):.0%} of full's"
+            )
         print(f"mean {split} gain, {method}: {100 * statistics.mean(values):+.1f} points{ratio}")
 
 

@@ -102,8 +102,14 @@ def measure(text: str, repeats: int = 3, clock: str = "wall") -> dict:
     checked = BPETokenizer.gpt2()
     ids = checked.encode_ordinary(text)
     if ids != reference_ids:
-        first = next(i for i, (a, b) in enumerate(zip(ids, reference_ids)) if a != b) if len(ids) == len(reference_ids) else None
-        raise AssertionError(f"BPETokenizer and tiktoken disagree (first difference at token {first})")
+        first = (
+            next(i for i, (a, b) in enumerate(zip(ids, reference_ids)) if a != b)
+            if len(ids) == len(reference_ids)
+            else None
+        )
+        raise AssertionError(
+            f"BPETokenizer and tiktoken disagree (first difference at token {first})"
+        )
 
     cold_times = []
     for _ in range(repeats):
@@ -129,7 +135,9 @@ def measure(text: str, repeats: int = 3, clock: str = "wall") -> dict:
 
 def pin_to_one_core() -> str:
     """Run this process, and the threads libraries start, on one core. Returns what was done."""
-    os.environ["RAYON_NUM_THREADS"] = "1"  # Hugging Face tokenizers' thread pool (read at first use)
+    os.environ["RAYON_NUM_THREADS"] = (
+        "1"  # Hugging Face tokenizers' thread pool (read at first use)
+    )
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if hasattr(os, "sched_setaffinity"):
         core = min(os.sched_getaffinity(0))
@@ -170,12 +178,18 @@ def measure_long_runs(repeats: int = 1) -> list[dict]:
 
 def shakespeare_path(given: str | None = None) -> Path:
     candidates = [Path(given)] if given else []
-    candidates += [REPO / "data" / "tinyshakespeare.txt", REPO.parent / "shared" / "data" / "tinyshakespeare.txt"]
+    candidates += [
+        REPO / "data" / "tinyshakespeare.txt",
+        REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
+    ]
     for path in candidates:
         if path.is_file():
             return path
-    raise SystemExit("Tiny Shakespeare not found; looked at " + ", ".join(map(str, candidates))
-                     + ". Pass --shakespeare PATH, or --skip-shakespeare.")
+    raise SystemExit(
+        "Tiny Shakespeare not found; looked at "
+        + ", ".join(map(str, candidates))
+        + ". Pass --shakespeare PATH, or --skip-shakespeare."
+    )
 
 
 def hf_train(text: str, vocab_size: int):
@@ -184,8 +198,11 @@ def hf_train(text: str, vocab_size: int):
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator([text], trainer)
     return tokenizer
 
@@ -196,53 +213,92 @@ def measure_training(text: str, vocab_size: int, repeats: int = 1, simple: bool 
     trained = ours.pop("result")
     hf = _timed(lambda: hf_train(text, vocab_size), repeats)
     hf_vocab = hf.pop("result").get_vocab_size()
-    row = {"bytes": len(text.encode("utf-8")), "vocab_size": vocab_size, "gpt2lib": ours,
-           "huggingface": hf, "gpt2lib_vocab": trained.n_vocab, "huggingface_vocab": hf_vocab}
+    row = {
+        "bytes": len(text.encode("utf-8")),
+        "vocab_size": vocab_size,
+        "gpt2lib": ours,
+        "huggingface": hf,
+        "gpt2lib_vocab": trained.n_vocab,
+        "huggingface_vocab": hf_vocab,
+    }
     if simple:
         slow = _timed(lambda: train_merges_simple(text, vocab_size), 1)
         if slow.pop("result") != (trained.vocab, trained.merges):
-            raise AssertionError("the simple loop and the incremental trainer learned different merges")
+            raise AssertionError(
+                "the simple loop and the incremental trainer learned different merges"
+            )
         row["simple_loop"] = slow
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=2.0, help="megabytes of text to encode (default 2; about 2.4 is available)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is shown (default 3)")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                        help="clock of the encoding table: cpu (default, steadier on a busy machine) or wall")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--mb",
+        type=float,
+        default=2.0,
+        help="megabytes of text to encode (default 2; about 2.4 is available)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats; the median is shown (default 3)"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="clock of the encoding table: cpu (default, steadier on a busy machine) or wall",
+    )
     parser.add_argument("--skip-encode", action="store_true", help="skip the encoding measurements")
     parser.add_argument("--skip-train", action="store_true", help="skip the training measurements")
-    parser.add_argument("--skip-shakespeare", action="store_true", help="skip the vocab-10,000 training")
-    parser.add_argument("--shakespeare", help="path of tinyshakespeare.txt (default: data/, then ../shared/data/)")
-    parser.add_argument("--all-cores", action="store_true", help="do not pin the process to one core")
+    parser.add_argument(
+        "--skip-shakespeare", action="store_true", help="skip the vocab-10,000 training"
+    )
+    parser.add_argument(
+        "--shakespeare", help="path of tinyshakespeare.txt (default: data/, then ../shared/data/)"
+    )
+    parser.add_argument(
+        "--all-cores", action="store_true", help="do not pin the process to one core"
+    )
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     pinned = "all cores" if args.all_cores else pin_to_one_core()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {pinned}; "
-          f"load average {load:.1f} at the start; Python {platform.python_version()}")
+    print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {pinned}; "
+        f"load average {load:.1f} at the start; Python {platform.python_version()}"
+    )
     record: dict = {"pinned": pinned, "load_average_at_start": load}
 
     if not args.skip_encode:
         text = english_text(args.mb)
         result = measure(text, repeats=args.repeats, clock=args.clock)
         record["encode"] = result
-        print(f"\nEncoding {result['megabytes']:.2f} MB of English, {result['tokens']:,} tokens, identical ids; "
-              f"median of {result['repeats']} runs, {args.clock} clock")
+        print(
+            f"\nEncoding {result['megabytes']:.2f} MB of English, {result['tokens']:,} tokens, identical ids; "
+            f"median of {result['repeats']} runs, {args.clock} clock"
+        )
         print(f"{'tokenizer':28} {'MB/s':>8} {'tiktoken is':>14}")
-        print(f"{'BPETokenizer, cold cache':28} {result['bpe_cold_mb_s']:8.2f} {result['tiktoken_vs_cold']:13.1f}x")
-        print(f"{'BPETokenizer, warm cache':28} {result['bpe_warm_mb_s']:8.2f} {result['tiktoken_vs_warm']:13.1f}x")
+        print(
+            f"{'BPETokenizer, cold cache':28} {result['bpe_cold_mb_s']:8.2f} {result['tiktoken_vs_cold']:13.1f}x"
+        )
+        print(
+            f"{'BPETokenizer, warm cache':28} {result['bpe_warm_mb_s']:8.2f} {result['tiktoken_vs_warm']:13.1f}x"
+        )
         print(f"{'tiktoken (get_encoding())':28} {result['tiktoken_mb_s']:8.2f} {'1.0':>13}x")
         runs = measure_long_runs()
         record["long_runs"] = runs
-        print("\nLong runs of one character (one pre-token each), identical ids; seconds, CPU / wall")
+        print(
+            "\nLong runs of one character (one pre-token each), identical ids; seconds, CPU / wall"
+        )
         for row in runs:
             ours, theirs = row["gpt2lib"], row["tiktoken"]
-            print(f"{row['text']:18} BPETokenizer {ours['cpu_s']:6.2f} / {ours['wall_s']:6.2f}   "
-                  f"tiktoken {theirs['cpu_s']:6.2f} / {theirs['wall_s']:6.2f}   "
-                  f"ratio {ours['cpu_s'] / max(theirs['cpu_s'], 1e-9):6.1f}x (CPU)")
+            print(
+                f"{row['text']:18} BPETokenizer {ours['cpu_s']:6.2f} / {ours['wall_s']:6.2f}   "
+                f"tiktoken {theirs['cpu_s']:6.2f} / {theirs['wall_s']:6.2f}   "
+                f"ratio {ours['cpu_s'] / max(theirs['cpu_s'], 1e-9):6.1f}x (CPU)"
+            )
 
     if not args.skip_train:
         jobs = [("130 KB of English", english_text(0.13), 500, True)]
@@ -256,9 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             row["text"] = name
             record["training"].append(row)
             ours, hf = row["gpt2lib"], row["huggingface"]
-            line = (f"{name:34} vocab {vocab_size:6,}: gpt2lib {ours['cpu_s']:6.2f} / {ours['wall_s']:6.2f}   "
-                    f"Hugging Face {hf['cpu_s']:6.2f} / {hf['wall_s']:6.2f}   "
-                    f"gpt2lib / HF {ours['cpu_s'] / max(hf['cpu_s'], 1e-9):5.1f}x (CPU)")
+            line = (
+                f"{name:34} vocab {vocab_size:6,}: gpt2lib {ours['cpu_s']:6.2f} / {ours['wall_s']:6.2f}   "
+                f"Hugging Face {hf['cpu_s']:6.2f} / {hf['wall_s']:6.2f}   "
+                f"gpt2lib / HF {ours['cpu_s'] / max(hf['cpu_s'], 1e-9):5.1f}x (CPU)"
+            )
             if simple:
                 slow = row["simple_loop"]
                 line += f"\n{'':34} the chapter's simple loop {slow['cpu_s']:6.2f} / {slow['wall_s']:6.2f} (same merges)"

@@ -40,15 +40,37 @@ from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.weights import is_mask_buffer, iter_safetensors, load_weights
 from gpt2lib.device import pick_device, resolve_dtype
 from gpt2lib.files import atomic_write, fsync_dir, fsync_file
-from gpt2lib.validation import (DATA_DIR, DTYPE_NAMES, GPT2_SIZES, HUB_ORG, SAFETENSORS_DTYPES,
-                                released_name)
+from gpt2lib.validation import (
+    DATA_DIR,
+    DTYPE_NAMES,
+    GPT2_SIZES,
+    HUB_ORG,
+    SAFETENSORS_DTYPES,
+    released_name,
+)
 
 __all__ = [
-    "CONFIG_FILE", "WEIGHTS_FILE", "HUB_MODELS", "HUB_ORG", "PROBE_TIMEOUT_S",
-    "CheckpointError", "HubUnreachable", "check_fits", "check_values", "course_root",
-    "download", "hub_checkpoint", "hub_config_dict", "hub_name", "is_real_gpt2",
-    "load_pretrained", "read_config", "read_config_dict", "resolve_checkpoint",
-    "save_pretrained", "standin_folder",
+    "CONFIG_FILE",
+    "WEIGHTS_FILE",
+    "HUB_MODELS",
+    "HUB_ORG",
+    "PROBE_TIMEOUT_S",
+    "CheckpointError",
+    "HubUnreachable",
+    "check_fits",
+    "check_values",
+    "course_root",
+    "download",
+    "hub_checkpoint",
+    "hub_config_dict",
+    "hub_name",
+    "is_real_gpt2",
+    "load_pretrained",
+    "read_config",
+    "read_config_dict",
+    "resolve_checkpoint",
+    "save_pretrained",
+    "standin_folder",
 ]
 
 HUB_MODELS = tuple(GPT2_SIZES)  # the one list of names of the released GPT-2s
@@ -107,8 +129,10 @@ def _standin_hint(what: str) -> str:
     folder = standin_folder()
     if folder is None:
         return ""
-    return (f" Without a network, the course's small stand-in (a 4-layer GPT-2 trained on "
-            f"Tiny Shakespeare, not OpenAI's model) loads instead: {what.format(folder=folder)}.")
+    return (
+        f" Without a network, the course's small stand-in (a 4-layer GPT-2 trained on "
+        f"Tiny Shakespeare, not OpenAI's model) loads instead: {what.format(folder=folder)}."
+    )
 
 
 class HubUnreachable(CheckpointError):
@@ -119,8 +143,10 @@ class HubUnreachable(CheckpointError):
 
     def __init__(self, name: str, reason: str, offline: bool = False):
         self.name, self.reason, self.offline = name, reason, offline
-        hint = _standin_hint("from_pretrained('{folder}'), or, for the chapters, start "
-                             "Jupyter with GPT2LIB_CHECKPOINT={folder}")
+        hint = _standin_hint(
+            "from_pretrained('{folder}'), or, for the chapters, start "
+            "Jupyter with GPT2LIB_CHECKPOINT={folder}"
+        )
         super().__init__(
             f"the weights of {name!r} are not in the local Hugging Face cache, and the hub "
             f"cannot be reached ({reason}). While online, run `python -m gpt2lib download "
@@ -153,18 +179,22 @@ def hub_checkpoint(name: str, offline=None) -> Path:
 
     repo = f"{HUB_ORG}/{key}"
     try:
-        paths = [hub.hf_hub_download(repo, f, local_files_only=True)
-                 for f in (CONFIG_FILE, WEIGHTS_FILE)]
+        paths = [
+            hub.hf_hub_download(repo, f, local_files_only=True) for f in (CONFIG_FILE, WEIGHTS_FILE)
+        ]
         return Path(paths[1]).parent
     except LocalEntryNotFoundError:
         pass  # not (fully) cached: the hub is needed
     if offline or hub.constants.HF_HUB_OFFLINE:
         raise HubUnreachable(
-            key, "offline mode: HF_HUB_OFFLINE=1" if not offline else "offline=True was asked for",
-            offline=True)
+            key,
+            "offline mode: HF_HUB_OFFLINE=1" if not offline else "offline=True was asked for",
+            offline=True,
+        )
     try:  # a single quick request: is the hub there at all?
-        hub.get_hf_file_metadata(hub.hf_hub_url(repo, CONFIG_FILE), timeout=PROBE_TIMEOUT_S,
-                                 retry_on_errors=False)
+        hub.get_hf_file_metadata(
+            hub.hf_hub_url(repo, CONFIG_FILE), timeout=PROBE_TIMEOUT_S, retry_on_errors=False
+        )
     except HfHubHTTPError as exc:
         raise CheckpointError(f"the hub refused {repo}/{CONFIG_FILE}: {exc}") from None
     except Exception as exc:  # connection refused, no DNS, timeout: the network is not there
@@ -184,7 +214,8 @@ def _check_folder(path: Path) -> Path:
     if missing:
         raise CheckpointError(
             f"folder {str(path)!r} does not hold {' and '.join(missing)} (as regular files); "
-            f"a GPT-2 checkpoint folder needs {CONFIG_FILE} and {WEIGHTS_FILE} (the hub layout)")
+            f"a GPT-2 checkpoint folder needs {CONFIG_FILE} and {WEIGHTS_FILE} (the hub layout)"
+        )
     return path
 
 
@@ -198,14 +229,16 @@ def resolve_checkpoint(name_or_folder) -> Path:
     if not isinstance(name_or_folder, (str, os.PathLike)):
         raise TypeError(
             f"name_or_folder must be a model name ({', '.join(HUB_MODELS)}) or a folder path, "
-            f"got {type(name_or_folder).__name__}")
+            f"got {type(name_or_folder).__name__}"
+        )
     text = os.fspath(name_or_folder)
     if not isinstance(text, str):
         raise TypeError(f"name_or_folder must be a text path, got bytes {text!r}")
     if not text.strip():
         raise ValueError(
             f"name_or_folder is empty; give a model name ({', '.join(HUB_MODELS)}) or the path "
-            "of a checkpoint folder ('.' for the current folder)")
+            "of a checkpoint folder ('.' for the current folder)"
+        )
     if "\0" in text:
         raise ValueError(f"name_or_folder {text!r} holds a NUL character")
     path = Path(text).expanduser()
@@ -222,18 +255,29 @@ def resolve_checkpoint(name_or_folder) -> Path:
         if candidate.exists():
             raise CheckpointError(
                 f"{str(candidate)!r} is a file; pass the folder that holds {CONFIG_FILE} and "
-                f"{WEIGHTS_FILE}")
+                f"{WEIGHTS_FILE}"
+            )
     if is_name:
         return hub_checkpoint(text)
-    if isinstance(name_or_folder, os.PathLike) or os.sep in text or "/" in text \
-            or text.startswith((".", "~")):
+    if (
+        isinstance(name_or_folder, os.PathLike)
+        or os.sep in text
+        or "/" in text
+        or text.startswith((".", "~"))
+    ):
         looked = " and ".join(repr(str(c)) for c in candidates)
-        where = "" if path.is_absolute() else (
-            "; a relative path is looked up from the current folder, then from the course folder")
+        where = (
+            ""
+            if path.is_absolute()
+            else (
+                "; a relative path is looked up from the current folder, then from the course folder"
+            )
+        )
         raise FileNotFoundError(f"no such checkpoint folder: {text!r} (looked in {looked}{where})")
     raise ValueError(
         f"unknown model {text!r}: not one of {', '.join(HUB_MODELS)} and not an existing folder "
-        f"(looked in {' and '.join(repr(str(c)) for c in candidates)})")
+        f"(looked in {' and '.join(repr(str(c)) for c in candidates)})"
+    )
 
 
 # --------------------------------------------------------------------------- config.json
@@ -242,13 +286,14 @@ def resolve_checkpoint(name_or_folder) -> Path:
 def _config_problem(values: dict) -> str | None:
     """What makes a config.json dict unusable for our GPT-2, or None."""
     if values.get("model_type", "gpt2") != "gpt2":
-        return (f"describes a {values['model_type']!r} model, not GPT-2 (model_type must be "
-                "'gpt2')")
+        return f"describes a {values['model_type']!r} model, not GPT-2 (model_type must be 'gpt2')"
     for key, allowed in _SUPPORTED.items():
         if key in values and values[key] not in allowed:
-            return (f"sets {key}={values[key]!r}, which this GPT-2 does not implement (it "
-                    f"computes {key}={allowed[0]!r}); the model would silently compute "
-                    "something else, so it is refused")
+            return (
+                f"sets {key}={values[key]!r}, which this GPT-2 does not implement (it "
+                f"computes {key}={allowed[0]!r}); the model would silently compute "
+                "something else, so it is refused"
+            )
     for f in fields(GPT2Config):
         if f.name not in values:
             continue
@@ -274,8 +319,9 @@ def _parse_config(text: str, where: str) -> GPT2Config:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{where} is not a readable JSON config ({exc})") from None
     except RecursionError:
-        raise CheckpointError(f"{where} is not a readable JSON config (nested too deeply to "
-                              "be a GPT-2 config)") from None
+        raise CheckpointError(
+            f"{where} is not a readable JSON config (nested too deeply to be a GPT-2 config)"
+        ) from None
     if not isinstance(values, dict):
         raise CheckpointError(f"{where} must hold a JSON object, got {type(values).__name__}")
     problem = _config_problem(values)
@@ -292,11 +338,14 @@ def _read_text(path: Path, what: str) -> str:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise CheckpointError(f"{what} is not a readable JSON config "
-                              f"({exc.strerror or exc})") from None
+        raise CheckpointError(
+            f"{what} is not a readable JSON config ({exc.strerror or exc})"
+        ) from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"{what} is not a readable JSON config (over "
-                              f"{MAX_CONFIG_BYTES // 1024} KiB; a GPT-2 config is about 1 KiB)")
+        raise CheckpointError(
+            f"{what} is not a readable JSON config (over "
+            f"{MAX_CONFIG_BYTES // 1024} KiB; a GPT-2 config is about 1 KiB)"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -354,22 +403,28 @@ def check_fits(model, state: dict, where: str = "checkpoint") -> None:
     shapes = {k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in state.items()}
     missing = expected.keys() - shapes.keys()
     unexpected = shapes.keys() - expected.keys()
-    wrong = [f"{k} {shapes[k]} (model expects {expected[k]})"
-             for k in sorted(expected.keys() & shapes.keys()) if shapes[k] != expected[k]]
+    wrong = [
+        f"{k} {shapes[k]} (model expects {expected[k]})"
+        for k in sorted(expected.keys() & shapes.keys())
+        if shapes[k] != expected[k]
+    ]
     problems = []
     if missing:
         problems.append(f"missing keys: {_listing(missing)}")
     if unexpected:
         problems.append(f"unexpected keys: {_listing(unexpected)}")
     if wrong:
-        problems.append(f"wrong shapes: {'; '.join(wrong[:8])}"
-                        + (f"; ... ({len(wrong) - 8} more)" if len(wrong) > 8 else ""))
+        problems.append(
+            f"wrong shapes: {'; '.join(wrong[:8])}"
+            + (f"; ... ({len(wrong) - 8} more)" if len(wrong) > 8 else "")
+        )
     if problems:
         c = model.config
         raise CheckpointError(
             f"{where} does not fit GPT-2 with n_layer={c.n_layer}, n_head={c.n_head}, "
             f"n_embd={c.n_embd}, vocab_size={c.vocab_size}, n_positions={c.n_positions}: "
-            + "; ".join(problems))
+            + "; ".join(problems)
+        )
 
 
 def _non_finite(tensor: torch.Tensor) -> int:
@@ -385,12 +440,14 @@ def check_values(name: str, tensor: torch.Tensor, where: str) -> None:
     if not tensor.is_floating_point():
         raise CheckpointError(
             f"{where}: tensor {name!r} has dtype {tensor.dtype}; GPT-2's weights are floating "
-            "point (float32, bfloat16 or float16), so this file is not a GPT-2 checkpoint")
+            "point (float32, bfloat16 or float16), so this file is not a GPT-2 checkpoint"
+        )
     count = _non_finite(tensor)
     if count:
         raise CheckpointError(
             f"{where}: tensor {name!r} holds {count} NaN or infinite value(s); the model would "
-            "compute NaN. The file is damaged, or was saved from a training run that diverged")
+            "compute NaN. The file is damaged, or was saved from a training run that diverged"
+        )
 
 
 def _header(path: Path) -> tuple[dict, dict]:
@@ -404,8 +461,9 @@ def _header(path: Path) -> tuple[dict, dict]:
             names = list(handle.keys())
             metadata = handle.metadata() or {}
             slices = {n: handle.get_slice(n) for n in names}
-            header = {n: {"dtype": s.get_dtype(), "shape": list(s.get_shape())}
-                      for n, s in slices.items()}
+            header = {
+                n: {"dtype": s.get_dtype(), "shape": list(s.get_shape())} for n, s in slices.items()
+            }
     except Exception as exc:  # safetensors raises its own error types for every kind of damage
         raise CheckpointError(
             f"{bad} (truncated or corrupt: {exc}); delete it and download or save it again"
@@ -490,8 +548,13 @@ def _recover(folder: Path) -> None:
     for path in stale:
         try:
             pending = path / CONFIG_FILE
-            if path.is_dir() and not (path / WEIGHTS_FILE).exists() and pending.is_file() \
-                    and carried is not None and pending.read_text(encoding="utf-8") == carried:
+            if (
+                path.is_dir()
+                and not (path / WEIGHTS_FILE).exists()
+                and pending.is_file()
+                and carried is not None
+                and pending.read_text(encoding="utf-8") == carried
+            ):
                 os.replace(pending, folder / CONFIG_FILE)
                 fsync_dir(folder)
             if path.is_dir() and not path.is_symlink():
@@ -541,8 +604,10 @@ def _load(folder: Path, device, dtype, model_cls):
         if is_mask_buffer(name):
             continue
         if info["dtype"] not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{str(weights)!r} is not a valid safetensors file: tensor "
-                                  f"{name!r} has unsupported dtype {info['dtype']}")
+            raise CheckpointError(
+                f"{str(weights)!r} is not a valid safetensors file: tensor "
+                f"{name!r} has unsupported dtype {info['dtype']}"
+            )
         file_dtype = SAFETENSORS_DTYPES[info["dtype"]]
         if not file_dtype.is_floating_point:
             check_values(name, torch.empty(0, dtype=file_dtype), where)  # refuses, naming it
@@ -556,9 +621,12 @@ def _load(folder: Path, device, dtype, model_cls):
         probe = model_cls(config)
     check_fits(probe, shapes, where=where)
     if "lm_head.weight" in header and tuple(header["lm_head.weight"]["shape"]) != shapes.get(
-            "wte.weight"):
-        raise CheckpointError(f"{where!r} has an lm_head.weight that differs from wte.weight "
-                              "in shape; GPT-2 ties its readout to the token embedding")
+        "wte.weight"
+    ):
+        raise CheckpointError(
+            f"{where!r} has an lm_head.weight that differs from wte.weight "
+            "in shape; GPT-2 ties its readout to the token embedding"
+        )
     del probe
 
     model = load_weights(weights, config, device=device, dtype=dtype, model_cls=model_cls)
@@ -570,21 +638,27 @@ def _load(folder: Path, device, dtype, model_cls):
         if count:
             raise CheckpointError(
                 f"{where}: tensor {name!r} holds {count} NaN or infinite value(s)"
-                + (" in the file" if tensor.dtype != torch.float16 else
-                   " (in the file, or too large for float16)")
+                + (
+                    " in the file"
+                    if tensor.dtype != torch.float16
+                    else " (in the file, or too large for float16)"
+                )
                 + "; the model would compute NaN. The file is damaged, or was saved from a "
-                "training run that diverged")
+                "training run that diverged"
+            )
     if "lm_head.weight" in header:
         for _, lm_head in iter_safetensors(weights, keep=lambda n: n == "lm_head.weight"):
             if not torch.equal(lm_head.to(device=device, dtype=dtype), model.wte.weight):
                 raise CheckpointError(
                     f"{where!r} has an lm_head.weight that differs from wte.weight; GPT-2 ties "
-                    "its readout to the token embedding, so this checkpoint is not a GPT-2 one")
+                    "its readout to the token embedding, so this checkpoint is not a GPT-2 one"
+                )
     left_on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left_on_meta:
         raise CheckpointError(
             f"after loading, {_listing(left_on_meta)} still have no data: the model class has "
-            "tensors that are not in the checkpoint (non-persistent buffers?)")
+            "tensors that are not in the checkpoint (non-persistent buffers?)"
+        )
     return model.eval()
 
 
@@ -594,8 +668,9 @@ def download(names, out=None) -> list:
         names = [names]
     unknown = [n for n in names if hub_name(n) is None]
     if unknown:
-        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; choose from "
-                         f"{', '.join(HUB_MODELS)}")
+        raise ValueError(
+            f"unknown model {', '.join(map(repr, unknown))}; choose from {', '.join(HUB_MODELS)}"
+        )
     folders = []
     for name in names:
         folder = hub_checkpoint(name, offline=False)
@@ -614,32 +689,45 @@ def _storage_dtype(dtype):
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
         if key not in DTYPE_NAMES:
-            raise ValueError(f"unknown dtype {dtype!r}; store weights as float32, bfloat16 or "
-                             "float16 (or None to keep the model's own)")
+            raise ValueError(
+                f"unknown dtype {dtype!r}; store weights as float32, bfloat16 or "
+                "float16 (or None to keep the model's own)"
+            )
         return DTYPE_NAMES[key]
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be float32, bfloat16 or float16 (or None to keep the "
-                         f"model's own), got {dtype!r}: GPT-2's weights are floating point")
+        raise ValueError(
+            f"dtype must be float32, bfloat16 or float16 (or None to keep the "
+            f"model's own), got {dtype!r}: GPT-2's weights are floating point"
+        )
     return dtype
 
 
 def _hub_tensors(model, dtype) -> dict:
     """The tensors to write, in the hub's names, on the CPU, each with its own storage."""
     state = model.state_dict()
-    if "lm_head.weight" in state and "wte.weight" in state and not torch.equal(
-            state["lm_head.weight"], state["wte.weight"]):
-        raise ValueError("the model's lm_head.weight differs from wte.weight; the GPT-2 format "
-                         "ties the readout to the token embedding and stores wte only")
+    if (
+        "lm_head.weight" in state
+        and "wte.weight" in state
+        and not torch.equal(state["lm_head.weight"], state["wte.weight"])
+    ):
+        raise ValueError(
+            "the model's lm_head.weight differs from wte.weight; the GPT-2 format "
+            "ties the readout to the token embedding and stores wte only"
+        )
     tensors = {}
     for name, tensor in state.items():
         if name == "lm_head.weight":  # a tied copy of wte.weight: the hub file leaves it out
             continue
         if tensor.is_meta:
-            raise ValueError(f"the model's tensor {name!r} has no data (it is on the meta "
-                             "device): load or initialise the model before saving it")
+            raise ValueError(
+                f"the model's tensor {name!r} has no data (it is on the meta "
+                "device): load or initialise the model before saving it"
+            )
         if not tensor.is_floating_point():
-            raise ValueError(f"the model's tensor {name!r} has dtype {tensor.dtype}; a GPT-2 "
-                             "checkpoint holds floating-point weights only")
+            raise ValueError(
+                f"the model's tensor {name!r} has dtype {tensor.dtype}; a GPT-2 "
+                "checkpoint holds floating-point weights only"
+            )
         tensor = tensor.detach().to("cpu")
         if dtype is not None:
             tensor = tensor.to(dtype)
@@ -650,16 +738,19 @@ def _hub_tensors(model, dtype) -> dict:
                 f"the model's tensor {name!r} holds {count} NaN or infinite value(s){how}; "
                 "nothing was written. A model that diverged in training cannot be saved "
                 "(load the last good save instead)"
-                + ("; float16 cannot hold values beyond 65504, try dtype=torch.bfloat16"
-                   if dtype == torch.float16 else ""))
+                + (
+                    "; float16 cannot hold values beyond 65504, try dtype=torch.bfloat16"
+                    if dtype == torch.float16
+                    else ""
+                )
+            )
         tensors[name] = tensor.contiguous().clone()  # own storage: tied tensors share memory
     return tensors
 
 
 def _as_folder(folder) -> Path:
     if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a path (str or pathlib.Path), got "
-                        f"{type(folder).__name__}")
+        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
     text = os.fspath(folder)
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"folder must be a non-empty text path, got {text!r}")
@@ -700,7 +791,8 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
         if existing and not overwrite:
             raise FileExistsError(
                 f"{str(folder)!r} already holds a model ({', '.join(existing)}); nothing was "
-                "written. Choose another folder, or pass overwrite=True to replace it")
+                "written. Choose another folder, or pass overwrite=True to replace it"
+            )
 
     refuse_existing()
 
@@ -709,25 +801,30 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
     try:
         config_text = json.dumps(values, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"the model's config cannot be written as JSON ({exc}); nothing was "
-                         "written") from None
+        raise ValueError(
+            f"the model's config cannot be written as JSON ({exc}); nothing was written"
+        ) from None
     try:
         written = _parse_config(config_text, "the model's config")
     except CheckpointError as exc:
         raise ValueError(f"{exc}; nothing was written") from None
-    changed = [f.name for f in fields(GPT2Config)
-               if getattr(written, f.name) != getattr(config, f.name)]
+    changed = [
+        f.name for f in fields(GPT2Config) if getattr(written, f.name) != getattr(config, f.name)
+    ]
     if changed:
-        raise ValueError(f"the model's config does not survive config.json ({', '.join(changed)} "
-                         "read back differently); nothing was written")
+        raise ValueError(
+            f"the model's config does not survive config.json ({', '.join(changed)} "
+            "read back differently); nothing was written"
+        )
     tensors = _hub_tensors(model, dtype)
     with torch.device("meta"):
         reference = GPT2(written)
     try:
         check_fits(reference, tensors, where="the model's weights")
     except CheckpointError as exc:
-        raise ValueError(f"{exc}; from_pretrained could not read them back, so nothing was "
-                         "written") from None
+        raise ValueError(
+            f"{exc}; from_pretrained could not read them back, so nothing was written"
+        ) from None
     del reference
     metadata = {"format": "pt", CONFIG_METADATA_KEY: config_text}
 
@@ -758,8 +855,11 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
             if not weights_in_place or not config_tmp.exists():
                 shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, OSError) and not weights_in_place:
-                raise OSError(exc.errno, f"could not write the model into {str(folder)!r} "
-                              f"({exc.strerror or exc}); the folder holds what it held "
-                              "before") from None
+                raise OSError(
+                    exc.errno,
+                    f"could not write the model into {str(folder)!r} "
+                    f"({exc.strerror or exc}); the folder holds what it held "
+                    "before",
+                ) from None
             raise
     return folder

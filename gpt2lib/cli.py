@@ -67,41 +67,79 @@ def _top_p(text):
 def build_parser() -> argparse.ArgumentParser:
     from gpt2lib.checkpoint import HUB_MODELS
 
-    parser = _Parser(prog="python -m gpt2lib", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="python -m gpt2lib",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="continue a prompt, streaming the text to stdout")
-    gen.add_argument("--model", default=None,
-                     help=f"one of {', '.join(HUB_MODELS)}, or a local folder holding "
-                          "config.json and model.safetensors (default: $GPT2LIB_CHECKPOINT "
-                          "if set, else gpt2)")
+    gen.add_argument(
+        "--model",
+        default=None,
+        help=f"one of {', '.join(HUB_MODELS)}, or a local folder holding "
+        "config.json and model.safetensors (default: $GPT2LIB_CHECKPOINT "
+        "if set, else gpt2)",
+    )
     gen.add_argument("--prompt", required=True, help="the text to continue")
-    gen.add_argument("--max-new-tokens", type=_int_at_least(0), default=50,
-                     help="how many tokens to add (default 50)")
-    gen.add_argument("--temperature", type=_temperature, default=1.0,
-                     help="0 is greedy; below 1 is more focused, above 1 more random (default 1)")
-    gen.add_argument("--top-k", type=_int_at_least(1), default=None,
-                     help="sample only among the K most likely tokens")
-    gen.add_argument("--top-p", type=_top_p, default=None,
-                     help="sample only among the most likely tokens whose probability adds "
-                          "up to P (nucleus sampling)")
+    gen.add_argument(
+        "--max-new-tokens",
+        type=_int_at_least(0),
+        default=50,
+        help="how many tokens to add (default 50)",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=_temperature,
+        default=1.0,
+        help="0 is greedy; below 1 is more focused, above 1 more random (default 1)",
+    )
+    gen.add_argument(
+        "--top-k",
+        type=_int_at_least(1),
+        default=None,
+        help="sample only among the K most likely tokens",
+    )
+    gen.add_argument(
+        "--top-p",
+        type=_top_p,
+        default=None,
+        help="sample only among the most likely tokens whose probability adds "
+        "up to P (nucleus sampling)",
+    )
     gen.add_argument("--seed", type=int, default=None, help="make sampling repeatable")
-    gen.add_argument("--device", default=None,
-                     help="cpu, cuda, cuda:N or mps (default: CUDA, then MPS, then CPU)")
-    gen.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                     help="default: float32 on CPU/MPS, bfloat16 on a CUDA GPU that has it")
-    gen.add_argument("--stop-at-eos", action="store_true",
-                     help="stop when the model writes <|endoftext|>")
-    gen.add_argument("--no-cache", action="store_true",
-                     help="recompute every token each step instead of using the KV cache")
-    gen.add_argument("--compile", action="store_true",
-                     help="compile the decode step with torch.compile (CUDA only)")
+    gen.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:N or mps (default: CUDA, then MPS, then CPU)",
+    )
+    gen.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 on CPU/MPS, bfloat16 on a CUDA GPU that has it",
+    )
+    gen.add_argument(
+        "--stop-at-eos", action="store_true", help="stop when the model writes <|endoftext|>"
+    )
+    gen.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute every token each step instead of using the KV cache",
+    )
+    gen.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decode step with torch.compile (CUDA only)",
+    )
 
-    down = sub.add_parser("download", help="fetch weights into the Hugging Face cache so that "
-                                           "later runs work offline")
-    down.add_argument("names", nargs="+", metavar="NAME",
-                      help=f"one or more of {', '.join(HUB_MODELS)}")
+    down = sub.add_parser(
+        "download", help="fetch weights into the Hugging Face cache so that later runs work offline"
+    )
+    down.add_argument(
+        "names", nargs="+", metavar="NAME", help=f"one or more of {', '.join(HUB_MODELS)}"
+    )
 
     from gpt2lib.scaling import add_subcommands  # prepare, train (chapter 11)
 
@@ -123,22 +161,32 @@ def _model_name(args) -> str:
 
 def _unreachable_message(exc, args) -> str:
     """The hub cannot be reached: what to do, in terms of the command that was typed."""
-    head = (f"the weights of {exc.name!r} are not in the local Hugging Face cache, and the hub "
-            f"cannot be reached ({exc.reason}).")
+    head = (
+        f"the weights of {exc.name!r} are not in the local Hugging Face cache, and the hub "
+        f"cannot be reached ({exc.reason})."
+    )
     if args.command == "download":
         what = "Unset HF_HUB_OFFLINE" if exc.offline else "Connect to the internet"
-        return (f"{head} {what} and run this command again; the files are then kept in the "
-                "cache for offline use.")
+        return (
+            f"{head} {what} and run this command again; the files are then kept in the "
+            "cache for offline use."
+        )
     from gpt2lib.checkpoint import standin_folder
 
     instead = "pass --model FOLDER, a folder holding config.json and model.safetensors"
     if args.model_from == "default":  # the variable is read only when --model is left out
         instead += ", or set GPT2LIB_CHECKPOINT to such a folder"
     standin = standin_folder()
-    offline = (f" Without a network, the course's small stand-in (not OpenAI's model) works: "
-               f"--model {standin}." if standin is not None else "")
-    return (f"{head} While online, run `python -m gpt2lib download {exc.name}` once; or "
-            f"{instead}.{offline}")
+    offline = (
+        f" Without a network, the course's small stand-in (not OpenAI's model) works: "
+        f"--model {standin}."
+        if standin is not None
+        else ""
+    )
+    return (
+        f"{head} While online, run `python -m gpt2lib download {exc.name}` once; or "
+        f"{instead}.{offline}"
+    )
 
 
 class _OutputFailed(Exception):
@@ -163,28 +211,42 @@ def _stdout_or_fail():
 
 
 def _generate(args) -> int:
-    from gpt2lib.model import from_pretrained
     from gpt2lib.generation import stream_text
+    from gpt2lib.model import from_pretrained
 
     out = _stdout_or_fail()  # before the model is loaded: nowhere to write means no work
     try:
         from gpt2lib.tokenizer import get_encoding
     except ImportError as exc:
-        print(f"error: the tokenizer (gpt2lib.tokenizer, chapter 1) cannot be imported: {exc}",
-              file=sys.stderr)
+        print(
+            f"error: the tokenizer (gpt2lib.tokenizer, chapter 1) cannot be imported: {exc}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     model = from_pretrained(_model_name(args), device=args.device, dtype=args.dtype)
     tokenizer = get_encoding()
     if model.config.vocab_size < tokenizer.n_vocab:
-        print(f"error: the model's vocabulary has {model.config.vocab_size:,} tokens, fewer than "
-              f"the {tokenizer.n_vocab:,} of GPT-2's tokenizer that this command uses, so the "
-              "tokenizer's ids do not fit the model; use a model with GPT-2's vocabulary "
-              "(vocab_size=50257)", file=sys.stderr)
+        print(
+            f"error: the model's vocabulary has {model.config.vocab_size:,} tokens, fewer than "
+            f"the {tokenizer.n_vocab:,} of GPT-2's tokenizer that this command uses, so the "
+            "tokenizer's ids do not fit the model; use a model with GPT-2's vocabulary "
+            "(vocab_size=50257)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
-    pieces = stream_text(model, tokenizer, args.prompt, args.max_new_tokens,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed, stop_at_eos=args.stop_at_eos,
-                         use_cache=not args.no_cache, compile=args.compile)  # checks arguments
+    pieces = stream_text(
+        model,
+        tokenizer,
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
+        use_cache=not args.no_cache,
+        compile=args.compile,
+    )  # checks arguments
     _write(out, args.prompt)
     for piece in pieces:
         _write(out, piece)
@@ -197,8 +259,11 @@ def _download(args) -> int:
 
     unknown = [n for n in args.names if hub_name(n) is None]
     if unknown:
-        print(f"error: unknown model {', '.join(map(repr, unknown))}; choose from "
-              f"{', '.join(HUB_MODELS)}", file=sys.stderr)
+        print(
+            f"error: unknown model {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(HUB_MODELS)}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_ARGUMENTS
     download(args.names, out=_StdoutLines(_stdout_or_fail()))
     return 0

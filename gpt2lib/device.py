@@ -12,6 +12,7 @@ when it asks for a device that is not there.
 import warnings
 
 import torch
+
 from gpt2lib.validation import DTYPE_NAMES
 
 __all__ = ["available_devices", "default_dtype", "pick_device", "resolve_dtype"]
@@ -90,8 +91,6 @@ def default_dtype(device) -> torch.dtype:
     return torch.float32
 
 
-
-
 def resolve_dtype(dtype, device) -> torch.dtype:
     """None -> default_dtype(device); a name ('bfloat16', 'fp16', ...) or a torch float dtype."""
     if dtype is None or dtype == "auto":
@@ -106,8 +105,10 @@ def resolve_dtype(dtype, device) -> torch.dtype:
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     if dtype == torch.float16 and torch.device(device).type == "cpu":
-        warnings.warn("float16 on the CPU is slow and loses precision; prefer bfloat16 or "
-                      "float32", stacklevel=3)
+        warnings.warn(
+            "float16 on the CPU is slow and loses precision; prefer bfloat16 or float32",
+            stacklevel=3,
+        )
     return dtype
 
 

@@ -31,8 +31,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     # O_EXCL: never write through a file someone else made; 0o666 & ~umask, like open()
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                 0o666)
+    fd = os.open(
+        temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+    )
     try:
         with os.fdopen(fd, "wb") as file:
             if isinstance(data, str):

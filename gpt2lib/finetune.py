@@ -31,10 +31,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpt2lib.checkpoint import read_config_dict
-from gpt2lib.files import atomic_write
-from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, released_name
-
 from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.chapters.tuning import (
     IGNORE_INDEX,
@@ -42,19 +38,46 @@ from gpt2lib.chapters.tuning import (
     LoRALinear,
     add_adapters,
     collate,
-    speaker_batch,
     merged_weight,
     response_loss,
+    speaker_batch,
 )
+from gpt2lib.checkpoint import read_config_dict
+from gpt2lib.files import atomic_write
+from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, released_name
 
 __all__ = [
-    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "AdapterError", "LoRAEmbedding", "PROMPT_TEMPLATE",
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
+    "AdapterError",
+    "LoRAEmbedding",
+    "PROMPT_TEMPLATE",
     "ReplyPair",
-    "SpeakerData", "accuracy", "apply_lora", "classifier", "collate", "confusion_matrix",
-    "describe", "encode_pairs", "encode_speeches", "fine_tune", "load_adapter", "lora_layers",
-    "mean_response_loss", "merge_lora", "model_name", "peft_logits", "plot_confusion",
-    "plot_curves", "reply_dataset", "save_adapter", "speaker_batch", "speaker_dataset", "speeches",
-    "trainable_parameters", "tune_seeds",
+    "SpeakerData",
+    "accuracy",
+    "apply_lora",
+    "classifier",
+    "collate",
+    "confusion_matrix",
+    "describe",
+    "encode_pairs",
+    "encode_speeches",
+    "fine_tune",
+    "load_adapter",
+    "lora_layers",
+    "mean_response_loss",
+    "merge_lora",
+    "model_name",
+    "peft_logits",
+    "plot_confusion",
+    "plot_curves",
+    "reply_dataset",
+    "save_adapter",
+    "speaker_batch",
+    "speaker_dataset",
+    "speeches",
+    "trainable_parameters",
+    "tune_seeds",
 ]
 
 DATA_FILE = DATA_DIR / "tinyshakespeare.txt"
@@ -106,8 +129,9 @@ class SpeakerData:
 
     def majority_baseline(self, split: str = "test") -> float:
         """The accuracy of always answering the training split's most frequent speaker."""
-        counts = torch.bincount(torch.tensor([y for _, y in self.splits["train"]]),
-                                minlength=len(self.speakers))
+        counts = torch.bincount(
+            torch.tensor([y for _, y in self.splits["train"]]), minlength=len(self.speakers)
+        )
         majority = int(counts.argmax())
         labels = [y for _, y in self.splits[split]]
         return sum(y == majority for y in labels) / len(labels)
@@ -130,7 +154,8 @@ def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
     for position, (speaker, speech) in enumerate(found):
         if speaker in label:
             data.splits[_split_of(f"speech {position}", train=6, val=2)].append(
-                (speech, label[speaker]))
+                (speech, label[speaker])
+            )
     return data
 
 
@@ -145,8 +170,9 @@ class ReplyPair:
 
     @property
     def prompt(self) -> str:
-        return PROMPT_TEMPLATE.format(replier=self.replier, speaker=self.speaker,
-                                      speech=self.speech)
+        return PROMPT_TEMPLATE.format(
+            replier=self.replier, speaker=self.speaker, speech=self.speech
+        )
 
 
 # Alpaca's layout (instruction, input, response), without its long preamble: the stand-in's
@@ -172,8 +198,10 @@ def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int 
         (speaker, speech), (replier, reply) = found[position], found[position + 1]
         if speaker == replier:
             continue
-        if (len(tokenizer.encode(speech)) > max_speech_tokens
-                or len(tokenizer.encode(reply)) > max_reply_tokens):
+        if (
+            len(tokenizer.encode(speech)) > max_speech_tokens
+            or len(tokenizer.encode(reply)) > max_reply_tokens
+        ):
             continue
         splits[_split_of(f"pair {position}")].append(ReplyPair(speaker, speech, replier, reply))
     return splits
@@ -207,7 +235,7 @@ def _progress(iterable, total, desc, show):
 
 
 def _chunks(rows, batch_size):
-    return [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+    return [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
 
 
 # --------------------------------------------------------------------------- classification
@@ -223,18 +251,23 @@ def classifier(gpt, n_classes: int) -> GPT2Classifier:
 def _check_labels(model, encoded, n_classes=None):
     head = model.head.out_features
     if n_classes is not None and n_classes != head:
-        raise ValueError(f"the data set has {n_classes} classes but the classifier's head has "
-                         f"{head} outputs; build the classifier with n_classes={n_classes}")
+        raise ValueError(
+            f"the data set has {n_classes} classes but the classifier's head has "
+            f"{head} outputs; build the classifier with n_classes={n_classes}"
+        )
     labels = [label for _, label in encoded]
     bad = [y for y in labels if not (isinstance(y, numbers.Integral) and 0 <= y < head)]
     if bad:
-        raise ValueError(f"label {bad[0]!r} does not fit the classifier's head of {head} "
-                         f"classes (labels 0 to {head - 1}); the class counts do not match")
+        raise ValueError(
+            f"label {bad[0]!r} does not fit the classifier's head of {head} "
+            f"classes (labels 0 to {head - 1}); the class counts do not match"
+        )
 
 
 @torch.no_grad()
-def accuracy(model, encoded, pad_id: int, batch_size: int = 32, n_classes=None,
-             progress: bool = True):
+def accuracy(
+    model, encoded, pad_id: int, batch_size: int = 32, n_classes=None, progress: bool = True
+):
     """(accuracy, predictions (N,)) of a classifier on (ids, label) rows, in eval mode."""
     _check_labels(model, encoded, n_classes)
     was_training = model.training
@@ -259,8 +292,18 @@ def confusion_matrix(labels, predictions, n_classes: int):
     return counts
 
 
-def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: float = 1e-3,
-              head_lr=None, seed: int = 0, desc: str = "fine-tuning", progress: bool = True):
+def fine_tune(
+    model,
+    loss_of_batch,
+    rows,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    head_lr=None,
+    seed: int = 0,
+    desc: str = "fine-tuning",
+    progress: bool = True,
+):
     """AdamW on the parameters that require grad, `steps` batches drawn from `rows` in shuffled
     order (a new order each pass). loss_of_batch(model, rows) -> scalar loss. head_lr: the
     learning rate of the parameters under `head.` (a new classifier head starts from random
@@ -274,7 +317,9 @@ def fine_tune(model, loss_of_batch, rows, steps: int, batch_size: int = 16, lr: 
         raise ValueError("no training rows")
     head = [p for n, p in named if n.startswith("head.")] if head_lr is not None else []
     body = [p for n, p in named if not (head_lr is not None and n.startswith("head."))]
-    groups = [g for g in ({"params": body, "lr": lr}, {"params": head, "lr": head_lr}) if g["params"]]
+    groups = [
+        g for g in ({"params": body, "lr": lr}, {"params": head, "lr": head_lr}) if g["params"]
+    ]
     optimizer = _adamw(groups, lr)
     generator = torch.Generator().manual_seed(seed)
     order, losses = [], []
@@ -298,8 +343,10 @@ def _adamw(groups, lr):
     full fine-tuning on the stand-in (its 6.4M-number token table), the fused one a tenth of
     that; the two agree to rounding."""
     params = [p for g in groups for p in g["params"]]
-    if all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
-           for p in params):
+    if all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
+        for p in params
+    ):
         try:
             return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, fused=True)
         except (RuntimeError, ValueError, TypeError):  # a PyTorch without it for this device
@@ -307,9 +354,21 @@ def _adamw(groups, lr):
     return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
 
-def tune_seeds(make_model, loss_of_batch, encoded, pad_id: int, seeds, steps: int, lr: float,
-               head_lr=None, batch_size: int = 16, baseline=None, split: str = "test",
-               desc: str = "fine-tuning", progress: bool = True):
+def tune_seeds(
+    make_model,
+    loss_of_batch,
+    encoded,
+    pad_id: int,
+    seeds,
+    steps: int,
+    lr: float,
+    head_lr=None,
+    batch_size: int = 16,
+    baseline=None,
+    split: str = "test",
+    desc: str = "fine-tuning",
+    progress: bool = True,
+):
     """One classifier per seed: torch.manual_seed(seed), model = make_model(), fine_tune on
     encoded["train"] with that seed's batch order, accuracy on encoded[split]. Prints a line per
     seed, with the majority baseline beside the accuracy when given. Returns (accuracies, models)."""
@@ -317,20 +376,34 @@ def tune_seeds(make_model, loss_of_batch, encoded, pad_id: int, seeds, steps: in
     for seed in seeds:
         torch.manual_seed(seed)
         model = make_model()
-        fine_tune(model, loss_of_batch, encoded["train"], steps, batch_size=batch_size, lr=lr,
-                  head_lr=head_lr, seed=seed, desc=f"{desc}, seed {seed}", progress=progress)
+        fine_tune(
+            model,
+            loss_of_batch,
+            encoded["train"],
+            steps,
+            batch_size=batch_size,
+            lr=lr,
+            head_lr=head_lr,
+            seed=seed,
+            desc=f"{desc}, seed {seed}",
+            progress=progress,
+        )
         acc, _ = accuracy(model, encoded[split], pad_id, progress=False)
         accuracies.append(acc)
         models.append(model)
-        versus = "" if baseline is None else (f" (majority baseline {baseline:.1%}, "
-                                              f"{100 * (acc - baseline):+.1f} points)")
+        versus = (
+            ""
+            if baseline is None
+            else (f" (majority baseline {baseline:.1%}, {100 * (acc - baseline):+.1f} points)")
+        )
         print(f"{desc}, seed {seed}: {split} accuracy {acc:.1%}{versus}")
     return accuracies, models
 
 
 @torch.no_grad()
-def mean_response_loss(gpt, encoded_pairs, pad_id: int, batch_size: int = 16,
-                       progress: bool = True) -> float:
+def mean_response_loss(
+    gpt, encoded_pairs, pad_id: int, batch_size: int = 16, progress: bool = True
+) -> float:
     """The mean loss per response token over (prompt_ids, response_ids) pairs, in eval mode."""
     was_training = gpt.training
     gpt.eval()
@@ -360,9 +433,11 @@ def model_name(checkpoint) -> str:
 def describe(model, checkpoint, quick: bool) -> str:
     """Print which model is tuned (size, layers, width, context) and the setting; return its name."""
     name, config = model_name(checkpoint), model.config
-    print(f"tuning {name}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{config.n_layer} layers of width {config.n_embd}, context {config.n_positions}; "
-          f"setting: {'quick' if quick else 'full'}")
+    print(
+        f"tuning {name}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{config.n_layer} layers of width {config.n_embd}, context {config.n_positions}; "
+        f"setting: {'quick' if quick else 'full'}"
+    )
     return name
 
 
@@ -417,10 +492,12 @@ class LoRAEmbedding(nn.Module):
         n_rows, width = base.weight.shape
         self.base, self.rank, self.alpha, self.scale = base, rank, alpha, alpha / rank
         self.dropout = dropout  # recorded for the adapter's config; a table applies none (peft)
-        self.lora_embedding_A = nn.Parameter(torch.zeros(rank, n_rows, device=base.weight.device,
-                                                         dtype=base.weight.dtype))
-        self.lora_embedding_B = nn.Parameter(torch.randn(width, rank, device=base.weight.device,
-                                                         dtype=base.weight.dtype))
+        self.lora_embedding_A = nn.Parameter(
+            torch.zeros(rank, n_rows, device=base.weight.device, dtype=base.weight.dtype)
+        )
+        self.lora_embedding_B = nn.Parameter(
+            torch.randn(width, rank, device=base.weight.device, dtype=base.weight.dtype)
+        )
 
     @property
     def weight(self):
@@ -442,7 +519,10 @@ def lora_layers(model) -> dict[str, LoRALinear | LoRAEmbedding]:
 def _lora_parts(layer):
     """{part: parameter} of one adapter, by peft's key suffix."""
     if isinstance(layer, LoRAEmbedding):
-        return {"lora_embedding_A": layer.lora_embedding_A, "lora_embedding_B": layer.lora_embedding_B}
+        return {
+            "lora_embedding_A": layer.lora_embedding_A,
+            "lora_embedding_B": layer.lora_embedding_B,
+        }
     return {"lora_A.weight": layer.lora_A.weight, "lora_B.weight": layer.lora_B.weight}
 
 
@@ -471,11 +551,16 @@ def _targets_of(model, targets) -> dict[str, nn.Module]:
         found = {n: m for n, m in layers.items() if _matches(n, target)}
         if not found:
             kinds = sorted({n.rsplit(".", 1)[-1] for n in layers})
-            hint = (" (gpt2lib's names have no 'transformer.' prefix)"
-                    if target.startswith("transformer.") else "")
-            raise AdapterError(f"no layer of the model is called {target!r}{hint}; the "
-                               f"layers an adapter can wrap end in {', '.join(kinds)}, "
-                               "or give a full name such as 'h.0.attn.c_attn'")
+            hint = (
+                " (gpt2lib's names have no 'transformer.' prefix)"
+                if target.startswith("transformer.")
+                else ""
+            )
+            raise AdapterError(
+                f"no layer of the model is called {target!r}{hint}; the "
+                f"layers an adapter can wrap end in {', '.join(kinds)}, "
+                "or give a full name such as 'h.0.attn.c_attn'"
+            )
         chosen.update(found)
     return chosen
 
@@ -484,12 +569,15 @@ def _check_plain(model, what):
     if not isinstance(model, nn.Module):
         raise TypeError(f"{what} needs a torch model (a GPT2), got {type(model).__name__}")
     if lora_layers(model):
-        raise AdapterError(f"the model already has LoRA adapters ({', '.join(lora_layers(model))}"
-                           f"); merge_lora(model) first, or start from a model without them")
+        raise AdapterError(
+            f"the model already has LoRA adapters ({', '.join(lora_layers(model))}"
+            f"); merge_lora(model) first, or start from a model without them"
+        )
 
 
-def apply_lora(model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0, rank_pattern=None,
-               alpha_pattern=None):
+def apply_lora(
+    model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0, rank_pattern=None, alpha_pattern=None
+):
     """Add LoRA adapters in place to every layer whose name ends with a target; freeze the rest.
 
     targets: 'c_attn', 'c_proj', 'c_fc' (every layer of that name), the tables 'wte' and 'wpe'
@@ -511,9 +599,15 @@ def apply_lora(model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0, rank_p
     for name, layer in chosen.items():
         n_in, n_out = _in_out(layer)
         if ranks[name] > min(n_in, n_out):
-            shape = f"{n_in} rows of width {n_out}" if isinstance(layer, nn.Embedding) else f"{n_in} -> {n_out}"
-            raise AdapterError(f"rank {ranks[name]} is above the width of {name} ({shape}): a "
-                               f"rank above {min(n_in, n_out)} adds parameters and no expressiveness")
+            shape = (
+                f"{n_in} rows of width {n_out}"
+                if isinstance(layer, nn.Embedding)
+                else f"{n_in} -> {n_out}"
+            )
+            raise AdapterError(
+                f"rank {ranks[name]} is above the width of {name} ({shape}): a "
+                f"rank above {min(n_in, n_out)} adds parameters and no expressiveness"
+            )
     for p in model.parameters():
         p.requires_grad_(False)
     _add(model, list(chosen), ranks, alphas, float(dropout))
@@ -533,15 +627,20 @@ def _per_layer(chosen, default, pattern, what, check):
     if pattern is None:
         return dict.fromkeys(chosen, default)
     if not isinstance(pattern, dict) or not all(isinstance(t, str) and t for t in pattern):
-        raise ValueError(f"{what} must be a dict {{target: value}} such as {{'wte': 2}}, got {pattern!r}")
+        raise ValueError(
+            f"{what} must be a dict {{target: value}} such as {{'wte': 2}}, got {pattern!r}"
+        )
     values = {t: check(v) for t, v in pattern.items()}
     for target in values:
         if not any(_matches(name, target) for name in chosen):
-            raise AdapterError(f"{what} names {target!r}, which is none of the adapted layers "
-                               f"(the targets pick them: {', '.join(list(chosen)[:4])}"
-                               f"{' ...' if len(chosen) > 4 else ''})")
-    return {name: next((v for t, v in values.items() if _matches(name, t)), default)
-            for name in chosen}
+            raise AdapterError(
+                f"{what} names {target!r}, which is none of the adapted layers "
+                f"(the targets pick them: {', '.join(list(chosen)[:4])}"
+                f"{' ...' if len(chosen) > 4 else ''})"
+            )
+    return {
+        name: next((v for t, v in values.items() if _matches(name, t)), default) for name in chosen
+    }
 
 
 def _add(model, names, ranks, alphas, dropout):
@@ -552,8 +651,9 @@ def _add(model, names, ranks, alphas, dropout):
         if name not in tables:
             add_adapters(model, [name], ranks[name], alphas[name], dropout)
     for name in tables:
-        model.set_submodule(name, LoRAEmbedding(model.get_submodule(name), ranks[name],
-                                                alphas[name], dropout))
+        model.set_submodule(
+            name, LoRAEmbedding(model.get_submodule(name), ranks[name], alphas[name], dropout)
+        )
 
 
 def _in_out(layer):
@@ -575,7 +675,8 @@ def merge_lora(model):
             f"merge_lora cannot merge the adapter on {', '.join(tables)}: the readout is tied to "
             "the token table and reads the base table, so merging the update into it would "
             "change the readout too and the logits with it (peft's merge does that). Keep the "
-            "adapter unmerged, or save the model with save_adapter")
+            "adapter unmerged, or save the model with save_adapter"
+        )
     for name, layer in lora_layers(model).items():
         layer.base.weight.copy_(merged_weight(layer))
         model.set_submodule(name, layer.base)
@@ -594,11 +695,14 @@ def save_adapter(model, folder, base_model_name_or_path=None):
     layers = lora_layers(model)
     if not layers:
         raise AdapterError("the model has no LoRA adapters to save: apply_lora(model) first")
-    dropouts = {m.dropout if isinstance(m, LoRAEmbedding) else m.lora_dropout.p
-                for m in layers.values()}
+    dropouts = {
+        m.dropout if isinstance(m, LoRAEmbedding) else m.lora_dropout.p for m in layers.values()
+    }
     if len(dropouts) != 1:
-        raise AdapterError(f"the adapters differ in dropout ({sorted(dropouts)}); peft's layout "
-                           "holds one dropout for all of them")
+        raise AdapterError(
+            f"the adapters differ in dropout ({sorted(dropouts)}); peft's layout "
+            "holds one dropout for all of them"
+        )
     dropout = dropouts.pop()
     rank, rank_pattern = _pattern(model, {n: m.rank for n, m in layers.items()})
     alpha, alpha_pattern = _pattern(model, {n: m.alpha for n, m in layers.items()})
@@ -663,8 +767,11 @@ def _from_pattern(name, default, pattern):
 def _short_targets(model, adapted):
     """peft's target_modules: a layer kind ('c_attn') where every layer of that kind is adapted
     (so that a model with more layers is seen not to fit), full names otherwise."""
-    layers = [n for n, m in model.named_modules()
-              if isinstance(m, (*_TARGETABLE, *_ADAPTERS)) and not n.endswith(".base")]
+    layers = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, (*_TARGETABLE, *_ADAPTERS)) and not n.endswith(".base")
+    ]
     targets = []
     for kind in sorted({n.rsplit(".", 1)[-1] for n in adapted}):
         every = [n for n in layers if n.rsplit(".", 1)[-1] == kind]
@@ -685,17 +792,23 @@ def _read_adapter(folder):
     folder = Path(folder).expanduser()
     missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (folder / f).is_file()]
     if missing:
-        raise AdapterError(f"{str(folder)!r} does not hold {' and '.join(missing)}: an adapter "
-                           f"folder (peft's layout) holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+        raise AdapterError(
+            f"{str(folder)!r} does not hold {' and '.join(missing)}: an adapter "
+            f"folder (peft's layout) holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}"
+        )
     try:
         config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterError(f"{str(folder / ADAPTER_CONFIG)!r} is not readable JSON ({exc})") from None
+        raise AdapterError(
+            f"{str(folder / ADAPTER_CONFIG)!r} is not readable JSON ({exc})"
+        ) from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"{str(folder / ADAPTER_CONFIG)!r} is not a LoRA adapter's config "
-                           f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})")
-    from gpt2lib.checkpoint import CheckpointError
+        raise AdapterError(
+            f"{str(folder / ADAPTER_CONFIG)!r} is not a LoRA adapter's config "
+            f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})"
+        )
     from gpt2lib.chapters.weights import iter_safetensors
+    from gpt2lib.checkpoint import CheckpointError
 
     try:
         tensors = dict(iter_safetensors(folder / ADAPTER_WEIGHTS))
@@ -728,10 +841,12 @@ def _unsupported(config):
 def _module_name(key):
     """A peft key -> (gpt2lib module name, part), or None if it is no LoRA weight. The part is
     'lora_A' or 'lora_B' (a linear layer) or 'lora_embedding_A' or 'lora_embedding_B' (a table)."""
-    for part, suffixes in (("lora_A", (".lora_A.weight", ".lora_A.default.weight")),
-                           ("lora_B", (".lora_B.weight", ".lora_B.default.weight")),
-                           ("lora_embedding_A", (".lora_embedding_A", ".lora_embedding_A.default")),
-                           ("lora_embedding_B", (".lora_embedding_B", ".lora_embedding_B.default"))):
+    for part, suffixes in (
+        ("lora_A", (".lora_A.weight", ".lora_A.default.weight")),
+        ("lora_B", (".lora_B.weight", ".lora_B.default.weight")),
+        ("lora_embedding_A", (".lora_embedding_A", ".lora_embedding_A.default")),
+        ("lora_embedding_B", (".lora_embedding_B", ".lora_embedding_B.default")),
+    ):
         for suffix in suffixes:
             if key.endswith(suffix):
                 name = key[: -len(suffix)]
@@ -753,56 +868,79 @@ def load_adapter(model, folder):
     where = str(Path(folder) / ADAPTER_CONFIG)
     problems = _unsupported(config)
     if problems:
-        raise AdapterError(f"{where!r} asks for {', '.join(problems)}, which gpt2lib's LoRA does "
-                           "not implement; the model would compute something else, so it is refused")
+        raise AdapterError(
+            f"{where!r} asks for {', '.join(problems)}, which gpt2lib's LoRA does "
+            "not implement; the model would compute something else, so it is refused"
+        )
     weights: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         named = _module_name(key)
         if named is None:
-            raise AdapterError(f"{str(folder)!r}: tensor {key!r} is not a LoRA weight (lora_A, "
-                               "lora_B, lora_embedding_A or lora_embedding_B); gpt2lib loads "
-                               "LoRA adapters only")
+            raise AdapterError(
+                f"{str(folder)!r}: tensor {key!r} is not a LoRA weight (lora_A, "
+                "lora_B, lora_embedding_A or lora_embedding_B); gpt2lib loads "
+                "LoRA adapters only"
+            )
         weights.setdefault(named[0], {})[named[1]] = tensor
     layers = {name: m for name, m in model.named_modules() if isinstance(m, _TARGETABLE)}
     base = config.get("_gpt2lib_base") or {}
     sizes = _base_sizes(model) or {}
-    differ = [f"{k} {base[k]} (the model has {sizes[k]})" for k in base if k in sizes and base[k] != sizes[k]]
+    differ = [
+        f"{k} {base[k]} (the model has {sizes[k]})"
+        for k in base
+        if k in sizes and base[k] != sizes[k]
+    ]
     unknown = sorted(set(weights) - set(layers))
     if unknown:
-        raise AdapterError(f"the adapter in {str(folder)!r} was made for another base model: it "
-                           f"adapts {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}, "
-                           "which this model does not have" + (f"; it was saved for {', '.join(differ)}"
-                                                               if differ else ""))
+        raise AdapterError(
+            f"the adapter in {str(folder)!r} was made for another base model: it "
+            f"adapts {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}, "
+            "which this model does not have"
+            + (f"; it was saved for {', '.join(differ)}" if differ else "")
+        )
     targets = config.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
-    expected = {n for n in layers if any(_matches(n, t.removeprefix("transformer.")) for t in targets)}
+    expected = {
+        n for n in layers if any(_matches(n, t.removeprefix("transformer.")) for t in targets)
+    }
     without = sorted(expected - set(weights))
     if without:
-        raise AdapterError(f"the adapter in {str(folder)!r} was made for another base model: its "
-                           f"targets {targets} cover {', '.join(without[:4])}"
-                           f"{' ...' if len(without) > 4 else ''} of this model, but it holds no "
-                           "weights for them" + (f"; it was saved for {', '.join(differ)}" if differ else ""))
+        raise AdapterError(
+            f"the adapter in {str(folder)!r} was made for another base model: its "
+            f"targets {targets} cover {', '.join(without[:4])}"
+            f"{' ...' if len(without) > 4 else ''} of this model, but it holds no "
+            "weights for them" + (f"; it was saved for {', '.join(differ)}" if differ else "")
+        )
     names = sorted(weights)
     ranks = {n: _from_pattern(n, config.get("r"), config.get("rank_pattern")) for n in names}
-    alphas = {n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
-              for n in names}
+    alphas = {
+        n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
+        for n in names
+    }
     for name, parts in sorted(weights.items()):
         table = isinstance(layers[name], nn.Embedding)
         need = {"lora_embedding_A", "lora_embedding_B"} if table else {"lora_A", "lora_B"}
         if set(parts) != need:
-            raise AdapterError(f"{str(folder)!r}: {name} has {', '.join(sorted(parts))}; its layer "
-                               f"({type(layers[name]).__name__}) needs {' and '.join(sorted(need))}")
+            raise AdapterError(
+                f"{str(folder)!r}: {name} has {', '.join(sorted(parts))}; its layer "
+                f"({type(layers[name]).__name__}) needs {' and '.join(sorted(need))}"
+            )
         n_in, n_out = _in_out(layers[name])
         rank = ranks[name]
-        want = {"lora_A": (rank, n_in), "lora_B": (n_out, rank),
-                "lora_embedding_A": (rank, n_in), "lora_embedding_B": (n_out, rank)}
+        want = {
+            "lora_A": (rank, n_in),
+            "lora_B": (n_out, rank),
+            "lora_embedding_A": (rank, n_in),
+            "lora_embedding_B": (n_out, rank),
+        }
         for part, tensor in parts.items():
             if tuple(tensor.shape) != want[part]:
                 raise AdapterError(
                     f"the adapter in {str(folder)!r} does not fit this model: {name}.{part} has "
                     f"shape {tuple(tensor.shape)}, but rank {rank} on this model's {name} "
-                    f"({n_in} -> {n_out}) needs {want[part]}" + (f"; it was saved for {', '.join(differ)}"
-                                                                 if differ else ""))
+                    f"({n_in} -> {n_out}) needs {want[part]}"
+                    + (f"; it was saved for {', '.join(differ)}" if differ else "")
+                )
     for p in model.parameters():
         p.requires_grad_(False)
     _add(model, names, ranks, alphas, float(config.get("lora_dropout", 0.0)))

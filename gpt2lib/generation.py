@@ -27,7 +27,6 @@ __all__ = [
 
 import codecs
 import inspect
-import numbers
 import operator
 import warnings
 
@@ -35,21 +34,8 @@ import torch
 
 from gpt2lib import speed
 from gpt2lib.chapters.decoding import apply_temperature, top_k_filter, top_p_filter
-from gpt2lib.validation import ENDOFTEXT_ID, check_token_ids
 from gpt2lib.kvcache import KVCache
-
-
-
-def _real(name, value, rule):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {rule}, got {value!r}")
-    return float(value)
-
-
-def _integer(name, value, rule):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be {rule}, got {value!r}")
-    return int(value)
+from gpt2lib.validation import ENDOFTEXT_ID, check_real, check_token_ids, check_whole
 
 
 def check_sampling_args(temperature=1.0, top_k=None, top_p=None):
@@ -57,17 +43,11 @@ def check_sampling_args(temperature=1.0, top_k=None, top_p=None):
 
     numpy scalars are accepted (np.float32(0.7), np.int64(40)).
     """
-    temperature = _real("temperature", temperature, "a number >= 0")
-    if not 0 <= temperature < float("inf"):  # also catches NaN
-        raise ValueError(f"temperature must be >= 0 (0 means greedy) and finite, got {temperature}")
+    temperature = check_real("temperature", temperature, 0, why=" (0 means greedy)")
     if top_k is not None:
-        top_k = _integer("top_k", top_k, "an int >= 1 or None")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (1 is greedy) or None, got {top_k}")
+        top_k = check_whole("top_k", top_k, 1, why=" (1 is greedy; None keeps every token)")
     if top_p is not None:
-        top_p = _real("top_p", top_p, "a number in (0, 1] or None")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p}")
+        top_p = check_real("top_p", top_p, 0, 1, low_inclusive=False, why=" (1 keeps every token)")
     return temperature, top_k, top_p
 
 
@@ -80,8 +60,8 @@ def _probs(logits, temperature, top_k, top_p):  # arguments already checked
     logits = apply_temperature(logits, temperature)
     if top_k is not None and top_k < logits.shape[-1]:
         logits = top_k_filter(logits, top_k)
-    if top_p is not None and top_p < 1:
-        logits = top_p_filter(logits, top_p)
+    if top_p is not None and top_p < 1:  # a p too small for the dtype would drop every token
+        logits = top_p_filter(logits, max(top_p, torch.finfo(logits.dtype).tiny))
     return torch.softmax(logits, dim=-1).float()
 
 
@@ -158,11 +138,9 @@ def _prepare(
     if stop_at_eos and eos_token_id is None:
         eos_token_id = ENDOFTEXT_ID
     if eos_token_id is not None:
-        eos_token_id = _integer("eos_token_id", eos_token_id, f"a token id in [0, {vocab - 1}]")
-        if not 0 <= eos_token_id < vocab:
-            raise ValueError(
-                f"eos_token_id {eos_token_id} is outside the vocabulary [0, {vocab - 1}]"
-            )
+        eos_token_id = check_whole(
+            "eos_token_id", eos_token_id, 0, vocab - 1, why=" (an id of the model's vocabulary)"
+        )
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     if generator is not None:
@@ -174,9 +152,7 @@ def _prepare(
                 f"make it with torch.Generator(device={str(device)!r})"
             )
     if seed is not None:
-        seed = _integer("seed", seed, "an int in [0, 2**64)")
-        if not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        seed = check_whole("seed", seed, 0, 2**64 - 1)
         generator = torch.Generator(device=device).manual_seed(seed)
     for name, flag in (
         ("use_cache", use_cache),

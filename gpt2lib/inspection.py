@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from gpt2lib.chapters import interpret as lesson
 from gpt2lib.chapters.interpret import ActivationCache
-from gpt2lib.validation import check_token_ids
+from gpt2lib.validation import check_token_ids, check_whole
 from gpt2lib.views import model_view
 
 __all__ = [
@@ -80,18 +80,8 @@ def _check_capture(capture):
 
 
 def _check_index(value, size, what):
-    if isinstance(value, torch.Tensor):  # scores.argmax() and the like: a one-element int tensor
-        if (value.numel() != 1 or value.dtype.is_floating_point or value.dtype.is_complex
-                or value.dtype == torch.bool):
-            raise TypeError(f"{what} must be a whole number; got a tensor of shape "
-                            f"{tuple(value.shape)} and dtype {value.dtype}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be a whole number, got {value!r}")
-    if not 0 <= value < size:
-        raise ValueError(f"{what} {value} is out of range: the model has {size}, numbered "
-                         f"0 .. {size - 1}")
-    return int(value)
+    """A layer or head number (an int, or a one-element integer tensor such as argmax's)."""
+    return check_whole(what, value, 0, size - 1, why=f" (the model has {size}, numbered from 0)")
 
 
 def check_run_with_cache(model, idx, capture) -> set:
@@ -100,8 +90,9 @@ def check_run_with_cache(model, idx, capture) -> set:
     check_token_ids(idx, model.config)  # the entry point checks the ids once
     for i, block in enumerate(_blocks(model)):
         if "attn" in wanted:
-            _require(block, i, ["ln_1", "attn.c_attn", "attn.n_head", "attn.n_embd"],
-                     "capturing 'attn'")
+            _require(
+                block, i, ["ln_1", "attn.c_attn", "attn.n_head", "attn.n_embd"], "capturing 'attn'"
+            )
         if "head_out" in wanted:
             _require(block, i, ["attn.c_proj", "attn.n_head"], "capturing 'head_out'")
         if "mlp_out" in wanted:
@@ -123,49 +114,53 @@ def check_ablation(ablate_heads, model) -> dict:
         layer = _check_index(layer, len(blocks), "layer")
         _require(blocks[layer], layer, ["attn.c_proj", "attn.n_head"], "ablate_heads")
         n_head = blocks[layer].attn.n_head
-        if isinstance(heads, numbers.Integral) or (isinstance(heads, torch.Tensor) and heads.dim() == 0):
+        if isinstance(heads, numbers.Integral) or (
+            isinstance(heads, torch.Tensor) and heads.dim() == 0
+        ):
             heads = [heads]
         elif isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
-            raise TypeError(f"the heads of layer {layer} must be a head number or a list of them, "
-                            f"got {heads!r}")
+            raise TypeError(
+                f"the heads of layer {layer} must be a head number or a list of them, got {heads!r}"
+            )
         heads = list(heads)
         checked[layer] = sorted({_check_index(h, n_head, f"head (layer {layer})") for h in heads})
     return checked
 
 
-def check_whole(value, what, low=None, high=None):
-    """value as an int, checked to be a whole number in low .. high (either bound optional)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be a whole number, got {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"{low} .. {high}" if high is not None else f"{low} or more"
-        raise ValueError(f"{what} must be {bounds}, got {value}")
-    return int(value)
-
-
 def check_repeat_args(model, seq_len, batch, tokens):
     """The arguments of induction_scores, checked before any forward pass."""
     n_positions, vocab_size = model.config.n_positions, model.config.vocab_size
-    check_whole(seq_len, "seq_len", 1)
+    check_whole("seq_len", seq_len, 1)
     if 2 * seq_len + 1 > n_positions:
-        raise ValueError(f"seq_len={seq_len} gives {2 * seq_len + 1} tokens, more than the "
-                         f"model's n_positions={n_positions}")
-    check_whole(batch, "batch", 1)
+        raise ValueError(
+            f"seq_len={seq_len} gives {2 * seq_len + 1} tokens, more than the "
+            f"model's n_positions={n_positions}"
+        )
+    check_whole("batch", batch, 1)
     if tokens is not None:
-        if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.numel() == 0
-                or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
+        if (
+            not isinstance(tokens, torch.Tensor)
+            or tokens.dim() != 1
+            or tokens.numel() == 0
+            or tokens.dtype.is_floating_point
+            or tokens.dtype == torch.bool
+        ):
             raise TypeError("tokens must be a non-empty 1-d tensor of token ids (integers)")
         if tokens.min() < 0 or tokens.max() >= vocab_size:
-            raise ValueError(f"tokens must be ids in 0 .. {vocab_size - 1} (the model's vocabulary)")
+            raise ValueError(
+                f"tokens must be ids in 0 .. {vocab_size - 1} (the model's vocabulary)"
+            )
 
 
 def check_lens(model, cache, top_k):
     """logit_lens's arguments: a top_k within the vocabulary, a cache that holds the stream."""
     if top_k is not None:
-        check_whole(top_k, "top_k", 1, model.wte.weight.shape[0])  # at most the vocabulary
+        check_whole("top_k", top_k, 1, model.wte.weight.shape[0])  # at most the vocabulary
     if not cache.resid:
-        raise ValueError("the cache holds no residual stream: run run_with_cache with 'resid' "
-                         "in capture (it is there by default)")
+        raise ValueError(
+            "the cache holds no residual stream: run run_with_cache with 'resid' "
+            "in capture (it is there by default)"
+        )
 
 
 # --------------------------------------------------------------------------- the entry points
@@ -210,8 +205,12 @@ def ablated_heads(model: nn.Module, ablate_heads: dict) -> Iterator[nn.Module]:
 
         return hook
 
-    handles = [model.h[layer].attn.c_proj.register_forward_pre_hook(
-                   zero(heads, model.h[layer].attn.n_head)) for layer, heads in checked.items()]
+    handles = [
+        model.h[layer].attn.c_proj.register_forward_pre_hook(
+            zero(heads, model.h[layer].attn.n_head)
+        )
+        for layer, heads in checked.items()
+    ]
     token = _OPEN_ABLATIONS.set(_OPEN_ABLATIONS.get() | {key})
     try:
         yield model

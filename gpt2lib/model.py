@@ -80,13 +80,16 @@ def with_methods(cls: type) -> type:
     (its own methods, and its name, stay first)."""
     if not isinstance(cls, type) or issubclass(cls, GPT2Methods):
         return cls  # a factory function is called as it is
-    return type(cls.__name__, (cls, GPT2Methods),
-                {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                 "__doc__": cls.__doc__})
+    return type(
+        cls.__name__,
+        (cls, GPT2Methods),
+        {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__},
+    )
 
 
-def from_pretrained(name_or_path: str | os.PathLike, device=None, dtype=None, *,
-                    model_cls: type | None = None) -> nn.Module:
+def from_pretrained(
+    name_or_path: str | os.PathLike, device=None, dtype=None, *, model_cls: type | None = None
+) -> nn.Module:
     """A model with a checkpoint's weights, in eval mode, from a hub name ('gpt2',
     'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a folder holding config.json and
     model.safetensors. device None picks CUDA, then MPS, then the CPU; dtype None is float32

@@ -65,8 +65,16 @@ MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "pad_vocab")
 RUN_FIELDS = ("seed", "lr", "min_lr", "warmup_steps", "weight_decay", "max_grad_norm", "steps")
 # dense bf16 tensor-core peaks (FLOP/s) of common GPUs, from their data sheets; others are
 # measured with a matrix multiply
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
-                 "A10G": 125e12, "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+GPU_PEAK_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
 
 
 class TrainingSetupError(ValueError):
@@ -118,8 +126,10 @@ def _settings(values: dict) -> TrainSettings:
     known = {f.name for f in fields(TrainSettings)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise TrainingSetupError(f"unknown training setting(s) {', '.join(unknown)}; the "
-                                 f"settings are: {', '.join(sorted(known))}")
+        raise TrainingSetupError(
+            f"unknown training setting(s) {', '.join(unknown)}; the "
+            f"settings are: {', '.join(sorted(known))}"
+        )
     for name in ("data", "out"):
         if not values.get(name):
             raise TrainingSetupError(f"the setting {name!r} is required (--{name})")
@@ -127,8 +137,16 @@ def _settings(values: dict) -> TrainSettings:
     for name in ("data", "out", "val_data", "log_file"):  # paths given as Path objects too
         if getattr(s, name) is not None:
             setattr(s, name, os.fspath(getattr(s, name)))
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "grad_accum",
-                 "steps", "eval_batches"):
+    for name in (
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "block_size",
+        "batch_size",
+        "grad_accum",
+        "steps",
+        "eval_batches",
+    ):
         _whole(name, getattr(s, name), 1)
     for name in ("seed", "checkpoint_every", "eval_every"):
         _whole(name, getattr(s, name), 0)
@@ -137,8 +155,9 @@ def _settings(values: dict) -> TrainSettings:
     if s.warmup_steps is not None:
         _whole("warmup_steps", s.warmup_steps, 0)
     if s.n_embd % s.n_head:
-        raise TrainingSetupError(f"--n-embd ({s.n_embd}) must be divisible by --n-head "
-                                 f"({s.n_head})")
+        raise TrainingSetupError(
+            f"--n-embd ({s.n_embd}) must be divisible by --n-head ({s.n_head})"
+        )
     if not (isinstance(s.lr, (int, float)) and s.lr > 0 and math.isfinite(s.lr)):
         raise TrainingSetupError(f"--lr must be a positive number, got {s.lr!r}")
     s.min_lr = s.lr / 10 if s.min_lr is None else s.min_lr
@@ -150,14 +169,16 @@ def _settings(values: dict) -> TrainSettings:
     if s.dtype not in (None, "float32", "bfloat16"):
         raise TrainingSetupError(
             f"--dtype must be float32 or bfloat16 (autocast), got {s.dtype!r}; float16 would "
-            "need a gradient scaler, and bfloat16 does the same job without one")
+            "need a gradient scaler, and bfloat16 does the same job without one"
+        )
     return s
 
 
 def _whole(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TrainingSetupError(f"--{name.replace('_', '-')} must be a whole number >= "
-                                 f"{minimum}, got {value!r}")
+        raise TrainingSetupError(
+            f"--{name.replace('_', '-')} must be a whole number >= {minimum}, got {value!r}"
+        )
 
 
 def load_config_file(path) -> dict:
@@ -174,8 +195,9 @@ def load_config_file(path) -> dict:
         else:
             values = json.loads(text)
     except ValueError as exc:
-        raise TrainingSetupError(f"{str(path)!r} is not valid "
-                                 f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}") from None
+        raise TrainingSetupError(
+            f"{str(path)!r} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}"
+        ) from None
     if not isinstance(values, dict):
         raise TrainingSetupError(f"{str(path)!r} must hold one table/object of settings")
     return {k.replace("-", "_"): v for k, v in values.items()}
@@ -212,8 +234,8 @@ def step_starts(seed: int, step: int, global_batch: int, n_tokens: int, block_si
 def rank_slice(starts, ranks: Ranks, batch_size: int, grad_accum: int):
     """This rank's starts, split into grad_accum micro-batches of batch_size. -> list."""
     per_rank = batch_size * grad_accum
-    mine = starts[ranks.rank * per_rank:(ranks.rank + 1) * per_rank]
-    return [mine[k * batch_size:(k + 1) * batch_size] for k in range(grad_accum)]
+    mine = starts[ranks.rank * per_rank : (ranks.rank + 1) * per_rank]
+    return [mine[k * batch_size : (k + 1) * batch_size] for k in range(grad_accum)]
 
 
 def flops_per_token(model, block_size: int) -> float:
@@ -293,8 +315,9 @@ def load_checkpoint(path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise TrainingSetupError(f"{str(path)!r} cannot be read as a training checkpoint "
-                                 f"({type(exc).__name__}: {exc})") from None
+        raise TrainingSetupError(
+            f"{str(path)!r} cannot be read as a training checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise TrainingSetupError(f"{str(path)!r} is not a gpt2lib training checkpoint")
     return state
@@ -306,18 +329,26 @@ def _check_resumable(state, s: TrainSettings, global_batch: int, path):
         raise TrainingSetupError(
             f"the checkpoint {str(path)!r} is of another model size: it has "
             f"{_fmt(state['model_size'])}, the flags ask for {_fmt(size)}. Give the run's "
-            "own flags to resume it, or another --out for a new run")
+            "own flags to resume it, or another --out for a new run"
+        )
     changed = {k: (state["run"][k], v) for k, v in s.run_dict().items() if state["run"][k] != v}
     if state["global_batch"] != global_batch:
-        changed["global batch (batch-size x grad-accum x processes)"] = (state["global_batch"],
-                                                                       global_batch)
+        changed["global batch (batch-size x grad-accum x processes)"] = (
+            state["global_batch"],
+            global_batch,
+        )
     if changed:
-        listed = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in changed.items())
-        raise TrainingSetupError(f"--resume continues the same run, but these settings "
-                                 f"differ from the checkpoint's: {listed}")
+        listed = "; ".join(
+            f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in changed.items()
+        )
+        raise TrainingSetupError(
+            f"--resume continues the same run, but these settings "
+            f"differ from the checkpoint's: {listed}"
+        )
     if state["step"] > s.steps:
-        raise TrainingSetupError(f"the checkpoint is at step {state['step']}, beyond --steps "
-                                 f"{s.steps}")
+        raise TrainingSetupError(
+            f"the checkpoint is at step {state['step']}, beyond --steps {s.steps}"
+        )
 
 
 def _fmt(d):
@@ -327,9 +358,12 @@ def _fmt(d):
 def _rng_state(device):
     import random
 
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
 
 
 def _set_rng_state(state, device):
@@ -381,12 +415,14 @@ def pretrain(**settings) -> dict:
                 f"--global-batch {s.global_batch} is not a whole number of micro-batches: "
                 f"{ranks.world} process(es) x --batch-size {s.batch_size} = {per_step} windows "
                 f"per micro-step does not divide it; choose a global batch that is a multiple "
-                f"of {per_step}, or another --batch-size")
+                f"of {per_step}, or another --batch-size"
+            )
         accum = s.global_batch // per_step
         if "grad_accum" in settings and settings["grad_accum"] != accum:
             raise TrainingSetupError(
                 f"--grad-accum {s.grad_accum} contradicts --global-batch {s.global_batch} "
-                f"= {accum} micro-steps x {per_step} windows; give one of the two")
+                f"= {accum} micro-steps x {per_step} windows; give one of the two"
+            )
         s.grad_accum = accum
     global_batch = per_step * s.grad_accum
 
@@ -394,38 +430,51 @@ def pretrain(**settings) -> dict:
     val_ids = open_tokens(s.val_data, vocab_size=VOCAB_SIZE) if s.val_data else None
     for name, ids in (("--data", train_ids), ("--val-data", val_ids)):
         if ids is not None and len(ids) < s.block_size + 1:
-            raise TrainingSetupError(f"{name} holds {len(ids)} tokens, fewer than --block-size "
-                                     f"+ 1 = {s.block_size + 1}")
+            raise TrainingSetupError(
+                f"{name} holds {len(ids)} tokens, fewer than --block-size + 1 = {s.block_size + 1}"
+            )
     out = Path(s.out)
     checkpoint_path = out / CHECKPOINT_FILE
     log_path = Path(s.log_file) if s.log_file else out / LOG_FILE
     state = None
     if s.resume:
         if not checkpoint_path.exists():
-            raise TrainingSetupError(f"--resume, but {str(out)!r} holds no {CHECKPOINT_FILE} "
-                                     "to continue from")
+            raise TrainingSetupError(
+                f"--resume, but {str(out)!r} holds no {CHECKPOINT_FILE} to continue from"
+            )
         state = load_checkpoint(checkpoint_path)
         _check_resumable(state, s, global_batch, checkpoint_path)
     elif checkpoint_path.exists() or (out / "model.safetensors").exists():
-        raise TrainingSetupError(f"{str(out)!r} already holds a run; pass --resume to continue "
-                                 "it, or choose another --out (nothing was changed)")
+        raise TrainingSetupError(
+            f"{str(out)!r} already holds a run; pass --resume to continue "
+            "it, or choose another --out (nothing was changed)"
+        )
     vocab = padded_vocab(VOCAB_SIZE) if s.pad_vocab else VOCAB_SIZE
-    config = GPT2Config(vocab_size=vocab, n_positions=s.block_size, n_embd=s.n_embd,
-                        n_layer=s.n_layer, n_head=s.n_head, embd_pdrop=s.dropout,
-                        attn_pdrop=s.dropout, resid_pdrop=s.dropout)
-    return _run(s, ranks, device, config, train_ids, val_ids, state, global_batch,
-                checkpoint_path, log_path)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_positions=s.block_size,
+        n_embd=s.n_embd,
+        n_layer=s.n_layer,
+        n_head=s.n_head,
+        embd_pdrop=s.dropout,
+        attn_pdrop=s.dropout,
+        resid_pdrop=s.dropout,
+    )
+    return _run(
+        s, ranks, device, config, train_ids, val_ids, state, global_batch, checkpoint_path, log_path
+    )
 
 
-def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, checkpoint_path,
-         log_path):
+def _run(
+    s, ranks, device, config, train_ids, val_ids, state, global_batch, checkpoint_path, log_path
+):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gpt2lib.chapters.model import GPT2
+    from gpt2lib.chapters.training import make_optimizer
     from gpt2lib.tokenfile import windows
     from gpt2lib.training import lm_loss, lr_schedule
-    from gpt2lib.chapters.training import make_optimizer
 
     distributed = ranks.world > 1
     if distributed:
@@ -444,16 +493,25 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             raw.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             start = state["step"]
-        model = DDP(raw, device_ids=[device.index] if device.type == "cuda" else None) \
-            if distributed else raw
+        model = (
+            DDP(raw, device_ids=[device.index] if device.type == "cuda" else None)
+            if distributed
+            else raw
+        )
         if s.compile:
             model = torch.compile(model)
         dtype = _autocast_dtype(s, device)
-        autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
-                    else contextlib.nullcontext())
+        autocast = (
+            torch.autocast(device.type, dtype=dtype)
+            if dtype != torch.float32
+            else contextlib.nullcontext()
+        )
         flops_token = flops_per_token(raw, s.block_size)
-        peak, peak_source = ((s.peak_tflops * 1e12, "given (--peak-tflops)") if s.peak_tflops
-                             else device_peak_flops(device, dtype))
+        peak, peak_source = (
+            (s.peak_tflops * 1e12, "given (--peak-tflops)")
+            if s.peak_tflops
+            else device_peak_flops(device, dtype)
+        )
         tokens_per_step = global_batch * s.block_size
         log = None
         if ranks.rank == 0:
@@ -463,14 +521,24 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
                 _rewrite_log(log_path, start)
             elif log_path.exists():
                 log_path.unlink()  # a log left by an earlier run in a fresh --out
-            info = {"settings": asdict(s), "world_size": ranks.world, "device": str(device),
-                    "autocast": str(dtype), "compile": s.compile, "global_batch": global_batch,
-                    "tokens_per_step": tokens_per_step, "vocab_size": config.vocab_size,
-                    "parameters": sum(p.numel() for p in raw.parameters()),
-                    "flops_per_token": flops_token, "peak_flops_per_device": peak,
-                    "peak_source": peak_source,
-                    "fused_adamw": bool(optimizer.defaults.get("fused"))}
-            (checkpoint_path.parent / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            info = {
+                "settings": asdict(s),
+                "world_size": ranks.world,
+                "device": str(device),
+                "autocast": str(dtype),
+                "compile": s.compile,
+                "global_batch": global_batch,
+                "tokens_per_step": tokens_per_step,
+                "vocab_size": config.vocab_size,
+                "parameters": sum(p.numel() for p in raw.parameters()),
+                "flops_per_token": flops_token,
+                "peak_flops_per_device": peak,
+                "peak_source": peak_source,
+                "fused_adamw": bool(optimizer.defaults.get("fused")),
+            }
+            (checkpoint_path.parent / RUN_FILE).write_text(
+                json.dumps(info, indent=2) + "\n", encoding="utf-8"
+            )
             log = open(log_path, "a", encoding="utf-8")
         bar = _bar(s.steps, start) if (ranks.rank == 0 and s.progress) else None
 
@@ -487,8 +555,9 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             raw.eval()
             total = torch.zeros((), device=device)
             for b in range(s.eval_batches):
-                starts = step_starts(s.seed + 10_000, b, s.batch_size * ranks.world,
-                                     len(val_ids), s.block_size)
+                starts = step_starts(
+                    s.seed + 10_000, b, s.batch_size * ranks.world, len(val_ids), s.block_size
+                )
                 mine = rank_slice(starts, ranks, s.batch_size, 1)[0]
                 x, y = (t.to(device) for t in windows(val_ids, mine, s.block_size))
                 with autocast:
@@ -504,14 +573,26 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             else:
                 rngs = [rng]
             if ranks.rank == 0:
-                save_checkpoint(checkpoint_path, {
-                    "format": CHECKPOINT_FORMAT, "version": 1, "step": next_step,
-                    "model": raw.state_dict(), "optimizer": optimizer.state_dict(),
-                    "model_size": {k: getattr(s, k) for k in MODEL_FIELDS},
-                    "run": s.run_dict(), "global_batch": global_batch,
-                    "world_size": ranks.world, "rng": rngs,
-                    "data_position": {"seed": s.seed, "next_step": next_step,
-                                      "global_batch": global_batch}})
+                save_checkpoint(
+                    checkpoint_path,
+                    {
+                        "format": CHECKPOINT_FORMAT,
+                        "version": 1,
+                        "step": next_step,
+                        "model": raw.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "model_size": {k: getattr(s, k) for k in MODEL_FIELDS},
+                        "run": s.run_dict(),
+                        "global_batch": global_batch,
+                        "world_size": ranks.world,
+                        "rng": rngs,
+                        "data_position": {
+                            "seed": s.seed,
+                            "next_step": next_step,
+                            "global_batch": global_batch,
+                        },
+                    },
+                )
             if distributed:
                 dist.barrier()
 
@@ -521,9 +602,12 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             if state["world_size"] == ranks.world:
                 _set_rng_state(state["rng"][ranks.rank], device)
             elif ranks.rank == 0:
-                print(f"note: the checkpoint was written by {state['world_size']} process(es), "
-                      f"this run has {ranks.world}: the windows stay the same, the dropout "
-                      "random streams start afresh", file=sys.stderr)
+                print(
+                    f"note: the checkpoint was written by {state['world_size']} process(es), "
+                    f"this run has {ranks.world}: the windows stay the same, the dropout "
+                    "random streams start afresh",
+                    file=sys.stderr,
+                )
         loss = val_loss = None
         for step in range(start, s.steps):
             _sync(device)
@@ -531,12 +615,18 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             lr = lr_schedule(step, s.lr, s.warmup_steps, s.steps, s.min_lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            micro = rank_slice(step_starts(s.seed, step, global_batch, len(train_ids),
-                                           s.block_size), ranks, s.batch_size, s.grad_accum)
+            micro = rank_slice(
+                step_starts(s.seed, step, global_batch, len(train_ids), s.block_size),
+                ranks,
+                s.batch_size,
+                s.grad_accum,
+            )
             step_loss = torch.zeros((), device=device)
             for k, starts in enumerate(micro):
-                x, y = (t.to(device, non_blocking=True)
-                        for t in windows(train_ids, starts, s.block_size))
+                x, y = (
+                    t.to(device, non_blocking=True)
+                    for t in windows(train_ids, starts, s.block_size)
+                )
                 last = k == s.grad_accum - 1
                 sync = contextlib.nullcontext() if (last or not distributed) else model.no_sync()
                 with sync:
@@ -551,23 +641,33 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"the training loss became {loss} at step {step} (learning rate {lr:.3g}); "
-                    f"training stopped. Lower --lr (try {s.lr / 3:.2g})")
+                    f"training stopped. Lower --lr (try {s.lr / 3:.2g})"
+                )
             _sync(device)
             seconds = time.perf_counter() - began
-            line = {"step": step, "loss": loss, "lr": lr,
-                    "tokens_per_s": tokens_per_step / seconds,
-                    "mfu": flops_token * tokens_per_step / seconds / (peak * ranks.world)}
+            line = {
+                "step": step,
+                "loss": loss,
+                "lr": lr,
+                "tokens_per_s": tokens_per_step / seconds,
+                "mfu": flops_token * tokens_per_step / seconds / (peak * ranks.world),
+            }
             done = step + 1
-            if val_ids is not None and ((s.eval_every and done % s.eval_every == 0)
-                                        or done == s.steps):
+            if val_ids is not None and (
+                (s.eval_every and done % s.eval_every == 0) or done == s.steps
+            ):
                 val_loss = line["val_loss"] = estimate_val()
             if log is not None:
                 log.write(json.dumps(line) + "\n")
                 log.flush()
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
-                                tok_s=f"{line['tokens_per_s']:,.0f}", mfu=f"{line['mfu']:.1%}")
+                bar.set_postfix(
+                    loss=f"{loss:.4f}",
+                    lr=f"{lr:.2e}",
+                    tok_s=f"{line['tokens_per_s']:,.0f}",
+                    mfu=f"{line['mfu']:.1%}",
+                )
             if (s.checkpoint_every and done % s.checkpoint_every == 0) or done == s.steps:
                 checkpoint(done)
         if bar is not None:
@@ -579,9 +679,16 @@ def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, chec
             model_dir = str(_save_final(raw, config, checkpoint_path.parent))
         if distributed:
             dist.barrier()
-        return {"steps": s.steps, "loss": loss, "val_loss": val_loss, "log": str(log_path),
-                "checkpoint": str(checkpoint_path), "model": model_dir,
-                "world_size": ranks.world, "global_batch": global_batch}
+        return {
+            "steps": s.steps,
+            "loss": loss,
+            "val_loss": val_loss,
+            "log": str(log_path),
+            "checkpoint": str(checkpoint_path),
+            "model": model_dir,
+            "world_size": ranks.world,
+            "global_batch": global_batch,
+        }
     finally:
         if distributed and dist.is_initialized():
             dist.destroy_process_group()
@@ -591,8 +698,8 @@ def _save_final(raw, config, folder):
     """config.json + model.safetensors (the hub's layout), the vocabulary cut back to GPT-2's."""
     from dataclasses import replace
 
-    from gpt2lib.checkpoint import save_pretrained
     from gpt2lib.chapters.model import GPT2
+    from gpt2lib.checkpoint import save_pretrained
     from gpt2lib.tokenfile import VOCAB_SIZE
 
     model = raw
@@ -633,60 +740,97 @@ def add_subcommands(sub):
 
     from gpt2lib.tokenfile import val_path
 
-    prep = sub.add_parser("prepare", help="tokenize text into a token file for `train`",
-                          description="Tokenize INPUT (a text file, or a folder of .txt/.md "
-                          "files joined with <|endoftext|> between them) with GPT-2's tokenizer "
-                          "into OUT: a 1,024-byte header (vocabulary, count, source SHA-256) "
-                          "and uint16 ids.")
+    prep = sub.add_parser(
+        "prepare",
+        help="tokenize text into a token file for `train`",
+        description="Tokenize INPUT (a text file, or a folder of .txt/.md "
+        "files joined with <|endoftext|> between them) with GPT-2's tokenizer "
+        "into OUT: a 1,024-byte header (vocabulary, count, source SHA-256) "
+        "and uint16 ids.",
+    )
     prep.add_argument("input", metavar="INPUT", help="a text file or a folder of text files")
     prep.add_argument("out", metavar="OUT", help="the token file to write")
-    prep.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
-                      help="put the last F of the ids in a validation file beside OUT, named "
-                           f"with .val before the suffix (OUT=data/x.bin -> "
-                           f"{val_path('data/x.bin')}); default 0, no validation file")
-    prep.add_argument("--processes", type=int, default=None,
-                      help="worker processes for tokenizing (default: CPU count, at most 8)")
+    prep.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="put the last F of the ids in a validation file beside OUT, named "
+        f"with .val before the suffix (OUT=data/x.bin -> "
+        f"{val_path('data/x.bin')}); default 0, no validation file",
+    )
+    prep.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="worker processes for tokenizing (default: CPU count, at most 8)",
+    )
 
     S = argparse.SUPPRESS  # only flags given on the command line reach the settings
-    tr = sub.add_parser("train", help="train a GPT-2 from token files (single process or "
-                        "torchrun)", epilog=TRAIN_EPILOG,
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        argument_default=S)
+    tr = sub.add_parser(
+        "train",
+        help="train a GPT-2 from token files (single process or torchrun)",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=S,
+    )
     add = tr.add_argument
     add("--config", help="a JSON or TOML file of settings (keys as the flags)")
     add("--data", help="training token file (python -m gpt2lib prepare)")
     add("--val-data", help="validation token file")
-    add("--out", help="run folder: log.jsonl, run.json, checkpoint.pt, and at the end "
-        "config.json + model.safetensors")
-    for name, default in (("n-layer", 12), ("n-head", 12), ("n-embd", 768),
-                          ("block-size", 1024)):
+    add(
+        "--out",
+        help="run folder: log.jsonl, run.json, checkpoint.pt, and at the end "
+        "config.json + model.safetensors",
+    )
+    for name, default in (("n-layer", 12), ("n-head", 12), ("n-embd", 768), ("block-size", 1024)):
         add(f"--{name}", type=int, help=f"default {default}")
     add("--batch-size", type=int, help="windows per process per micro-step (default 8)")
     add("--grad-accum", type=int, help="micro-steps per optimizer step (default 1)")
-    add("--global-batch", type=int, help="windows per optimizer step; sets --grad-accum, "
-        "and must be a multiple of processes x --batch-size")
+    add(
+        "--global-batch",
+        type=int,
+        help="windows per optimizer step; sets --grad-accum, "
+        "and must be a multiple of processes x --batch-size",
+    )
     add("--steps", type=int, help="optimizer steps (default 100)")
     add("--lr", type=float, help="peak learning rate (default 6e-4)")
     add("--min-lr", type=float, help="the cosine's floor (default lr / 10)")
     add("--warmup-steps", type=int, help="linear warm-up steps (default 5%% of --steps)")
     add("--weight-decay", type=float, help="default 0.1")
     add("--seed", type=int, help="default 0")
-    add("--resume", action="store_true", help="continue from OUT/checkpoint.pt; it must be "
-        "of the same model size and run settings")
+    add(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoint.pt; it must be of the same model size and run settings",
+    )
     add("--log-file", help="the JSONL log (default OUT/log.jsonl)")
-    add("--checkpoint-every", type=int, help="steps between checkpoints (default 0: only at "
-        "the end)")
-    add("--eval-every", type=int, help="steps between validation estimates (default 0: at "
-        "the end)")
-    add("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default bfloat16 "
-        "on a CUDA GPU that has it, else float32)")
+    add(
+        "--checkpoint-every",
+        type=int,
+        help="steps between checkpoints (default 0: only at the end)",
+    )
+    add("--eval-every", type=int, help="steps between validation estimates (default 0: at the end)")
+    add(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="autocast dtype (default bfloat16 on a CUDA GPU that has it, else float32)",
+    )
     add("--compile", action="store_true", help="torch.compile the model")
     add("--device", help="cpu, cuda or mps (default: cuda:LOCAL_RANK when CUDA is there)")
     add("--dropout", type=float, help="dropout probability (default 0)")
-    add("--pad-vocab", action="store_true", help="pad the vocabulary to a multiple of 64 "
-        "(50,304); the saved model is cut back to 50,257")
-    add("--peak-tflops", type=float, help="the device's peak for MFU (default: a data "
-        "sheet for known GPUs, else a measured matmul)")
+    add(
+        "--pad-vocab",
+        action="store_true",
+        help="pad the vocabulary to a multiple of 64 "
+        "(50,304); the saved model is cut back to 50,257",
+    )
+    add(
+        "--peak-tflops",
+        type=float,
+        help="the device's peak for MFU (default: a data "
+        "sheet for known GPUs, else a measured matmul)",
+    )
     add("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -61,8 +61,15 @@ def _header_bytes(meta: dict) -> bytes:
     return header.ljust(HEADER_BYTES, b"\0")
 
 
-def write_token_file(path: str | Path, ids, *, source_sha256: str = "", source: str = "",
-                     vocabulary: str = VOCABULARY, vocab_size: int = VOCAB_SIZE) -> Path:
+def write_token_file(
+    path: str | Path,
+    ids,
+    *,
+    source_sha256: str = "",
+    source: str = "",
+    vocabulary: str = VOCABULARY,
+    vocab_size: int = VOCAB_SIZE,
+) -> Path:
     """Write `ids` (any 1-D integer array) as a token file, atomically. -> the path.
 
     The file is written beside the target and renamed into place, so an interrupted write
@@ -73,11 +80,19 @@ def write_token_file(path: str | Path, ids, *, source_sha256: str = "", source: 
     if ids.ndim != 1:
         raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= min(vocab_size, 2**16)):
-        raise ValueError(f"ids must lie in [0, {min(vocab_size, 2**16)}) to be stored as uint16; "
-                         f"found {int(ids.min())}..{int(ids.max())}")
-    meta = {"vocabulary": vocabulary, "vocab_size": int(vocab_size), "count": int(ids.size),
-            "max_id": int(ids.max()) if ids.size else -1, "dtype": "uint16",
-            "source_sha256": source_sha256, "source": source}
+        raise ValueError(
+            f"ids must lie in [0, {min(vocab_size, 2**16)}) to be stored as uint16; "
+            f"found {int(ids.min())}..{int(ids.max())}"
+        )
+    meta = {
+        "vocabulary": vocabulary,
+        "vocab_size": int(vocab_size),
+        "count": int(ids.size),
+        "max_id": int(ids.max()) if ids.size else -1,
+        "dtype": "uint16",
+        "source_sha256": source_sha256,
+        "source": source,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(file):
@@ -94,17 +109,19 @@ def read_header(path: str | Path) -> dict:
     """The JSON header of a token file; TokenFileError if it is not one or is cut short."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no token file at {str(path)!r}; make one with "
-                                f"`python -m gpt2lib prepare TEXT {path}`")
+        raise FileNotFoundError(
+            f"no token file at {str(path)!r}; make one with `python -m gpt2lib prepare TEXT {path}`"
+        )
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
     if len(head) < 12 or head[:8] != MAGIC:
         raise TokenFileError(
             f"{str(path)!r} is not a gpt2lib token file (no {MAGIC.decode()} header); make one "
-            f"with `python -m gpt2lib prepare TEXT {path}`")
+            f"with `python -m gpt2lib prepare TEXT {path}`"
+        )
     (length,) = struct.unpack("<I", head[8:12])
     try:
-        meta = json.loads(head[12:12 + length].decode("utf-8"))
+        meta = json.loads(head[12 : 12 + length].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TokenFileError(f"{str(path)!r}: the token-file header is damaged") from None
     expected = HEADER_BYTES + DTYPE.itemsize * int(meta.get("count", -1))
@@ -112,12 +129,14 @@ def read_header(path: str | Path) -> dict:
     if size != expected:
         raise TokenFileError(
             f"{str(path)!r} is {size:,} bytes but its header promises {meta.get('count')} ids "
-            f"({expected:,} bytes): the file is cut short or damaged; run prepare again")
+            f"({expected:,} bytes): the file is cut short or damaged; run prepare again"
+        )
     return meta
 
 
-def open_tokens(path: str | Path, vocab_size: int | None = None,
-                vocabulary: str = VOCABULARY) -> np.memmap:
+def open_tokens(
+    path: str | Path, vocab_size: int | None = None, vocabulary: str = VOCABULARY
+) -> np.memmap:
     """A token file's ids as a read-only np.memmap of uint16 (nothing is read into memory).
 
     Refused with TokenFileError, before anything trains: a file whose header names another
@@ -129,7 +148,8 @@ def open_tokens(path: str | Path, vocab_size: int | None = None,
         raise TokenFileError(
             f"{str(path)!r} holds ids of the {meta.get('vocabulary')!r} vocabulary, but this "
             f"model reads {vocabulary!r} ids; tokenize the text again with "
-            "`python -m gpt2lib prepare`")
+            "`python -m gpt2lib prepare`"
+        )
     ids = np.memmap(path, dtype=DTYPE, mode="r", offset=HEADER_BYTES, shape=(meta["count"],))
     if vocab_size is not None:
         largest = max_id(ids)
@@ -137,7 +157,8 @@ def open_tokens(path: str | Path, vocab_size: int | None = None,
             raise TokenFileError(
                 f"{str(path)!r} holds the id {largest}, but the model has only {vocab_size} "
                 f"token rows (ids 0..{vocab_size - 1}); this file was made for another "
-                "vocabulary or is damaged")
+                "vocabulary or is damaged"
+            )
     return ids
 
 
@@ -145,7 +166,7 @@ def max_id(ids, chunk: int = 1 << 26) -> int:
     """The largest id, read in chunks of 64M ids so that a huge memmap is never copied whole."""
     largest = -1
     for start in range(0, len(ids), chunk):
-        largest = max(largest, int(ids[start:start + chunk].max()))
+        largest = max(largest, int(ids[start : start + chunk].max()))
     return largest
 
 
@@ -157,8 +178,12 @@ def windows(ids, starts, block_size):
     """
     import torch
 
-    rows = np.stack([np.asarray(ids[s:s + block_size + 1], dtype=np.int64)
-                     for s in np.asarray(starts).tolist()])  # (B, T + 1)
+    rows = np.stack(
+        [
+            np.asarray(ids[s : s + block_size + 1], dtype=np.int64)
+            for s in np.asarray(starts).tolist()
+        ]
+    )  # (B, T + 1)
     rows = torch.from_numpy(rows)
     return rows[:, :-1], rows[:, 1:]
 
@@ -172,8 +197,9 @@ def _text_files(source: Path) -> list[Path]:
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
         if not files:
-            raise FileNotFoundError(f"{str(source)!r} holds no text files "
-                                    f"({', '.join(TEXT_SUFFIXES)})")
+            raise FileNotFoundError(
+                f"{str(source)!r} holds no text files ({', '.join(TEXT_SUFFIXES)})"
+            )
         return files
     raise FileNotFoundError(f"no text file or folder at {str(source)!r}")
 
@@ -189,8 +215,9 @@ def split_points(text: str, pieces: int) -> list[int]:
     cuts, n = [0], len(text)
     for k in range(1, pieces):
         at = text.find("\n", max(cuts[-1], k * n // pieces))
-        while at != -1 and (at == 0 or at + 1 >= n or text[at - 1].isspace()
-                            or text[at + 1].isspace()):
+        while at != -1 and (
+            at == 0 or at + 1 >= n or text[at - 1].isspace() or text[at + 1].isspace()
+        ):
             at = text.find("\n", at + 1)
         if at == -1:
             break
@@ -211,9 +238,14 @@ def _encode(piece: str) -> np.ndarray:
     return np.asarray(_ENCODING.encode_ordinary(piece), dtype=DTYPE)
 
 
-def prepare(source: str | Path, out: str | Path, val_fraction: float = 0.0,
-            processes: int | None = None, progress: bool = True,
-            chunk_chars: int = 1 << 20) -> dict:
+def prepare(
+    source: str | Path,
+    out: str | Path,
+    val_fraction: float = 0.0,
+    processes: int | None = None,
+    progress: bool = True,
+    chunk_chars: int = 1 << 20,
+) -> dict:
     """Tokenize a text file, or every text file in a folder, into token files. -> a summary.
 
     One file: OUT holds encode_ordinary(text)[: int((1 - val_fraction) * n)] and, when
@@ -236,8 +268,9 @@ def prepare(source: str | Path, out: str | Path, val_fraction: float = 0.0,
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte "
-                             f"{exc.start})") from None
+            raise ValueError(
+                f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
         cuts = split_points(text, max(1, len(text) // chunk_chars))
         jobs += [(index, text[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
     processes = processes or min(8, os.cpu_count() or 1)
@@ -246,8 +279,9 @@ def prepare(source: str | Path, out: str | Path, val_fraction: float = 0.0,
         try:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=sum(len(p) for _, p in jobs), unit="char", unit_scale=True,
-                       desc="tokenizing")
+            bar = tqdm(
+                total=sum(len(p) for _, p in jobs), unit="char", unit_scale=True, desc="tokenizing"
+            )
         except ImportError:
             pass
     parts = []
@@ -259,7 +293,7 @@ def prepare(source: str | Path, out: str | Path, val_fraction: float = 0.0,
                 if bar is not None:
                     bar.update(len(piece))
     else:
-        for (_, piece) in jobs:
+        for _, piece in jobs:
             parts.append(_encode(piece))
             if bar is not None:
                 bar.update(len(piece))
@@ -273,10 +307,18 @@ def prepare(source: str | Path, out: str | Path, val_fraction: float = 0.0,
     ids = np.concatenate(joined) if joined else np.zeros(0, dtype=DTYPE)
     split = int((1 - val_fraction) * len(ids))
     sha = digest.hexdigest()
-    written = {"train": str(write_token_file(out, ids[:split], source_sha256=sha,
-                                             source=str(source)))}
+    written = {
+        "train": str(write_token_file(out, ids[:split], source_sha256=sha, source=str(source)))
+    }
     if val_fraction > 0:
-        written["val"] = str(write_token_file(val_path(out), ids[split:], source_sha256=sha,
-                                              source=str(source)))
-    return {"files": len(files), "tokens": int(len(ids)), "train_tokens": split,
-            "val_tokens": int(len(ids) - split), "written": written, "source_sha256": sha}
+        written["val"] = str(
+            write_token_file(val_path(out), ids[split:], source_sha256=sha, source=str(source))
+        )
+    return {
+        "files": len(files),
+        "tokens": int(len(ids)),
+        "train_tokens": split,
+        "val_tokens": int(len(ids) - split),
+        "written": written,
+        "source_sha256": sha,
+    }

@@ -46,7 +46,6 @@ from pathlib import Path
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} and \p{N}
 
 from gpt2lib.chapters import bpe
-from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID
 from gpt2lib.chapters.bpe import (
     GPT2_SPLIT_PATTERN,
     bpe_merge,
@@ -57,6 +56,7 @@ from gpt2lib.chapters.bpe import (
     pretokenize,
     train_merges_simple,
 )
+from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID
 
 __all__ = [
     "BPETokenizer",

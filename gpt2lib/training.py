@@ -15,69 +15,88 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import numbers
 import time
 
 import torch
 
 from gpt2lib.chapters import training as lesson
 from gpt2lib.chapters.training import History
-from gpt2lib.validation import token_range
+from gpt2lib.validation import check_real, check_whole, token_range
 
-__all__ = ["History", "check_batch_arguments", "check_loss_arguments", "check_ngram_arguments",
-           "check_sample_arguments", "check_schedule_arguments", "check_train_arguments",
-           "get_batch", "guarded", "guarded_train", "lm_loss", "lr_schedule", "ngram_baselines",
-           "sample", "train"]
+__all__ = [
+    "History",
+    "check_batch_arguments",
+    "check_loss_arguments",
+    "check_ngram_arguments",
+    "check_sample_arguments",
+    "check_schedule_arguments",
+    "check_train_arguments",
+    "get_batch",
+    "guarded",
+    "guarded_train",
+    "lm_loss",
+    "lr_schedule",
+    "ngram_baselines",
+    "sample",
+    "train",
+]
 
 
 def _whole(name, value, minimum, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if not (value is None and allow_none):
+        check_whole(name, value, minimum)
 
 
-def _real(name, value, *, low, low_inclusive, high=None, allow_none=False, allow_inf=False,
-          why=""):
+def _real(name, value, *, low, low_inclusive, high=None, allow_none=False, allow_inf=False, why=""):
     """A real number in a range: NaN, infinity (unless allowed) and bools refused."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be a finite number, got {value}{why}")
-    below = value < low if low_inclusive else value <= low
-    if below or (high is not None and value > high):
-        bound = f">= {low:g}" if low_inclusive else f"> {low:g}"
-        if high is not None:
-            bound += f" and <= {high:g}"
-        raise ValueError(f"{name} must be {bound}, got {value:g}{why}")
+    if not (value is None and allow_none):
+        check_real(
+            name, value, low, high, low_inclusive=low_inclusive, allow_inf=allow_inf, why=why
+        )
 
 
 def _token_ids(name, ids, vocab_size, minimum_length, length_why):
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         got = f"shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"{name} must be a 1-D tensor of token ids, got {got}; for a list use "
-                         "torch.tensor(ids)")
+        raise ValueError(
+            f"{name} must be a 1-D tensor of token ids, got {got}; for a list use torch.tensor(ids)"
+        )
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
     if len(ids) < minimum_length:
-        raise ValueError(f"{name} holds {len(ids)} tokens, fewer than {length_why}: use more "
-                         "text" + (" or a smaller block_size" if "block_size" in length_why
-                                   else ""))
+        raise ValueError(
+            f"{name} holds {len(ids)} tokens, fewer than {length_why}: use more "
+            "text" + (" or a smaller block_size" if "block_size" in length_why else "")
+        )
     low, high = token_range(ids)  # gpt2lib.validation: any integer dtype
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
-                         f" (vocab_size={vocab_size}); encode the text with the model's tokenizer")
+        raise ValueError(
+            f"{name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
+            f" (vocab_size={vocab_size}); encode the text with the model's tokenizer"
+        )
 
 
-def check_train_arguments(model, train_ids, val_ids, steps, *, batch_size, block_size, max_lr,
-                          min_lr, warmup_steps, weight_decay, max_grad_norm, eval_every,
-                          eval_batches, seed, device, on_eval, progress) -> None:
+def check_train_arguments(
+    model,
+    train_ids,
+    val_ids,
+    steps,
+    *,
+    batch_size,
+    block_size,
+    max_lr,
+    min_lr,
+    warmup_steps,
+    weight_decay,
+    max_grad_norm,
+    eval_every,
+    eval_batches,
+    seed,
+    device,
+    on_eval,
+    progress,
+) -> None:
     """Refuse any bad argument of gpt2lib.training.train, naming it, before anything runs.
 
     None means "the default" for block_size, min_lr, warmup_steps, eval_every and device.
@@ -90,14 +109,17 @@ def check_train_arguments(model, train_ids, val_ids, steps, *, batch_size, block
     if not isinstance(context, int) or not isinstance(vocab_size, int):
         raise TypeError("model.config must be a GPT2Config (with n_positions and vocab_size)")
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError("the model has no parameter that requires a gradient: training would "
-                         "change nothing")
+        raise ValueError(
+            "the model has no parameter that requires a gradient: training would change nothing"
+        )
     _whole("steps", steps, 0)
     _whole("batch_size", batch_size, 1)
     _whole("block_size", block_size, 1, allow_none=True)
     if block_size is not None and block_size > context:
-        raise ValueError(f"block_size={block_size} is longer than the model's context of "
-                         f"{context} tokens (n_positions); use block_size <= {context}")
+        raise ValueError(
+            f"block_size={block_size} is longer than the model's context of "
+            f"{context} tokens (n_positions); use block_size <= {context}"
+        )
     window = context if block_size is None else block_size
     for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
         _token_ids(name, ids, vocab_size, window + 1, f"block_size + 1 = {window + 1}")
@@ -106,24 +128,33 @@ def check_train_arguments(model, train_ids, val_ids, steps, *, batch_size, block
     if min_lr is not None and min_lr > max_lr:
         raise ValueError(f"need 0 <= min_lr <= max_lr, got min_lr={min_lr:g}, max_lr={max_lr:g}")
     _whole("warmup_steps", warmup_steps, 0, allow_none=True)
-    _real("weight_decay", weight_decay, low=0, low_inclusive=True,
-          why=" (0 turns weight decay off; 0.1 is usual)")
-    _real("max_grad_norm", max_grad_norm, low=0, low_inclusive=False, allow_inf=True,
-          why=" (the largest gradient norm kept by clipping; 1.0 is usual, inf turns it off; "
-              "a negative norm would climb the loss and 0 would train nothing)")
+    _real(
+        "weight_decay",
+        weight_decay,
+        low=0,
+        low_inclusive=True,
+        why=" (0 turns weight decay off; 0.1 is usual)",
+    )
+    _real(
+        "max_grad_norm",
+        max_grad_norm,
+        low=0,
+        low_inclusive=False,
+        allow_inf=True,
+        why=" (the largest gradient norm kept by clipping; 1.0 is usual, inf turns it off; "
+        "a negative norm would climb the loss and 0 would train nothing)",
+    )
     _whole("eval_every", eval_every, 1, allow_none=True)
     _whole("eval_batches", eval_batches, 1)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be a whole number, got {seed!r} ({type(seed).__name__})")
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {seed}")
+    check_whole("seed", seed, 0, 2**63 - 1)
     if device is not None:
         from gpt2lib.device import pick_device
 
         pick_device(device)  # a clear ValueError for a device this machine does not have
     if on_eval is not None and not callable(on_eval):
-        raise TypeError(f"on_eval must be a function of (history, model) or None, got "
-                        f"{type(on_eval).__name__}")
+        raise TypeError(
+            f"on_eval must be a function of (history, model) or None, got {type(on_eval).__name__}"
+        )
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
 
@@ -133,10 +164,21 @@ def check_ngram_arguments(train_ids, val_ids, vocab_size, smoothing, bigram_weig
     _whole("vocab_size", vocab_size, 1)
     _token_ids("train_ids", train_ids, vocab_size, 2, "2 (one pair to count)")
     _token_ids("val_ids", val_ids, vocab_size, 2, "2 (one pair to score)")
-    _real("smoothing", smoothing, low=0, low_inclusive=True,
-          why=" (the count added to every token, so that an unseen one keeps some probability)")
-    _real("bigram_weight", bigram_weight, low=0, low_inclusive=True, high=1,
-          why=" (the bigram's share of the mix)")
+    _real(
+        "smoothing",
+        smoothing,
+        low=0,
+        low_inclusive=True,
+        why=" (the count added to every token, so that an unseen one keeps some probability)",
+    )
+    _real(
+        "bigram_weight",
+        bigram_weight,
+        low=0,
+        low_inclusive=True,
+        high=1,
+        why=" (the bigram's share of the mix)",
+    )
 
 
 # --------------------------------------------------------------------------- the entry points
@@ -158,7 +200,8 @@ def check_loss_arguments(logits, targets) -> None:
         raise ValueError(
             f"targets must have shape (B, T) = {tuple(logits.shape[:2])} to match logits of shape "
             f"{tuple(logits.shape)}, got {_shape(targets)}; targets hold one next-token id per "
-            "position")
+            "position"
+        )
     if targets.dtype != torch.long:
         raise TypeError(f"targets must hold integer token ids (torch.long), got {targets.dtype}")
 
@@ -166,8 +209,10 @@ def check_loss_arguments(logits, targets) -> None:
 def check_batch_arguments(ids, batch_size, block_size, generator=None, device=None) -> None:
     """get_batch(ids (N,), batch_size, block_size, generator, device)."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
-        raise ValueError("ids must be a 1-D tensor of token ids (the whole text, encoded); "
-                         "for a list use torch.tensor(ids)")
+        raise ValueError(
+            "ids must be a 1-D tensor of token ids (the whole text, encoded); "
+            "for a list use torch.tensor(ids)"
+        )
     if ids.dtype not in (torch.long, torch.int32):
         raise TypeError(f"ids must hold integer token ids (torch.long), got {ids.dtype}")
     _whole("batch_size", batch_size, 1)
@@ -176,7 +221,8 @@ def check_batch_arguments(ids, batch_size, block_size, generator=None, device=No
         raise ValueError(
             f"ids hold {len(ids)} tokens, too few for one window: a window of block_size="
             f"{block_size} needs block_size + 1 = {block_size + 1} tokens (inputs plus the next "
-            "token); use more text or a smaller block_size")
+            "token); use more text or a smaller block_size"
+        )
 
 
 def check_schedule_arguments(step, max_lr, warmup_steps, total_steps, min_lr) -> None:
@@ -229,8 +275,15 @@ def sample(model, idx, max_new_tokens, temperature=1.0, generator=None):
     was_training = model.training
     model.eval()
     try:
-        return decode_all(model, idx, max_new_tokens, sampling=(float(temperature), None, None),
-                          generator=generator, use_cache=False, crop=True)
+        return decode_all(
+            model,
+            idx,
+            max_new_tokens,
+            sampling=(float(temperature), None, None),
+            generator=generator,
+            use_cache=False,
+            crop=True,
+        )
     finally:
         model.train(was_training)
 
@@ -247,21 +300,58 @@ def guarded_train(lesson_train, history_cls):
     """
 
     @functools.wraps(lesson_train)
-    def train(model, train_ids, val_ids, steps, *, batch_size=8, block_size=None, max_lr=3e-3,
-              min_lr=None, warmup_steps=None, weight_decay=0.1, max_grad_norm=1.0,
-              eval_every=None, eval_batches=10, seed=0, device=None, on_eval=None,
-              progress=True, get_batch=None, train_step=None, lr_at=None):
+    def train(
+        model,
+        train_ids,
+        val_ids,
+        steps,
+        *,
+        batch_size=8,
+        block_size=None,
+        max_lr=3e-3,
+        min_lr=None,
+        warmup_steps=None,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_every=None,
+        eval_batches=10,
+        seed=0,
+        device=None,
+        on_eval=None,
+        progress=True,
+        get_batch=None,
+        train_step=None,
+        lr_at=None,
+    ):
         check_train_arguments(
-            model, train_ids, val_ids, steps, batch_size=batch_size, block_size=block_size,
-            max_lr=max_lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay,
-            max_grad_norm=max_grad_norm, eval_every=eval_every, eval_batches=eval_batches,
-            seed=seed, device=device, on_eval=on_eval, progress=progress)
+            model,
+            train_ids,
+            val_ids,
+            steps,
+            batch_size=batch_size,
+            block_size=block_size,
+            max_lr=max_lr,
+            min_lr=min_lr,
+            warmup_steps=warmup_steps,
+            weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm,
+            eval_every=eval_every,
+            eval_batches=eval_batches,
+            seed=seed,
+            device=device,
+            on_eval=on_eval,
+            progress=progress,
+        )
         for name, fn in (("get_batch", get_batch), ("train_step", train_step), ("lr_at", lr_at)):
             if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be a function or None (the reference), got "
-                                f"{type(fn).__name__}")
-        pieces = {k: v for k, v in (("get_batch", get_batch), ("train_step", train_step),
-                                    ("lr_at", lr_at)) if v is not None}
+                raise TypeError(
+                    f"{name} must be a function or None (the reference), got {type(fn).__name__}"
+                )
+        pieces = {
+            k: v
+            for k, v in (("get_batch", get_batch), ("train_step", train_step), ("lr_at", lr_at))
+            if v is not None
+        }
         step_fn = train_step or lesson_train.__kwdefaults__["train_step"]
         if device is not None:
             model.to(device)
@@ -279,7 +369,8 @@ def guarded_train(lesson_train, history_cls):
                 raise FloatingPointError(
                     f"the training loss became {loss} at step {step} (learning rate {lr:.3g}); "
                     f"training stopped. Lower the learning rate (max_lr={max_lr:g}, try "
-                    f"{max_lr / 3:.2g}) or keep gradient clipping on")
+                    f"{max_lr / 3:.2g}) or keep gradient clipping on"
+                )
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -291,12 +382,25 @@ def guarded_train(lesson_train, history_cls):
                 on_eval(history, model)
 
         try:
-            lesson_train(model, train_ids, val_ids, steps, batch_size=batch_size,
-                         block_size=block_size, max_lr=max_lr, min_lr=min_lr,
-                         warmup_steps=warmup_steps, weight_decay=weight_decay,
-                         max_grad_norm=max_grad_norm, eval_every=eval_every,
-                         eval_batches=eval_batches, seed=seed, on_eval=timed_eval,
-                         history=history, **{**pieces, "train_step": watched_step})
+            lesson_train(
+                model,
+                train_ids,
+                val_ids,
+                steps,
+                batch_size=batch_size,
+                block_size=block_size,
+                max_lr=max_lr,
+                min_lr=min_lr,
+                warmup_steps=warmup_steps,
+                weight_decay=weight_decay,
+                max_grad_norm=max_grad_norm,
+                eval_every=eval_every,
+                eval_batches=eval_batches,
+                seed=seed,
+                on_eval=timed_eval,
+                history=history,
+                **{**pieces, "train_step": watched_step},
+            )
         except BaseException as stopped:
             history.seconds = time.perf_counter() - started
             stopped.history = history  # an interrupted run keeps what it recorded
@@ -318,7 +422,9 @@ def _progress_bar(total):
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc="training", unit="step", mininterval=1.0)  # see finetune._progress
+    return tqdm(
+        total=total, desc="training", unit="step", mininterval=1.0
+    )  # see finetune._progress
 
 
 lm_loss = guarded(check_loss_arguments)(lesson.lm_loss)

@@ -15,10 +15,23 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DATA_DIR", "DTYPE_NAMES", "ENDOFTEXT", "ENDOFTEXT_ID", "GPT2_SIZES", "HUB_ORG",
-           "SAFETENSORS_DTYPES", "check_config", "check_is_dict", "check_model_name",
-           "check_token_ids", "check_token_stream", "released_name", "require_count",
-           "token_range"]
+__all__ = [
+    "DATA_DIR",
+    "DTYPE_NAMES",
+    "ENDOFTEXT",
+    "ENDOFTEXT_ID",
+    "GPT2_SIZES",
+    "HUB_ORG",
+    "SAFETENSORS_DTYPES",
+    "check_config",
+    "check_is_dict",
+    "check_model_name",
+    "check_token_ids",
+    "check_token_stream",
+    "released_name",
+    "require_count",
+    "token_range",
+]
 
 # --------------------------------------------------------------------------- constants
 
@@ -36,14 +49,26 @@ GPT2_SIZES = {
 HUB_ORG = "openai-community"  # the hub organisation of the released GPT-2s: 'openai-community/gpt2'
 
 SAFETENSORS_DTYPES = {  # safetensors' dtype names -> torch dtypes
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 DTYPE_NAMES = {  # what a user may call the float dtypes a model can be loaded or saved in
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 # The course's data (GPT-2's vocabulary files, Tiny Shakespeare, the shipped models): beside the
@@ -67,7 +92,77 @@ def released_name(config) -> str | None:
 
 _EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 _SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+_LARGEST = {
+    "vocab_size": 2**21,
+    "n_positions": 2**21,
+    "n_embd": 2**16,
+    "n_layer": 2**12,
+    "n_head": 2**12,
+}
 _DROPOUT_FIELDS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+
+
+def check_whole(
+    name: str, value, low: int | None = None, high: int | None = None, *, why: str = ""
+) -> int:
+    """`value` as an int: a whole number (Python's, numpy's or a one-element integer tensor's;
+    never a bool) in low .. high, either bound optional. Otherwise a TypeError or ValueError
+    that names the argument, says what it must be and what it got; `why` is added to it."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not (
+            value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+        )
+    ):
+        value = value.item()  # scores.argmax() and the like
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} must be a whole number, got {value!r} ({type(value).__name__}){why}"
+        )
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}{why}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value}{why}")
+    return int(value)
+
+
+def check_real(
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    allow_inf: bool = False,
+    why: str = "",
+) -> float:
+    """`value` as a float: a real number (never a bool) in the range the bounds give; NaN is
+    always refused, and so are ±inf unless allow_inf. Errors name the argument as check_whole's
+    do."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}){why}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value}{why}")
+    below = low is not None and (value < low if low_inclusive else value <= low)
+    above = high is not None and (value > high if high_inclusive else value >= high)
+    if below or above:
+        bounds = _bounds(low, high, low_inclusive, high_inclusive)
+        raise ValueError(f"{name} must be {bounds}, got {value:g}{why}")
+    return value
+
+
+def _bounds(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
+    if low is not None and high is not None:
+        return (
+            f"{'>=' if low_inclusive else '>'} {low:g} and "
+            f"{'<=' if high_inclusive else '<'} {high:g}"
+        )
+    if low is not None:
+        return f"{'>=' if low_inclusive else '>'} {low:g}"
+    return f"{'<=' if high_inclusive else '<'} {high:g}"
 
 
 def require_count(name: str, value) -> None:
@@ -82,12 +177,9 @@ def check_config(config) -> None:
     Sizes become int, epsilon and dropouts float. Called by GPT2Config.__post_init__.
     """
     for name in _SIZE_FIELDS:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-        if value <= 0:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-        setattr(config, name, int(value))
+        # the upper bounds are far past any GPT-2 (or any model of its kind): a size beyond them
+        # is a typo that would otherwise fail deep inside PyTorch, or build for minutes first
+        setattr(config, name, check_whole(name, getattr(config, name), 1, _LARGEST[name]))
     for name in ("layer_norm_epsilon",) + _DROPOUT_FIELDS:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -126,7 +218,9 @@ def check_token_ids(idx: torch.Tensor, config, past_length: int = 0) -> None:
             "for a list of ids use torch.tensor([ids])"
         )
     if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-        raise TypeError(f"token ids must be integers, got dtype {idx.dtype}; convert with idx.long()")
+        raise TypeError(
+            f"token ids must be integers, got dtype {idx.dtype}; convert with idx.long()"
+        )
     if idx.dim() != 2:
         hint = "; for one sequence use idx.unsqueeze(0)" if idx.dim() == 1 else ""
         raise ValueError(f"token ids must have shape (B, T), got {tuple(idx.shape)}{hint}")
@@ -168,16 +262,23 @@ def token_range(idx: torch.Tensor) -> tuple[int, int]:
 def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") -> None:
     low, high = token_range(idx)
     if low < 0 or high >= vocab_size:
-        shown = ("a value of 2**63 or more" if idx.dtype == torch.uint64 and low < 0
-                 else f"values from {low} to {high}")
-        raise ValueError(f"{what} must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), got {shown}")
+        shown = (
+            "a value of 2**63 or more"
+            if idx.dtype == torch.uint64 and low < 0
+            else f"values from {low} to {high}"
+        )
+        raise ValueError(
+            f"{what} must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), got {shown}"
+        )
 
 
 def check_model_name(name, sizes) -> str:
     """The key of `sizes` (chapter 2's GPT2Config.SIZES, the one list of model names) that
     `name` names, with or without the hub's 'openai-community/' in front."""
     if not isinstance(name, str):
-        raise TypeError(f"the model name must be a string such as 'gpt2', got {type(name).__name__}")
+        raise TypeError(
+            f"the model name must be a string such as 'gpt2', got {type(name).__name__}"
+        )
     key = name.removeprefix(f"{HUB_ORG}/")
     if key not in sizes:
         raise ValueError(f"unknown model name {name!r}; choose one of {', '.join(sizes)}")
@@ -186,4 +287,6 @@ def check_model_name(name, sizes) -> str:
 
 def check_is_dict(values) -> None:
     if not isinstance(values, dict):
-        raise TypeError(f"from_dict takes a dict (a parsed config.json), got {type(values).__name__}")
+        raise TypeError(
+            f"from_dict takes a dict (a parsed config.json), got {type(values).__name__}"
+        )

@@ -72,7 +72,10 @@ def find_chromium() -> tuple[Path | None, str]:
         path = Path(chosen).expanduser()
         if path.is_file():
             return path, ""
-        return None, f"{CHROMIUM_ENV}={chosen} is missing (it must name a Chromium or Chrome executable)"
+        return (
+            None,
+            f"{CHROMIUM_ENV}={chosen} is missing (it must name a Chromium or Chrome executable)",
+        )
     for path in [CHROMIUM, *OTHER_CHROMIUMS]:
         if path.is_file():
             return path, ""
@@ -98,8 +101,12 @@ def browser_missing() -> str:
 def solution_chapter(nodeid: str) -> str | None:
     """'10_finetuning' for an nbval item of solutions/10_finetuning.ipynb, else None."""
     path = nodeid.split("::")[0]
-    if path.startswith("solutions/") and path.endswith(".ipynb") and "/" not in path[len("solutions/"):]:
-        return path[len("solutions/"):-len(".ipynb")]
+    if (
+        path.startswith("solutions/")
+        and path.endswith(".ipynb")
+        and "/" not in path[len("solutions/") :]
+    ):
+        return path[len("solutions/") : -len(".ipynb")]
     return None
 
 
@@ -163,11 +170,21 @@ def start_lab(workdir: Path, served: Path, timeout: float = 90.0) -> LabServer:
     port = free_port()
     log_path = workdir / "jupyterlab.log"
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser",
-        "--ip", "127.0.0.1", "--port", str(port), "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", "--allow-root",
-        "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
-        "--LabApp.news_url=None", f"--ServerApp.root_dir={served}",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        "--allow-root",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.news_url=None",
+        f"--ServerApp.root_dir={served}",
     ]
     log = open(log_path, "wb")
     process = subprocess.Popen(command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -178,7 +195,9 @@ def start_lab(workdir: Path, served: Path, timeout: float = 90.0) -> LabServer:
         if process.poll() is not None:
             raise RuntimeError(f"JupyterLab exited with {process.returncode}:\n{server.log_tail()}")
         try:
-            with urllib.request.urlopen(f"{server.base_url}/api/status?token={token}", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"{server.base_url}/api/status?token={token}", timeout=2
+            ) as r:
                 if r.status == 200:
                     return server
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -193,7 +212,9 @@ def copy_course(repo: Path, target: Path) -> None:
     for folder in ("solutions", "notebooks"):
         src = repo / folder
         if src.is_dir():
-            shutil.copytree(src, target / folder, ignore=shutil.ignore_patterns("backups", ".ipynb_checkpoints"))
+            shutil.copytree(
+                src, target / folder, ignore=shutil.ignore_patterns("backups", ".ipynb_checkpoints")
+            )
     if (repo / "data").is_dir():
         shutil.copytree(repo / "data", target / "data")
 
@@ -221,24 +242,35 @@ _JS_PANEL = """
 """
 
 # True once the notebook is loaded and its kernel is idle; polled, so it can never hang.
-JS_READY = """
-(path) => {""" + _JS_PANEL + """
+JS_READY = (
+    """
+(path) => {"""
+    + _JS_PANEL
+    + """
   if (!panel || !panel.context.isReady) { return false; }
   const session = panel.sessionContext.session;
   return Boolean(session && session.kernel && session.kernel.status === "idle");
 }
 """
+)
 
-JS_RUN_ALL = """
-async (path) => {""" + _JS_PANEL + """
+JS_RUN_ALL = (
+    """
+async (path) => {"""
+    + _JS_PANEL
+    + """
   app.shell.activateById(panel.id);
   await app.commands.execute("notebook:run-all-cells");
 }
 """
+)
 
 # Busy prompts, plus every code cell's execution count and outputs, read from the model.
-JS_STATE = """
-(path) => {""" + _JS_PANEL + """
+JS_STATE = (
+    """
+(path) => {"""
+    + _JS_PANEL
+    + """
   const busy = Array.from(panel.content.node.querySelectorAll(".jp-InputPrompt"))
     .filter(p => p.textContent.includes("[*]")).length;
   const cells = [];
@@ -253,6 +285,7 @@ JS_STATE = """
   return {busy, cells, kernel: session && session.kernel ? session.kernel.status : "no kernel"};
 }
 """
+)
 
 # Shut down every open notebook's kernel and close it without a "save changes?" dialog.
 JS_CLOSE_ALL = """
@@ -277,7 +310,10 @@ class RunResult:
     @property
     def widget_outputs(self) -> int:
         return sum(
-            1 for cell in self.cells for out in cell["outputs"] if WIDGET_MIME in out.get("data", {})
+            1
+            for cell in self.cells
+            for out in cell["outputs"]
+            if WIDGET_MIME in out.get("data", {})
         )
 
     @property
@@ -291,7 +327,9 @@ def error_outputs(cells: list[dict]) -> list[str]:
     for cell in cells:
         for out in cell["outputs"]:
             if out.get("output_type") == "error":
-                found.append(f"cell {cell['index']}: {out.get('ename')}: {out.get('evalue', '')[:300]}")
+                found.append(
+                    f"cell {cell['index']}: {out.get('ename')}: {out.get('evalue', '')[:300]}"
+                )
     return found
 
 
@@ -300,7 +338,7 @@ def dismiss_toasts(page) -> None:
     for label in ("No", "Dismiss", "Close"):
         for button in page.locator(".jp-toast-container button, .Toastify__toast button").all():
             try:
-                if button.is_visible() and label in (button.text_content() or "") :
+                if button.is_visible() and label in (button.text_content() or ""):
                     button.click(timeout=2000)
             except Exception:  # a toast that vanished on its own is fine
                 pass
@@ -333,9 +371,10 @@ def run_notebook(page, notebook: str, timeout: float) -> RunResult:
     while time.monotonic() < deadline:
         state = page.evaluate(JS_STATE, notebook)
         finished = state["busy"] == 0 and state["kernel"] == "idle"
-        if finished and (error_outputs(state["cells"]) or all(
-            c["count"] is not None or not c["source"].strip() for c in state["cells"]
-        )):
+        if finished and (
+            error_outputs(state["cells"])
+            or all(c["count"] is not None or not c["source"].strip() for c in state["cells"])
+        ):
             break
         time.sleep(0.5)
     else:

@@ -8,15 +8,21 @@ from gpt2lib.course.checks._core import CheckFailed, NotDoneYet
 
 def right_answers(answers_by_check):
     """{check: [right answers]} -> one pytest parameter (check, answer) per answer."""
-    return [pytest.param(check, answer, id=f"{check.__name__}-{answer.__name__}")
-            for check, answers in answers_by_check.items() for answer in answers]
+    return [
+        pytest.param(check, answer, id=f"{check.__name__}-{answer.__name__}")
+        for check, answers in answers_by_check.items()
+        for answer in answers
+    ]
 
 
 def planted(checks_and_mistakes):
     """{check: its list of Mistake} (or pairs) -> one pytest parameter (check, mistake) per
     mistake."""
-    return [pytest.param(check, mistake, id=f"{check.__name__}-{mistake.name}")
-            for check, mistakes in dict(checks_and_mistakes).items() for mistake in mistakes]
+    return [
+        pytest.param(check, mistake, id=f"{check.__name__}-{mistake.name}")
+        for check, mistakes in dict(checks_and_mistakes).items()
+        for mistake in mistakes
+    ]
 
 
 def numbered(cases):
@@ -33,6 +39,7 @@ def assert_named(check, answer, message):
 
 def assert_not_done_yet(check):
     """check(stub), for an exercise that still holds its stub, raises NotDoneYet."""
+
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise: replace this line with your code")
 

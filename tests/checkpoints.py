@@ -53,11 +53,18 @@ TINY = {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 1024, "vocab_siz
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 
 
-def hub_config(n_layer: int, n_head: int, n_embd: int, n_positions: int = 1024,
-               vocab_size: int = 50257) -> dict:
+def hub_config(
+    n_layer: int, n_head: int, n_embd: int, n_positions: int = 1024, vocab_size: int = 50257
+) -> dict:
     config = dict(_HUB_CONFIG)
-    config.update(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
-                  n_ctx=n_positions, vocab_size=vocab_size)
+    config.update(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_positions=n_positions,
+        n_ctx=n_positions,
+        vocab_size=vocab_size,
+    )
     return config
 
 
@@ -86,8 +93,9 @@ def hub_shapes(config: dict, attn_bias: bool = True) -> dict[str, tuple[int, ...
     return shapes
 
 
-def random_hub_tensors(config: dict, seed: int = 0, attn_bias: bool = True,
-                       dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_hub_tensors(
+    config: dict, seed: int = 0, attn_bias: bool = True, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     P = config["n_positions"]
     tensors = {}
@@ -104,9 +112,19 @@ def random_hub_tensors(config: dict, seed: int = 0, attn_bias: bool = True,
     return tensors
 
 
-def write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=1024,
-                         vocab_size=50257, seed=0, attn_bias=True, masked_bias=False,
-                         tensors=None, config=None) -> Path:
+def write_hub_checkpoint(
+    folder,
+    n_layer=2,
+    n_head=4,
+    n_embd=64,
+    n_positions=1024,
+    vocab_size=50257,
+    seed=0,
+    attn_bias=True,
+    masked_bias=False,
+    tensors=None,
+    config=None,
+) -> Path:
     """A folder with config.json and model.safetensors in the hub's layout. Returns the folder.
 
     `tensors` / `config` replace the generated ones (to plant a broken checkpoint).
@@ -121,22 +139,34 @@ def write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=102
             for i in range(config["n_layer"]):
                 tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return folder
 
 
-def write_save_pretrained_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=128,
-                                     vocab_size=1000, seed=0) -> Path:
+def write_save_pretrained_checkpoint(
+    folder, n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=1000, seed=0
+) -> Path:
     """A checkpoint written by transformers' own GPT2LMHeadModel.save_pretrained."""
     from transformers import GPT2Config as HFConfig
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    hf = GPT2LMHeadModel(HFConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                                  n_positions=n_positions, n_ctx=n_positions,
-                                  vocab_size=vocab_size, bos_token_id=vocab_size - 1,
-                                  eos_token_id=vocab_size - 1))
+    hf = GPT2LMHeadModel(
+        HFConfig(
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            n_positions=n_positions,
+            n_ctx=n_positions,
+            vocab_size=vocab_size,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+        )
+    )
     with torch.no_grad():  # perturb biases and gains so that every tensor matters
         for name, p in hf.named_parameters():
             if name.endswith("bias") or "ln_" in name:
@@ -168,8 +198,11 @@ def write_standin_float32(folder) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = load_file(str(STANDIN / "model.safetensors"))
-    save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     shutil.copyfile(STANDIN / "config.json", folder / "config.json")
     return folder
 

@@ -51,8 +51,9 @@ def imports_of(name: str) -> set[str]:
                 found.add(full if full in MODULES else base)
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
             found |= {a.value for a in node.args if isinstance(a, ast.Constant)}
-        elif (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_EXPORTS"
-                                                   for t in node.targets)):
+        elif isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") == "_EXPORTS" for t in node.targets
+        ):
             found |= {v.value for v in node.value.values if isinstance(v, ast.Constant)}
     return {m for m in found if m in MODULES and m != name}
 
@@ -73,8 +74,7 @@ def reach(name: str) -> set[str]:
 def test_the_graph_reader_sees_imports_inside_functions_and_lazy_names():
     # cli imports the loader inside its command functions only
     assert "gpt2lib.checkpoint" in GRAPH["gpt2lib.cli"]
-    assert GRAPH["gpt2lib.chapters.block"] == {"gpt2lib.chapters.attention",
-                                               "gpt2lib.chapters.mlp"}
+    assert GRAPH["gpt2lib.chapters.block"] == {"gpt2lib.chapters.attention", "gpt2lib.chapters.mlp"}
     assert "gpt2lib.scaling" in GRAPH["gpt2lib"]  # `pretrain` is a lazy name of the package
 
 
@@ -87,7 +87,7 @@ def find_cycle(graph):
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = "done"
@@ -116,8 +116,9 @@ def test_the_folder_of_generated_modules_holds_only_what_the_build_wrote():
 
 
 def test_no_generated_module_lives_outside_its_folder():
-    outside = [p for p in PACKAGE.rglob("*.py")
-               if CHAPTERS not in p.parents and module_state(p) != "other"]
+    outside = [
+        p for p in PACKAGE.rglob("*.py") if CHAPTERS not in p.parents and module_state(p) != "other"
+    ]
     assert outside == []
 
 
@@ -176,18 +177,24 @@ def _places(pattern: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("what, pattern, home", [
-    ("the end-of-text id", r"\b50256\b", "gpt2lib/validation.py"),
-    ("the token-id validator", r"\bdef check_token_ids\b", "gpt2lib/validation.py"),
-    ("the atomic write", r"\bos \. fsync\b|\bmkstemp\b|\bO_EXCL\b", "gpt2lib/files.py"),
-])
+@pytest.mark.parametrize(
+    "what, pattern, home",
+    [
+        ("the end-of-text id", r"\b50256\b", "gpt2lib/validation.py"),
+        ("the token-id validator", r"\bdef check_token_ids\b", "gpt2lib/validation.py"),
+        ("the atomic write", r"\bos \. fsync\b|\bmkstemp\b|\bO_EXCL\b", "gpt2lib/files.py"),
+    ],
+)
 def test_one_definition_of_each_shared_thing(what, pattern, home):
     places = _places(pattern)
     assert places and all(p.startswith(home) for p in places), f"{what}: {places}"
 
 
 def test_one_path_to_the_data_folder():
-    joins = [f"{path.relative_to(ROOT)}:{n}" for path in sorted(PACKAGE.rglob("*.py"))
-             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-             if re.search(r'/ "data"', line.split("#")[0])]
+    joins = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r'/ "data"', line.split("#")[0])
+    ]
     assert len(joins) == 1 and joins[0].startswith("gpt2lib/validation.py:"), joins

@@ -16,11 +16,10 @@ import json
 import os
 from pathlib import Path
 
+import browser_support as bs
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
-
-import browser_support as bs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -112,16 +111,32 @@ def write_selftest_notebooks(folder: Path) -> None:
     """Two tiny notebooks that prove the harness itself can see sliders and errors."""
     folder.mkdir(parents=True)
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    nbformat.write(new_notebook(metadata=kernel, cells=[
-        new_code_cell("import ipywidgets as widgets\nslider = widgets.IntSlider(value=3, min=0, max=10)\nslider"),
-        new_code_cell("@widgets.interact(n=(0, 5))\ndef show(n=2):\n    print('n squared is', n * n)"),
-        new_code_cell("widgets.FloatSlider(value=0.8, min=0.0, max=2.0, step=0.05)"),
-    ]), str(folder / "widgets.ipynb"))
-    nbformat.write(new_notebook(metadata=kernel, cells=[
-        new_code_cell("import warnings\nwarnings.warn('only a warning')\nprint('fine')"),
-        new_code_cell("raise ValueError('planted error')"),
-        new_code_cell("print('never runs')"),
-    ]), str(folder / "broken.ipynb"))
+    nbformat.write(
+        new_notebook(
+            metadata=kernel,
+            cells=[
+                new_code_cell(
+                    "import ipywidgets as widgets\nslider = widgets.IntSlider(value=3, min=0, max=10)\nslider"
+                ),
+                new_code_cell(
+                    "@widgets.interact(n=(0, 5))\ndef show(n=2):\n    print('n squared is', n * n)"
+                ),
+                new_code_cell("widgets.FloatSlider(value=0.8, min=0.0, max=2.0, step=0.05)"),
+            ],
+        ),
+        str(folder / "widgets.ipynb"),
+    )
+    nbformat.write(
+        new_notebook(
+            metadata=kernel,
+            cells=[
+                new_code_cell("import warnings\nwarnings.warn('only a warning')\nprint('fine')"),
+                new_code_cell("raise ValueError('planted error')"),
+                new_code_cell("print('never runs')"),
+            ],
+        ),
+        str(folder / "broken.ipynb"),
+    )
 
 
 def run_and_inspect(page, notebook: str, name: str) -> bs.RunResult:
@@ -134,7 +149,10 @@ def run_and_inspect(page, notebook: str, name: str) -> bs.RunResult:
 def screenshot(page, shots: Path, name: str) -> Path:
     bs.dismiss_toasts(page)
     # Show a slider if there is one, else any widget, else wherever the run ended.
-    for selector in (".jp-OutputArea-output .widget-slider", ".jp-OutputArea-output .jupyter-widgets"):
+    for selector in (
+        ".jp-OutputArea-output .widget-slider",
+        ".jp-OutputArea-output .jupyter-widgets",
+    ):
         widget = page.locator(selector).first
         if widget.count():
             widget.scroll_into_view_if_needed()
@@ -150,7 +168,11 @@ def screenshot(page, shots: Path, name: str) -> Path:
 def _chapter_params(names):
     for name in names:
         path = REPO_ROOT / "solutions" / f"{name}.ipynb"
-        marks = [] if path.exists() else [pytest.mark.skip(reason=f"solutions/{name}.ipynb not written yet")]
+        marks = (
+            []
+            if path.exists()
+            else [pytest.mark.skip(reason=f"solutions/{name}.ipynb not written yet")]
+        )
         yield pytest.param(name, marks=marks, id=name)
 
 
@@ -164,7 +186,9 @@ def check_chapter_in_lab(chapter, page, shots):
     slider that moves."""
     result = run_and_inspect(page, f"solutions/{chapter}.ipynb", chapter)
 
-    assert result.errors == [], f"{chapter}: cells raised in JupyterLab:\n" + "\n".join(result.errors)
+    assert result.errors == [], f"{chapter}: cells raised in JupyterLab:\n" + "\n".join(
+        result.errors
+    )
     assert result.unrun == [], f"{chapter}: cells never ran: {result.unrun}"
     assert bs.rendered_tracebacks(page) == []
     assert bs.widget_problems(page) == [], bs.widget_problems(page)
@@ -197,14 +221,18 @@ def test_harness_sees_widgets_and_moves_a_slider(page, shots):
     assert bs.rendered_widget_count(page) == 3
     assert bs.widget_problems(page) == []
     output = page.locator(".jp-OutputArea-output .widget-output").first
-    page.wait_for_function("el => el.textContent.includes('n squared is 4')", arg=output.element_handle())
+    page.wait_for_function(
+        "el => el.textContent.includes('n squared is 4')", arg=output.element_handle()
+    )
     before, after = bs.nudge_first_slider(page)
     assert before.endswith("|3") and after.endswith("|4"), (before, after)
     # The second slider drives `interact`: moving it reruns the function in the kernel.
     handle = page.locator(".jp-OutputArea-output .widget-slider .noUi-handle").nth(1)
     handle.focus()
     page.keyboard.press("ArrowRight")
-    page.wait_for_function("el => el.textContent.includes('n squared is 9')", arg=output.element_handle())
+    page.wait_for_function(
+        "el => el.textContent.includes('n squared is 9')", arg=output.element_handle()
+    )
     # A float slider moves by its step (its aria-valuenow is rounded, so read the readout).
     handle = page.locator(".jp-OutputArea-output .widget-slider .noUi-handle").nth(2)
     handle.focus()

@@ -4,7 +4,6 @@ that pytest-xdist runs them beside the other chapters' browser runs, not after t
 from __future__ import annotations
 
 import pytest
-
 from test_browser import (  # noqa: F401  (fixtures are found by name in this module)
     HEAVY,
     _chapter_params,
@@ -20,5 +19,5 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("chapter", list(_chapter_params(HEAVY)))
-def test_heavy_chapter_runs_in_jupyterlab(chapter, page, shots):
+def test_heavy_chapter_runs_in_jupyterlab(chapter, page, shots):  # noqa: F811 - fixtures
     check_chapter_in_lab(chapter, page, shots)

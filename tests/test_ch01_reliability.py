@@ -35,8 +35,11 @@ def test_gpt2s_own_files_load_with_one_special_token(tmp_path, gpt2):
     assert loaded.encode("Hello world, how are you?") == gpt2.encode("Hello world, how are you?")
 
 
-@pytest.mark.parametrize("kept", [slice(0, 25_000), slice(0, 49_990), slice(10, None)],
-                         ids=["first-half", "all-but-ten", "first-ten-missing"])
+@pytest.mark.parametrize(
+    "kept",
+    [slice(0, 25_000), slice(0, 49_990), slice(10, None)],
+    ids=["first-half", "all-but-ten", "first-ten-missing"],
+)
 def test_a_merges_file_that_does_not_fit_the_vocabulary_is_refused(tmp_path, kept):
     folder = gpt2_files_with(tmp_path, kept)
     with pytest.raises(ValueError, match=r"do not belong together") as caught:
@@ -52,7 +55,9 @@ def test_a_saved_tokenizer_with_its_special_tokens_still_loads(tmp_path):
     loaded = BPETokenizer.load(trained.save(tmp_path / "small"))
     assert loaded.special_tokens == trained.special_tokens
     sample = "the tokenizer<|pad|> reads"
-    assert loaded.encode(sample, allowed_special="all") == trained.encode(sample, allowed_special="all")
+    assert loaded.encode(sample, allowed_special="all") == trained.encode(
+        sample, allowed_special="all"
+    )
 
 
 def test_threads_sharing_one_tokenizer_get_the_same_ids_as_one_thread(gpt2):
@@ -101,9 +106,11 @@ class CountingSplitter:
         return self.compiled.findall(text, *args)
 
 
-@pytest.mark.parametrize("text", ["a" * 40_000, " " * 40_000, "1" * 40_000,
-                                  ("The quick brown fox, isn't it? " * 1300)[:40_000]],
-                         ids=["letters", "spaces", "digits", "prose"])
+@pytest.mark.parametrize(
+    "text",
+    ["a" * 40_000, " " * 40_000, "1" * 40_000, ("The quick brown fox, isn't it? " * 1300)[:40_000]],
+    ids=["letters", "spaces", "digits", "prose"],
+)
 def test_streaming_one_character_chunks_scans_each_character_a_few_times(text, gpt2):
     tok = BPETokenizer.gpt2()
     tok._splitter = CountingSplitter(tok._splitter)
@@ -128,5 +135,6 @@ def test_training_on_a_lone_surrogate_treats_it_as_encode_does(gpt2):
     replaced = text.replace("\ud800", "\ufffd")
     assert trained.encode(text) == trained.encode(replaced)
     assert "\ufffd".encode("utf-8") in trained.vocab or any(
-        b"\xef\xbf\xbd" in token for token in trained.vocab)
+        b"\xef\xbf\xbd" in token for token in trained.vocab
+    )
     assert trained.decode(trained.encode(text)) == replaced

@@ -53,7 +53,10 @@ def openai_encoding() -> tiktoken.Encoding:
     """GPT-2 as tiktoken itself builds it (its loader, its pattern), from the local files."""
     ranks = data_gym_to_mergeable_bpe_ranks(str(DATA / "vocab.bpe"), str(DATA / "encoder.json"))
     return tiktoken.Encoding(
-        name="gpt2-reference", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={ENDOFTEXT: ENDOFTEXT_ID}
+        name="gpt2-reference",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: ENDOFTEXT_ID},
     )
 
 
@@ -124,7 +127,9 @@ def test_every_kind_of_character_matches_tiktoken(tok, openai_encoding):
             continue
         c = chr(cp)
         text = f"a{c}b {c}{c} x{c} {c}\n{c}  {c}"
-        if tok.encode(text, disallowed_special=()) != openai_encoding.encode(text, disallowed_special=()):
+        if tok.encode(text, disallowed_special=()) != openai_encoding.encode(
+            text, disallowed_special=()
+        ):
             mismatches.append(hex(cp))
     assert mismatches == []
 
@@ -139,7 +144,11 @@ def test_property_same_ids_as_tiktoken_and_round_trip(text):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(list("ab 'sl\n\t") + ["DON'T", "é", "世", "🤗", "42", "  "]), max_size=40).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(list("ab 'sl\n\t") + ["DON'T", "é", "世", "🤗", "42", "  "]), max_size=40
+    ).map("".join)
+)
 def test_property_tricky_alphabet(text):
     tok = _shared_tokenizer()
     ids = tok.encode(text, disallowed_special=())
@@ -202,7 +211,18 @@ def test_split_examples():
     split = regex.compile(GPT2_SPLIT_PATTERN).findall
     assert split("x   y") == ["x", "  ", " y"]
     assert split("a\nb") == ["a", "\n", "b"]
-    assert split("I DON'T know, I don't.") == ["I", " DON", "'", "T", " know", ",", " I", " don", "'t", "."]
+    assert split("I DON'T know, I don't.") == [
+        "I",
+        " DON",
+        "'",
+        "T",
+        " know",
+        ",",
+        " I",
+        " don",
+        "'t",
+        ".",
+    ]
     assert split("end  \n") == ["end", "  \n"]
 
 
@@ -270,7 +290,7 @@ def test_bad_allowed_special(tok):
         tok.encode("x", allowed_special={"<|startoftext|>"})
     with pytest.raises(ValueError, match='must be "all" or a set'):
         tok.encode("x", allowed_special="<|endoftext|>")
-    with pytest.raises(TypeError, match="must be \"all\" or a set of strings"):
+    with pytest.raises(TypeError, match='must be "all" or a set of strings'):
         tok.encode("x", allowed_special=5)
 
 
@@ -285,7 +305,9 @@ def test_encode_rejects_non_text(tok):
 
 
 def test_decode_out_of_range_ids(tok):
-    with pytest.raises(ValueError, match=r"token id 50257 at position 1 .*valid ids are 0 to 50256"):
+    with pytest.raises(
+        ValueError, match=r"token id 50257 at position 1 .*valid ids are 0 to 50256"
+    ):
         tok.decode([15496, 50257])
     with pytest.raises(ValueError, match=r"token id -1 at position 0 .*valid ids are 0 to 50256"):
         tok.decode([-1])
@@ -336,7 +358,17 @@ def test_inconsistent_vocabulary_is_refused():
 
 
 def test_fast_merge_equals_the_simple_one_on_gpt2_words(tok):
-    words = [" lowering", "hello", " internationalization", "aaaaaaa", " 👋", "\n\n", "é" * 40, "ab" * 33, ""]
+    words = [
+        " lowering",
+        "hello",
+        " internationalization",
+        "aaaaaaa",
+        " 👋",
+        "\n\n",
+        "é" * 40,
+        "ab" * 33,
+        "",
+    ]
     for word in words:
         symbols = [bytes([b]) for b in word.encode("utf-8")]
         assert bpe_merge_fast(symbols, tok.ranks) == bpe_merge(symbols, tok.ranks), word
@@ -346,8 +378,10 @@ def test_fast_merge_equals_the_simple_one_on_gpt2_words(tok):
 @given(
     st.lists(st.sampled_from([b"a", b"b", b"c"]), max_size=14),
     st.dictionaries(
-        st.tuples(st.sampled_from([b"a", b"b", b"c", b"ab", b"bc", b"aa", b"abc", b"ca"]),
-                  st.sampled_from([b"a", b"b", b"c", b"ab", b"bc", b"aa", b"ca"])),
+        st.tuples(
+            st.sampled_from([b"a", b"b", b"c", b"ab", b"bc", b"aa", b"abc", b"ca"]),
+            st.sampled_from([b"a", b"b", b"c", b"ab", b"bc", b"aa", b"ca"]),
+        ),
         st.integers(0, 5),  # repeated ranks too: ties go to the leftmost pair in both versions
         max_size=8,
     ),
@@ -359,8 +393,13 @@ def test_property_fast_merge_equals_the_simple_one(symbols, ranks):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.sampled_from(["a", "b", "ab", "é", "ba", "aa"]), min_size=1, max_size=40).map("".join),
-       st.lists(st.sampled_from(["a", "b", "é"]), max_size=60).map("".join), st.integers(257, 300))
+@given(
+    st.lists(st.sampled_from(["a", "b", "ab", "é", "ba", "aa"]), min_size=1, max_size=40).map(
+        "".join
+    ),
+    st.lists(st.sampled_from(["a", "b", "é"]), max_size=60).map("".join),
+    st.integers(257, 300),
+)
 def test_property_fast_merge_equals_the_simple_one_on_trained_merges(training, word, vocab_size):
     # Rank tables made by training: the fast path proper (no fall-back to the simple loop).
     with warnings.catch_warnings():
@@ -383,7 +422,9 @@ def test_fast_merge_falls_back_for_a_table_not_made_by_training(monkeypatch):
     assert calls == [1]
 
 
-@pytest.mark.parametrize("text", ["é" * 8000, "a" * 16000, "ab" * 5000 + " " + "\n" * 3000, "🤗" * 3000])
+@pytest.mark.parametrize(
+    "text", ["é" * 8000, "a" * 16000, "ab" * 5000 + " " + "\n" * 3000, "🤗" * 3000]
+)
 def test_long_runs_match_tiktoken(text):
     # Each run is one pre-token: the heap merge handles it (the simple loop would take minutes).
     assert BPETokenizer.gpt2().encode(text) == get_encoding().encode(text)
@@ -404,7 +445,9 @@ def test_stream_cut_in_two_at_every_position(tok, openai_encoding):
     text = STREAM_TEXT
     expected = openai_encoding.encode(text, disallowed_special=())
     for cut in range(len(text) + 1):
-        assert list(tok.encode_iterable([text[:cut], text[cut:]], disallowed_special=())) == expected, cut
+        assert (
+            list(tok.encode_iterable([text[:cut], text[cut:]], disallowed_special=())) == expected
+        ), cut
 
 
 def test_stream_one_character_at_a_time_with_special_tokens(tok, openai_encoding):
@@ -412,7 +455,9 @@ def test_stream_one_character_at_a_time_with_special_tokens(tok, openai_encoding
     expected = openai_encoding.encode(text, allowed_special="all")
     assert list(tok.encode_iterable(iter(text), allowed_special="all")) == expected
     for cut in range(len(text) + 1):  # a special token split between two chunks
-        assert list(tok.encode_iterable([text[:cut], text[cut:]], allowed_special="all")) == expected, cut
+        assert (
+            list(tok.encode_iterable([text[:cut], text[cut:]], allowed_special="all")) == expected
+        ), cut
 
 
 def test_stream_whitespace_before_a_special_token_cut_in_three(tok):
@@ -453,12 +498,21 @@ def test_stream_yields_while_reading_an_endless_input(tok):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(list("ab 'sl\n\t.") + ["é", "世", "<|endoftext|>", "<|end", "42"]),
-                         max_size=12).map("".join), max_size=8))
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(list("ab 'sl\n\t.") + ["é", "世", "<|endoftext|>", "<|end", "42"]),
+            max_size=12,
+        ).map("".join),
+        max_size=8,
+    )
+)
 def test_property_stream_equals_encoding_the_joined_text(chunks):
     tok = _shared_tokenizer()
     text = "".join(chunks)
-    assert list(tok.encode_iterable(chunks, allowed_special="all")) == get_encoding().encode(text, allowed_special="all")
+    assert list(tok.encode_iterable(chunks, allowed_special="all")) == get_encoding().encode(
+        text, allowed_special="all"
+    )
 
 
 def test_stream_refuses_bad_items_naming_the_position(tok):
@@ -521,7 +575,10 @@ def test_incremental_training_equals_the_simple_loop():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(list("aab bc\n") + ["é", "<|endoftext|>"]), max_size=80).map("".join), st.integers(256, 290))
+@given(
+    st.lists(st.sampled_from(list("aab bc\n") + ["é", "<|endoftext|>"]), max_size=80).map("".join),
+    st.integers(256, 290),
+)
 def test_property_incremental_training_equals_the_simple_loop(text, vocab_size):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # short texts run out of pairs
@@ -540,22 +597,29 @@ def test_no_merge_crosses_a_special_token():
     tokens = set(small.vocab)
     assert b"thec" not in tokens and (b"the", b"c") not in small.merges
     assert all(b"<|" not in token and b"ec" not in token for token in tokens)
-    assert pretokenize(text, special_tokens=[ENDOFTEXT]) == Counter({"the": 1, " the": 19, "cat": 20, " ": 1})
+    assert pretokenize(text, special_tokens=[ENDOFTEXT]) == Counter(
+        {"the": 1, " the": 19, "cat": 20, " ": 1}
+    )
 
 
 def test_train_with_special_tokens():
-    small = BPETokenizer.train(TRAINING_TEXT + ENDOFTEXT + TRAINING_TEXT, 270, special_tokens=[ENDOFTEXT, "<|pad|>"])
+    small = BPETokenizer.train(
+        TRAINING_TEXT + ENDOFTEXT + TRAINING_TEXT, 270, special_tokens=[ENDOFTEXT, "<|pad|>"]
+    )
     assert small.n_vocab == 270 and small.special_tokens == {ENDOFTEXT: 268, "<|pad|>": 269}
     assert small.encode("a" + ENDOFTEXT, allowed_special="all")[-1] == 268
     assert all(b"<|" not in token for token in small.vocab)
 
 
-@pytest.mark.parametrize("specials, message", [
-    ([""], "cannot be the empty string"),
-    ([ENDOFTEXT, "x", ENDOFTEXT], r"lists '<\|endoftext\|>' more than once"),
-    (ENDOFTEXT, "must be a list of strings"),
-    ([ENDOFTEXT, 3], "must be a list of strings, got 3"),
-])
+@pytest.mark.parametrize(
+    "specials, message",
+    [
+        ([""], "cannot be the empty string"),
+        ([ENDOFTEXT, "x", ENDOFTEXT], r"lists '<\|endoftext\|>' more than once"),
+        (ENDOFTEXT, "must be a list of strings"),
+        ([ENDOFTEXT, 3], "must be a list of strings, got 3"),
+    ],
+)
 def test_train_refuses_bad_special_tokens(specials, message):
     with pytest.raises((ValueError, TypeError), match=message):
         BPETokenizer.train("some text", 300, special_tokens=specials)
@@ -576,7 +640,9 @@ def test_train_rejects_bad_types():
         BPETokenizer.train("some text", True)
     with pytest.raises(TypeError, match="training text as a str, got bytes"):
         BPETokenizer.train(b"some text", 300)
-    with pytest.raises(ValueError, match=r"at least 256 \+ 2 \(one token per byte plus the 2 special tokens\)"):
+    with pytest.raises(
+        ValueError, match=r"at least 256 \+ 2 \(one token per byte plus the 2 special tokens\)"
+    ):
         BPETokenizer.train("some text", 257, special_tokens=[ENDOFTEXT, "<|pad|>"])
 
 
@@ -607,7 +673,9 @@ def test_load_gives_gpt2_back(tmp_path):
     loaded = BPETokenizer.load(DATA)
     assert loaded.special_tokens == {ENDOFTEXT: ENDOFTEXT_ID} and loaded.n_vocab == 50257
     text = "Loaded from GPT-2's own files <|endoftext|> ok"
-    assert loaded.encode(text, allowed_special="all") == get_encoding().encode(text, allowed_special="all")
+    assert loaded.encode(text, allowed_special="all") == get_encoding().encode(
+        text, allowed_special="all"
+    )
 
 
 def test_trained_tokenizer_round_trips_through_files(tmp_path):
@@ -652,18 +720,24 @@ def test_load_refuses_broken_files(tmp_path):
 def test_from_vocab_and_merges():
     small = BPETokenizer.train(TRAINING_TEXT, 300)
     id_to_bytes = {token_id: token for token, token_id in small.vocab.items()}
-    rebuilt = BPETokenizer.from_vocab_and_merges(id_to_bytes, small.merges, special_tokens=[ENDOFTEXT])
+    rebuilt = BPETokenizer.from_vocab_and_merges(
+        id_to_bytes, small.merges, special_tokens=[ENDOFTEXT]
+    )
     assert rebuilt.encode(TRAINING_TEXT) == small.encode(TRAINING_TEXT)
     assert rebuilt.special_tokens == {ENDOFTEXT: 300}
     # a special token already in the vocabulary keeps its id, as in CS336's format
     with_special = {**id_to_bytes, 300: ENDOFTEXT.encode()}
-    again = BPETokenizer.from_vocab_and_merges(with_special, small.merges, special_tokens=[ENDOFTEXT])
+    again = BPETokenizer.from_vocab_and_merges(
+        with_special, small.merges, special_tokens=[ENDOFTEXT]
+    )
     assert again.special_tokens == {ENDOFTEXT: 300} and again.n_vocab == 301
 
 
 def test_from_vocab_and_merges_refuses_bad_input():
     vocab = {i: bytes([i]) for i in range(256)}
-    with pytest.raises(ValueError, match=r"merge 0 \(b'a' \+ b'zz'\) names b'zz', which is not a token"):
+    with pytest.raises(
+        ValueError, match=r"merge 0 \(b'a' \+ b'zz'\) names b'zz', which is not a token"
+    ):
         BPETokenizer.from_vocab_and_merges({**vocab, 256: b"azz"}, [(b"a", b"zz")])
     with pytest.raises(ValueError, match="makes a token that is not in the vocabulary"):
         BPETokenizer.from_vocab_and_merges(vocab, [(b"a", b"b")])
@@ -687,7 +761,11 @@ def test_constructor_refuses_an_empty_special_token():
 
 def test_token_bytes_has_one_name(tok):
     # tiktoken's name, kept alone: code written for tiktoken works with either tokenizer.
-    assert tok.decode_single_token_bytes(995) == get_encoding().decode_single_token_bytes(995) == b" world"
+    assert (
+        tok.decode_single_token_bytes(995)
+        == get_encoding().decode_single_token_bytes(995)
+        == b" world"
+    )
     assert not hasattr(tok, "token_bytes")
 
 
@@ -729,7 +807,9 @@ def test_reference_answers_pass_the_checks(capsys):
 
     def decode_ids(ids, token_texts):
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
-        return bytes(byte_of[c] for i in ids for c in token_texts[i]).decode("utf-8", errors="replace")
+        return bytes(byte_of[c] for i in ids for c in token_texts[i]).decode(
+            "utf-8", errors="replace"
+        )
 
     _passes(checks.check_decode_ids, decode_ids, capsys)
 
@@ -761,7 +841,9 @@ def test_other_correct_answers_pass(capsys):
     def merge_one_at_a_time(symbols, ranks):
         symbols = list(symbols)
         while True:
-            candidates = [(ranks[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]
+            candidates = [
+                (ranks[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks
+            ]
             if not candidates:
                 return symbols
             _, i = min(candidates)
@@ -794,7 +876,11 @@ def test_other_correct_answers_pass(capsys):
     _passes(checks.check_bpe_merge, merge_one_at_a_time, capsys)
     _passes(checks.check_most_frequent_pair, pair_by_most_common, capsys)
     _passes(checks.check_merge_pair, merge_pair_counter, capsys)
-    _passes(checks.check_split_pattern, lambda: GPT2_SPLIT_PATTERN.replace(r"\s+(?!\S)|\s+", r"\s+(?!\S)|\s"), capsys)
+    _passes(
+        checks.check_split_pattern,
+        lambda: GPT2_SPLIT_PATTERN.replace(r"\s+(?!\S)|\s+", r"\s+(?!\S)|\s"),
+        capsys,
+    )
 
 
 # --------------------------------------------------------------------------- checks: planted mistakes
@@ -815,21 +901,33 @@ def _message_of(check, fn):
 FOUR = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
 
 
-@pytest.mark.parametrize("mistake", checks.SPLIT_MISTAKES, ids=[m.name for m in checks.SPLIT_MISTAKES])
+@pytest.mark.parametrize(
+    "mistake", checks.SPLIT_MISTAKES, ids=[m.name for m in checks.SPLIT_MISTAKES]
+)
 def test_split_check_names_each_planted_mistake(mistake):
-    assert mistake.fn().startswith(FOUR) or mistake.fn().endswith(FOUR)  # the four given alternatives
-    assert _message_of(checks.check_split_pattern, mistake.fn).startswith(f"{checks.EX_SPLIT}: {mistake.message}")
+    assert mistake.fn().startswith(FOUR) or mistake.fn().endswith(
+        FOUR
+    )  # the four given alternatives
+    assert _message_of(checks.check_split_pattern, mistake.fn).startswith(
+        f"{checks.EX_SPLIT}: {mistake.message}"
+    )
 
 
 @pytest.mark.parametrize(
     "pattern, phrase",
     [
-        (FOUR + r"|\s+|\s+(?!\S)", r"whole run of spaces is one piece"),  # the lookahead never gets a turn
+        (
+            FOUR + r"|\s+|\s+(?!\S)",
+            r"whole run of spaces is one piece",
+        ),  # the lookahead never gets a turn
         (r"\S+|\s+", r"the space before a word became a piece of its own"),
         (FOUR + r"|\s*", "matches empty strings"),
         (FOUR + r"|(\s+)", "capturing group"),
         (FOUR + r"|(\s+", "not a valid regular expression"),
-        (FOUR.replace(r" ?\p{N}+", r"\p{N}+") + r"|\s+(?!\S)|\s+", r"for \"I'll say it's 42, isn't it\?\" GPT-2's pattern gives"),
+        (
+            FOUR.replace(r" ?\p{N}+", r"\p{N}+") + r"|\s+(?!\S)|\s+",
+            r"for \"I'll say it's 42, isn't it\?\" GPT-2's pattern gives",
+        ),
     ],
 )
 def test_split_check_other_ways_to_go_wrong(pattern, phrase):
@@ -856,21 +954,27 @@ def _first_with_message(mistakes, mistake):
 
 @_named(checks.MERGE_MISTAKES)
 def test_merge_check_names_each_planted_mistake(mistake):
-    assert _message_of(checks.check_bpe_merge, mistake.fn) == f"{checks.EX_MERGE}: {mistake.message}"
+    assert (
+        _message_of(checks.check_bpe_merge, mistake.fn) == f"{checks.EX_MERGE}: {mistake.message}"
+    )
 
 
 def test_merge_check_form_mistakes():
     def merge_overlapping(symbols, ranks):  # forgets to skip the second half after a merge
         out = []
         for i, s in enumerate(symbols):
-            out.append(s + symbols[i + 1] if i + 1 < len(symbols) and (s, symbols[i + 1]) in ranks else s)
+            out.append(
+                s + symbols[i + 1] if i + 1 < len(symbols) and (s, symbols[i + 1]) in ranks else s
+            )
         return out
 
     def merge_in_place(symbols, ranks):  # works on the caller's list
         symbols[:] = bpe_merge(symbols, ranks)
         return symbols
 
-    def merge_with_len_sentinel(symbols, ranks):  # len(ranks) as "no rank": wrong for tables not from 0
+    def merge_with_len_sentinel(
+        symbols, ranks
+    ):  # len(ranks) as "no rank": wrong for tables not from 0
         symbols = list(symbols)
         while len(symbols) > 1:
             best = min(zip(symbols, symbols[1:]), key=lambda p: ranks.get(p, len(ranks)))
@@ -881,8 +985,16 @@ def test_merge_check_form_mistakes():
 
     _fails(checks.check_bpe_merge, merge_overlapping, "spells different bytes.*skip both")
     _fails(checks.check_bpe_merge, merge_in_place, "changed the caller's list")
-    _fails(checks.check_bpe_merge, merge_with_len_sentinel, r"for \[b'p', b'q', b'r', b's'\] the merges by rank give")
-    _fails(checks.check_bpe_merge, lambda symbols, ranks: b"".join(symbols), "should return a list of bytes")
+    _fails(
+        checks.check_bpe_merge,
+        merge_with_len_sentinel,
+        r"for \[b'p', b'q', b'r', b's'\] the merges by rank give",
+    )
+    _fails(
+        checks.check_bpe_merge,
+        lambda symbols, ranks: b"".join(symbols),
+        "should return a list of bytes",
+    )
 
 
 def test_merge_check_non_answers():
@@ -895,7 +1007,9 @@ def test_merge_check_non_answers():
 
 @_named(checks.DECODE_MISTAKES)
 def test_decode_check_names_each_planted_mistake(mistake):
-    assert _message_of(checks.check_decode_ids, mistake.fn).startswith(f"{checks.EX_DECODE}: {mistake.message} (for ")
+    assert _message_of(checks.check_decode_ids, mistake.fn).startswith(
+        f"{checks.EX_DECODE}: {mistake.message} (for "
+    )
 
 
 def test_decode_check_form_mistakes():
@@ -909,7 +1023,11 @@ def test_decode_check_form_mistakes():
 
     _fails(checks.check_decode_ids, decode_strict, "raised UnicodeDecodeError.*errors='replace'")
     _fails(checks.check_decode_ids, decode_to_bytes, "you return bytes")
-    _fails(checks.check_decode_ids, lambda ids, tt: "".join(tt[i] for i in ids).replace("Ġ", ""), "the text is")
+    _fails(
+        checks.check_decode_ids,
+        lambda ids, tt: "".join(tt[i] for i in ids).replace("Ġ", ""),
+        "the text is",
+    )
 
 
 def test_decode_check_non_answers():
@@ -922,9 +1040,11 @@ def test_decode_check_non_answers():
 
 def _answer_from_scores(scores_of):
     """A learner's most_frequent_pair built from a planted mistake's wrong counting."""
+
     def most_frequent(word_counts):
         scores = scores_of(word_counts)
         return max(scores, key=scores.__getitem__) if scores else None
+
     return most_frequent
 
 
@@ -964,7 +1084,11 @@ def test_pair_check_form_mistakes():
     _fails(checks.check_most_frequent_pair, with_count, "tuple of two bytes objects")
     _fails(checks.check_most_frequent_pair, no_none, "return None; your function raised ValueError")
     _fails(checks.check_most_frequent_pair, empty_tuple, r"return None, not \(\)")
-    _fails(checks.check_most_frequent_pair, lambda word_counts: (b"q", b"q"), "not a pair of neighbouring symbols")
+    _fails(
+        checks.check_most_frequent_pair,
+        lambda word_counts: (b"q", b"q"),
+        "not a pair of neighbouring symbols",
+    )
 
 
 def test_pair_check_non_answers():
@@ -987,8 +1111,12 @@ def test_merge_pair_check_form_mistakes():
     def no_skip(word_counts, pair):  # merges overlapping occurrences: (a, a, a) -> (aa, aa)
         out = {}
         for word, n in word_counts.items():
-            new = tuple(word[i] + word[i + 1] if i + 1 < len(word) and (word[i], word[i + 1]) == pair else word[i]
-                        for i in range(len(word)))
+            new = tuple(
+                word[i] + word[i + 1]
+                if i + 1 < len(word) and (word[i], word[i + 1]) == pair
+                else word[i]
+                for i in range(len(word))
+            )
             out[new] = out.get(new, 0) + n
         return out
 
@@ -1000,9 +1128,16 @@ def test_merge_pair_check_form_mistakes():
 
     _fails(checks.check_merge_pair, no_skip, "spells bytes that no input word spells")
     _fails(checks.check_merge_pair, in_place, "changed the caller's dict")
-    _fails(checks.check_merge_pair, lambda wc, pair: list(merge_pair(wc, pair).items()), "should return a dict")
-    _fails(checks.check_merge_pair, lambda wc, pair: {b"".join(w): n for w, n in merge_pair(wc, pair).items()},
-           "must stay a tuple of bytes")
+    _fails(
+        checks.check_merge_pair,
+        lambda wc, pair: list(merge_pair(wc, pair).items()),
+        "should return a dict",
+    )
+    _fails(
+        checks.check_merge_pair,
+        lambda wc, pair: {b"".join(w): n for w, n in merge_pair(wc, pair).items()},
+        "must stay a tuple of bytes",
+    )
 
 
 def test_merge_pair_check_non_answers():
@@ -1015,7 +1150,9 @@ def test_merge_pair_check_non_answers():
 
 @_named(checks.TRAIN_MISTAKES)
 def test_train_check_names_each_planted_mistake(mistake):
-    assert _message_of(checks.check_train_merges, mistake.fn).startswith(f"{checks.EX_TRAIN}: {mistake.message}")
+    assert _message_of(checks.check_train_merges, mistake.fn).startswith(
+        f"{checks.EX_TRAIN}: {mistake.message}"
+    )
 
 
 def test_train_check_form_mistakes():
@@ -1036,7 +1173,9 @@ def test_train_check_form_mistakes():
             word_counts = merge_pair(word_counts, pair)
         return merges
 
-    _fails(checks.check_train_merges, merged_tokens, r"each merge should be a pair \(bytes, bytes\)")
+    _fails(
+        checks.check_train_merges, merged_tokens, r"each merge should be a pair \(bytes, bytes\)"
+    )
     _fails(checks.check_train_merges, least_frequent, "merge 0 is .* the most frequent pair occurs")
     _fails(checks.check_train_merges, lambda wc, n: None, "should return a list of pairs")
 
@@ -1075,7 +1214,9 @@ def test_benchmark_training_rows_run_on_a_small_text():
     sys.path.insert(0, str(DATA.parent / "benchmarks"))
     import tokenizer_speed
 
-    row = tokenizer_speed.measure_training(TRAINING_TEXT, 300, simple=True)  # raises if the two trainers differ
+    row = tokenizer_speed.measure_training(
+        TRAINING_TEXT, 300, simple=True
+    )  # raises if the two trainers differ
     assert row["gpt2lib_vocab"] == 300 and row["huggingface_vocab"] <= 300
     assert row["gpt2lib"]["cpu_s"] >= 0 and "simple_loop" in row
 
@@ -1087,13 +1228,19 @@ def test_the_chapters_plain_tokenizer_gives_tiktokens_ids(openai_encoding):
     import gpt2lib.chapters.bpe as bpe
 
     plain = bpe.BPETokenizer.gpt2()
-    assert isinstance(BPETokenizer.gpt2(), bpe.BPETokenizer)  # the entry point wraps the chapter's class
+    assert isinstance(
+        BPETokenizer.gpt2(), bpe.BPETokenizer
+    )  # the entry point wraps the chapter's class
     for text in CORPUS[:20]:
         assert plain.encode(text) == openai_encoding.encode(text)
         assert plain.decode(plain.encode(text)) == text
     text = "one<|endoftext|>two"
-    assert plain.encode(text, allowed_special="all") == openai_encoding.encode(text, allowed_special="all")
-    assert plain.encode(text) == openai_encoding.encode(text, disallowed_special=())  # ordinary text there
+    assert plain.encode(text, allowed_special="all") == openai_encoding.encode(
+        text, allowed_special="all"
+    )
+    assert plain.encode(text) == openai_encoding.encode(
+        text, disallowed_special=()
+    )  # ordinary text there
 
 
 def test_the_plain_trainer_is_the_packages_trainer():
@@ -1101,7 +1248,11 @@ def test_the_plain_trainer_is_the_packages_trainer():
 
     plain = bpe.BPETokenizer.train(TRAINING_TEXT, 320, special_tokens=[ENDOFTEXT])
     hardened = BPETokenizer.train(TRAINING_TEXT, 320, special_tokens=[ENDOFTEXT])
-    assert (plain.vocab, plain.merges, plain.special_tokens) == (hardened.vocab, hardened.merges, hardened.special_tokens)
+    assert (plain.vocab, plain.merges, plain.special_tokens) == (
+        hardened.vocab,
+        hardened.merges,
+        hardened.special_tokens,
+    )
     assert plain.n_vocab == hardened.n_vocab == 320
 
 
@@ -1109,7 +1260,9 @@ def test_the_entry_point_checks_what_the_plain_class_does_not():
     import gpt2lib.chapters.bpe as bpe
 
     # The chapter's class shows the algorithm: it trusts its input.
-    assert bpe.BPETokenizer.gpt2().encode("a<|endoftext|>") == get_encoding().encode("a<|endoftext|>", disallowed_special=())
+    assert bpe.BPETokenizer.gpt2().encode("a<|endoftext|>") == get_encoding().encode(
+        "a<|endoftext|>", disallowed_special=()
+    )
     # The package's refuses, with the messages the rest of these tests assert.
     with pytest.raises(ValueError, match="not allowed"):
         BPETokenizer.gpt2().encode("a<|endoftext|>")
@@ -1153,27 +1306,44 @@ def _fast_train(text, vocab_size):
 
 RIGHT_ANSWERS = {
     checks.check_bytes_to_unicode: [_reference_table],
-    checks.check_load_gpt2_vocab: [lambda folder: __import__("gpt2lib.chapters.bpe").chapters.bpe.load_gpt2_vocab(folder)],
+    checks.check_load_gpt2_vocab: [
+        lambda folder: __import__("gpt2lib.chapters.bpe").chapters.bpe.load_gpt2_vocab(folder)
+    ],
     checks.check_merge_count: [lambda vocab_size, n_special: vocab_size - n_special - 256],
     checks.check_disagreeing_word: [lambda: " lowering", lambda: " the", lambda: "hello"],
     checks.check_fixed_merge: [_fixed_merge, bpe_merge],
     checks.check_tie_text: [lambda: "ab xy", lambda: "ab ba"],
-    checks.check_bytes_per_token: [lambda tokenizer, text: len(text.encode()) / len(tokenizer.encode(text))],
+    checks.check_bytes_per_token: [
+        lambda tokenizer, text: len(text.encode()) / len(tokenizer.encode(text))
+    ],
     checks.check_encode_sketch: [
-        lambda text, vocab, ranks: BPETokenizer(vocab, sorted(ranks, key=ranks.get)).encode_ordinary(text),
-        lambda text, vocab, ranks: [vocab[t] for piece in regex.findall(GPT2_SPLIT_PATTERN, text)
-                                    for t in _fixed_merge([bytes([b]) for b in piece.encode()], ranks)],
+        lambda text, vocab, ranks: BPETokenizer(
+            vocab, sorted(ranks, key=ranks.get)
+        ).encode_ordinary(text),
+        lambda text, vocab, ranks: [
+            vocab[t]
+            for piece in regex.findall(GPT2_SPLIT_PATTERN, text)
+            for t in _fixed_merge([bytes([b]) for b in piece.encode()], ranks)
+        ],
     ],
 }
 
 
-@pytest.mark.parametrize("check, answer", [pytest.param(c, a, id=f"{c.__name__}-{i}")
-                                           for c, answers in RIGHT_ANSWERS.items() for i, a in enumerate(answers)])
+@pytest.mark.parametrize(
+    "check, answer",
+    [
+        pytest.param(c, a, id=f"{c.__name__}-{i}")
+        for c, answers in RIGHT_ANSWERS.items()
+        for i, a in enumerate(answers)
+    ],
+)
 def test_newer_checks_pass_right_answers(check, answer, capsys):
     _passes(check, answer, capsys)
 
 
-@pytest.mark.parametrize("check", [*RIGHT_ANSWERS, checks.check_fast_training], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "check", [*RIGHT_ANSWERS, checks.check_fast_training], ids=lambda c: c.__name__
+)
 def test_newer_checks_say_not_done_yet_for_the_stub(check):
     assert_not_done_yet(check)
 
@@ -1196,20 +1366,43 @@ def test_newer_checks_name_each_planted_mistake(check, mistake, monkeypatch):
 
 
 def test_bytes_check_names_form_mistakes():
-    _fails(checks.check_bytes_to_unicode, lambda: list(_reference_table().values()), "should return a dict")
-    _fails(checks.check_bytes_to_unicode, lambda: {b: c for b, c in _reference_table().items() if b != 7}, "byte 7 is missing")
-    _fails(checks.check_bytes_to_unicode, lambda: {**_reference_table(), 9: "ab"}, "one-character str; byte 9")
+    _fails(
+        checks.check_bytes_to_unicode,
+        lambda: list(_reference_table().values()),
+        "should return a dict",
+    )
+    _fails(
+        checks.check_bytes_to_unicode,
+        lambda: {b: c for b, c in _reference_table().items() if b != 7},
+        "byte 7 is missing",
+    )
+    _fails(
+        checks.check_bytes_to_unicode,
+        lambda: {**_reference_table(), 9: "ab"},
+        "one-character str; byte 9",
+    )
     # two mistakes at once: the message names the first symptom
-    _fails(checks.check_bytes_to_unicode, lambda: {b: chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)},
-           "Latin-1 letters")
+    _fails(
+        checks.check_bytes_to_unicode,
+        lambda: {b: chr(b) if 33 <= b <= 126 else chr(256 + b) for b in range(256)},
+        "Latin-1 letters",
+    )
     swapped = {**_reference_table(), 65: "B", 66: "A"}
-    _fails(checks.check_bytes_to_unicode, lambda: swapped, "first is byte 65: GPT-2 gives 'A', yours 'B'")
+    _fails(
+        checks.check_bytes_to_unicode,
+        lambda: swapped,
+        "first is byte 65: GPT-2 gives 'A', yours 'B'",
+    )
 
 
 def test_load_check_names_form_mistakes():
     from gpt2lib.chapters.bpe import load_gpt2_vocab as plain
 
-    _fails(checks.check_load_gpt2_vocab, lambda folder: plain(folder)[0], r"should return two things, \(vocab, merges\)")
+    _fails(
+        checks.check_load_gpt2_vocab,
+        lambda folder: plain(folder)[0],
+        r"should return two things, \(vocab, merges\)",
+    )
 
     def reversed_merges(folder):
         vocab, merges = plain(folder)
@@ -1222,7 +1415,11 @@ def test_merge_count_check_tries_more_than_gpt2():
     cases = checks._merge_count_cases()
     assert len({(v, s) for v, s, _ in cases}) == 3 and {s for _, s, _ in cases} == {0, 1, 2}
     _fails(checks.check_merge_count, lambda vocab_size, n_special: "50000", "whole number")
-    _fails(checks.check_merge_count, lambda vocab_size, n_special: vocab_size - 300, "for 50257 ids with 1 special")
+    _fails(
+        checks.check_merge_count,
+        lambda vocab_size, n_special: vocab_size - 300,
+        "for 50257 ids with 1 special",
+    )
 
 
 def test_debug_check_prints_both_tokenizations(capsys):
@@ -1236,7 +1433,9 @@ def test_colleague_merge_really_disagrees_with_gpt2_and_passes_its_own_tests():
     ranks = checks._gpt2_ranks()
     for word in [" and", " dog"]:
         symbols = [bytes([b]) for b in word.encode()]
-        assert checks.colleague_merge(symbols, ranks) == bpe_merge(symbols, ranks) == [word.encode()]
+        assert (
+            checks.colleague_merge(symbols, ranks) == bpe_merge(symbols, ranks) == [word.encode()]
+        )
     symbols = [bytes([b]) for b in b" lowering"]
     assert checks.colleague_merge(symbols, ranks) != bpe_merge(symbols, ranks)
 
@@ -1245,7 +1444,10 @@ def test_tie_check_counts_inside_pieces_only(capsys):
     # 'a b': the pattern gives the space to the word after it, so the only pair is (' ', b'b')
     _fails(checks.check_tie_text, lambda: "a b", "no tie")
     checks.check_tie_text(lambda: "ab xy")
-    assert "first seen picks (b'a', b'b'), the greater pair picks (b'x', b'y')" in capsys.readouterr().out
+    assert (
+        "first seen picks (b'a', b'b'), the greater pair picks (b'x', b'y')"
+        in capsys.readouterr().out
+    )
 
 
 def test_ratio_check_tries_two_tokenizers_and_non_ascii_text():
@@ -1253,16 +1455,23 @@ def test_ratio_check_tries_two_tokenizers_and_non_ascii_text():
     assert len({id(tok) for tok, _ in cases}) == 2
     assert any(len(text) != len(text.encode()) for _, text in cases)  # characters and bytes differ
     _fails(checks.check_bytes_per_token, lambda tokenizer, text: "3.5", "should return a number")
-    _fails(checks.check_bytes_per_token, lambda tokenizer, text: 3.5, "you give 3.5000 bytes per token")
+    _fails(
+        checks.check_bytes_per_token, lambda tokenizer, text: 3.5, "you give 3.5000 bytes per token"
+    )
 
 
 def test_fast_training_check_passes_fast_enough_and_refuses_slow(monkeypatch, capsys):
     _without_timing(monkeypatch, yours_s=0.1, reference_s=1.0)
-    assert checks.check_fast_training(_fast_train, n_chars=3000, vocab_size=300) == pytest.approx(10.0)
+    assert checks.check_fast_training(_fast_train, n_chars=3000, vocab_size=300) == pytest.approx(
+        10.0
+    )
     assert "the same 44 merges, 10.0 times as fast" in capsys.readouterr().out
     _without_timing(monkeypatch, yours_s=0.6, reference_s=1.0)
-    _fails(lambda fn: checks.check_fast_training(fn, n_chars=3000, vocab_size=300), _fast_train,
-           r"only 1.67 times as fast as the reference .*the goal is 2 times")
+    _fails(
+        lambda fn: checks.check_fast_training(fn, n_chars=3000, vocab_size=300),
+        _fast_train,
+        r"only 1.67 times as fast as the reference .*the goal is 2 times",
+    )
 
 
 def test_fast_training_check_refuses_wrong_merges_and_vocabulary(monkeypatch):
@@ -1274,9 +1483,14 @@ def test_fast_training_check_refuses_wrong_merges_and_vocabulary(monkeypatch):
         vocab, merges = train_bpe(text, vocab_size)
         return {token: i + 1 for token, i in vocab.items()}, merges
 
-    for wrong, phrase in [(one_merge_short, "you learn 43 merges, the reference 44"), (ids_shifted, "vocabulary is not")]:
+    for wrong, phrase in [
+        (one_merge_short, "you learn 43 merges, the reference 44"),
+        (ids_shifted, "vocabulary is not"),
+    ]:
         _without_timing(monkeypatch)
-        _fails(lambda fn: checks.check_fast_training(fn, n_chars=3000, vocab_size=300), wrong, phrase)
+        _fails(
+            lambda fn: checks.check_fast_training(fn, n_chars=3000, vocab_size=300), wrong, phrase
+        )
 
 
 def test_the_chapter_states_what_each_check_uses():
@@ -1287,9 +1501,21 @@ def test_the_chapter_states_what_each_check_uses():
 
     nb = nbformat.read(str(DATA.parent / "solutions" / "01_tokenizer.ipynb"), as_version=4)
     titles = [ex.title for ex in course_format.exercises(nb)]
-    names = [checks.EX_BYTES, checks.EX_SPLIT, checks.EX_COUNT, checks.EX_MERGE, checks.EX_DEBUG, checks.EX_DECODE,
-             checks.EX_TIE, checks.EX_PAIR, checks.EX_TRAIN, checks.EX_RATIO]
-    assert [name.split(" (")[0] + ": " + name.split(" (", 1)[1].split(")")[0] for name in names] == titles
+    names = [
+        checks.EX_BYTES,
+        checks.EX_SPLIT,
+        checks.EX_COUNT,
+        checks.EX_MERGE,
+        checks.EX_DEBUG,
+        checks.EX_DECODE,
+        checks.EX_TIE,
+        checks.EX_PAIR,
+        checks.EX_TRAIN,
+        checks.EX_RATIO,
+    ]
+    assert [
+        name.split(" (")[0] + ": " + name.split(" (", 1)[1].split(")")[0] for name in names
+    ] == titles
     assert [c.title for c in course_format.challenges(nb)] == ["Challenge: train twice as fast"]
 
 
@@ -1297,7 +1523,9 @@ def test_the_chapter_states_what_each_check_uses():
 
 
 def test_the_encode_check_names_a_wrong_return():
-    _fails(checks.check_encode_sketch, lambda text, vocab, ranks: "ids", "should return a list of ints")
+    _fails(
+        checks.check_encode_sketch, lambda text, vocab, ranks: "ids", "should return a list of ints"
+    )
     _fails(checks.check_encode_sketch, lambda text, vocab, ranks: [0], "gives the ids")
 
 
@@ -1317,7 +1545,10 @@ def test_the_sweep_check_accepts_the_right_measurement(capsys):
     ratios, gpt2_ratio = checks._sweep(*SWEEP_TEXTS, SWEEP_SIZES)
     checks.check_vocabulary_sweep(SWEEP_SIZES, ratios, gpt2_ratio, *SWEEP_TEXTS)
     assert ratios[0] == 1.0  # bytes only
-    assert "✅ Exercise 1.10 (measure how much text a token holds): the measurement" in capsys.readouterr().out
+    assert (
+        "✅ Exercise 1.10 (measure how much text a token holds): the measurement"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("mistake", checks.SWEEP_MISTAKES, ids=lambda m: m.name)

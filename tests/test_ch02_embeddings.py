@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from check_cases import assert_named, assert_not_done_yet, planted
 
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.embeddings import GPT2Embeddings, embedding_parameter_count, position_ids
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import embeddings as checks
 from gpt2lib.course.checks._core import NotDoneYet
-from check_cases import assert_named, assert_not_done_yet, planted
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.embeddings import GPT2Embeddings, embedding_parameter_count, position_ids
 from gpt2lib.validation import check_token_ids
 
 TINY = dict(vocab_size=50, n_positions=12, n_embd=8, n_layer=2, n_head=2)
@@ -26,8 +26,17 @@ def test_defaults_match_hugging_face_gpt2():
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2Config()
     ours = GPT2Config()
-    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "layer_norm_epsilon",
-                 "embd_pdrop", "attn_pdrop", "resid_pdrop"):
+    for name in (
+        "vocab_size",
+        "n_positions",
+        "n_embd",
+        "n_layer",
+        "n_head",
+        "layer_norm_epsilon",
+        "embd_pdrop",
+        "attn_pdrop",
+        "resid_pdrop",
+    ):
         assert getattr(ours, name) == getattr(hf, name), name
     assert ours.head_dim == hf.n_embd // hf.n_head
 
@@ -36,14 +45,25 @@ def test_from_dict_reads_a_hugging_face_config_and_ignores_other_keys():
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2Config(n_layer=3, n_head=4, n_embd=32, n_positions=64, vocab_size=99)
     ours = GPT2Config.from_dict(hf.to_dict())  # holds many keys GPT2Config does not know
-    assert (ours.n_layer, ours.n_head, ours.n_embd, ours.n_positions, ours.vocab_size) == (3, 4, 32, 64, 99)
+    assert (ours.n_layer, ours.n_head, ours.n_embd, ours.n_positions, ours.vocab_size) == (
+        3,
+        4,
+        32,
+        64,
+        99,
+    )
     assert ours.head_dim == 8
 
 
 @pytest.mark.parametrize(
     "name, layers, heads, width",
-    [("gpt2", 12, 12, 768), ("gpt2-medium", 24, 16, 1024), ("gpt2-large", 36, 20, 1280),
-     ("gpt2-xl", 48, 25, 1600), ("openai-community/gpt2", 12, 12, 768)],
+    [
+        ("gpt2", 12, 12, 768),
+        ("gpt2-medium", 24, 16, 1024),
+        ("gpt2-large", 36, 20, 1280),
+        ("gpt2-xl", 48, 25, 1600),
+        ("openai-community/gpt2", 12, 12, 768),
+    ],
 )
 def test_from_name_gives_the_published_sizes(name, layers, heads, width):
     config = GPT2Config.from_name(name)
@@ -58,7 +78,10 @@ def test_from_name_overrides():
 
 
 def test_from_name_unknown_lists_the_valid_names():
-    with pytest.raises(ValueError, match="unknown model name 'gpt3'; choose one of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+    with pytest.raises(
+        ValueError,
+        match="unknown model name 'gpt3'; choose one of gpt2, gpt2-medium, gpt2-large, gpt2-xl",
+    ):
         GPT2Config.from_name("gpt3")
     with pytest.raises(TypeError, match="must be a string"):
         GPT2Config.from_name(124)
@@ -75,13 +98,25 @@ def test_from_name_unknown_lists_the_valid_names():
         (dict(n_layer=2.5), TypeError, "n_layer must be a whole number"),
         (dict(n_embd="768"), TypeError, "n_embd must be a whole number"),
         (dict(n_head=True), TypeError, "n_head must be a whole number"),
-        (dict(embd_pdrop=1.0), ValueError, r"embd_pdrop is a dropout probability and must be in \[0, 1\)"),
+        (
+            dict(embd_pdrop=1.0),
+            ValueError,
+            r"embd_pdrop is a dropout probability and must be in \[0, 1\)",
+        ),
         (dict(attn_pdrop=-0.1), ValueError, r"attn_pdrop .* must be in \[0, 1\)"),
         (dict(resid_pdrop="0.1"), TypeError, "resid_pdrop must be a number"),
         (dict(layer_norm_epsilon=0.0), ValueError, "layer_norm_epsilon must be greater than 0"),
         (dict(layer_norm_epsilon=-1e-5), ValueError, "layer_norm_epsilon must be greater than 0"),
-        (dict(layer_norm_epsilon=float("inf")), ValueError, "layer_norm_epsilon must be greater than 0 and finite .* got inf"),
-        (dict(layer_norm_epsilon=float("nan")), ValueError, "layer_norm_epsilon must be greater than 0 and finite .* got nan"),
+        (
+            dict(layer_norm_epsilon=float("inf")),
+            ValueError,
+            "layer_norm_epsilon must be greater than 0 and finite .* got inf",
+        ),
+        (
+            dict(layer_norm_epsilon=float("nan")),
+            ValueError,
+            "layer_norm_epsilon must be greater than 0 and finite .* got nan",
+        ),
         (dict(layer_norm_epsilon="1e-5"), TypeError, "layer_norm_epsilon must be a number"),
         (dict(embd_pdrop=float("nan")), ValueError, r"embd_pdrop is a dropout probability"),
     ],
@@ -160,28 +195,123 @@ def test_parameter_count_matches_the_module():
 @pytest.mark.parametrize(
     "make_idx, past, error, message",
     [
-        (lambda: torch.tensor([1, 2, 3]), 0, ValueError, r"shape \(B, T\), got \(3,\); for one sequence use idx.unsqueeze\(0\)"),
-        (lambda: torch.zeros(1, 2, 3, dtype=torch.long), 0, ValueError, r"shape \(B, T\), got \(1, 2, 3\)$"),
+        (
+            lambda: torch.tensor([1, 2, 3]),
+            0,
+            ValueError,
+            r"shape \(B, T\), got \(3,\); for one sequence use idx.unsqueeze\(0\)",
+        ),
+        (
+            lambda: torch.zeros(1, 2, 3, dtype=torch.long),
+            0,
+            ValueError,
+            r"shape \(B, T\), got \(1, 2, 3\)$",
+        ),
         (lambda: torch.tensor(5), 0, ValueError, r"shape \(B, T\), got \(\)$"),
-        (lambda: torch.tensor([[1.0, 2.0]]), 0, TypeError, r"token ids must be integers, got dtype torch.float32; convert with idx.long\(\)"),
-        (lambda: torch.tensor([[1.0, 2.0]], dtype=torch.float16), 0, TypeError, "must be integers, got dtype torch.float16"),
+        (
+            lambda: torch.tensor([[1.0, 2.0]]),
+            0,
+            TypeError,
+            r"token ids must be integers, got dtype torch.float32; convert with idx.long\(\)",
+        ),
+        (
+            lambda: torch.tensor([[1.0, 2.0]], dtype=torch.float16),
+            0,
+            TypeError,
+            "must be integers, got dtype torch.float16",
+        ),
         (lambda: torch.tensor([[True]]), 0, TypeError, "must be integers, got dtype torch.bool"),
-        (lambda: torch.tensor([[1 + 2j]]), 0, TypeError, "must be integers, got dtype torch.complex64"),
-        (lambda: [[1, 2]], 0, TypeError, r"must be a torch.Tensor of shape \(B, T\), got list; for a list of ids use torch.tensor\(\[ids\]\)"),
+        (
+            lambda: torch.tensor([[1 + 2j]]),
+            0,
+            TypeError,
+            "must be integers, got dtype torch.complex64",
+        ),
+        (
+            lambda: [[1, 2]],
+            0,
+            TypeError,
+            r"must be a torch.Tensor of shape \(B, T\), got list; for a list of ids use torch.tensor\(\[ids\]\)",
+        ),
         (lambda: None, 0, TypeError, "got NoneType"),
-        (lambda: torch.zeros(0, 3, dtype=torch.long), 0, ValueError, r"shape \(0, 3\) hold no tokens"),
-        (lambda: torch.zeros(2, 0, dtype=torch.long), 0, ValueError, r"shape \(2, 0\) hold no tokens"),
-        (lambda: torch.tensor([[1, 50]]), 0, ValueError, r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from 1 to 50"),
-        (lambda: torch.tensor([[-1, 3]]), 0, ValueError, r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from -1 to 3"),
-        (lambda: torch.tensor([[-1, 3]], dtype=torch.int8), 0, ValueError, r"0 \.\. 49 .* from -1 to 3"),
-        (lambda: torch.tensor([[200]], dtype=torch.uint8), 0, ValueError, r"0 \.\. 49 .* from 200 to 200"),
-        (lambda: torch.tensor([[7, 60000]]).to(torch.uint16), 0, ValueError, r"0 \.\. 49 .* from 7 to 60000"),
-        (lambda: torch.tensor([2**63 + 5], dtype=torch.uint64)[None], 0, ValueError, r"0 \.\. 49 .* got a value of 2\*\*63 or more"),
-        (lambda: torch.zeros(1, 13, dtype=torch.long), 0, ValueError, r"0 earlier \+ 13 new tokens is longer than the model's context of 12"),
-        (lambda: torch.zeros(1, 3, dtype=torch.long), 10, ValueError, r"10 earlier \+ 3 new tokens .* context of 12"),
-        (lambda: torch.zeros(1, 3, dtype=torch.long), -1, ValueError, "past_length must be a whole number >= 0, got -1"),
-        (lambda: torch.zeros(1, 3, dtype=torch.long), 1.0, ValueError, "past_length must be a whole number >= 0, got 1.0"),
-        (lambda: torch.zeros(1, 3, dtype=torch.long), True, ValueError, "past_length must be a whole number >= 0, got True"),
+        (
+            lambda: torch.zeros(0, 3, dtype=torch.long),
+            0,
+            ValueError,
+            r"shape \(0, 3\) hold no tokens",
+        ),
+        (
+            lambda: torch.zeros(2, 0, dtype=torch.long),
+            0,
+            ValueError,
+            r"shape \(2, 0\) hold no tokens",
+        ),
+        (
+            lambda: torch.tensor([[1, 50]]),
+            0,
+            ValueError,
+            r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from 1 to 50",
+        ),
+        (
+            lambda: torch.tensor([[-1, 3]]),
+            0,
+            ValueError,
+            r"token ids must be in 0 \.\. 49 \(vocab_size=50\), got values from -1 to 3",
+        ),
+        (
+            lambda: torch.tensor([[-1, 3]], dtype=torch.int8),
+            0,
+            ValueError,
+            r"0 \.\. 49 .* from -1 to 3",
+        ),
+        (
+            lambda: torch.tensor([[200]], dtype=torch.uint8),
+            0,
+            ValueError,
+            r"0 \.\. 49 .* from 200 to 200",
+        ),
+        (
+            lambda: torch.tensor([[7, 60000]]).to(torch.uint16),
+            0,
+            ValueError,
+            r"0 \.\. 49 .* from 7 to 60000",
+        ),
+        (
+            lambda: torch.tensor([2**63 + 5], dtype=torch.uint64)[None],
+            0,
+            ValueError,
+            r"0 \.\. 49 .* got a value of 2\*\*63 or more",
+        ),
+        (
+            lambda: torch.zeros(1, 13, dtype=torch.long),
+            0,
+            ValueError,
+            r"0 earlier \+ 13 new tokens is longer than the model's context of 12",
+        ),
+        (
+            lambda: torch.zeros(1, 3, dtype=torch.long),
+            10,
+            ValueError,
+            r"10 earlier \+ 3 new tokens .* context of 12",
+        ),
+        (
+            lambda: torch.zeros(1, 3, dtype=torch.long),
+            -1,
+            ValueError,
+            "past_length must be a whole number >= 0, got -1",
+        ),
+        (
+            lambda: torch.zeros(1, 3, dtype=torch.long),
+            1.0,
+            ValueError,
+            "past_length must be a whole number >= 0, got 1.0",
+        ),
+        (
+            lambda: torch.zeros(1, 3, dtype=torch.long),
+            True,
+            ValueError,
+            "past_length must be a whole number >= 0, got True",
+        ),
     ],
 )
 def test_bad_token_ids_get_clear_errors(make_idx, past, error, message):
@@ -195,7 +325,9 @@ def test_the_embeddings_forward_reads_no_token_values(monkeypatch):
     # every forward: the module is the plain lesson code
     import gpt2lib.validation as validation
 
-    monkeypatch.setattr(validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids"))
+    monkeypatch.setattr(
+        validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids")
+    )
     emb = GPT2Embeddings(GPT2Config(**TINY)).eval()
     assert emb(torch.tensor([[1, 2, 3]])).shape == (1, 3, 8)
 
@@ -206,8 +338,19 @@ def test_check_token_ids_is_the_validation_module_s():
     assert check_token_ids is validation.check_token_ids
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                   torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    ],
+)
 def test_every_integer_dtype_is_accepted_and_embeds_like_long(dtype):
     config = GPT2Config(**TINY)
     emb = GPT2Embeddings(config).eval()
@@ -269,8 +412,14 @@ def test_check_one_hot_accepts_right_answers(capsys):
     checks.check_one_hot_embed(good_one_hot_embed)
     checks.check_one_hot_embed(lambda ids, table: table[ids])  # any correct answer passes
     checks.check_one_hot_embed(lambda ids, table: F.embedding(ids, table))
-    checks.check_one_hot_embed(lambda ids, table: F.one_hot(ids, table.shape[0]).double() @ table.double())
-    checks.check_one_hot_embed(lambda ids, table: torch.einsum("...v,vc->...c", F.one_hot(ids, table.shape[0]).float(), table))
+    checks.check_one_hot_embed(
+        lambda ids, table: F.one_hot(ids, table.shape[0]).double() @ table.double()
+    )
+    checks.check_one_hot_embed(
+        lambda ids, table: torch.einsum(
+            "...v,vc->...c", F.one_hot(ids, table.shape[0]).float(), table
+        )
+    )
     assert capsys.readouterr().out.count("✅ Exercise 2.1") == 5
 
 
@@ -284,19 +433,48 @@ def test_check_one_hot_names_every_planted_mistake(mistake):
 @pytest.mark.parametrize(
     "wrong, phrase",
     [
-        (lambda ids, table: F.one_hot(ids, table.shape[0]).float(), "that is the one-hot matrix itself"),
-        (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table.long(), "embeddings are floating point"),
-        (lambda ids, table: F.one_hot(ids).float() @ table, r"F.one_hot\(ids\) alone makes vectors only max\(ids\) \+ 1 long"),
-        (lambda ids, table: (F.one_hot(ids, table.shape[0]).float() @ table).detach(), "no gradient reaches the table"),
-        (lambda ids, table: torch.tensor((F.one_hot(ids, table.shape[0]).float() @ table).tolist()), "no gradient reaches the table"),
+        (
+            lambda ids, table: F.one_hot(ids, table.shape[0]).float(),
+            "that is the one-hot matrix itself",
+        ),
+        (
+            lambda ids, table: F.one_hot(ids, table.shape[0]) @ table.long(),
+            "embeddings are floating point",
+        ),
+        (
+            lambda ids, table: F.one_hot(ids).float() @ table,
+            r"F.one_hot\(ids\) alone makes vectors only max\(ids\) \+ 1 long",
+        ),
+        (
+            lambda ids, table: (F.one_hot(ids, table.shape[0]).float() @ table).detach(),
+            "no gradient reaches the table",
+        ),
+        (
+            lambda ids, table: torch.tensor(
+                (F.one_hot(ids, table.shape[0]).float() @ table).tolist()
+            ),
+            "no gradient reaches the table",
+        ),
         (lambda ids, table: table[ids].sum(-1), r"shape \(2, 6\), expected \(2, 6, 5\)"),
         (lambda ids, table: table[ids] * 2, "not the table rows of the ids"),
         (lambda ids, table: table[ids] * float("nan"), "contains NaN"),
         (lambda ids, table: table[ids].tolist(), "should be a torch.Tensor"),
-        (lambda ids, table: table[ids] if ids.dim() == 2 else table[ids].unsqueeze(0), "make it work for ids of any shape"),
-        (lambda ids, table: F.one_hot(ids, table.shape[0]) @ table, r"F.one_hot returns integers \(torch.long\)"),
-        (lambda ids, table: table @ F.one_hot(ids, table.shape[0]).float(), r"one-hot vectors .* go on the left"),
-        (lambda ids, table: F.one_hot(ids, table.shape[1]).float() @ table, "num_classes is the vocabulary size"),
+        (
+            lambda ids, table: table[ids] if ids.dim() == 2 else table[ids].unsqueeze(0),
+            "make it work for ids of any shape",
+        ),
+        (
+            lambda ids, table: F.one_hot(ids, table.shape[0]) @ table,
+            r"F.one_hot returns integers \(torch.long\)",
+        ),
+        (
+            lambda ids, table: table @ F.one_hot(ids, table.shape[0]).float(),
+            r"one-hot vectors .* go on the left",
+        ),
+        (
+            lambda ids, table: F.one_hot(ids, table.shape[1]).float() @ table,
+            "num_classes is the vocabulary size",
+        ),
     ],
 )
 def test_check_one_hot_names_other_mistakes(wrong, phrase):
@@ -312,8 +490,11 @@ def test_checks_report_stubs_and_wrong_signatures():
         def forward(self, idx, past_length=0):
             raise NotImplementedError("Exercise 2.3: replace this line with your code")
 
-    for check, answer in ((checks.check_one_hot_embed, stub), (checks.check_lookup_backward, stub),
-                          (checks.check_gpt2_embeddings, StubModule)):
+    for check, answer in (
+        (checks.check_one_hot_embed, stub),
+        (checks.check_lookup_backward, stub),
+        (checks.check_gpt2_embeddings, StubModule),
+    ):
         with pytest.raises(NotDoneYet, match="not done yet"):
             check(answer)
     with pytest.raises(CheckFailed, match="Keep the signature"):
@@ -342,8 +523,14 @@ def loop_lookup_backward(token_ids, grad_out, vocab_size):  # a right answer, wr
 def test_check_lookup_backward_accepts_right_answers(capsys):
     checks.check_lookup_backward(checks.lookup_backward_reference)
     checks.check_lookup_backward(loop_lookup_backward)
-    checks.check_lookup_backward(lambda ids, g, V: F.one_hot(ids.reshape(-1), V).to(g.dtype).T @ g.reshape(-1, g.shape[-1]))
-    checks.check_lookup_backward(lambda ids, g, V: torch.zeros(V, g.shape[-1]).index_put_((ids.reshape(-1),), g.reshape(-1, g.shape[-1]), accumulate=True))
+    checks.check_lookup_backward(
+        lambda ids, g, V: F.one_hot(ids.reshape(-1), V).to(g.dtype).T @ g.reshape(-1, g.shape[-1])
+    )
+    checks.check_lookup_backward(
+        lambda ids, g, V: torch.zeros(V, g.shape[-1]).index_put_(
+            (ids.reshape(-1),), g.reshape(-1, g.shape[-1]), accumulate=True
+        )
+    )
 
     def with_autograd(ids, g, V):  # also right: let autograd do the work
         table = torch.zeros(V, g.shape[-1], requires_grad=True)
@@ -370,13 +557,17 @@ def test_check_lookup_backward_names_every_planted_mistake(mistake):
     assert mistake.message in str(info.value)
 
 
-def in_place_add_with_repeats(ids, g, V):  # the classic: += on an advanced index keeps one value per index
+def in_place_add_with_repeats(
+    ids, g, V
+):  # the classic: += on an advanced index keeps one value per index
     grad = torch.zeros(V, g.shape[-1])
     grad[ids.reshape(-1)] += g.reshape(-1, g.shape[-1])
     return grad
 
 
-def first_use_kept(ids, g, V):  # another way to lose repeats: not the planted one, found by the rows
+def first_use_kept(
+    ids, g, V
+):  # another way to lose repeats: not the planted one, found by the rows
     grad = torch.zeros(V, g.shape[-1])
     seen = set()
     for i, row in zip(ids.reshape(-1).tolist(), g.reshape(-1, g.shape[-1])):
@@ -390,12 +581,24 @@ def first_use_kept(ids, g, V):  # another way to lose repeats: not the planted o
     [
         (in_place_add_with_repeats, "a repeated id keeps only ONE of its gradients"),
         (first_use_kept, "a repeated id keeps only ONE of its gradients"),
-        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V).T, r"that is \(C, V\), transposed"),
+        (
+            lambda ids, g, V: checks.lookup_backward_reference(ids, g, V).T,
+            r"that is \(C, V\), transposed",
+        ),
         (lambda ids, g, V: g.reshape(-1, g.shape[-1]), "one row per use"),
-        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V)[ids.unique()], "return all V rows"),
+        (
+            lambda ids, g, V: checks.lookup_backward_reference(ids, g, V)[ids.unique()],
+            "return all V rows",
+        ),
         (lambda ids, g, V: g, "that is grad_out's shape"),
-        (lambda ids, g, V: checks.lookup_backward_reference(ids, g, V) + 1, "rows of ids that never appear must be zero"),
-        (lambda ids, g, V: -checks.lookup_backward_reference(ids, g, V), "the shape is right but the values are not"),
+        (
+            lambda ids, g, V: checks.lookup_backward_reference(ids, g, V) + 1,
+            "rows of ids that never appear must be zero",
+        ),
+        (
+            lambda ids, g, V: -checks.lookup_backward_reference(ids, g, V),
+            "the shape is right but the values are not",
+        ),
     ],
 )
 def test_check_lookup_backward_names_other_mistakes(wrong, phrase):
@@ -418,7 +621,11 @@ class Planted(GPT2Embeddings):
 class FunctionalDropout(GPT2Embeddings):  # right: F.dropout with training=self.training
     def forward(self, idx, past_length=0):
         pos = torch.arange(past_length, past_length + idx.shape[1])
-        return F.dropout(F.embedding(idx, self.wte.weight) + self.wpe.weight[pos], self.drop.p, training=self.training)
+        return F.dropout(
+            F.embedding(idx, self.wte.weight) + self.wpe.weight[pos],
+            self.drop.p,
+            training=self.training,
+        )
 
 
 class OwnMask(GPT2Embeddings):  # right: dropout drawn by hand, with other random numbers
@@ -440,7 +647,9 @@ def test_check_module_accepts_right_answers(capsys):
 @pytest.mark.parametrize("mistake", checks.EMBEDDINGS_MISTAKES, ids=lambda m: m.name)
 def test_check_module_names_every_planted_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
-        checks.check_gpt2_embeddings(type(f"Planted_{mistake.name}", (Planted,), {"mistake": mistake}))
+        checks.check_gpt2_embeddings(
+            type(f"Planted_{mistake.name}", (Planted,), {"mistake": mistake})
+        )
     assert mistake.message in str(info.value)
 
 
@@ -451,10 +660,37 @@ def _module(forward):
 @pytest.mark.parametrize(
     "forward, phrase",
     [
-        (lambda self, idx, past_length=0: self.wte(idx) + self.wpe(torch.arange(past_length, past_length + idx.shape[0])), r"T = idx.shape\[1\] positions"),
-        (lambda self, idx, past_length=0: torch.cat([self.wte(idx), self.wpe(torch.arange(past_length, past_length + idx.shape[1])).expand(idx.shape[0], -1, -1)], -1), "added, not concatenated"),
-        (lambda self, idx, past_length=0: self.wte(idx.view(-1)).view(*idx.shape, -1) + self.wpe(torch.arange(past_length, past_length + idx.shape[1])), "is not contiguous"),
-        (lambda self, idx, past_length=0: self.drop(self.wte(idx) - self.wpe(torch.arange(past_length, past_length + idx.shape[1]))), "right shape but wrong values"),
+        (
+            lambda self, idx, past_length=0: (
+                self.wte(idx) + self.wpe(torch.arange(past_length, past_length + idx.shape[0]))
+            ),
+            r"T = idx.shape\[1\] positions",
+        ),
+        (
+            lambda self, idx, past_length=0: torch.cat(
+                [
+                    self.wte(idx),
+                    self.wpe(torch.arange(past_length, past_length + idx.shape[1])).expand(
+                        idx.shape[0], -1, -1
+                    ),
+                ],
+                -1,
+            ),
+            "added, not concatenated",
+        ),
+        (
+            lambda self, idx, past_length=0: (
+                self.wte(idx.view(-1)).view(*idx.shape, -1)
+                + self.wpe(torch.arange(past_length, past_length + idx.shape[1]))
+            ),
+            "is not contiguous",
+        ),
+        (
+            lambda self, idx, past_length=0: self.drop(
+                self.wte(idx) - self.wpe(torch.arange(past_length, past_length + idx.shape[1]))
+            ),
+            "right shape but wrong values",
+        ),
         (lambda self, idx, past_length=0: idx, "dtype|should be|expected"),
     ],
 )
@@ -499,10 +735,14 @@ def test_new_checks_name_every_planted_mistake(check, mistake):
 
 def test_check_count_accepts_a_right_answer_and_refuses_other_types(capsys):
     checks.check_embedding_parameter_count(embedding_parameter_count)
-    checks.check_embedding_parameter_count(lambda c: c.n_embd * c.vocab_size + c.n_embd * c.n_positions)
+    checks.check_embedding_parameter_count(
+        lambda c: c.n_embd * c.vocab_size + c.n_embd * c.n_positions
+    )
     assert capsys.readouterr().out.count("✅ Exercise 2.5") == 2
     with pytest.raises(CheckFailed, match="return a whole number"):
-        checks.check_embedding_parameter_count(lambda c: str((c.vocab_size + c.n_positions) * c.n_embd))
+        checks.check_embedding_parameter_count(
+            lambda c: str((c.vocab_size + c.n_positions) * c.n_embd)
+        )
     assert_not_done_yet(checks.check_embedding_parameter_count)
     assert_not_done_yet(checks.check_cosine_matrix)
 
@@ -520,7 +760,9 @@ def test_challenge_check_passes_a_sinusoidal_table_and_refuses_random_or_degener
     assert scores["gap"] >= 0.3 and scores["max_cosine"] < 0.999
     assert "✅ Challenge" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="the goal is 0.3"):
-        checks.check_position_table(torch.randn(1024, 768, generator=torch.Generator().manual_seed(0)))
+        checks.check_position_table(
+            torch.randn(1024, 768, generator=torch.Generator().manual_seed(0))
+        )
     with pytest.raises(CheckFailed, match="could not tell them apart"):
         checks.check_position_table(torch.ones(1024, 768) + 1e-6 * torch.randn(1024, 768))
     with pytest.raises(CheckFailed, match="all zeros"):
@@ -533,14 +775,17 @@ def test_check_pieces_accepts_right_answers(capsys):
     def with_a_cache_count(embeddings, idx, n):
         out, seen = [], 0
         while seen < idx.shape[1]:
-            piece = idx[:, seen:seen + n]
+            piece = idx[:, seen : seen + n]
             out.append(embeddings(piece, past_length=seen))
             seen += piece.shape[1]
         return torch.cat(out, dim=1)
 
     checks.check_embed_in_pieces(with_a_cache_count)
-    checks.check_embed_in_pieces(lambda e, idx, n: torch.cat(
-        [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1))
+    checks.check_embed_in_pieces(
+        lambda e, idx, n: torch.cat(
+            [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1
+        )
+    )
     assert capsys.readouterr().out.count("✅ Exercise 2.7") == 2
     assert_not_done_yet(checks.check_embed_in_pieces)
 
@@ -557,7 +802,9 @@ def dropout_reference(x, p, training=True):
 def dropout_with_bernoulli(x, p, training=True):  # another way to draw the mask, float64 inside
     if not training:
         return x.clone()
-    return (x.double() * torch.bernoulli(torch.full(x.shape, 1 - p, dtype=torch.float64)) / (1 - p)).float()
+    return (
+        x.double() * torch.bernoulli(torch.full(x.shape, 1 - p, dtype=torch.float64)) / (1 - p)
+    ).float()
 
 
 def test_check_dropout_accepts_right_answers(capsys):
@@ -570,10 +817,16 @@ def test_check_dropout_accepts_right_answers(capsys):
 def measure_dropout_reference(drop, x):
     y = drop.train()(x)
     kept = y != 0
-    return 1 - kept.float().mean().item(), (y[kept] / x[kept]).mean().item(), torch.equal(drop.eval()(x), x)
+    return (
+        1 - kept.float().mean().item(),
+        (y[kept] / x[kept]).mean().item(),
+        torch.equal(drop.eval()(x), x),
+    )
 
 
-def measure_dropout_by_scale(drop, x):  # right: the factor from the largest kept ratio, tensors returned
+def measure_dropout_by_scale(
+    drop, x
+):  # right: the factor from the largest kept ratio, tensors returned
     y = drop.train()(x)
     return (y == 0).double().mean(), (y / x).max(), bool((drop.eval()(x) == x).all())
 

@@ -19,18 +19,24 @@ from gpt2lib.chapters.attention import (
     merge_heads,
     split_heads,
 )
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import attention as checks
 from gpt2lib.course.checks._core import NotDoneYet
 from gpt2lib.course.checks.attention import ListCache
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.layers import Conv1D
 
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
 
 def small_config(**kw):
-    return GPT2Config(**{**dict(vocab_size=50257, n_positions=32, n_embd=32, n_head=4, n_layer=1), **NO_DROPOUT, **kw})
+    return GPT2Config(
+        **{
+            **dict(vocab_size=50257, n_positions=32, n_embd=32, n_head=4, n_layer=1),
+            **NO_DROPOUT,
+            **kw,
+        }
+    )
 
 
 def randomise(module, seed=0):
@@ -51,7 +57,7 @@ def loop_attention(layer, x):
     for b in range(B):
         for h in range(nh):
             cols = slice(h * hd, (h + 1) * hd)
-            q, k, v = qkv[b, :, cols], qkv[b, :, C:][:, cols], qkv[b, :, 2 * C:][:, cols]
+            q, k, v = qkv[b, :, cols], qkv[b, :, C:][:, cols], qkv[b, :, 2 * C :][:, cols]
             for i in range(T):
                 scores = torch.stack([q[i] @ k[j] / math.sqrt(hd) for j in range(i + 1)])
                 w = torch.softmax(scores, dim=0)
@@ -63,7 +69,6 @@ def loop_attention(layer, x):
 
 
 def test_conv1d_lives_in_layers_and_is_re_exported_by_attention():
-    import gpt2lib.chapters.attention
 
     assert gpt2lib.chapters.attention.Conv1D is Conv1D
     assert Conv1D.__module__ == "gpt2lib.chapters.layers"
@@ -113,15 +118,24 @@ def test_attention_matches_hugging_face(impl):
     transformers = pytest.importorskip("transformers")
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
-    hf_config = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, n_positions=16,
-                                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    hf_config = transformers.GPT2Config(
+        n_embd=32,
+        n_head=4,
+        n_layer=1,
+        n_positions=16,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
     hf_config._attn_implementation = impl
     hf = randomise(GPT2Attention(hf_config, layer_idx=0)).eval()
     ours = CausalSelfAttention(GPT2Config.from_dict(hf_config.to_dict())).eval()
     ours.load_state_dict(hf.state_dict())  # same names and [in, out] layout: loads as is
     T = 9
     x = torch.randn(2, T, 32)
-    causal = torch.zeros(1, 1, T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    causal = torch.zeros(1, 1, T, T).masked_fill(
+        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")
+    )
     with torch.no_grad():
         assert torch.allclose(ours(x), hf(x, attention_mask=causal)[0], atol=1e-5)
 
@@ -148,7 +162,7 @@ def test_kv_cache_chunks_and_single_steps_match_the_full_pass():
         parts = [layer(x[:, :4], kv_cache=cache)]  # past == 0
         parts.append(layer(x[:, 4:7], kv_cache=cache))  # past == 4, T == 3: offset mask
         for t in range(7, 10):
-            parts.append(layer(x[:, t:t + 1], kv_cache=cache))  # past > 0, T == 1
+            parts.append(layer(x[:, t : t + 1], kv_cache=cache))  # past > 0, T == 1
     assert cache.length == 10
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
 
@@ -250,10 +264,16 @@ def test_check_previous_token_head_names_every_planted_mistake(mistake):
     "wrong, phrase",
     [
         (lambda T: torch.eye(T), "return two matrices"),
-        (lambda T: (torch.eye(T), torch.eye(T + 1)), r"w_k for T=4 has shape \(5, 5\), expected \(4, 4\)"),
+        (
+            lambda T: (torch.eye(T), torch.eye(T + 1)),
+            r"w_k for T=4 has shape \(5, 5\), expected \(4, 4\)",
+        ),
         (lambda T: (torch.eye(T) * float("inf"), torch.eye(T)), r"contains ±inf|NaN"),
         (lambda T: (torch.eye(T).tolist(), torch.eye(T)), "should be a torch.Tensor"),
-        (lambda T: (torch.diag(torch.ones(T - 2), diagonal=-2) * 100, torch.eye(T)), r"token \d+ puts only"),
+        (
+            lambda T: (torch.diag(torch.ones(T - 2), diagonal=-2) * 100, torch.eye(T)),
+            r"token \d+ puts only",
+        ),
     ],
 )
 def test_check_previous_token_head_names_other_mistakes(wrong, phrase):
@@ -277,7 +297,9 @@ def einsum_multi_head(q, k, v, n_head):  # einsum, a tril mask, adding -inf inst
     hd = C // n_head
     q, k, v = (t.reshape(B, T, n_head, hd) for t in (q, k, v))
     scores = torch.einsum("bthd,bshd->bhts", q, k) / hd**0.5
-    scores = scores + torch.zeros(T, T).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+    scores = scores + torch.zeros(T, T).masked_fill(
+        ~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")
+    )
     w = scores.softmax(-1)
     return torch.einsum("bhts,bshd->bthd", w, v).reshape(B, T, C), w
 
@@ -325,7 +347,11 @@ def test_check_multi_head_names_every_planted_mistake(mistake):
 def diagonal_masked_too(q, k, v, n_head):  # hides the token itself: row 0 has nothing left to see
     T = q.shape[1]
     qh, kh, vh = (checks.split(t, n_head) for t in (q, k, v))
-    w = (qh @ kh.transpose(-2, -1)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf")).softmax(-1)
+    w = (
+        (qh @ kh.transpose(-2, -1))
+        .masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf"))
+        .softmax(-1)
+    )
     return checks.merge(w @ vh), w
 
 
@@ -333,15 +359,51 @@ def diagonal_masked_too(q, k, v, n_head):  # hides the token itself: row 0 has n
     "wrong, phrase",
     [
         (lambda q, k, v, n: good_multi_head(q, k, v, n)[0], "return two tensors"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1].mean(1)), "ONE head over all C features"),
-        (lambda q, k, v, n: (checks.split(good_multi_head(q, k, v, n)[0], n), good_multi_head(q, k, v, n)[1]), r"that is \(B, nh, T, hd\): merge the heads back"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], checks.split(good_multi_head(q, k, v, n)[0], n)), "shape of the heads' OUTPUT"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1] * 2), "rows of your weights do not sum to 1"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1].flip(-2)), "not the ones that made it"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0] * 2, good_multi_head(q, k, v, n)[1]), "y differs from causal multi-head attention"),
-        (lambda q, k, v, n: (q.view(*q.shape[:2], n, -1).transpose(1, 2).view(q.shape), None), r"`.view` failed"),
+        (
+            lambda q, k, v, n: (
+                good_multi_head(q, k, v, n)[0],
+                good_multi_head(q, k, v, n)[1].mean(1),
+            ),
+            "ONE head over all C features",
+        ),
+        (
+            lambda q, k, v, n: (
+                checks.split(good_multi_head(q, k, v, n)[0], n),
+                good_multi_head(q, k, v, n)[1],
+            ),
+            r"that is \(B, nh, T, hd\): merge the heads back",
+        ),
+        (
+            lambda q, k, v, n: (
+                good_multi_head(q, k, v, n)[0],
+                checks.split(good_multi_head(q, k, v, n)[0], n),
+            ),
+            "shape of the heads' OUTPUT",
+        ),
+        (
+            lambda q, k, v, n: (good_multi_head(q, k, v, n)[0], good_multi_head(q, k, v, n)[1] * 2),
+            "rows of your weights do not sum to 1",
+        ),
+        (
+            lambda q, k, v, n: (
+                good_multi_head(q, k, v, n)[0],
+                good_multi_head(q, k, v, n)[1].flip(-2),
+            ),
+            "not the ones that made it",
+        ),
+        (
+            lambda q, k, v, n: (good_multi_head(q, k, v, n)[0] * 2, good_multi_head(q, k, v, n)[1]),
+            "y differs from causal multi-head attention",
+        ),
+        (
+            lambda q, k, v, n: (q.view(*q.shape[:2], n, -1).transpose(1, 2).view(q.shape), None),
+            r"`.view` failed",
+        ),
         (diagonal_masked_too, "contains NaN: some row of scores is entirely -inf"),
-        (lambda q, k, v, n: (good_multi_head(q, k, v, n)[0].tolist(), None), "should be a torch.Tensor"),
+        (
+            lambda q, k, v, n: (good_multi_head(q, k, v, n)[0].tolist(), None),
+            "should be a torch.Tensor",
+        ),
     ],
 )
 def test_check_multi_head_names_other_mistakes(wrong, phrase):
@@ -386,7 +448,7 @@ class Planted(nn.Module):
         kv_cache.planted_inputs = full
         empty = torch.zeros(x.shape[0], self.n_head, x.shape[1], 1)
         kv_cache.update(empty, empty)
-        return self.mistake.fn(full, weights, self.n_head, p)[:, -x.shape[1]:]
+        return self.mistake.fn(full, weights, self.n_head, p)[:, -x.shape[1] :]
 
 
 def planted(mistake):
@@ -405,7 +467,10 @@ class LinearAttention(nn.Module):
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
 
     def forward(self, x, kv_cache=None):
-        q, k, v = (checks.split(t, self.nh) for t in F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1))
+        q, k, v = (
+            checks.split(t, self.nh)
+            for t in F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1)
+        )
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
         y = checks.attend(q, k, v)[0]  # the offset causal mask for queries after cached keys
@@ -468,21 +533,34 @@ def _right_first(self, x):
 def test_check_module_names_structural_mistakes():
     with pytest.raises(CheckFailed, match=r"\[out, in\], like nn.Linear; GPT-2 stores \[in, out\]"):
         checks.check_causal_self_attention(LinearLayout)
-    with pytest.raises(CheckFailed, match="no parameter named c_attn.weight.*found: qkv.weight, qkv.bias"):
+    with pytest.raises(
+        CheckFailed, match="no parameter named c_attn.weight.*found: qkv.weight, qkv.bias"
+    ):
         checks.check_causal_self_attention(OtherNames)
     with pytest.raises(CheckFailed, match="should build an nn.Module"):
         checks.check_causal_self_attention(lambda config: "attention")
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_causal_self_attention(lambda: None)
-    view_merge = _answer(_right_first, lambda self, y: self.resid_dropout(self.c_proj(y.transpose(1, 2).view(y.shape[0], y.shape[2], -1))))
+    view_merge = _answer(
+        _right_first,
+        lambda self, y: self.resid_dropout(
+            self.c_proj(y.transpose(1, 2).view(y.shape[0], y.shape[2], -1))
+        ),
+    )
     with pytest.raises(CheckFailed, match=r"contiguous\(\)"):
         checks.check_causal_self_attention(view_merge)
-    cache_of_the_wrong_shape = _answer(lambda self, x: [t for t in self.c_attn(x).split(self.n_embd, dim=2)],
-                                       lambda self, y: self.resid_dropout(self.c_proj(y)))  # no heads at all
+    cache_of_the_wrong_shape = _answer(
+        lambda self, x: [t for t in self.c_attn(x).split(self.n_embd, dim=2)],
+        lambda self, y: self.resid_dropout(self.c_proj(y)),
+    )  # no heads at all
     with pytest.raises(CheckFailed, match="ONE head over all C features"):
         checks.check_causal_self_attention(cache_of_the_wrong_shape)
-    dropout_before_c_proj = _answer(_right_first, lambda self, y: self.c_proj(self.resid_dropout(merge_heads(y))))
-    with pytest.raises(CheckFailed, match="in train\\(\\) mode it is not the layer followed by residual dropout"):
+    dropout_before_c_proj = _answer(
+        _right_first, lambda self, y: self.c_proj(self.resid_dropout(merge_heads(y)))
+    )
+    with pytest.raises(
+        CheckFailed, match="in train\\(\\) mode it is not the layer followed by residual dropout"
+    ):
         checks.check_causal_self_attention(dropout_before_c_proj)
 
     class NoCacheParameter(CausalSelfAttention):
@@ -506,10 +584,15 @@ def test_checks_report_stubs_and_wrong_signatures():
 
     class Unfinished(CausalSelfAttention):
         def forward(self, x, kv_cache=None):
-            raise NotImplementedError("Exercise 3.6 (CausalSelfAttention): replace this line with your code")
+            raise NotImplementedError(
+                "Exercise 3.6 (CausalSelfAttention): replace this line with your code"
+            )
 
-    for check, answer in ((checks.check_previous_token_head, stub), (checks.check_multi_head_attention, stub),
-                          (checks.check_causal_self_attention, Unfinished)):
+    for check, answer in (
+        (checks.check_previous_token_head, stub),
+        (checks.check_multi_head_attention, stub),
+        (checks.check_causal_self_attention, Unfinished),
+    ):
         with pytest.raises(NotDoneYet, match="not done yet"):
             check(answer)
     with pytest.raises(CheckFailed, match="Keep the signature"):
@@ -625,7 +708,9 @@ def test_check_causal_attention_names_every_planted_mistake(mistake):
 def test_a_torch_softmax_without_the_max_is_named_as_overflow():
     def exp_by_hand(q, k, v):
         T = q.shape[-2]
-        s = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        s = (q @ k.mT / math.sqrt(q.shape[-1])).masked_fill(
+            torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")
+        )
         w = s.exp() / s.exp().sum(-1, keepdim=True)
         return w @ v, w
 
@@ -738,7 +823,9 @@ def test_check_attention_by_hand_reports_the_stub_a_wrong_shape_and_other_mistak
     with pytest.raises(NotDoneYet):
         checks.check_attention_by_hand(stub)
     assert_named(checks.check_attention_by_hand, lambda layer, x: x[:, :-1], "has shape")
-    assert_named(checks.check_attention_by_hand, lambda layer, x: 2 * layer(x), "differs from the layer's")
+    assert_named(
+        checks.check_attention_by_hand, lambda layer, x: 2 * layer(x), "differs from the layer's"
+    )
 
 
 # --------------------------------------------------------------------------- check 3.8
@@ -785,7 +872,10 @@ def test_check_attention_cost_names_an_unknown_wrong_count():
 def relative_position_head(V, T):  # d = 2: a rotation by the position, aimed 2 back
     theta = math.pi / (T + 2)
     pos = torch.arange(T, dtype=torch.float64)
-    w_q, w_k = torch.zeros(V + T, 2, dtype=torch.float64), torch.zeros(V + T, 2, dtype=torch.float64)
+    w_q, w_k = (
+        torch.zeros(V + T, 2, dtype=torch.float64),
+        torch.zeros(V + T, 2, dtype=torch.float64),
+    )
     w_q[V:] = 400 * torch.stack([torch.cos(theta * (pos - 2)), torch.sin(theta * (pos - 2))], dim=1)
     w_k[V:] = torch.stack([torch.cos(theta * pos), torch.sin(theta * pos)], dim=1)
     w_v = torch.zeros(V + T, V, dtype=torch.float64)
@@ -795,7 +885,7 @@ def relative_position_head(V, T):  # d = 2: a rotation by the position, aimed 2 
 
 def reference_copy_head(V, T):
     w_q = torch.zeros(V + T, T)
-    w_q[V + 2:, :T - 2] = 10 * math.sqrt(T) * torch.eye(T - 2)
+    w_q[V + 2 :, : T - 2] = 10 * math.sqrt(T) * torch.eye(T - 2)
     w_k = torch.zeros(V + T, T)
     w_k[V:] = torch.eye(T)
     w_v = torch.zeros(V + T, V)
@@ -813,10 +903,13 @@ def test_check_copy_two_back_says_how_far_off_and_where_the_head_looks():
     def one_back(V, T):
         w_q, w_k, w_v = reference_copy_head(V, T)
         w_q = torch.zeros_like(w_q)
-        w_q[V + 1:, :T - 1] = 10 * math.sqrt(T) * torch.eye(T - 1)
+        w_q[V + 1 :, : T - 1] = 10 * math.sqrt(T) * torch.eye(T - 1)
         return w_q, w_k, w_v
 
-    with pytest.raises(CheckFailed, match=r"of the rows copy token i - 2 \(goal 0.99\); most rows put their largest weight on token i - 1"):
+    with pytest.raises(
+        CheckFailed,
+        match=r"of the rows copy token i - 2 \(goal 0.99\); most rows put their largest weight on token i - 1",
+    ):
         checks.check_copy_two_back(one_back)
     with pytest.raises(CheckFailed, match="return three matrices"):
         checks.check_copy_two_back(lambda V, T: reference_copy_head(V, T)[:2])

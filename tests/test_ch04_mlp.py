@@ -10,16 +10,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.chapters.mlp import MLP, gelu_tanh
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import mlp as checks
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.mlp import MLP, gelu_tanh
 
 
 def small_config(pdrop: float = 0.0, n_embd: int = 8) -> GPT2Config:
-    return GPT2Config(n_embd=n_embd, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
-                      embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
+    return GPT2Config(
+        n_embd=n_embd,
+        n_head=2,
+        n_layer=1,
+        n_positions=16,
+        vocab_size=11,
+        embd_pdrop=pdrop,
+        attn_pdrop=pdrop,
+        resid_pdrop=pdrop,
+    )
 
 
 # --------------------------------------------------------------------------- gelu_tanh
@@ -27,8 +35,9 @@ def small_config(pdrop: float = 0.0, n_embd: int = 8) -> GPT2Config:
 
 def test_gelu_tanh_equals_the_formula_computed_with_math():
     points = [-7.5, -2.7, -1.0, -0.3, 0.0, 0.3, 1.0, 2.7, 7.5]
-    want = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
-            for v in points]
+    want = [
+        0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in points
+    ]
     got = gelu_tanh(torch.tensor(points, dtype=torch.float64))
     assert got.tolist() == pytest.approx(want, abs=1e-12)
     assert gelu_tanh(torch.tensor(1.0)).item() == pytest.approx(0.8411920, abs=1e-6)
@@ -77,8 +86,7 @@ def test_mlp_computes_c_proj_of_gelu_tanh_of_c_fc():
     mlp = MLP(small_config()).eval()
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
-        want = (gelu_tanh(x @ mlp.c_fc.weight + mlp.c_fc.bias) @ mlp.c_proj.weight
-                + mlp.c_proj.bias)
+        want = gelu_tanh(x @ mlp.c_fc.weight + mlp.c_fc.bias) @ mlp.c_proj.weight + mlp.c_proj.bias
         assert torch.allclose(mlp(x), want, atol=1e-6)
 
 
@@ -149,7 +157,9 @@ def test_check_outputs_that_change_passes_correct_answers_in_any_style(capsys):
     checks.check_outputs_that_change(right_moved)
 
     def with_ne_and_any(f, x, position):  # a list result, another way to say "moved at all"
-        edited = torch.cat([x[:, :position], x[:, position:position + 1] + 1, x[:, position + 1:]], 1)
+        edited = torch.cat(
+            [x[:, :position], x[:, position : position + 1] + 1, x[:, position + 1 :]], 1
+        )
         return (f(edited) != f(x)).any(dim=-1).tolist()
 
     checks.check_outputs_that_change(with_ne_and_any)
@@ -176,7 +186,9 @@ def test_check_outputs_that_change_names_each_planted_mistake(mistake):
 
 def test_check_outputs_that_change_explains_other_wrong_answers():
     with pytest.raises(CheckFailed, match="expected"):
-        checks.check_outputs_that_change(lambda f, x, position: torch.zeros(x.shape[:2], dtype=torch.bool))
+        checks.check_outputs_that_change(
+            lambda f, x, position: torch.zeros(x.shape[:2], dtype=torch.bool)
+        )
     with pytest.raises(CheckFailed, match="shape"):
         checks.check_outputs_that_change(lambda f, x, position: torch.ones(3))
 
@@ -185,10 +197,16 @@ def test_check_outputs_that_change_explains_other_wrong_answers():
 
 
 def test_check_mlp_parameter_count_passes_and_matches_real_layers(capsys):
-    checks.check_mlp_parameter_count(lambda n_embd, expansion=4: 2 * expansion * n_embd**2 + (expansion + 1) * n_embd)
-    checks.check_mlp_parameter_count(lambda n_embd, expansion=4: sum(
-        p.numel() for layer in (Conv1D(n_embd, expansion * n_embd), Conv1D(expansion * n_embd, n_embd))
-        for p in layer.parameters()))
+    checks.check_mlp_parameter_count(
+        lambda n_embd, expansion=4: 2 * expansion * n_embd**2 + (expansion + 1) * n_embd
+    )
+    checks.check_mlp_parameter_count(
+        lambda n_embd, expansion=4: sum(
+            p.numel()
+            for layer in (Conv1D(n_embd, expansion * n_embd), Conv1D(expansion * n_embd, n_embd))
+            for p in layer.parameters()
+        )
+    )
     out = capsys.readouterr().out
     assert out.count("✅ Exercise 4.4") == 2 and "4,722,432" in out
 
@@ -216,7 +234,11 @@ def right_merge(W1, b1, W2, b2):
 def test_check_merge_passes_correct_answers_in_any_style(capsys):
     checks.check_merge_linear_layers(right_merge)
     checks.check_merge_linear_layers(
-        lambda W1, b1, W2, b2: (torch.einsum("ch,hd->cd", W1, W2).double(), torch.addmv(b2, W2.T, b1)))
+        lambda W1, b1, W2, b2: (
+            torch.einsum("ch,hd->cd", W1, W2).double(),
+            torch.addmv(b2, W2.T, b1),
+        )
+    )
     checks.check_merge_linear_layers(lambda W1, b1, W2, b2: [W1 @ W2, (b1[None] @ W2)[0] + b2])
     assert capsys.readouterr().out.count("✅ Exercise 4.2") == 3
 
@@ -279,7 +301,9 @@ def test_check_fit_explains_other_answers():
     with pytest.raises(CheckFailed, match="return the error as one number"):
         checks.check_best_fit_error(lambda x, y, W1, b1, activation=None: "small")
     with pytest.raises(CheckFailed, match="the best fit's mean squared error is"):
-        checks.check_best_fit_error(lambda x, y, W1, b1, activation=None: 1.5 * right_fit(x, y, W1, b1, activation))
+        checks.check_best_fit_error(
+            lambda x, y, W1, b1, activation=None: 1.5 * right_fit(x, y, W1, b1, activation)
+        )
 
 
 def test_a_wider_hidden_layer_fits_better_only_with_an_activation():
@@ -431,14 +455,17 @@ def test_check_mlp_names_each_planted_mistake(mistake):
         checks.check_mlp(planted(compute=lambda self, x: mistake.fn(self, x)))
 
 
-@pytest.mark.parametrize("attributes, phrase", [
-    (dict(hidden_factor=1), r"maps 8 to 32 numbers.*4x expansion"),
-    (dict(hidden_factor=2), r"maps 8 to 32 numbers"),
-    (dict(dropout_where="none"), "no dropout in training mode"),
-    (dict(dropout_where="always"), "dropout is still on"),
-    (dict(dropout_where="hidden"), "about half of the outputs should be dropped"),
-    (dict(dropout_where="fixed"), "not with a fixed rate"),
-])
+@pytest.mark.parametrize(
+    "attributes, phrase",
+    [
+        (dict(hidden_factor=1), r"maps 8 to 32 numbers.*4x expansion"),
+        (dict(hidden_factor=2), r"maps 8 to 32 numbers"),
+        (dict(dropout_where="none"), "no dropout in training mode"),
+        (dict(dropout_where="always"), "dropout is still on"),
+        (dict(dropout_where="hidden"), "about half of the outputs should be dropped"),
+        (dict(dropout_where="fixed"), "not with a fixed rate"),
+    ],
+)
 def test_check_mlp_names_structural_mistakes(attributes, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_mlp(planted(**attributes))
@@ -521,7 +548,6 @@ def test_fit_challenge_passes_a_designed_layer_and_refuses_random_or_wide_ones(c
         checks.check_fit_challenge(torch.full((1, 8), float("nan")), torch.zeros(8))
 
 
-
 @pytest.mark.parametrize("mistake", checks.GELU_ERF_MISTAKES, ids=lambda m: m.name)
 def test_check_gelu_erf_names_each_planted_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
@@ -588,7 +614,9 @@ def test_check_approximation_gaps_names_changed_layers_stubs_and_other_answers()
             out_tanh = proj(F.gelu(fc(x), approximate="tanh"))
             out_erf = proj(F.gelu(fc(x)))
             exact = proj.double()(F.gelu(fc.double()(x.double()), approximate="tanh"))
-        return (out_tanh - out_erf).abs().max().item(), (out_tanh.double() - exact).abs().max().item()
+        return (out_tanh - out_erf).abs().max().item(), (
+            out_tanh.double() - exact
+        ).abs().max().item()
 
     with pytest.raises(CheckFailed, match="IN PLACE"):
         checks.check_approximation_gaps(converts_in_place)

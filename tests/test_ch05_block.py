@@ -11,16 +11,24 @@ import torch.nn.functional as F
 
 from gpt2lib.chapters.attention import CausalSelfAttention
 from gpt2lib.chapters.block import Block, LayerNorm
-from gpt2lib.course.checks import CheckFailed
-from gpt2lib.course.checks._core import NotDoneYet
-from gpt2lib.course.checks import block as checks
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.mlp import MLP
+from gpt2lib.course.checks import CheckFailed
+from gpt2lib.course.checks import block as checks
+from gpt2lib.course.checks._core import NotDoneYet
 
 
 def small_config(**overrides) -> GPT2Config:
-    values = dict(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
-                  embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    values = dict(
+        n_embd=8,
+        n_head=2,
+        n_layer=1,
+        n_positions=16,
+        vocab_size=11,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     return GPT2Config(**{**values, **overrides})
 
 
@@ -76,13 +84,20 @@ def test_layer_norm_fails_loudly_on_the_wrong_width():
 def test_block_parameter_breakdown_for_gpt2_small():
     with torch.device("meta"):  # shapes only
         block = Block(GPT2Config())
-    counts = {name: sum(p.numel() for p in child.parameters())
-              for name, child in block.named_children()}
+    counts = {
+        name: sum(p.numel() for p in child.parameters()) for name, child in block.named_children()
+    }
     assert counts == {"ln_1": 1_536, "attn": 2_362_368, "ln_2": 1_536, "mlp": 4_722_432}
     assert sum(counts.values()) == 7_087_872
     assert set(block.state_dict()) >= {
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_proj.bias",
-        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_proj.weight",
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_proj.weight",
     }
 
 
@@ -157,11 +172,21 @@ def test_block_matches_hugging_face_gpt2():
     from transformers import GPT2Model
 
     torch.manual_seed(0)
-    hf = GPT2Model(HFConfig(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=50,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    hf = GPT2Model(
+        HFConfig(
+            n_embd=64,
+            n_head=4,
+            n_layer=2,
+            n_positions=32,
+            vocab_size=50,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    ).eval()
     with torch.no_grad():
         hf.wpe.weight.zero_()  # so the first hidden state is exactly our input
-        for name, p in hf.h[0].named_parameters():  # make LayerNorms and biases non-trivial
+        for p in hf.h[0].parameters():  # make LayerNorms and biases non-trivial
             p.normal_(std=0.3 if p.dim() == 1 else 0.1)
     ours = Block(GPT2Config(n_embd=64, n_head=4)).eval()
     wanted = {k: v for k, v in hf.h[0].state_dict().items() if k in ours.state_dict()}
@@ -188,15 +213,27 @@ def test_check_layer_norm_passes_correct_answers(capsys):
     assert capsys.readouterr().out.count("✅ Exercise 5.1 (layer_norm) passed") == 2
 
 
-def planted_layer_norm(eps_default=1e-5, unbiased=False, eps_outside=False, dim=-1,
-                       center=True, use_weight=True, use_bias=True, swap=False, power=0.5,
-                       ignore_eps=False):
+def planted_layer_norm(
+    eps_default=1e-5,
+    unbiased=False,
+    eps_outside=False,
+    dim=-1,
+    center=True,
+    use_weight=True,
+    use_bias=True,
+    swap=False,
+    power=0.5,
+    ignore_eps=False,
+):
     def layer_norm(x, weight, bias, eps=eps_default):
         if ignore_eps:
             eps = 1e-5
         mean = x.mean(dim=dim, keepdim=True) if center else 0.0
-        var = x.var(dim=dim, keepdim=True, unbiased=unbiased) if center else (x**2).mean(
-            dim=dim, keepdim=True)
+        var = (
+            x.var(dim=dim, keepdim=True, unbiased=unbiased)
+            if center
+            else (x**2).mean(dim=dim, keepdim=True)
+        )
         scale = var**power + eps if eps_outside else (var + eps) ** power
         w, b = (bias, weight) if swap else (weight, bias)
         y = (x - mean) / scale
@@ -211,15 +248,18 @@ def test_check_layer_norm_names_each_planted_mistake(mistake):
         checks.check_layer_norm(mistake.fn)
 
 
-@pytest.mark.parametrize("kwargs, phrase", [  # the same mistakes, written the way learners write them
-    (dict(unbiased=True), "torch.var and x.var"),
-    (dict(eps_outside=True), "eps is added outside the square root"),
-    (dict(eps_default=1e-12), "looks like 1e-12"),
-    (dict(ignore_eps=True), "use the `eps` argument"),
-    (dict(dim=2), "2-D input"),
-    (dict(center=False), "RMSNorm"),
-    (dict(swap=True), "swapped"),
-])
+@pytest.mark.parametrize(
+    "kwargs, phrase",
+    [  # the same mistakes, written the way learners write them
+        (dict(unbiased=True), "torch.var and x.var"),
+        (dict(eps_outside=True), "eps is added outside the square root"),
+        (dict(eps_default=1e-12), "looks like 1e-12"),
+        (dict(ignore_eps=True), "use the `eps` argument"),
+        (dict(dim=2), "2-D input"),
+        (dict(center=False), "RMSNorm"),
+        (dict(swap=True), "swapped"),
+    ],
+)
 def test_check_layer_norm_names_learner_written_mistakes(kwargs, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_layer_norm(planted_layer_norm(**kwargs))
@@ -270,8 +310,14 @@ def test_check_layer_norm_module_passes_correct_answers(capsys):
     assert capsys.readouterr().out.count("✅ Exercise 5.1 (LayerNorm) passed") == 3
 
 
-def planted_module(names=("weight", "bias"), parameters=True, init=(1.0, 0.0), eps_default=1e-5,
-                   store_eps=True, unbiased=False):
+def planted_module(
+    names=("weight", "bias"),
+    parameters=True,
+    init=(1.0, 0.0),
+    eps_default=1e-5,
+    store_eps=True,
+    unbiased=False,
+):
     class PlantedLayerNorm(nn.Module):
         def __init__(self, n_embd, eps=eps_default):
             super().__init__()
@@ -372,11 +418,17 @@ def test_check_block_names_each_planted_mistake(mistake):
         checks.check_block(planted_block(mistake.fn))
 
 
-@pytest.mark.parametrize("forward, phrase", [
-    (lambda s, x: 2 * (lambda h: h + s.mlp(s.ln_2(h)))(x + s.attn(s.ln_1(x))), "is not the pre-norm block"),
-    (lambda s, x: (x, None), "should be a torch.Tensor"),
-    (lambda s, x: s.ln_1(x)[..., :4], r"has shape \(2, 5, 4\), expected \(2, 5, 8\)"),
-])
+@pytest.mark.parametrize(
+    "forward, phrase",
+    [
+        (
+            lambda s, x: 2 * (lambda h: h + s.mlp(s.ln_2(h)))(x + s.attn(s.ln_1(x))),
+            "is not the pre-norm block",
+        ),
+        (lambda s, x: (x, None), "should be a torch.Tensor"),
+        (lambda s, x: s.ln_1(x)[..., :4], r"has shape \(2, 5, 4\), expected \(2, 5, 8\)"),
+    ],
+)
 def test_check_block_names_other_wrong_outputs(forward, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_block(planted_block(forward))
@@ -426,7 +478,9 @@ def test_check_no_residual_names_each_planted_mistake(mistake):
 
 def test_check_no_residual_explains_other_wrong_outputs():
     with pytest.raises(CheckFailed, match="is not the block without residuals"):
-        checks.check_no_residual_block(planted_block(lambda s, x: 2 * s.mlp(s.ln_2(s.attn(s.ln_1(x))))))
+        checks.check_no_residual_block(
+            planted_block(lambda s, x: 2 * s.mlp(s.ln_2(s.attn(s.ln_1(x)))))
+        )
 
 
 # --------------------------------------------------------------------------- check_post_norm_block
@@ -488,8 +542,9 @@ def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
         flat = [s.reshape(-1, s.shape[-1]) for s in states]
         norms = torch.stack([f.pow(2).sum(-1).sqrt().mean() for f in flat])
         first = flat[0]
-        cosines = torch.stack([((f * first).sum(-1) / (f.norm(dim=-1) * first.norm(dim=-1))).mean()
-                               for f in flat])
+        cosines = torch.stack(
+            [((f * first).sum(-1) / (f.norm(dim=-1) * first.norm(dim=-1))).mean() for f in flat]
+        )
         return norms.detach(), cosines.detach()
 
     checks.check_follow_stream(as_tensors)
@@ -513,8 +568,12 @@ def test_check_follow_stream_explains_other_answers():
     with pytest.raises(CheckFailed, match=r"return two lists, \(norms, cosines\)"):
         checks.check_follow_stream(lambda blocks, x0: right_follow(blocks, x0)[0])
     with pytest.raises(CheckFailed, match=r"your cosines\[2\] \(after block 2\)"):
-        checks.check_follow_stream(lambda blocks, x0: (right_follow(blocks, x0)[0],
-                                                      [1.0, right_follow(blocks, x0)[1][1], 0.5, 0.5]))
+        checks.check_follow_stream(
+            lambda blocks, x0: (
+                right_follow(blocks, x0)[0],
+                [1.0, right_follow(blocks, x0)[1][1], 0.5, 0.5],
+            )
+        )
 
 
 def test_pre_norm_stream_grows_and_post_norm_stream_does_not():
@@ -606,17 +665,30 @@ def test_check_block_explains_names_shared_norms_and_stubs():
 
 
 def _normalised(x, eps=1e-5):
-    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        x.var(-1, keepdim=True, unbiased=False) + eps
+    )
 
 
 @pytest.mark.parametrize(
     "wrong, phrase",
     [
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1)) / torch.sqrt(x.var(-1, unbiased=False) + eps) * w + b,
-         r"x.mean\(dim=-1, keepdim=True\) has shape \(..., 1\)"),
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b,
-         r"you divide by x.std\(\)"),
-        (lambda x, w, b, eps=1e-5: (_normalised(x, eps) + b) * w, "you add bias before multiplying by weight"),
+        (
+            lambda x, w, b, eps=1e-5: (
+                (x - x.mean(-1)) / torch.sqrt(x.var(-1, unbiased=False) + eps) * w + b
+            ),
+            r"x.mean\(dim=-1, keepdim=True\) has shape \(..., 1\)",
+        ),
+        (
+            lambda x, w, b, eps=1e-5: (
+                (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b
+            ),
+            r"you divide by x.std\(\)",
+        ),
+        (
+            lambda x, w, b, eps=1e-5: (_normalised(x, eps) + b) * w,
+            "you add bias before multiplying by weight",
+        ),
     ],
 )
 def test_check_layer_norm_names_more_learner_mistakes(wrong, phrase):
@@ -643,7 +715,9 @@ def test_check_block_count_passes_right_answers(capsys):
 
 
 @pytest.mark.slow
-def test_deep_stack_challenge_passes_a_scaled_block_and_refuses_gpt2s_and_a_do_nothing_block(capsys):
+def test_deep_stack_challenge_passes_a_scaled_block_and_refuses_gpt2s_and_a_do_nothing_block(
+    capsys,
+):
     import math
 
     class Scaled(Block):

@@ -9,12 +9,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from check_cases import assert_named, planted
 
-from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.chapters.block import Block, LayerNorm
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.chapters.model import GPT2
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import model as checks
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.model import GPT2
 
 TINY = GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
 
@@ -38,12 +38,15 @@ def small_meta():
 # --------------------------------------------------------------------------- sizes
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("gpt2", 124_439_808),
-    ("gpt2-medium", 354_823_168),
-    ("gpt2-large", 774_030_080),
-    ("gpt2-xl", 1_557_611_200),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+    ],
+)
 def test_parameter_counts_of_the_four_sizes_on_meta(name, expected):
     with torch.device("meta"):
         model = GPT2(GPT2Config.from_name(name))
@@ -66,9 +69,18 @@ def test_per_component_counts_match_the_design_card(small_meta):
 
 def test_names_match_the_hub_checkpoint_keys(small_meta):
     names = set(small_meta.state_dict())
-    assert {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "h.0.ln_1.weight",
-            "h.11.attn.c_attn.weight", "h.11.attn.c_proj.bias", "h.5.mlp.c_fc.weight",
-            "h.5.mlp.c_proj.weight", "h.0.ln_2.bias"} <= names
+    assert {
+        "wte.weight",
+        "wpe.weight",
+        "ln_f.weight",
+        "ln_f.bias",
+        "h.0.ln_1.weight",
+        "h.11.attn.c_attn.weight",
+        "h.11.attn.c_proj.bias",
+        "h.5.mlp.c_fc.weight",
+        "h.5.mlp.c_proj.weight",
+        "h.0.ln_2.bias",
+    } <= names
     assert not any(n.startswith(("transformer.", "lm_head")) for n in names)
     assert tuple(small_meta.h[0].attn.c_attn.weight.shape) == (768, 2304)  # Conv1D: [in, out]
 
@@ -94,7 +106,9 @@ def test_changing_the_token_table_changes_the_readout():
     idx = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         before = model(idx)
-        model.wte.weight[40] += torch.randn(TINY.n_embd)  # 40 is not in the input: only the readout reads it
+        model.wte.weight[40] += torch.randn(
+            TINY.n_embd
+        )  # 40 is not in the input: only the readout reads it
         after = model(idx)
     changed = (after - before).abs().amax(dim=(0, 1)) > 1e-6  # (V,)
     assert changed.nonzero().flatten().tolist() == [40]
@@ -113,7 +127,9 @@ def test_init_stds_follow_gpt2():
         if name.endswith("c_proj.weight"):
             assert p.std().item() == pytest.approx(residual, rel=0.05), name
             assert abs(p.mean().item()) < 0.1 * residual, name
-        elif name in ("wte.weight", "wpe.weight") or name.endswith(("c_attn.weight", "c_fc.weight")):
+        elif name in ("wte.weight", "wpe.weight") or name.endswith(
+            ("c_attn.weight", "c_fc.weight")
+        ):
             assert p.std().item() == pytest.approx(0.02, rel=0.05), name
             assert abs(p.mean().item()) < 0.002, name
         elif ".ln_" in name or name.startswith("ln_f"):
@@ -159,7 +175,9 @@ def test_building_on_meta_needs_no_memory_and_loads_with_assign(tiny):
 
 
 def test_shapes_last_only_and_int32_ids(tiny):
-    idx = torch.randint(0, TINY.vocab_size, (3, TINY.n_positions), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(
+        0, TINY.vocab_size, (3, TINY.n_positions), generator=torch.Generator().manual_seed(2)
+    )
     with torch.no_grad():
         full = tiny(idx)
         last = tiny(idx, last_only=True)
@@ -185,8 +203,16 @@ def test_positions_matter(tiny):
 
 
 def test_dropout_only_in_training():
-    config = GPT2Config(vocab_size=30, n_positions=8, n_embd=16, n_layer=1, n_head=2,
-                        embd_pdrop=0.5, attn_pdrop=0.0, resid_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=30,
+        n_positions=8,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        embd_pdrop=0.5,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     torch.manual_seed(0)
     model = GPT2(config)
     idx = torch.tensor([[1, 2, 3, 4]])
@@ -199,35 +225,55 @@ def test_dropout_only_in_training():
 # --------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("bad, error, message", [  # chapter 2's validator words these
-    (torch.tensor([[1, 61]]), ValueError, r"(?s)(?=.*61)(?=.*vocab)"),
-    (torch.tensor([[-1, 3]]), ValueError, r"(?s)(?=.*-1)(?=.*vocab)"),
-    (torch.tensor([1, 2, 3]), ValueError, r"(?s)(?=.*\(B, T\))(?=.*\(3,\))"),
-    (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, r"(?s)(?=.*\(B, T\))(?=.*\(1, 2, 3\))"),
-    (torch.zeros(1, 0, dtype=torch.long), ValueError, r"hold no tokens.*T >= 1"),
-    (torch.zeros(0, 4, dtype=torch.long), ValueError, r"hold no tokens.*B >= 1"),
-    (torch.tensor([[1.0, 2.0]]), TypeError, r"(?s)(?=.*integer)(?=.*float32)"),
-    (torch.tensor([[True, False]]), TypeError, r"(?s)(?=.*integer)(?=.*bool)"),
-    ([[1, 2, 3]], TypeError, r"(?s)(?=.*torch.Tensor)(?=.*list)"),
-    (torch.zeros(1, 17, dtype=torch.long), ValueError, r"(?s)(?=.*17)(?=.*context of 16)(?=.*n_positions)"),
-])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [  # chapter 2's validator words these
+        (torch.tensor([[1, 61]]), ValueError, r"(?s)(?=.*61)(?=.*vocab)"),
+        (torch.tensor([[-1, 3]]), ValueError, r"(?s)(?=.*-1)(?=.*vocab)"),
+        (torch.tensor([1, 2, 3]), ValueError, r"(?s)(?=.*\(B, T\))(?=.*\(3,\))"),
+        (
+            torch.zeros(1, 2, 3, dtype=torch.long),
+            ValueError,
+            r"(?s)(?=.*\(B, T\))(?=.*\(1, 2, 3\))",
+        ),
+        (torch.zeros(1, 0, dtype=torch.long), ValueError, r"hold no tokens.*T >= 1"),
+        (torch.zeros(0, 4, dtype=torch.long), ValueError, r"hold no tokens.*B >= 1"),
+        (torch.tensor([[1.0, 2.0]]), TypeError, r"(?s)(?=.*integer)(?=.*float32)"),
+        (torch.tensor([[True, False]]), TypeError, r"(?s)(?=.*integer)(?=.*bool)"),
+        ([[1, 2, 3]], TypeError, r"(?s)(?=.*torch.Tensor)(?=.*list)"),
+        (
+            torch.zeros(1, 17, dtype=torch.long),
+            ValueError,
+            r"(?s)(?=.*17)(?=.*context of 16)(?=.*n_positions)",
+        ),
+    ],
+)
 @pytest.mark.parametrize("entry", ["check_token_ids", "generate", "run_with_cache"])
 def test_bad_input_gets_a_clear_error_at_the_entry_points(tiny, bad, error, message, entry):
     # moved from a plain forward (tiny(bad)): the forward no longer reads the ids; the entry
     # points that take ids from users check them once, with chapter 2's validator
-    from gpt2lib.validation import check_token_ids
     from gpt2lib.generation import generate
     from gpt2lib.inspection import run_with_cache
+    from gpt2lib.validation import check_token_ids
 
-    call = {"check_token_ids": lambda: check_token_ids(bad, TINY),
-            "generate": lambda: generate(tiny, bad, 1),
-            "run_with_cache": lambda: run_with_cache(tiny, bad)}[entry]
+    call = {
+        "check_token_ids": lambda: check_token_ids(bad, TINY),
+        "generate": lambda: generate(tiny, bad, 1),
+        "run_with_cache": lambda: run_with_cache(tiny, bad),
+    }[entry]
     with pytest.raises(error, match=message):
         call()
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([1, 2, 3]), torch.zeros(1, 2, 3, dtype=torch.long),
-                                 torch.tensor([[1, 61]]), torch.zeros(1, 17, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        torch.tensor([1, 2, 3]),
+        torch.zeros(1, 2, 3, dtype=torch.long),
+        torch.tensor([[1, 61]]),
+        torch.zeros(1, 17, dtype=torch.long),
+    ],
+)
 def test_a_plain_forward_still_fails_loudly_on_bad_input(tiny, bad):
     # no silent wrong answer: a wrong shape cannot unpack into (B, T), an id past the table is
     # torch's IndexError, a context that is too long is the forward's one assert
@@ -241,10 +287,16 @@ def test_the_forward_reads_no_token_values_and_uses_chapter_2s_positions(tiny, m
 
     calls = []
     real_positions = model_module.position_ids
-    monkeypatch.setattr(validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids"))
-    monkeypatch.setattr(model_module, "position_ids",
-                        lambda T, past=0, device=None: calls.append(("positions", T, past))
-                        or real_positions(T, past, device=device))
+    monkeypatch.setattr(
+        validation, "_check_range", lambda *a, **k: pytest.fail("the forward read the ids")
+    )
+    monkeypatch.setattr(
+        model_module,
+        "position_ids",
+        lambda T, past=0, device=None: (
+            calls.append(("positions", T, past)) or real_positions(T, past, device=device)
+        ),
+    )
     cache = FakeCache(TINY.n_layer)
     with torch.no_grad():
         tiny(torch.tensor([[1, 2, 3]]))
@@ -275,7 +327,9 @@ def test_the_entry_point_class_builds_the_same_model_from_a_gpt2_config():
     torch.manual_seed(0)
     entry = gpt2lib.GPT2(TINY, block_cls=Block)
     assert isinstance(entry, GPT2)
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), entry.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.state_dict().values(), entry.state_dict().values())
+    )
 
 
 # --------------------------------------------------------------------------- KV-cache protocol
@@ -515,8 +569,9 @@ def test_check_init_passes_correct_answers(capsys):
             elif ".ln_" in name or name.startswith("ln_f"):
                 p.fill_(1.0)
             else:
-                nn.init.trunc_normal_(p, std=std if name.endswith("c_proj.weight") else 0.02,
-                                      a=-1.0, b=1.0)
+                nn.init.trunc_normal_(
+                    p, std=std if name.endswith("c_proj.weight") else 0.02, a=-1.0, b=1.0
+                )
 
     checks.check_init_gpt2_weights(by_parameter_name)
     checks.check_init_gpt2_weights(lambda model: model.init_weights())  # the reference
@@ -532,14 +587,23 @@ def test_check_init_names_each_planted_scale(mistake):
         checks.check_init_gpt2_weights(planted)
 
 
-@pytest.mark.parametrize("wrong, phrase", [
-    (lambda m: _right_init(m, residual_scale=1.0), "not scaled"),
-    (lambda m: _right_init(m, skip=("mlp.c_proj",)), "only attn.c_proj is scaled, mlp.c_proj is not"),
-    (lambda m: _right_init(m, skip=("attn.c_proj",)), "only mlp.c_proj is scaled, attn.c_proj is not"),
-    (lambda m: _right_init(m, skip=("bias",)), r"attn.c_attn.bias is not zero"),
-    (lambda m: _right_init(m, skip=("layernorm",)), r"ln_1.weight is not all ones"),
-    (lambda m: _right_init(m, skip=("embedding",)), r"wte.weight still holds the value"),
-])
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda m: _right_init(m, residual_scale=1.0), "not scaled"),
+        (
+            lambda m: _right_init(m, skip=("mlp.c_proj",)),
+            "only attn.c_proj is scaled, mlp.c_proj is not",
+        ),
+        (
+            lambda m: _right_init(m, skip=("attn.c_proj",)),
+            "only mlp.c_proj is scaled, attn.c_proj is not",
+        ),
+        (lambda m: _right_init(m, skip=("bias",)), r"attn.c_attn.bias is not zero"),
+        (lambda m: _right_init(m, skip=("layernorm",)), r"ln_1.weight is not all ones"),
+        (lambda m: _right_init(m, skip=("embedding",)), r"wte.weight still holds the value"),
+    ],
+)
 def test_check_init_names_the_mistake(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_init_gpt2_weights(wrong)
@@ -593,18 +657,24 @@ def _formula_c_proj_square(config):  # the MLP's c_proj counted as n × n, writt
     return V * C + P * C + L * (4 * C + attention + mlp) + 2 * C
 
 
-@pytest.mark.parametrize("wrong, phrase", [
-    (_formula_c_proj_square, r"MLP's c_proj is counted as n_embd × n_embd"),
-    (lambda c: _formula(c, extra=c.vocab_size * c.n_embd), "counted the readout as well as wte.*TIED"),
-    (lambda c: _formula(c, extra=-2 * c.n_embd), "final LayerNorm ln_f .* is missing"),
-    (lambda c: _formula(c, extra=-c.n_positions * c.n_embd), "position embedding table wpe"),
-    (lambda c: _formula(c, block_extra=-9 * c.n_embd), "biases of c_attn"),
-    (lambda c: _formula(c, block_extra=-4 * c.n_embd), "ln_1 and ln_2"),
-    (lambda c: _formula(c, one_block=True), "only ONE block"),
-    (lambda c: _formula(c, hidden=1), "hidden layer is 4 · n_embd wide"),
-    (lambda c: _formula(c, extra=1), r"off by \+1"),
-    (lambda c: "124M", "return a number"),
-])
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (_formula_c_proj_square, r"MLP's c_proj is counted as n_embd × n_embd"),
+        (
+            lambda c: _formula(c, extra=c.vocab_size * c.n_embd),
+            "counted the readout as well as wte.*TIED",
+        ),
+        (lambda c: _formula(c, extra=-2 * c.n_embd), "final LayerNorm ln_f .* is missing"),
+        (lambda c: _formula(c, extra=-c.n_positions * c.n_embd), "position embedding table wpe"),
+        (lambda c: _formula(c, block_extra=-9 * c.n_embd), "biases of c_attn"),
+        (lambda c: _formula(c, block_extra=-4 * c.n_embd), "ln_1 and ln_2"),
+        (lambda c: _formula(c, one_block=True), "only ONE block"),
+        (lambda c: _formula(c, hidden=1), "hidden layer is 4 · n_embd wide"),
+        (lambda c: _formula(c, extra=1), r"off by \+1"),
+        (lambda c: "124M", "return a number"),
+    ],
+)
 def test_check_count_names_the_mistake(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_count_gpt2_parameters(wrong)
@@ -642,7 +712,9 @@ def test_check_init_names_a_returned_copy():
         fresh.init_weights()
         return fresh
 
-    with pytest.raises(CheckFailed, match="returned a new model and left the one it was given unchanged"):
+    with pytest.raises(
+        CheckFailed, match="returned a new model and left the one it was given unchanged"
+    ):
         checks.check_init_gpt2_weights(init_a_copy)
 
 
@@ -671,7 +743,6 @@ def test_check_count_names_more_learner_mistakes(wrong, phrase):
 def test_check_count_accepts_the_learner_style_formula(capsys):
     checks.check_count_gpt2_parameters(_count)
     assert "✅ Exercise 6.5" in capsys.readouterr().out
-
 
 
 def test_building_on_meta_fills_nothing(monkeypatch):
@@ -714,14 +785,22 @@ def test_tied_readout_equals_the_product_with_the_transposed_table(B, T):
 
 def right_memory(n_params, bytes_per_number=4):
     weights = n_params * bytes_per_number
-    return {"weights": weights, "gradients": weights, "optimizer": 2 * weights, "total": 4 * weights}
+    return {
+        "weights": weights,
+        "gradients": weights,
+        "optimizer": 2 * weights,
+        "total": 4 * weights,
+    }
 
 
 def test_check_memory_passes_correct_answers(capsys):
     checks.check_training_memory(right_memory)
     checks.check_training_memory(  # floats and extra keys are fine
-        lambda n, bytes_per_number=4: {**{k: float(v) for k, v in right_memory(n, bytes_per_number).items()},
-                                       "activations": None})
+        lambda n, bytes_per_number=4: {
+            **{k: float(v) for k, v in right_memory(n, bytes_per_number).items()},
+            "activations": None,
+        }
+    )
     assert capsys.readouterr().out.count("✅ Exercise 6.6") == 2
 
 
@@ -735,14 +814,23 @@ def test_check_memory_explains_other_answers():
     with pytest.raises(CheckFailed, match="return a dict"):
         checks.check_training_memory(lambda n, bytes_per_number=4: 16 * n)
     with pytest.raises(CheckFailed, match="lacks the key.*'optimizer'"):
-        checks.check_training_memory(lambda n, bytes_per_number=4: {"weights": 1, "gradients": 1, "total": 2})
+        checks.check_training_memory(
+            lambda n, bytes_per_number=4: {"weights": 1, "gradients": 1, "total": 2}
+        )
     with pytest.raises(CheckFailed, match="should be the sum of the other three"):
-        checks.check_training_memory(lambda n, bytes_per_number=4: {**right_memory(n, bytes_per_number), "total": 0})
+        checks.check_training_memory(
+            lambda n, bytes_per_number=4: {**right_memory(n, bytes_per_number), "total": 0}
+        )
     with pytest.raises(CheckFailed, match="converted to MiB or GiB"):
         checks.check_training_memory(
-            lambda n, bytes_per_number=4: {k: v / 2**20 for k, v in right_memory(n, bytes_per_number).items()})
+            lambda n, bytes_per_number=4: {
+                k: v / 2**20 for k, v in right_memory(n, bytes_per_number).items()
+            }
+        )
     with pytest.raises(CheckFailed, match="should be a number of bytes"):
-        checks.check_training_memory(lambda n, bytes_per_number=4: {k: "1 GB" for k in right_memory(n)})
+        checks.check_training_memory(
+            lambda n, bytes_per_number=4: {k: "1 GB" for k in right_memory(n)}
+        )
     with pytest.raises(CheckFailed, match="Keep the signature"):
         checks.check_training_memory(lambda n: right_memory(n))
 
@@ -754,9 +842,19 @@ def test_adamw_keeps_two_states_per_parameter_as_the_exercise_says():
     model(torch.tensor([[1, 2, 3]])).sum().backward()
     optimizer.step()
     n = count(model)
-    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step")
+    state = sum(
+        t.numel() * t.element_size()
+        for s in optimizer.state.values()
+        for k, t in s.items()
+        if k != "step"
+    )
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
-    assert right_memory(n) == {"weights": 4 * n, "gradients": grads, "optimizer": state, "total": 16 * n}
+    assert right_memory(n) == {
+        "weights": 4 * n,
+        "gradients": grads,
+        "optimizer": state,
+        "total": 16 * n,
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32])
@@ -773,7 +871,10 @@ def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtyp
     ids = torch.tensor([[1, 7, 3, 42]])
     with torch.no_grad():
         if entry == "generate":
-            assert torch.equal(generate(model, ids.to(dtype), 3, temperature=0), generate(model, ids, 3, temperature=0))
+            assert torch.equal(
+                generate(model, ids.to(dtype), 3, temperature=0),
+                generate(model, ids, 3, temperature=0),
+            )
         else:
             assert torch.equal(run_with_cache(model, ids.to(dtype))[0], model(ids))
 
@@ -791,11 +892,13 @@ def test_a_plain_forward_refuses_small_integer_ids_loudly():
 def test_budget_challenge_passes_a_fitting_config_and_names_the_others(capsys):
     assert checks.check_budget_config(GPT2Config(n_layer=8, n_embd=512, n_head=8)) >= 50_000_000
     assert "✅ Challenge" in capsys.readouterr().out
-    cases = [(GPT2Config(), "more than 1 GiB"),
-             (GPT2Config(n_layer=8, n_embd=256, n_head=8), "there is room for more"),
-             (GPT2Config(n_layer=4, n_embd=512, n_head=8), "at least 8 blocks"),
-             (GPT2Config(n_layer=8, n_embd=512, n_head=8, vocab_size=1000), "keep GPT-2's vocab_size"),
-             ({"n_layer": 8}, "give a GPT2Config")]
+    cases = [
+        (GPT2Config(), "more than 1 GiB"),
+        (GPT2Config(n_layer=8, n_embd=256, n_head=8), "there is room for more"),
+        (GPT2Config(n_layer=4, n_embd=512, n_head=8), "at least 8 blocks"),
+        (GPT2Config(n_layer=8, n_embd=512, n_head=8, vocab_size=1000), "keep GPT-2's vocab_size"),
+        ({"n_layer": 8}, "give a GPT2Config"),
+    ]
     for config, phrase in cases:
         with pytest.raises(CheckFailed, match=phrase):
             checks.check_budget_config(config)
@@ -810,7 +913,9 @@ def test_train_checks_the_ids_once_before_training(tiny):
     good = torch.randint(0, TINY.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
     bad = good.clone()
     bad[7] = TINY.vocab_size
-    with pytest.raises(ValueError, match=r"train_ids holds token id 61, outside the vocabulary 0\.\.60"):
+    with pytest.raises(
+        ValueError, match=r"train_ids holds token id 61, outside the vocabulary 0\.\.60"
+    ):
         train(tiny, bad, good, 1, batch_size=2, block_size=8, progress=False)
     with pytest.raises(TypeError, match="val_ids must hold integer token ids"):
         train(tiny, good, good.float(), 1, batch_size=2, block_size=8, progress=False)
@@ -935,8 +1040,15 @@ def shares_by_name(model):  # another way: sort the named parameters by their na
     total = sum(p.numel() for p in model.parameters())
     shares = dict.fromkeys(checks.SHARE_KEYS, 0.0)
     for name, p in model.named_parameters():
-        part = ("LayerNorms" if ".ln_" in name or name.startswith("ln_f") else
-                "attention" if ".attn." in name else "MLP" if ".mlp." in name else name.split(".")[0])
+        part = (
+            "LayerNorms"
+            if ".ln_" in name or name.startswith("ln_f")
+            else "attention"
+            if ".attn." in name
+            else "MLP"
+            if ".mlp." in name
+            else name.split(".")[0]
+        )
         shares[part] += p.numel() / total
     return shares
 
@@ -955,11 +1067,17 @@ def test_parameter_shares_of_gpt2_small():
     assert shares["MLP"] == pytest.approx(2 * shares["attention"], rel=1e-3)
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (lambda model: [0.3, 0.0, 0.2, 0.5, 0.0], "return a dict with the keys"),
-    (lambda model: {**shares_by_name(model), "MLP": torch.tensor(0.5)}, "should be Python numbers"),
-    (lambda model: {**shares_by_name(model), "wpe": 0.0}, "wpe should be"),
-])
+@pytest.mark.parametrize(
+    "answer, phrase",
+    [
+        (lambda model: [0.3, 0.0, 0.2, 0.5, 0.0], "return a dict with the keys"),
+        (
+            lambda model: {**shares_by_name(model), "MLP": torch.tensor(0.5)},
+            "should be Python numbers",
+        ),
+        (lambda model: {**shares_by_name(model), "wpe": 0.0}, "wpe should be"),
+    ],
+)
 def test_check_parameter_shares_explains_other_wrong_answers(answer, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         checks.check_parameter_shares(answer)
@@ -980,7 +1098,9 @@ def test_check_random_logit_loss_passes_the_formula_in_any_style_and_a_finer_one
 
 
 def test_check_random_logit_loss_explains_other_answers():
-    with pytest.raises(CheckFailed, match=r"for V = 20,000 and σ = 1.5 the expected loss is about 11.028"):
+    with pytest.raises(
+        CheckFailed, match=r"for V = 20,000 and σ = 1.5 the expected loss is about 11.028"
+    ):
         checks.check_random_logit_loss(lambda V, sigma: 3.0)
     with pytest.raises(CheckFailed, match="one finite number"):
         checks.check_random_logit_loss(lambda V, sigma: float("nan"))

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt2lib.chapters import training
-from gpt2lib.course.checks import training as checks
 from gpt2lib.chapters.training import decay_groups
+from gpt2lib.course.checks import training as checks
 from gpt2lib.training import lr_schedule
 
 
@@ -41,9 +41,13 @@ def _bigram_with_a_dict(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_w
         prev_counts[a] = prev_counts.get(a, 0) + 1
     counts = torch.bincount(train_ids, minlength=vocab_size).double()
     p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
-    losses = [-math.log(bigram_weight * pairs.get((a, b), 0) / max(prev_counts.get(a, 0), 1)
-                        + (1 - bigram_weight) * float(p_uni[b]))
-              for a, b in zip(val_ids[:-1].tolist(), val_ids[1:].tolist())]
+    losses = [
+        -math.log(
+            bigram_weight * pairs.get((a, b), 0) / max(prev_counts.get(a, 0), 1)
+            + (1 - bigram_weight) * float(p_uni[b])
+        )
+        for a, b in zip(val_ids[:-1].tolist(), val_ids[1:].tolist())
+    ]
     return {"bigram": sum(losses) / len(losses)}
 
 
@@ -93,33 +97,43 @@ def _estimate_row_by_row(model, ids, batch_size, block_size, batches=10, seed=0)
     losses = []
     with torch.no_grad():
         for _ in range(batches):
-            starts = [int(torch.randint(len(ids) - block_size, (1,), generator=generator))
-                      for _ in range(batch_size)]
-            x = torch.stack([ids[s:s + block_size] for s in starts])
-            y = torch.stack([ids[s + 1:s + block_size + 1] for s in starts])
+            starts = [
+                int(torch.randint(len(ids) - block_size, (1,), generator=generator))
+                for _ in range(batch_size)
+            ]
+            x = torch.stack([ids[s : s + block_size] for s in starts])
+            y = torch.stack([ids[s + 1 : s + block_size + 1] for s in starts])
             losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
     model.train(was_training)
     return sum(losses) / len(losses)
 
 
 def _diagnosis_right():
-    return {"A": "targets not shifted", "B": "gradients cleared before the step",
-            "C": "warm-up never ends"}
+    return {
+        "A": "targets not shifted",
+        "B": "gradients cleared before the step",
+        "C": "warm-up never ends",
+    }
 
 
-@pytest.mark.parametrize("check, answer", cases.right_answers({
-    checks.check_cross_entropy: [_loss_right, _loss_float64_einsum, training.lm_loss],
-    checks.check_uniform_loss: [math.log, _uniform_from_probability],
-    checks.check_unigram_loss: [checks._unigram_right, _unigram_with_unique],
-    checks.check_random_batch: [checks._batch_right, _batch_vectorised],
-    checks.check_bigram: [training.ngram_baselines, _bigram_with_a_dict],
-    checks.check_decay_groups: [decay_groups, _decay_by_name],
-    checks.check_training_step: [_step_right, training.training_step],
-    checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
-    checks.check_estimate_loss: [training.estimate_loss, _estimate_row_by_row],
-    checks.check_train_loop: [training.train_loop],
-    checks.check_diagnosis: [_diagnosis_right],
-}))
+@pytest.mark.parametrize(
+    "check, answer",
+    cases.right_answers(
+        {
+            checks.check_cross_entropy: [_loss_right, _loss_float64_einsum, training.lm_loss],
+            checks.check_uniform_loss: [math.log, _uniform_from_probability],
+            checks.check_unigram_loss: [checks._unigram_right, _unigram_with_unique],
+            checks.check_random_batch: [checks._batch_right, _batch_vectorised],
+            checks.check_bigram: [training.ngram_baselines, _bigram_with_a_dict],
+            checks.check_decay_groups: [decay_groups, _decay_by_name],
+            checks.check_training_step: [_step_right, training.training_step],
+            checks.check_cosine_lr: [lr_schedule, _lr_numpy_style],
+            checks.check_estimate_loss: [training.estimate_loss, _estimate_row_by_row],
+            checks.check_train_loop: [training.train_loop],
+            checks.check_diagnosis: [_diagnosis_right],
+        }
+    ),
+)
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
     assert "✅" in capsys.readouterr().out
@@ -162,7 +176,9 @@ def _estimate_on_the_last_batch(model, ids, batch_size, block_size, batches=10, 
 
 def _bigram_dividing_by_zero(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
     """The reference's counts without the clamp: a previous token never seen divides 0 by 0."""
-    pairs, pair_counts = torch.unique(train_ids[:-1] * vocab_size + train_ids[1:], return_counts=True)
+    pairs, pair_counts = torch.unique(
+        train_ids[:-1] * vocab_size + train_ids[1:], return_counts=True
+    )
     keys = val_ids[:-1] * vocab_size + val_ids[1:]
     where = torch.searchsorted(pairs, keys).clamp(max=len(pairs) - 1)
     c_pair = torch.where(pairs[where] == keys, pair_counts[where], 0).double()
@@ -177,23 +193,49 @@ def _loop_that_records_nothing(model, train_ids, val_ids, steps, **kwargs):
     return kwargs["history"]
 
 
-@pytest.mark.parametrize("check, answer, message", cases.numbered([
-    # not planted: what the check says about them comes from a symptom or a shape
-    (checks.check_cross_entropy, lambda lg, t: _loss_right(lg, t).detach(), "carries no gradient"),
-    (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
-    (checks.check_decay_groups, _a_parameter_in_two_groups, "is in two groups"),
-    (checks.check_training_step, _step_returning_a_wrong_loss, "returned loss"),
-    (checks.check_estimate_loss, _estimate_on_the_last_batch, "but the mean loss of the batches it ran"),
-    (checks.check_train_loop, _loop_that_records_nothing, "10 steps recorded 0 batch losses"),
-    (checks.check_diagnosis, lambda: {"A": "targets not shifted"}, 'keys "A", "B" and "C"'),
-    (checks.check_diagnosis, lambda: dict.fromkeys("ABC", "a typo"), "is not one of the suspects"),
-    (checks.check_unigram_loss, lambda t, v, n, s=0.01: float(-torch.log(
-        (torch.bincount(t) + s) / (len(t) + s * n))[v].mean()), "minlength=vocab_size"),
-    (checks.check_uniform_loss, lambda v: math.log(50257), "with 2 equally likely tokens"),
-    (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
-    (checks.check_bigram, checks._bigram_right, "a table of all pairs is too large"),
-    (checks.check_bigram, _bigram_dividing_by_zero, "0 / 0 is NaN"),
-]))
+@pytest.mark.parametrize(
+    "check, answer, message",
+    cases.numbered(
+        [
+            # not planted: what the check says about them comes from a symptom or a shape
+            (
+                checks.check_cross_entropy,
+                lambda lg, t: _loss_right(lg, t).detach(),
+                "carries no gradient",
+            ),
+            (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
+            (checks.check_decay_groups, _a_parameter_in_two_groups, "is in two groups"),
+            (checks.check_training_step, _step_returning_a_wrong_loss, "returned loss"),
+            (
+                checks.check_estimate_loss,
+                _estimate_on_the_last_batch,
+                "but the mean loss of the batches it ran",
+            ),
+            (
+                checks.check_train_loop,
+                _loop_that_records_nothing,
+                "10 steps recorded 0 batch losses",
+            ),
+            (checks.check_diagnosis, lambda: {"A": "targets not shifted"}, 'keys "A", "B" and "C"'),
+            (
+                checks.check_diagnosis,
+                lambda: dict.fromkeys("ABC", "a typo"),
+                "is not one of the suspects",
+            ),
+            (
+                checks.check_unigram_loss,
+                lambda t, v, n, s=0.01: float(
+                    -torch.log((torch.bincount(t) + s) / (len(t) + s * n))[v].mean()
+                ),
+                "minlength=vocab_size",
+            ),
+            (checks.check_uniform_loss, lambda v: math.log(50257), "with 2 equally likely tokens"),
+            (checks.check_cosine_lr, lambda step, max_lr: max_lr, "Keep the signature"),
+            (checks.check_bigram, checks._bigram_right, "a table of all pairs is too large"),
+            (checks.check_bigram, _bigram_dividing_by_zero, "0 / 0 is NaN"),
+        ]
+    ),
+)
 def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
 
@@ -215,8 +257,11 @@ def test_the_rate_sweep_check_passes_fresh_runs_and_names_a_wrong_reading(shakes
     rates = (3e-4, 3e-3, 3e-1)
     checks.check_rate_sweep(checks._sweep()(train_ids, val_ids, rates), train_ids, val_ids)
     (mistake,) = checks.RATE_MISTAKES
-    cases.assert_named(lambda sweep: checks.check_rate_sweep(sweep, train_ids, val_ids),
-                       mistake.fn(train_ids, val_ids, rates), mistake.message)
+    cases.assert_named(
+        lambda sweep: checks.check_rate_sweep(sweep, train_ids, val_ids),
+        mistake.fn(train_ids, val_ids, rates),
+        mistake.message,
+    )
 
 
 def test_the_broken_runs_show_their_symptoms(shakespeare_splits):
@@ -254,10 +299,19 @@ def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits)
     compact_val = checks._compact(train_ids, val_ids)[1]
     kwargs = {"max_tokens": 256, "block_size": 32}
     with pytest.raises(checks.CheckFailed, match="took 6 steps; the limit is 5"):
-        checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=5, **kwargs)
+        checks.check_challenge(
+            history.model, history, compact_val, goal=100.0, max_steps=5, **kwargs
+        )
     with pytest.raises(checks.CheckFailed, match="held 256 tokens a step; the limit is 128"):
-        checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=6,
-                               max_tokens=128, block_size=32)
+        checks.check_challenge(
+            history.model,
+            history,
+            compact_val,
+            goal=100.0,
+            max_steps=6,
+            max_tokens=128,
+            block_size=32,
+        )
     with pytest.raises(checks.CheckFailed, match="above the goal 1.0000"):
         checks.check_challenge(history.model, history, compact_val, goal=1.0, max_steps=6, **kwargs)
     checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=6, **kwargs)

@@ -12,18 +12,27 @@ import torch
 import torch.nn.functional as F
 
 from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.model import from_pretrained
 from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.training import decay_groups, estimate_loss
-from gpt2lib.training import get_batch, lm_loss, lr_schedule, ngram_baselines, sample, train
 from gpt2lib.checkpoint import save_pretrained
+from gpt2lib.model import from_pretrained
+from gpt2lib.training import get_batch, lm_loss, lr_schedule, ngram_baselines, sample, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def small_model(seed=0, **sizes):
-    sizes = {"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 32, "vocab_size": 61,
-                    "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, **sizes}
+    sizes = {
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 16,
+        "n_positions": 32,
+        "vocab_size": 61,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+        **sizes,
+    }
     torch.manual_seed(seed)
     return GPT2(GPT2Config(**sizes))
 
@@ -56,8 +65,11 @@ def test_lm_loss_equals_cross_entropy(shape):
 
 
 def test_lm_loss_of_uniform_logits_is_log_vocab():
-    assert math.isclose(float(lm_loss(torch.zeros(2, 3, 50257), torch.zeros(2, 3, dtype=torch.long))),
-                        math.log(50257), rel_tol=1e-6)
+    assert math.isclose(
+        float(lm_loss(torch.zeros(2, 3, 50257), torch.zeros(2, 3, dtype=torch.long))),
+        math.log(50257),
+        rel_tol=1e-6,
+    )
 
 
 def test_lm_loss_passes_gradients():
@@ -86,7 +98,7 @@ def test_get_batch_windows_and_shift():
     assert x.shape == y.shape == (16, 7) and x.dtype == torch.long
     starts = x[:, 0] - 1000
     for row, s in zip(range(16), starts.tolist()):
-        assert torch.equal(x[row], ids[s:s + 7]) and torch.equal(y[row], ids[s + 1:s + 8])
+        assert torch.equal(x[row], ids[s : s + 7]) and torch.equal(y[row], ids[s + 1 : s + 8])
 
 
 def test_get_batch_is_repeatable_with_a_seed_and_reaches_the_last_token():
@@ -121,7 +133,9 @@ def test_get_batch_refuses_a_bad_block_size(bad, error):
         get_batch(torch.arange(50), 2, bad)
 
 
-@pytest.mark.parametrize("ids", [torch.zeros(3, 10, dtype=torch.long), [1, 2, 3, 4], torch.rand(20)])
+@pytest.mark.parametrize(
+    "ids", [torch.zeros(3, 10, dtype=torch.long), [1, 2, 3, 4], torch.rand(20)]
+)
 def test_get_batch_refuses_ids_that_are_not_a_1d_id_tensor(ids):
     with pytest.raises((ValueError, TypeError), match="ids must"):
         get_batch(ids, 2, 3)
@@ -146,11 +160,14 @@ def test_lr_schedule_without_warmup_starts_at_max_lr():
     assert lr_schedule(0, 1.0, 0, 10, 0.1) == 1.0
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"step": -1}, "step must be at least 0"),
-    ({"min_lr": 2.0}, "min_lr <= max_lr"),
-    ({"warmup_steps": 1.5}, "warmup_steps must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"step": -1}, "step must be at least 0"),
+        ({"min_lr": 2.0}, "min_lr <= max_lr"),
+        ({"warmup_steps": 1.5}, "warmup_steps must be a whole number"),
+    ],
+)
 def test_lr_schedule_refuses_bad_arguments(kwargs, match):
     args = {"step": 0, "max_lr": 1.0, "warmup_steps": 2, "total_steps": 10, "min_lr": 0.1, **kwargs}
     with pytest.raises((ValueError, TypeError), match=match):
@@ -164,7 +181,9 @@ def test_decay_groups_split_by_dimension_and_cover_every_parameter():
     model = small_model()
     decay, no_decay = decay_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() == 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     ids = [id(p) for p in decay["params"] + no_decay["params"]]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())
 
@@ -191,8 +210,13 @@ def test_sample_is_seeded():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kwargs,match", [({"temperature": -1.0}, "temperature must be >= 0"),
-                                          ({"max_new_tokens": -2}, "max_new_tokens")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"max_new_tokens": -2}, "max_new_tokens"),
+    ],
+)
 def test_sample_refuses_bad_arguments(kwargs, match):
     args = {"max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -212,7 +236,10 @@ def test_ngram_baselines_on_a_text_where_the_next_token_is_determined():
 
 def test_ngram_baselines_match_a_direct_count():
     gen = torch.Generator().manual_seed(0)
-    train_ids, val_ids = torch.randint(0, 6, (300,), generator=gen), torch.randint(0, 6, (80,), generator=gen)
+    train_ids, val_ids = (
+        torch.randint(0, 6, (300,), generator=gen),
+        torch.randint(0, 6, (80,), generator=gen),
+    )
     got = ngram_baselines(train_ids, val_ids, vocab_size=7, smoothing=0.5, bigram_weight=0.6)
     counts = torch.zeros(7, 7, dtype=torch.double)
     for a, b in zip(train_ids[:-1].tolist(), train_ids[1:].tolist()):
@@ -230,8 +257,18 @@ def test_ngram_baselines_match_a_direct_count():
 def test_train_learns_a_repeating_text_and_records_its_history():
     model = small_model()
     ids = repeating_ids()
-    history = train(model, ids[:500], ids[500:], 60, batch_size=4, block_size=16, max_lr=1e-2,
-                    eval_every=20, eval_batches=2, progress=False)
+    history = train(
+        model,
+        ids[:500],
+        ids[500:],
+        60,
+        batch_size=4,
+        block_size=16,
+        max_lr=1e-2,
+        eval_every=20,
+        eval_batches=2,
+        progress=False,
+    )
     assert len(history.train_loss) == len(history.step) == len(history.lr) == 60
     assert history.eval_step == [20, 40, 60]
     assert history.eval_val_loss[-1] < history.eval_val_loss[0] - 1.0
@@ -245,8 +282,20 @@ def test_train_is_repeatable_with_a_seed():
     runs = []
     for _ in range(2):
         model = small_model(seed=3, embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1)
-        runs.append(train(model, ids[:500], ids[500:], 8, batch_size=2, block_size=8,
-                          eval_every=4, eval_batches=1, seed=7, progress=False))
+        runs.append(
+            train(
+                model,
+                ids[:500],
+                ids[500:],
+                8,
+                batch_size=2,
+                block_size=8,
+                eval_every=4,
+                eval_batches=1,
+                seed=7,
+                progress=False,
+            )
+        )
     assert runs[0].train_loss == runs[1].train_loss
     assert runs[0].eval_val_loss == runs[1].eval_val_loss
 
@@ -254,8 +303,18 @@ def test_train_is_repeatable_with_a_seed():
 def test_train_calls_on_eval_with_the_history():
     seen = []
     ids = repeating_ids()
-    train(small_model(), ids[:500], ids[500:], 6, batch_size=2, block_size=8, eval_every=3,
-          eval_batches=1, progress=False, on_eval=lambda h, m: seen.append(h.eval_step[-1]))
+    train(
+        small_model(),
+        ids[:500],
+        ids[500:],
+        6,
+        batch_size=2,
+        block_size=8,
+        eval_every=3,
+        eval_batches=1,
+        progress=False,
+        on_eval=lambda h, m: seen.append(h.eval_step[-1]),
+    )
     assert seen == [3, 6]
 
 
@@ -268,12 +327,15 @@ def test_train_with_zero_steps_only_evaluates():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"steps": -1}, ValueError, "steps must be at least 0"),
-    ({"batch_size": 0}, ValueError, "batch_size must be at least 1"),
-    ({"block_size": 33}, ValueError, r"block_size=33 is longer than the model's context of 32"),
-    ({"steps": 2.0}, TypeError, "steps must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"steps": -1}, ValueError, "steps must be at least 0"),
+        ({"batch_size": 0}, ValueError, "batch_size must be at least 1"),
+        ({"block_size": 33}, ValueError, r"block_size=33 is longer than the model's context of 32"),
+        ({"steps": 2.0}, TypeError, "steps must be a whole number"),
+    ],
+)
 def test_train_refuses_bad_settings(kwargs, error, match):
     ids = repeating_ids()
     args = {"steps": 2, "batch_size": 2, "block_size": 8, **kwargs}
@@ -283,7 +345,9 @@ def test_train_refuses_bad_settings(kwargs, error, match):
 
 def test_train_refuses_a_validation_text_shorter_than_a_window():
     ids = repeating_ids()
-    with pytest.raises(ValueError, match=r"val_ids holds 8 tokens, fewer than block_size \+ 1 = 17"):
+    with pytest.raises(
+        ValueError, match=r"val_ids holds 8 tokens, fewer than block_size \+ 1 = 17"
+    ):
         train(small_model(), ids, ids[:8], 2, batch_size=2, block_size=16, progress=False)
 
 
@@ -302,8 +366,16 @@ def test_train_stops_on_a_nan_loss_and_names_the_step():
             return out * float("nan") if self.calls >= 4 else out
 
     with pytest.raises(FloatingPointError, match=r"became nan at step 3 .*Lower the learning rate"):
-        train(Poisoned(model), ids[:500], ids[500:], 10, batch_size=2, block_size=8,
-              eval_every=100, progress=False)
+        train(
+            Poisoned(model),
+            ids[:500],
+            ids[500:],
+            10,
+            batch_size=2,
+            block_size=8,
+            eval_every=100,
+            progress=False,
+        )
 
 
 def test_estimate_loss_is_the_same_for_the_same_model_and_restores_the_mode():
@@ -386,7 +458,11 @@ def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
     loaded = from_pretrained(tmp_path, device="cpu")
     assert torch.equal(loaded.wte.weight, second.wte.weight)
     assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"  # other files kept
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "notes.txt",
+    ]
 
 
 def test_save_pretrained_into_a_folder_of_other_files_is_fine(tmp_path):
@@ -428,11 +504,14 @@ def test_the_stand_in_writes_shakespeare_shaped_text():
     prompt = torch.tensor([enc.encode("ROMEO:\n")])
     out = sample(model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(0))
     text = enc.decode(out[0].tolist())
-    assert re.search(r"\n[A-Z][A-Za-z]*( [A-Z][A-Za-z]*)*:\n", text[len("ROMEO:"):]), text
+    assert re.search(r"\n[A-Z][A-Za-z]*( [A-Z][A-Za-z]*)*:\n", text[len("ROMEO:") :]), text
     assert len(set(text.split())) > 20, text  # words, not one token repeated
     # and it predicts held-out Shakespeare far better than chance (ln 50257 = 10.82)
-    ids = torch.tensor(enc.encode_ordinary((ROOT / "data" / "tinyshakespeare.txt").read_text(
-        encoding="utf-8")[-20_000:]))
+    ids = torch.tensor(
+        enc.encode_ordinary(
+            (ROOT / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[-20_000:]
+        )
+    )
     assert estimate_loss(model, ids, 4, 128, batches=4) < 6.0
 
 
@@ -442,9 +521,20 @@ def test_the_stand_in_writes_shakespeare_shaped_text():
 @pytest.mark.slow
 def test_training_benchmark_quick_mode_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_training.py"), "--quick",
-                          "--json", str(tmp_path / "result.json")],
-                         capture_output=True, text=True, env=env, timeout=120, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "compare_training.py"),
+            "--quick",
+            "--json",
+            str(tmp_path / "result.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "gpt2lib / transformers" in out.stdout
     result = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
@@ -455,27 +545,30 @@ def test_training_benchmark_quick_mode_runs(tmp_path):
 # --------------------------------------------------------------------------- issue 24: settings checked up front
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"max_grad_norm": -1}, ValueError, "max_grad_norm must be > 0, got -1 .*climb the loss"),
-    ({"max_grad_norm": 0}, ValueError, "max_grad_norm must be > 0, got 0"),
-    ({"max_grad_norm": float("nan")}, ValueError, "max_grad_norm must be a finite number"),
-    ({"weight_decay": float("nan")}, ValueError, "weight_decay must be a finite number"),
-    ({"weight_decay": -0.1}, ValueError, "weight_decay must be >= 0"),
-    ({"max_lr": 0}, ValueError, "max_lr must be > 0"),
-    ({"max_lr": float("inf")}, ValueError, "max_lr must be a finite number"),
-    ({"max_lr": "3e-3"}, TypeError, "max_lr must be a number"),
-    ({"min_lr": 1.0}, ValueError, r"need 0 <= min_lr <= max_lr"),
-    ({"min_lr": -1e-4}, ValueError, "min_lr must be >= 0"),
-    ({"warmup_steps": -1}, ValueError, "warmup_steps must be at least 0"),
-    ({"warmup_steps": 2.5}, TypeError, "warmup_steps must be a whole number"),
-    ({"eval_batches": 0}, ValueError, "eval_batches must be at least 1"),
-    ({"eval_every": 0}, ValueError, "eval_every must be at least 1"),
-    ({"seed": True}, TypeError, "seed must be a whole number"),
-    ({"seed": -1}, ValueError, "seed must be in 0"),
-    ({"on_eval": "plot"}, TypeError, "on_eval must be a function"),
-    ({"progress": "no"}, TypeError, "progress must be True or False"),
-    ({"device": "gpu"}, ValueError, "unknown device 'gpu'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"max_grad_norm": -1}, ValueError, "max_grad_norm must be > 0, got -1 .*climb the loss"),
+        ({"max_grad_norm": 0}, ValueError, "max_grad_norm must be > 0, got 0"),
+        ({"max_grad_norm": float("nan")}, ValueError, "max_grad_norm must be a finite number"),
+        ({"weight_decay": float("nan")}, ValueError, "weight_decay must be a finite number"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay must be >= 0"),
+        ({"max_lr": 0}, ValueError, "max_lr must be > 0"),
+        ({"max_lr": float("inf")}, ValueError, "max_lr must be a finite number"),
+        ({"max_lr": "3e-3"}, TypeError, "max_lr must be a number"),
+        ({"min_lr": 1.0}, ValueError, r"need 0 <= min_lr <= max_lr"),
+        ({"min_lr": -1e-4}, ValueError, "min_lr must be >= 0"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps must be at least 0"),
+        ({"warmup_steps": 2.5}, TypeError, "warmup_steps must be a whole number"),
+        ({"eval_batches": 0}, ValueError, "eval_batches must be at least 1"),
+        ({"eval_every": 0}, ValueError, "eval_every must be at least 1"),
+        ({"seed": True}, TypeError, "seed must be a whole number"),
+        ({"seed": -1}, ValueError, "seed must be at least 0"),
+        ({"on_eval": "plot"}, TypeError, "on_eval must be a function"),
+        ({"progress": "no"}, TypeError, "progress must be True or False"),
+        ({"device": "gpu"}, ValueError, "unknown device 'gpu'"),
+    ],
+)
 def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
     """BAD 1 of issue 24: max_grad_norm=-1 did gradient ascent, eval_batches=0 failed late."""
     ids = repeating_ids()
@@ -492,27 +585,46 @@ def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
 def test_train_on_cuda_without_cuda_is_a_clear_error():
     ids = repeating_ids()
     with pytest.raises(ValueError, match="'cuda' was requested but this PyTorch sees no CUDA"):
-        train(small_model(), ids[:500], ids[500:], 2, batch_size=2, block_size=8,
-              device="cuda", progress=False)
+        train(
+            small_model(),
+            ids[:500],
+            ids[500:],
+            2,
+            batch_size=2,
+            block_size=8,
+            device="cuda",
+            progress=False,
+        )
 
 
 @pytest.mark.parametrize("bad", [61, -1])
 def test_train_refuses_token_ids_outside_the_vocabulary(bad):
     ids = repeating_ids().clone()
     ids[7] = bad
-    with pytest.raises(ValueError, match=f"train_ids holds token id {bad}, outside the "
-                                         r"vocabulary 0\.\.60"):
+    with pytest.raises(
+        ValueError,
+        match=f"train_ids holds token id {bad}, outside the "
+        r"vocabulary 0\.\.60",
+    ):
         train(small_model(), ids, ids, 2, batch_size=2, block_size=8, progress=False)
 
 
-@pytest.mark.parametrize("train_ids,val_ids,match", [
-    (torch.tensor([0, 1, 2, 99]), torch.tensor([0, 1]), r"train_ids holds token id 99, outside"),
-    (torch.tensor([0, 1, 2]), torch.tensor([-3, 1]), r"val_ids holds token id -3"),
-    (torch.tensor([0, 1, 2]), torch.tensor([], dtype=torch.long), "val_ids holds 0 tokens"),
-    (torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), "train_ids must hold integer token ids"),
-])
-def test_ngram_baselines_refuse_ids_outside_the_vocabulary_or_an_empty_split(train_ids, val_ids,
-                                                                             match):
+@pytest.mark.parametrize(
+    "train_ids,val_ids,match",
+    [
+        (
+            torch.tensor([0, 1, 2, 99]),
+            torch.tensor([0, 1]),
+            r"train_ids holds token id 99, outside",
+        ),
+        (torch.tensor([0, 1, 2]), torch.tensor([-3, 1]), r"val_ids holds token id -3"),
+        (torch.tensor([0, 1, 2]), torch.tensor([], dtype=torch.long), "val_ids holds 0 tokens"),
+        (torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), "train_ids must hold integer token ids"),
+    ],
+)
+def test_ngram_baselines_refuse_ids_outside_the_vocabulary_or_an_empty_split(
+    train_ids, val_ids, match
+):
     with pytest.raises((ValueError, TypeError), match=match):
         ngram_baselines(train_ids, val_ids, vocab_size=4)
 
@@ -527,8 +639,18 @@ def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train
             raise KeyboardInterrupt  # what Ctrl-C in a notebook raises
 
     with pytest.raises(KeyboardInterrupt) as info:
-        train(model, ids[:500], ids[500:], 20, batch_size=2, block_size=8, eval_every=5,
-              eval_batches=1, on_eval=stop_at_the_second_estimate, progress=False)
+        train(
+            model,
+            ids[:500],
+            ids[500:],
+            20,
+            batch_size=2,
+            block_size=8,
+            eval_every=5,
+            eval_batches=1,
+            on_eval=stop_at_the_second_estimate,
+            progress=False,
+        )
     history = info.value.history
     assert history.step == list(range(10)) and len(history.train_loss) == 10
     assert history.eval_step == [5, 10] and history.seconds > 0
@@ -552,9 +674,20 @@ def test_train_runs_the_pieces_it_is_given():
 
     model = small_model()
     before = [p.clone() for p in model.parameters()]
-    history = train(model, ids[:500], ids[500:], 6, batch_size=2, block_size=8, eval_every=3,
-                    eval_batches=1, progress=False, get_batch=counting_batch,
-                    train_step=step_that_never_updates, lr_at=lambda step, *rest: 0.5 + step)
+    history = train(
+        model,
+        ids[:500],
+        ids[500:],
+        6,
+        batch_size=2,
+        block_size=8,
+        eval_every=3,
+        eval_batches=1,
+        progress=False,
+        get_batch=counting_batch,
+        train_step=step_that_never_updates,
+        lr_at=lambda step, *rest: 0.5 + step,
+    )
     assert calls == {"batch": 6, "step": 6}
     assert history.lr == [0.5 + s for s in range(6)]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -576,8 +709,16 @@ def test_the_public_names_wrap_the_lessons_plain_functions():
 def test_train_refuses_a_piece_that_is_not_a_function(bad):
     ids = repeating_ids()
     with pytest.raises(TypeError, match=f"{bad} must be a function or None"):
-        train(small_model(), ids[:500], ids[500:], 2, batch_size=2, block_size=8,
-              progress=False, **{bad: "mine"})
+        train(
+            small_model(),
+            ids[:500],
+            ids[500:],
+            2,
+            batch_size=2,
+            block_size=8,
+            progress=False,
+            **{bad: "mine"},
+        )
 
 
 def test_an_error_in_a_learners_piece_keeps_the_history_and_the_mode():
@@ -592,27 +733,46 @@ def test_an_error_in_a_learners_piece_keeps_the_history_and_the_mode():
         return torch.tensor(1.0)
 
     with pytest.raises(RuntimeError, match="my bug") as info:
-        train(model, ids[:500], ids[500:], 5, batch_size=2, block_size=8, progress=False,
-              train_step=step_failing_at_the_third)
+        train(
+            model,
+            ids[:500],
+            ids[500:],
+            5,
+            batch_size=2,
+            block_size=8,
+            progress=False,
+            train_step=step_failing_at_the_third,
+        )
     assert info.value.history.step == [0, 1] and not model.training
 
 
 # --------------------------------------------------------------------------- the learner's notebook
 
 
-_NEEDED = ("QUICK =", "from dataclasses", "def ", "train_ids, val_ids =", "yours_or_reference(",
-           "setting = dict", "history = train(model")
+_NEEDED = (
+    "QUICK =",
+    "from dataclasses",
+    "def ",
+    "train_ids, val_ids =",
+    "yours_or_reference(",
+    "setting = dict",
+    "history = train(model",
+)
 
 
 def _learner_cells():
     """The learner notebook's code cells up to the run, those the run needs (the setup, the
     data, every definition, the choice of pieces, the setting): the rest only prints."""
     nb = json.loads((ROOT / "notebooks" / "07_training.ipynb").read_text(encoding="utf-8"))
-    cells = [("".join(c["source"]), c.get("metadata", {}).get("tags", []))
-             for c in nb["cells"] if c["cell_type"] == "code"]
+    cells = [
+        ("".join(c["source"]), c.get("metadata", {}).get("tags", []))
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+    ]
     run = next(i for i, (src, _) in enumerate(cells) if "history = train(model" in src)
-    return [(src, tags) for src, tags in cells[:run + 1]
-            if any(marker in src for marker in _NEEDED)]
+    return [
+        (src, tags) for src, tags in cells[: run + 1] if any(marker in src for marker in _NEEDED)
+    ]
 
 
 def _run_cells(cells, namespace):
@@ -623,7 +783,8 @@ def _run_cells(cells, namespace):
 
 
 def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve(
-        capsys, monkeypatch):
+    capsys, monkeypatch
+):
     """Issue 21: the curve comes from the learner's code. The learner notebook as shipped
     (every exercise a stub) trains with the reference pieces and says so; with a training step
     that forgets optimizer.step() planted in it, the same cells draw a flat curve."""
@@ -640,16 +801,18 @@ def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve
     reference = namespace["history"]
     assert reference.train_loss[-1] < reference.train_loss[0] - 2  # the reference learns
 
-    planted = '''
+    planted = """
 def training_step(model, optimizer, x, y, max_grad_norm=1.0):
     optimizer.zero_grad()
     loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     return loss.item()  # the planted bug: no optimizer.step()
-'''
+"""
     exercise = next(i for i, (src, _) in enumerate(cells) if src.startswith("def decay_groups"))
-    start = next(i for i, (src, _) in enumerate(cells) if "my_get_batch = yours_or_reference(" in src)
+    start = next(
+        i for i, (src, _) in enumerate(cells) if "my_get_batch = yours_or_reference(" in src
+    )
     _run_cells([(cells[exercise][0] + planted, [])] + cells[start:], namespace)
     assert "exercise 7.5: using your training_step" in capsys.readouterr().out
     wrong = namespace["history"]

@@ -14,12 +14,12 @@ from checkpoints import write_hub_checkpoint
 import gpt2lib
 from gpt2lib import inspection
 from gpt2lib.chapters import interpret
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
 from gpt2lib.course.checks import CheckFailed, NotDoneYet
 from gpt2lib.course.checks import real_weights as checks
-from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.inspection import run_with_cache
 from gpt2lib.model import from_pretrained
-from gpt2lib.chapters.model import GPT2
 
 SMALL = dict(n_layer=3, n_head=4, n_embd=32, n_positions=64, vocab_size=211)
 
@@ -36,7 +36,9 @@ def model(hub_dir):
 
 @pytest.fixture(scope="module")
 def idx():
-    return torch.randint(0, SMALL["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0))
+    return torch.randint(
+        0, SMALL["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0)
+    )
 
 
 def _no_hooks(model):
@@ -58,7 +60,9 @@ def test_cache_matches_transformers_hidden_states_and_attentions(hub_dir, model,
     for ours, hf in zip(cache.resid[:n], out.hidden_states[:n]):
         torch.testing.assert_close(ours, hf, atol=1e-5, rtol=1e-5)
     # transformers applies ln_f to its last entry; ours is the stream before ln_f
-    torch.testing.assert_close(model.ln_f(cache.resid[n]), out.hidden_states[n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model.ln_f(cache.resid[n]), out.hidden_states[n], atol=1e-5, rtol=1e-5
+    )
     for ours, hf in zip(cache.attn, out.attentions):
         assert ours.shape == (2, SMALL["n_head"], 11, 11)
         torch.testing.assert_close(ours, hf, atol=1e-5, rtol=0)
@@ -103,7 +107,7 @@ def test_ablating_a_head_equals_zeroing_its_rows_of_c_proj(hub_dir, model, idx, 
     hd = SMALL["n_embd"] // SMALL["n_head"]
     edited = from_pretrained(hub_dir, device="cpu")
     with torch.no_grad():
-        edited.h[layer].attn.c_proj.weight[head * hd:(head + 1) * hd] = 0
+        edited.h[layer].attn.c_proj.weight[head * hd : (head + 1) * hd] = 0
         want = edited(idx)
         got, cache = run_with_cache(model, idx, capture="head_out", ablate_heads={layer: [head]})
     assert torch.equal(got, want)
@@ -120,14 +124,21 @@ def test_context_manager_has_the_same_effect(model, idx):
     assert _no_hooks(model)
 
 
-@pytest.mark.parametrize("ablate,error,message", [
-    ({3: [0]}, ValueError, r"layer 3 is out of range: the model has 3, numbered 0 \.\. 2"),
-    ({-1: [0]}, ValueError, "layer -1 is out of range"),
-    ({0: [4]}, ValueError, r"head \(layer 0\) 4 is out of range"),
-    ({0: ["a"]}, TypeError, "head .* must be a whole number"),
-    ({True: [0]}, TypeError, "layer must be a whole number"),
-    ([0, 1], TypeError, r"ablate_heads must be a dict \{layer: \[head, \.\.\.\]\}"),
-])
+@pytest.mark.parametrize(
+    "ablate,error,message",
+    [
+        (
+            {3: [0]},
+            ValueError,
+            r"layer must be at most 2, got 3 \(the model has 3, numbered from 0\)",
+        ),
+        ({-1: [0]}, ValueError, "layer must be at least 0, got -1"),
+        ({0: [4]}, ValueError, r"head \(layer 0\) must be at most 3, got 4"),
+        ({0: ["a"]}, TypeError, "head .* must be a whole number"),
+        ({True: [0]}, TypeError, "layer must be a whole number"),
+        ([0, 1], TypeError, r"ablate_heads must be a dict \{layer: \[head, \.\.\.\]\}"),
+    ],
+)
 def test_bad_ablation_indices_are_refused(model, idx, ablate, error, message):
     with pytest.raises(error, match=message):
         run_with_cache(model, idx, ablate_heads=ablate)
@@ -135,7 +146,9 @@ def test_bad_ablation_indices_are_refused(model, idx, ablate, error, message):
 
 
 def test_unknown_capture_name_lists_the_known_ones(model, idx):
-    with pytest.raises(ValueError, match="unknown capture name.*'attention'.*resid, attn, head_out, mlp_out"):
+    with pytest.raises(
+        ValueError, match="unknown capture name.*'attention'.*resid, attn, head_out, mlp_out"
+    ):
         run_with_cache(model, idx, capture=("resid", "attention"))
 
 
@@ -155,7 +168,9 @@ def test_a_block_without_the_expected_parts_gets_a_clear_error():
     ids = torch.tensor([[1, 2, 3]])
     _, cache = run_with_cache(model, ids, capture="resid")  # needs nothing from the block
     assert len(cache.resid) == SMALL["n_layer"] + 1
-    with pytest.raises(TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"):
+    with pytest.raises(
+        TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"
+    ):
         run_with_cache(model, ids)
     with pytest.raises(TypeError, match="ablate_heads needs block 1 to have `attn.c_proj`"):
         run_with_cache(model, ids, capture="resid", ablate_heads={1: [0]})
@@ -225,7 +240,7 @@ def _zero_mask(y, heads, n_head):
     hd = y.shape[-1] // n_head
     keep = torch.ones(y.shape[-1], dtype=y.dtype)
     for h in heads:
-        keep[h * hd:(h + 1) * hd] = 0
+        keep[h * hd : (h + 1) * hd] = 0
     return y * keep
 
 
@@ -233,7 +248,7 @@ def _zero_loop(y, heads, n_head):
     out = y.clone()
     hd = y.shape[-1] // n_head
     for h in heads:
-        out[:, :, h * hd:(h + 1) * hd] = 0.0
+        out[:, :, h * hd : (h + 1) * hd] = 0.0
     return out
 
 
@@ -283,8 +298,9 @@ def _stub(*args):
     raise NotImplementedError("Exercise 8.x: replace this line with your code")
 
 
-@pytest.mark.parametrize("check", [checks.check_induction_score, checks.check_logit_lens,
-                                   checks.check_zero_heads])
+@pytest.mark.parametrize(
+    "check", [checks.check_induction_score, checks.check_logit_lens, checks.check_zero_heads]
+)
 def test_unfinished_exercises_are_not_done_yet(check):
     with pytest.raises(NotDoneYet):
         check(_stub)
@@ -295,7 +311,8 @@ def test_shape_hints_and_other_wrong_forms():
         checks.check_induction_score(lambda p, L: interpret.induction_score(p, L).mean())
     with pytest.raises(CheckFailed, match="average over the batch too"):
         checks.check_induction_score(
-            lambda p, L: p.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., -L:].mean(-1))
+            lambda p, L: p.diagonal(offset=-(L - 1), dim1=-2, dim2=-1)[..., -L:].mean(-1)
+        )
     with pytest.raises(CheckFailed, match="NaN"):
         checks.check_induction_score(lambda p, L: interpret.induction_score(p, L) * float("nan"))
     with pytest.raises(CheckFailed, match="one layer's logits"):
@@ -305,8 +322,9 @@ def test_shape_hints_and_other_wrong_forms():
     with pytest.raises(CheckFailed, match="top-k values and indices"):
         checks.check_logit_lens(lambda model, cache: inspection.logit_lens(model, cache, top_k=2))
     with pytest.raises(CheckFailed, match="reshape the result back"):
-        checks.check_zero_heads(lambda y, heads, n: interpret.zero_heads(y, heads, n).view(
-            *y.shape[:2], n, -1))
+        checks.check_zero_heads(
+            lambda y, heads, n: interpret.zero_heads(y, heads, n).view(*y.shape[:2], n, -1)
+        )
     with pytest.raises(CheckFailed, match="cannot take that"):
         checks.check_zero_heads(lambda y, heads: y)
 
@@ -315,7 +333,7 @@ def test_zeroing_in_place_is_named():
     def in_place(y, heads, n_head):
         hd = y.shape[-1] // n_head
         for h in heads:
-            y[..., h * hd:(h + 1) * hd] = 0
+            y[..., h * hd : (h + 1) * hd] = 0
         return y
 
     with pytest.raises(CheckFailed, match="you zeroed y in place"):
@@ -350,18 +368,25 @@ def _pause_thread_inside_forward(model, name):
 def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
     """Thread A stops inside its run_with_cache (its hooks on the model) while this thread runs
     run_with_cache and a plain forward: neither sees A's hooks, and A's cache is A's alone."""
-    a_ids = torch.randint(0, SMALL["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1))
-    b_ids = torch.randint(0, SMALL["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2))
+    a_ids = torch.randint(
+        0, SMALL["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1)
+    )
+    b_ids = torch.randint(
+        0, SMALL["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2)
+    )
     with torch.no_grad():
         plain_b = model(b_ids)
-        want_a, want_a_cache = run_with_cache(model, a_ids, capture=inspection.CAPTURES,
-                                              ablate_heads={0: [1]})
+        want_a, want_a_cache = run_with_cache(
+            model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
+        )
     handle, inside, release = _pause_thread_inside_forward(model, "A")
     got = {}
 
     def thread_a():
         with torch.no_grad():
-            got["a"] = run_with_cache(model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]})
+            got["a"] = run_with_cache(
+                model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
+            )
 
     a = threading.Thread(target=thread_a, name="A")
     try:
@@ -377,7 +402,12 @@ def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
     n = SMALL["n_layer"]
     torch.testing.assert_close(b_logits, plain_b, atol=0, rtol=0)
     torch.testing.assert_close(b_plain_meanwhile, plain_b, atol=0, rtol=0)
-    assert (len(b_cache.resid), len(b_cache.attn), len(b_cache.head_out), len(b_cache.mlp_out)) == (n + 1, n, n, n)
+    assert (len(b_cache.resid), len(b_cache.attn), len(b_cache.head_out), len(b_cache.mlp_out)) == (
+        n + 1,
+        n,
+        n,
+        n,
+    )
     assert all(t.shape[0] == 3 for t in b_cache.resid + b_cache.attn + b_cache.mlp_out)
     a_logits, a_cache = got["a"]
     torch.testing.assert_close(a_logits, want_a, atol=0, rtol=0)
@@ -421,8 +451,12 @@ def test_ablated_heads_in_one_thread_do_not_reach_another(model, idx):
 
 def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
     """The tester's probe, shortened: 4 threads x 25 calls, each on its own ids."""
-    ids = [torch.randint(0, SMALL["vocab_size"], (b + 1, 6 + b), generator=torch.Generator().manual_seed(b))
-           for b in range(4)]
+    ids = [
+        torch.randint(
+            0, SMALL["vocab_size"], (b + 1, 6 + b), generator=torch.Generator().manual_seed(b)
+        )
+        for b in range(4)
+    ]
     with torch.no_grad():
         want = [model(i) for i in ids]
     errors = []
@@ -432,12 +466,21 @@ def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
         start.wait()
         for _ in range(25):
             with torch.no_grad():
-                logits, cache = run_with_cache(model, ids[b], capture=("resid", "attn"),
-                                               ablate_heads={1: [b % SMALL["n_head"]]} if b % 2 else None)
+                logits, cache = run_with_cache(
+                    model,
+                    ids[b],
+                    capture=("resid", "attn"),
+                    ablate_heads={1: [b % SMALL["n_head"]]} if b % 2 else None,
+                )
             n = SMALL["n_layer"]
-            if len(cache.resid) != n + 1 or len(cache.attn) != n or any(
-                    t.shape[:2] != ids[b].shape for t in cache.resid):
-                errors.append(f"thread {b}: cache of {len(cache.resid)} resid, {len(cache.attn)} attn")
+            if (
+                len(cache.resid) != n + 1
+                or len(cache.attn) != n
+                or any(t.shape[:2] != ids[b].shape for t in cache.resid)
+            ):
+                errors.append(
+                    f"thread {b}: cache of {len(cache.resid)} resid, {len(cache.attn)} attn"
+                )
             if b % 2 == 0 and not torch.equal(logits, want[b]):
                 errors.append(f"thread {b}: logits changed")
 
@@ -453,16 +496,31 @@ def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
 # --------------------------------------------------------------------------- bad arguments (#24 item 14)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(seq_len=0), ValueError, r"seq_len must be 1 or more, got 0"),
-    (dict(seq_len=-3), ValueError, r"seq_len must be 1 or more, got -3"),
-    (dict(seq_len=2.5), TypeError, r"seq_len must be a whole number, got 2.5"),
-    (dict(seq_len=True), TypeError, r"seq_len must be a whole number"),
-    (dict(seq_len=5, batch=0), ValueError, r"batch must be 1 or more, got 0"),
-    (dict(seq_len=5, tokens=torch.tensor([1.0, 2.0])), TypeError, "tokens must be a non-empty 1-d tensor"),
-    (dict(seq_len=5, tokens=torch.tensor([], dtype=torch.long)), TypeError, "tokens must be a non-empty"),
-    (dict(seq_len=5, tokens=torch.tensor([3, 211])), ValueError, r"tokens must be ids in 0 \.\. 210"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(seq_len=0), ValueError, r"seq_len must be at least 1, got 0"),
+        (dict(seq_len=-3), ValueError, r"seq_len must be at least 1, got -3"),
+        (dict(seq_len=2.5), TypeError, r"seq_len must be a whole number, got 2.5"),
+        (dict(seq_len=True), TypeError, r"seq_len must be a whole number"),
+        (dict(seq_len=5, batch=0), ValueError, r"batch must be at least 1, got 0"),
+        (
+            dict(seq_len=5, tokens=torch.tensor([1.0, 2.0])),
+            TypeError,
+            "tokens must be a non-empty 1-d tensor",
+        ),
+        (
+            dict(seq_len=5, tokens=torch.tensor([], dtype=torch.long)),
+            TypeError,
+            "tokens must be a non-empty",
+        ),
+        (
+            dict(seq_len=5, tokens=torch.tensor([3, 211])),
+            ValueError,
+            r"tokens must be ids in 0 \.\. 210",
+        ),
+    ],
+)
 def test_induction_scores_refuse_bad_arguments(model, kwargs, error, message):
     with pytest.raises(error, match=message):
         gpt2lib.induction_scores(model, **kwargs)
@@ -472,17 +530,22 @@ def test_induction_scores_refuse_bad_arguments(model, kwargs, error, message):
 def test_induction_scores_draw_from_the_given_tokens(model):
     pool = torch.tensor([5, 17, 40])
     tokens = interpret.repeated_tokens(batch=2, seq_len=6, vocab_size=211, seed=0, tokens=pool)
-    assert set(tokens[:, 1:].flatten().tolist()) <= {5, 17, 40} and bool((tokens[:, 0] == 210).all())
+    assert set(tokens[:, 1:].flatten().tolist()) <= {5, 17, 40} and bool(
+        (tokens[:, 0] == 210).all()
+    )
     scores = gpt2lib.induction_scores(model, seq_len=6, batch=2, tokens=pool)
     assert scores.shape == (SMALL["n_layer"], SMALL["n_head"])
 
 
-@pytest.mark.parametrize("top_k, error, message", [
-    (0, ValueError, r"top_k must be 1 \.\. 211, got 0"),
-    (-2, ValueError, r"top_k must be 1 \.\. 211, got -2"),
-    (212, ValueError, r"top_k must be 1 \.\. 211, got 212"),
-    (2.0, TypeError, "top_k must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "top_k, error, message",
+    [
+        (0, ValueError, r"top_k must be at least 1, got 0"),
+        (-2, ValueError, r"top_k must be at least 1, got -2"),
+        (212, ValueError, r"top_k must be at most 211, got 212"),
+        (2.0, TypeError, "top_k must be a whole number"),
+    ],
+)
 def test_logit_lens_refuses_a_bad_top_k(model, idx, top_k, error, message):
     with torch.no_grad():
         _, cache = run_with_cache(model, idx)
@@ -494,21 +557,36 @@ def test_logit_lens_refuses_a_bad_top_k(model, idx, top_k, error, message):
 def test_tensor_head_indices_are_read_as_numbers(model, idx):
     with torch.no_grad():
         want, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: [2, 3]})
-        for ablate in ({1: torch.tensor([2, 3])}, {torch.tensor(1): [torch.tensor(2), 3]},
-                       {1: torch.tensor([[2], [3]]).flatten()}):
+        for ablate in (
+            {1: torch.tensor([2, 3])},
+            {torch.tensor(1): [torch.tensor(2), 3]},
+            {1: torch.tensor([[2], [3]]).flatten()},
+        ):
             got, _ = run_with_cache(model, idx, capture=(), ablate_heads=ablate)
             assert torch.equal(got, want)
         one, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: torch.tensor(2)})
         assert torch.equal(one, run_with_cache(model, idx, capture=(), ablate_heads={1: 2})[0])
 
 
-@pytest.mark.parametrize("ablate, message", [
-    ({0: torch.tensor([0.5])}, r"head \(layer 0\) must be a whole number; got a tensor of shape \(\) and dtype torch.float32"),
-    ({0: torch.tensor(1.0)}, r"must be a whole number; got a tensor of shape \(\) and dtype torch.float32"),
-    ({torch.tensor([0, 1]): [0]}, r"layer must be a whole number; got a tensor of shape \(2,\)"),
-    ({0: 1.5}, r"the heads of layer 0 must be a head number or a list of them, got 1.5"),
-    ({0: "01"}, r"the heads of layer 0 must be a head number or a list of them"),
-])
+@pytest.mark.parametrize(
+    "ablate, message",
+    [
+        (
+            {0: torch.tensor([0.5])},
+            r"head \(layer 0\) must be a whole number, got tensor\(0\.5000\)",
+        ),
+        (
+            {0: torch.tensor(1.0)},
+            r"must be a whole number, got tensor\(",
+        ),
+        (
+            {torch.tensor([0, 1]): [0]},
+            r"layer must be a whole number, got tensor\(\[0, 1\]\)",
+        ),
+        ({0: 1.5}, r"the heads of layer 0 must be a head number or a list of them, got 1.5"),
+        ({0: "01"}, r"the heads of layer 0 must be a head number or a list of them"),
+    ],
+)
 def test_bad_tensor_or_scalar_heads_get_a_clear_error(model, idx, ablate, message):
     with pytest.raises(TypeError, match=message):
         run_with_cache(model, idx, ablate_heads=ablate)
@@ -531,8 +609,11 @@ def test_every_planted_mistake_is_named(check, mistake):
 
 
 def _mapping_regex(tensors):
-    return {k.removeprefix("transformer."): v for k, v in tensors.items()
-            if not weights.is_mask_buffer(k) and k != "lm_head.weight"}
+    return {
+        k.removeprefix("transformer."): v
+        for k, v in tensors.items()
+        if not weights.is_mask_buffer(k) and k != "lm_head.weight"
+    }
 
 
 def _scores_loop(pattern):
@@ -557,17 +638,25 @@ def test_the_new_checks_pass_right_answers(capsys):
     checks.check_run_with_cache(interpret.run_with_cache)
     checks.check_previous_token_score(interpret.previous_token_score)
     checks.check_previous_token_score(_scores_loop)
-    checks.check_induction_score(interpret.induction_score, interpret.repeated_tokens,
-                                 interpret.induction_scores)
+    checks.check_induction_score(
+        interpret.induction_score, interpret.repeated_tokens, interpret.induction_scores
+    )
     checks.check_copy_losses(interpret.copy_losses)
     checks.check_copy_losses(_copies_loop)
     checks.check_ablation_effects(interpret.ablation_effects, interpret.mean_head_outputs)
     assert capsys.readouterr().out.count("✅") == 9
 
 
-@pytest.mark.parametrize("check", [checks.check_checkpoint_to_model, checks.check_run_with_cache,
-                                   checks.check_previous_token_score, checks.check_copy_losses,
-                                   checks.check_ablation_effects])
+@pytest.mark.parametrize(
+    "check",
+    [
+        checks.check_checkpoint_to_model,
+        checks.check_run_with_cache,
+        checks.check_previous_token_score,
+        checks.check_copy_losses,
+        checks.check_ablation_effects,
+    ],
+)
 def test_new_unfinished_exercises_are_not_done_yet(check):
     def stub(*args, **kwargs):  # the learner notebook's stub raises when the code runs
         raise NotImplementedError("Exercise 8.x: replace this line with your code")
@@ -578,22 +667,32 @@ def test_new_unfinished_exercises_are_not_done_yet(check):
 
 def _recorder(before=None, after=None):
     """run_with_cache with its recording hooks replaced: a learner's wrong version."""
+
     def run(model, idx, capture=interpret.DEFAULT_CAPTURE, ablate_heads=None):
         cache = interpret.ActivationCache()
         wanted = set((capture,) if isinstance(capture, str) else capture)
         handles = []
         for block in model.h:
-            handles.append(block.register_forward_pre_hook(lambda b, a: before(b, a, cache, wanted)))
-            handles.append(block.register_forward_hook(lambda b, a, o: after(b, a, o, cache, wanted)))
+            handles.append(
+                block.register_forward_pre_hook(lambda b, a: before(b, a, cache, wanted))
+            )
+            handles.append(
+                block.register_forward_hook(lambda b, a, o: after(b, a, o, cache, wanted))
+            )
             if "head_out" in wanted:
-                handles.append(block.attn.c_proj.register_forward_pre_hook(
-                    lambda m, a, n=block.attn.n_head: cache.head_out.append(
-                        a[0].detach().reshape(*a[0].shape[:2], n, -1).transpose(1, 2))))
+                handles.append(
+                    block.attn.c_proj.register_forward_pre_hook(
+                        lambda m, a, n=block.attn.n_head: cache.head_out.append(
+                            a[0].detach().reshape(*a[0].shape[:2], n, -1).transpose(1, 2)
+                        )
+                    )
+                )
         try:
             return model(idx), cache
         finally:
             for h in handles:
                 h.remove()
+
     return run
 
 
@@ -603,6 +702,7 @@ def _before_right(block, args, cache, wanted, *, norm=True, first_only=True, det
         cache.resid.append(x.detach() if detach else x)
     if "attn" in wanted:
         from gpt2lib.chapters.attention import attention_weights
+
         w = attention_weights(block.attn, block.ln_1(x) if norm else x)
         cache.attn.append(w.detach() if detach else w)
 
@@ -612,13 +712,27 @@ def _after_right(block, args, out, cache, wanted, *, detach=True):
         cache.resid.append(out.detach() if detach else out)
 
 
-@pytest.mark.parametrize("before, after, message", [
-    (lambda b, a, c, w: _before_right(b, a, c, w, norm=False), _after_right, "block.ln_1(x)"),
-    (lambda b, a, c, w: _before_right(b, a, c, w, first_only=False), _after_right, "there twice"),
-    (lambda b, a, c, w: _before_right(b, a, c, w) if c.resid else None, _after_right, "embeddings"),
-    (lambda b, a, c, w: _before_right(b, a, c, w, detach=False),
-     lambda b, a, o, c, w: _after_right(b, a, o, c, w, detach=False), "autograd"),
-])
+@pytest.mark.parametrize(
+    "before, after, message",
+    [
+        (lambda b, a, c, w: _before_right(b, a, c, w, norm=False), _after_right, "block.ln_1(x)"),
+        (
+            lambda b, a, c, w: _before_right(b, a, c, w, first_only=False),
+            _after_right,
+            "there twice",
+        ),
+        (
+            lambda b, a, c, w: _before_right(b, a, c, w) if c.resid else None,
+            _after_right,
+            "embeddings",
+        ),
+        (
+            lambda b, a, c, w: _before_right(b, a, c, w, detach=False),
+            lambda b, a, o, c, w: _after_right(b, a, o, c, w, detach=False),
+            "autograd",
+        ),
+    ],
+)
 def test_recording_mistakes_are_named(before, after, message):
     with pytest.raises(CheckFailed, match=re.escape(message)):
         checks.check_run_with_cache(_recorder(before, after))
@@ -627,27 +741,46 @@ def test_recording_mistakes_are_named(before, after, message):
 def test_recording_only_what_is_asked_for():
     def everything(b, a, c, w):
         _before_right(b, a, c, {"resid", "attn"})
+
     with pytest.raises(CheckFailed, match="only when they are in `wanted`"):
         checks.check_run_with_cache(_recorder(everything, _after_right))
 
 
 def _tokens_with(mutate):
     def make(batch=4, seq_len=50, vocab_size=50257, seed=0, bos_token_id=None, tokens=None):
-        return mutate(interpret.repeated_tokens(batch, seq_len, vocab_size, seed, bos_token_id, tokens),
-                      seq_len, seed)
+        return mutate(
+            interpret.repeated_tokens(batch, seq_len, vocab_size, seed, bos_token_id, tokens),
+            seq_len,
+            seed,
+        )
+
     return make
 
 
-@pytest.mark.parametrize("make, message", [
-    (_tokens_with(lambda t, L, s: t[:, 1:]), "the start token is missing"),
-    (_tokens_with(lambda t, L, s: t[:, :L + 1]), "the second copy is missing"),
-    (_tokens_with(lambda t, L, s: torch.cat([t[:, :1] * 0, t[:, 1:]], 1)), "bos_token_id"),
-    (_tokens_with(lambda t, L, s: torch.cat([t[:, :L + 1], t[:, 1:L + 1].flip(1)], 1)), "repeat the first"),
-    (lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: interpret.repeated_tokens(
-        batch, seq_len, vocab_size, 0, bos_token_id, tokens), "another seed gives the same ids"),
-    (lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: interpret.repeated_tokens(
-        batch, seq_len, vocab_size, seed, bos_token_id, None), "draw the ids from `tokens`"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (_tokens_with(lambda t, L, s: t[:, 1:]), "the start token is missing"),
+        (_tokens_with(lambda t, L, s: t[:, : L + 1]), "the second copy is missing"),
+        (_tokens_with(lambda t, L, s: torch.cat([t[:, :1] * 0, t[:, 1:]], 1)), "bos_token_id"),
+        (
+            _tokens_with(lambda t, L, s: torch.cat([t[:, : L + 1], t[:, 1 : L + 1].flip(1)], 1)),
+            "repeat the first",
+        ),
+        (
+            lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: (
+                interpret.repeated_tokens(batch, seq_len, vocab_size, 0, bos_token_id, tokens)
+            ),
+            "another seed gives the same ids",
+        ),
+        (
+            lambda batch, seq_len, vocab_size, seed=0, bos_token_id=None, tokens=None: (
+                interpret.repeated_tokens(batch, seq_len, vocab_size, seed, bos_token_id, None)
+            ),
+            "draw the ids from `tokens`",
+        ),
+    ],
+)
 def test_repeated_tokens_mistakes_are_named(make, message):
     with pytest.raises(CheckFailed, match=re.escape(message)):
         checks.check_induction_score(interpret.induction_score, make)
@@ -680,14 +813,20 @@ def test_load_weights_mistakes_are_named():
     def float32_always(path, config, device="cpu", dtype=torch.float32, model_cls=GPT2):
         return weights.load_weights(path, config, device, torch.float32, model_cls)
 
-    for wrong, message in [(on_meta, "meta device"), (train_mode, "eval mode"), (float32_always, "dtype")]:
+    for wrong, message in [
+        (on_meta, "meta device"),
+        (train_mode, "eval mode"),
+        (float32_always, "dtype"),
+    ]:
         with pytest.raises(CheckFailed, match=message):
             checks.check_checkpoint_to_model(weights.checkpoint_to_model, wrong)
 
 
 def test_mean_head_outputs_mistakes_are_named():
     def over_heads(model, idx):
-        return [m.mean(0, keepdim=True).expand_as(m) for m in interpret.mean_head_outputs(model, idx)]
+        return [
+            m.mean(0, keepdim=True).expand_as(m) for m in interpret.mean_head_outputs(model, idx)
+        ]
 
     def flat(model, idx):
         return [m.mean(-1) for m in interpret.mean_head_outputs(model, idx)]
@@ -746,10 +885,14 @@ def test_yours_or_reference_keeps_a_working_reader_and_replaces_an_unfinished_on
     assert capsys.readouterr().out == ""
 
     def unfinished(path):  # the learner notebook's iter_safetensors is a stub until 8.0 is done
-        raise NotImplementedError("Exercise 8.0: read a safetensors file by hand: replace this line")
+        raise NotImplementedError(
+            "Exercise 8.0: read a safetensors file by hand: replace this line"
+        )
 
     assert checks.yours_or_reference(unfinished) is weights.read_safetensors
-    assert "your read_safetensors (or a function it calls) is not done yet" in capsys.readouterr().out
+    assert (
+        "your read_safetensors (or a function it calls) is not done yet" in capsys.readouterr().out
+    )
 
 
 def test_the_shared_fallback_keeps_the_random_state_and_names_an_error(capsys):
@@ -778,22 +921,41 @@ def _next_by_loops(lens, idx):  # a right answer written another way: one positi
     return out
 
 
-@pytest.mark.parametrize("answer", [interpret.next_token_logprobs, _next_by_loops,
-                                    lambda lens, idx: interpret.next_token_logprobs(lens.double(), idx)],
-                         ids=["package", "loops", "float64"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        interpret.next_token_logprobs,
+        _next_by_loops,
+        lambda lens, idx: interpret.next_token_logprobs(lens.double(), idx),
+    ],
+    ids=["package", "loops", "float64"],
+)
 def test_next_token_logprobs_check_accepts_right_answers(answer, capsys):
     checks.check_next_token_logprobs(answer)
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("answer, message", [
-    (lambda lens, idx: interpret.next_token_logprobs(torch.cat([lens, lens[:, :, -1:]], 2),
-                                                     torch.cat([idx, idx[:, -1:]], 1)),
-     "the last position predicts no token"),
-    (lambda lens, idx: lens[:, :, :-1].log_softmax(-1), "keep only the one of the token"),
-    (lambda lens, idx: interpret.next_token_logprobs(lens.sub_(1), idx), "changed the lens logits"),
-    (lambda lens, idx: interpret.next_token_logprobs(lens, idx).exp().log() * 2, "your values differ"),
-], ids=["T values", "whole distribution", "in place", "other"])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (
+            lambda lens, idx: interpret.next_token_logprobs(
+                torch.cat([lens, lens[:, :, -1:]], 2), torch.cat([idx, idx[:, -1:]], 1)
+            ),
+            "the last position predicts no token",
+        ),
+        (lambda lens, idx: lens[:, :, :-1].log_softmax(-1), "keep only the one of the token"),
+        (
+            lambda lens, idx: interpret.next_token_logprobs(lens.sub_(1), idx),
+            "changed the lens logits",
+        ),
+        (
+            lambda lens, idx: interpret.next_token_logprobs(lens, idx).exp().log() * 2,
+            "your values differ",
+        ),
+    ],
+    ids=["T values", "whole distribution", "in place", "other"],
+)
 def test_next_token_logprobs_check_names_other_wrong_answers(answer, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_next_token_logprobs(answer)
@@ -806,7 +968,9 @@ def test_next_token_logprobs_check_says_not_done_yet():
 
 def test_next_token_logprobs_reads_the_figure_of_the_chapter(model):
     """The package's answer equals log_softmax of the model's logits at the last layer."""
-    idx = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(
+        0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)
+    )
     logits, cache = run_with_cache(model, idx)
     right = interpret.next_token_logprobs(interpret.logit_lens(model, cache), idx)
     assert right.shape == (model.config.n_layer + 1, 2, 6)

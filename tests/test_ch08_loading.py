@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import (hub_config, random_hub_tensors, write_hub_checkpoint,
-                         write_save_pretrained_checkpoint)
+from checkpoints import (
+    hub_config,
+    random_hub_tensors,
+    write_hub_checkpoint,
+    write_save_pretrained_checkpoint,
+)
 
 from gpt2lib import checkpoint
-from gpt2lib.chapters import weights as loading
-from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.checkpoint import CheckpointError, HubUnreachable
-from gpt2lib.model import from_pretrained
 from gpt2lib.chapters.model import GPT2
-
+from gpt2lib.checkpoint import CheckpointError, HubUnreachable
+from gpt2lib.device import pick_device, resolve_dtype
+from gpt2lib.model import from_pretrained
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
@@ -108,8 +110,9 @@ def test_tied_lm_head_in_the_file_is_accepted(tmp_path):
 def test_untied_lm_head_is_refused(tmp_path):
     tensors = random_hub_tensors(hub_config(**SMALL))
     other = tensors["wte.weight"] + 1.0
-    folder = write_hub_checkpoint(tmp_path, tensors=_prefixed(tensors, other),
-                                  config=hub_config(**SMALL))
+    folder = write_hub_checkpoint(
+        tmp_path, tensors=_prefixed(tensors, other), config=hub_config(**SMALL)
+    )
     with pytest.raises(CheckpointError, match="lm_head.weight that differs from wte.weight"):
         from_pretrained(folder, device="cpu")
 
@@ -151,8 +154,13 @@ def test_a_loaded_model_does_not_depend_on_its_file(tmp_path):
 
     Run in a subprocess, so that a regression (a crash) fails this test instead of the run."""
     folder = write_hub_checkpoint(tmp_path, **SMALL)
-    out = subprocess.run([sys.executable, "-c", _REWRITE_AFTER_LOADING, str(folder)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", _REWRITE_AFTER_LOADING, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert out.returncode == 0, f"exit {out.returncode} (-7 is SIGBUS): {out.stderr[-2000:]}"
     assert out.stdout.split() == ["True", "True", "False"]  # same logits; the file is not mapped
 
@@ -195,8 +203,11 @@ def test_unexpected_key_is_named(tmp_path):
 def test_wrong_shape_is_named_with_both_shapes(tmp_path):
     C = SMALL["n_embd"]
     folder = _write(tmp_path, reshape={"h.0.attn.c_attn.weight": (3 * C, C)})  # [out, in]
-    with pytest.raises(CheckpointError, match=r"h\.0\.attn\.c_attn\.weight \(48, 16\) "
-                                              r"\(model expects \(16, 48\)\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"h\.0\.attn\.c_attn\.weight \(48, 16\) "
+        r"\(model expects \(16, 48\)\)",
+    ):
         from_pretrained(folder, device="cpu")
 
 
@@ -273,8 +284,14 @@ def test_offline_without_a_cached_copy_says_how_to_download(tmp_path):
         except CheckpointError as exc:
             print(exc)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert "python -m gpt2lib download gpt2" in out.stdout, out.stdout + out.stderr
     assert "not in the local Hugging Face cache" in out.stdout
 
@@ -346,16 +363,27 @@ _MEASURE = textwrap.dedent("""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for memory")
 def test_full_size_checkpoint_loads_without_a_second_copy(tmp_path):
     """124M shapes: load time and peak memory. Prints the numbers (pytest -s to see them)."""
-    writer = ("import sys; sys.path.insert(0, sys.argv[2]); from checkpoints import *; "
-              "write_hub_checkpoint(sys.argv[1], **GPT2_SMALL)")
-    subprocess.run([sys.executable, "-c", writer, str(tmp_path), str(REPO / "tests")],
-                   check=True, timeout=300)
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(tmp_path)], capture_output=True,
-                         text=True, check=True, timeout=300, cwd=REPO)
+    writer = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from checkpoints import *; "
+        "write_hub_checkpoint(sys.argv[1], **GPT2_SMALL)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", writer, str(tmp_path), str(REPO / "tests")], check=True, timeout=300
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=REPO,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     weights_mib = result["params"] * 4 / 2**20
-    print(f"\n124M checkpoint: loaded in {result['seconds']:.2f} s; RSS {result['base']:.0f} MiB "
-          f"before, peak {result['peak']:.0f} MiB (weights: {weights_mib:.1f} MiB)")
+    print(
+        f"\n124M checkpoint: loaded in {result['seconds']:.2f} s; RSS {result['base']:.0f} MiB "
+        f"before, peak {result['peak']:.0f} MiB (weights: {weights_mib:.1f} MiB)"
+    )
     assert result["params"] == 124_439_808  # the design card's count
     # one copy of the weights (touched by the forward pass) plus working memory; two copies
     # would add at least another 474 MiB
@@ -370,8 +398,11 @@ def test_nan_or_inf_weights_are_refused_naming_the_tensor(tmp_path, bad):
     tensors = random_hub_tensors(hub_config(**SMALL))
     tensors["h.1.mlp.c_proj.weight"][2, 3] = bad
     folder = write_hub_checkpoint(tmp_path, tensors=tensors, config=hub_config(**SMALL))
-    with pytest.raises(CheckpointError, match=r"tensor 'h\.1\.mlp\.c_proj\.weight' holds 1 NaN "
-                                              "or infinite value"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'h\.1\.mlp\.c_proj\.weight' holds 1 NaN "
+        "or infinite value",
+    ):
         from_pretrained(folder, device="cpu")
 
 
@@ -379,8 +410,11 @@ def test_integer_weights_are_a_checkpoint_error(tmp_path):
     tensors = random_hub_tensors(hub_config(**SMALL))
     tensors["wpe.weight"] = torch.zeros(tensors["wpe.weight"].shape, dtype=torch.int64)
     folder = write_hub_checkpoint(tmp_path, tensors=tensors, config=hub_config(**SMALL))
-    with pytest.raises(CheckpointError, match=r"tensor 'wpe\.weight' has dtype torch\.int64; "
-                                              "GPT-2's weights are floating point"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'wpe\.weight' has dtype torch\.int64; "
+        "GPT-2's weights are floating point",
+    ):
         from_pretrained(folder, device="cpu")
 
 
@@ -392,24 +426,38 @@ def _with_config(tmp_path, **changes):
     return folder
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(n_embd="16"), r"config\.json' has a bad value: n_embd must be a whole number"),
-    (dict(layer_norm_epsilon=None), r"config\.json' has a bad value: layer_norm_epsilon must be a number"),
-    (dict(activation_function="relu"), r"config\.json' sets activation_function='relu', which this "
-                                       r"GPT-2 does not implement \(it computes "
-                                       r"activation_function='gelu_new'\)"),
-    (dict(scale_attn_weights=False), "sets scale_attn_weights=False"),
-    (dict(scale_attn_by_inverse_layer_idx=True), "sets scale_attn_by_inverse_layer_idx=True"),
-    (dict(n_inner=7), "sets n_inner=7"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(n_embd="16"), r"config\.json' has a bad value: n_embd must be a whole number"),
+        (
+            dict(layer_norm_epsilon=None),
+            r"config\.json' has a bad value: layer_norm_epsilon must be a number",
+        ),
+        (
+            dict(activation_function="relu"),
+            r"config\.json' sets activation_function='relu', which this "
+            r"GPT-2 does not implement \(it computes "
+            r"activation_function='gelu_new'\)",
+        ),
+        (dict(scale_attn_weights=False), "sets scale_attn_weights=False"),
+        (dict(scale_attn_by_inverse_layer_idx=True), "sets scale_attn_by_inverse_layer_idx=True"),
+        (dict(n_inner=7), "sets n_inner=7"),
+    ],
+)
 def test_config_values_this_model_does_not_compute_are_refused(tmp_path, changes, message):
     with pytest.raises(CheckpointError, match=message):
         from_pretrained(_with_config(tmp_path, **changes), device="cpu")
 
 
 def test_equivalent_config_values_are_accepted(tmp_path):
-    folder = _with_config(tmp_path, activation_function="gelu_pytorch_tanh", n_inner=None,
-                          scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False)
+    folder = _with_config(
+        tmp_path,
+        activation_function="gelu_pytorch_tanh",
+        n_inner=None,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+    )
     assert from_pretrained(folder, device="cpu").config.n_embd == SMALL["n_embd"]
 
 
@@ -418,8 +466,7 @@ def test_equivalent_config_values_are_accepted(tmp_path):
 
 def test_hub_names_with_the_organisation_are_accepted(monkeypatch):
     asked = []
-    monkeypatch.setattr(checkpoint, "hub_checkpoint",
-                        lambda name: asked.append(name) or Path("x"))
+    monkeypatch.setattr(checkpoint, "hub_checkpoint", lambda name: asked.append(name) or Path("x"))
     assert checkpoint.resolve_checkpoint("openai-community/gpt2-medium") == Path("x")
     assert checkpoint.resolve_checkpoint("gpt2") == Path("x")
     assert asked == ["openai-community/gpt2-medium", "gpt2"]
@@ -516,10 +563,13 @@ def test_a_cached_model_needs_no_network(monkeypatch, tmp_path):
 
     fake = _FakeHub()
     snapshot = tmp_path / "snapshot"
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
-                        lambda repo, filename, local_files_only=False, **kw:
-                        fake.downloads.append((repo, filename, local_files_only)) or
-                        str(snapshot / filename))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "hf_hub_download",
+        lambda repo, filename, local_files_only=False, **kw: (
+            fake.downloads.append((repo, filename, local_files_only)) or str(snapshot / filename)
+        ),
+    )
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fake.metadata)
     assert checkpoint.hub_checkpoint("gpt2-large") == snapshot
     assert checkpoint.download(["openai-community/gpt2-large"]) == [snapshot]

@@ -5,7 +5,6 @@ HF_HUB_OFFLINE=1; the only errors allowed are those of unfinished exercises."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
@@ -24,8 +23,13 @@ def _run_offline(path, monkeypatch, cells=None):
     nb = nbformat.read(path, as_version=4)
     if cells is not None:
         nb.cells = nb.cells[:cells]
-    client = NotebookClient(nb, timeout=600, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=600,
+        allow_errors=True,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     client.execute()
     text, errors = [], []
     for cell in nb.cells:
@@ -55,7 +59,9 @@ def _folder(path, **config):
     return path
 
 
-def test_circuits_checkpoint_picks_gpt2_then_data_circuits_then_the_model_itself(tmp_path, monkeypatch, capsys):
+def test_circuits_checkpoint_picks_gpt2_then_data_circuits_then_the_model_itself(
+    tmp_path, monkeypatch, capsys
+):
     """Chapter 8's circuits part: the real GPT-2 if loaded, else data/circuits, else (said) the model."""
     from gpt2lib.course import models as offline
 
@@ -85,8 +91,15 @@ def test_the_circuits_training_log_is_drawn_when_there_is_one(tmp_path, capsys):
     log = tmp_path / "training_log.json"
     figures.training_log(log, "the circuits model")
     assert "no training log for the circuits model" in capsys.readouterr().out
-    log.write_text(json.dumps({"columns": ["step", "induction", "previous"],
-                               "rows": [[0, 0.1, 0.2], [10, 0.3, 0.5], [20, 0.7, 0.6]]}), encoding="utf-8")
+    log.write_text(
+        json.dumps(
+            {
+                "columns": ["step", "induction", "previous"],
+                "rows": [[0, 0.1, 0.2], [10, 0.3, 0.5], [20, 0.7, 0.6]],
+            }
+        ),
+        encoding="utf-8",
+    )
     figures.training_log(log, "the circuits model")
     assert "first logged step with an induction score above 0.4: 20" in capsys.readouterr().out
 

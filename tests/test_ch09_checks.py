@@ -9,9 +9,9 @@ import check_cases as cases
 import pytest
 import torch
 
-from gpt2lib.chapters import decoding as D
 from gpt2lib import generation as G
 from gpt2lib import kvcache as K
+from gpt2lib.chapters import decoding as D
 from gpt2lib.course.checks import generation as C
 from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.speed.measure import decode_bytes_per_token
@@ -35,7 +35,7 @@ def temperature_log_softmax(logits, t):
 
 
 def top_k_sorted(logits, k):  # by sorting, with torch.where
-    threshold = logits.sort(-1, descending=True).values[..., k - 1:k]
+    threshold = logits.sort(-1, descending=True).values[..., k - 1 : k]
     return torch.where(logits >= threshold, logits, torch.full_like(logits, float("-inf")))
 
 
@@ -73,7 +73,7 @@ def generate_cached_without_prefill(model, idx, max_new_tokens, sample, cache):
     out = idx
     with torch.no_grad():
         for t in range(idx.shape[1]):
-            logits = model(idx[:, t:t + 1], kv_cache=cache)[:, -1]
+            logits = model(idx[:, t : t + 1], kv_cache=cache)[:, -1]
         for i in range(max_new_tokens):
             token = sample(logits)
             out = torch.cat([out, token[:, None]], 1)
@@ -83,8 +83,10 @@ def generate_cached_without_prefill(model, idx, max_new_tokens, sample, cache):
 
 
 def weight_bytes_by_name(model):
-    return sum(p.nbytes for name, p in model.named_parameters() if name != "wpe.weight") \
+    return (
+        sum(p.nbytes for name, p in model.named_parameters() if name != "wpe.weight")
         + model.wpe.weight[0].nbytes
+    )
 
 
 def offset_with_indices(q, k, v, past):  # index comparison, adding -inf, float64
@@ -108,37 +110,56 @@ def cache_gap_loop(model, cache_cls, idx, prefill):  # a right answer: compared 
     cache = cache_cls(model.config, B, T, dtype=torch.float32)
     worst = (model(idx[:, :prefill], kv_cache=cache) - full[:, :prefill]).abs().max()
     for t in range(prefill, T):
-        worst = torch.maximum(worst, (model(idx[:, t:t + 1], kv_cache=cache) - full[:, t:t + 1]).abs().max())
+        worst = torch.maximum(
+            worst, (model(idx[:, t : t + 1], kv_cache=cache) - full[:, t : t + 1]).abs().max()
+        )
     return float(worst)
 
 
-def cache_gap_with_kvcache_sizes(model, cache_cls, idx, prefill):  # room for more than T: also right
+def cache_gap_with_kvcache_sizes(
+    model, cache_cls, idx, prefill
+):  # room for more than T: also right
     B, T = idx.shape
     cache = cache_cls(model.config, B, T + 3)
-    logits = [model(idx[:, :prefill], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache)
-                                                          for t in range(prefill, T)]
+    logits = [model(idx[:, :prefill], kv_cache=cache)] + [
+        model(idx[:, t : t + 1], kv_cache=cache) for t in range(prefill, T)
+    ]
     return (torch.cat(logits, 1) - model(idx)).abs().amax().item()
 
 
-@pytest.mark.parametrize("check, answer", cases.right_answers({
-    C.check_write_kv: [K.write_kv, write_kv_narrow],
-    C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
-    C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
-    C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
-    C.check_generate_cached: [D.generate_cached, generate_cached_without_prefill],
-    C.check_cache_gap: [D.cache_gap, cache_gap_loop, cache_gap_with_kvcache_sizes],
-    C.check_weight_bytes_per_token: [decode_bytes_per_token, weight_bytes_by_name],
-    C.check_apply_temperature: [G.apply_temperature, temperature_shifted, temperature_log_softmax],
-    C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
-    C.check_top_p_filter: [G.top_p_filter, top_p_loop],
-    C.check_attend_with_offset: [K.attend_with_offset, offset_with_indices, offset_with_sdpa],
-}))
+@pytest.mark.parametrize(
+    "check, answer",
+    cases.right_answers(
+        {
+            C.check_write_kv: [K.write_kv, write_kv_narrow],
+            C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
+            C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
+            C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
+            C.check_generate_cached: [D.generate_cached, generate_cached_without_prefill],
+            C.check_cache_gap: [D.cache_gap, cache_gap_loop, cache_gap_with_kvcache_sizes],
+            C.check_weight_bytes_per_token: [decode_bytes_per_token, weight_bytes_by_name],
+            C.check_apply_temperature: [
+                G.apply_temperature,
+                temperature_shifted,
+                temperature_log_softmax,
+            ],
+            C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
+            C.check_top_p_filter: [G.top_p_filter, top_p_loop],
+            C.check_attend_with_offset: [
+                K.attend_with_offset,
+                offset_with_indices,
+                offset_with_sdpa,
+            ],
+        }
+    ),
+)
 def test_right_answers_pass(check, answer, capsys):
     check(answer)
     assert "✅" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- planted mistakes
+
 
 @pytest.mark.parametrize("check, mistake", cases.planted(C.MISTAKES_BY_CHECK))
 def test_each_planted_mistake_is_named(check, mistake):
@@ -156,7 +177,7 @@ def test_the_stub_reads_not_done_yet(check):
 
 def write_kv_returning_two_old_tokens(k_buf, v_buf, k, v, start):  # T positions, the wrong ones
     K.write_kv(k_buf, v_buf, k, v, start)
-    return k_buf[:, :, :k.shape[2]], v_buf[:, :, :v.shape[2]]
+    return k_buf[:, :, : k.shape[2]], v_buf[:, :, : v.shape[2]]
 
 
 def top_k_and_the_smallest(logits, k):  # k + 1 tokens, but not the k + 1 largest
@@ -179,29 +200,49 @@ def attention_masking_the_allowed_keys(q, k, v, past):  # masked_fill where the 
     return scores.masked_fill(allowed, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("check, answer, message", cases.numbered([
-    (C.check_write_kv, lambda k_buf, v_buf, k, v: None, "cannot take that"),
-    (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
-    (C.check_write_kv, write_kv_returning_two_old_tokens, "you returned only the new keys"),
-    (C.check_generate_cached, lambda model, idx, n, sample, cache: idx, "has shape"),
-    (C.check_cache_gap, lambda model, cls, idx, prefill: torch.tensor(D.cache_gap(model, cls, idx, prefill)),
-     "return a Python float"),
-    (C.check_cache_gap, lambda model, cls, idx, prefill: [0.0], "return one Python float"),
-    (C.check_cache_gap, lambda model, cls, idx, prefill: 0.0, "your gap is 0"),
-    (C.check_cache_gap, lambda model, cls, idx, prefill: D.cache_gap(model, cls, idx, prefill) + 1.0,
-     "with a right cache"),
-    (C.check_kv_bytes_per_token, lambda config, size: "72 KiB", "return a number of bytes"),
-    (C.check_simple_kv_cache, lambda config, B, max_len, device=None, dtype=None: None,
-     "cache.layers should be a list"),
-    (C.check_apply_temperature, lambda logits, t: [1.0], "should be a torch.Tensor"),
-    (C.check_apply_temperature, lambda logits, t: logits[:, :1] / t, "has shape (2, 1)"),
-    (C.check_top_k_filter, lambda logits, k: torch.topk(logits, k, -1).values, "has shape (3, 1)"),
-    (C.check_top_k_filter, top_k_and_the_smallest, "with k=1: off by one: you kept k + 1"),
-    (C.check_top_p_filter, top_p_ignores_p_at_one, "the mask is inverted"),
-    (C.check_attend_with_offset, attention_with_is_causal, "the offset is ignored"),
-    (C.check_attend_with_offset, attention_masking_the_allowed_keys, "wrong side"),
-    (C.check_attend_with_offset, lambda q, k, v, past: q[..., 0], "shape"),
-]))
+@pytest.mark.parametrize(
+    "check, answer, message",
+    cases.numbered(
+        [
+            (C.check_write_kv, lambda k_buf, v_buf, k, v: None, "cannot take that"),
+            (C.check_write_kv, lambda k_buf, v_buf, k, v, start: k, "return two tensors"),
+            (C.check_write_kv, write_kv_returning_two_old_tokens, "you returned only the new keys"),
+            (C.check_generate_cached, lambda model, idx, n, sample, cache: idx, "has shape"),
+            (
+                C.check_cache_gap,
+                lambda model, cls, idx, prefill: torch.tensor(
+                    D.cache_gap(model, cls, idx, prefill)
+                ),
+                "return a Python float",
+            ),
+            (C.check_cache_gap, lambda model, cls, idx, prefill: [0.0], "return one Python float"),
+            (C.check_cache_gap, lambda model, cls, idx, prefill: 0.0, "your gap is 0"),
+            (
+                C.check_cache_gap,
+                lambda model, cls, idx, prefill: D.cache_gap(model, cls, idx, prefill) + 1.0,
+                "with a right cache",
+            ),
+            (C.check_kv_bytes_per_token, lambda config, size: "72 KiB", "return a number of bytes"),
+            (
+                C.check_simple_kv_cache,
+                lambda config, B, max_len, device=None, dtype=None: None,
+                "cache.layers should be a list",
+            ),
+            (C.check_apply_temperature, lambda logits, t: [1.0], "should be a torch.Tensor"),
+            (C.check_apply_temperature, lambda logits, t: logits[:, :1] / t, "has shape (2, 1)"),
+            (
+                C.check_top_k_filter,
+                lambda logits, k: torch.topk(logits, k, -1).values,
+                "has shape (3, 1)",
+            ),
+            (C.check_top_k_filter, top_k_and_the_smallest, "with k=1: off by one: you kept k + 1"),
+            (C.check_top_p_filter, top_p_ignores_p_at_one, "the mask is inverted"),
+            (C.check_attend_with_offset, attention_with_is_causal, "the offset is ignored"),
+            (C.check_attend_with_offset, attention_masking_the_allowed_keys, "wrong side"),
+            (C.check_attend_with_offset, lambda q, k, v, past: q[..., 0], "shape"),
+        ]
+    ),
+)
 def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
 
@@ -238,8 +279,9 @@ def test_cache_gains_are_numbers_and_an_inverted_ratio_is_named(capsys):
     assert "✅" in capsys.readouterr().out
     cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [0.8, 0.3], "cached / uncached")
     cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [1.0], "one gain per length")
-    cases.assert_named(lambda g: C.check_cache_gains([8, 64], g), [1.0, float("nan")],
-                       "positive number")
+    cases.assert_named(
+        lambda g: C.check_cache_gains([8, 64], g), [1.0, float("nan")], "positive number"
+    )
 
 
 class SmallVocabTokenizer:  # text -> ids below the tiny model's vocabulary of 50

@@ -10,9 +10,9 @@ import torch.nn as nn
 
 from gpt2lib.chapters.block import Block
 from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2 as ChapterGPT2
 from gpt2lib.generation import generate
 from gpt2lib.inspection import ablated_heads
-from gpt2lib.chapters.model import GPT2 as ChapterGPT2
 
 CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
 NEW = 12
@@ -24,7 +24,9 @@ def make_model(seed=0, cls=ChapterGPT2, **kwargs):
 
 
 def prompt(B=2, T=5, seed=1):
-    return torch.randint(0, CONFIG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, CONFIG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @torch.no_grad()
@@ -96,8 +98,10 @@ def test_a_replaced_module_forward_applies_while_generating(untouched):
 def test_every_block_runs_at_least_once_per_new_token():
     model = make_model()
     calls = [0] * CONFIG.n_layer
-    handles = [block.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
-               for i, block in enumerate(model.h)]
+    handles = [
+        block.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, block in enumerate(model.h)
+    ]
     try:
         for use_cache in (True, False):
             calls[:] = [0] * CONFIG.n_layer
@@ -140,8 +144,8 @@ def test_a_block_without_kv_cache_falls_back_to_full_forwards():
 
 
 def test_from_pretrained_model_cls_is_what_generates(tmp_path):
-    from gpt2lib.model import from_pretrained
     from gpt2lib.checkpoint import save_pretrained
+    from gpt2lib.model import from_pretrained
 
     save_pretrained(make_model(), tmp_path / "m")
 
@@ -197,13 +201,15 @@ def test_bad_token_ids_are_refused_before_the_model_runs():
 
 def test_the_methods_equal_the_functions(tmp_path):
     from gpt2lib import GPT2, inspection
-    from gpt2lib.model import from_pretrained
     from gpt2lib.checkpoint import save_pretrained
+    from gpt2lib.model import from_pretrained
 
     model = make_model(cls=GPT2)
     assert isinstance(model, ChapterGPT2) and type(model) is not ChapterGPT2
     ids = prompt()
-    assert torch.equal(model.generate(ids, 6, temperature=0), generate(model, ids, 6, temperature=0))
+    assert torch.equal(
+        model.generate(ids, 6, temperature=0), generate(model, ids, 6, temperature=0)
+    )
     assert torch.equal(model.generate(ids, 6, seed=3), generate(model, ids, 6, seed=3))
     logits, cache = model.run_with_cache(ids)
     want_logits, want_cache = inspection.run_with_cache(model, ids)
@@ -212,7 +218,9 @@ def test_the_methods_equal_the_functions(tmp_path):
     model.save_pretrained(tmp_path / "methods")
     save_pretrained(model, tmp_path / "function")
     config = "config.json"
-    assert (tmp_path / "methods" / config).read_bytes() == (tmp_path / "function" / config).read_bytes()
+    assert (tmp_path / "methods" / config).read_bytes() == (
+        tmp_path / "function" / config
+    ).read_bytes()
     # the safetensors header's key order is not fixed from one save to the next: compare contents
     from safetensors import safe_open
 
@@ -228,8 +236,9 @@ def test_the_methods_equal_the_functions(tmp_path):
     plain = from_pretrained(tmp_path / "methods")
     for (name, a), (_, b) in zip(loaded.state_dict().items(), plain.state_dict().items()):
         assert torch.equal(a, b), name
-    assert torch.equal(loaded.eval().generate(ids, 6, temperature=0),
-                       generate(plain.eval(), ids, 6, temperature=0))
+    assert torch.equal(
+        loaded.eval().generate(ids, 6, temperature=0), generate(plain.eval(), ids, 6, temperature=0)
+    )
 
 
 def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_them_in():
@@ -254,5 +263,6 @@ def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_t
     mine = Mine(CONFIG).eval()
     torch.manual_seed(0)
     reference = ChapterGPT2(CONFIG).eval()
-    assert torch.equal(mine.generate(prompt(), 5, temperature=0),
-                       generate(reference, prompt(), 5, temperature=0))
+    assert torch.equal(
+        mine.generate(prompt(), 5, temperature=0), generate(reference, prompt(), 5, temperature=0)
+    )

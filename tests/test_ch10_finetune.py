@@ -12,21 +12,33 @@ import json
 
 import pytest
 import torch
-
 from checkpoints import write_hub_checkpoint
+
 from gpt2lib import finetune as ft
+from gpt2lib.chapters.tuning import (
+    GPT2Classifier,
+    LoRALinear,
+    add_adapters,
+    classification_loss,
+    collate,
+    hidden_states,
+    loss_by_position,
+    masked_lm_loss,
+    merged_weight,
+    pool_mean,
+    response_loss,
+    speaker_batch,
+)
 from gpt2lib.course.checks import finetuning as checks
 from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.model import from_pretrained
-from gpt2lib.chapters.tuning import (GPT2Classifier, LoRALinear, add_adapters, classification_loss, collate,
-                            hidden_states, loss_by_position, masked_lm_loss, merged_weight,
-                            pool_mean, response_loss, speaker_batch)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = write_hub_checkpoint(tmp_path_factory.mktemp("tiny"), n_layer=2, n_head=4, n_embd=64,
-                                  n_positions=64, seed=0)
+    folder = write_hub_checkpoint(
+        tmp_path_factory.mktemp("tiny"), n_layer=2, n_head=4, n_embd=64, n_positions=64, seed=0
+    )
     return folder
 
 
@@ -43,7 +55,9 @@ def trained_adapter(model, seed=1):
     with torch.no_grad():
         for layer in ft.lora_layers(model).values():
             if isinstance(layer, ft.LoRAEmbedding):  # A starts at zero there, as in peft
-                layer.lora_embedding_A.copy_(0.05 * torch.randn(layer.lora_embedding_A.shape, generator=gen))
+                layer.lora_embedding_A.copy_(
+                    0.05 * torch.randn(layer.lora_embedding_A.shape, generator=gen)
+                )
                 continue
             layer.lora_B.weight.copy_(0.05 * torch.randn(layer.lora_B.weight.shape, generator=gen))
     return model
@@ -70,7 +84,10 @@ def test_an_adapter_on_the_token_table_starts_at_zero_and_the_readout_keeps_the_
     table, before = model.wte.weight, model(IDS)
     ft.apply_lora(model, rank=2, alpha=4, targets=("wte", "c_attn"))
     assert isinstance(model.wte, ft.LoRAEmbedding) and model.wte.weight is table
-    assert model.wte.lora_embedding_A.shape == (2, 50257) and model.wte.lora_embedding_B.shape == (64, 2)
+    assert model.wte.lora_embedding_A.shape == (2, 50257) and model.wte.lora_embedding_B.shape == (
+        64,
+        2,
+    )
     assert not model.wte.lora_embedding_A.any()  # peft's start: A zero, B normal
     assert torch.equal(model(IDS), before)
     trained_adapter(model)
@@ -101,21 +118,36 @@ def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused
         ft.apply_lora(load(tiny), targets=("transformer.h.1.mlp.c_fc",))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(targets=("q_proj",)), "no layer of the model is called 'q_proj'"),
-    (dict(rank=0), "rank must be at least 1"),
-    (dict(rank=65), r"rank 65 is above the width of h.0.attn.c_attn \(64 -> 192\)"),
-    (dict(rank=65, targets=("wte",)), r"rank 65 is above the width of wte \(50257 rows of width 64\)"),
-    (dict(targets=("wte", "ln_f")), "no layer of the model is called 'ln_f'.* end in c_attn, c_fc, c_proj, wpe, wte"),
-    (dict(rank=2.5), "rank must be a whole number"),
-    (dict(alpha=0), "alpha must be a number above 0"),
-    (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
-    (dict(rank_pattern={"c_fc": 2}), "rank_pattern names 'c_fc', which is none of the adapted layers"),
-    (dict(rank_pattern={"c_attn": 0}), "rank must be at least 1"),
-    (dict(alpha_pattern={"c_attn": -1}), "alpha must be a number above 0"),
-    (dict(rank_pattern=[2]), r"rank_pattern must be a dict \{target: value\}"),
-    (dict(rank_pattern={"wte": 65}, targets=("wte", "c_attn")), "rank 65 is above the width of wte"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(targets=("q_proj",)), "no layer of the model is called 'q_proj'"),
+        (dict(rank=0), "rank must be at least 1"),
+        (dict(rank=65), r"rank 65 is above the width of h.0.attn.c_attn \(64 -> 192\)"),
+        (
+            dict(rank=65, targets=("wte",)),
+            r"rank 65 is above the width of wte \(50257 rows of width 64\)",
+        ),
+        (
+            dict(targets=("wte", "ln_f")),
+            "no layer of the model is called 'ln_f'.* end in c_attn, c_fc, c_proj, wpe, wte",
+        ),
+        (dict(rank=2.5), "rank must be a whole number"),
+        (dict(alpha=0), "alpha must be a number above 0"),
+        (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
+        (
+            dict(rank_pattern={"c_fc": 2}),
+            "rank_pattern names 'c_fc', which is none of the adapted layers",
+        ),
+        (dict(rank_pattern={"c_attn": 0}), "rank must be at least 1"),
+        (dict(alpha_pattern={"c_attn": -1}), "alpha must be a number above 0"),
+        (dict(rank_pattern=[2]), r"rank_pattern must be a dict \{target: value\}"),
+        (
+            dict(rank_pattern={"wte": 65}, targets=("wte", "c_attn")),
+            "rank 65 is above the width of wte",
+        ),
+    ],
+)
 def test_apply_lora_refuses_bad_input_before_changing_anything(tiny, kwargs, message):
     model = load(tiny)
     state = copy.deepcopy(model.state_dict())
@@ -134,8 +166,9 @@ def test_apply_lora_twice_is_refused(tiny):
 
 def test_merge_gives_the_adapters_logits_in_float64_and_the_plain_names(tiny):
     plain = load(tiny).double()
-    model = trained_adapter(ft.apply_lora(copy.deepcopy(plain), rank=4, alpha=8,
-                                          targets=("c_attn", "c_proj", "c_fc")))
+    model = trained_adapter(
+        ft.apply_lora(copy.deepcopy(plain), rank=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
+    )
     with torch.no_grad():
         unmerged = model(IDS)
         assert (unmerged - plain(IDS)).abs().max() > 1e-3  # the adapter does something
@@ -161,7 +194,9 @@ def test_the_adapters_dropout_acts_in_training_mode_only(tiny):
 
 
 def test_save_and_load_adapter_round_trip_creates_the_folder(tiny, tmp_path):
-    model = trained_adapter(ft.apply_lora(load(tiny), rank=4, alpha=8, targets=("c_attn", "c_proj")))
+    model = trained_adapter(
+        ft.apply_lora(load(tiny), rank=4, alpha=8, targets=("c_attn", "c_proj"))
+    )
     folder = ft.save_adapter(model, tmp_path / "new" / "adapter")
     config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
     assert config["r"] == 4 and config["lora_alpha"] == 8 and config["fan_in_fan_out"] is True
@@ -180,8 +215,10 @@ def test_an_adapter_on_the_token_table_round_trips(tiny, tmp_path):
 
     with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as handle:
         keys = set(handle.keys())
-    assert {"base_model.model.transformer.wte.lora_embedding_A",
-            "base_model.model.transformer.wte.lora_embedding_B"} <= keys
+    assert {
+        "base_model.model.transformer.wte.lora_embedding_A",
+        "base_model.model.transformer.wte.lora_embedding_B",
+    } <= keys
     other = ft.load_adapter(load(tiny), folder)
     assert isinstance(other.wte, ft.LoRAEmbedding)
     with torch.no_grad():
@@ -189,20 +226,34 @@ def test_an_adapter_on_the_token_table_round_trips(tiny, tmp_path):
 
 
 def test_a_table_adapter_for_another_width_is_refused_and_nothing_is_loaded(tiny, tmp_path):
-    adapter = ft.save_adapter(trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte",))),
-                              tmp_path / "adapter")
-    other = load(write_hub_checkpoint(tmp_path / "other", n_positions=64, n_layer=2, n_head=4, n_embd=32))
-    with pytest.raises(ft.AdapterError, match=r"wte.lora_embedding_B has shape \(64, 2\).*needs \(32, 2\)"):
+    adapter = ft.save_adapter(
+        trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte",))),
+        tmp_path / "adapter",
+    )
+    other = load(
+        write_hub_checkpoint(tmp_path / "other", n_positions=64, n_layer=2, n_head=4, n_embd=32)
+    )
+    with pytest.raises(
+        ft.AdapterError, match=r"wte.lora_embedding_B has shape \(64, 2\).*needs \(32, 2\)"
+    ):
         ft.load_adapter(other, adapter)
     assert not ft.lora_layers(other)
 
 
-@pytest.mark.parametrize("sizes, phrase", [
-    (dict(n_layer=2, n_head=4, n_embd=32), "does not fit this model: h.0.attn.c_attn.lora_A has shape"),
-    (dict(n_layer=3, n_head=4, n_embd=64), "holds no weights for them"),
-    (dict(n_layer=1, n_head=4, n_embd=64), "which this model does not have"),
-])
-def test_an_adapter_for_another_base_is_refused_and_nothing_is_loaded(tiny, tmp_path, sizes, phrase):
+@pytest.mark.parametrize(
+    "sizes, phrase",
+    [
+        (
+            dict(n_layer=2, n_head=4, n_embd=32),
+            "does not fit this model: h.0.attn.c_attn.lora_A has shape",
+        ),
+        (dict(n_layer=3, n_head=4, n_embd=64), "holds no weights for them"),
+        (dict(n_layer=1, n_head=4, n_embd=64), "which this model does not have"),
+    ],
+)
+def test_an_adapter_for_another_base_is_refused_and_nothing_is_loaded(
+    tiny, tmp_path, sizes, phrase
+):
     adapter = ft.save_adapter(trained_adapter(ft.apply_lora(load(tiny))), tmp_path / "adapter")
     other = load(write_hub_checkpoint(tmp_path / "other", n_positions=64, **sizes))
     before = copy.deepcopy(other.state_dict())
@@ -213,24 +264,41 @@ def test_an_adapter_for_another_base_is_refused_and_nothing_is_loaded(tiny, tmp_
 
 
 def test_a_folder_without_an_adapter_is_named(tiny, tmp_path):
-    with pytest.raises(ft.AdapterError, match="does not hold adapter_config.json and adapter_model"):
+    with pytest.raises(
+        ft.AdapterError, match="does not hold adapter_config.json and adapter_model"
+    ):
         ft.load_adapter(load(tiny), tmp_path)
 
 
-@pytest.mark.parametrize("patterns, saved", [
-    (dict(rank_pattern={"wte": 2}, alpha_pattern={"c_fc": 16}),
-     dict(r=4, lora_alpha=8, rank_pattern={"wte": 2}, alpha_pattern={"c_fc": 16})),
-    (dict(rank_pattern={"h.1.mlp.c_fc": 1}),
-     dict(r=4, lora_alpha=8, rank_pattern={r"h\.1\.mlp\.c_fc": 1}, alpha_pattern={})),
-])
-def test_per_target_ranks_and_alphas_save_as_peft_patterns_and_load_back(tiny, tmp_path, patterns,
-                                                                          saved):
-    model = trained_adapter(ft.apply_lora(load(tiny), rank=4, alpha=8,
-                                          targets=("wte", "c_attn", "c_fc"), **patterns))
+@pytest.mark.parametrize(
+    "patterns, saved",
+    [
+        (
+            dict(rank_pattern={"wte": 2}, alpha_pattern={"c_fc": 16}),
+            dict(r=4, lora_alpha=8, rank_pattern={"wte": 2}, alpha_pattern={"c_fc": 16}),
+        ),
+        (
+            dict(rank_pattern={"h.1.mlp.c_fc": 1}),
+            dict(r=4, lora_alpha=8, rank_pattern={r"h\.1\.mlp\.c_fc": 1}, alpha_pattern={}),
+        ),
+    ],
+)
+def test_per_target_ranks_and_alphas_save_as_peft_patterns_and_load_back(
+    tiny, tmp_path, patterns, saved
+):
+    model = trained_adapter(
+        ft.apply_lora(load(tiny), rank=4, alpha=8, targets=("wte", "c_attn", "c_fc"), **patterns)
+    )
     layers = ft.lora_layers(model)
     for name, layer in layers.items():
-        want = next((v for t, v in patterns.get("rank_pattern", {}).items()
-                     if name == t or name.endswith("." + t)), 4)
+        want = next(
+            (
+                v
+                for t, v in patterns.get("rank_pattern", {}).items()
+                if name == t or name.endswith("." + t)
+            ),
+            4,
+        )
         assert layer.rank == want
     assert layers["h.0.mlp.c_fc"].scale == patterns.get("alpha_pattern", {}).get("c_fc", 8) / 4
     folder = ft.save_adapter(model, tmp_path / "adapter")
@@ -238,7 +306,8 @@ def test_per_target_ranks_and_alphas_save_as_peft_patterns_and_load_back(tiny, t
     assert {k: config[k] for k in saved} == saved
     other = ft.load_adapter(load(tiny), folder)
     assert {n: (m.rank, m.alpha) for n, m in ft.lora_layers(other).items()} == {
-        n: (m.rank, m.alpha) for n, m in layers.items()}
+        n: (m.rank, m.alpha) for n, m in layers.items()
+    }
     with torch.no_grad():
         assert torch.equal(other(IDS), model(IDS))
     peft, transformers = _peft()
@@ -256,8 +325,9 @@ def _peft():
 
 def test_peft_loads_a_gpt2lib_adapter_onto_transformers_gpt2_with_the_same_logits(tiny, tmp_path):
     peft, transformers = _peft()
-    model = trained_adapter(ft.apply_lora(load(tiny), rank=4, alpha=8,
-                                          targets=("c_attn", "c_proj", "c_fc")))
+    model = trained_adapter(
+        ft.apply_lora(load(tiny), rank=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
+    )
     adapter = ft.save_adapter(model, tmp_path / "adapter")
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
     theirs = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
@@ -267,8 +337,9 @@ def test_peft_loads_a_gpt2lib_adapter_onto_transformers_gpt2_with_the_same_logit
 
 def test_peft_loads_a_gpt2lib_adapter_on_the_token_table_with_the_same_logits(tiny, tmp_path):
     peft, transformers = _peft()
-    model = trained_adapter(ft.apply_lora(load(tiny), rank=2, alpha=4,
-                                          targets=("wte", "c_attn", "c_proj", "c_fc")))
+    model = trained_adapter(
+        ft.apply_lora(load(tiny), rank=2, alpha=4, targets=("wte", "c_attn", "c_proj", "c_fc"))
+    )
     adapter = ft.save_adapter(model, tmp_path / "adapter")
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
     theirs = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
@@ -277,15 +348,25 @@ def test_peft_loads_a_gpt2lib_adapter_on_the_token_table_with_the_same_logits(ti
         assert (theirs(IDS).logits - model(IDS)).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("targets, patterns", [
-    (["c_attn", "c_fc"], {}), (["wte", "c_attn", "c_proj"], {}),
-    (["wte", "c_attn", "c_proj"], dict(rank_pattern={"wte": 2}, alpha_pattern={"c_proj": 2})),
-])
+@pytest.mark.parametrize(
+    "targets, patterns",
+    [
+        (["c_attn", "c_fc"], {}),
+        (["wte", "c_attn", "c_proj"], {}),
+        (["wte", "c_attn", "c_proj"], dict(rank_pattern={"wte": 2}, alpha_pattern={"c_proj": 2})),
+    ],
+)
 def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path, targets, patterns):
     peft, transformers = _peft()
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
-                             fan_in_fan_out=True, task_type="CAUSAL_LM", **patterns)
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=targets,
+        fan_in_fan_out=True,
+        task_type="CAUSAL_LM",
+        **patterns,
+    )
     wrapped = peft.get_peft_model(hf, config)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -297,7 +378,11 @@ def test_a_peft_adapter_loads_into_gpt2lib_with_the_same_logits(tiny, tmp_path, 
     ours = ft.load_adapter(load(tiny), tmp_path / "peft_adapter")
     assert len(ft.lora_layers(ours)) == {2: 4, 3: 7}[len(targets)]
     assert ft.lora_layers(ours)["h.0.attn.c_attn"].rank == 4
-    assert ours.wte.rank == patterns.get("rank_pattern", {}).get("wte", 4) if "wte" in targets else True
+    assert (
+        ours.wte.rank == patterns.get("rank_pattern", {}).get("wte", 4)
+        if "wte" in targets
+        else True
+    )
     with torch.no_grad():
         assert (wrapped(IDS).logits - ours(IDS)).abs().max() < 1e-4
 
@@ -310,7 +395,11 @@ def test_the_data_sets_are_fixed_and_the_baseline_is_the_majority_share():
     assert first == again and len(first.speakers) == 8
     train = first.splits["train"]
     sizes = {split: len(rows) for split, rows in first.splits.items()}
-    assert sizes == {"train": 799, "val": 237, "test": 252}  # 60/20/20: one test speech is 0.4 points
+    assert sizes == {
+        "train": 799,
+        "val": 237,
+        "test": 252,
+    }  # 60/20/20: one test speech is 0.4 points
     test_labels = [y for _, y in first.splits["test"]]
     majority = max(range(8), key=[y for _, y in train].count)
     assert first.majority_baseline("test") == test_labels.count(majority) / len(test_labels)
@@ -324,7 +413,9 @@ def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
     rows = [([464, 2068], 0), ([13], 5)]
     with pytest.raises(ValueError, match="label 5 does not fit the classifier's head of 4"):
         ft.accuracy(clf, rows, 50256, progress=False)
-    with pytest.raises(ValueError, match="the data set has 8 classes but the classifier's head has 4"):
+    with pytest.raises(
+        ValueError, match="the data set has 8 classes but the classifier's head has 4"
+    ):
         ft.accuracy(clf, rows[:1], 50256, n_classes=8, progress=False)
     with pytest.raises(ValueError, match="n_classes must be a whole number, at least 2"):
         ft.classifier(load(tiny), 1)
@@ -358,12 +449,19 @@ def test_every_check_passes_the_reference(check, capsys):
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("check, mistake", [
-    pytest.param(check, m, id=f"{check.__name__}-{m.name}")
-    for check, ms in ((checks.check_classification_loss, checks.CLASS_LOSS_MISTAKES),
-                      (checks.check_confusion_counts, checks.CONFUSION_MISTAKES),
-                      (checks.check_response_loss, checks.RESPONSE_MISTAKES),
-                      (checks.check_write_reply, checks.REPLY_MISTAKES)) for m in ms])
+@pytest.mark.parametrize(
+    "check, mistake",
+    [
+        pytest.param(check, m, id=f"{check.__name__}-{m.name}")
+        for check, ms in (
+            (checks.check_classification_loss, checks.CLASS_LOSS_MISTAKES),
+            (checks.check_confusion_counts, checks.CONFUSION_MISTAKES),
+            (checks.check_response_loss, checks.RESPONSE_MISTAKES),
+            (checks.check_write_reply, checks.REPLY_MISTAKES),
+        )
+        for m in ms
+    ],
+)
 def test_classifier_loss_and_confusion_checks_name_each_mistake(check, mistake):
     with pytest.raises(CheckFailed) as info:
         check(mistake.fn)
@@ -371,7 +469,9 @@ def test_classifier_loss_and_confusion_checks_name_each_mistake(check, mistake):
 
 
 def test_confusion_check_passes_a_vectorised_count_and_the_package_s(capsys):
-    checks.check_confusion_counts(lambda t, p, n: torch.bincount(t * n + p, minlength=n * n).view(n, n))
+    checks.check_confusion_counts(
+        lambda t, p, n: torch.bincount(t * n + p, minlength=n * n).view(n, n)
+    )
     from gpt2lib.finetune import confusion_matrix
 
     checks.check_confusion_counts(confusion_matrix)
@@ -393,7 +493,10 @@ def test_classifier_check_names_a_head_on_the_wrong_size_and_the_last_token():
         def forward(self, idx, lengths):
             return self.head(hidden_states(self.gpt, idx)[torch.arange(len(idx)), lengths - 1])
 
-    for cls, phrase in ((WrongHead, "it reads a pooled hidden state"), (LastToken, "reads the last real token")):
+    for cls, phrase in (
+        (WrongHead, "it reads a pooled hidden state"),
+        (LastToken, "reads the last real token"),
+    ):
         with pytest.raises(CheckFailed, match=phrase):
             checks.check_classifier(cls, hidden_states)
 
@@ -460,7 +563,7 @@ def test_batch_check_names_left_padding():
         T = max(len(i) for i, _ in rows)
         idx = torch.full((len(rows), T), pad_id)
         for b, (ids, _) in enumerate(rows):
-            idx[b, T - len(ids):] = torch.tensor(ids)
+            idx[b, T - len(ids) :] = torch.tensor(ids)
         return idx, torch.tensor([len(i) for i, _ in rows]), torch.tensor([y for _, y in rows])
 
     with pytest.raises(CheckFailed, match="your padding is on the left"):
@@ -519,10 +622,14 @@ def test_the_chapter_names_a_hub_snapshot_of_openais_weights_by_the_models_name(
 
     snapshot = tmp_path / "snapshots" / "607a30d783dfa663caf39e06633721c8d4cfcd7e"
     snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text(json.dumps(
-        {"n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50257}), encoding="utf-8")
+    (snapshot / "config.json").write_text(
+        json.dumps({"n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50257}),
+        encoding="utf-8",
+    )
     assert ft.model_name(snapshot) == "gpt2-medium"
     assert ft.model_name("gpt2") == "gpt2"
-    (snapshot / "config.json").write_text(json.dumps(
-        {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 50257}), encoding="utf-8")
+    (snapshot / "config.json").write_text(
+        json.dumps({"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 50257}),
+        encoding="utf-8",
+    )
     assert ft.model_name(snapshot) == snapshot.name

@@ -16,13 +16,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = {
     "wrong": "from gpt2lib.course.checks.start_here import check_token_means\n"
-             "check_token_means(lambda x: x.sum(dim=-1))",
+    "check_token_means(lambda x: x.sum(dim=-1))",
     "stub": "def token_means(x):\n"
-            "    raise NotImplementedError('Exercise 0.1: replace this line with your code')\n"
-            "check_token_means(token_means)",
+    "    raise NotImplementedError('Exercise 0.1: replace this line with your code')\n"
+    "check_token_means(token_means)",
     "learner_bug": "def token_means(x):\n"
-                   "    return x.mean(dim=5)  # the learner's own mistake\n"
-                   "check_token_means(token_means)",
+    "    return x.mean(dim=5)  # the learner's own mistake\n"
+    "check_token_means(token_means)",
     "right": "check_token_means(lambda x: x.mean(dim=-1))",
     "plain_error": "def broken():\n    return {}['missing']\nbroken()",
 }
@@ -34,9 +34,18 @@ pytestmark = pytest.mark.slow  # one kernel for the module, about 5 s
 @pytest.fixture(scope="module")
 def outputs() -> dict[str, list]:
     nb = new_notebook(cells=[new_code_cell(source) for source in CELLS.values()])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    client = NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO_ROOT)}})
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        allow_errors=True,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(REPO_ROOT)}},
+    )
     client.execute(stderr=subprocess.DEVNULL, env=dict(os.environ))
     return {name: cell.outputs for name, cell in zip(CELLS, nb.cells, strict=True)}
 
@@ -52,10 +61,13 @@ def shown(error: dict) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
 
 
-@pytest.mark.parametrize("name, ename, phrase", [
-    ("wrong", "CheckFailed", "that is the sum over C"),
-    ("stub", "NotDoneYet", "not done yet"),
-])
+@pytest.mark.parametrize(
+    "name, ename, phrase",
+    [
+        ("wrong", "CheckFailed", "that is the sum over C"),
+        ("stub", "NotDoneYet", "not done yet"),
+    ],
+)
 def test_a_failed_check_is_one_line_without_check_frames(outputs, name, ename, phrase):
     error = error_of(outputs[name])
     # nbval's raises-exception and `course progress` read these two fields.

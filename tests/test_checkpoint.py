@@ -14,10 +14,10 @@ import torch
 from checkpoints import write_hub_checkpoint
 
 from gpt2lib import checkpoint
-from gpt2lib.checkpoint import CheckpointError, save_pretrained
-from gpt2lib.model import from_pretrained
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
+from gpt2lib.checkpoint import CheckpointError, save_pretrained
+from gpt2lib.model import from_pretrained
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
@@ -68,17 +68,26 @@ _CRASH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where,survivor", [
-    ("while writing the weights", "old"),
-    ("before any rename", "old"),
-    ("after the weights", "new"),  # the weights carry their config: the next load finishes it
-])
-def test_a_save_killed_at_any_point_leaves_a_loadable_model_and_no_temp_file(tmp_path, where,
-                                                                            survivor):
+@pytest.mark.parametrize(
+    "where,survivor",
+    [
+        ("while writing the weights", "old"),
+        ("before any rename", "old"),
+        ("after the weights", "new"),  # the weights carry their config: the next load finishes it
+    ],
+)
+def test_a_save_killed_at_any_point_leaves_a_loadable_model_and_no_temp_file(
+    tmp_path, where, survivor
+):
     old = small(n_layer=2)
     save_pretrained(old, tmp_path)
-    out = subprocess.run([sys.executable, "-c", _CRASH, str(tmp_path), where], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _CRASH, str(tmp_path), where],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 9, out.stderr
     loaded = from_pretrained(tmp_path, device="cpu")
     assert loaded.config.n_layer == (2 if survivor == "old" else 3)
@@ -130,8 +139,13 @@ _KILL_LOOP = textwrap.dedent("""
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_kill_9_during_save_pretrained_always_leaves_the_old_or_the_new_model(tmp_path):
     """BAD 2 of issue 24: 3 of 30 kills made the folder unloadable, each left a temp file."""
-    out = subprocess.run([sys.executable, "-c", _KILL_LOOP, str(tmp_path), "25"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _KILL_LOOP, str(tmp_path), "25"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert results == ["ok"] * 25, [r for r in results if r != "ok"]
@@ -139,8 +153,12 @@ def test_kill_9_during_save_pretrained_always_leaves_the_old_or_the_new_model(tm
 
 def test_stale_temp_files_of_a_dead_writer_are_removed_by_the_next_save(tmp_path):
     save_pretrained(small(), tmp_path)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     stale = tmp_path / f".gpt2lib-save.{dead}.0123abcd"  # what a killed save leaves
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half a model")
@@ -179,8 +197,11 @@ def test_non_finite_weights_are_not_saved(tmp_path, bad):
     model = small(seed=1)
     with torch.no_grad():
         model.h[1].mlp.c_fc.weight[0, 0] = bad
-    with pytest.raises(ValueError, match=r"tensor 'h\.1\.mlp\.c_fc\.weight' holds 1 NaN or "
-                                         "infinite value.*nothing was written"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'h\.1\.mlp\.c_fc\.weight' holds 1 NaN or "
+        "infinite value.*nothing was written",
+    ):
         save_pretrained(model, tmp_path, overwrite=True)
     assert files_of(tmp_path) == before
 
@@ -194,19 +215,24 @@ def test_float16_overflow_is_refused_with_advice(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("dtype,error,match", [
-    (torch.int8, ValueError, "dtype must be float32, bfloat16 or float16"),
-    ("int8", ValueError, "unknown dtype 'int8'"),
-    (3, ValueError, "dtype must be float32"),
-])
+@pytest.mark.parametrize(
+    "dtype,error,match",
+    [
+        (torch.int8, ValueError, "dtype must be float32, bfloat16 or float16"),
+        ("int8", ValueError, "unknown dtype 'int8'"),
+        (3, ValueError, "dtype must be float32"),
+    ],
+)
 def test_integer_storage_dtypes_are_refused(tmp_path, dtype, error, match):
     with pytest.raises(error, match=match):
         save_pretrained(small(), tmp_path / "m", dtype=dtype)
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("name,stored", [("float16", torch.float16), ("bf16", torch.bfloat16),
-                                         ("torch.float32", torch.float32)])
+@pytest.mark.parametrize(
+    "name,stored",
+    [("float16", torch.float16), ("bf16", torch.bfloat16), ("torch.float32", torch.float32)],
+)
 def test_storage_dtype_by_name(tmp_path, name, stored):
     from safetensors import safe_open
 
@@ -218,12 +244,15 @@ def test_storage_dtype_by_name(tmp_path, name, stored):
     assert torch.equal(loaded.wte.weight, model.wte.weight.to(stored).float())
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(model="not a model"), TypeError, "model must be a GPT-2 model"),
-    (dict(folder=3), TypeError, "folder must be a path"),
-    (dict(folder=""), ValueError, "folder must be a non-empty"),
-    (dict(overwrite="yes"), TypeError, "overwrite must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(model="not a model"), TypeError, "model must be a GPT-2 model"),
+        (dict(folder=3), TypeError, "folder must be a path"),
+        (dict(folder=""), ValueError, "folder must be a non-empty"),
+        (dict(overwrite="yes"), TypeError, "overwrite must be True or False"),
+    ],
+)
 def test_save_pretrained_checks_its_arguments_first(tmp_path, kwargs, error, match):
     args = {"model": small(), "folder": tmp_path / "m", **kwargs}
     with pytest.raises(error, match=match):
@@ -275,10 +304,18 @@ def test_a_missing_relative_folder_names_where_it_was_looked_for(tmp_path, monke
 def test_the_offline_error_names_the_stand_in_by_its_absolute_path(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     env.pop("HF_HUB_CACHE", None)
-    code = "from gpt2lib import from_pretrained\ntry:\n    from_pretrained('gpt2')\n" \
-           "except Exception as exc:\n    print(exc)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=120)
+    code = (
+        "from gpt2lib import from_pretrained\ntry:\n    from_pretrained('gpt2')\n"
+        "except Exception as exc:\n    print(exc)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     standin = REPO / "data" / "standin"
     assert f"from_pretrained('{standin}')" in out.stdout, out.stdout + out.stderr
     assert f"GPT2LIB_CHECKPOINT={standin}" in out.stdout
@@ -295,8 +332,11 @@ def _folder_with_config(tmp_path, text):
 
 def test_a_config_nested_100000_levels_deep_is_one_clear_error(tmp_path):
     folder = _folder_with_config(tmp_path, "[" * 100_000 + "]" * 100_000)
-    with pytest.raises(CheckpointError, match="config.json' is not a readable JSON config "
-                                              r"\(nested too deeply"):
+    with pytest.raises(
+        CheckpointError,
+        match="config.json' is not a readable JSON config "
+        r"\(nested too deeply",
+    ):
         from_pretrained(folder, device="cpu")
 
 
@@ -306,12 +346,15 @@ def test_a_huge_config_is_refused_without_reading_it_all(tmp_path):
         from_pretrained(folder, device="cpu")
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("n_embd", None, "n_embd must be a whole number, got None"),
-    ("n_layer", 2.0, "n_layer must be a whole number, got 2.0"),
-    ("layer_norm_epsilon", float("inf"), "layer_norm_epsilon must be a finite number"),
-    ("attn_pdrop", float("nan"), "attn_pdrop must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("n_embd", None, "n_embd must be a whole number, got None"),
+        ("n_layer", 2.0, "n_layer must be a whole number, got 2.0"),
+        ("layer_norm_epsilon", float("inf"), "layer_norm_epsilon must be a finite number"),
+        ("attn_pdrop", float("nan"), "attn_pdrop must be a finite number"),
+    ],
+)
 def test_a_bad_config_value_names_the_file(tmp_path, field, value, message):
     folder = write_hub_checkpoint(tmp_path, **SMALL)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -359,8 +402,10 @@ def test_float16_weights_that_overflow_on_loading_are_refused(tmp_path):
     tensors["wpe.weight"][0, 0] = 1e6
     folder = write_hub_checkpoint(tmp_path, tensors=tensors, config=hub_config(**SMALL))
     assert from_pretrained(folder, device="cpu").wpe.weight[0, 0] == 1e6
-    with pytest.raises(CheckpointError, match="too large for float16"), \
-            pytest.warns(UserWarning, match="float16 on the CPU is slow"):
+    with (
+        pytest.raises(CheckpointError, match="too large for float16"),
+        pytest.warns(UserWarning, match="float16 on the CPU is slow"),
+    ):
         from_pretrained(folder, device="cpu", dtype=torch.float16)
 
 
@@ -396,6 +441,8 @@ def test_two_threads_saving_into_one_folder_leave_one_whole_model(tmp_path):
     assert errors == []
     loaded = from_pretrained(tmp_path, device="cpu")
     expected = models[loaded.config.n_layer - 2]
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
-                                                 expected.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(loaded.state_dict().values(), expected.state_dict().values())
+    )
     assert temps(tmp_path) == []

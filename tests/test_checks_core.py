@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from gpt2lib.course.checks._core import CheckFailed, Mistake, close, expect_tensor, first_mistake, named
+from gpt2lib.course.checks._core import (
+    CheckFailed,
+    Mistake,
+    close,
+    expect_tensor,
+    first_mistake,
+    named,
+)
 
 PLANTED = [
     Mistake("doubles", "you doubled it", lambda x: 2 * x),

@@ -8,12 +8,16 @@ from gpt2lib.course.checks import CheckFailed, NotDoneYet, call_learner
 from gpt2lib.course.checks.start_here import SHAPE_MISTAKES, VALUE_MISTAKES, check_token_means
 
 
-@pytest.mark.parametrize("right", [
-    lambda x: x.mean(dim=-1),
-    lambda x: x.sum(dim=2) / x.shape[-1],
-    lambda x: x.double().mean(dim=-1),  # float64 answers are fine
-    lambda x: torch.stack([torch.stack([row.mean() for row in b]) for b in x]),  # loops
-], ids=["mean", "sum-over-C", "float64", "loops"])
+@pytest.mark.parametrize(
+    "right",
+    [
+        lambda x: x.mean(dim=-1),
+        lambda x: x.sum(dim=2) / x.shape[-1],
+        lambda x: x.double().mean(dim=-1),  # float64 answers are fine
+        lambda x: torch.stack([torch.stack([row.mean() for row in b]) for b in x]),  # loops
+    ],
+    ids=["mean", "sum-over-C", "float64", "loops"],
+)
 def test_right_answers_pass(capsys, right):
     check_token_means(right)
     assert "✅" in capsys.readouterr().out
@@ -26,11 +30,14 @@ def test_each_planted_mistake_is_named(mistake):
     assert mistake.message in str(info.value)
 
 
-@pytest.mark.parametrize("wrong, phrase", [
-    (lambda x: x.mean(dim=-1) + 1, "values are not the means"),
-    (lambda x: x.mean(dim=-1).tolist(), "return a tensor"),
-    (lambda x: x.mean(dim=-1) * float("nan"), "contains NaN"),
-])
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda x: x.mean(dim=-1) + 1, "values are not the means"),
+        (lambda x: x.mean(dim=-1).tolist(), "return a tensor"),
+        (lambda x: x.mean(dim=-1) * float("nan"), "contains NaN"),
+    ],
+)
 def test_other_wrong_answers_are_explained(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         check_token_means(wrong)
@@ -83,16 +90,25 @@ def test_call_learner_checks_a_module_against_its_forward():
 
 # --------------------------------------------------------------------------- 0.2 to the challenge
 
-from gpt2lib.course.checks.start_here import (CENTER_MISTAKES, LINEAR_MISTAKES, check_center,  # noqa: E402
-                                         check_first_overflow, check_linear_parameter_count,
-                                         check_stable_softmax)
+from gpt2lib.course.checks.start_here import (  # noqa: E402 - this section's imports
+    CENTER_MISTAKES,
+    LINEAR_MISTAKES,
+    check_center,  # noqa: E402
+    check_first_overflow,
+    check_linear_parameter_count,
+    check_stable_softmax,
+)
 
 
-@pytest.mark.parametrize("right", [
-    lambda x: x - x.mean(dim=-1, keepdim=True),
-    lambda x: x - x.mean(dim=-1)[..., None],
-    lambda x: x - x.sum(dim=2, keepdim=True) / x.shape[-1],
-], ids=["keepdim", "none-index", "sum"])
+@pytest.mark.parametrize(
+    "right",
+    [
+        lambda x: x - x.mean(dim=-1, keepdim=True),
+        lambda x: x - x.mean(dim=-1)[..., None],
+        lambda x: x - x.sum(dim=2, keepdim=True) / x.shape[-1],
+    ],
+    ids=["keepdim", "none-index", "sum"],
+)
 def test_center_right_answers_pass(capsys, right):
     check_center(right)
     assert "✅" in capsys.readouterr().out
@@ -115,11 +131,15 @@ def test_center_that_changes_its_input_is_named():
         check_center(in_place)
 
 
-@pytest.mark.parametrize("right", [
-    lambda n_in, n_out, bias=True: n_in * n_out + (n_out if bias else 0),
-    lambda n_in, n_out, bias=True: (n_in + int(bias)) * n_out,
-    lambda n_in, n_out, bias=True: torch.tensor(n_in * n_out + bias * n_out),
-], ids=["formula", "factored", "tensor"])
+@pytest.mark.parametrize(
+    "right",
+    [
+        lambda n_in, n_out, bias=True: n_in * n_out + (n_out if bias else 0),
+        lambda n_in, n_out, bias=True: (n_in + int(bias)) * n_out,
+        lambda n_in, n_out, bias=True: torch.tensor(n_in * n_out + bias * n_out),
+    ],
+    ids=["formula", "factored", "tensor"],
+)
 def test_linear_count_right_answers_pass(capsys, right):
     check_linear_parameter_count(right)
     assert "✅" in capsys.readouterr().out
@@ -142,10 +162,16 @@ def test_first_overflow_is_the_measured_number(capsys):
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("answer, phrase", [
-    (88, "still finite"), (710, "float64"), (12, "float16"), (100, "is not it"),
-    ("89", "whole number"),
-])
+@pytest.mark.parametrize(
+    "answer, phrase",
+    [
+        (88, "still finite"),
+        (710, "float64"),
+        (12, "float16"),
+        (100, "is not it"),
+        ("89", "whole number"),
+    ],
+)
 def test_first_overflow_near_misses_are_named(answer, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         check_first_overflow(lambda: answer)
@@ -169,14 +195,17 @@ def test_stable_softmax_passes(capsys):
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong, phrase", [
-    (lambda x: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True), "NaN or inf"),
-    (lambda x: torch.softmax(x, dim=-1), "blocked"),
-    (lambda x: x.softmax(-1), "blocked"),
-    (lambda x: torch.nn.functional.softmax(x, dim=-1), "blocked"),
-    (lambda x: _shifted(x) * 1.01, "off by up to"),
-    (lambda x: _shifted(x.transpose(-2, -1)).transpose(-2, -1), "off by up to"),
-])
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda x: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True), "NaN or inf"),
+        (lambda x: torch.softmax(x, dim=-1), "blocked"),
+        (lambda x: x.softmax(-1), "blocked"),
+        (lambda x: torch.nn.functional.softmax(x, dim=-1), "blocked"),
+        (lambda x: _shifted(x) * 1.01, "off by up to"),
+        (lambda x: _shifted(x.transpose(-2, -1)).transpose(-2, -1), "off by up to"),
+    ],
+)
 def test_stable_softmax_wrong_answers_are_explained(wrong, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         check_stable_softmax(wrong)

@@ -15,8 +15,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run(*args, env=None, timeout=180):
     env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gpt2lib", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2lib", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def test_help_lists_the_commands():
@@ -24,8 +30,16 @@ def test_help_lists_the_commands():
     assert out.returncode == 0
     assert "generate" in out.stdout and "download" in out.stdout
     gen = run("generate", "--help")
-    for option in ("--model", "--prompt", "--max-new-tokens", "--temperature", "--top-k",
-                   "--top-p", "--seed", "--device"):
+    for option in (
+        "--model",
+        "--prompt",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--seed",
+        "--device",
+    ):
         assert option in gen.stdout
 
 
@@ -35,13 +49,27 @@ def test_generate_streams_the_prompt_and_its_greedy_continuation(checkpoint_dir)
     from gpt2lib.model import from_pretrained
 
     text = "Hello, world"
-    out = run("generate", "--model", str(checkpoint_dir), "--prompt", text,
-              "--max-new-tokens", "8", "--temperature", "0", "--device", "cpu")
+    out = run(
+        "generate",
+        "--model",
+        str(checkpoint_dir),
+        "--prompt",
+        text,
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    )
     assert out.returncode == 0, out.stderr
     model = from_pretrained(checkpoint_dir, device="cpu")
     ids = torch.tensor([tokenizer.encode(text)])
-    expected = text + tokenizer.decode(generate(model, ids, 8, temperature=0)[0, ids.shape[1]:]
-                                       .tolist()) + "\n"
+    expected = (
+        text
+        + tokenizer.decode(generate(model, ids, 8, temperature=0)[0, ids.shape[1] :].tolist())
+        + "\n"
+    )
     assert out.stdout == expected
 
 
@@ -50,13 +78,28 @@ def test_seeded_sampling_matches_stream_text(checkpoint_dir):
     from gpt2lib.generation import stream_text
     from gpt2lib.model import from_pretrained
 
-    out = run("generate", "--model", str(checkpoint_dir), "--prompt", "Once upon a time",
-              "--max-new-tokens", "10", "--top-k", "40", "--top-p", "0.9", "--seed", "7",
-              "--temperature", "0.8")
+    out = run(
+        "generate",
+        "--model",
+        str(checkpoint_dir),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "10",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--temperature",
+        "0.8",
+    )
     assert out.returncode == 0, out.stderr
     model = from_pretrained(checkpoint_dir, device="cpu")
-    pieces = stream_text(model, tokenizer, "Once upon a time", 10, temperature=0.8, top_k=40,
-                         top_p=0.9, seed=7)
+    pieces = stream_text(
+        model, tokenizer, "Once upon a time", 10, temperature=0.8, top_k=40, top_p=0.9, seed=7
+    )
     assert out.stdout == "Once upon a time" + "".join(pieces) + "\n"
 
 
@@ -75,18 +118,21 @@ def run_main(argv):
         return exc.code
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--temperature", "-1"], "argument --temperature: must be >= 0"),
-    (["--temperature", "nan"], "argument --temperature: expected a finite number"),
-    (["--top-p", "1.5"], r"argument --top-p: must be in (0, 1]"),
-    (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
-    (["--max-new-tokens", "ten"], "argument --max-new-tokens: expected a whole number"),
-    (["--max-new-tokens", "5000"], "more than the model's context of"),  # n_positions varies
-    (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--dtype", "int8"], "argument --dtype: invalid choice"),
-    (["--model", "gpt3"], "unknown model 'gpt3'"),
-    (["--model", "/no/such/folder"], "no such checkpoint folder"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--temperature", "-1"], "argument --temperature: must be >= 0"),
+        (["--temperature", "nan"], "argument --temperature: expected a finite number"),
+        (["--top-p", "1.5"], r"argument --top-p: must be in (0, 1]"),
+        (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
+        (["--max-new-tokens", "ten"], "argument --max-new-tokens: expected a whole number"),
+        (["--max-new-tokens", "5000"], "more than the model's context of"),  # n_positions varies
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--dtype", "int8"], "argument --dtype: invalid choice"),
+        (["--model", "gpt3"], "unknown model 'gpt3'"),
+        (["--model", "/no/such/folder"], "no such checkpoint folder"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(checkpoint_dir, capsys, args, message):
     code = run_main(["generate", "--model", str(checkpoint_dir), "--prompt", "Hi", *args])
     out = capsys.readouterr()
@@ -119,22 +165,33 @@ def test_download_offline_fails_clearly(tmp_path):
 
 def test_download_unknown_name_lists_the_valid_ones(capsys):
     assert run_main(["download", "gpt2", "gpt-5"]) == 2  # refused before anything is fetched
-    assert ("unknown model 'gpt-5'; choose from gpt2, gpt2-medium, gpt2-large, gpt2-xl"
-            in capsys.readouterr().err)
+    assert (
+        "unknown model 'gpt-5'; choose from gpt2, gpt2-medium, gpt2-large, gpt2-xl"
+        in capsys.readouterr().err
+    )
 
 
 def _offline_env(tmp_path, **extra):
     """No cached weights, and a hub address that refuses connections at once (port 9), so the
     test behaves the same with or without a network."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GPT2LIB_CHECKPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GPT2LIB_CHECKPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE")
+    }
     env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9", **extra)
     return env
 
 
 def _run_env(env, *args):
-    return subprocess.run([sys.executable, "-m", "gpt2lib", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2lib", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_generate_without_network_prints_one_true_line(tmp_path):
@@ -143,7 +200,9 @@ def test_generate_without_network_prints_one_true_line(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr  # no retry chatter, no traceback: only the message
     assert "Retrying" not in out.stderr
-    assert lines[0].startswith("error: the weights of 'gpt2' are not in the local Hugging Face cache")
+    assert lines[0].startswith(
+        "error: the weights of 'gpt2' are not in the local Hugging Face cache"
+    )
     assert "run `python -m gpt2lib download gpt2` once" in lines[0]
     assert "pass --model FOLDER" in lines[0]
     # --model was given, so GPT2LIB_CHECKPOINT would change nothing: it is not suggested
@@ -191,35 +250,60 @@ def test_a_config_nested_100000_levels_deep_is_one_line(tmp_path, checkpoint_dir
 def test_output_to_a_full_disk_is_one_line_and_a_failure(checkpoint_dir):
     """BAD 13 of issue 24: `> /dev/full` gave an OSError traceback."""
     with open("/dev/full", "w", encoding="utf-8") as full:
-        out = subprocess.run([sys.executable, "-m", "gpt2lib", "generate", "--model",
-                              str(checkpoint_dir), "--prompt", "Hi", "--max-new-tokens", "3",
-                              "--temperature", "0"], stdout=full, stderr=subprocess.PIPE,
-                             text=True, cwd=REPO, timeout=180)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpt2lib",
+                "generate",
+                "--model",
+                str(checkpoint_dir),
+                "--prompt",
+                "Hi",
+                "--max-new-tokens",
+                "3",
+                "--temperature",
+                "0",
+            ],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=180,
+        )
     assert out.returncode == 1
-    assert _one_error_line(out) == ("error: the output could not be written (No space left on "
-                                    "device)")
+    assert _one_error_line(out) == (
+        "error: the output could not be written (No space left on device)"
+    )
 
 
 def test_a_closed_stdout_is_one_line_and_a_failure(checkpoint_dir):
     """BAD 13 of issue 24: with stdout closed, an AttributeError traceback."""
-    command = (f"exec {sys.executable} -m gpt2lib generate --model '{checkpoint_dir}' "
-               "--prompt Hi --max-new-tokens 3 >&-")
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=REPO,
-                         timeout=180)
+    command = (
+        f"exec {sys.executable} -m gpt2lib generate --model '{checkpoint_dir}' "
+        "--prompt Hi --max-new-tokens 3 >&-"
+    )
+    out = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, cwd=REPO, timeout=180
+    )
     assert out.returncode == 1
-    assert _one_error_line(out) == ("error: the output could not be written (standard output "
-                                    "is closed)")
+    assert _one_error_line(out) == (
+        "error: the output could not be written (standard output is closed)"
+    )
 
 
 def test_a_model_whose_vocabulary_is_smaller_than_the_tokenizers_says_so(tmp_path):
     from checkpoints import write_hub_checkpoint
 
-    folder = write_hub_checkpoint(tmp_path, n_layer=1, n_head=2, n_embd=16, n_positions=32,
-                                  vocab_size=64)
+    folder = write_hub_checkpoint(
+        tmp_path, n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=64
+    )
     out = run("generate", "--model", str(folder), "--prompt", "Hello world", "--device", "cpu")
     assert out.returncode == 1 and out.stdout == ""
     line = _one_error_line(out)
-    assert "the model's vocabulary has 64 tokens, fewer than the 50,257 of GPT-2's tokenizer" in line
+    assert (
+        "the model's vocabulary has 64 tokens, fewer than the 50,257 of GPT-2's tokenizer" in line
+    )
 
 
 def test_a_relative_gpt2lib_checkpoint_works_from_the_notebooks_folder():
@@ -228,10 +312,27 @@ def test_a_relative_gpt2lib_checkpoint_works_from_the_notebooks_folder():
     if not (REPO / "data" / "standin" / "model.safetensors").is_file():
         pytest.skip("data/standin is not in this checkout")
     env = {**os.environ, "GPT2LIB_CHECKPOINT": "data/standin"}
-    out = subprocess.run([sys.executable, "-m", "gpt2lib", "generate", "--prompt", "ROMEO:",
-                          "--max-new-tokens", "3", "--temperature", "0", "--device", "cpu"],
-                         capture_output=True, text=True, env=env, cwd=REPO / "notebooks",
-                         timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt2lib",
+            "generate",
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO / "notebooks",
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ROMEO:")
 

@@ -12,7 +12,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from gpt2lib import course
-from gpt2lib.course import format as course_format, progress
+from gpt2lib.course import format as course_format
+from gpt2lib.course import progress
 from gpt2lib.course.format import CourseError
 
 
@@ -22,31 +23,36 @@ def code(source: str, *tags: str):
 
 def chapter() -> list:
     return [
-        new_markdown_cell("# Chapter 1: a fake chapter"),                                 # 0
+        new_markdown_cell("# Chapter 1: a fake chapter"),  # 0
         new_markdown_cell("### Exercise 1.1: add two numbers (difficulty: easy, about 5 min)"),
         code("def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION"),
-        code("assert add(2, 3) == 5", "check"),                                         # 3
+        code("assert add(2, 3) == 5", "check"),  # 3
         new_markdown_cell("### Predict: what does `add(1, 1)` print?\n\nWrite it down first."),
-        code("print(add(1, 1))"),                                                       # 5
+        code("print(add(1, 1))"),  # 5
         new_markdown_cell("## Exercise 1.2: scale a list (difficulty: Hard, about 30 minutes)"),
-        code("def scale(v):\n    ### BEGIN SOLUTION\n    return [2 * x for x in v]\n"
-             "    ### END SOLUTION"),
-        code("assert scale([1]) == [2]", "check"),                                      # 8
+        code(
+            "def scale(v):\n    ### BEGIN SOLUTION\n    return [2 * x for x in v]\n"
+            "    ### END SOLUTION"
+        ),
+        code("assert scale([1]) == [2]", "check"),  # 8
         new_markdown_cell("### Exercise 1.3: no stated difficulty"),
-        code("assert True", "check"),                                                   # 10
+        code("assert True", "check"),  # 10
         new_markdown_cell("### Challenge: make it fast\n\nGoal: under 10 operations."),
         code("def fast():\n    ### BEGIN SOLUTION\n    return 3\n    ### END SOLUTION"),
-        code("assert fast() < 10", "challenge"),                                        # 13
+        code("assert fast() < 10", "challenge"),  # 13
         new_markdown_cell("#### Prediction 1.2: a second prompt"),
         new_markdown_cell("### Challenge: an open question, no check"),
-        code("print('explore')"),                                                       # 16
+        code("print('explore')"),  # 16
     ]
 
 
 def notebook(cells=None) -> nbformat.NotebookNode:
     nb = new_notebook(cells=cells if cells is not None else chapter())
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     return nb
 
 
@@ -77,20 +83,25 @@ def test_challenges_own_their_cells_and_are_confirmed_by_challenge_cells():
 
 
 def test_a_heading_that_only_mentions_predict_or_challenge_later_is_neither():
-    nb = notebook([
-        new_markdown_cell("## Some section\n\n### Predict: not the first heading"),
-        new_markdown_cell("The challenge of this chapter\n### Challenges ahead"),
-        code("x = 1"),
-    ])
+    nb = notebook(
+        [
+            new_markdown_cell("## Some section\n\n### Predict: not the first heading"),
+            new_markdown_cell("The challenge of this chapter\n### Challenges ahead"),
+            code("x = 1"),
+        ]
+    )
     assert course_format.predictions(nb) == []
     assert course_format.challenges(nb) == []
 
 
-@pytest.mark.parametrize("heading", [
-    "### Exercise 1.1: a (difficulty: trivial, about 5 min)",
-    "### Exercise 1.1: a (difficulty: easy)",
-    "### Exercise 1.1: a (Difficulty: easy, 5 min)",
-])
+@pytest.mark.parametrize(
+    "heading",
+    [
+        "### Exercise 1.1: a (difficulty: trivial, about 5 min)",
+        "### Exercise 1.1: a (difficulty: easy)",
+        "### Exercise 1.1: a (Difficulty: easy, 5 min)",
+    ],
+)
 def test_a_misstated_difficulty_is_refused_by_the_build(tmp_path, heading):
     nb = notebook([new_markdown_cell(heading), code("assert True", "check")])
     problems = course_format.format_problems(nb, "solutions/01_x.ipynb")
@@ -99,12 +110,17 @@ def test_a_misstated_difficulty_is_refused_by_the_build(tmp_path, heading):
         course.learner_version(nb, "solutions/01_x.ipynb")
 
 
-@pytest.mark.parametrize("cells, phrase", [
-    ([code("assert True", "challenge")], "no '### Challenge' heading comes before it"),
-    ([new_markdown_cell("### Challenge: x"), code("assert True", "challenge", "check")],
-     "tagged both 'check' and 'challenge'"),
-    ([code("x = 1"), new_markdown_cell("### Predict: the end")], "has no code cell after it"),
-])
+@pytest.mark.parametrize(
+    "cells, phrase",
+    [
+        ([code("assert True", "challenge")], "no '### Challenge' heading comes before it"),
+        (
+            [new_markdown_cell("### Challenge: x"), code("assert True", "challenge", "check")],
+            "tagged both 'check' and 'challenge'",
+        ),
+        ([code("x = 1"), new_markdown_cell("### Predict: the end")], "has no code cell after it"),
+    ],
+)
 def test_challenge_tags_and_predictions_out_of_place_are_refused(cells, phrase):
     with pytest.raises(CourseError, match=phrase):
         course.learner_version(notebook(cells), "solutions/01_x.ipynb")
@@ -125,14 +141,20 @@ def error(ename: str, evalue: str = "") -> list:
     return [new_output("error", ename=ename, evalue=evalue, traceback=[])]
 
 
-@pytest.mark.parametrize("outputs, status, detail", [
-    (None, "done", ""),
-    (error("NotDoneYet", "x"), "not done", "not done"),
-    (error("NotImplementedError", "Challenge: make it fast: replace"), "not done", "not done"),
-    (error("CheckFailed", "Challenge: 14 operations; the goal is under 10\nmore"),
-     "not yet reached", "Challenge: 14 operations; the goal is under 10"),
-    (error("TypeError", "bad"), "not yet reached", "TypeError: bad"),
-])
+@pytest.mark.parametrize(
+    "outputs, status, detail",
+    [
+        (None, "done", ""),
+        (error("NotDoneYet", "x"), "not done", "not done"),
+        (error("NotImplementedError", "Challenge: make it fast: replace"), "not done", "not done"),
+        (
+            error("CheckFailed", "Challenge: 14 operations; the goal is under 10\nmore"),
+            "not yet reached",
+            "Challenge: 14 operations; the goal is under 10",
+        ),
+        (error("TypeError", "bad"), "not yet reached", "TypeError: bad"),
+    ],
+)
 def test_grade_challenge_reads_the_exception_type(outputs, status, detail):
     nb = notebook()
     for index in (12, 13):
@@ -162,8 +184,10 @@ def test_progress_lists_open_challenges_as_done_or_not(tmp_path: Path):
         code("assert one() == 1", "check"),
         new_markdown_cell("### Challenge: a small number"),
         code("def small():\n    ### BEGIN SOLUTION\n    return 3\n    ### END SOLUTION"),
-        code("if small() >= 10:\n    raise CheckFailed('Challenge', f'{small()} is not under 10')",
-             "challenge"),
+        code(
+            "if small() >= 10:\n    raise CheckFailed('Challenge', f'{small()} is not under 10')",
+            "challenge",
+        ),
         new_markdown_cell("### Challenge: a big number"),
         code("def big():\n    ### BEGIN SOLUTION\n    return 100\n    ### END SOLUTION"),
         code("assert big() > 10", "challenge"),
@@ -185,5 +209,6 @@ def test_progress_lists_open_challenges_as_done_or_not(tmp_path: Path):
     assert "✗  Challenge: a small number — Challenge: 12 is not under 10" in body
     assert "⋯  Challenge: a big number — not done" in body
     assert "0 of 2 open challenges done" in body
-    assert body[-1] == ("Total: 1 of 1 exercises passed, 0 failed, 0 not started; "
-                        "0 of 2 open challenges done")
+    assert body[-1] == (
+        "Total: 1 of 1 exercises passed, 0 failed, 0 not started; 0 of 2 open challenges done"
+    )

@@ -15,12 +15,19 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbformat.v4 import new_output
+from test_course import (
+    chapter_01,
+    chapter_02,
+    learner_path,
+    progress_chapter,
+    read,
+    set_source,
+    type_answer,
+    write_notebook,
+)
 
 from gpt2lib import course
-from gpt2lib.course import progress
-from gpt2lib.course import CourseError
-from test_course import (chapter_01, chapter_02, learner_path, progress_chapter, read,
-                         set_source, type_answer, write_notebook)
+from gpt2lib.course import CourseError, progress
 
 
 @pytest.fixture
@@ -33,8 +40,14 @@ def built(tmp_path: Path) -> Path:
 
 
 def run_module(*argv: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpt2lib.course", *argv], capture_output=True,
-                          text=True, encoding="utf-8", timeout=timeout, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2lib.course", *argv],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 def run_main(capsys, *argv: str) -> subprocess.CompletedProcess:
@@ -73,7 +86,7 @@ def test_reset_and_restore_from_two_threads_lose_nothing_and_write_valid_json(bu
         type_answer(built, f"a + b  # {marker}")
         barrier = threading.Barrier(2)
 
-        def run(command):
+        def run(command, barrier=barrier):
             try:
                 barrier.wait()
                 command()
@@ -83,8 +96,12 @@ def test_reset_and_restore_from_two_threads_lose_nothing_and_write_valid_json(bu
                 errors.append(exc)
 
         threads = [
-            threading.Thread(target=run, args=(lambda: course.reset("01", built, out=io.StringIO()),)),
-            threading.Thread(target=run, args=(lambda: course.restore("01", "1", built, out=io.StringIO()),)),
+            threading.Thread(
+                target=run, args=(lambda: course.reset("01", built, out=io.StringIO()),)
+            ),
+            threading.Thread(
+                target=run, args=(lambda: course.restore("01", "1", built, out=io.StringIO()),)
+            ),
         ]
         for thread in threads:
             thread.start()
@@ -105,9 +122,16 @@ def test_reset_and_restore_from_two_processes_lose_nothing(built):
         marker = f"process round {round_number}"
         type_answer(built, f"a + b  # {marker}")
         commands = [["reset", "01"], ["restore", "01", "1"]]
-        running = [subprocess.Popen([sys.executable, "-m", "gpt2lib.course", "--root", str(built),
-                                     *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=env) for argv in commands]
+        running = [
+            subprocess.Popen(
+                [sys.executable, "-m", "gpt2lib.course", "--root", str(built), *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for argv in commands
+        ]
         for process in running:
             _, err = process.communicate(timeout=120)
             assert process.returncode == 0, err
@@ -122,7 +146,9 @@ def test_a_write_that_fails_leaves_the_old_notebook_whole(built, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(course.os, "replace", full_disk)
+    import gpt2lib.files
+
+    monkeypatch.setattr(gpt2lib.files.os, "replace", full_disk)
     with pytest.raises(OSError):
         course.reset("01", built, out=io.StringIO())
     assert learner_path(built).read_bytes() == before
@@ -132,19 +158,25 @@ def test_a_write_that_fails_leaves_the_old_notebook_whole(built, monkeypatch):
 # --------------------------------------------------------------------------- bad arguments
 
 
-@pytest.mark.parametrize("argv, phrase", [
-    (["restore", "01", "²"], "no backup '²'"),
-    (["restore", "²"], "'²' is not a chapter number"),
-    (["reset", "٣"], "'٣' is not a chapter number"),
-    (["progress", "²"], "'²' is not a chapter number"),
-    (["progress", "--cell-timeout", "0"], "--cell-timeout must be a whole number of seconds, at least 1"),
-    (["progress", "--cell-timeout", "-1"], "--cell-timeout must be a whole number of seconds"),
-    (["progress", "--cell-timeout", "ten"], "--cell-timeout must be a whole number of seconds"),
-    (["frobnicate"], "invalid choice"),
-    ([], "the following arguments are required"),
-    (["reset"], "the following arguments are required: chapter"),
-    (["restore", "01", "1", "2"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["restore", "01", "²"], "no backup '²'"),
+        (["restore", "²"], "'²' is not a chapter number"),
+        (["reset", "٣"], "'٣' is not a chapter number"),
+        (["progress", "²"], "'²' is not a chapter number"),
+        (
+            ["progress", "--cell-timeout", "0"],
+            "--cell-timeout must be a whole number of seconds, at least 1",
+        ),
+        (["progress", "--cell-timeout", "-1"], "--cell-timeout must be a whole number of seconds"),
+        (["progress", "--cell-timeout", "ten"], "--cell-timeout must be a whole number of seconds"),
+        (["frobnicate"], "invalid choice"),
+        ([], "the following arguments are required"),
+        (["reset"], "the following arguments are required: chapter"),
+        (["restore", "01", "1", "2"], "unrecognized arguments"),
+    ],
+)
 def test_every_bad_argument_gives_one_error_line(built, argv, phrase, capsys):
     if argv[:1] == ["restore"] and argv[1:2] == ["01"]:
         type_answer(built, "a + b")
@@ -153,8 +185,9 @@ def test_every_bad_argument_gives_one_error_line(built, argv, phrase, capsys):
 
 
 def test_a_bad_argument_run_as_a_module_gives_one_error_line(built):
-    assert_one_error_line(run_module("--root", str(built), "restore", "²"),
-                          "'²' is not a chapter number")
+    assert_one_error_line(
+        run_module("--root", str(built), "restore", "²"), "'²' is not a chapter number"
+    )
 
 
 def test_a_root_that_does_not_exist_says_so(tmp_path, capsys):
@@ -187,7 +220,9 @@ def test_reset_when_backups_is_a_file_says_what_is_wrong(built, capsys):
     result = run_main(capsys, "--root", str(built), "reset", "01")
     assert_one_error_line(result, "notebooks/backups is a file")
     assert learner_path(built).read_bytes() == before  # nothing was changed
-    assert_one_error_line(run_main(capsys, "--root", str(built), "restore", "01"), "backups is a file")
+    assert_one_error_line(
+        run_main(capsys, "--root", str(built), "restore", "01"), "backups is a file"
+    )
 
 
 def test_reset_when_the_notebook_path_is_a_folder_says_what_is_wrong(built, capsys):
@@ -214,18 +249,25 @@ def test_a_learners_answers_are_not_drift_for_check_or_build(built):
     out = io.StringIO()
     course.build(built, out=out)
     assert learner_path(built).read_bytes() == mine  # left alone: it is up to date
-    assert "kept notebooks/01_tokenizer.ipynb: it holds your answers and is up to date" in out.getvalue()
+    assert (
+        "kept notebooks/01_tokenizer.ipynb: it holds your answers and is up to date"
+        in out.getvalue()
+    )
     assert not (built / "notebooks" / "backups").exists()
 
 
 def test_a_changed_cell_outside_the_exercises_is_still_drift(built):
     set_source(learner_path(built), 9, "print(SCALE * 4)  # edited by hand")
     problems = course.check(built)
-    assert len(problems) == 1 and problems[0].startswith("notebooks/01_tokenizer.ipynb: cell 9 was changed")
+    assert len(problems) == 1 and problems[0].startswith(
+        "notebooks/01_tokenizer.ipynb: cell 9 was changed"
+    )
     assert "keeps that copy in notebooks/backups/" in problems[0]  # never advice that loses it
 
 
-def test_a_learner_notebook_built_from_an_older_chapter_is_drift_and_the_advice_keeps_the_work(built):
+def test_a_learner_notebook_built_from_an_older_chapter_is_drift_and_the_advice_keeps_the_work(
+    built,
+):
     type_answer(built, "a + b  # mine")
     set_source(built / "solutions" / "01_tokenizer.ipynb", 9, "print(SCALE * 5)")
     problems = [p for p in course.check(built) if p.startswith("notebooks/")]
@@ -281,11 +323,16 @@ def slow_course(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "gpt2lib").mkdir()
     course.build(tmp_path, out=io.StringIO())
     pid_file = tmp_path / "kernel.pid"
-    set_source(learner_path(tmp_path), 3, (
-        "import os, pathlib, time\n"
-        f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()), encoding='utf-8')\n"
-        "time.sleep(600)\n\n"
-        "def double(x):\n    return 2 * x"))
+    set_source(
+        learner_path(tmp_path),
+        3,
+        (
+            "import os, pathlib, time\n"
+            f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()), encoding='utf-8')\n"
+            "time.sleep(600)\n\n"
+            "def double(x):\n    return 2 * x"
+        ),
+    )
     return tmp_path, pid_file
 
 
@@ -302,9 +349,14 @@ def alive(pid: int) -> bool:
 def test_ctrl_c_during_progress_stops_it_with_no_kernel_left(slow_course):
     root, pid_file = slow_course
     env = dict(os.environ, PYTHONPATH=str(course.REPO_ROOT))
-    process = subprocess.Popen([sys.executable, "-m", "gpt2lib.course", "--root", str(root),
-                                "progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, encoding="utf-8", env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpt2lib.course", "--root", str(root), "progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while not pid_file.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
@@ -336,4 +388,8 @@ def test_progress_shows_a_bar_while_it_runs(tmp_path):
     drawn = live.getvalue()
     code_cells = sum(c.cell_type == "code" for c in read(learner_path(tmp_path)).cells)
     assert f"cell 1 of {code_cells} code cells" in drawn  # drawn while cell 1 sleeps
-    assert drawn.rstrip("\n").split("\r")[-1].startswith(f"  [{'#' * 20}] ran {code_cells} of {code_cells}")
+    assert (
+        drawn.rstrip("\n")
+        .split("\r")[-1]
+        .startswith(f"  [{'#' * 20}] ran {code_cells} of {code_cells}")
+    )

@@ -87,34 +87,38 @@ def test_every_text_open_names_its_encoding():
     for path in python_files():
         tree = ast.parse(path.read_bytes(), filename=str(path))
         for line, call in text_opens_without_encoding(tree):
-            problems.append(f"{path.relative_to(REPO_ROOT).as_posix()}:{line}: {call} "
-                            f"without encoding=\"utf-8\"")
+            problems.append(
+                f'{path.relative_to(REPO_ROOT).as_posix()}:{line}: {call} without encoding="utf-8"'
+            )
     assert not problems, "text files opened without an encoding:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("source, flagged", [
-    ("open('f')", True),
-    ("open('f', 'w')", True),
-    ("open('f', mode='a+')", True),
-    ("open('f', 'rb')", False),
-    ("open('f', mode='wb')", False),
-    ("open('f', encoding='utf-8')", False),
-    ("open('f', 'r', -1, 'utf-8')", False),
-    ("io.open('f', 'w')", True),
-    ("path.open()", True),
-    ("path.open('rb')", False),
-    ("path.open('w', encoding='utf-8')", False),
-    ("path.read_text()", True),
-    ("path.read_text('utf-8')", False),
-    ("path.read_text(encoding='utf-8')", False),
-    ("path.write_text('x')", True),
-    ("path.write_text('x', encoding='utf-8')", False),
-    ("path.read_bytes()", False),
-    ("gzip.open('f')", False),
-    ("os.open('f', 0)", False),
-    ("tempfile.NamedTemporaryFile('w')", True),
-    ("tempfile.NamedTemporaryFile()", False),
-    ("open('f', **options)", False),
-])
+@pytest.mark.parametrize(
+    "source, flagged",
+    [
+        ("open('f')", True),
+        ("open('f', 'w')", True),
+        ("open('f', mode='a+')", True),
+        ("open('f', 'rb')", False),
+        ("open('f', mode='wb')", False),
+        ("open('f', encoding='utf-8')", False),
+        ("open('f', 'r', -1, 'utf-8')", False),
+        ("io.open('f', 'w')", True),
+        ("path.open()", True),
+        ("path.open('rb')", False),
+        ("path.open('w', encoding='utf-8')", False),
+        ("path.read_text()", True),
+        ("path.read_text('utf-8')", False),
+        ("path.read_text(encoding='utf-8')", False),
+        ("path.write_text('x')", True),
+        ("path.write_text('x', encoding='utf-8')", False),
+        ("path.read_bytes()", False),
+        ("gzip.open('f')", False),
+        ("os.open('f', 0)", False),
+        ("tempfile.NamedTemporaryFile('w')", True),
+        ("tempfile.NamedTemporaryFile()", False),
+        ("open('f', **options)", False),
+    ],
+)
 def test_the_scan_tells_text_opens_from_binary_ones(source, flagged):
     assert bool(text_opens_without_encoding(ast.parse(source))) is flagged

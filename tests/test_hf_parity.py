@@ -69,7 +69,10 @@ def _pair(config: GPT2Config, attn_implementation="eager", seed=0, randomise=Tru
     hf.eval()
     assert result.unexpected_keys == []
     # lm_head.weight is HF's tied alias of wte.weight; anything else missing would be a real gap
-    assert [k for k in result.missing_keys if not k.endswith(".attn.bias")] in ([], ["lm_head.weight"])
+    assert [k for k in result.missing_keys if not k.endswith(".attn.bias")] in (
+        [],
+        ["lm_head.weight"],
+    )
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr(), "HF readout untied"
     return ours, hf
 
@@ -78,8 +81,9 @@ CONFIGS = {
     # odd sizes: 3 heads of 16, a vocabulary of 101, one block, 8 positions
     "odd-48x3-L1-V101": GPT2Config(vocab_size=101, n_positions=8, n_embd=48, n_layer=1, n_head=3),
     "small-64x4-L3": GPT2Config(vocab_size=257, n_positions=32, n_embd=64, n_layer=3, n_head=4),
-    "wide-heads-96x2-L2-eps1e-6": GPT2Config(vocab_size=500, n_positions=20, n_embd=96, n_layer=2,
-                                              n_head=2, layer_norm_epsilon=1e-6),
+    "wide-heads-96x2-L2-eps1e-6": GPT2Config(
+        vocab_size=500, n_positions=20, n_embd=96, n_layer=2, n_head=2, layer_norm_epsilon=1e-6
+    ),
     "one-head-40x1-L2": GPT2Config(vocab_size=37, n_positions=12, n_embd=40, n_layer=2, n_head=1),
 }
 
@@ -91,7 +95,12 @@ def test_logits_match_transformers(name, attn_implementation):
     ours, hf = _pair(config, attn_implementation)
     generator = torch.Generator().manual_seed(1)
     # T = 1, an odd length in between, and the whole context
-    for batch, length in [(1, 1), (2, 1), (3, config.n_positions // 2 + 1), (2, config.n_positions)]:
+    for batch, length in [
+        (1, 1),
+        (2, 1),
+        (3, config.n_positions // 2 + 1),
+        (2, config.n_positions),
+    ]:
         idx = torch.randint(0, config.vocab_size, (batch, length), generator=generator)
         with torch.no_grad():
             got = ours(idx)
@@ -116,8 +125,9 @@ def test_gradients_match_transformers_including_the_tied_table():
     """The token table gets gradient from the embedding AND the readout, in both models."""
     config = CONFIGS["odd-48x3-L1-V101"]
     ours, hf = _pair(config, seed=4)
-    idx = torch.randint(0, config.vocab_size, (2, config.n_positions),
-                        generator=torch.Generator().manual_seed(5))
+    idx = torch.randint(
+        0, config.vocab_size, (2, config.n_positions), generator=torch.Generator().manual_seed(5)
+    )
     targets = torch.roll(idx, shifts=-1, dims=1)
     loss_ours = torch.nn.functional.cross_entropy(ours(idx).flatten(0, 1), targets.flatten())
     loss_hf = torch.nn.functional.cross_entropy(hf(idx).logits.flatten(0, 1), targets.flatten())

@@ -32,7 +32,8 @@ def _installed_editable_from_here() -> bool:
     return info.get("dir_info", {}).get("editable", False) and info["url"] == REPO.as_uri()
 
 
-@pytest.mark.skipif(not _installed_editable_from_here(),
-                    reason="gpt2lib is not installed editable from this folder")
+@pytest.mark.skipif(
+    not _installed_editable_from_here(), reason="gpt2lib is not installed editable from this folder"
+)
 def test_the_editable_install_left_no_egg_info_in_the_course_folder():
     assert [p.name for p in REPO.glob("*.egg-info")] == []

@@ -79,8 +79,13 @@ def test_the_readme_has_python_blocks():
 def test_readme_python_block_runs_as_pasted(line, code, tmp_path):
     folder = course_folder(tmp_path / "course")
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=folder, env=offline_env(),
-        capture_output=True, text=True, encoding="utf-8", timeout=BLOCK_TIMEOUT,
+        [sys.executable, "-c", code],
+        cwd=folder,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=BLOCK_TIMEOUT,
     )
     assert result.returncode == 0, (
         f"the ```python block at README.md line {line} failed (exit {result.returncode}):\n"
@@ -111,11 +116,17 @@ def test_skipped_browser_tests_say_why_without_rs(tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path, capture_output=True, text=True, encoding="utf-8", timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
         env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),  # nbval, hypothesis: not needed
     )
     lines = result.stdout.splitlines()
-    assert "3 browser tests skipped: /usr/bin/chromium is missing (apt-get install chromium) " \
-        "(see the README's Test section)" in lines, result.stdout
+    assert (
+        "3 browser tests skipped: /usr/bin/chromium is missing (apt-get install chromium) "
+        "(see the README's Test section)" in lines
+    ), result.stdout
     assert not any("something else" in line for line in lines)  # other skips keep pytest's way
     assert "4 skipped" in lines[-1]

@@ -32,10 +32,24 @@ from gpt2lib.tokenfile import TokenFileError, open_tokens, write_token_file
 
 REPO = Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, steps=6, lr=3e-3,
-            progress=False)
-TINY_FLAGS = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16",
-              "--batch-size", "4", "--lr", "3e-3", "--no-progress"]
+TINY = dict(
+    n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, steps=6, lr=3e-3, progress=False
+)
+TINY_FLAGS = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +89,14 @@ def environment():
 # --------------------------------------------------------------------------- token files
 
 
-def test_prepare_on_tiny_shakespeare_gives_tiktokens_ids_split_as_chapter_7(tmp_path,
-                                                                            shakespeare_ids):
+def test_prepare_on_tiny_shakespeare_gives_tiktokens_ids_split_as_chapter_7(
+    tmp_path, shakespeare_ids
+):
     out = tmp_path / "s.bin"
     # small pieces and two worker processes: the cuts must not change a single id
-    summary = tokenfile.prepare(SHAKESPEARE, out, val_fraction=0.1, processes=2,
-                                chunk_chars=50_000, progress=False)
+    summary = tokenfile.prepare(
+        SHAKESPEARE, out, val_fraction=0.1, processes=2, chunk_chars=50_000, progress=False
+    )
     n = len(shakespeare_ids)
     split = int((1 - 0.1) * n)
     assert summary["tokens"] == n and summary["train_tokens"] == split
@@ -123,10 +139,12 @@ def test_memmap_windows_equal_the_in_memory_loaders_windows(token_file):
     ids = open_tokens(token_file, 50257)
     in_memory = torch.from_numpy(np.asarray(ids, dtype=np.int64))
     for batch_size, block_size in ((4, 16), (3, 100)):
-        want_x, want_y = get_batch(in_memory, batch_size, block_size,
-                                   torch.Generator().manual_seed(7))
-        starts = torch.randint(len(ids) - block_size, (batch_size,),
-                               generator=torch.Generator().manual_seed(7))
+        want_x, want_y = get_batch(
+            in_memory, batch_size, block_size, torch.Generator().manual_seed(7)
+        )
+        starts = torch.randint(
+            len(ids) - block_size, (batch_size,), generator=torch.Generator().manual_seed(7)
+        )
         x, y = tokenfile.windows(ids, starts, block_size)
         assert torch.equal(x, want_x) and torch.equal(y, want_y)
 
@@ -146,8 +164,9 @@ def test_a_steps_windows_depend_only_on_seed_step_and_global_batch():
 
 
 def test_token_files_of_another_vocabulary_or_out_of_range_ids_are_refused(tmp_path):
-    other = write_token_file(tmp_path / "other.bin", [1, 2, 3], vocabulary="cl100k_base",
-                             vocab_size=100277)
+    other = write_token_file(
+        tmp_path / "other.bin", [1, 2, 3], vocabulary="cl100k_base", vocab_size=100277
+    )
     with pytest.raises(TokenFileError, match="'cl100k_base' vocabulary"):
         open_tokens(other, 50257)
     big = write_token_file(tmp_path / "big.bin", [1, 60000, 3], vocab_size=65536)
@@ -190,11 +209,27 @@ def test_a_checkpoint_of_another_size_or_run_is_an_error_not_adopted(tmp_path, t
     pretrain(**{**TINY, "steps": 2, "out": str(out), "data": str(token_file)})
     log_before = (out / "log.jsonl").read_text(encoding="utf-8")
     with pytest.raises(TrainingSetupError, match="another model size.*n_embd=32.*n_embd=64"):
-        pretrain(**{**TINY, "steps": 2, "n_embd": 64, "out": str(out), "data": str(token_file),
-                    "resume": True})
+        pretrain(
+            **{
+                **TINY,
+                "steps": 2,
+                "n_embd": 64,
+                "out": str(out),
+                "data": str(token_file),
+                "resume": True,
+            }
+        )
     with pytest.raises(TrainingSetupError, match="seed: 0 in the checkpoint, 1 now"):
-        pretrain(**{**TINY, "steps": 2, "seed": 1, "out": str(out), "data": str(token_file),
-                    "resume": True})
+        pretrain(
+            **{
+                **TINY,
+                "steps": 2,
+                "seed": 1,
+                "out": str(out),
+                "data": str(token_file),
+                "resume": True,
+            }
+        )
     with pytest.raises(TrainingSetupError, match="already holds a run; pass --resume"):
         pretrain(**{**TINY, "steps": 2, "out": str(out), "data": str(token_file)})
     assert (out / "log.jsonl").read_text(encoding="utf-8") == log_before
@@ -203,8 +238,16 @@ def test_a_checkpoint_of_another_size_or_run_is_an_error_not_adopted(tmp_path, t
 def test_the_cli_gives_one_line_and_exit_code_2_for_bad_input(tmp_path, capsys):
     from gpt2lib.cli import main
 
-    code = main(["train", "--data", str(tmp_path / "missing.bin"), "--out", str(tmp_path / "r"),
-                 *TINY_FLAGS])
+    code = main(
+        [
+            "train",
+            "--data",
+            str(tmp_path / "missing.bin"),
+            "--out",
+            str(tmp_path / "r"),
+            *TINY_FLAGS,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: no token file at") and "prepare" in err
 
@@ -216,19 +259,42 @@ def test_the_cli_gives_one_line_and_exit_code_2_for_bad_input(tmp_path, capsys):
 def test_a_run_logs_every_step_and_saves_a_model_both_libraries_load(tmp_path, token_file):
     out = tmp_path / "run"
     config = tmp_path / "run.toml"
-    config.write_text('n-layer = 2\nn-head = 2\nn-embd = 32\nblock-size = 16\nbatch-size = 2\n'
-                      'steps = 3\nlr = 3e-3\n', encoding="utf-8")
+    config.write_text(
+        "n-layer = 2\nn-head = 2\nn-embd = 32\nblock-size = 16\nbatch-size = 2\n"
+        "steps = 3\nlr = 3e-3\n",
+        encoding="utf-8",
+    )
     from gpt2lib.cli import main
 
     # the config file gives settings, a flag overrides one of them
-    assert main(["train", "--config", str(config), "--data", str(token_file), "--val-data",
-                 str(token_file), "--out", str(out), "--batch-size", "4", "--pad-vocab",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(config),
+                "--data",
+                str(token_file),
+                "--val-data",
+                str(token_file),
+                "--out",
+                str(out),
+                "--batch-size",
+                "4",
+                "--pad-vocab",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     log = read_log(out / "log.jsonl")
     assert [line["step"] for line in log] == [0, 1, 2]
     for line in log:
         assert {"step", "loss", "lr", "tokens_per_s", "mfu"} <= line.keys()
-        assert all(isinstance(line[k], float) and line[k] > 0 for k in ("loss", "lr", "tokens_per_s", "mfu"))
+        assert all(
+            isinstance(line[k], float) and line[k] > 0
+            for k in ("loss", "lr", "tokens_per_s", "mfu")
+        )
     assert "val_loss" in log[-1]
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert run["vocab_size"] == 50304 and run["global_batch"] == 4
@@ -258,8 +324,10 @@ def test_a_crash_during_the_checkpoint_write_leaves_the_old_one_loadable(tmp_pat
 
     monkeypatch.setattr(torch, "save", crash_halfway)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, {"format": "gpt2lib-training-checkpoint", "step": 2,
-                               "model": {"w": torch.zeros(1000)}})
+        save_checkpoint(
+            path,
+            {"format": "gpt2lib-training-checkpoint", "step": 2, "model": {"w": torch.zeros(1000)}},
+        )
     monkeypatch.setattr(torch, "save", real_save)
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]  # the half is cleaned away
     assert load_checkpoint(path)["step"] == 1
@@ -270,41 +338,99 @@ def test_a_crash_during_the_checkpoint_write_leaves_the_old_one_loadable(tmp_pat
 @pytest.mark.slow
 def test_two_processes_with_gloo_equal_one_process_with_accumulation(tmp_path, token_file):
     common = ["--data", str(token_file), *TINY_FLAGS, "--steps", "4", "--seed", "5"]
-    one = subprocess.run([sys.executable, "-m", "gpt2lib", "train", *common, "--grad-accum",
-                          "2", "--out", str(tmp_path / "one")], capture_output=True, text=True,
-                         env=environment(), cwd=REPO, timeout=200)
+    one = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt2lib",
+            "train",
+            *common,
+            "--grad-accum",
+            "2",
+            "--out",
+            str(tmp_path / "one"),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        cwd=REPO,
+        timeout=200,
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          "--standalone", "-m", "gpt2lib", "train", *common, "--grad-accum",
-                          "1", "--out", str(tmp_path / "two")], capture_output=True, text=True,
-                         env=environment(), cwd=REPO, timeout=200)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--standalone",
+            "-m",
+            "gpt2lib",
+            "train",
+            *common,
+            "--grad-accum",
+            "1",
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        cwd=REPO,
+        timeout=200,
+    )
     assert two.returncode == 0, two.stderr
-    log_one, log_two = read_log(tmp_path / "one" / "log.jsonl"), read_log(tmp_path / "two" / "log.jsonl")
+    log_one, log_two = (
+        read_log(tmp_path / "one" / "log.jsonl"),
+        read_log(tmp_path / "two" / "log.jsonl"),
+    )
     assert [line["step"] for line in log_two] == [0, 1, 2, 3]
     for a, b in zip(log_one, log_two):
         assert abs(a["loss"] - b["loss"]) <= 1e-5, (a, b)
     assert_same_weights(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"), 1e-5)
-    assert json.loads((tmp_path / "two" / "run.json").read_text(encoding="utf-8"))["world_size"] == 2
+    assert (
+        json.loads((tmp_path / "two" / "run.json").read_text(encoding="utf-8"))["world_size"] == 2
+    )
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_a_random_point_and_resumed_equals_an_uninterrupted_run(tmp_path,
-                                                                               token_file):
+def test_a_run_killed_at_a_random_point_and_resumed_equals_an_uninterrupted_run(
+    tmp_path, token_file
+):
     steps = 8
-    flags = ["--data", str(token_file), *TINY_FLAGS, "--steps", str(steps), "--dropout", "0.1",
-             "--checkpoint-every", "2"]
+    flags = [
+        "--data",
+        str(token_file),
+        *TINY_FLAGS,
+        "--steps",
+        str(steps),
+        "--dropout",
+        "0.1",
+        "--checkpoint-every",
+        "2",
+    ]
     whole = tmp_path / "whole"
-    done = subprocess.run([sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(whole)],
-                          capture_output=True, text=True, env=environment(), cwd=REPO, timeout=200)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(whole)],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        cwd=REPO,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stderr
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     kill_after, delay = rng.randrange(1, steps - 1), rng.uniform(0, 0.3)
     where = f"(killed after {kill_after} log lines + {delay:.2f} s; random seed {seed})"
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(cut)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment(),
-                            cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(cut)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=environment(),
+        cwd=REPO,
+    )
     log = cut / "log.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -318,9 +444,14 @@ def test_a_run_killed_at_a_random_point_and_resumed_equals_an_uninterrupted_run(
         resume = []
     else:
         resume = ["--resume"]
-    again = subprocess.run([sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(cut),
-                            *resume], capture_output=True, text=True, env=environment(),
-                           cwd=REPO, timeout=200)
+    again = subprocess.run(
+        [sys.executable, "-m", "gpt2lib", "train", *flags, "--out", str(cut), *resume],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        cwd=REPO,
+        timeout=200,
+    )
     assert again.returncode == 0, f"{where}\n{again.stderr}"
     a, b = read_log(whole / "log.jsonl"), read_log(log)
     assert [x["step"] for x in b] == list(range(steps)), where
@@ -374,11 +505,18 @@ def test_the_run_speed_check_names_each_planted_mistake(mistake):
     assert mistake.message in str(info.value)
 
 
-@pytest.mark.parametrize("answer, message", [
-    (lambda folder: (lambda t, m: (t, 100 * m))(*scaling_checks._run_speed(folder)), "a percentage"),
-    (lambda folder: scaling_checks._run_speed(folder)[0], "return two numbers"),
-    (lambda folder: (1.0, 0.5), "tokens/s and MFU"),
-], ids=["percent", "one number", "far off"])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (
+            lambda folder: (lambda t, m: (t, 100 * m))(*scaling_checks._run_speed(folder)),
+            "a percentage",
+        ),
+        (lambda folder: scaling_checks._run_speed(folder)[0], "return two numbers"),
+        (lambda folder: (1.0, 0.5), "tokens/s and MFU"),
+    ],
+    ids=["percent", "one number", "far off"],
+)
 def test_the_run_speed_check_names_other_wrong_answers(answer, message):
     with pytest.raises(CheckFailed, match=message):
         scaling_checks.check_run_speed(answer)
@@ -399,13 +537,41 @@ def test_run_speed_reads_a_real_runs_files_as_the_log_wrote_them(tmp_path, token
     from gpt2lib.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", "--data", str(token_file), "--n-layer", "1", "--n-head", "2",
-                 "--n-embd", "16", "--block-size", "16", "--batch-size", "2", "--steps", "3",
-                 "--no-progress", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(token_file),
+                "--n-layer",
+                "1",
+                "--n-head",
+                "2",
+                "--n-embd",
+                "16",
+                "--block-size",
+                "16",
+                "--batch-size",
+                "2",
+                "--steps",
+                "3",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text(encoding="utf-8").splitlines()]
     rate, mfu = scaling_checks._run_speed(out)
-    assert min(x["tokens_per_s"] for x in lines[1:]) <= rate <= max(x["tokens_per_s"] for x in lines[1:])
-    assert min(x["mfu"] for x in lines[1:]) <= mfu * (1 + 1e-9) and mfu <= max(x["mfu"] for x in lines[1:]) * (1 + 1e-9)
+    assert (
+        min(x["tokens_per_s"] for x in lines[1:])
+        <= rate
+        <= max(x["tokens_per_s"] for x in lines[1:])
+    )
+    assert min(x["mfu"] for x in lines[1:]) <= mfu * (1 + 1e-9) and mfu <= max(
+        x["mfu"] for x in lines[1:]
+    ) * (1 + 1e-9)
 
 
 def _recipe_price(**mistakes):
@@ -427,13 +593,16 @@ def test_the_recipe_price_check_passes_the_right_numbers(capsys):
     assert "Exercise 11.7" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mistake, phrase", [
-    ("windows", "divide the tokens by the tokens of a step"),
-    ("per_step", "every token of every step"),
-    ("one_gpu", "shared by all the GPUs"),
-    ("no_mfu", "MFU share of their peak"),
-    ("one_gpu_paid", "every GPU of the node is paid"),
-])
+@pytest.mark.parametrize(
+    "mistake, phrase",
+    [
+        ("windows", "divide the tokens by the tokens of a step"),
+        ("per_step", "every token of every step"),
+        ("one_gpu", "shared by all the GPUs"),
+        ("no_mfu", "MFU share of their peak"),
+        ("one_gpu_paid", "every GPU of the node is paid"),
+    ],
+)
 def test_the_recipe_price_check_names_each_planted_mistake(mistake, phrase):
     with pytest.raises(CheckFailed, match=phrase):
         scaling_checks.check_recipe_price(*_recipe_price(**{mistake: True}))

@@ -9,16 +9,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpt2lib.speed import kernels, measure
 from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2, TiedReadout
 from gpt2lib.generation import generate
 from gpt2lib.kvcache import KVCache
-from gpt2lib.chapters.model import GPT2, TiedReadout
-
+from gpt2lib.speed import kernels, measure
 
 # What the routing tests pretend this machine measured: every route a split.
-SPLIT_ROUTES = {"conv_one": "inner", "conv_few": "columns", "readout_one": "blocks",
-                "readout_few": "table"}
+SPLIT_ROUTES = {
+    "conv_one": "inner",
+    "conv_few": "columns",
+    "readout_one": "blocks",
+    "readout_few": "table",
+}
 TORCH_ROUTES = dict.fromkeys(SPLIT_ROUTES, "torch")
 
 
@@ -47,8 +50,13 @@ def test_one_thread_never_splits(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 9), slab=st.integers(1, 12), parts=st.sampled_from([1, 2, 3, 8]),
-       n_out=st.integers(1, 20), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 9),
+    slab=st.integers(1, 12),
+    parts=st.sampled_from([1, 2, 3, 8]),
+    n_out=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
 def test_split_matmul_equals_the_plain_product(rows, slab, parts, n_out, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, slab * parts, generator=gen, dtype=torch.float64)
@@ -64,8 +72,11 @@ class CountSplits:
         self.split_calls = 0
         self.column_calls = 0
         self.bmm_calls = 0
-        real_split, real_columns, real_bmm = (kernels.split_matmul, kernels.column_split_matmul,
-                                              torch.bmm)
+        real_split, real_columns, real_bmm = (
+            kernels.split_matmul,
+            kernels.column_split_matmul,
+            torch.bmm,
+        )
 
         def split(*args, **kwargs):
             self.split_calls += 1
@@ -85,8 +96,13 @@ class CountSplits:
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 9), n_in=st.integers(1, 12), slab=st.integers(1, 6),
-       parts=st.sampled_from([1, 2, 3, 8]), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 9),
+    n_in=st.integers(1, 12),
+    slab=st.integers(1, 6),
+    parts=st.sampled_from([1, 2, 3, 8]),
+    seed=st.integers(0, 2**16),
+)
 def test_column_split_matmul_equals_the_plain_product(rows, n_in, slab, parts, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n_in, generator=gen, dtype=torch.float64)
@@ -94,22 +110,37 @@ def test_column_split_matmul_equals_the_plain_product(rows, n_in, slab, parts, s
     torch.testing.assert_close(kernels.column_split_matmul(x, w, parts), x @ w)
 
 
-@pytest.mark.parametrize("rows, route", [(1, "inner"), (8, "columns"),
-                                         (kernels.SPLIT_MAX_ROWS, "columns"),
-                                         (kernels.SPLIT_MAX_ROWS + 1, "torch")])
-def test_matmul_bias_takes_the_measured_route_for_few_rows_and_matches_addmm(monkeypatch, rows,
-                                                                            route):
+@pytest.mark.parametrize(
+    "rows, route",
+    [
+        (1, "inner"),
+        (8, "columns"),
+        (kernels.SPLIT_MAX_ROWS, "columns"),
+        (kernels.SPLIT_MAX_ROWS + 1, "torch"),
+    ],
+)
+def test_matmul_bias_takes_the_measured_route_for_few_rows_and_matches_addmm(
+    monkeypatch, rows, route
+):
     counter = CountSplits(monkeypatch)
     gen = torch.Generator().manual_seed(rows)
-    x, w, b = torch.randn(rows, 64, generator=gen), torch.randn(64, 24, generator=gen), torch.randn(24, generator=gen)
+    x, w, b = (
+        torch.randn(rows, 64, generator=gen),
+        torch.randn(64, 24, generator=gen),
+        torch.randn(24, generator=gen),
+    )
     got = kernels.matmul_bias(x, w, b)
     assert (counter.split_calls, counter.column_calls) == {
-        "inner": (1, 0), "columns": (0, 1), "torch": (0, 0)}[route]
+        "inner": (1, 0),
+        "columns": (0, 1),
+        "torch": (0, 0),
+    }[route]
     torch.testing.assert_close(got, torch.addmm(b, x, w), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("x_dtype, n_in", [(torch.float64, 64), (torch.bfloat16, 64),
-                                           (torch.float32, 60)])
+@pytest.mark.parametrize(
+    "x_dtype, n_in", [(torch.float64, 64), (torch.bfloat16, 64), (torch.float32, 60)]
+)
 def test_matmul_bias_keeps_torch_for_other_dtypes_and_widths(monkeypatch, x_dtype, n_in):
     """Measured only for float32; a width that SPLIT_PARTS does not divide cannot be split."""
     counter = CountSplits(monkeypatch)
@@ -216,7 +247,10 @@ def test_decode_bytes_per_token_counts_every_weight_but_the_unused_positions():
 
 def test_wall_times_times_each_call_after_the_warmup_and_median_is_their_median():
     calls, ticks = [], iter(range(0, 100, 1))
-    clock = lambda: next(ticks) ** 2  # readings 0, 1, 4, 9, ...: each call lasts longer
+
+    def clock():  # readings 0, 1, 4, 9, ...: each call lasts longer
+        return next(ticks) ** 2
+
     times = measure.wall_times(lambda: calls.append(1), repeats=3, warmup=2, clock=clock)
     assert len(calls) == 5 and times == [1, 5, 9]  # (1-0), (9-4), (25-16): warm-up untimed
     ticks = iter(range(0, 100, 1))
@@ -230,7 +264,9 @@ def test_measurements_return_plausible_numbers():
     assert 0.1 < measure.memory_read_gbps(megabytes=16, repeats=2) < 10_000
     torch.manual_seed(0)
     model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
-    assert measure.decode_rate(model, torch.zeros(1, 4, dtype=torch.long), new_tokens=4, repeats=1) > 0
+    assert (
+        measure.decode_rate(model, torch.zeros(1, 4, dtype=torch.long), new_tokens=4, repeats=1) > 0
+    )
 
 
 # --------------------------------------------------------------------------- the engine
@@ -243,11 +279,18 @@ def tiny_model(seed=0, **sizes):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n_layer=st.integers(1, 3), n_head=st.integers(1, 3), head_dim=st.sampled_from([2, 4, 8]),
-       B=st.integers(1, 3), T=st.integers(1, 12), new=st.integers(1, 12),
-       seed=st.integers(0, 999))
-def test_static_cache_gives_the_tokens_of_the_growing_slices(n_layer, n_head, head_dim, B, T,
-                                                             new, seed):
+@given(
+    n_layer=st.integers(1, 3),
+    n_head=st.integers(1, 3),
+    head_dim=st.sampled_from([2, 4, 8]),
+    B=st.integers(1, 3),
+    T=st.integers(1, 12),
+    new=st.integers(1, 12),
+    seed=st.integers(0, 999),
+)
+def test_static_cache_gives_the_tokens_of_the_growing_slices(
+    n_layer, n_head, head_dim, B, T, new, seed
+):
     """Whole buffer + validity mask + position tensor == growing slices == no cache."""
     from gpt2lib.generation import decode_all
 
@@ -276,8 +319,14 @@ def test_a_static_step_of_the_layers_reads_nothing_on_the_host():
 
     class NoHostReads(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
-                        torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__):
+            if func in (
+                torch.Tensor.item,
+                torch.Tensor.tolist,
+                torch.Tensor.__bool__,
+                torch.Tensor.__int__,
+                torch.Tensor.__index__,
+                torch.Tensor.__float__,
+            ):
                 raise AssertionError(f"host read: {func}")
             return func(*args, **(kwargs or {}))
 
@@ -330,17 +379,40 @@ def test_speed_holds_no_block_attention_or_mlp_of_its_own():
     from gpt2lib import speed
 
     tree = ast.parse(inspect.getsource(speed))
-    names = {node.attr if isinstance(node, ast.Attribute) else node.id
-             for node in ast.walk(tree) if isinstance(node, (ast.Attribute, ast.Name))}
-    layer_math = {"scaled_dot_product_attention", "layer_norm", "gelu", "softmax", "embedding",
-                  "Block", "CausalSelfAttention", "MLP", "LayerNorm"}
+    names = {
+        node.attr if isinstance(node, ast.Attribute) else node.id
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Attribute, ast.Name))
+    }
+    layer_math = {
+        "scaled_dot_product_attention",
+        "layer_norm",
+        "gelu",
+        "softmax",
+        "embedding",
+        "Block",
+        "CausalSelfAttention",
+        "MLP",
+        "LayerNorm",
+    }
     assert not names & layer_math, sorted(names & layer_math)
-    defined = {node.name for node in ast.walk(tree)
-               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    assert not {n for n in defined if any(w in n.lower() for w in ("block", "attn", "attention",
-                                                                    "mlp", "prefill"))}
-    for gone in ("Decoder", "GraphDecoder", "decode_step", "prefill", "fast_path_applies",
-                 "model_weights", "_block"):
+    defined = {
+        node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
+    assert not {
+        n
+        for n in defined
+        if any(w in n.lower() for w in ("block", "attn", "attention", "mlp", "prefill"))
+    }
+    for gone in (
+        "Decoder",
+        "GraphDecoder",
+        "decode_step",
+        "prefill",
+        "fast_path_applies",
+        "model_weights",
+        "_block",
+    ):
         assert not hasattr(speed, gone), gone
 
 
@@ -363,7 +435,9 @@ def test_the_measurement_runs_once_per_thread_count_and_names_a_route_for_each(m
     monkeypatch.setattr(kernels, "_measured", {})
     calls = []
     real_fastest = kernels._fastest
-    monkeypatch.setattr(kernels, "_fastest", lambda *a, **k: calls.append(1) or real_fastest(*a, **k))
+    monkeypatch.setattr(
+        kernels, "_fastest", lambda *a, **k: calls.append(1) or real_fastest(*a, **k)
+    )
     first = kernels.measured_routes()
     second = kernels.measured_routes()
     assert first == second and len(calls) == 4  # measured once, then remembered
@@ -383,6 +457,7 @@ def test_a_split_is_chosen_only_when_it_beats_torch_by_ten_percent(monkeypatch):
         def run():
             for _ in range(cost[name]):
                 next(ticks)
+
         return run
 
     routes = {name: route(name) for name in ("torch", "inner", "columns")}
@@ -419,8 +494,9 @@ def sharp_tiny_model():
     return model
 
 
-@pytest.mark.parametrize("change", ["nothing", "hook on a block", "hook on a swapped layer",
-                                    "ablated heads"])
+@pytest.mark.parametrize(
+    "change", ["nothing", "hook on a block", "hook on a swapped layer", "ablated heads"]
+)
 def test_a_swapped_model_generates_what_the_plain_model_computes(change):
     """SplitConv1D is the same function: generating with the swapped layers (split on) gives the
     tokens of full forward passes of the untouched model, also under hooks and ablations
@@ -429,8 +505,8 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
     import copy
 
     from gpt2lib import speed
-    from gpt2lib.inspection import ablated_heads
     from gpt2lib.chapters.layers import Conv1D
+    from gpt2lib.inspection import ablated_heads
 
     plain = sharp_tiny_model()
     swapped = copy.deepcopy(plain)
@@ -477,7 +553,9 @@ def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeyp
     assert type(model.h[0].mlp.c_fc) is MyConv1D and type(replaced) is Conv1D
     assert type(model.h[0].attn.c_attn) is speed.SplitConv1D
     ids = torch.zeros(1, 3, dtype=torch.long)
-    assert torch.equal(generate(model, ids, 4, temperature=0), greedy_by_full_forwards(model, ids, 4))
+    assert torch.equal(
+        generate(model, ids, 4, temperature=0), greedy_by_full_forwards(model, ids, 4)
+    )
 
     fresh = tiny_model()  # a class whose forward was patched: nothing is switched
     monkeypatch.setattr(Conv1D, "forward", lambda self, x: x @ self.weight + self.bias)
@@ -501,7 +579,8 @@ def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
     assert decode_cpu_time.summary([0.5, 0.1, 0.3], per=10) == pytest.approx(
-        {"median": 30.0, "min": 10.0, "max": 50.0})
+        {"median": 30.0, "min": 10.0, "max": 50.0}
+    )
 
 
 def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone():

@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import browser_support as bs
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,14 +17,23 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def test_solution_chapter_names_only_solution_notebooks():
     assert bs.solution_chapter("solutions/10_finetuning.ipynb::Cell 3") == "10_finetuning"
     assert bs.solution_chapter("notebooks/10_finetuning.ipynb::Cell 3") is None
-    assert bs.solution_chapter("tests/test_browser.py::test_chapter_runs_in_jupyterlab[10_finetuning]") is None
+    assert (
+        bs.solution_chapter("tests/test_browser.py::test_chapter_runs_in_jupyterlab[10_finetuning]")
+        is None
+    )
     assert bs.solution_chapter("solutions/old/10_finetuning.ipynb::Cell 3") is None
 
 
 def collected(*args: str, chromium: str) -> list[str]:
     env = {**os.environ, bs.CHROMIUM_ENV: chromium}
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *args],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return [line for line in out.stdout.splitlines() if "::" in line]
 

@@ -10,7 +10,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
-_spec = importlib.util.spec_from_file_location("teaching_stats", REPO / "tools" / "teaching_stats.py")
+_spec = importlib.util.spec_from_file_location(
+    "teaching_stats", REPO / "tools" / "teaching_stats.py"
+)
 teaching_stats = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(teaching_stats)
 
@@ -22,8 +24,19 @@ def test_chapter_meets_the_teaching_targets(path):
 
 def test_the_measure_sees_a_chapter_that_misses():
     # A chapter of given code only, with one dictated exercise, misses several targets.
-    row = dict(chapter="05_block", code=400, longest=70, inside=0, share=0.0, exercises=1,
-               stated=0, thinking=0, predict=0, challenge=0, challenge_cells=0)
+    row = dict(
+        chapter="05_block",
+        code=400,
+        longest=70,
+        inside=0,
+        share=0.0,
+        exercises=1,
+        stated=0,
+        thinking=0,
+        predict=0,
+        challenge=0,
+        challenge_cells=0,
+    )
     found = teaching_stats.misses(row)
     assert any("code lines > 350" in m for m in found)
     assert any("a cell of 70 lines" in m for m in found)
@@ -38,8 +51,11 @@ def test_the_learner_writes_a_quarter_of_the_course():
 
 
 def test_marker_lines_count_as_code_not_as_the_learners(tmp_path):
-    cell = {"cell_type": "code", "metadata": {}, "source":
-            "x = 1\n### BEGIN SOLUTION\ny = 2\n\n### END SOLUTION\n"}
+    cell = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": "x = 1\n### BEGIN SOLUTION\ny = 2\n\n### END SOLUTION\n",
+    }
     path = tmp_path / "05_x.ipynb"
     path.write_text(__import__("json").dumps({"cells": [cell]}), encoding="utf-8")
     row = teaching_stats.stats(path)

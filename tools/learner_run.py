@@ -17,19 +17,23 @@ the unfinished notebooks, not this.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpt2lib.course import exported_code  # noqa: E402
+from gpt2lib.course import STUB, exported_code  # noqa: E402
 from gpt2lib.course.format import challenges, exercises, read_notebook, solution_regions  # noqa: E402
 from gpt2lib.course.progress import (  # noqa: E402
-    DONE, PASSED, cell_timeout, execute_copy, grade, grade_challenge, learner_notebooks)
-
-STUB = re.compile(r'^\s*raise NotImplementedError\(".*: replace this line with your code"\)\s*$')
+    DONE,
+    PASSED,
+    cell_timeout,
+    execute_copy,
+    grade,
+    grade_challenge,
+    learner_notebooks,
+)
 
 
 def filled(learner, solution, where: str):
@@ -38,21 +42,27 @@ def filled(learner, solution, where: str):
         if mine.cell_type != "code":
             continue
         regions = solution_regions(answer.source, f"{where}, cell {index}")
-        stubs = [i for i, line in enumerate(mine.source.split("\n")) if STUB.match(line)]
+        stubs = list(STUB.finditer(mine.source))
         if len(stubs) != len(regions):
-            raise SystemExit(f"{where}, cell {index}: {len(stubs)} stubs for {len(regions)} "
-                             f"solution regions; run `python -m gpt2lib.course build`")
+            raise SystemExit(
+                f"{where}, cell {index}: {len(stubs)} stubs for {len(regions)} "
+                f"solution regions; run `python -m gpt2lib.course build`"
+            )
         if not regions:
             continue
         answer_lines = answer.source.split("\n")
-        lines = mine.source.split("\n")
+        text = mine.source
         for stub, (begin, end) in reversed(list(zip(stubs, regions))):
-            lines[stub:stub + 1] = answer_lines[begin + 1:end]
-        mine.source = "\n".join(lines)
+            text = (
+                text[: stub.start()] + "\n".join(answer_lines[begin + 1 : end]) + text[stub.end() :]
+            )
+        mine.source = text
         # the filled cell is the solution's code without the markers: anything else is drift
         if mine.source.strip("\n") != exported_code(answer.source, where):
-            raise SystemExit(f"{where}, cell {index}: the learner cell differs from the solution "
-                             f"outside its answers; run `python -m gpt2lib.course build`")
+            raise SystemExit(
+                f"{where}, cell {index}: the learner cell differs from the solution "
+                f"outside its answers; run `python -m gpt2lib.course build`"
+            )
     return learner
 
 
@@ -67,18 +77,23 @@ def main(argv=None) -> int:
         run = execute_copy(nb, path, ROOT, cell_timeout())
         print(f"{path.stem}" + (f": {run.problem} at cell {run.stopped_at}" if run.problem else ""))
         failed |= bool(run.problem)
-        for outcome in [grade(e, run) for e in exercises(run.nb)] + \
-                       [grade_challenge(c, run) for c in challenges(run.nb)]:
+        for outcome in [grade(e, run) for e in exercises(run.nb)] + [
+            grade_challenge(c, run) for c in challenges(run.nb)
+        ]:
             ok = outcome.status in (PASSED, DONE)
             failed |= not ok
-            print(f"  {'ok  ' if ok else 'FAIL'} {outcome.title}"
-                  + ("" if ok else f" ({outcome.status}: {outcome.detail})"))
+            print(
+                f"  {'ok  ' if ok else 'FAIL'} {outcome.title}"
+                + ("" if ok else f" ({outcome.status}: {outcome.detail})")
+            )
         for index, cell in enumerate(run.nb.cells):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
                     failed = True
-                    print(f"  cell {index} raised {output.get('ename')}: "
-                          f"{str(output.get('evalue', '')).splitlines()[:1]}")
+                    print(
+                        f"  cell {index} raised {output.get('ename')}: "
+                        f"{str(output.get('evalue', '')).splitlines()[:1]}"
+                    )
     return 1 if failed else 0
 
 

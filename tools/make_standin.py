@@ -27,14 +27,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.model import from_pretrained
 from gpt2lib.chapters.model import GPT2
+from gpt2lib.checkpoint import save_pretrained
+from gpt2lib.model import from_pretrained
 from gpt2lib.tokenizer import get_encoding
 from gpt2lib.training import ngram_baselines, sample, train
-from gpt2lib.checkpoint import save_pretrained
 
-CONFIG = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128,
-              "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+CONFIG = {
+    "n_layer": 4,
+    "n_embd": 128,
+    "n_head": 4,
+    "n_positions": 128,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+}
 
 
 def shakespeare_splits(enc):
@@ -54,8 +61,11 @@ def main(argv=None):
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace config.json and model.safetensors if the folder holds them")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace config.json and model.safetensors if the folder holds them",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,36 +78,61 @@ def main(argv=None):
     model = GPT2(GPT2Config(**CONFIG))
 
     def report(history, model):
-        print(f"step {history.eval_step[-1]:5d}  train {history.eval_train_loss[-1]:.3f}  "
-              f"val {history.eval_val_loss[-1]:.3f}  ({history.seconds:.0f} s)", flush=True)
+        print(
+            f"step {history.eval_step[-1]:5d}  train {history.eval_train_loss[-1]:.3f}  "
+            f"val {history.eval_val_loss[-1]:.3f}  ({history.seconds:.0f} s)",
+            flush=True,
+        )
 
-    history = train(model, train_ids, val_ids, args.steps, batch_size=args.batch_size,
-                    block_size=CONFIG["n_positions"], max_lr=args.max_lr,
-                    warmup_steps=args.warmup_steps, eval_every=max(1, args.steps // 10),
-                    eval_batches=4, seed=args.seed, on_eval=report, progress=False)
+    history = train(
+        model,
+        train_ids,
+        val_ids,
+        args.steps,
+        batch_size=args.batch_size,
+        block_size=CONFIG["n_positions"],
+        max_lr=args.max_lr,
+        warmup_steps=args.warmup_steps,
+        eval_every=max(1, args.steps // 10),
+        eval_batches=4,
+        seed=args.seed,
+        on_eval=report,
+        progress=False,
+    )
     folder = save_pretrained(model, args.folder, overwrite=args.overwrite, dtype=torch.float16)
     (folder / "model.safetensors").chmod(0o644)
 
     reloaded = from_pretrained(folder, device="cpu")  # what the chapters will see
     prompt = torch.tensor([enc.encode("ROMEO:\n")])
     greedy = enc.decode(sample(reloaded, prompt, 60, temperature=0)[0].tolist())
-    sampled = enc.decode(sample(reloaded, prompt, 60, temperature=0.8,
-                                generator=torch.Generator().manual_seed(0))[0].tolist())
+    sampled = enc.decode(
+        sample(reloaded, prompt, 60, temperature=0.8, generator=torch.Generator().manual_seed(0))[
+            0
+        ].tolist()
+    )
     record = {
-        "command": "python tools/make_standin.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "config": CONFIG, "steps": args.steps, "batch_size": args.batch_size,
-        "block_size": CONFIG["n_positions"], "max_lr": args.max_lr,
-        "warmup_steps": args.warmup_steps, "seed": args.seed,
+        "command": "python tools/make_standin.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "config": CONFIG,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "block_size": CONFIG["n_positions"],
+        "max_lr": args.max_lr,
+        "warmup_steps": args.warmup_steps,
+        "seed": args.seed,
         "final_val_loss": round(history.val_loss, 4),
         "final_val_perplexity": round(math.exp(history.val_loss), 1),
         "baselines": {k: round(v, 4) for k, v in baselines.items()},
-        "seconds": round(history.seconds), "torch": torch.__version__,
+        "seconds": round(history.seconds),
+        "torch": torch.__version__,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
     }
     print(json.dumps(record, indent=2))
     print("greedy:", repr(greedy))
     print("sampled:", sampled)
-    (folder / "training_record.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    (folder / "training_record.json").write_text(
+        json.dumps(record, indent=2) + "\n", encoding="utf-8"
+    )
     return 0
 
 

@@ -23,26 +23,49 @@ import datetime as _dt
 import functools
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
+from gpt2lib.course.format import (
+    BEGIN,
+    CHALLENGE_TAG,
+    CHECK_TAG,
+    END,
+    EXPORT_TAG,
+    RAISES_TAG,
+    CourseError,
+    exercises,
+    format_problems,
+    read_notebook,
+    region_titles,
+    solution_regions,
+    tags,
+)
 from gpt2lib.files import atomic_write
 
-from gpt2lib.course.format import (BEGIN, CHALLENGE_TAG, CHECK_TAG, END, EXPORT_TAG, RAISES_TAG,
-                                   CourseError, exercises, format_problems, read_notebook,
-                                   region_titles, solution_regions, tags)
-
 __all__ = [
-    "BEGIN", "END", "CHAPTER_MODULES", "CHECK_TAG", "EXPORT_TAG", "RAISES_TAG", "CourseError",
-    "Backup", "backups_of", "build", "check", "learner_version", "main", "plan_build", "reset",
-    "restore", "strip_outputs",
+    "BEGIN",
+    "END",
+    "CHAPTER_MODULES",
+    "CHECK_TAG",
+    "EXPORT_TAG",
+    "RAISES_TAG",
+    "CourseError",
+    "Backup",
+    "backups_of",
+    "build",
+    "check",
+    "learner_version",
+    "main",
+    "plan_build",
+    "reset",
+    "restore",
+    "strip_outputs",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -134,13 +157,18 @@ def course_lock(root: Path, out=None):
     try:
         lock.acquire(timeout=0.2)
     except Timeout:
-        print("waiting for another course command in this folder to finish ...",
-              file=out or sys.stderr, flush=True)
+        print(
+            "waiting for another course command in this folder to finish ...",
+            file=out or sys.stderr,
+            flush=True,
+        )
         try:
             lock.acquire(timeout=LOCK_WAIT)
         except Timeout:
-            raise CourseError(f"another course command has been writing in {root} for over "
-                              f"{LOCK_WAIT} s; try again when it has finished") from None
+            raise CourseError(
+                f"another course command has been writing in {root} for over "
+                f"{LOCK_WAIT} s; try again when it has finished"
+            ) from None
     except OSError as exc:
         raise CourseError(f"cannot lock the course folder {root}: {exc.strerror or exc}") from None
     try:
@@ -160,11 +188,15 @@ def write_atomic(path: Path, data: bytes | str) -> None:
 def _refuse_folder_in_the_way(path: Path) -> None:
     for folder in reversed([path, *path.parents]):
         if folder.exists() and not folder.is_dir() and folder != path:
-            raise CourseError(f"{folder} is a file, where the course needs a folder; move or "
-                              f"rename it, then run the command again")
+            raise CourseError(
+                f"{folder} is a file, where the course needs a folder; move or "
+                f"rename it, then run the command again"
+            )
     if path.is_dir():
-        raise CourseError(f"{path} is a folder, where the course needs a file; move or rename "
-                          f"it, then run the command again")
+        raise CourseError(
+            f"{path} is a folder, where the course needs a file; move or rename "
+            f"it, then run the command again"
+        )
 
 
 # --------------------------------------------------------------------------- transforms
@@ -219,6 +251,7 @@ def learner_version(solution: nbformat.NotebookNode, where: str) -> nbformat.Not
             cell.source = "\n".join(lines)
         if regions or CHECK_TAG in cell_tags or CHALLENGE_TAG in cell_tags:
             cell.metadata["tags"] = cell_tags + [RAISES_TAG]
+    nb = format_notebook(nb, where)  # a long stub line is wrapped as ruff wraps it
     # Remember what the build wrote, so a later build can tell a learner's edits from ours.
     nb.metadata[STAMP_KEY] = {"built_sources": source_fingerprint(nb)}
     return nb
@@ -286,23 +319,25 @@ def _module_text(module: str, cells: list[_ExportedCell], titles: dict[str, str]
     sources = list(dict.fromkeys(c.source for c in cells))
     chunks = [
         _CELL_COMMENT.format(source=c.source, index=c.index) + "\n" + c.code
-        for c in cells if c.code
+        for c in cells
+        if c.code
     ]
     body = "\n\n\n".join(chunks)
     where = f"{CHAPTERS_DIR.as_posix()}/{module}.py (from {' and '.join(sources)})"
     tree = _parse(body, where)
     if ast.get_docstring(tree, clean=False) is None:
         taught = " and ".join(f"{titles[s]} ({s})" for s in sources)
-        doc = (f'"""The code of {taught}.\n\nRead the chapter to see how and why it works; the '
-               f"course build writes this\nfile from the chapter's `export` cells.\n\"\"\"")
+        doc = (
+            f'"""The code of {taught}.\n\nRead the chapter to see how and why it works; the '
+            f'course build writes this\nfile from the chapter\'s `export` cells.\n"""'
+        )
         body = doc + "\n\n" + body
         tree = _parse(body, where)
     names = _public_names(tree)
     if names is not None:
         body = _insert_all(body, tree, names)
     body = format_module(body + "\n", where)
-    header = GENERATED_HEADER.format(source=" and ".join(sources),
-                                     fingerprint=_fingerprint(body))
+    header = GENERATED_HEADER.format(source=" and ".join(sources), fingerprint=_fingerprint(body))
     return header + "\n" + body
 
 
@@ -314,37 +349,69 @@ def _ruff() -> str:
         from ruff.__main__ import find_ruff_bin
 
         ruff = find_ruff_bin()
-        version = subprocess.run([ruff, "--version"], capture_output=True, text=True,
-                                 check=True).stdout.split()[-1]
+        version = subprocess.run(
+            [ruff, "--version"], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
     except (ImportError, OSError, subprocess.CalledProcessError, IndexError):
-        raise CourseError(f"the build formats the generated modules with ruff, which is not "
-                          f"installed here: {install}") from None
+        raise CourseError(
+            f"the build formats the generated modules with ruff, which is not "
+            f"installed here: {install}"
+        ) from None
     if version != RUFF_VERSION:
-        raise CourseError(f"the build formats the generated modules with ruff {RUFF_VERSION}, "
-                          f"and this environment has ruff {version}, which may lay code out "
-                          f"differently: {install}")
+        raise CourseError(
+            f"the build formats the generated modules with ruff {RUFF_VERSION}, "
+            f"and this environment has ruff {version}, which may lay code out "
+            f"differently: {install}"
+        )
     return ruff
 
 
-def format_module(text: str, where: str) -> str:
-    """`text` as ruff formats it with the repository's configuration (pyproject.toml's
-    [tool.ruff]); where gpt2lib runs from a copy without it, ruff's defaults at line length 100."""
+def _ruff_format(text: str, filename: str) -> subprocess.CompletedProcess:
+    """ruff format on `text` read as a file called `filename`, with the repository's
+    configuration (pyproject.toml's [tool.ruff]); where gpt2lib runs from a copy without it,
+    ruff's defaults at line length 100."""
     config = REPO_ROOT / RUFF_CONFIG
-    settings = ["--config", str(config)] if config.is_file() else ["--isolated", "--line-length", "100"]
-    done = subprocess.run([_ruff(), "format", *settings, "--stdin-filename", "module.py", "-"],
-                          input=text, capture_output=True, text=True, encoding="utf-8")
+    settings = (
+        ["--config", str(config)] if config.is_file() else ["--isolated", "--line-length", "100"]
+    )
+    return subprocess.run(
+        [_ruff(), "format", *settings, "--stdin-filename", filename, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
+
+
+def format_module(text: str, where: str) -> str:
+    """`text` as ruff formats it (see _ruff_format)."""
+    done = _ruff_format(text, "module.py")
     if done.returncode != 0:
-        raise CourseError(f"{where}: ruff could not format the exported code: "
-                          f"{done.stderr.strip()}")
+        raise CourseError(
+            f"{where}: ruff could not format the exported code: {done.stderr.strip()}"
+        )
     return done.stdout
+
+
+def format_notebook(nb: nbformat.NotebookNode, where: str) -> nbformat.NotebookNode:
+    """A copy of `nb` with its code cells as ruff formats them (see _ruff_format)."""
+    done = _ruff_format(_dump(nb), "notebook.ipynb")
+    if done.returncode != 0:
+        raise CourseError(
+            f"{where}: ruff could not format the notebook's code (a cell that does "
+            f"not parse?): {done.stderr.strip()}"
+        )
+    return nbformat.reads(done.stdout, as_version=4)
 
 
 def _parse(text: str, where: str) -> ast.Module:
     try:
         return ast.parse(text)
     except SyntaxError as exc:
-        raise CourseError(f"{where}: the exported code does not parse: {exc.msg} "
-                          f"(line {exc.lineno} of the module's cells)") from None
+        raise CourseError(
+            f"{where}: the exported code does not parse: {exc.msg} "
+            f"(line {exc.lineno} of the module's cells)"
+        ) from None
 
 
 def _public_names(tree: ast.Module) -> list[str] | None:
@@ -369,9 +436,12 @@ def _insert_all(body: str, tree: ast.Module, names: list[str]) -> str:
     """`__all__` after the docstring and `from __future__` imports (PEP 8's place for it)."""
     after = 0  # the line (1-based) after which __all__ goes
     for position, node in enumerate(tree.body):
-        is_docstring = (position == 0 and isinstance(node, ast.Expr)
-                        and isinstance(node.value, ast.Constant)
-                        and isinstance(node.value.value, str))
+        is_docstring = (
+            position == 0
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        )
         is_future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
         if not (is_docstring or is_future):
             break
@@ -422,7 +492,7 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
             )
         solution = read_notebook(path, "fix the JSON or take the file back from git")
         titles[rel] = _chapter_title(solution, path.stem)
-        files[path] = _dump(strip_outputs(solution))
+        files[path] = _dump(format_notebook(strip_outputs(solution), rel))
         files[root / "notebooks" / path.name] = _dump(learner_version(solution, rel))
         for index, cell in enumerate(solution.cells):
             if cell.cell_type != "code":
@@ -432,7 +502,8 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
             if module is None:
                 continue
             modules.setdefault(module, []).append(
-                _ExportedCell(rel, index, exported_code(cell.source, where)))
+                _ExportedCell(rel, index, exported_code(cell.source, where))
+            )
     chapters = root / CHAPTERS_DIR
     for module, cells in modules.items():
         files[chapters / f"{module}.py"] = _module_text(module, cells, titles)
@@ -442,13 +513,18 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
 
 def _package_text(modules: dict[str, list[_ExportedCell]]) -> str:
     """gpt2lib/chapters/__init__.py: a docstring that lists which chapter writes which module."""
-    rows = "".join(f"    {module}: {' and '.join(dict.fromkeys(c.source for c in cells))}\n"
-                   for module, cells in sorted(modules.items()))
+    rows = "".join(
+        f"    {module}: {' and '.join(dict.fromkeys(c.source for c in cells))}\n"
+        for module, cells in sorted(modules.items())
+    )
     body = format_module(
         '"""The code the chapters write, generated from their `export` cells; nothing else lives '
-        'here.\n\nEach module, and the notebook it comes from:\n\n' + rows
-        + '\nThe course build owns this folder: edit the notebooks, then run\n'
-        '`python -m gpt2lib.course build`.\n"""\n', f"{CHAPTERS_DIR.as_posix()}/__init__.py")
+        "here.\n\nEach module, and the notebook it comes from:\n\n"
+        + rows
+        + "\nThe course build owns this folder: edit the notebooks, then run\n"
+        '`python -m gpt2lib.course build`.\n"""\n',
+        f"{CHAPTERS_DIR.as_posix()}/__init__.py",
+    )
     header = GENERATED_HEADER.format(source="solutions/", fingerprint=_fingerprint(body))
     return header + "\n" + body
 
@@ -468,9 +544,11 @@ def _stamp() -> str:
 
 def _backup_to(path: Path, folder: Path) -> Path:
     if folder.exists() and not folder.is_dir():
-        raise CourseError(f"{folder} is a file, and the course keeps its backups in a folder of "
-                          f"that name; move or rename the file, then run the command again "
-                          f"(nothing was changed)")
+        raise CourseError(
+            f"{folder} is a file, and the course keeps its backups in a folder of "
+            f"that name; move or rename the file, then run the command again "
+            f"(nothing was changed)"
+        )
     data = path.read_bytes()
     stamp = _stamp()
     target = folder / f"{path.stem}.{stamp}{path.suffix}"
@@ -509,14 +587,21 @@ def has_learner_edits(path: Path) -> bool:
     return built != source_fingerprint(notebook)
 
 
-_STUB = re.compile(r'^\s*raise NotImplementedError\(".*: replace this line with your code"\)\s*$',
-                   re.MULTILINE)
+# The stub: one line, or the three lines ruff makes of a long one.
+STUB = re.compile(
+    r'^[ \t]*raise NotImplementedError\(\s*".*: replace this line with your code"\s*\)'
+    r"[ \t]*$",
+    re.MULTILINE,
+)
 
 
 def _answer_cells(nb: nbformat.NotebookNode) -> set[int]:
     """The cells of a built learner notebook that hold a stub: the learner's to change."""
-    return {i for i, cell in enumerate(nb.cells)
-            if cell.cell_type == "code" and _STUB.search(cell.source)}
+    return {
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and STUB.search(cell.source)
+    }
 
 
 def not_learner_work(path: Path, planned_text: str) -> str | None:
@@ -535,8 +620,7 @@ def not_learner_work(path: Path, planned_text: str) -> str | None:
     if built_from != planned.metadata[STAMP_KEY]["built_sources"]:
         return "built from another version of its solution notebook"
     if len(current.cells) != len(planned.cells):
-        return (f"has {len(current.cells)} cells where the build writes "
-                f"{len(planned.cells)}")
+        return f"has {len(current.cells)} cells where the build writes {len(planned.cells)}"
     answers = _answer_cells(planned)
     for index, (mine, theirs) in enumerate(zip(current.cells, planned.cells)):
         if mine.cell_type != theirs.cell_type:
@@ -557,9 +641,11 @@ def _notebook_problem(path: Path, planned_text: str, root: Path) -> str | None:
         return None
     if not has_learner_edits(path):  # nothing typed in: rebuilding loses nothing
         return f"{rel}: out of date (run `python -m gpt2lib.course build`)"
-    return (f"{rel}: {reason}; it also holds typed-in work. `python -m gpt2lib.course build` "
-            f"keeps that copy in notebooks/{BACKUP_DIR}/ and writes the new one "
-            f"(`python -m gpt2lib.course restore {path.name[:2]}` lists the backups)")
+    return (
+        f"{rel}: {reason}; it also holds typed-in work. `python -m gpt2lib.course build` "
+        f"keeps that copy in notebooks/{BACKUP_DIR}/ and writes the new one "
+        f"(`python -m gpt2lib.course restore {path.name[:2]}` lists the backups)"
+    )
 
 
 def build(root: Path = REPO_ROOT, out=None) -> list[Path]:
@@ -582,8 +668,12 @@ def _build(root: Path, out) -> list[Path]:
             continue
         rel = _rel(path, root)
         is_learner_notebook = path.parent == root / "notebooks"
-        if (is_learner_notebook and path.exists() and has_learner_edits(path)
-                and not_learner_work(path, text) is None):
+        if (
+            is_learner_notebook
+            and path.exists()
+            and has_learner_edits(path)
+            and not_learner_work(path, text) is None
+        ):
             print(f"kept {rel}: it holds your answers and is up to date", file=out)
             continue
         if path.exists() and is_learner_notebook and has_learner_edits(path):
@@ -593,11 +683,13 @@ def _build(root: Path, out) -> list[Path]:
                 print(f"kept your edited {path.name} as {_rel(saved, root)}", file=out)
             except CourseError as exc:
                 print(f"{exc}; kept it as {_rel(saved, root)} and wrote a fresh copy", file=out)
-        elif (path.exists() and path.parent == root / CHAPTERS_DIR
-              and module_state(path) in ("edited", "other")):
+        elif (
+            path.exists()
+            and path.parent == root / CHAPTERS_DIR
+            and module_state(path) in ("edited", "other")
+        ):
             saved = backup_module(path, root)
-            print(f"{rel} was changed by hand; kept that version as {_rel(saved, root)}",
-                  file=out)
+            print(f"{rel} was changed by hand; kept that version as {_rel(saved, root)}", file=out)
         write_atomic(path, text)
         written.append(path)
         print(f"wrote {rel}", file=out)
@@ -610,8 +702,11 @@ def _build(root: Path, out) -> list[Path]:
         else:
             saved = backup_module(path, root)
             path.unlink()
-            print(f"removed {rel}: the build owns {CHAPTERS_DIR.as_posix()}/ and did not write "
-                  f"it; kept it as {_rel(saved, root)}", file=out)
+            print(
+                f"removed {rel}: the build owns {CHAPTERS_DIR.as_posix()}/ and did not write "
+                f"it; kept it as {_rel(saved, root)}",
+                file=out,
+            )
     if not written and not removed:
         print("everything is up to date", file=out)
     return written
@@ -633,15 +728,23 @@ def check(root: Path = REPO_ROOT) -> list[str]:
                 if problem:
                     problems.append(problem)
             elif path.parent == root / "solutions":
-                problems.append(f"{rel}: has outputs or editor metadata; strip them (build does)")
+                problems.append(
+                    f"{rel}: has outputs, editor metadata or unformatted code; run "
+                    f"`python -m gpt2lib.course build`, which strips and formats it"
+                )
             elif path.parent == root / CHAPTERS_DIR and module_state(path) == "edited":
-                problems.append(f"{rel}: edited by hand; change the notebook instead "
-                                f"(build keeps a backup of this version and rewrites it)")
+                problems.append(
+                    f"{rel}: edited by hand; change the notebook instead "
+                    f"(build keeps a backup of this version and rewrites it)"
+                )
             else:
                 problems.append(f"{rel}: out of date (run `python -m gpt2lib.course build`)")
     for path in strays(root, planned):
-        why = ("generated but no cell exports it" if module_state(path) in ("generated", "legacy")
-               else f"not written by the build, which owns {CHAPTERS_DIR.as_posix()}/")
+        why = (
+            "generated but no cell exports it"
+            if module_state(path) in ("generated", "legacy")
+            else f"not written by the build, which owns {CHAPTERS_DIR.as_posix()}/"
+        )
         problems.append(f"{path.relative_to(root).as_posix()}: {why}")
     return problems
 
@@ -695,8 +798,10 @@ class Backup:
     saved: _dt.datetime  # when the backup was taken (from its name)
 
 
-_BACKUP_NAME = re.compile(r"^(?P<stem>.+)\.(?P<stamp>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)"
-                          r"(?:-(?P<counter>\d+))?\.ipynb$")
+_BACKUP_NAME = re.compile(
+    r"^(?P<stem>.+)\.(?P<stamp>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)"
+    r"(?:-(?P<counter>\d+))?\.ipynb$"
+)
 
 
 def backups_of(chapter: str, root: Path = REPO_ROOT) -> list[Backup]:
@@ -711,8 +816,9 @@ def backups_of(chapter: str, root: Path = REPO_ROOT) -> list[Backup]:
     return [b for _, _, b in sorted(found, key=lambda t: t[:2], reverse=True)]
 
 
-def restore(chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=None,
-            ask=None) -> Path | None:
+def restore(
+    chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=None, ask=None
+) -> Path | None:
     """List a chapter's backups and put one back as notebooks/NN_*.ipynb.
 
     which: a number from the list (1 is the newest) or a backup's file name. Without it the
@@ -725,21 +831,29 @@ def restore(chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=
     target = root / "notebooks" / solution_path.name
     folder = root / "notebooks" / BACKUP_DIR
     if folder.exists() and not folder.is_dir():
-        raise CourseError(f"{_rel(folder, root)} is a file, where the course keeps its backups "
-                          f"in a folder; move or rename it")
+        raise CourseError(
+            f"{_rel(folder, root)} is a file, where the course keeps its backups "
+            f"in a folder; move or rename it"
+        )
     found = backups_of(chapter, root)
     if not found:
-        raise CourseError(f"chapter {solution_path.stem} has no backups in "
-                          f"notebooks/{BACKUP_DIR}/ (reset and build make them)")
+        raise CourseError(
+            f"chapter {solution_path.stem} has no backups in "
+            f"notebooks/{BACKUP_DIR}/ (reset and build make them)"
+        )
     if which is None:
         fresh = learner_version(read_notebook(solution_path), _rel(solution_path, root))
         print(f"Backups of notebooks/{target.name}, newest first:", file=out)
         for number, item in enumerate(found, 1):
-            print(f"  {number}. {item.path.name}  (saved {item.saved:%Y-%m-%d %H:%M:%S}; "
-                  f"{describe_backup(item.path, fresh)})", file=out)
+            print(
+                f"  {number}. {item.path.name}  (saved {item.saved:%Y-%m-%d %H:%M:%S}; "
+                f"{describe_backup(item.path, fresh)})",
+                file=out,
+            )
         if ask is None:
-            print(f"Restore one with `python -m gpt2lib.course restore {chapter} NUMBER`.",
-                  file=out)
+            print(
+                f"Restore one with `python -m gpt2lib.course restore {chapter} NUMBER`.", file=out
+            )
             return None
         which = ask(f"Restore which one? [1-{len(found)}, Enter for none] ").strip()
         if not which:
@@ -748,15 +862,18 @@ def restore(chapter: str, which: str | None = None, root: Path = REPO_ROOT, out=
     chosen = _choose_backup(found, which, chapter)
     with course_lock(root, out):
         if not chosen.path.is_file():
-            raise CourseError(f"{_rel(chosen.path, root)} is gone (another command moved it); "
-                              f"`python -m gpt2lib.course restore {chapter}` lists the backups")
+            raise CourseError(
+                f"{_rel(chosen.path, root)} is gone (another command moved it); "
+                f"`python -m gpt2lib.course restore {chapter}` lists the backups"
+            )
         data = chosen.path.read_bytes()
         read_notebook(chosen.path, "choose another backup")  # refuse to restore a broken file
         _refuse_folder_in_the_way(target)
         if target.exists():
             if target.read_bytes() == data:
-                print(f"notebooks/{target.name} is already the same as {chosen.path.name}",
-                      file=out)
+                print(
+                    f"notebooks/{target.name} is already the same as {chosen.path.name}", file=out
+                )
                 return target
             saved = backup(target)
             print(f"your current copy is kept as {_rel(saved, root)}", file=out)
@@ -776,19 +893,25 @@ def describe_backup(path: Path, fresh: nbformat.NotebookNode) -> str:
         return "a fresh copy, nothing typed in"
     to_answer = _titles_with_stubs(fresh)
     answered = sum(
-        1 for exercise in exercises(nb) if exercise.title in to_answer
-        and not any(_stub_of(exercise.title).search(nb.cells[i].source) for i in exercise.cells))
+        1
+        for exercise in exercises(nb)
+        if exercise.title in to_answer
+        and not any(_stub_of(exercise.title).search(nb.cells[i].source) for i in exercise.cells)
+    )
     return f"answers typed into {answered} of {len(to_answer)} exercises"
 
 
 def _stub_of(title: str) -> re.Pattern:
     message = json.dumps(f"{title}: replace this line with your code", ensure_ascii=False)
-    return re.compile(r"raise NotImplementedError\(" + re.escape(message) + r"\)")
+    return re.compile(r"raise NotImplementedError\(\s*" + re.escape(message) + r"\s*\)")
 
 
 def _titles_with_stubs(fresh: nbformat.NotebookNode) -> set[str]:
-    return {e.title for e in exercises(fresh)
-            if any(_stub_of(e.title).search(fresh.cells[i].source) for i in e.cells)}
+    return {
+        e.title
+        for e in exercises(fresh)
+        if any(_stub_of(e.title).search(fresh.cells[i].source) for i in e.cells)
+    }
 
 
 def _choose_backup(found: list[Backup], which: str, chapter: str) -> Backup:
@@ -797,8 +920,10 @@ def _choose_backup(found: list[Backup], which: str, chapter: str) -> Backup:
     for item in found:
         if item.path.name == which:
             return item
-    raise CourseError(f"no backup '{which}' of chapter {chapter}; choose a number from 1 to "
-                      f"{len(found)} (`python -m gpt2lib.course restore {chapter}` lists them)")
+    raise CourseError(
+        f"no backup '{which}' of chapter {chapter}; choose a number from 1 to "
+        f"{len(found)} (`python -m gpt2lib.course restore {chapter}` lists them)"
+    )
 
 
 # --------------------------------------------------------------------------- command line
@@ -816,7 +941,8 @@ class _Parser(argparse.ArgumentParser):
 def _seconds(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
         raise argparse.ArgumentTypeError(
-            f"--cell-timeout must be a whole number of seconds, at least 1, got {text!r}")
+            f"--cell-timeout must be a whole number of seconds, at least 1, got {text!r}"
+        )
     return int(text)
 
 
@@ -829,8 +955,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = _Parser(prog="python -m gpt2lib.course", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="python -m gpt2lib.course",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the course folder")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="regenerate notebooks/ and the exported gpt2lib modules")
@@ -841,20 +970,29 @@ def _main(argv: list[str] | None) -> int:
     p_restore.add_argument("chapter", help="chapter number, for example 03")
     p_restore.add_argument("which", nargs="?", help="number from the list (1 = newest)")
     p_progress = sub.add_parser(
-        "progress", help="run your notebooks and list passed exercises",
+        "progress",
+        help="run your notebooks and list passed exercises",
         description="Runs a scratch copy of each notebook and lists every exercise. Exit "
-                    "status: 0 when every exercise passed, 1 when any failed, timed out or is "
-                    "not done yet, 2 when the command could not run.")
+        "status: 0 when every exercise passed, 1 when any failed, timed out or is "
+        "not done yet, 2 when the command could not run.",
+    )
     p_progress.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
-    p_progress.add_argument("--cell-timeout", type=_seconds, default=None, metavar="SECONDS",
-                            help="longest time one cell may run (default 600, or "
-                                 "$GPT2LIB_PROGRESS_CELL_TIMEOUT)")
+    p_progress.add_argument(
+        "--cell-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="longest time one cell may run (default 600, or $GPT2LIB_PROGRESS_CELL_TIMEOUT)",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
-        print(f"error: the course folder {args.root} {what} (--root names the folder that "
-              f"holds solutions/ and notebooks/)", file=sys.stderr)
+        print(
+            f"error: the course folder {args.root} {what} (--root names the folder that "
+            f"holds solutions/ and notebooks/)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.command == "build":
@@ -887,4 +1025,3 @@ def _main(argv: list[str] | None) -> int:
         print("stopped", file=sys.stderr)
         return 130
     return 0
-

@@ -68,8 +68,10 @@ PREDICT_HEADING = re.compile(r"^Predict")  # "Predict ...", "Prediction ..."
 CHALLENGE_HEADING = re.compile(r"^Challenge\b")
 DIFFICULTIES = ("easy", "medium", "hard")
 # "(difficulty: medium, about 15 min)" at the end of an exercise heading.
-_DIFFICULTY = re.compile(r"(?i)\s*\(\s*difficulty:\s*(?P<level>[A-Za-z]+)\s*,\s*about\s+"
-                         r"(?P<minutes>\d+)\s*min(?:utes)?\s*\)\s*$")
+_DIFFICULTY = re.compile(
+    r"(?i)\s*\(\s*difficulty:\s*(?P<level>[A-Za-z]+)\s*,\s*about\s+"
+    r"(?P<minutes>\d+)\s*min(?:utes)?\s*\)\s*$"
+)
 _LOOKS_LIKE_DIFFICULTY = re.compile(r"\(\s*difficulty\b", re.IGNORECASE)
 
 
@@ -105,7 +107,9 @@ class Challenge:
 
     title: str  # the heading's text, "Challenge: ..."
     heading: int  # index of the markdown cell
-    cells: list[int] = field(default_factory=list)  # code cells up to the next exercise or challenge
+    cells: list[int] = field(
+        default_factory=list
+    )  # code cells up to the next exercise or challenge
     checks: list[int] = field(default_factory=list)  # those of them tagged `challenge`
 
 
@@ -142,7 +146,7 @@ def split_difficulty(heading: str) -> tuple[str, str | None, int | None]:
     match = _DIFFICULTY.search(heading)
     if match is None or match["level"].lower() not in DIFFICULTIES:
         return heading, None, None
-    return heading[:match.start()].rstrip(":. "), match["level"].lower(), int(match["minutes"])
+    return heading[: match.start()].rstrip(":. "), match["level"].lower(), int(match["minutes"])
 
 
 def _walk(nb) -> tuple[list[Exercise], list[Prediction], list[Challenge]]:
@@ -223,22 +227,30 @@ def format_problems(nb, where: str) -> list[str]:
     for exercise in found:
         heading = EXERCISE_HEADING.findall(nb.cells[exercise.heading].source)[-1]
         if exercise.difficulty is None and _LOOKS_LIKE_DIFFICULTY.search(heading):
-            problems.append(f"{where}, cell {exercise.heading}: '{heading}' does not state its "
-                            f"difficulty as '(difficulty: easy|medium|hard, about K min)'")
+            problems.append(
+                f"{where}, cell {exercise.heading}: '{heading}' does not state its "
+                f"difficulty as '(difficulty: easy|medium|hard, about K min)'"
+            )
     in_challenge = {index for task in open_tasks for index in task.cells}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or CHALLENGE_TAG not in tags(cell):
             continue
         if index not in in_challenge:
-            problems.append(f"{where}, cell {index}: tagged '{CHALLENGE_TAG}' but no "
-                            f"'### Challenge' heading comes before it")
+            problems.append(
+                f"{where}, cell {index}: tagged '{CHALLENGE_TAG}' but no "
+                f"'### Challenge' heading comes before it"
+            )
         if CHECK_TAG in tags(cell):
-            problems.append(f"{where}, cell {index}: tagged both '{CHECK_TAG}' and "
-                            f"'{CHALLENGE_TAG}'; a cell grades an exercise or a challenge")
+            problems.append(
+                f"{where}, cell {index}: tagged both '{CHECK_TAG}' and "
+                f"'{CHALLENGE_TAG}'; a cell grades an exercise or a challenge"
+            )
     for prompt in prompts:
         if prompt.answer is None:
-            problems.append(f"{where}, cell {prompt.heading}: '{prompt.title}' has no code cell "
-                            f"after it to show the answer")
+            problems.append(
+                f"{where}, cell {prompt.heading}: '{prompt.title}' has no code cell "
+                f"after it to show the answer"
+            )
     return problems
 
 
@@ -265,7 +277,7 @@ def solution_regions(source: str, where: str) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- reading
 
 
-def read_notebook(path: Path, fix: str = "") -> "nbformat.NotebookNode":
+def read_notebook(path: Path, fix: str = "") -> nbformat.NotebookNode:
     """A notebook from disk (UTF-8 JSON); CourseError naming the file and `fix` otherwise."""
     import nbformat  # here: importing the markers must stay light
 
@@ -286,5 +298,7 @@ def first_line(text) -> str:
 def chapter_fix(root: Path, path: Path) -> str:
     """What a learner can do about an unreadable notebooks/NN_*.ipynb."""
     number = path.name[:2]
-    return (f"run `python -m gpt2lib.course restore {number}` to take back a backup, "
-            f"or `python -m gpt2lib.course reset {number}` for a fresh copy")
+    return (
+        f"run `python -m gpt2lib.course restore {number}` to take back a backup, "
+        f"or `python -m gpt2lib.course reset {number}` for a fresh copy"
+    )

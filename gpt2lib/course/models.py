@@ -89,16 +89,20 @@ def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
         return folder
     if not (CIRCUITS / "model.safetensors").is_file():
         if verbose:
-            print("no circuits model in this repository (data/circuits; tools/make_circuits.py "
-                  "makes one): looking for circuits in the model loaded above, which was not "
-                  "trained to have them: expect no induction head")
+            print(
+                "no circuits model in this repository (data/circuits; tools/make_circuits.py "
+                "makes one): looking for circuits in the model loaded above, which was not "
+                "trained to have them: expect no induction head"
+            )
         return folder
     if verbose:
         import json
 
         config = json.loads((CIRCUITS / "config.json").read_text(encoding="utf-8"))
-        sizes = (f"{config.get('n_layer')} layers of {config.get('n_head')} heads, width "
-                 f"{config.get('n_embd')}")
+        sizes = (
+            f"{config.get('n_layer')} layers of {config.get('n_head')} heads, width "
+            f"{config.get('n_embd')}"
+        )
         print(
             "=" * 78 + "\n"
             "The model loaded above is not OpenAI's GPT-2, so this part uses the circuits model\n"
@@ -108,8 +112,7 @@ def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
             "make_circuits.py; its README.md and training_record.json say how). It is trained\n"
             "for this part, not to write text, and its heads are fewer and cleaner than\n"
             "GPT-2's. With the real weights this part analyses GPT-2 itself:\n"
-            "python -m gpt2lib download gpt2\n"
-            + "=" * 78
+            "python -m gpt2lib download gpt2\n" + "=" * 78
         )
     return CIRCUITS
 
@@ -125,6 +128,5 @@ def _banner(name: str, reason: str) -> str:
         "  Shakespeare-shaped nonsense, its loss on ordinary English is far higher, its\n"
         "  heads and figures differ from GPT-2's, and it runs many times faster.\n"
         f"To get the real weights (once, online): python -m gpt2lib download {name}\n"
-        "then restart the kernel and run the chapter again.\n"
-        + "=" * 78
+        "then restart the kernel and run the chapter again.\n" + "=" * 78
     )

@@ -23,8 +23,16 @@ def in_a_browser() -> bool:
 def _stream(model, tokenizer, prompt, new_tokens, temperature, top_k, top_p, seed):
     from gpt2lib.generation import stream_text
 
-    pieces = stream_text(model, tokenizer, prompt, new_tokens, temperature=temperature,
-                         top_k=top_k or None, top_p=top_p, seed=seed)  # checks now
+    pieces = stream_text(
+        model,
+        tokenizer,
+        prompt,
+        new_tokens,
+        temperature=temperature,
+        top_k=top_k or None,
+        top_p=top_p,
+        seed=seed,
+    )  # checks now
     print(prompt, end="")
     for piece in pieces:
         print(piece, end="", flush=True)
@@ -34,20 +42,31 @@ def _stream(model, tokenizer, prompt, new_tokens, temperature, top_k, top_p, see
 def playground(model, tokenizer, new_tokens: int = 30) -> None:
     """Show the widgets (in a browser) or print one sample (anywhere else)."""
     if not in_a_browser():
-        _stream(model, tokenizer, START["prompt"], new_tokens, START["temperature"],
-                START["top_k"], START["top_p"], START["seed"])
+        _stream(
+            model,
+            tokenizer,
+            START["prompt"],
+            new_tokens,
+            START["temperature"],
+            START["top_k"],
+            START["top_p"],
+            START["seed"],
+        )
         print("(no browser attached: open this notebook in JupyterLab for the sliders)")
         return
     import ipywidgets as widgets
     from IPython.display import display
 
-    prompt = widgets.Textarea(value=START["prompt"], description="prompt",
-                              layout=widgets.Layout(width="80%"))
-    temperature = widgets.FloatSlider(value=START["temperature"], min=0.0, max=2.0, step=0.05,
-                                      description="temperature")
+    prompt = widgets.Textarea(
+        value=START["prompt"], description="prompt", layout=widgets.Layout(width="80%")
+    )
+    temperature = widgets.FloatSlider(
+        value=START["temperature"], min=0.0, max=2.0, step=0.05, description="temperature"
+    )
     top_k = widgets.IntSlider(value=START["top_k"], min=0, max=200, description="top_k (0: off)")
-    top_p = widgets.FloatSlider(value=START["top_p"], min=0.05, max=1.0, step=0.05,
-                                description="top_p")
+    top_p = widgets.FloatSlider(
+        value=START["top_p"], min=0.05, max=1.0, step=0.05, description="top_p"
+    )
     length = widgets.IntSlider(value=new_tokens, min=1, max=300, description="new tokens")
     seed = widgets.IntText(value=START["seed"], description="seed")
     button = widgets.Button(description="Generate", button_style="primary")
@@ -57,8 +76,16 @@ def playground(model, tokenizer, new_tokens: int = 30) -> None:
         output.clear_output()
         with output:
             try:
-                _stream(model, tokenizer, prompt.value, length.value, temperature.value,
-                        top_k.value, top_p.value, seed.value)
+                _stream(
+                    model,
+                    tokenizer,
+                    prompt.value,
+                    length.value,
+                    temperature.value,
+                    top_k.value,
+                    top_p.value,
+                    seed.value,
+                )
             except (ValueError, TypeError) as error:  # a setting generate refuses: say which
                 print("⚠️", error)
 

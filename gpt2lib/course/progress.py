@@ -31,21 +31,58 @@ from pathlib import Path
 
 import nbformat
 
-from gpt2lib.course.format import chapter_fix, first_line, read_notebook
-from gpt2lib.course.format import Challenge, CourseError, Exercise, challenges, exercises
+from gpt2lib.course.format import (
+    Challenge,
+    CourseError,
+    Exercise,
+    challenges,
+    chapter_fix,
+    exercises,
+    first_line,
+    read_notebook,
+)
 
-__all__ = ["DEFAULT_CELL_TIMEOUT", "Outcome", "Run", "execute_copy", "grade", "grade_challenge",
-           "learner_notebooks", "report"]
+__all__ = [
+    "DEFAULT_CELL_TIMEOUT",
+    "Outcome",
+    "Run",
+    "execute_copy",
+    "grade",
+    "grade_challenge",
+    "learner_notebooks",
+    "report",
+]
 
 PASSED, FAILED, NOT_STARTED, NOT_RUN = "passed", "failed", "not started", "not run"
 # A challenge's states: its goal met, not started, tried but the goal not reached yet.
 DONE, NOT_DONE, NOT_REACHED, NO_CHECK = "done", "not done", "not yet reached", "no check"
-SYMBOLS = {PASSED: "✅", FAILED: "✗ ", NOT_STARTED: "⋯ ", NOT_RUN: "– ",
-           DONE: "✅", NOT_DONE: "⋯ ", NOT_REACHED: "✗ ", NO_CHECK: "○ "}
+SYMBOLS = {
+    PASSED: "✅",
+    FAILED: "✗ ",
+    NOT_STARTED: "⋯ ",
+    NOT_RUN: "– ",
+    DONE: "✅",
+    NOT_DONE: "⋯ ",
+    NOT_REACHED: "✗ ",
+    NO_CHECK: "○ ",
+}
 DEFAULT_CELL_TIMEOUT = 600  # seconds; GPT2LIB_PROGRESS_CELL_TIMEOUT or --cell-timeout override
 # Not copied into the scratch folder: version control, virtual environments, caches, backups.
-_NOT_COPIED = {".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__",
-               ".ipynb_checkpoints", "backups", "build", "dist", ".pytest_cache", ".ruff_cache"}
+_NOT_COPIED = {
+    ".git",
+    ".hg",
+    ".venv",
+    "venv",
+    "env",
+    "node_modules",
+    "__pycache__",
+    ".ipynb_checkpoints",
+    "backups",
+    "build",
+    "dist",
+    ".pytest_cache",
+    ".ruff_cache",
+}
 # Exceptions that mean "this exercise is still the stub".
 _NOT_DONE = ("NotDoneYet", "NotImplementedError")
 
@@ -64,16 +101,16 @@ class Outcome:
 class Run:
     """An executed copy of a notebook and, when it stopped early, where and why."""
 
-    def __init__(self, nb: nbformat.NotebookNode, stopped_at: int | None = None,
-                 problem: str = ""):
+    def __init__(self, nb: nbformat.NotebookNode, stopped_at: int | None = None, problem: str = ""):
         self.nb, self.stopped_at, self.problem = nb, stopped_at, problem
 
 
 def cell_timeout() -> int:
     value = os.environ.get("GPT2LIB_PROGRESS_CELL_TIMEOUT", str(DEFAULT_CELL_TIMEOUT))
     if not value.strip().isascii() or not value.strip().isdigit() or int(value) < 1:
-        raise CourseError(f"GPT2LIB_PROGRESS_CELL_TIMEOUT={value!r} is not a whole number of "
-                          f"seconds, at least 1")
+        raise CourseError(
+            f"GPT2LIB_PROGRESS_CELL_TIMEOUT={value!r} is not a whole number of seconds, at least 1"
+        )
     return int(value)
 
 
@@ -207,8 +244,10 @@ class _Live:
         filled = self.WIDTH * self.done // max(self.cells, 1)
         bar = "#" * filled + "-" * (self.WIDTH - filled)
         verb = "ran" if final else "cell"
-        text = (f"  [{bar}] {verb} {self.done} of {self.cells} code cells, "
-                f"{elapsed // 60}:{elapsed % 60:02d}")
+        text = (
+            f"  [{bar}] {verb} {self.done} of {self.cells} code cells, "
+            f"{elapsed // 60}:{elapsed % 60:02d}"
+        )
         if text != self.shown or final:
             self.stream.write("\r" + text.ljust(len(self.shown)) + ("\n" if final else ""))
             self.stream.flush()
@@ -235,8 +274,9 @@ def _kill_kernel(client) -> None:
         process.kill()
 
 
-def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int,
-                 live: _Live | None = None) -> Run:
+def execute_copy(
+    nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int, live: _Live | None = None
+) -> Run:
     """Run notebook `nb`, read from `path`, inside a scratch copy of the course folder `root`.
 
     The notebook runs in a worker thread, so that Ctrl-C reaches this thread: it stops the
@@ -286,14 +326,17 @@ def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int
             except CellTimeoutError:
                 result.append(Run(client.nb, current[0], f"timed out after {timeout} s"))
             except DeadKernelError as exc:
-                result.append(Run(client.nb, current[0],
-                                  f"the kernel died ({first_line(exc)})"))
+                result.append(Run(client.nb, current[0], f"the kernel died ({first_line(exc)})"))
             except Exception as exc:  # the kernel could not start, and the like
                 if stop.is_set():
                     return
-                result.append(Run(client.nb, current[0] if current[0] >= 0 else -1,
-                                  f"could not run the notebook: {type(exc).__name__}: "
-                                  f"{first_line(exc)}"))
+                result.append(
+                    Run(
+                        client.nb,
+                        current[0] if current[0] >= 0 else -1,
+                        f"could not run the notebook: {type(exc).__name__}: {first_line(exc)}",
+                    )
+                )
 
         worker = threading.Thread(target=work, name="gpt2lib-progress", daemon=True)
         try:
@@ -314,8 +357,7 @@ def execute_copy(nb: nbformat.NotebookNode, path: Path, root: Path, timeout: int
         return result[0]
 
 
-def report(root: Path, chapters: list[str], out=None, timeout: int | None = None,
-           live=None) -> int:
+def report(root: Path, chapters: list[str], out=None, timeout: int | None = None, live=None) -> int:
     """Print every exercise's state, a summary per chapter and a total.
 
     live: where the progress bar of the chapter being run is drawn (default: stderr when it is
@@ -343,8 +385,11 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
         run = execute_copy(nb, path, root, timeout, _Live(live, code_cells) if live else None)
         if run.problem:
             trouble = True
-            where = f"cell {run.stopped_at}" if run.stopped_at is not None and run.stopped_at >= 0 \
+            where = (
+                f"cell {run.stopped_at}"
+                if run.stopped_at is not None and run.stopped_at >= 0
                 else "the start"
+            )
             print(f"  ! {run.problem} at {where}; the cells after it did not run", file=out)
         outcomes = [grade(exercise, run) for exercise in exercises(run.nb)]
         counts = {PASSED: 0, FAILED: 0, NOT_STARTED: 0, NOT_RUN: 0}
@@ -356,8 +401,9 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
             elif outcome.status == NOT_STARTED:
                 line += " — not started"
                 if outcome.exercise.difficulty:  # what the heading states, to plan by
-                    line += (f" ({outcome.exercise.difficulty}, "
-                             f"about {outcome.exercise.minutes} min)")
+                    line += (
+                        f" ({outcome.exercise.difficulty}, about {outcome.exercise.minutes} min)"
+                    )
             print(line, file=out)
         if not outcomes:
             print("  (no exercises in this chapter)", file=out)
@@ -365,8 +411,10 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
             print(f"  {_summary(counts)}", file=out)
         open_tasks = [grade_challenge(challenge, run) for challenge in challenges(run.nb)]
         for outcome in open_tasks:
-            print(f"  {SYMBOLS[outcome.status]} {outcome.title} — {outcome.detail or outcome.status}",
-                  file=out)
+            print(
+                f"  {SYMBOLS[outcome.status]} {outcome.title} — {outcome.detail or outcome.status}",
+                file=out,
+            )
         if open_tasks:
             done = sum(o.status == DONE for o in open_tasks)
             challenge_totals[0] += done
@@ -385,8 +433,10 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
 
 def _summary(counts: dict[str, int]) -> str:
     total = sum(counts.values())
-    text = (f"{counts[PASSED]} of {total} exercises passed, "
-            f"{counts[FAILED]} failed, {counts[NOT_STARTED]} not started")
+    text = (
+        f"{counts[PASSED]} of {total} exercises passed, "
+        f"{counts[FAILED]} failed, {counts[NOT_STARTED]} not started"
+    )
     if counts.get(NOT_RUN):
         text += f", {counts[NOT_RUN]} not run"
     return text

@@ -28,9 +28,9 @@ import warnings
 
 import torch
 
-from gpt2lib.speed import kernels
 from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.chapters.model import TiedReadout
+from gpt2lib.speed import kernels
 
 
 class SplitConv1D(Conv1D):
@@ -65,11 +65,7 @@ def swappable(module, cls) -> bool:
     whose class still has the forward the chapter wrote (nobody patched `cls.forward`), and
     whose instance has no `forward` of its own (an experimenter's replacement keeps running).
     """
-    return (
-        type(module) is cls
-        and cls.forward is _AS_WRITTEN[cls]
-        and "forward" not in vars(module)
-    )
+    return type(module) is cls and cls.forward is _AS_WRITTEN[cls] and "forward" not in vars(module)
 
 
 def use_split_conv1d(model) -> int:

@@ -130,9 +130,9 @@ def measured_routes():
             x = {n_in: torch.ones(rows, n_in) for n_in in (768, 3072)}
             with torch.no_grad():
                 routes[f"conv_{bucket}"] = _fastest(
-                    _CONV, lambda: [(x[w.shape[0]], w) for w in weights]
+                    _CONV, lambda x=x: [(x[w.shape[0]], w) for w in weights]
                 )
-                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda: [(x[768], table)])
+                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda x=x: [(x[768], table)])
         _measured[threads] = routes
     return _measured[threads]
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from gpt2lib.generation import generate
 from gpt2lib.chapters.layers import Conv1D
+from gpt2lib.generation import generate
 
 
 def wall_times(fn, repeats=5, warmup=1, sync=None, clock=time.perf_counter):
@@ -140,15 +140,19 @@ def print_decode_limits(rate, multiplies, stream_limit, fits, *, per_token, llc,
     apply. A rate above a limit is printed as such, with the advice to rerun: it means the
     machine's load changed between the timings, never that the limit was beaten.
     """
-    print(f"weights read per token: {per_token / 1e6:.1f} MB; last-level cache: "
-          f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}\n"
-          f"memory stream: {bandwidth:.1f} GB/s -> at most {stream_limit:.0f} tokens/s from memory\n"
-          f"the multiplies alone: at most {multiplies:.0f} tokens/s\n"
-          f"cached greedy decoding, batch 1: {rate:.1f} tokens/s")
+    print(
+        f"weights read per token: {per_token / 1e6:.1f} MB; last-level cache: "
+        f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}\n"
+        f"memory stream: {bandwidth:.1f} GB/s -> at most {stream_limit:.0f} tokens/s from memory\n"
+        f"the multiplies alone: at most {multiplies:.0f} tokens/s\n"
+        f"cached greedy decoding, batch 1: {rate:.1f} tokens/s"
+    )
     limits = {"the multiplies alone": multiplies}
     if fits:
-        print("the weights fit in the last-level cache, so after the first step they come from "
-              "the cache, faster than memory: the memory limit does not apply to this model here")
+        print(
+            "the weights fit in the last-level cache, so after the first step they come from "
+            "the cache, faster than memory: the memory limit does not apply to this model here"
+        )
     else:
         limits["the memory stream"] = stream_limit
     for name, limit in limits.items():

@@ -12,9 +12,10 @@ from __future__ import annotations
 import inspect
 import sys
 import types
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 
 class CheckFailed(AssertionError):
@@ -48,7 +49,9 @@ def named(mistakes: Iterable[Mistake], name: str) -> Mistake:
     raise LookupError(f"no planted mistake is called {name!r}")  # a bug in the check itself
 
 
-def first_mistake(mistakes: Iterable[Mistake], matches: Callable[[Mistake], bool]) -> Mistake | None:
+def first_mistake(
+    mistakes: Iterable[Mistake], matches: Callable[[Mistake], bool]
+) -> Mistake | None:
     """The first planted mistake for which `matches(mistake)` is true, or None.
 
     A mistake whose function raises (it may not apply to this input) does not match."""
@@ -71,13 +74,21 @@ def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
         return False
     if tuple(got.shape) != tuple(want.shape):
         return False
-    return bool(torch.allclose(got.detach().double().cpu(), want.detach().double().cpu(),
-                               atol=atol, rtol=rtol))
+    return bool(
+        torch.allclose(
+            got.detach().double().cpu(), want.detach().double().cpu(), atol=atol, rtol=rtol
+        )
+    )
 
 
-
-def yours_or_reference(yours: Any, reference: Any, probe: Callable[[Any], Any], *, what: str,
-                       instead: str = "the package's reference") -> Any:
+def yours_or_reference(
+    yours: Any,
+    reference: Any,
+    probe: Callable[[Any], Any],
+    *,
+    what: str,
+    instead: str = "the package's reference",
+) -> Any:
     """`yours` if `probe(yours)` runs, else `reference`, with a printed note: the chapter's fallback.
 
     A chapter calls this (through its checks module, which supplies the probe: a small case that
@@ -94,12 +105,12 @@ def yours_or_reference(yours: Any, reference: Any, probe: Callable[[Any], Any], 
         with torch.random.fork_rng(), torch.no_grad():
             probe(yours)
     except NotImplementedError:
-        print(f"note: {what} (or a function it calls) is not done yet; the cells below use "
-              f"{instead}")
+        print(
+            f"note: {what} (or a function it calls) is not done yet; the cells below use {instead}"
+        )
         return reference
     except Exception as error:  # noqa: BLE001 - any failure: say which, and carry on
-        print(f"note: {what} raised {type(error).__name__}: {error}; the cells below use "
-              f"{instead}")
+        print(f"note: {what} raised {type(error).__name__}: {error}; the cells below use {instead}")
         return reference
     return yours
 
@@ -120,8 +131,15 @@ def seeded_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs)
 
 
-def expect_tensor(exercise: str, got: Any, shape: tuple | None = None, *, what: str = "your result",
-                  finite: bool = True, hints: dict[tuple, str] | None = None):
+def expect_tensor(
+    exercise: str,
+    got: Any,
+    shape: tuple | None = None,
+    *,
+    what: str = "your result",
+    finite: bool = True,
+    hints: dict[tuple, str] | None = None,
+):
     """Check the form of a learner's tensor before its values, naming what is off.
 
     shape: the expected shape (None: any). hints: messages for known wrong shapes, keyed by
@@ -139,7 +157,9 @@ def expect_tensor(exercise: str, got: Any, shape: tuple | None = None, *, what: 
     if got.dtype.is_floating_point or got.dtype.is_complex:
         if finite and not bool(torch.isfinite(got).all()):
             bad = "NaN" if bool(torch.isnan(got).any()) else "±inf"
-            raise CheckFailed(exercise, f"{what} contains {bad}; every value must be a finite number")
+            raise CheckFailed(
+                exercise, f"{what} contains {bad}; every value must be a finite number"
+            )
         return got.detach().double()
     return got.detach()
 
@@ -171,7 +191,9 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
         try:
             signature.bind(*args, **kwargs)
         except TypeError as exc:
-            shown = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+            shown = ", ".join(
+                [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+            )
             raise CheckFailed(
                 exercise,
                 f"the check calls {shown_name}({shown}), but {shown_name}{signature} cannot "

@@ -53,8 +53,16 @@ def merge(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(B, T, nh * hd)
 
 
-def attend(q, k, v, *, scale: float | None = None, mask: str = "causal", softmax_dim: int = -1,
-           keys_first: bool = False):
+def attend(
+    q,
+    k,
+    v,
+    *,
+    scale: float | None = None,
+    mask: str = "causal",
+    softmax_dim: int = -1,
+    keys_first: bool = False,
+):
     """Attention over the last two dims of (..., T, d) tensors: (output, weights).
 
     scale: what the scores are multiplied by (default 1/sqrt(d)). mask: "causal" (future scores
@@ -72,9 +80,13 @@ def attend(q, k, v, *, scale: float | None = None, mask: str = "causal", softmax
     elif mask == "zero":
         scores = scores.masked_fill(~visible, 0.0)
     elif mask == "off_by_one":  # the next token is visible too
-        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T + 1), float("-inf"))
+        scores = scores.masked_fill(
+            ~torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T + 1), float("-inf")
+        )
     elif mask == "anti":
-        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T), float("-inf"))
+        scores = scores.masked_fill(
+            ~torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T), float("-inf")
+        )
     weights = scores.softmax(dim=softmax_dim)
     if mask == "after_softmax":
         weights = weights.masked_fill(~visible, 0.0)
@@ -115,19 +127,34 @@ def _shift(T, offset):
 
 # fn(T) -> a wrong (w_q, w_k); the check names them by what the head does, not by the numbers
 PREVIOUS_TOKEN_MISTAKES = [
-    Mistake("reads_itself", "every token puts its largest weight on ITSELF: query i matches key i. "
-            "Shift by one, so that row i of w_q lines up with row i - 1 of w_k",
-            lambda T: (_BIG * math.sqrt(T) * torch.eye(T), torch.eye(T))),
-    Mistake("reads_the_future", "query i matches key i + 1, a FUTURE token that the causal mask hides, so "
-            "the weights are spread over the past. Shift the other way: i - 1",
-            lambda T: (_BIG * math.sqrt(T) * _shift(T, 1), torch.eye(T))),
-    Mistake("not_peaked", "each token's largest weight is on the previous token, but it is below 0.9: the "
-            "scores are too close together for the softmax. Scale w_q (or w_k) up; remember the scores "
-            "are divided by sqrt(T), and the gap must beat up to T - 1 other tokens",
-            lambda T: (_shift(T, -1), torch.eye(T))),
-    Mistake("reads_the_first_token", "every token puts its largest weight on token 0, the first one: query "
-            "i must match key i - 1, which moves with i",
-            lambda T: (_BIG * math.sqrt(T) * torch.zeros(T, T).index_fill_(1, torch.tensor([0]), 1.0), torch.eye(T))),
+    Mistake(
+        "reads_itself",
+        "every token puts its largest weight on ITSELF: query i matches key i. "
+        "Shift by one, so that row i of w_q lines up with row i - 1 of w_k",
+        lambda T: (_BIG * math.sqrt(T) * torch.eye(T), torch.eye(T)),
+    ),
+    Mistake(
+        "reads_the_future",
+        "query i matches key i + 1, a FUTURE token that the causal mask hides, so "
+        "the weights are spread over the past. Shift the other way: i - 1",
+        lambda T: (_BIG * math.sqrt(T) * _shift(T, 1), torch.eye(T)),
+    ),
+    Mistake(
+        "not_peaked",
+        "each token's largest weight is on the previous token, but it is below 0.9: the "
+        "scores are too close together for the softmax. Scale w_q (or w_k) up; remember the scores "
+        "are divided by sqrt(T), and the gap must beat up to T - 1 other tokens",
+        lambda T: (_shift(T, -1), torch.eye(T)),
+    ),
+    Mistake(
+        "reads_the_first_token",
+        "every token puts its largest weight on token 0, the first one: query "
+        "i must match key i - 1, which moves with i",
+        lambda T: (
+            _BIG * math.sqrt(T) * torch.zeros(T, T).index_fill_(1, torch.tensor([0]), 1.0),
+            torch.eye(T),
+        ),
+    ),
 ]
 
 
@@ -146,7 +173,9 @@ def _previous_token_behaviour(scores, weights) -> str | None:
     if not rows:
         return None
     best = [int(weights[i, : i + 1].argmax()) for i in rows]
-    if all(int(scores[i].argmax()) == i + 1 for i in range(1, T - 1)) and best != [i - 1 for i in rows]:
+    if all(int(scores[i].argmax()) == i + 1 for i in range(1, T - 1)) and best != [
+        i - 1 for i in rows
+    ]:
         return "reads_the_future"
     if best == list(rows):
         return "reads_itself"
@@ -163,12 +192,20 @@ def check_previous_token_head(previous_token_head) -> None:
     for T in (4, 7, 12):
         got = call_learner(EX_PREVIOUS, previous_token_head, T)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(EX_PREVIOUS, f"return two matrices, (w_q, w_k); got {type(got).__name__}")
-        w_q, w_k = (expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}") for m, name in zip(got, ("w_q", "w_k")))
+            raise CheckFailed(
+                EX_PREVIOUS, f"return two matrices, (w_q, w_k); got {type(got).__name__}"
+            )
+        w_q, w_k = (
+            expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
+            for m, name in zip(got, ("w_q", "w_k"))
+        )
         scores, weights = _head_weights(w_q, w_k)
         if not bool(torch.isfinite(weights).all()):
-            raise CheckFailed(EX_PREVIOUS, f"for T={T} the softmax gives NaN: the scores are too large (or "
-                              "infinite); a gap of about 10 after the scaling is plenty")
+            raise CheckFailed(
+                EX_PREVIOUS,
+                f"for T={T} the softmax gives NaN: the scores are too large (or "
+                "infinite); a gap of about 10 after the scaling is plenty",
+            )
         on_previous = weights.diagonal(offset=-1)  # weights[i, i - 1] for i >= 1
         if bool((on_previous >= 0.9).all()):
             continue
@@ -177,19 +214,26 @@ def check_previous_token_head(previous_token_head) -> None:
         if found:
             raise CheckFailed(EX_PREVIOUS, f"for T={T}: {found.message}")
         worst = int(on_previous.argmin()) + 1
-        raise CheckFailed(EX_PREVIOUS, f"for T={T}, token {worst} puts only {on_previous[worst - 1].item():.4f} of "
-                          f"its weight on token {worst - 1} (its largest is on token "
-                          f"{int(weights[worst, : worst + 1].argmax())}); row i of w_q dotted with row j of "
-                          "w_k must be large only for j = i - 1")
+        raise CheckFailed(
+            EX_PREVIOUS,
+            f"for T={T}, token {worst} puts only {on_previous[worst - 1].item():.4f} of "
+            f"its weight on token {worst - 1} (its largest is on token "
+            f"{int(weights[worst, : worst + 1].argmax())}); row i of w_q dotted with row j of "
+            "w_k must be large only for j = i - 1",
+        )
     passed(EX_PREVIOUS, "every token reads the token before it")
 
 
 # --------------------------------------------------------------------------- Exercise 3.5
 
-TRANSPOSE_1_3 = ("you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the "
-                 "T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)")
-NO_HEADS = ("you ran ONE head over all C features: split q, k and v into n_head heads of "
-            "hd = C // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention")
+TRANSPOSE_1_3 = (
+    "you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the "
+    "T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)"
+)
+NO_HEADS = (
+    "you ran ONE head over all C features: split q, k and v into n_head heads of "
+    "hd = C // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention"
+)
 
 
 def _heads(q, k, v, n_head, *, split_fn=split, merge_fn=merge, **attend_kw):
@@ -226,58 +270,112 @@ def _merge_interleaved(y):
 
 def _transpose_1_3(q, k, v, n_head):
     B, T, C = q.shape
-    parts = [t.reshape(B, T, n_head, C // n_head).transpose(1, 3) for t in (q, k, v)]  # (B, hd, nh, T)
+    parts = [
+        t.reshape(B, T, n_head, C // n_head).transpose(1, 3) for t in (q, k, v)
+    ]  # (B, hd, nh, T)
     y, weights = attend(*parts, scale=1 / math.sqrt(C // n_head))
     return y.transpose(1, 3).reshape(B, T, C), weights
 
 
 def _scaled_by(factor):
     """A scale computed from q's (B, T, C) shape and n_head, for the wrong-scaling mistakes."""
-    return lambda q, k, v, n_head: _heads(q, k, v, n_head, scale=factor(q.shape[-1], q.shape[-1] // n_head))
+    return lambda q, k, v, n_head: _heads(
+        q, k, v, n_head, scale=factor(q.shape[-1], q.shape[-1] // n_head)
+    )
 
 
 # fn(q, k, v, n_head) -> (y, weights) of that wrong answer
 MULTI_HEAD_MISTAKES = [
-    Mistake("no_mask", "your output matches attention WITHOUT the causal mask: future tokens leak in. Set "
-            "the scores above the diagonal to -inf before the softmax",
-            _heads_with(mask="none")),
-    Mistake("no_scale", "your scores are not divided by sqrt(hd): divide each head's q @ k^T by "
-            "math.sqrt(hd), hd = C // n_head", _scaled_by(lambda C, hd: 1.0)),
-    Mistake("scale_by_sqrt_C", "you divided the scores by sqrt(C); each head's scores are divided by "
-            "sqrt(hd), the size of ONE head's q and k (hd = C // n_head)", _scaled_by(lambda C, hd: 1 / math.sqrt(C))),
-    Mistake("divide_by_hd", "you divided the scores by hd; divide by sqrt(hd) (math.sqrt(hd))",
-            _scaled_by(lambda C, hd: 1 / hd)),
-    Mistake("multiply_by_sqrt_hd", "you multiplied the scores by sqrt(hd); divide by it instead",
-            _scaled_by(lambda C, hd: math.sqrt(hd))),
-    Mistake("softmax_over_queries", "your softmax runs over the wrong dimension (over the queries, dim=-2); "
-            "each query's weights over the keys must sum to 1: softmax(dim=-1)",
-            _heads_with(softmax_dim=-2)),
-    Mistake("mask_after_softmax", "you zeroed the future weights AFTER the softmax, so each row no longer "
-            "sums to 1; mask the scores with -inf BEFORE the softmax",
-            _heads_with(mask="after_softmax")),
-    Mistake("mask_with_zero", "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
-            "weight; set them to -inf (float('-inf'))", _heads_with(mask="zero")),
-    Mistake("mask_off_by_one", "your mask is off by one: each token also sees the NEXT token. Hide every "
-            "key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
-            _heads_with(mask="off_by_one")),
-    Mistake("anti_causal_mask", "your mask is upside down: each token sees the future and not the past. "
-            "Keep the lower triangle (torch.tril), hide the upper one",
-            _heads_with(mask="anti")),
-    Mistake("keys_times_queries", "you computed k @ q^T, the scores transposed; row i of the scores must be "
-            "query i against every key: q @ k.transpose(-2, -1)",
-            _heads_with(keys_first=True)),
-    Mistake("split_without_transpose", "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right "
-            "but that cuts the sequence, not each token's features, into heads. Use "
-            ".view(B, T, nh, hd).transpose(1, 2)", _heads_with(split_fn=_split_without_transpose)),
-    Mistake("split_interleaved", "your heads take every nh-th feature (interleaved); head h must get the "
-            "consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
-            _heads_with(split_fn=_split_interleaved)),
-    Mistake("merge_without_transpose", "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together "
-            "different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
-            _heads_with(merge_fn=_merge_without_transpose)),
-    Mistake("merge_interleaved", "your features come out interleaved (feature 0 of every head, then feature "
-            "1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then "
-            "reshape(B, T, C)", _heads_with(merge_fn=_merge_interleaved)),
+    Mistake(
+        "no_mask",
+        "your output matches attention WITHOUT the causal mask: future tokens leak in. Set "
+        "the scores above the diagonal to -inf before the softmax",
+        _heads_with(mask="none"),
+    ),
+    Mistake(
+        "no_scale",
+        "your scores are not divided by sqrt(hd): divide each head's q @ k^T by "
+        "math.sqrt(hd), hd = C // n_head",
+        _scaled_by(lambda C, hd: 1.0),
+    ),
+    Mistake(
+        "scale_by_sqrt_C",
+        "you divided the scores by sqrt(C); each head's scores are divided by "
+        "sqrt(hd), the size of ONE head's q and k (hd = C // n_head)",
+        _scaled_by(lambda C, hd: 1 / math.sqrt(C)),
+    ),
+    Mistake(
+        "divide_by_hd",
+        "you divided the scores by hd; divide by sqrt(hd) (math.sqrt(hd))",
+        _scaled_by(lambda C, hd: 1 / hd),
+    ),
+    Mistake(
+        "multiply_by_sqrt_hd",
+        "you multiplied the scores by sqrt(hd); divide by it instead",
+        _scaled_by(lambda C, hd: math.sqrt(hd)),
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "your softmax runs over the wrong dimension (over the queries, dim=-2); "
+        "each query's weights over the keys must sum to 1: softmax(dim=-1)",
+        _heads_with(softmax_dim=-2),
+    ),
+    Mistake(
+        "mask_after_softmax",
+        "you zeroed the future weights AFTER the softmax, so each row no longer "
+        "sums to 1; mask the scores with -inf BEFORE the softmax",
+        _heads_with(mask="after_softmax"),
+    ),
+    Mistake(
+        "mask_with_zero",
+        "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
+        "weight; set them to -inf (float('-inf'))",
+        _heads_with(mask="zero"),
+    ),
+    Mistake(
+        "mask_off_by_one",
+        "your mask is off by one: each token also sees the NEXT token. Hide every "
+        "key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
+        _heads_with(mask="off_by_one"),
+    ),
+    Mistake(
+        "anti_causal_mask",
+        "your mask is upside down: each token sees the future and not the past. "
+        "Keep the lower triangle (torch.tril), hide the upper one",
+        _heads_with(mask="anti"),
+    ),
+    Mistake(
+        "keys_times_queries",
+        "you computed k @ q^T, the scores transposed; row i of the scores must be "
+        "query i against every key: q @ k.transpose(-2, -1)",
+        _heads_with(keys_first=True),
+    ),
+    Mistake(
+        "split_without_transpose",
+        "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right "
+        "but that cuts the sequence, not each token's features, into heads. Use "
+        ".view(B, T, nh, hd).transpose(1, 2)",
+        _heads_with(split_fn=_split_without_transpose),
+    ),
+    Mistake(
+        "split_interleaved",
+        "your heads take every nh-th feature (interleaved); head h must get the "
+        "consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
+        _heads_with(split_fn=_split_interleaved),
+    ),
+    Mistake(
+        "merge_without_transpose",
+        "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together "
+        "different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
+        _heads_with(merge_fn=_merge_without_transpose),
+    ),
+    Mistake(
+        "merge_interleaved",
+        "your features come out interleaved (feature 0 of every head, then feature "
+        "1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then "
+        "reshape(B, T, C)",
+        _heads_with(merge_fn=_merge_interleaved),
+    ),
     Mistake("transpose_1_3", TRANSPOSE_1_3, _transpose_1_3),
     Mistake("no_heads", NO_HEADS, lambda q, k, v, n: attend(q, k, v)),
 ]
@@ -295,9 +393,12 @@ def _view_hint(exercise: str, exc: RuntimeError):
 
 def _no_nan(exercise: str, got, what: str) -> None:
     if isinstance(got, torch.Tensor) and got.is_floating_point() and bool(torch.isnan(got).any()):
-        raise CheckFailed(exercise, f"{what} contains NaN: some row of scores is entirely -inf, so the softmax "
-                          "divides 0 by 0. Each token must see at least itself: keep the diagonal visible "
-                          "(hide only j > i: torch.triu(..., diagonal=1))")
+        raise CheckFailed(
+            exercise,
+            f"{what} contains NaN: some row of scores is entirely -inf, so the softmax "
+            "divides 0 by 0. Each token must see at least itself: keep the diagonal visible "
+            "(hide only j > i: torch.triu(..., diagonal=1))",
+        )
 
 
 def check_multi_head_attention(multi_head_attention) -> None:
@@ -312,45 +413,83 @@ def check_multi_head_attention(multi_head_attention) -> None:
         except RuntimeError as exc:
             _view_hint(EX_MULTI, exc)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(EX_MULTI, f"return two tensors, (y, weights); got {type(got).__name__}")
+            raise CheckFailed(
+                EX_MULTI, f"return two tensors, (y, weights); got {type(got).__name__}"
+            )
         y, weights = got
         _no_nan(EX_MULTI, y, "your output")
-        y = expect_tensor(EX_MULTI, y, (B, T, C), what=f"your y (B={B}, T={T}, C={C}, n_head={nh})",
-                          hints={(B, nh, T, hd): "that is (B, nh, T, hd): merge the heads back, "
-                                 "transpose(1, 2) then reshape(B, T, C)"})
+        y = expect_tensor(
+            EX_MULTI,
+            y,
+            (B, T, C),
+            what=f"your y (B={B}, T={T}, C={C}, n_head={nh})",
+            hints={
+                (B, nh, T, hd): "that is (B, nh, T, hd): merge the heads back, "
+                "transpose(1, 2) then reshape(B, T, C)"
+            },
+        )
         _no_nan(EX_MULTI, weights, "your weights")
-        weights = expect_tensor(EX_MULTI, weights, (B, nh, T, T), what="your weights", hints={
-            (B, hd, nh, nh): TRANSPOSE_1_3, (B, T, T): NO_HEADS,
-            (B, nh, T, hd): "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)"})
+        weights = expect_tensor(
+            EX_MULTI,
+            weights,
+            (B, nh, T, T),
+            what="your weights",
+            hints={
+                (B, hd, nh, nh): TRANSPOSE_1_3,
+                (B, T, T): NO_HEADS,
+                (
+                    B,
+                    nh,
+                    T,
+                    hd,
+                ): "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)",
+            },
+        )
         want_y, want_w = _heads(q, k, v, nh)
         if close(y, want_y) and close(weights, want_w):
             continue
-        found = first_mistake(MULTI_HEAD_MISTAKES, lambda m, y=y, q=q, k=k, v=v, nh=nh: close(y, m.fn(q, k, v, nh)[0]))
+        found = first_mistake(
+            MULTI_HEAD_MISTAKES, lambda m, y=y, q=q, k=k, v=v, nh=nh: close(y, m.fn(q, k, v, nh)[0])
+        )
         if found:
             raise CheckFailed(EX_MULTI, found.message)
         if close(y, want_y):
             if torch.allclose(weights.sum(-1), torch.ones(()).double(), atol=1e-5):
-                raise CheckFailed(EX_MULTI, "y is right, but the weights you return are not the ones that "
-                                  "made it: return the softmax of the masked, scaled scores")
-            raise CheckFailed(EX_MULTI, "y is right, but the rows of your weights do not sum to 1: return "
-                              "the weights after the softmax, not the scores")
-        raise CheckFailed(EX_MULTI, f"the shapes are right but y differs from causal multi-head attention "
-                          f"(B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) "
-                          "with the future masked) @ v per head, merge")
+                raise CheckFailed(
+                    EX_MULTI,
+                    "y is right, but the weights you return are not the ones that "
+                    "made it: return the softmax of the masked, scaled scores",
+                )
+            raise CheckFailed(
+                EX_MULTI,
+                "y is right, but the rows of your weights do not sum to 1: return "
+                "the weights after the softmax, not the scores",
+            )
+        raise CheckFailed(
+            EX_MULTI,
+            f"the shapes are right but y differs from causal multi-head attention "
+            f"(B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) "
+            "with the future masked) @ v per head, merge",
+        )
     passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
 
 
 # --------------------------------------------------------------------------- Exercise 3.6
 
 
-def _gpt2_attention(x, w, n_head, *, order="qkv", split_dim_wrong=False, heads=True, c_proj=True,
-                    resid_p=0.0):
+def _gpt2_attention(
+    x, w, n_head, *, order="qkv", split_dim_wrong=False, heads=True, c_proj=True, resid_p=0.0
+):
     """GPT-2 attention from its four tensors (weights [in, out]), then resid dropout with resid_p.
 
     The arguments other than the defaults describe known wrong versions."""
     B, T, C = x.shape
     qkv = x @ w["c_attn.weight"] + w["c_attn.bias"]  # (B, T, 3C)
-    parts = [qkv.reshape(B, T, C, 3)[..., i] for i in range(3)] if split_dim_wrong else list(qkv.split(C, dim=2))
+    parts = (
+        [qkv.reshape(B, T, C, 3)[..., i] for i in range(3)]
+        if split_dim_wrong
+        else list(qkv.split(C, dim=2))
+    )
     q, k, v = (parts["qkv".index(name)] for name in order)
     y = _heads(q, k, v, n_head)[0] if heads else attend(q, k, v)[0]  # (B, T, C)
     if c_proj:
@@ -361,42 +500,82 @@ def _gpt2_attention(x, w, n_head, *, order="qkv", split_dim_wrong=False, heads=T
 # fn(x, weights by parameter name, n_head, resid_p) -> output of that wrong answer; resid_p is
 # the residual dropout of the mode the check runs in (0 in eval)
 MODULE_MISTAKES = [
-    Mistake("qkv_order_kqv", "you took k, q, v from c_attn's output; it holds q, then k, then v "
-            "(split(n_embd, dim=2) returns them in that order)",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, order="kqv", resid_p=p)),
-    Mistake("qkv_order_qvk", "you swapped k and v; c_attn's output holds q, then k, then v",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, order="qvk", resid_p=p)),
-    Mistake("qkv_order_vkq", "you took v, k, q from c_attn's output; it holds q, then k, then v",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, order="vkq", resid_p=p)),
-    Mistake("qkv_split_wrong_dim", "you split c_attn's output the wrong way; q, k and v are the three "
-            "n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, split_dim_wrong=True, resid_p=p)),
-    Mistake("shared_qkv", "you used the same slice for q, k and v; c_attn makes three different ones",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, order="qqq", resid_p=p)),
-    Mistake("no_c_proj", "your output skips c_proj: after merging the heads, apply self.c_proj",
-            lambda x, w, n, p: _gpt2_attention(x, w, n, c_proj=False, resid_p=p)),
-    Mistake("no_heads", NO_HEADS, lambda x, w, n, p: _gpt2_attention(x, w, n, heads=False, resid_p=p)),
-    Mistake("no_resid_dropout", "in train() mode your output has no residual dropout: return "
-            "self.resid_dropout(self.c_proj(...)); it acts in training only",
-            lambda x, w, n, p: _gpt2_attention(x, w, n)),
+    Mistake(
+        "qkv_order_kqv",
+        "you took k, q, v from c_attn's output; it holds q, then k, then v "
+        "(split(n_embd, dim=2) returns them in that order)",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, order="kqv", resid_p=p),
+    ),
+    Mistake(
+        "qkv_order_qvk",
+        "you swapped k and v; c_attn's output holds q, then k, then v",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, order="qvk", resid_p=p),
+    ),
+    Mistake(
+        "qkv_order_vkq",
+        "you took v, k, q from c_attn's output; it holds q, then k, then v",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, order="vkq", resid_p=p),
+    ),
+    Mistake(
+        "qkv_split_wrong_dim",
+        "you split c_attn's output the wrong way; q, k and v are the three "
+        "n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, split_dim_wrong=True, resid_p=p),
+    ),
+    Mistake(
+        "shared_qkv",
+        "you used the same slice for q, k and v; c_attn makes three different ones",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, order="qqq", resid_p=p),
+    ),
+    Mistake(
+        "no_c_proj",
+        "your output skips c_proj: after merging the heads, apply self.c_proj",
+        lambda x, w, n, p: _gpt2_attention(x, w, n, c_proj=False, resid_p=p),
+    ),
+    Mistake(
+        "no_heads", NO_HEADS, lambda x, w, n, p: _gpt2_attention(x, w, n, heads=False, resid_p=p)
+    ),
+    Mistake(
+        "no_resid_dropout",
+        "in train() mode your output has no residual dropout: return "
+        "self.resid_dropout(self.c_proj(...)); it acts in training only",
+        lambda x, w, n, p: _gpt2_attention(x, w, n),
+    ),
 ]
 
 
 def _build(attention_cls, config):
     module = call_learner(EX_MODULE, attention_cls, config)
     if not isinstance(module, nn.Module):
-        raise CheckFailed(EX_MODULE, f"calling it with a config should build an nn.Module, got {type(module).__name__}")
+        raise CheckFailed(
+            EX_MODULE,
+            f"calling it with a config should build an nn.Module, got {type(module).__name__}",
+        )
     C = config.n_embd
-    expected = {"c_attn.weight": (C, 3 * C), "c_attn.bias": (3 * C,), "c_proj.weight": (C, C), "c_proj.bias": (C,)}
+    expected = {
+        "c_attn.weight": (C, 3 * C),
+        "c_attn.bias": (3 * C,),
+        "c_proj.weight": (C, C),
+        "c_proj.bias": (C,),
+    }
     params = dict(module.named_parameters())
     for name, shape in expected.items():
         if name not in params:
-            raise CheckFailed(EX_MODULE, f"no parameter named {name}; keep self.c_attn = Conv1D(n_embd, "
-                              f"3 * n_embd) and self.c_proj = Conv1D(n_embd, n_embd) (found: {', '.join(params) or 'none'})")
+            raise CheckFailed(
+                EX_MODULE,
+                f"no parameter named {name}; keep self.c_attn = Conv1D(n_embd, "
+                f"3 * n_embd) and self.c_proj = Conv1D(n_embd, n_embd) (found: {', '.join(params) or 'none'})",
+            )
         if tuple(params[name].shape) != shape:
-            flipped = " (that is [out, in], like nn.Linear; GPT-2 stores [in, out]: use Conv1D)" \
-                if tuple(params[name].shape) == shape[::-1] else ""
-            raise CheckFailed(EX_MODULE, f"{name} has shape {tuple(params[name].shape)}, expected {shape}{flipped}")
+            flipped = (
+                " (that is [out, in], like nn.Linear; GPT-2 stores [in, out]: use Conv1D)"
+                if tuple(params[name].shape) == shape[::-1]
+                else ""
+            )
+            raise CheckFailed(
+                EX_MODULE,
+                f"{name} has shape {tuple(params[name].shape)}, expected {shape}{flipped}",
+            )
     return module, params, expected
 
 
@@ -412,7 +591,9 @@ def check_causal_self_attention(attention_cls) -> None:
     """`attention_cls(config)` has c_attn (n_embd -> 3 n_embd) and c_proj, both stored [in, out];
     `forward(x, kv_cache=None)` maps (B, T, C) -> (B, T, C) like GPT-2's attention, in eval mode,
     in train mode (residual dropout) and with a cache of earlier keys and values."""
-    with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's alone
+    with (
+        torch.random.fork_rng()
+    ):  # building modules draws random numbers: leave the notebook's alone
         _check_causal_self_attention(attention_cls)
 
 
@@ -420,14 +601,24 @@ def _check_causal_self_attention(attention_cls) -> None:
     from gpt2lib.chapters.config import GPT2Config
 
     p = 0.5  # residual dropout in the train-mode run
-    sizes = dict(vocab_size=32, n_positions=16, n_embd=12, n_head=3, n_layer=1, embd_pdrop=0.0, attn_pdrop=0.0)
+    sizes = dict(
+        vocab_size=32,
+        n_positions=16,
+        n_embd=12,
+        n_head=3,
+        n_layer=1,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     config = GPT2Config(**sizes, resid_pdrop=p)
     nh = config.n_head
     module, params, expected = _build(attention_cls, config)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # weights large enough that attention is far from uniform
-        w = {name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
-             for name, shape in expected.items()}
+        w = {
+            name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
+            for name, shape in expected.items()
+        }
         for name, value in w.items():
             params[name].copy_(value)
 
@@ -437,42 +628,70 @@ def _check_causal_self_attention(attention_cls) -> None:
         got = expect_tensor(EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output")
         if close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
             continue
-        found = first_mistake(MODULE_MISTAKES, lambda m, got=got, x=x: close(got, seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4))
+        found = first_mistake(
+            MODULE_MISTAKES,
+            lambda m, got=got, x=x: close(got, seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4),
+        )
         if found:
             raise CheckFailed(EX_MODULE, found.message)
-        raise CheckFailed(EX_MODULE, f"the shape is right but the output differs from GPT-2's attention "
-                          f"(B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> "
-                          "merge -> c_proj -> resid_dropout")
+        raise CheckFailed(
+            EX_MODULE,
+            f"the shape is right but the output differs from GPT-2's attention "
+            f"(B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> "
+            "merge -> c_proj -> resid_dropout",
+        )
 
     # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
     x = torch.randn(2, 7, config.n_embd, generator=gen)
     cache = ListCache()
     pieces = [_run(module, x[:, a:b], kv_cache=cache) for a, b in ((0, 4), (4, 6), (6, 7))]
-    pieces = [expect_tensor(EX_MODULE, piece, (2, b - a, config.n_embd), what="your output with a kv_cache")
-              for piece, (a, b) in zip(pieces, ((0, 4), (4, 6), (6, 7)))]
-    if cache.length != 7 or not close(torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4):
-        raise CheckFailed(EX_MODULE, "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer "
-                          "does not give the output of the whole sequence; pass the heads' k and v, "
-                          "(B, nh, T, hd), to kv_cache.update and use what it returns")
+    pieces = [
+        expect_tensor(
+            EX_MODULE, piece, (2, b - a, config.n_embd), what="your output with a kv_cache"
+        )
+        for piece, (a, b) in zip(pieces, ((0, 4), (4, 6), (6, 7)))
+    ]
+    if cache.length != 7 or not close(
+        torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4
+    ):
+        raise CheckFailed(
+            EX_MODULE,
+            "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer "
+            "does not give the output of the whole sequence; pass the heads' k and v, "
+            "(B, nh, T, hd), to kv_cache.update and use what it returns",
+        )
 
     # train mode: residual dropout after c_proj, drawn with the check's seed
     module.train()
     x = torch.randn(4, 6, config.n_embd, generator=gen)
-    got = expect_tensor(EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode")
+    got = expect_tensor(
+        EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
+    )
     if close(got, seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
-        passed(EX_MODULE, "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only")
+        passed(
+            EX_MODULE,
+            "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only",
+        )
         return
     no_dropout = _gpt2_attention(x, w, nh)
     kept = got != 0
     fraction_zeroed = 1 - kept.double().mean().item()
     if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4):
-        passed(EX_MODULE, "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only")
+        passed(
+            EX_MODULE,
+            "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only",
+        )
         return  # dropout drawn another way (its own random numbers): still right
-    found = first_mistake(MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4))
+    found = first_mistake(
+        MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4)
+    )
     if found:
         raise CheckFailed(EX_MODULE, found.message)
-    raise CheckFailed(EX_MODULE, "in eval() mode your layer is right, but in train() mode it is not the layer "
-                      "followed by residual dropout: return self.resid_dropout(self.c_proj(...))")
+    raise CheckFailed(
+        EX_MODULE,
+        "in eval() mode your layer is right, but in train() mode it is not the layer "
+        "followed by residual dropout: return self.resid_dropout(self.c_proj(...))",
+    )
 
 
 def _split_via_view(x, n_head):
@@ -482,21 +701,38 @@ def _split_via_view(x, n_head):
 
 # split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
 SPLIT_MISTAKES = [
-    Mistake("split_without_transpose", "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the "
-            "shape is right but that cuts the sequence, not each token's features, into heads. View as "
-            "(B, T, nh, hd), then transpose(1, 2)", _split_without_transpose),
-    Mistake("split_interleaved", "your split_heads gives head h every nh-th feature (interleaved); head h "
-            "must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
-            _split_interleaved),
-    Mistake("split_transpose_1_3", TRANSPOSE_1_3,
-            lambda x, n: x.reshape(*x.shape[:2], n, x.shape[2] // n).transpose(1, 3)),
+    Mistake(
+        "split_without_transpose",
+        "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the "
+        "shape is right but that cuts the sequence, not each token's features, into heads. View as "
+        "(B, T, nh, hd), then transpose(1, 2)",
+        _split_without_transpose,
+    ),
+    Mistake(
+        "split_interleaved",
+        "your split_heads gives head h every nh-th feature (interleaved); head h "
+        "must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
+        _split_interleaved,
+    ),
+    Mistake(
+        "split_transpose_1_3",
+        TRANSPOSE_1_3,
+        lambda x, n: x.reshape(*x.shape[:2], n, x.shape[2] // n).transpose(1, 3),
+    ),
 ]
 MERGE_MISTAKES = [
-    Mistake("merge_without_transpose", "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that "
-            "glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
-            _merge_without_transpose),
-    Mistake("merge_interleaved", "your merge_heads interleaves the heads (feature 0 of every head, then "
-            "feature 1, ...); head 0's hd features come first, then head 1's", _merge_interleaved),
+    Mistake(
+        "merge_without_transpose",
+        "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that "
+        "glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
+        _merge_without_transpose,
+    ),
+    Mistake(
+        "merge_interleaved",
+        "your merge_heads interleaves the heads (feature 0 of every head, then "
+        "feature 1, ...); head 0's hd features come first, then head 1's",
+        _merge_interleaved,
+    ),
 ]
 
 
@@ -505,18 +741,33 @@ def check_split_merge(split_heads, merge_heads) -> None:
     `merge_heads(y)`: its inverse. Tried on slices of a bigger tensor (not contiguous)."""
     gen = torch.Generator().manual_seed(3)
     for B, T, C, nh in ((2, 5, 12, 3), (1, 4, 8, 4)):
-        x = torch.randn(B, T, 3 * C, generator=gen)[..., C : 2 * C]  # a slice, as c_attn's split gives
+        x = torch.randn(B, T, 3 * C, generator=gen)[
+            ..., C : 2 * C
+        ]  # a slice, as c_attn's split gives
         try:
             got = call_learner(EX_MODULE, split_heads, x, nh)
         except RuntimeError as exc:
             _view_hint(EX_MODULE, exc)
-        got = expect_tensor(EX_MODULE, got, (B, nh, T, C // nh), what=f"split_heads(x (B={B}, T={T}, C={C}), {nh})",
-                            hints={(B, T, nh, C // nh): "that is (B, T, nh, hd): transpose(1, 2) to put the "
-                                   "heads before the time steps", (B, C // nh, nh, T): TRANSPOSE_1_3})
+        got = expect_tensor(
+            EX_MODULE,
+            got,
+            (B, nh, T, C // nh),
+            what=f"split_heads(x (B={B}, T={T}, C={C}), {nh})",
+            hints={
+                (B, T, nh, C // nh): "that is (B, T, nh, hd): transpose(1, 2) to put the "
+                "heads before the time steps",
+                (B, C // nh, nh, T): TRANSPOSE_1_3,
+            },
+        )
         if not close(got, split(x, nh)):
             found = first_mistake(SPLIT_MISTAKES, lambda m: close(got, m.fn(x, nh)))
-            raise CheckFailed(EX_MODULE, found.message if found else "split_heads puts the wrong numbers in "
-                              "the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]")
+            raise CheckFailed(
+                EX_MODULE,
+                found.message
+                if found
+                else "split_heads puts the wrong numbers in "
+                "the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]",
+            )
         heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
         try:
             back = call_learner(EX_MODULE, merge_heads, heads)
@@ -525,12 +776,20 @@ def check_split_merge(split_heads, merge_heads) -> None:
         back = expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
         if not close(back, x):
             found = first_mistake(MERGE_MISTAKES, lambda m: close(back, m.fn(heads)))
-            raise CheckFailed(EX_MODULE, found.message if found else "merge_heads(split_heads(x)) is not x: "
-                              "merge must undo the split exactly")
-    passed(EX_MODULE + ", split_heads and merge_heads", "consecutive features per head, merged back in order")
+            raise CheckFailed(
+                EX_MODULE,
+                found.message
+                if found
+                else "merge_heads(split_heads(x)) is not x: merge must undo the split exactly",
+            )
+    passed(
+        EX_MODULE + ", split_heads and merge_heads",
+        "consecutive features per head, merged back in order",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 3.1
+
 
 def _loops_without_max(q, k, v):
     """A loops answer whose softmax takes exp of the raw scores: it overflows on large scores."""
@@ -548,28 +807,60 @@ def _attend_with(**options):
     return lambda q, k, v: attend(q, k, v, **options)
 
 
-OVERFLOW = ("your softmax overflows on large scores: math.exp of a score above about 709 is too large "
-            "for a float. Subtract the row's largest score from every score before exp: the weights "
-            "stay the same, and every exp is at most 1")
+OVERFLOW = (
+    "your softmax overflows on large scores: math.exp of a score above about 709 is too large "
+    "for a float. Subtract the row's largest score from every score before exp: the weights "
+    "stay the same, and every exp is at most 1"
+)
 
 # fn(q, k, v) -> (out, weights), for Exercise 3.1 and Exercise 3.2 alike
 ONE_HEAD_MISTAKES = [
-    Mistake("no_scale", "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
-            _attend_with(scale=1.0)),
-    Mistake("divide_by_d", "you divided the scores by d; divide by sqrt(d)",
-            lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1])),
-    Mistake("no_mask", "your output matches attention WITHOUT the causal mask: token i also reads the tokens "
-            "after it. Only j <= i may be read", _attend_with(mask="none")),
-    Mistake("mask_off_by_one", "your mask is off by one: each token also sees the NEXT token. Only keys "
-            "j <= i may be read", _attend_with(mask="off_by_one")),
-    Mistake("mask_with_zero", "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
-            "weight; set them to -inf (float('-inf'))", _attend_with(mask="zero")),
-    Mistake("mask_after_softmax", "you zeroed the future weights AFTER the softmax, so each row no longer "
-            "sums to 1; mask the scores with -inf BEFORE the softmax", _attend_with(mask="after_softmax")),
-    Mistake("softmax_over_queries", "your softmax runs over the wrong dimension (over the queries, dim=-2); "
-            "each query's weights over the keys must sum to 1: softmax(dim=-1)", _attend_with(softmax_dim=-2)),
-    Mistake("keys_times_queries", "you computed k @ q^T, the scores transposed; row i of the scores must be "
-            "query i against every key", _attend_with(keys_first=True)),
+    Mistake(
+        "no_scale",
+        "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
+        _attend_with(scale=1.0),
+    ),
+    Mistake(
+        "divide_by_d",
+        "you divided the scores by d; divide by sqrt(d)",
+        lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]),
+    ),
+    Mistake(
+        "no_mask",
+        "your output matches attention WITHOUT the causal mask: token i also reads the tokens "
+        "after it. Only j <= i may be read",
+        _attend_with(mask="none"),
+    ),
+    Mistake(
+        "mask_off_by_one",
+        "your mask is off by one: each token also sees the NEXT token. Only keys "
+        "j <= i may be read",
+        _attend_with(mask="off_by_one"),
+    ),
+    Mistake(
+        "mask_with_zero",
+        "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
+        "weight; set them to -inf (float('-inf'))",
+        _attend_with(mask="zero"),
+    ),
+    Mistake(
+        "mask_after_softmax",
+        "you zeroed the future weights AFTER the softmax, so each row no longer "
+        "sums to 1; mask the scores with -inf BEFORE the softmax",
+        _attend_with(mask="after_softmax"),
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "your softmax runs over the wrong dimension (over the queries, dim=-2); "
+        "each query's weights over the keys must sum to 1: softmax(dim=-1)",
+        _attend_with(softmax_dim=-2),
+    ),
+    Mistake(
+        "keys_times_queries",
+        "you computed k @ q^T, the scores transposed; row i of the scores must be "
+        "query i against every key",
+        _attend_with(keys_first=True),
+    ),
     Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
 ]
 
@@ -586,10 +877,16 @@ def _check_one_head(exercise, fn, cases, large):
         except OverflowError:
             raise CheckFailed(exercise, OVERFLOW) from None
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(exercise, f"return two tensors, (out, weights); got {type(got).__name__}")
+            raise CheckFailed(
+                exercise, f"return two tensors, (out, weights); got {type(got).__name__}"
+            )
         out, weights = got
         for value in (out, weights):
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            if (
+                isinstance(value, torch.Tensor)
+                and value.is_floating_point()
+                and not bool(torch.isfinite(value).all())
+            ):
                 if large:
                     raise CheckFailed(exercise, OVERFLOW)
                 _no_nan(exercise, value, "your result")
@@ -602,14 +899,23 @@ def _check_one_head(exercise, fn, cases, large):
             continue
         found = first_mistake(
             ONE_HEAD_MISTAKES[:-1],
-            lambda m, q=q, k=k, v=v, out=out: close(out, m.fn(q.double(), k.double(), v.double())[0], atol=tol, rtol=tol))
+            lambda m, q=q, k=k, v=v, out=out: close(
+                out, m.fn(q.double(), k.double(), v.double())[0], atol=tol, rtol=tol
+            ),
+        )
         if found:
             raise CheckFailed(exercise, found.message)
         if close(out, want_out, atol=tol, rtol=tol):
-            raise CheckFailed(exercise, "out is right, but the weights you return are not the softmax weights "
-                              "that made it (row i: token i's weights over keys 0..i, zeros after)")
-        raise CheckFailed(exercise, f"your out differs from causal attention {what}: weights = softmax over "
-                          "j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]")
+            raise CheckFailed(
+                exercise,
+                "out is right, but the weights you return are not the softmax weights "
+                "that made it (row i: token i's weights over keys 0..i, zeros after)",
+            )
+        raise CheckFailed(
+            exercise,
+            f"your out differs from causal attention {what}: weights = softmax over "
+            "j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]",
+        )
 
 
 def check_attention_with_loops(attention_with_loops) -> None:
@@ -617,20 +923,29 @@ def check_attention_with_loops(attention_with_loops) -> None:
     of one head, also on scores near 750."""
     _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
     _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
-    passed(EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores")
+    passed(
+        EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
+    )
 
 
 def check_causal_attention(causal_attention) -> None:
     """`causal_attention(q, k, v)`, (..., T, d) each -> (out (..., T, d), weights (..., T, T))."""
-    _check_one_head(EX_MATRICES, causal_attention, [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)], large=False)
+    _check_one_head(
+        EX_MATRICES, causal_attention, [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)], large=False
+    )
     _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
-    passed(EX_MATRICES, "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys")
+    passed(
+        EX_MATRICES,
+        "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 3.3
 
 
-def _saturation(dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, reduce_dim=-1, what="weight"):
+def _saturation(
+    dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, reduce_dim=-1, what="weight"
+):
     """(variance of the scores, average largest weight); the keyword arguments describe mistakes."""
     qs, ks = torch.randn(trials, T, dim), torch.randn(trials, T, dim)
     scores = qs @ ks.transpose(-2, -1)
@@ -641,17 +956,30 @@ def _saturation(dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, re
 
 
 SATURATION_MISTAKES = [
-    Mistake("scaled_by_d", "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance "
-            "of the scaled scores should come out near 1)",
-            lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d)),
-    Mistake("largest_score_not_weight", "your second number is the largest SCORE; it should be the largest "
-            "softmax WEIGHT of a row (softmax over the keys, then max)",
-            lambda dim, scaled: _saturation(dim, scaled, what="score")),
-    Mistake("softmax_over_queries", "your softmax runs over the queries (dim=-2); each query's row of "
-            "weights over the keys sums to 1: softmax(dim=-1)",
-            lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2)),
-    Mistake("scaling_ignored", "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when "
-            "scaled is true", lambda dim, scaled: _saturation(dim, False)),
+    Mistake(
+        "scaled_by_d",
+        "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance "
+        "of the scaled scores should come out near 1)",
+        lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d),
+    ),
+    Mistake(
+        "largest_score_not_weight",
+        "your second number is the largest SCORE; it should be the largest "
+        "softmax WEIGHT of a row (softmax over the keys, then max)",
+        lambda dim, scaled: _saturation(dim, scaled, what="score"),
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "your softmax runs over the queries (dim=-2); each query's row of "
+        "weights over the keys sums to 1: softmax(dim=-1)",
+        lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2),
+    ),
+    Mistake(
+        "scaling_ignored",
+        "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when "
+        "scaled is true",
+        lambda dim, scaled: _saturation(dim, False),
+    ),
 ]
 
 
@@ -662,11 +990,16 @@ def check_saturation(saturation) -> None:
         for scaled in (False, True):
             got = seeded_call(call_learner, EX_SATURATION, saturation, dim, scaled)
             if not isinstance(got, (tuple, list)) or len(got) != 2:
-                raise CheckFailed(EX_SATURATION, f"return two numbers, (variance, largest weight); got {type(got).__name__}")
+                raise CheckFailed(
+                    EX_SATURATION,
+                    f"return two numbers, (variance, largest weight); got {type(got).__name__}",
+                )
             try:
                 var, top = (float(g) for g in got)
             except (TypeError, ValueError):
-                raise CheckFailed(EX_SATURATION, "return two numbers (Python floats, `.item()`)") from None
+                raise CheckFailed(
+                    EX_SATURATION, "return two numbers (Python floats, `.item()`)"
+                ) from None
             want_var, want_top = seeded_call(_saturation, dim, scaled, trials=512)
 
             def near(a, b):
@@ -674,20 +1007,36 @@ def check_saturation(saturation) -> None:
 
             if near(var, want_var) and near(top, want_top):
                 continue
-            found = first_mistake(SATURATION_MISTAKES, lambda m: all(
-                near(g, w) for g, w in zip((var, top), seeded_call(m.fn, dim, scaled))))
+            found = first_mistake(
+                SATURATION_MISTAKES,
+                lambda m: all(
+                    near(g, w) for g, w in zip((var, top), seeded_call(m.fn, dim, scaled))
+                ),
+            )
             if found:
                 raise CheckFailed(EX_SATURATION, found.message)
-            raise CheckFailed(EX_SATURATION, f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and "
-                              f"largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}")
+            raise CheckFailed(
+                EX_SATURATION,
+                f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and "
+                f"largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}",
+            )
     passed(EX_SATURATION, "variances and largest weights as expected")
 
 
 # --------------------------------------------------------------------------- Exercise 3.7
 
 
-def _by_hand(layer, x, *, biases=True, c_proj=True, heads=True, order=(0, 1, 2), mask="causal",
-             scale_width=None):
+def _by_hand(
+    layer,
+    x,
+    *,
+    biases=True,
+    c_proj=True,
+    heads=True,
+    order=(0, 1, 2),
+    mask="causal",
+    scale_width=None,
+):
     """layer(x) in eval mode from the layer's tensors; the keyword arguments describe known wrong
     versions (order: which thirds of c_attn's output are taken as q, k, v)."""
     B, T, C = x.shape
@@ -710,29 +1059,56 @@ def attention_by_hand_reference(layer, x: torch.Tensor) -> torch.Tensor:
 
 
 BY_HAND_MISTAKES = [
-    Mistake("no_biases", "you left out the biases: c_attn and c_proj are x @ weight + bias",
-            lambda layer, x: _by_hand(layer, x, biases=False)),
-    Mistake("no_c_proj", "you return the merged heads; the layer then mixes them with c_proj (its weight "
-            "and its bias)", lambda layer, x: _by_hand(layer, x, c_proj=False)),
-    Mistake("one_head", "you ran one head over all C features; cut q, k and v into layer.n_head heads "
-            "before the attention, and merge the heads back after it",
-            lambda layer, x: _by_hand(layer, x, heads=False)),
-    Mistake("q_k_swapped", "you took q and k in the wrong order: c_attn's output is q, then k, then v, "
-            "C features each", lambda layer, x: _by_hand(layer, x, order=(1, 0, 2))),
-    Mistake("v_not_last", "your q, k, v are not the three thirds of c_attn's output in the order q, k, v "
-            "(the first C features are q, the next C are k, the last C are v)",
-            lambda layer, x: _by_hand(layer, x, order=(2, 1, 0))),
-    Mistake("no_mask", "your attention reads future tokens: each token may only see itself and the "
-            "tokens before it (the causal mask)", lambda layer, x: _by_hand(layer, x, mask="none")),
-    Mistake("scaled_by_C", "your scores are divided by √C; each head divides by the square root of its "
-            "own width, hd = C / n_head", lambda layer, x: _by_hand(layer, x, scale_width=x.shape[-1])),
+    Mistake(
+        "no_biases",
+        "you left out the biases: c_attn and c_proj are x @ weight + bias",
+        lambda layer, x: _by_hand(layer, x, biases=False),
+    ),
+    Mistake(
+        "no_c_proj",
+        "you return the merged heads; the layer then mixes them with c_proj (its weight "
+        "and its bias)",
+        lambda layer, x: _by_hand(layer, x, c_proj=False),
+    ),
+    Mistake(
+        "one_head",
+        "you ran one head over all C features; cut q, k and v into layer.n_head heads "
+        "before the attention, and merge the heads back after it",
+        lambda layer, x: _by_hand(layer, x, heads=False),
+    ),
+    Mistake(
+        "q_k_swapped",
+        "you took q and k in the wrong order: c_attn's output is q, then k, then v, "
+        "C features each",
+        lambda layer, x: _by_hand(layer, x, order=(1, 0, 2)),
+    ),
+    Mistake(
+        "v_not_last",
+        "your q, k, v are not the three thirds of c_attn's output in the order q, k, v "
+        "(the first C features are q, the next C are k, the last C are v)",
+        lambda layer, x: _by_hand(layer, x, order=(2, 1, 0)),
+    ),
+    Mistake(
+        "no_mask",
+        "your attention reads future tokens: each token may only see itself and the "
+        "tokens before it (the causal mask)",
+        lambda layer, x: _by_hand(layer, x, mask="none"),
+    ),
+    Mistake(
+        "scaled_by_C",
+        "your scores are divided by √C; each head divides by the square root of its "
+        "own width, hd = C / n_head",
+        lambda layer, x: _by_hand(layer, x, scale_width=x.shape[-1]),
+    ),
 ]
 
 
 def check_attention_by_hand(attention_by_hand) -> None:
     """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
     numbers of heads with weights and biases far from their initial values."""
-    with torch.random.fork_rng():  # building layers draws random numbers: leave the notebook's alone
+    with (
+        torch.random.fork_rng()
+    ):  # building layers draws random numbers: leave the notebook's alone
         _check_attention_by_hand(attention_by_hand)
 
 
@@ -742,31 +1118,50 @@ def _check_attention_by_hand(attention_by_hand) -> None:
 
     gen = torch.Generator().manual_seed(5)
     for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
-        config = GPT2Config(vocab_size=32, n_positions=16, n_embd=C, n_head=nh, n_layer=1,
-                            embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+        config = GPT2Config(
+            vocab_size=32,
+            n_positions=16,
+            n_embd=C,
+            n_head=nh,
+            n_layer=1,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+        )
         layer = CausalSelfAttention(config).eval()
-        with torch.no_grad():  # large weights and biases: attention far from uniform, biases visible
+        with (
+            torch.no_grad()
+        ):  # large weights and biases: attention far from uniform, biases visible
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         x = torch.randn(B, T, C, generator=gen)
         with torch.no_grad():
             got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
-            got = expect_tensor(EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})")
+            got = expect_tensor(
+                EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
+            )
             want = attention_by_hand_reference(layer, x)
         if close(got, want, rtol=1e-4, atol=1e-4):
             continue
-        found = first_mistake(BY_HAND_MISTAKES, lambda m: close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4))
+        found = first_mistake(
+            BY_HAND_MISTAKES, lambda m: close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4)
+        )
         if found:
             raise CheckFailed(EX_BY_HAND, found.message)
-        raise CheckFailed(EX_BY_HAND, f"for C={C} with {nh} heads your output differs from the layer's; "
-                          "follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj")
+        raise CheckFailed(
+            EX_BY_HAND,
+            f"for C={C} with {nh} heads your output differs from the layer's; "
+            "follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj",
+        )
     passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 
 # --------------------------------------------------------------------------- Exercise 3.8
 
 
-def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2, biases=True):
+def _cost(
+    T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2, biases=True
+):
     """(params, flops) of GPT-2 attention; the keyword arguments describe known wrong counts."""
     params = 3 * C * C + C * C + (4 * C if biases else 0)
     flops = flop_per_mac * (T * C * 3 * C + (T * C * C if c_proj else 0))
@@ -775,25 +1170,52 @@ def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mi
 
 
 COST_MISTAKES = [
-    Mistake("params_without_biases", "your parameter count leaves out the biases: c_attn has 3·C of them, "
-            "c_proj C", lambda T, C, n: (_cost(T, C, n, biases=False)[0], _cost(T, C, n)[1])),
-    Mistake("params_without_c_proj", "your parameter count leaves out c_proj (C·C weights and C biases)",
-            lambda T, C, n: (3 * C * C + 3 * C, _cost(T, C, n)[1])),
-    Mistake("params_times_heads", "your parameter count grows with n_head; the heads share c_attn and "
-            "c_proj: the weights are the same whatever the number of heads",
-            lambda T, C, n: (n * _cost(T, C, n)[0], _cost(T, C, n)[1])),
-    Mistake("flops_times_heads", "your FLOPs multiply the attention part by n_head, but each head works on "
-            "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one head of width C "
-            "would", lambda T, C, n: _cost(T, C, n, heads_multiply=True)),
-    Mistake("multiply_adds", "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) "
-            "product costs 2·m·k·n", lambda T, C, n: _cost(T, C, n, flop_per_mac=1)),
-    Mistake("flops_without_c_proj", "your FLOPs leave out c_proj: 2·T·C·C more",
-            lambda T, C, n: _cost(T, C, n, c_proj=False)),
-    Mistake("flops_without_attention", "your FLOPs count only the projections: the scores q @ k^T and the "
-            "weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
-            lambda T, C, n: _cost(T, C, n, mixing=0)),
-    Mistake("flops_half_the_attention", "your FLOPs count only one of the two attention products: q @ k^T "
-            "and weights @ v cost 2·T·T·C each", lambda T, C, n: _cost(T, C, n, mixing=1)),
+    Mistake(
+        "params_without_biases",
+        "your parameter count leaves out the biases: c_attn has 3·C of them, c_proj C",
+        lambda T, C, n: (_cost(T, C, n, biases=False)[0], _cost(T, C, n)[1]),
+    ),
+    Mistake(
+        "params_without_c_proj",
+        "your parameter count leaves out c_proj (C·C weights and C biases)",
+        lambda T, C, n: (3 * C * C + 3 * C, _cost(T, C, n)[1]),
+    ),
+    Mistake(
+        "params_times_heads",
+        "your parameter count grows with n_head; the heads share c_attn and "
+        "c_proj: the weights are the same whatever the number of heads",
+        lambda T, C, n: (n * _cost(T, C, n)[0], _cost(T, C, n)[1]),
+    ),
+    Mistake(
+        "flops_times_heads",
+        "your FLOPs multiply the attention part by n_head, but each head works on "
+        "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one head of width C "
+        "would",
+        lambda T, C, n: _cost(T, C, n, heads_multiply=True),
+    ),
+    Mistake(
+        "multiply_adds",
+        "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) "
+        "product costs 2·m·k·n",
+        lambda T, C, n: _cost(T, C, n, flop_per_mac=1),
+    ),
+    Mistake(
+        "flops_without_c_proj",
+        "your FLOPs leave out c_proj: 2·T·C·C more",
+        lambda T, C, n: _cost(T, C, n, c_proj=False),
+    ),
+    Mistake(
+        "flops_without_attention",
+        "your FLOPs count only the projections: the scores q @ k^T and the "
+        "weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
+        lambda T, C, n: _cost(T, C, n, mixing=0),
+    ),
+    Mistake(
+        "flops_half_the_attention",
+        "your FLOPs count only one of the two attention products: q @ k^T "
+        "and weights @ v cost 2·T·T·C each",
+        lambda T, C, n: _cost(T, C, n, mixing=1),
+    ),
 ]
 
 
@@ -806,7 +1228,9 @@ def check_attention_cost(attention_cost) -> None:
     for T, C, nh in ((16, 64, 4), (100, 48, 3), (7, 768, 12)):
         got = call_learner(EX_COST, attention_cost, T, C, nh)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(EX_COST, f"return two numbers, (params, flops); got {type(got).__name__}")
+            raise CheckFailed(
+                EX_COST, f"return two numbers, (params, flops); got {type(got).__name__}"
+            )
         try:
             params, flops = (float(g) for g in got)
         except (TypeError, ValueError):
@@ -821,11 +1245,17 @@ def check_attention_cost(attention_cost) -> None:
         if found:
             raise CheckFailed(EX_COST, found.message)
         which = "parameters" if params != want[0] else "FLOPs"
-        raise CheckFailed(EX_COST, f"for T={T}, n_embd={C}, n_head={nh} your {which} are "
-                          f"{params if which == 'parameters' else flops:,.0f}, not {want[0] if which == 'parameters' else want[1]:,}: "
-                          "c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and weights @ v")
-    passed(EX_COST, f"{_cost(1024, 768, 12)[0]:,} parameters and {_cost(1024, 768, 12)[1]:,} FLOPs for GPT-2 "
-           "small's attention on 1,024 tokens")
+        raise CheckFailed(
+            EX_COST,
+            f"for T={T}, n_embd={C}, n_head={nh} your {which} are "
+            f"{params if which == 'parameters' else flops:,.0f}, not {want[0] if which == 'parameters' else want[1]:,}: "
+            "c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and weights @ v",
+        )
+    passed(
+        EX_COST,
+        f"{_cost(1024, 768, 12)[0]:,} parameters and {_cost(1024, 768, 12)[1]:,} FLOPs for GPT-2 "
+        "small's attention on 1,024 tokens",
+    )
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -844,7 +1274,9 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
     for V, T in ((5, 8), (10, 16), (3, 12)):
         got = call_learner(CH_COPY, copy_two_back_head, V, T)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise CheckFailed(CH_COPY, f"return three matrices, (w_q, w_k, w_v); got {type(got).__name__}")
+            raise CheckFailed(
+                CH_COPY, f"return three matrices, (w_q, w_k, w_v); got {type(got).__name__}"
+            )
         w_q = expect_tensor(CH_COPY, got[0], what=f"w_q (V={V}, T={T})")
         d = w_q.shape[-1] if w_q.dim() == 2 else 0
         w_q = expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q (V={V}, T={T})")
@@ -864,8 +1296,11 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
         accuracy = right / total
         if accuracy < goal:
             most = int(offsets.argmax())
-            raise CheckFailed(CH_COPY, f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal "
-                              f"{goal}); most rows put their largest weight on token i - {most}")
+            raise CheckFailed(
+                CH_COPY,
+                f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal "
+                f"{goal}); most rows put their largest weight on token i - {most}",
+            )
     passed(CH_COPY, "every row copies the token two places back")
 
 

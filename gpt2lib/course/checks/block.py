@@ -51,8 +51,9 @@ def _ln_inputs():
     return x, weight, bias
 
 
-def _manual(x, weight, bias, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False,
-            center=True, power=0.5):
+def _manual(
+    x, weight, bias, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, center=True, power=0.5
+):
     """LayerNorm written out, with switches for the usual mistakes (dim=None: whole tensor)."""
     dims = tuple(range(x.dim())) if dim is None else (dim,)
     count = 1
@@ -70,48 +71,107 @@ def _m(**switches):
 
 # fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
 LAYER_NORM_MISTAKES = [
-    Mistake("unbiased variance", "the variance is unbiased (divided by C - 1): torch.var and "
-            "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
-            "keepdim=True, unbiased=False) (or correction=0)", _m(unbiased=True)),
-    Mistake("eps outside", "eps is added outside the square root: divide by sqrt(var + eps), not "
-            "sqrt(var) + eps", _m(eps_outside=True)),
-    Mistake("unbiased, eps outside", "the variance is unbiased (torch.var's default: use "
-            "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
-            _m(unbiased=True, eps_outside=True)),
-    Mistake("variance not std", "you divide by the variance; divide by the standard deviation "
-            "sqrt(var + eps)", _m(power=1.0)),
-    Mistake("rmsnorm", "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
-            "vector first, (x - mean) / sqrt(var + eps)", _m(center=False)),
-    Mistake("over the batch", "you normalised over the wrong dimension: LayerNorm works on each "
-            "token's own C features, the last dimension (dim=-1, keepdim=True)", _m(dim=0)),
-    Mistake("over the sequence", "you normalised over the wrong dimension (the sequence): use the "
-            "last dimension (dim=-1, keepdim=True)", _m(dim=1)),
-    Mistake("whole tensor", "you normalised with one mean and variance for the whole tensor: each "
-            "token gets its own, over the last dimension (dim=-1, keepdim=True)", _m(dim=None)),
-    Mistake("no gain, no bias", "the gain and bias are missing: end with `* weight + bias`",
-            lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps)),
-    Mistake("no bias", "the bias is missing: end with `* weight + bias`",
-            lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps)),
-    Mistake("no gain", "the gain is missing: end with `* weight + bias`",
-            lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps)),
-    Mistake("swapped", "weight and bias are swapped: multiply by weight, then add bias",
-            lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps)),
-    Mistake("x.std", "you divide by x.std(): that is the unbiased standard deviation (divides by "
-            "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
-            "keepdim=True, unbiased=False)", lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0)),
-    Mistake("bias first", "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
-            "order is x̂ * weight + bias", lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps)),
+    Mistake(
+        "unbiased variance",
+        "the variance is unbiased (divided by C - 1): torch.var and "
+        "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
+        "keepdim=True, unbiased=False) (or correction=0)",
+        _m(unbiased=True),
+    ),
+    Mistake(
+        "eps outside",
+        "eps is added outside the square root: divide by sqrt(var + eps), not sqrt(var) + eps",
+        _m(eps_outside=True),
+    ),
+    Mistake(
+        "unbiased, eps outside",
+        "the variance is unbiased (torch.var's default: use "
+        "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
+        _m(unbiased=True, eps_outside=True),
+    ),
+    Mistake(
+        "variance not std",
+        "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
+        _m(power=1.0),
+    ),
+    Mistake(
+        "rmsnorm",
+        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
+        "vector first, (x - mean) / sqrt(var + eps)",
+        _m(center=False),
+    ),
+    Mistake(
+        "over the batch",
+        "you normalised over the wrong dimension: LayerNorm works on each "
+        "token's own C features, the last dimension (dim=-1, keepdim=True)",
+        _m(dim=0),
+    ),
+    Mistake(
+        "over the sequence",
+        "you normalised over the wrong dimension (the sequence): use the "
+        "last dimension (dim=-1, keepdim=True)",
+        _m(dim=1),
+    ),
+    Mistake(
+        "whole tensor",
+        "you normalised with one mean and variance for the whole tensor: each "
+        "token gets its own, over the last dimension (dim=-1, keepdim=True)",
+        _m(dim=None),
+    ),
+    Mistake(
+        "no gain, no bias",
+        "the gain and bias are missing: end with `* weight + bias`",
+        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps),
+    ),
+    Mistake(
+        "no bias",
+        "the bias is missing: end with `* weight + bias`",
+        lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps),
+    ),
+    Mistake(
+        "no gain",
+        "the gain is missing: end with `* weight + bias`",
+        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps),
+    ),
+    Mistake(
+        "swapped",
+        "weight and bias are swapped: multiply by weight, then add bias",
+        lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps),
+    ),
+    Mistake(
+        "x.std",
+        "you divide by x.std(): that is the unbiased standard deviation (divides by "
+        "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
+        "keepdim=True, unbiased=False)",
+        lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0),
+    ),
+    Mistake(
+        "bias first",
+        "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
+        "order is x̂ * weight + bias",
+        lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps),
+    ),
 ] + [
-    Mistake(f"eps {name}", f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
-            "inside the square root: sqrt(var + eps)",
-            lambda x, w, b, eps=EPS, wrong=wrong: _manual(x, w, b, eps=wrong))
-    for wrong, name in ((1e-12, "1e-12 (BERT's value) or 0 (none at all)"), (1e-6, "1e-6"),
-                        (1e-8, "1e-8"), (1e-10, "1e-10"), (1e-3, "1e-3"))
+    Mistake(
+        f"eps {name}",
+        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
+        "inside the square root: sqrt(var + eps)",
+        lambda x, w, b, eps=EPS, wrong=wrong: _manual(x, w, b, eps=wrong),
+    )
+    for wrong, name in (
+        (1e-12, "1e-12 (BERT's value) or 0 (none at all)"),
+        (1e-6, "1e-6"),
+        (1e-8, "1e-8"),
+        (1e-10, "1e-10"),
+        (1e-3, "1e-3"),
+    )
 ]
 
 
 def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
-    mistake = first_mistake(LAYER_NORM_MISTAKES, lambda m: close(got, m.fn(x, weight, bias), atol=1e-7))
+    mistake = first_mistake(
+        LAYER_NORM_MISTAKES, lambda m: close(got, m.fn(x, weight, bias), atol=1e-7)
+    )
     if mistake is not None:
         raise CheckFailed(exercise, mistake.message)
     worst = (got.double() - want).abs().max().item()
@@ -136,9 +196,10 @@ def check_layer_norm(layer_norm) -> None:
         if "must match the size" not in str(exc):
             raise
         raise CheckFailed(
-            EX_LN, f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
+            EX_LN,
+            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
             "variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) "
-            "has shape (..., 1), which broadcasts against x (..., C)"
+            "has shape (..., 1), which broadcasts against x (..., C)",
         ) from None
     if not torch.equal(x_in, x):
         raise CheckFailed(
@@ -148,8 +209,9 @@ def check_layer_norm(layer_norm) -> None:
         raise CheckFailed(EX_LN, f"should return a torch.Tensor, got {type(got).__name__}")
     if got.shape != x.shape:
         raise CheckFailed(
-            EX_LN, f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
-            "shape (did you forget keepdim=True on the mean or the variance?)"
+            EX_LN,
+            f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
+            "shape (did you forget keepdim=True on the mean or the variance?)",
         )
     want = F.layer_norm(x, (C,), weight, bias, EPS)
     if not close(got, want, atol=1e-7):
@@ -167,8 +229,9 @@ def check_layer_norm(layer_norm) -> None:
         tokens = call_learner(EX_LN, layer_norm, x[0].float(), weight.float(), bias.float())
     except (IndexError, RuntimeError) as exc:
         raise CheckFailed(
-            EX_LN, f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), "
-            "not dim=2, so any number of leading dimensions works"
+            EX_LN,
+            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), "
+            "not dim=2, so any number of leading dimensions works",
         ) from None
     if not isinstance(tokens, torch.Tensor) or tokens.shape != x[0].shape:
         raise CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
@@ -186,8 +249,9 @@ def check_layer_norm_module(LayerNorm) -> None:
     C = x.shape[-1]
     ln = call_learner(EX_LN_MODULE, LayerNorm, C)
     if not isinstance(ln, nn.Module):
-        raise CheckFailed(EX_LN_MODULE, f"LayerNorm(n) should make an nn.Module, got "
-                                        f"{type(ln).__name__}")
+        raise CheckFailed(
+            EX_LN_MODULE, f"LayerNorm(n) should make an nn.Module, got {type(ln).__name__}"
+        )
     params = dict(ln.named_parameters())
     if not params:
         raise CheckFailed(
@@ -220,14 +284,18 @@ def check_layer_norm_module(LayerNorm) -> None:
     with torch.no_grad():
         ln.weight.copy_(weight)
         ln.bias.copy_(bias)
-        got = call_learner(EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1))  # strided, as the model passes it
+        got = call_learner(
+            EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1)
+        )  # strided, as the model passes it
         want = F.layer_norm(x, (C,), weight, bias, EPS)
         if not close(got, want, atol=1e-7):
             if isinstance(got, torch.Tensor) and got.shape == x.shape:
-                _explain_layer_norm(EX_LN_MODULE, got, x, weight, bias, want,
-                                    "LayerNorm(n_embd)(x)")
-            raise CheckFailed(EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape "
-                                            f"{tuple(x.shape)}")
+                _explain_layer_norm(
+                    EX_LN_MODULE, got, x, weight, bias, want, "LayerNorm(n_embd)(x)"
+                )
+            raise CheckFailed(
+                EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
+            )
 
         ln_eps = call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
         ln_eps.weight.copy_(weight)
@@ -247,8 +315,16 @@ def check_layer_norm_module(LayerNorm) -> None:
 def _small_config(pdrop: float = 0.0):
     from gpt2lib.chapters.config import GPT2Config
 
-    return GPT2Config(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
-                      embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
+    return GPT2Config(
+        n_embd=8,
+        n_head=2,
+        n_layer=1,
+        n_positions=16,
+        vocab_size=11,
+        embd_pdrop=pdrop,
+        attn_pdrop=pdrop,
+        resid_pdrop=pdrop,
+    )
 
 
 class _PlainAttention(nn.Module):
@@ -283,49 +359,92 @@ def _post_norm(b, x):
 # fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
 # Shared by both blocks of Exercise 5.2 (the right answer of one is a mistake for the other).
 _ORDER_MISTAKES = [
-    Mistake("no residuals", "both residual connections are missing: add each sublayer's output "
-            "to its input", lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x))))),
-    Mistake("swapped norms", "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-            lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_2(x)))),
-    Mistake("MLP first", "the MLP comes before attention: GPT-2's block runs attention first, "
-            "then the MLP", lambda b, x: (lambda h: h + b.attn(b.ln_1(h)))(x + b.mlp(b.ln_2(x)))),
-    Mistake("no norms", "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-            lambda b, x: (lambda h: h + b.mlp(h))(x + b.attn(x))),
+    Mistake(
+        "no residuals",
+        "both residual connections are missing: add each sublayer's output to its input",
+        lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x)))),
+    ),
+    Mistake(
+        "swapped norms",
+        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_2(x))),
+    ),
+    Mistake(
+        "MLP first",
+        "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
+        lambda b, x: (lambda h: h + b.attn(b.ln_1(h)))(x + b.mlp(b.ln_2(x))),
+    ),
+    Mistake(
+        "no norms",
+        "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+        lambda b, x: (lambda h: h + b.mlp(h))(x + b.attn(x)),
+    ),
 ]
 
 BLOCK_MISTAKES = [
-    Mistake("post-norm", "this is the post-norm block of the original Transformer, "
-            "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
-            "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-            _post_norm),
-    Mistake("no attention residual", "the residual connection around attention is missing: "
-            "x = x + attn(ln_1(x))", lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x)))),
-    Mistake("no MLP residual", "the residual connection around the MLP is missing: "
-            "x = x + mlp(ln_2(x))", lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x))))),
-    Mistake("ln_1 twice", "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
-            lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_1(x)))),
-    Mistake("normalised stream", "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
-            "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
-            lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
-                (lambda n: n + b.attn(n))(b.ln_1(x)))),
-    Mistake("parallel", "the MLP reads x instead of the stream after attention: first "
-            "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
-            lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x))),
+    Mistake(
+        "post-norm",
+        "this is the post-norm block of the original Transformer, "
+        "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
+        "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+        _post_norm,
+    ),
+    Mistake(
+        "no attention residual",
+        "the residual connection around attention is missing: x = x + attn(ln_1(x))",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
+    ),
+    Mistake(
+        "no MLP residual",
+        "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
+        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
+    ),
+    Mistake(
+        "ln_1 twice",
+        "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_1(x))),
+    ),
+    Mistake(
+        "normalised stream",
+        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
+        "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+        lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
+            (lambda n: n + b.attn(n))(b.ln_1(x))
+        ),
+    ),
+    Mistake(
+        "parallel",
+        "the MLP reads x instead of the stream after attention: first "
+        "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+        lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+    ),
 ] + _ORDER_MISTAKES
 
 POST_NORM_MISTAKES = [
-    Mistake("pre-norm", "this is GPT-2's pre-norm block again: post-norm adds first and then "
-            "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
-            _pre_norm),
-    Mistake("no final norm", "the MLP's sum is not normalised: post-norm ends with "
-            "ln_2(x + mlp(x))", lambda b, x: (lambda h: h + b.mlp(h))(b.ln_1(x + b.attn(x)))),
-    Mistake("norm inside", "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
-            "post-norm normalises the SUM, ln(x + sublayer(x))",
-            lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x)))),
-    Mistake("sublayer reads normalised", "the sublayers read a normalised copy, ln(x + "
-            "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
-            "ln(x + sublayer(x))", lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(
-                b.ln_1(x + b.attn(b.ln_1(x))))),
+    Mistake(
+        "pre-norm",
+        "this is GPT-2's pre-norm block again: post-norm adds first and then "
+        "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+        _pre_norm,
+    ),
+    Mistake(
+        "no final norm",
+        "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
+        lambda b, x: (lambda h: h + b.mlp(h))(b.ln_1(x + b.attn(x))),
+    ),
+    Mistake(
+        "norm inside",
+        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
+        "post-norm normalises the SUM, ln(x + sublayer(x))",
+        lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
+    ),
+    Mistake(
+        "sublayer reads normalised",
+        "the sublayers read a normalised copy, ln(x + "
+        "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
+        "ln(x + sublayer(x))",
+        lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(b.ln_1(x + b.attn(b.ln_1(x)))),
+    ),
 ] + _ORDER_MISTAKES
 
 
@@ -349,8 +468,11 @@ def _block_case(exercise, Block, config):
     ln_1 and ln_2 differ), in eval mode, and a non-contiguous input (B, T, C) with an offset."""
     block = _make_block(exercise, Block, config)
     if not isinstance(block, nn.Module):
-        raise CheckFailed(exercise, f"{getattr(Block, '__name__', 'Block')}(config) should make an "
-                          f"nn.Module, got {type(block).__name__}")
+        raise CheckFailed(
+            exercise,
+            f"{getattr(Block, '__name__', 'Block')}(config) should make an "
+            f"nn.Module, got {type(block).__name__}",
+        )
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
             raise CheckFailed(
@@ -363,25 +485,37 @@ def _block_case(exercise, Block, config):
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4
-                    + (1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0))
+            p.copy_(
+                torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4
+                + (1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0)
+            )
     block = block.double().eval()
-    x = (torch.randn(config.n_embd, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5).permute(2, 1, 0)
+    x = (torch.randn(config.n_embd, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5).permute(
+        2, 1, 0
+    )
     return block, x
 
 
 def _check_block_output(exercise, block, x, right, mistakes, what):
     with torch.no_grad():
         got = call_learner(exercise, block.forward, x)  # forward: so a wrong signature is named
-        got = expect_tensor(exercise, got, tuple(x.shape), what=f"the output for x of shape {tuple(x.shape)}",
-                            hints={})
+        got = expect_tensor(
+            exercise,
+            got,
+            tuple(x.shape),
+            what=f"the output for x of shape {tuple(x.shape)}",
+            hints={},
+        )
         want = right(block, x)
         if not close(got, want, atol=1e-6):
             mistake = first_mistake(mistakes, lambda m: close(got, m.fn(block, x), atol=1e-6))
             if mistake is not None:
                 raise CheckFailed(exercise, mistake.message)
-            raise CheckFailed(exercise, f"the output is not the {what} (largest difference "
-                              f"{(got - want).abs().max().item():.3g})")
+            raise CheckFailed(
+                exercise,
+                f"the output is not the {what} (largest difference "
+                f"{(got - want).abs().max().item():.3g})",
+            )
 
 
 def _check_train_mode(exercise, Block):
@@ -393,21 +527,33 @@ def _check_train_mode(exercise, Block):
         block.eval()
         first, second = block(x), block(x)
         if not torch.equal(first, second):
-            raise CheckFailed(exercise, "in eval mode two calls gave different outputs: something "
-                              "random runs outside the sublayers' dropout")
+            raise CheckFailed(
+                exercise,
+                "in eval mode two calls gave different outputs: something "
+                "random runs outside the sublayers' dropout",
+            )
         block.train()
         torch.manual_seed(0)
         if torch.equal(block(x), first):
-            raise CheckFailed(exercise, "in training mode the output equals eval mode's, though "
-                              "the sublayers have dropout: do not switch modes (.eval()) inside forward")
+            raise CheckFailed(
+                exercise,
+                "in training mode the output equals eval mode's, though "
+                "the sublayers have dropout: do not switch modes (.eval()) inside forward",
+            )
 
 
 def check_block(Block) -> None:
     """`Block(config, attention_cls, mlp_cls)`: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     config = _small_config()
     block, x = _block_case(EX_BLOCK, Block, config)
-    _check_block_output(EX_BLOCK, block, x, _pre_norm, BLOCK_MISTAKES,
-                        "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
+    _check_block_output(
+        EX_BLOCK,
+        block,
+        x,
+        _pre_norm,
+        BLOCK_MISTAKES,
+        "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+    )
     _check_train_mode(EX_BLOCK, Block)
 
     # kv_cache goes to attention only when there is one.
@@ -440,11 +586,16 @@ def check_block(Block) -> None:
 def check_post_norm_block(PostNormBlock) -> None:
     """`PostNormBlock(config)`: x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))."""
     block, x = _block_case(EX_POST, PostNormBlock, _small_config())
-    _check_block_output(EX_POST, block, x, _post_norm, POST_NORM_MISTAKES,
-                        "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))")
+    _check_block_output(
+        EX_POST,
+        block,
+        x,
+        _post_norm,
+        POST_NORM_MISTAKES,
+        "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))",
+    )
     _check_train_mode(EX_POST, PostNormBlock)
     passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
-
 
 
 def _no_residual(b, x):
@@ -453,30 +604,56 @@ def _no_residual(b, x):
 
 # fn(block, x) -> a wrong output of the block without residual connections
 NO_RESIDUAL_MISTAKES = [
-    Mistake("residuals kept", "this is GPT-2's pre-norm block with both residual connections: "
-            "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
-            "then x = mlp(ln_2(x))", _pre_norm),
-    Mistake("attention residual kept", "the residual connection around attention is still there: "
-            "x = attn(ln_1(x)), not x + attn(ln_1(x))", lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x))))),
-    Mistake("MLP residual kept", "the residual connection around the MLP is still there: "
-            "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
-            lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x)))),
-    Mistake("MLP reads the input", "the MLP reads the block's input: without residuals the MLP "
-            "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
-            lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x))),
-    Mistake("no norms", "the LayerNorms are gone too: only the residual connections go, each "
-            "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
-            lambda b, x: b.mlp(b.attn(x))),
-    Mistake("swapped norms", "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-            lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x))))),
+    Mistake(
+        "residuals kept",
+        "this is GPT-2's pre-norm block with both residual connections: "
+        "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
+        "then x = mlp(ln_2(x))",
+        _pre_norm,
+    ),
+    Mistake(
+        "attention residual kept",
+        "the residual connection around attention is still there: "
+        "x = attn(ln_1(x)), not x + attn(ln_1(x))",
+        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
+    ),
+    Mistake(
+        "MLP residual kept",
+        "the residual connection around the MLP is still there: "
+        "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
+    ),
+    Mistake(
+        "MLP reads the input",
+        "the MLP reads the block's input: without residuals the MLP "
+        "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+    ),
+    Mistake(
+        "no norms",
+        "the LayerNorms are gone too: only the residual connections go, each "
+        "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.mlp(b.attn(x)),
+    ),
+    Mistake(
+        "swapped norms",
+        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
+    ),
 ]
 
 
 def check_no_residual_block(NoResidualBlock) -> None:
     """`NoResidualBlock(config)`: the pre-norm block without residuals, mlp(ln_2(attn(ln_1(x))))."""
     block, x = _block_case(EX_NO_RESIDUAL, NoResidualBlock, _small_config())
-    _check_block_output(EX_NO_RESIDUAL, block, x, _no_residual, NO_RESIDUAL_MISTAKES,
-                        "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))")
+    _check_block_output(
+        EX_NO_RESIDUAL,
+        block,
+        x,
+        _no_residual,
+        NO_RESIDUAL_MISTAKES,
+        "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))",
+    )
     _check_train_mode(EX_NO_RESIDUAL, NoResidualBlock)
     passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
@@ -484,8 +661,14 @@ def check_no_residual_block(NoResidualBlock) -> None:
 # --------------------------------------------------------------------------- Exercise 5.3
 
 
-def _stream(blocks, x0, chain=True, size=lambda x: x.norm(dim=-1).mean(),
-            cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean(), include_input=True):
+def _stream(
+    blocks,
+    x0,
+    chain=True,
+    size=lambda x: x.norm(dim=-1).mean(),
+    cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean(),
+    include_input=True,
+):
     norms = [size(x0).item()] if include_input else []
     cosines = [1.0] if include_input else []
     x = x0
@@ -499,33 +682,59 @@ def _stream(blocks, x0, chain=True, size=lambda x: x.norm(dim=-1).mean(),
 
 # fn(blocks, x0) -> (norms, cosines) of a wrong measurement
 STREAM_MISTAKES = [
-    Mistake("not chained", "every block was applied to x0: the blocks run one after another, "
-            "each on the output of the one before (x = block(x))",
-            lambda blocks, x0: _stream(blocks, x0, chain=False)),
-    Mistake("norm of the whole tensor", "your sizes are the norm of the whole (B, T, C) tensor: "
-            "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
-            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm())),
-    Mistake("rms", "your sizes are the root mean square of the numbers (norm / √C): the size here "
-            "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
-            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt())),
-    Mistake("squared norm", "your sizes are squared norms: take x.norm(dim=-1) (the square root "
-            "of the sum of squares), then the mean",
-            lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean())),
-    Mistake("cosine of the flattened tensors", "your cosines compare the whole flattened tensors: "
-            "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
-            "then average",
-            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: F.cosine_similarity(
-                x.flatten(), x0.flatten(), dim=0))),
-    Mistake("cosine over the wrong dimension", "your cosines are taken over the wrong dimension: "
-            "each token's C features are its vector, so use dim=-1",
-            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: F.cosine_similarity(
-                x, x0, dim=1).mean())),
-    Mistake("dot product", "your 'cosines' are dot products: divide by both norms, or use "
-            "F.cosine_similarity(x, x0, dim=-1)",
-            lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean())),
-    Mistake("no input entry", "entry 0 must be the input itself (its norm, and cosine 1), so each "
-            "list has len(blocks) + 1 entries: start the lists before the loop",
-            lambda blocks, x0: _stream(blocks, x0, include_input=False)),
+    Mistake(
+        "not chained",
+        "every block was applied to x0: the blocks run one after another, "
+        "each on the output of the one before (x = block(x))",
+        lambda blocks, x0: _stream(blocks, x0, chain=False),
+    ),
+    Mistake(
+        "norm of the whole tensor",
+        "your sizes are the norm of the whole (B, T, C) tensor: "
+        "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
+        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
+    ),
+    Mistake(
+        "rms",
+        "your sizes are the root mean square of the numbers (norm / √C): the size here "
+        "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
+        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
+    ),
+    Mistake(
+        "squared norm",
+        "your sizes are squared norms: take x.norm(dim=-1) (the square root "
+        "of the sum of squares), then the mean",
+        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
+    ),
+    Mistake(
+        "cosine of the flattened tensors",
+        "your cosines compare the whole flattened tensors: "
+        "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
+        "then average",
+        lambda blocks, x0: _stream(
+            blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
+        ),
+    ),
+    Mistake(
+        "cosine over the wrong dimension",
+        "your cosines are taken over the wrong dimension: "
+        "each token's C features are its vector, so use dim=-1",
+        lambda blocks, x0: _stream(
+            blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
+        ),
+    ),
+    Mistake(
+        "dot product",
+        "your 'cosines' are dot products: divide by both norms, or use "
+        "F.cosine_similarity(x, x0, dim=-1)",
+        lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean()),
+    ),
+    Mistake(
+        "no input entry",
+        "entry 0 must be the input itself (its norm, and cosine 1), so each "
+        "list has len(blocks) + 1 entries: start the lists before the loop",
+        lambda blocks, x0: _stream(blocks, x0, include_input=False),
+    ),
 ]
 
 
@@ -544,13 +753,20 @@ def _as_floats(got, n):
     if isinstance(got, torch.Tensor):
         got = got.tolist()
     if not isinstance(got, (list, tuple)) or not all(
-            isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in got):
-        raise CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers "
-                          "(use .item() on a one-number tensor)")
+        isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in got
+    ):
+        raise CheckFailed(
+            EX_STREAM,
+            "each of norms and cosines should be a list of numbers "
+            "(use .item() on a one-number tensor)",
+        )
     values = [float(v) for v in got]
     if len(values) != n:
-        raise CheckFailed(EX_STREAM, f"with {n - 1} blocks each list should have {n} entries "
-                          f"(the input, then one per block), got {len(values)}")
+        raise CheckFailed(
+            EX_STREAM,
+            f"with {n - 1} blocks each list should have {n} entries "
+            f"(the input, then one per block), got {len(values)}",
+        )
     return values
 
 
@@ -558,24 +774,41 @@ def check_follow_stream(follow_stream) -> None:
     """`follow_stream(blocks, x0)` -> (norms, cosines), each of length len(blocks) + 1."""
     gen = torch.Generator().manual_seed(0)
     C = 6
-    blocks = nn.ModuleList([_Scale(1.5, torch.randn(C, generator=gen)),
-                            _Scale(0.5, torch.randn(C, generator=gen)),
-                            _Scale(2.0, torch.randn(C, generator=gen))])
+    blocks = nn.ModuleList(
+        [
+            _Scale(1.5, torch.randn(C, generator=gen)),
+            _Scale(0.5, torch.randn(C, generator=gen)),
+            _Scale(2.0, torch.randn(C, generator=gen)),
+        ]
+    )
     x0 = torch.randn(2, 4, C, generator=gen) + 0.3  # (B, T, C)
     x0_before = x0.clone()
     got = call_learner(EX_STREAM, follow_stream, blocks, x0)
     if not torch.equal(x0, x0_before):
-        raise CheckFailed(EX_STREAM, "your function changed x0 in place (x += ..., x0.mul_): keep "
-                          "x0 unchanged, you compare with it at every step")
+        raise CheckFailed(
+            EX_STREAM,
+            "your function changed x0 in place (x += ..., x0.mul_): keep "
+            "x0 unchanged, you compare with it at every step",
+        )
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}")
+        raise CheckFailed(
+            EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
+        )
     n = len(blocks) + 1
 
     def matches(candidate):
         norms, cosines = candidate
-        return (len(norms) == len(got[0]) and len(cosines) == len(got[1])
-                and all(math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(norms, got[0]))
-                and all(math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(cosines, got[1])))
+        return (
+            len(norms) == len(got[0])
+            and len(cosines) == len(got[1])
+            and all(
+                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(norms, got[0])
+            )
+            and all(
+                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6)
+                for a, b in zip(cosines, got[1])
+            )
+        )
 
     want = _stream(blocks, x0)
     if not matches(want):
@@ -588,8 +821,9 @@ def check_follow_stream(follow_stream) -> None:
             for i, (a, b) in enumerate(zip(values, right)):
                 if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6):
                     where = "the input" if i == 0 else f"block {i}"
-                    raise CheckFailed(EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, "
-                                      f"expected {b:.5g}")
+                    raise CheckFailed(
+                        EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
+                    )
     passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
@@ -600,16 +834,33 @@ EX_COUNT = "Exercise 5.3 (block_parameter_count)"
 
 # fn(n_embd) -> what that wrong answer gives
 COUNT_MISTAKES = [
-    Mistake("no_biases", "you left out the biases: c_attn, both c_proj and c_fc each have one "
-            "(3C + C + 4C + C numbers)", lambda C: 12 * C * C + 4 * C),
-    Mistake("no_layer_norms", "you left out the two LayerNorms: each has a gain and a shift of C numbers",
-            lambda C: 12 * C * C + 9 * C),
-    Mistake("mlp_not_four_times_wider", "your MLP is not 4 times wider: c_fc is C x 4C and the MLP's "
-            "c_proj is 4C x C", lambda C: 4 * C * C + 9 * C),
-    Mistake("one_qkv_matrix", "your attention has one C x C matrix where c_attn holds three (queries, "
-            "keys and values: C x 3C)", lambda C: 10 * C * C + 11 * C),
-    Mistake("gpt2_small_hard_coded", "your answer is GPT-2 small's 7,087,872 for every width: write it "
-            "as a formula of n_embd", lambda C: 7_087_872),
+    Mistake(
+        "no_biases",
+        "you left out the biases: c_attn, both c_proj and c_fc each have one "
+        "(3C + C + 4C + C numbers)",
+        lambda C: 12 * C * C + 4 * C,
+    ),
+    Mistake(
+        "no_layer_norms",
+        "you left out the two LayerNorms: each has a gain and a shift of C numbers",
+        lambda C: 12 * C * C + 9 * C,
+    ),
+    Mistake(
+        "mlp_not_four_times_wider",
+        "your MLP is not 4 times wider: c_fc is C x 4C and the MLP's c_proj is 4C x C",
+        lambda C: 4 * C * C + 9 * C,
+    ),
+    Mistake(
+        "one_qkv_matrix",
+        "your attention has one C x C matrix where c_attn holds three (queries, "
+        "keys and values: C x 3C)",
+        lambda C: 10 * C * C + 11 * C,
+    ),
+    Mistake(
+        "gpt2_small_hard_coded",
+        "your answer is GPT-2 small's 7,087,872 for every width: write it as a formula of n_embd",
+        lambda C: 7_087_872,
+    ),
 ]
 
 
@@ -632,8 +883,11 @@ def check_block_parameter_count(block_parameter_count) -> None:
         found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C) == got)
         if found:
             raise CheckFailed(EX_COUNT, found.message)
-        raise CheckFailed(EX_COUNT, f"for n_embd = {C} you gave {got:,}; a block holds {want:,}. Count "
-                          "ln_1, attention (c_attn, c_proj), ln_2 and the MLP (c_fc, c_proj), weights and biases")
+        raise CheckFailed(
+            EX_COUNT,
+            f"for n_embd = {C} you gave {got:,}; a block holds {want:,}. Count "
+            "ln_1, attention (c_attn, c_proj), ln_2 and the MLP (c_fc, c_proj), weights and biases",
+        )
     passed(EX_COUNT, "12·C² + 13·C, for every width tried")
 
 
@@ -649,8 +903,14 @@ def deep_stack_scores(block_cls) -> dict:
     relative update of any block, |block(x) - x| / |x|."""
     from gpt2lib.chapters.config import GPT2Config
 
-    config = GPT2Config(n_embd=64, n_head=4, n_layer=DEEP_GOALS["n_layer"], attn_pdrop=0.0,
-                        resid_pdrop=0.0, embd_pdrop=0.0)
+    config = GPT2Config(
+        n_embd=64,
+        n_head=4,
+        n_layer=DEEP_GOALS["n_layer"],
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         blocks = nn.ModuleList(block_cls(config) for _ in range(config.n_layer))
@@ -665,8 +925,11 @@ def deep_stack_scores(block_cls) -> dict:
         for block in blocks:
             new = block(x)
             if not isinstance(new, torch.Tensor) or new.shape != x.shape:
-                raise CheckFailed(CHALLENGE_DEEP, f"your block should return a tensor of shape "
-                                  f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}")
+                raise CheckFailed(
+                    CHALLENGE_DEEP,
+                    f"your block should return a tensor of shape "
+                    f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
+                )
             if not bool(torch.isfinite(new).all()):
                 raise CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
             updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
@@ -680,12 +943,21 @@ def check_deep_stack(block_cls) -> dict:
     block still changes it by at least 2% of its size."""
     scores = deep_stack_scores(block_cls)
     if scores["min_update"] < DEEP_GOALS["min_update"]:
-        raise CheckFailed(CHALLENGE_DEEP, f"one block changes the stream by only {scores['min_update']:.4f} "
-                          f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
-                          "does nothing keeps the input trivially")
+        raise CheckFailed(
+            CHALLENGE_DEEP,
+            f"one block changes the stream by only {scores['min_update']:.4f} "
+            f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
+            "does nothing keeps the input trivially",
+        )
     if scores["cosine"] < DEEP_GOALS["min_cosine"]:
-        raise CheckFailed(CHALLENGE_DEEP, f"after 48 blocks the cosine with the input is "
-                          f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}")
-    passed(CHALLENGE_DEEP, f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
-           f"update {scores['min_update']:.4f}")
+        raise CheckFailed(
+            CHALLENGE_DEEP,
+            f"after 48 blocks the cosine with the input is "
+            f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
+        )
+    passed(
+        CHALLENGE_DEEP,
+        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
+        f"update {scores['min_update']:.4f}",
+    )
     return scores

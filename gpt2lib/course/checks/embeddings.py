@@ -48,10 +48,18 @@ def _require_float(exercise: str, got, what: str) -> None:
 
 # fn(token_ids, table) -> what that wrong answer returns
 ONE_HOT_MISTAKES = [
-    Mistake("rows_shifted_down", "your rows are shifted by one: the row for id i is row i of the table "
-            "(ids count from 0, so id 0 is row 0)", lambda ids, table: table[(ids - 1) % table.shape[0]]),
-    Mistake("rows_shifted_up", "your rows are shifted by one the other way: the row for id i is row i "
-            "of the table, not row i + 1", lambda ids, table: table[(ids + 1) % table.shape[0]]),
+    Mistake(
+        "rows_shifted_down",
+        "your rows are shifted by one: the row for id i is row i of the table "
+        "(ids count from 0, so id 0 is row 0)",
+        lambda ids, table: table[(ids - 1) % table.shape[0]],
+    ),
+    Mistake(
+        "rows_shifted_up",
+        "your rows are shifted by one the other way: the row for id i is row i "
+        "of the table, not row i + 1",
+        lambda ids, table: table[(ids + 1) % table.shape[0]],
+    ),
 ]
 
 
@@ -91,16 +99,21 @@ def check_one_hot_embed(one_hot_embed) -> None:
     except RuntimeError as exc:
         _explain_one_hot_error(exc, V, C)
     _require_float(EX_ONE_HOT, got, "your output")
-    hints = {(2, 6, V): "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it "
-             "by the table: (B, T, V) @ (V, C) -> (B, T, C)"}
+    hints = {
+        (2, 6, V): "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it "
+        "by the table: (B, T, V) @ (V, C) -> (B, T, C)"
+    }
     got = expect_tensor(EX_ONE_HOT, got, (2, 6, C), what="your output", hints=hints)
     want = table[ids]  # (B, T, C)
     if not close(got, want):
         found = first_mistake(ONE_HOT_MISTAKES, lambda m: close(got, m.fn(ids, table)))
         if found:
             raise CheckFailed(EX_ONE_HOT, found.message)
-        raise CheckFailed(EX_ONE_HOT, "the shape is right but the values are not the table rows of the "
-                          "ids: row b, t of the output must equal table[token_ids[b, t]]")
+        raise CheckFailed(
+            EX_ONE_HOT,
+            "the shape is right but the values are not the table rows of the "
+            "ids: row b, t of the output must equal table[token_ids[b, t]]",
+        )
 
     # ids that do not reach the last row: catches F.one_hot without num_classes
     small_ids = torch.tensor([0, 2, 1, 2])  # (T=4,), largest id 2 < V - 1
@@ -115,27 +128,41 @@ def check_one_hot_embed(one_hot_embed) -> None:
         ) from None
     _require_float(EX_ONE_HOT, got_small, "your output for 1-D ids")
     if not close(got_small, table[small_ids]):
-        shape = tuple(got_small.shape) if isinstance(got_small, torch.Tensor) else type(got_small).__name__
-        raise CheckFailed(EX_ONE_HOT, f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows "
-                          f"table[ids], got {shape}; make it work for ids of any shape")
+        shape = (
+            tuple(got_small.shape)
+            if isinstance(got_small, torch.Tensor)
+            else type(got_small).__name__
+        )
+        raise CheckFailed(
+            EX_ONE_HOT,
+            f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows "
+            f"table[ids], got {shape}; make it work for ids of any shape",
+        )
 
     # the table must stay in the autograd graph: training updates exactly the rows used
     leaf = table.clone().requires_grad_(True)
     out = call_learner(EX_ONE_HOT, one_hot_embed, ids, leaf)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        raise CheckFailed(EX_ONE_HOT, "no gradient reaches the table through your output; keep the "
-                          "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())")
+        raise CheckFailed(
+            EX_ONE_HOT,
+            "no gradient reaches the table through your output; keep the "
+            "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
+        )
     out.sum().backward()
     counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
     if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
-        raise CheckFailed(EX_ONE_HOT, "the gradient reaching the table is not the number of uses of each row")
+        raise CheckFailed(
+            EX_ONE_HOT, "the gradient reaching the table is not the number of uses of each row"
+        )
     passed(EX_ONE_HOT, "one-hot @ table picks the same rows as table[ids], gradients included")
 
 
 # --------------------------------------------------------------------------- Exercise 2.2
 
 
-def lookup_backward_reference(token_ids: torch.Tensor, grad_out: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def lookup_backward_reference(
+    token_ids: torch.Tensor, grad_out: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
     """The table's gradient (V, C): row v is the sum of grad_out over the places where id v is."""
     C = grad_out.shape[-1]
     grad = torch.zeros(vocab_size, C, dtype=grad_out.dtype)
@@ -169,14 +196,27 @@ REPEATED_IDS_MESSAGE = (
 # fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
 BACKWARD_MISTAKES = [
     Mistake("repeated_ids_overwritten", REPEATED_IDS_MESSAGE, _overwritten),
-    Mistake("averaged_uses", "you averaged the gradients of a repeated id; they add up: a token used "
-            "3 times gets the SUM of its 3 gradients", _averaged),
-    Mistake("counted_uses", "you returned how often each id is used and ignored grad_out's values; that "
-            "is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row "
-            "token_ids[b, t]", lambda ids, g, V: torch.bincount(ids.reshape(-1), minlength=V)[:, None]
-            .to(g.dtype).expand(V, g.shape[-1])),
-    Mistake("total_to_every_used_row", "every used row got the gradient summed over ALL positions; row v "
-            "gets only the gradients of the positions where id v stands", _total_to_used_rows),
+    Mistake(
+        "averaged_uses",
+        "you averaged the gradients of a repeated id; they add up: a token used "
+        "3 times gets the SUM of its 3 gradients",
+        _averaged,
+    ),
+    Mistake(
+        "counted_uses",
+        "you returned how often each id is used and ignored grad_out's values; that "
+        "is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row "
+        "token_ids[b, t]",
+        lambda ids, g, V: (
+            torch.bincount(ids.reshape(-1), minlength=V)[:, None].to(g.dtype).expand(V, g.shape[-1])
+        ),
+    ),
+    Mistake(
+        "total_to_every_used_row",
+        "every used row got the gradient summed over ALL positions; row v "
+        "gets only the gradients of the positions where id v stands",
+        _total_to_used_rows,
+    ),
 ]
 
 
@@ -185,7 +225,9 @@ def check_lookup_backward(lookup_backward) -> None:
     gen = torch.Generator().manual_seed(0)
     V, C = 9, 4
     cases = [
-        torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]),  # (B=2, T=5): 1, 3 and 5 repeat; 0, 7, 8 unused
+        torch.tensor(
+            [[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]
+        ),  # (B=2, T=5): 1, 3 and 5 repeat; 0, 7, 8 unused
         torch.tensor([8, 0, 8, 8]),  # (T=4,): any shape, the last id used 3 times
     ]
     for ids in cases:
@@ -194,27 +236,49 @@ def check_lookup_backward(lookup_backward) -> None:
         n_uses, n_unique = ids.numel(), int(ids.unique().numel())
         hints = {
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
-            (n_uses, C): "one row per use; add the rows of the same id together into a (V, C) table",
-            (n_unique, C): "one row per id that appears; return all V rows (ids that never appear get zeros)",
-            tuple(grad_out.shape): "that is grad_out's shape; the gradient has the table's shape, (V, C)",
+            (
+                n_uses,
+                C,
+            ): "one row per use; add the rows of the same id together into a (V, C) table",
+            (
+                n_unique,
+                C,
+            ): "one row per id that appears; return all V rows (ids that never appear get zeros)",
+            tuple(
+                grad_out.shape
+            ): "that is grad_out's shape; the gradient has the table's shape, (V, C)",
         }
-        got = expect_tensor(EX_BACKWARD, got, (V, C), what=f"your gradient for ids of shape {tuple(ids.shape)}",
-                            hints=hints)
+        got = expect_tensor(
+            EX_BACKWARD,
+            got,
+            (V, C),
+            what=f"your gradient for ids of shape {tuple(ids.shape)}",
+            hints=hints,
+        )
         want = lookup_backward_reference(ids, grad_out, V)
         if close(got, want):
             continue
-        found = first_mistake(BACKWARD_MISTAKES, lambda m, got=got, ids=ids, g=grad_out: close(got, m.fn(ids, g, V)))
+        found = first_mistake(
+            BACKWARD_MISTAKES, lambda m, got=got, ids=ids, g=grad_out: close(got, m.fn(ids, g, V))
+        )
         if found:
             raise CheckFailed(EX_BACKWARD, found.message)
         counts = torch.bincount(ids.reshape(-1), minlength=V)
         once = counts <= 1
-        if close(got[once], want[once]):  # single uses and unused rows right: repeats are the problem
+        if close(
+            got[once], want[once]
+        ):  # single uses and unused rows right: repeats are the problem
             raise CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
         if not close(got[counts == 0], want[counts == 0]):
-            raise CheckFailed(EX_BACKWARD, "rows of ids that never appear must be zero: no use, no gradient")
-        raise CheckFailed(EX_BACKWARD, f"for ids of shape {tuple(ids.shape)} the shape is right but the values "
-                          "are not: row v must be the sum of grad_out[b, t] over every place where "
-                          "token_ids[b, t] == v")
+            raise CheckFailed(
+                EX_BACKWARD, "rows of ids that never appear must be zero: no use, no gradient"
+            )
+        raise CheckFailed(
+            EX_BACKWARD,
+            f"for ids of shape {tuple(ids.shape)} the shape is right but the values "
+            "are not: row v must be the sum of grad_out[b, t] over every place where "
+            "token_ids[b, t] == v",
+        )
     passed(EX_BACKWARD, "each row gets the sum of the gradients of its uses, unused rows zero")
 
 
@@ -232,22 +296,41 @@ def _divided_in_place(t):
 
 # fn(table (N, C)) -> what that wrong answer returns
 COSINE_MISTAKES = [
-    Mistake("dot_products_not_cosines", "your entries are plain dot products: divide each row by its "
-            "length (its norm) first, so that every entry is a cosine between -1 and 1",
-            lambda t: t @ t.T),
-    Mistake("normalised_columns", "you normalised the columns (features), not the rows: each row is one "
-            "vector, so scale every row to length 1 (norm over dim=1)",
-            lambda t: (t / t.norm(dim=0, keepdim=True)) @ (t / t.norm(dim=0, keepdim=True)).T),
-    Mistake("feature_by_feature", "your matrix is (C, C), feature against feature: the cosines are between "
-            "rows, unit @ unit.T, which is (N, N)", lambda t: _unit_rows(t).T @ _unit_rows(t)),
-    Mistake("divided_by_squared_norms", "you divided by the squared lengths: the cosine is a.b / (|a| |b|), "
-            "with the norms, not their squares",
-            lambda t: (t @ t.T) / (t.norm(dim=1)[:, None] ** 2 * t.norm(dim=1)[None, :] ** 2)),
-    Mistake("absolute_values", "your cosines are never negative: keep the sign, opposite vectors have "
-            "cosine -1", lambda t: (_unit_rows(t) @ _unit_rows(t).T).abs()),
-    Mistake("table_changed_in_place", "your function changed the table it was given (an in-place "
-            "division such as table /= ...): compute on a new tensor and leave the input alone",
-            lambda t: _divided_in_place(t) @ t.T),  # caught by comparing the input before and after
+    Mistake(
+        "dot_products_not_cosines",
+        "your entries are plain dot products: divide each row by its "
+        "length (its norm) first, so that every entry is a cosine between -1 and 1",
+        lambda t: t @ t.T,
+    ),
+    Mistake(
+        "normalised_columns",
+        "you normalised the columns (features), not the rows: each row is one "
+        "vector, so scale every row to length 1 (norm over dim=1)",
+        lambda t: (t / t.norm(dim=0, keepdim=True)) @ (t / t.norm(dim=0, keepdim=True)).T,
+    ),
+    Mistake(
+        "feature_by_feature",
+        "your matrix is (C, C), feature against feature: the cosines are between "
+        "rows, unit @ unit.T, which is (N, N)",
+        lambda t: _unit_rows(t).T @ _unit_rows(t),
+    ),
+    Mistake(
+        "divided_by_squared_norms",
+        "you divided by the squared lengths: the cosine is a.b / (|a| |b|), "
+        "with the norms, not their squares",
+        lambda t: (t @ t.T) / (t.norm(dim=1)[:, None] ** 2 * t.norm(dim=1)[None, :] ** 2),
+    ),
+    Mistake(
+        "absolute_values",
+        "your cosines are never negative: keep the sign, opposite vectors have cosine -1",
+        lambda t: (_unit_rows(t) @ _unit_rows(t).T).abs(),
+    ),
+    Mistake(
+        "table_changed_in_place",
+        "your function changed the table it was given (an in-place "
+        "division such as table /= ...): compute on a new tensor and leave the input alone",
+        lambda t: _divided_in_place(t) @ t.T,
+    ),  # caught by comparing the input before and after
 ]
 
 
@@ -255,8 +338,10 @@ def check_cosine_matrix(cosine_matrix) -> None:
     """cosine_matrix(table (N, C)) -> (N, N) cosines between rows, on tables of two shapes and
     scales, a non-contiguous one among them; the input must be left unchanged."""
     gen = torch.Generator().manual_seed(3)
-    cases = [torch.randn(5, 7, generator=gen) * 3.0,  # N != C, rows of different lengths
-             (torch.randn(4, 6, generator=gen) * 50.0)[:, ::2]]  # (4, 3): large, not contiguous
+    cases = [
+        torch.randn(5, 7, generator=gen) * 3.0,  # N != C, rows of different lengths
+        (torch.randn(4, 6, generator=gen) * 50.0)[:, ::2],
+    ]  # (4, 3): large, not contiguous
     for table in cases:
         before = table.clone()
         got = call_learner(EX_COSINE, cosine_matrix, table)
@@ -264,14 +349,24 @@ def check_cosine_matrix(cosine_matrix) -> None:
             raise CheckFailed(EX_COSINE, named(COSINE_MISTAKES, "table_changed_in_place").message)
         N = table.shape[0]
         want = _unit_rows(before.double()) @ _unit_rows(before.double()).T
-        got = expect_tensor(EX_COSINE, got, (N, N), what="your matrix",
-                            hints={(table.shape[1],) * 2: named(COSINE_MISTAKES, "feature_by_feature").message})
+        got = expect_tensor(
+            EX_COSINE,
+            got,
+            (N, N),
+            what="your matrix",
+            hints={(table.shape[1],) * 2: named(COSINE_MISTAKES, "feature_by_feature").message},
+        )
         if not close(got, want, atol=1e-4):
-            found = first_mistake(COSINE_MISTAKES[:-1], lambda m: close(got, m.fn(before.double()), atol=1e-4))
+            found = first_mistake(
+                COSINE_MISTAKES[:-1], lambda m: close(got, m.fn(before.double()), atol=1e-4)
+            )
             if found:
                 raise CheckFailed(EX_COSINE, found.message)
-            raise CheckFailed(EX_COSINE, f"for a table of shape {tuple(table.shape)} the values are wrong: entry "
-                              "[i, j] must be the cosine of rows i and j (1 on the diagonal)")
+            raise CheckFailed(
+                EX_COSINE,
+                f"for a table of shape {tuple(table.shape)} the values are wrong: entry "
+                "[i, j] must be the cosine of rows i and j (1 on the diagonal)",
+            )
     passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
@@ -281,22 +376,42 @@ def check_cosine_matrix(cosine_matrix) -> None:
 def _count_configs():
     from gpt2lib.chapters.config import GPT2Config
 
-    return [GPT2Config(), GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
-            GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4)]
+    return [
+        GPT2Config(),
+        GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
+        GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4),
+    ]
 
 
 # fn(config) -> what that wrong answer returns
 COUNT_MISTAKES = [
-    Mistake("token_table_only", "you counted only the token table: wpe holds n_positions * n_embd more",
-            lambda c: c.vocab_size * c.n_embd),
-    Mistake("position_table_only", "you counted only the position table: wte holds vocab_size * n_embd more",
-            lambda c: c.n_positions * c.n_embd),
-    Mistake("untied_readout_counted", "you counted a third table for the readout: GPT-2's readout reuses wte "
-            "(tied weights), so it adds nothing", lambda c: (2 * c.vocab_size + c.n_positions) * c.n_embd),
-    Mistake("rows_not_numbers", "you counted rows, not numbers: each row holds n_embd numbers",
-            lambda c: c.vocab_size + c.n_positions),
-    Mistake("gpt2_small_hard_coded", "your answer is GPT-2 small's count for every config: compute it from "
-            "config.vocab_size, config.n_positions and config.n_embd", lambda c: (50257 + 1024) * 768),
+    Mistake(
+        "token_table_only",
+        "you counted only the token table: wpe holds n_positions * n_embd more",
+        lambda c: c.vocab_size * c.n_embd,
+    ),
+    Mistake(
+        "position_table_only",
+        "you counted only the position table: wte holds vocab_size * n_embd more",
+        lambda c: c.n_positions * c.n_embd,
+    ),
+    Mistake(
+        "untied_readout_counted",
+        "you counted a third table for the readout: GPT-2's readout reuses wte "
+        "(tied weights), so it adds nothing",
+        lambda c: (2 * c.vocab_size + c.n_positions) * c.n_embd,
+    ),
+    Mistake(
+        "rows_not_numbers",
+        "you counted rows, not numbers: each row holds n_embd numbers",
+        lambda c: c.vocab_size + c.n_positions,
+    ),
+    Mistake(
+        "gpt2_small_hard_coded",
+        "your answer is GPT-2 small's count for every config: compute it from "
+        "config.vocab_size, config.n_positions and config.n_embd",
+        lambda c: (50257 + 1024) * 768,
+    ),
 ]
 
 
@@ -314,15 +429,21 @@ def check_embedding_parameter_count(embedding_parameter_count) -> None:
         found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
         if found:
             raise CheckFailed(EX_COUNT, found.message)
-        raise CheckFailed(EX_COUNT, f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
-                          f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables")
+        raise CheckFailed(
+            EX_COUNT,
+            f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
+            f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables",
+        )
     from gpt2lib.chapters.config import GPT2Config
     from gpt2lib.chapters.embeddings import GPT2Embeddings
 
     with torch.device("meta"):  # shapes only: no memory, no random numbers
         counted = sum(p.numel() for p in GPT2Embeddings(GPT2Config()).parameters())
-    passed(EX_COUNT, f"(vocab_size + n_positions) * n_embd, for every config tried; for GPT-2 small "
-           f"{counted:,}, as many as gpt2lib's GPT2Embeddings holds")
+    passed(
+        EX_COUNT,
+        f"(vocab_size + n_positions) * n_embd, for every config tried; for GPT-2 small "
+        f"{counted:,}, as many as gpt2lib's GPT2Embeddings holds",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 2.6
@@ -334,52 +455,80 @@ def _positions(past, T):
 
 # fn(reference module in the same mode as the learner's, idx (B, T), past_length) -> wrong output
 EMBEDDINGS_MISTAKES = [
-    Mistake("positions_start_at_past_plus_one",
-            "your positions start at past_length + 1; the first new token sits at position past_length "
-            "(0 with no cache): positions past_length .. past_length + T - 1",
-            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past + 1, idx.shape[1])))),
-    Mistake("ignored_past_length",
-            "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions "
-            "past_length, past_length + 1, ..., not 0, 1, ...",
-            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(0, idx.shape[1])))),
-    Mistake("past_length_added_twice",
-            "you added past_length twice: torch.arange(past_length, past_length + T) already starts at "
-            "past_length",
-            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(2 * past, idx.shape[1])))),
-    Mistake("token_ids_as_positions",
-            "you looked up the token ids in the position table; wpe is indexed by where a token sits "
-            "(past_length, past_length + 1, ...), not by which token it is",
-            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx))),
-    Mistake("no_position_embeddings", "there are no position embeddings in your output: add wpe at the "
-            "tokens' positions", lambda m, idx, past: m.drop(m.wte(idx))),
-    Mistake("batch_index_as_position",
-            "you used the batch index as the position; the position is the index along T (dim 1), "
-            "the same for every sequence in the batch",
-            lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past, idx.shape[0]))[:, None, :])),
-    Mistake("only_position_embeddings", "your output holds only the position embeddings; add the token "
-            "embeddings too",
-            lambda m, idx, past: m.drop(m.wpe(_positions(past, idx.shape[1])).expand(*idx.shape, -1))),
-    Mistake("no_dropout",
-            "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings "
-            "(it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
-            lambda m, idx, past: m.wte(idx) + m.wpe(_positions(past, idx.shape[1]))),
-    Mistake("dropout_on_tokens_only",
-            "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token "
-            "and position embeddings: self.drop(tok + pos)",
-            lambda m, idx, past: m.drop(m.wte(idx)) + m.wpe(_positions(past, idx.shape[1]))),
-    Mistake("dropout_in_eval",
-            "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use "
-            "self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
-            lambda m, idx, past: F.dropout(m.wte(idx) + m.wpe(_positions(past, idx.shape[1])), m.drop.p)),
+    Mistake(
+        "positions_start_at_past_plus_one",
+        "your positions start at past_length + 1; the first new token sits at position past_length "
+        "(0 with no cache): positions past_length .. past_length + T - 1",
+        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past + 1, idx.shape[1]))),
+    ),
+    Mistake(
+        "ignored_past_length",
+        "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions "
+        "past_length, past_length + 1, ..., not 0, 1, ...",
+        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(0, idx.shape[1]))),
+    ),
+    Mistake(
+        "past_length_added_twice",
+        "you added past_length twice: torch.arange(past_length, past_length + T) already starts at "
+        "past_length",
+        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(2 * past, idx.shape[1]))),
+    ),
+    Mistake(
+        "token_ids_as_positions",
+        "you looked up the token ids in the position table; wpe is indexed by where a token sits "
+        "(past_length, past_length + 1, ...), not by which token it is",
+        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx)),
+    ),
+    Mistake(
+        "no_position_embeddings",
+        "there are no position embeddings in your output: add wpe at the tokens' positions",
+        lambda m, idx, past: m.drop(m.wte(idx)),
+    ),
+    Mistake(
+        "batch_index_as_position",
+        "you used the batch index as the position; the position is the index along T (dim 1), "
+        "the same for every sequence in the batch",
+        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past, idx.shape[0]))[:, None, :]),
+    ),
+    Mistake(
+        "only_position_embeddings",
+        "your output holds only the position embeddings; add the token embeddings too",
+        lambda m, idx, past: m.drop(m.wpe(_positions(past, idx.shape[1])).expand(*idx.shape, -1)),
+    ),
+    Mistake(
+        "no_dropout",
+        "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings "
+        "(it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
+        lambda m, idx, past: m.wte(idx) + m.wpe(_positions(past, idx.shape[1])),
+    ),
+    Mistake(
+        "dropout_on_tokens_only",
+        "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token "
+        "and position embeddings: self.drop(tok + pos)",
+        lambda m, idx, past: m.drop(m.wte(idx)) + m.wpe(_positions(past, idx.shape[1])),
+    ),
+    Mistake(
+        "dropout_in_eval",
+        "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use "
+        "self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
+        lambda m, idx, past: F.dropout(
+            m.wte(idx) + m.wpe(_positions(past, idx.shape[1])), m.drop.p
+        ),
+    ),
 ]
 
 
 def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
-    found = first_mistake(EMBEDDINGS_MISTAKES, lambda m: close(got, seeded_call(m.fn, ref, idx, past)))
+    found = first_mistake(
+        EMBEDDINGS_MISTAKES, lambda m: close(got, seeded_call(m.fn, ref, idx, past))
+    )
     if found:
         raise CheckFailed(EX_MODULE, found.message)
-    raise CheckFailed(EX_MODULE, f"{what} has the right shape but wrong values: out[b, t] must be "
-                      "wte(idx[b, t]) + wpe(past_length + t), then dropout")
+    raise CheckFailed(
+        EX_MODULE,
+        f"{what} has the right shape but wrong values: out[b, t] must be "
+        "wte(idx[b, t]) + wpe(past_length + t), then dropout",
+    )
 
 
 def _call_embeddings(module, idx, kwargs, label):
@@ -388,19 +537,27 @@ def _call_embeddings(module, idx, kwargs, label):
         return seeded_call(call_learner, EX_MODULE, module.forward, idx, **kwargs)
     except RuntimeError as exc:
         if "must match the size" in str(exc):
-            raise CheckFailed(EX_MODULE, f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
-                              "You need one position per token of a sequence: T = idx.shape[1] positions "
-                              "(idx.shape[0] is the batch size B).") from None
+            raise CheckFailed(
+                EX_MODULE,
+                f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
+                "You need one position per token of a sequence: T = idx.shape[1] positions "
+                "(idx.shape[0] is the batch size B).",
+            ) from None
         if "view size is not compatible" in str(exc):
-            raise CheckFailed(EX_MODULE, f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view "
-                              "refuses it; use .reshape, or index without reshaping") from None
+            raise CheckFailed(
+                EX_MODULE,
+                f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view "
+                "refuses it; use .reshape, or index without reshaping",
+            ) from None
         raise
 
 
 def check_gpt2_embeddings(embeddings_cls) -> None:
     """`embeddings_cls(config)` with wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C),
     checked in eval mode (values, positions after a cache) and in train mode (dropout)."""
-    with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's alone
+    with (
+        torch.random.fork_rng()
+    ):  # building modules draws random numbers: leave the notebook's alone
         _check_gpt2_embeddings(embeddings_cls)
 
 
@@ -412,13 +569,19 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
     config = GPT2Config(vocab_size=V, n_positions=P, n_embd=C, n_layer=1, n_head=2, embd_pdrop=p)
     module = call_learner(EX_MODULE, embeddings_cls, config)
     if not isinstance(module, nn.Module):
-        raise CheckFailed(EX_MODULE, f"calling it with a config should build an nn.Module, got {type(module).__name__}")
+        raise CheckFailed(
+            EX_MODULE,
+            f"calling it with a config should build an nn.Module, got {type(module).__name__}",
+        )
     for name, shape in (("wte", (V, C)), ("wpe", (P, C))):
         table = getattr(module, name, None)
         weight = getattr(table, "weight", None)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
-            raise CheckFailed(EX_MODULE, f"self.{name} should be an nn.Embedding with a weight of shape "
-                              f"{shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)")
+            raise CheckFailed(
+                EX_MODULE,
+                f"self.{name} should be an nn.Embedding with a weight of shape "
+                f"{shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)",
+            )
     ref = GPT2Embeddings(config)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -435,27 +598,48 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         past = kwargs.get("past_length", 0)
         label = "your forward" + (f" with past_length={past}" if past else "")
         got = _call_embeddings(module, idx, kwargs, label)
-        hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}
+        hints = {
+            (
+                B,
+                T,
+                2 * C,
+            ): "twice as wide: token and position embeddings are added, not concatenated"
+        }
         got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
         if not close(got, seeded_call(ref, idx, past)):
             _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
 
     # a sequence in two pieces, the second after a cache of 4, gives the vectors of the whole
     whole = _call_embeddings(module, idx, {}, "your forward")
-    pieces = [_call_embeddings(module, idx[:, :4], {}, "your forward"),
-              _call_embeddings(module, idx[:, 4:], {"past_length": 4}, "your forward with past_length=4")]
-    pieces = [expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece") for piece, n in zip(pieces, (4, T - 4))]
+    pieces = [
+        _call_embeddings(module, idx[:, :4], {}, "your forward"),
+        _call_embeddings(module, idx[:, 4:], {"past_length": 4}, "your forward with past_length=4"),
+    ]
+    pieces = [
+        expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece")
+        for piece, n in zip(pieces, (4, T - 4))
+    ]
     if not close(torch.cat(pieces, dim=1), whole):
-        raise CheckFailed(EX_MODULE, "the sequence fed in two pieces (the second with past_length=4) does not "
-                          "give the vectors of the whole sequence at once")
+        raise CheckFailed(
+            EX_MODULE,
+            "the sequence fed in two pieces (the second with past_length=4) does not "
+            "give the vectors of the whole sequence at once",
+        )
 
     # train mode: dropout on the sum, scaled by 1 / (1 - p); a longer batch for a fair count of zeros
     module.train(), ref.train()
     idx = torch.randint(0, V, (4, 8), generator=gen)
-    got = expect_tensor(EX_MODULE, _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
-                        (4, 8, C), what="the output in train() mode")
+    got = expect_tensor(
+        EX_MODULE,
+        _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
+        (4, 8, C),
+        what="the output in train() mode",
+    )
     if close(got, seeded_call(ref, idx, 2)):
-        passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
+        passed(
+            EX_MODULE,
+            "token + position embeddings, positions after a cache, dropout in training only",
+        )
         return
     ref.eval()
     no_dropout = seeded_call(ref, idx, 2)
@@ -463,7 +647,10 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
     kept = got != 0
     fraction_zeroed = 1 - kept.double().mean().item()
     if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p)):
-        passed(EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only")
+        passed(
+            EX_MODULE,
+            "token + position embeddings, positions after a cache, dropout in training only",
+        )
         return  # dropout drawn another way (its own random numbers): still right
     _name_embeddings_mistake(got, ref, idx, 2, "in train() mode, your forward")
 
@@ -490,23 +677,37 @@ def check_position_table(table) -> dict:
     alike than rows 64 apart, by at least 0.3 in mean cosine. Returns the scores."""
     table = expect_tensor(CHALLENGE_TABLE, table, (1024, 768), what="your table")
     if bool((table.abs().sum(dim=1) == 0).any()):
-        raise CheckFailed(CHALLENGE_TABLE, "a row of your table is all zeros: it has no direction, so its "
-                          "position cannot be told apart by angle")
+        raise CheckFailed(
+            CHALLENGE_TABLE,
+            "a row of your table is all zeros: it has no direction, so its "
+            "position cannot be told apart by angle",
+        )
     scores = position_table_scores(table)
     if scores["max_cosine"] >= TABLE_GOALS["max_cosine"]:
-        raise CheckFailed(CHALLENGE_TABLE, f"two different positions have cosine {scores['max_cosine']:.4f} "
-                          f">= {TABLE_GOALS['max_cosine']}: the model could not tell them apart")
+        raise CheckFailed(
+            CHALLENGE_TABLE,
+            f"two different positions have cosine {scores['max_cosine']:.4f} "
+            f">= {TABLE_GOALS['max_cosine']}: the model could not tell them apart",
+        )
     if scores["gap"] < TABLE_GOALS["min_gap"]:
-        raise CheckFailed(CHALLENGE_TABLE, f"neighbours have mean cosine {scores['near']:.4f}, positions 64 "
-                          f"apart {scores['far']:.4f}: a gap of {scores['gap']:.4f}, the goal is "
-                          f"{TABLE_GOALS['min_gap']}. Make nearby rows point the same way")
-    passed(CHALLENGE_TABLE, f"largest cosine {scores['max_cosine']:.4f}, neighbours {scores['near']:.4f}, "
-           f"64 apart {scores['far']:.4f}, gap {scores['gap']:.4f}")
+        raise CheckFailed(
+            CHALLENGE_TABLE,
+            f"neighbours have mean cosine {scores['near']:.4f}, positions 64 "
+            f"apart {scores['far']:.4f}: a gap of {scores['gap']:.4f}, the goal is "
+            f"{TABLE_GOALS['min_gap']}. Make nearby rows point the same way",
+        )
+    passed(
+        CHALLENGE_TABLE,
+        f"largest cosine {scores['max_cosine']:.4f}, neighbours {scores['near']:.4f}, "
+        f"64 apart {scores['far']:.4f}, gap {scores['gap']:.4f}",
+    )
     return scores
 
 
-MISTAKES_BY_CHECK = {check_cosine_matrix: COSINE_MISTAKES,
-                     check_embedding_parameter_count: COUNT_MISTAKES}
+MISTAKES_BY_CHECK = {
+    check_cosine_matrix: COSINE_MISTAKES,
+    check_embedding_parameter_count: COUNT_MISTAKES,
+}
 
 
 # --------------------------------------------------------------------------- Exercise 2.7
@@ -517,23 +718,45 @@ EX_PIECES = "Exercise 2.7 (embed_in_pieces)"
 def _pieces(embeddings, idx, n, past_of):
     out = []
     for start in range(0, idx.shape[1], n):
-        out.append(embeddings(idx[:, start:start + n], past_length=past_of(start, len(out), n)))
+        out.append(embeddings(idx[:, start : start + n], past_length=past_of(start, len(out), n)))
     return torch.cat(out, dim=1)
 
 
 # fn(embeddings, idx, piece_length) -> what that wrong version returns
 PIECES_MISTAKES = [
-    Mistake("counted_pieces", "you passed the number of pieces so far as past_length; it is the number of "
-            "TOKENS before the piece, `start`", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k)),
-    Mistake("off_by_one", "your past_length is one too many: the piece starting at token `start` has exactly "
-            "`start` tokens before it", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1)),
-    Mistake("no_past_length", "every piece starts again at position 0: pass past_length=start, the tokens "
-            "before the piece", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0)),
-    Mistake("end_of_piece", "you passed the position of the piece's end; past_length is where it starts "
-            "(the tokens before it)", lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1)),
-    Mistake("last_piece_dropped", "the last, shorter piece is missing: range(0, T, piece_length) already "
-            "reaches it; keep it", lambda e, idx, n: _pieces(e, idx[:, :idx.shape[1] // n * n], n,
-                                                              lambda s, k, n: s) if idx.shape[1] % n else None),
+    Mistake(
+        "counted_pieces",
+        "you passed the number of pieces so far as past_length; it is the number of "
+        "TOKENS before the piece, `start`",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k),
+    ),
+    Mistake(
+        "off_by_one",
+        "your past_length is one too many: the piece starting at token `start` has exactly "
+        "`start` tokens before it",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1),
+    ),
+    Mistake(
+        "no_past_length",
+        "every piece starts again at position 0: pass past_length=start, the tokens "
+        "before the piece",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0),
+    ),
+    Mistake(
+        "end_of_piece",
+        "you passed the position of the piece's end; past_length is where it starts "
+        "(the tokens before it)",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1),
+    ),
+    Mistake(
+        "last_piece_dropped",
+        "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
+        lambda e, idx, n: (
+            _pieces(e, idx[:, : idx.shape[1] // n * n], n, lambda s, k, n: s)
+            if idx.shape[1] % n
+            else None
+        ),
+    ),
 ]
 
 
@@ -545,8 +768,9 @@ def check_embed_in_pieces(embed_in_pieces) -> None:
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        embeddings = GPT2Embeddings(GPT2Config(vocab_size=13, n_positions=16, n_embd=6, n_layer=1,
-                                               n_head=2)).eval()
+        embeddings = GPT2Embeddings(
+            GPT2Config(vocab_size=13, n_positions=16, n_embd=6, n_layer=1, n_head=2)
+        ).eval()
     idx = torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         whole = embeddings(idx)
@@ -559,15 +783,20 @@ def check_embed_in_pieces(embed_in_pieces) -> None:
             if found:
                 raise CheckFailed(EX_PIECES, found.message)
             if tuple(got.shape) != tuple(whole.shape):
-                raise CheckFailed(EX_PIECES, f"for piece_length={n} your output has shape {tuple(got.shape)}, "
-                                  f"expected {tuple(whole.shape)}: join the pieces along dim 1")
-            raise CheckFailed(EX_PIECES, f"for piece_length={n} the pieces do not give the vectors of the whole "
-                              "sequence at once")
+                raise CheckFailed(
+                    EX_PIECES,
+                    f"for piece_length={n} your output has shape {tuple(got.shape)}, "
+                    f"expected {tuple(whole.shape)}: join the pieces along dim 1",
+                )
+            raise CheckFailed(
+                EX_PIECES,
+                f"for piece_length={n} the pieces do not give the vectors of the whole "
+                "sequence at once",
+            )
     passed(EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried")
 
 
 MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
-
 
 
 # --------------------------------------------------------------------------- Exercise 2.4
@@ -575,6 +804,7 @@ MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
 
 def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
     """fn(x, p, training): dropout with one planted mistake, described by the arguments."""
+
     def fn(x, p, training=True):
         if not training and not in_eval:
             return x
@@ -583,23 +813,48 @@ def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
         if in_place:
             return x.mul_(keep).mul_(factor)
         return x * keep * factor
+
     return fn
 
 
 # fn(x, p, training) -> what that wrong version returns
 DROPOUT_MISTAKES = [
-    Mistake("no_rescale", "the survivors are not rescaled: zeroing a fraction p lowers the expected value to "
-            "(1 - p) x; divide the survivors by (1 - p)", _dropout_with(scale=lambda p: 1.0)),
-    Mistake("times_one_minus_p", "you multiplied the survivors by (1 - p); that lowers the expected value "
-            "further. Divide by (1 - p) instead", _dropout_with(scale=lambda p: 1 - p)),
-    Mistake("divide_by_p", "you divided the survivors by p; a number survives with probability 1 - p, so "
-            "divide by (1 - p)", _dropout_with(scale=lambda p: 1 / p)),
-    Mistake("drops_one_minus_p", "you zeroed each number with probability 1 - p (kept it with probability "
-            "p): p is the probability to DROP", _dropout_with(keep_p=lambda p: 1 - p)),
-    Mistake("active_in_eval", "with training=False your dropout still zeroes numbers; outside training return "
-            "x unchanged", _dropout_with(in_eval=True)),
-    Mistake("in_place", "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), "
-            "the caller's x must stay as it was", _dropout_with(in_place=True)),
+    Mistake(
+        "no_rescale",
+        "the survivors are not rescaled: zeroing a fraction p lowers the expected value to "
+        "(1 - p) x; divide the survivors by (1 - p)",
+        _dropout_with(scale=lambda p: 1.0),
+    ),
+    Mistake(
+        "times_one_minus_p",
+        "you multiplied the survivors by (1 - p); that lowers the expected value "
+        "further. Divide by (1 - p) instead",
+        _dropout_with(scale=lambda p: 1 - p),
+    ),
+    Mistake(
+        "divide_by_p",
+        "you divided the survivors by p; a number survives with probability 1 - p, so "
+        "divide by (1 - p)",
+        _dropout_with(scale=lambda p: 1 / p),
+    ),
+    Mistake(
+        "drops_one_minus_p",
+        "you zeroed each number with probability 1 - p (kept it with probability "
+        "p): p is the probability to DROP",
+        _dropout_with(keep_p=lambda p: 1 - p),
+    ),
+    Mistake(
+        "active_in_eval",
+        "with training=False your dropout still zeroes numbers; outside training return "
+        "x unchanged",
+        _dropout_with(in_eval=True),
+    ),
+    Mistake(
+        "in_place",
+        "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), "
+        "the caller's x must stay as it was",
+        _dropout_with(in_place=True),
+    ),
 ]
 
 
@@ -615,18 +870,30 @@ def check_dropout(dropout) -> None:
         got = expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
         zeroed = (got == 0).double().mean().item()
         survivors = got[got != 0]
-        if abs(zeroed - p) < 0.03 and survivors.numel() and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double()):
+        if (
+            abs(zeroed - p) < 0.03
+            and survivors.numel()
+            and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double())
+        ):
             continue
-        found = first_mistake(DROPOUT_MISTAKES[:-2], lambda m: _same_statistics(got, seeded_call(m.fn, x.clone(), p, True)))
+        found = first_mistake(
+            DROPOUT_MISTAKES[:-2],
+            lambda m: _same_statistics(got, seeded_call(m.fn, x.clone(), p, True)),
+        )
         if found:
             raise CheckFailed(EX_DROPOUT, found.message)
-        raise CheckFailed(EX_DROPOUT, f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about "
-                          f"{p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}")
+        raise CheckFailed(
+            EX_DROPOUT,
+            f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about "
+            f"{p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}",
+        )
     x = torch.randn(8, 16)
     got = seeded_call(call_learner, EX_DROPOUT, dropout, x, 0.5, False)
     if not isinstance(got, torch.Tensor) or not torch.equal(got, x):
         raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "active_in_eval").message)
-    passed(EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training")
+    passed(
+        EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training"
+    )
 
 
 def _same_statistics(got, want) -> bool:
@@ -634,7 +901,11 @@ def _same_statistics(got, want) -> bool:
     if (want == 0).all():
         return bool((got == 0).all())
     zeros = abs((got == 0).double().mean().item() - (want == 0).double().mean().item()) < 0.03
-    return zeros and bool((got != 0).any()) and torch.allclose(got[got != 0].unique(), want[want != 0].double().unique())
+    return (
+        zeros
+        and bool((got != 0).any())
+        and torch.allclose(got[got != 0].unique(), want[want != 0].double().unique())
+    )
 
 
 MISTAKES_BY_CHECK[check_dropout] = DROPOUT_MISTAKES
@@ -642,6 +913,7 @@ MISTAKES_BY_CHECK[check_dropout] = DROPOUT_MISTAKES
 
 def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval"):
     """fn(drop, x): measure_dropout with one planted mistake, described by the arguments."""
+
     def fn(drop, x):
         y = drop.train()(x) if mode == "train" else drop.eval()(x)
         kept = y != 0
@@ -654,21 +926,42 @@ def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval")
             times = (y / x).mean().item()
         after = drop.eval()(x) if eval_mode == "eval" else drop.train()(x)
         return fraction, times, torch.equal(after, x)
+
     return fn
 
 
 # fn(drop, x) -> what that wrong measurement returns
 MEASURE_DROPOUT_MISTAKES = [
-    Mistake("measured_in_eval", "nothing was zeroed in your train-mode measurement: the module was in eval() "
-            "mode; switch it with drop.train() before the first call", _measure_with(mode="eval")),
-    Mistake("counted_survivors", "your fraction is the share of numbers that SURVIVED (about 1 - p); "
-            "measure the share that train mode set to zero", _measure_with(zeros=False)),
-    Mistake("factor_with_zeros", "your factor averages y / x over every number, zeros included (that gives "
-            "about 1: dropout keeps the mean); average over the survivors only", _measure_with(factor="all")),
-    Mistake("survivor_values", "your factor is the survivors' values, not what they were multiplied by: "
-            "divide each survivor by the number of x it came from", _measure_with(factor="values")),
-    Mistake("eval_in_train_mode", "your eval-mode answer is False: the second call ran in train() mode; "
-            "switch the module with drop.eval() first", _measure_with(eval_mode="train")),
+    Mistake(
+        "measured_in_eval",
+        "nothing was zeroed in your train-mode measurement: the module was in eval() "
+        "mode; switch it with drop.train() before the first call",
+        _measure_with(mode="eval"),
+    ),
+    Mistake(
+        "counted_survivors",
+        "your fraction is the share of numbers that SURVIVED (about 1 - p); "
+        "measure the share that train mode set to zero",
+        _measure_with(zeros=False),
+    ),
+    Mistake(
+        "factor_with_zeros",
+        "your factor averages y / x over every number, zeros included (that gives "
+        "about 1: dropout keeps the mean); average over the survivors only",
+        _measure_with(factor="all"),
+    ),
+    Mistake(
+        "survivor_values",
+        "your factor is the survivors' values, not what they were multiplied by: "
+        "divide each survivor by the number of x it came from",
+        _measure_with(factor="values"),
+    ),
+    Mistake(
+        "eval_in_train_mode",
+        "your eval-mode answer is False: the second call ran in train() mode; "
+        "switch the module with drop.eval() first",
+        _measure_with(eval_mode="train"),
+    ),
 ]
 
 
@@ -678,29 +971,47 @@ def check_measure_dropout(measure_dropout) -> None:
     gen = torch.Generator().manual_seed(2)
     for p in (0.1, 0.5):
         x = torch.rand(64, 256, generator=gen) + 0.5  # no zeros, not all equal
-        got = seeded_call(call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone())
+        got = seeded_call(
+            call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
+        )
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise CheckFailed(EX_MEASURE_DROPOUT, "return three things: (fraction zeroed, factor of the "
-                              f"survivors, eval unchanged); got {type(got).__name__}")
+            raise CheckFailed(
+                EX_MEASURE_DROPOUT,
+                "return three things: (fraction zeroed, factor of the "
+                f"survivors, eval unchanged); got {type(got).__name__}",
+            )
         try:
             fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])
         except (TypeError, ValueError, RuntimeError):
-            raise CheckFailed(EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)") from None
+            raise CheckFailed(
+                EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)"
+            ) from None
 
         def matches(values, fraction=fraction, factor=factor, unchanged=unchanged):
             f, t, u = values
-            return abs(fraction - f) < 0.03 and abs(factor - t) < 1e-3 * max(1.0, abs(t)) and unchanged == u
+            return (
+                abs(fraction - f) < 0.03
+                and abs(factor - t) < 1e-3 * max(1.0, abs(t))
+                and unchanged == u
+            )
 
         if matches((p, 1 / (1 - p), True)):
             continue
-        found = first_mistake(MEASURE_DROPOUT_MISTAKES,
-                              lambda m: matches(seeded_call(m.fn, nn.Dropout(p), x.clone())))
+        found = first_mistake(
+            MEASURE_DROPOUT_MISTAKES, lambda m: matches(seeded_call(m.fn, nn.Dropout(p), x.clone()))
+        )
         if found:
             raise CheckFailed(EX_MEASURE_DROPOUT, found.message)
-        raise CheckFailed(EX_MEASURE_DROPOUT, f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor "
-                          f"{factor:.4f} and eval unchanged {unchanged}; expected about {p}, "
-                          f"{1 / (1 - p):.4f} and True")
-    passed(EX_MEASURE_DROPOUT, "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5")
+        raise CheckFailed(
+            EX_MEASURE_DROPOUT,
+            f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor "
+            f"{factor:.4f} and eval unchanged {unchanged}; expected about {p}, "
+            f"{1 / (1 - p):.4f} and True",
+        )
+    passed(
+        EX_MEASURE_DROPOUT,
+        "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5",
+    )
 
 
 MISTAKES_BY_CHECK[check_measure_dropout] = MEASURE_DROPOUT_MISTAKES

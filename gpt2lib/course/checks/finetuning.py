@@ -54,15 +54,30 @@ def _pool_right(hidden, lengths):
 
 
 POOL_MISTAKES = [
-    Mistake("padding averaged", "your mean includes the padding positions: average only the "
-            "first lengths[b] positions of row b", lambda h, n: h.mean(1)),
-    Mistake("divided by T", "you sum only the real tokens but divide by the padded length T; "
-            "divide by each row's own length", lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1]),
-    Mistake("last token", "you return the last real token's state; this exercise asks for the "
-            "mean over the real tokens", lambda h, n: h[torch.arange(h.shape[0]), n - 1]),
-    Mistake("off by one", "your mask keeps one position too many or too few: row b's real "
-            "tokens are positions 0 .. lengths[b] - 1",
-            lambda h, n: _pool_right(h, torch.clamp(n + 1, max=h.shape[1]))),
+    Mistake(
+        "padding averaged",
+        "your mean includes the padding positions: average only the "
+        "first lengths[b] positions of row b",
+        lambda h, n: h.mean(1),
+    ),
+    Mistake(
+        "divided by T",
+        "you sum only the real tokens but divide by the padded length T; "
+        "divide by each row's own length",
+        lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1],
+    ),
+    Mistake(
+        "last token",
+        "you return the last real token's state; this exercise asks for the "
+        "mean over the real tokens",
+        lambda h, n: h[torch.arange(h.shape[0]), n - 1],
+    ),
+    Mistake(
+        "off by one",
+        "your mask keeps one position too many or too few: row b's real "
+        "tokens are positions 0 .. lengths[b] - 1",
+        lambda h, n: _pool_right(h, torch.clamp(n + 1, max=h.shape[1])),
+    ),
 ]
 
 
@@ -75,12 +90,23 @@ def check_pool_mean(pool_mean) -> None:
         lengths[0] = T  # one full row
         got = call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone())
         want = _pool_right(hidden, lengths)
-        got = expect_tensor(EX_POOL, got, (B, C), what=f"your pooled states (B={B}, C={C})",
-                            hints={(B, T, C): "nothing was averaged over dim 1 (the positions)",
-                                   (C,): "you averaged over the batch too"})
+        got = expect_tensor(
+            EX_POOL,
+            got,
+            (B, C),
+            what=f"your pooled states (B={B}, C={C})",
+            hints={
+                (B, T, C): "nothing was averaged over dim 1 (the positions)",
+                (C,): "you averaged over the batch too",
+            },
+        )
         if not close(got, want, atol=1e-5):
-            _fail_with(EX_POOL, POOL_MISTAKES, lambda m: close(got, m.fn(hidden, lengths)),
-                       "your pooled states differ from the mean over each row's real tokens")
+            _fail_with(
+                EX_POOL,
+                POOL_MISTAKES,
+                lambda m: close(got, m.fn(hidden, lengths)),
+                "your pooled states differ from the mean over each row's real tokens",
+            )
     passed(EX_POOL, "padding does not reach the pooled state")
 
 
@@ -98,14 +124,20 @@ def check_speaker_batch(speaker_batch) -> None:
         if not torch.equal(idx.long(), want):
             flipped = torch.full_like(want, 99)
             for b, (ids, _) in enumerate(rows):
-                flipped[b, T - len(ids):] = torch.tensor(ids)
-            raise CheckFailed(EX_BATCH, "your padding is on the left: pad on the right, so that "
-                              "every row's real tokens start at position 0" if torch.equal(idx.long(), flipped)
-                              else "your idx differs: each row's ids, then pad_id up to the longest row")
+                flipped[b, T - len(ids) :] = torch.tensor(ids)
+            raise CheckFailed(
+                EX_BATCH,
+                "your padding is on the left: pad on the right, so that "
+                "every row's real tokens start at position 0"
+                if torch.equal(idx.long(), flipped)
+                else "your idx differs: each row's ids, then pad_id up to the longest row",
+            )
         lengths = expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
         if lengths.tolist() != [len(i) for i, _ in rows]:
             raise CheckFailed(EX_BATCH, "lengths must count each row's real tokens (no padding)")
-        if expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [y for _, y in rows]:
+        if expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [
+            y for _, y in rows
+        ]:
             raise CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
     passed(EX_BATCH)
 
@@ -129,23 +161,35 @@ def _collate_right(pairs, pad_id, mask_prompt=True, shift=0):
 def _pad_targets(pairs, pad_id):
     inputs, targets = _collate_right(pairs, pad_id)
     for i, (p, r) in enumerate(pairs):
-        targets[i, len(p) + len(r) - 1:] = pad_id
+        targets[i, len(p) + len(r) - 1 :] = pad_id
     return inputs, targets
 
 
 COLLATE_MISTAKES = [
-    Mistake("prompt kept", "your targets keep the prompt's tokens: the loss would train the "
-            "model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
-            lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False)),
-    Mistake("mask one too far", "you ignore one target too many: the target at position "
-            "len(prompt) - 1 is the response's first token, which must be kept",
-            lambda pairs, pad: _collate_right(pairs, pad, shift=1)),
-    Mistake("mask one short", "you keep the target of the prompt's last token: target t is "
-            "token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
-            lambda pairs, pad: _collate_right(pairs, pad, shift=-1)),
-    Mistake("padding as target", "the padding positions have pad_id as their target: the loss "
-            "would teach the model to write padding; they must be IGNORE_INDEX",
-            _pad_targets),
+    Mistake(
+        "prompt kept",
+        "your targets keep the prompt's tokens: the loss would train the "
+        "model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
+        lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False),
+    ),
+    Mistake(
+        "mask one too far",
+        "you ignore one target too many: the target at position "
+        "len(prompt) - 1 is the response's first token, which must be kept",
+        lambda pairs, pad: _collate_right(pairs, pad, shift=1),
+    ),
+    Mistake(
+        "mask one short",
+        "you keep the target of the prompt's last token: target t is "
+        "token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
+        lambda pairs, pad: _collate_right(pairs, pad, shift=-1),
+    ),
+    Mistake(
+        "padding as target",
+        "the padding positions have pad_id as their target: the loss "
+        "would teach the model to write padding; they must be IGNORE_INDEX",
+        _pad_targets,
+    ),
 ]
 
 
@@ -153,8 +197,15 @@ def _pairs_cases():
     gen = torch.Generator().manual_seed(1)
     cases = []
     for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6))):
-        cases.append([(torch.randint(0, 90, (p,), generator=gen).tolist(),
-                       torch.randint(0, 90, (r,), generator=gen).tolist()) for p, r in lengths])
+        cases.append(
+            [
+                (
+                    torch.randint(0, 90, (p,), generator=gen).tolist(),
+                    torch.randint(0, 90, (r,), generator=gen).tolist(),
+                )
+                for p, r in lengths
+            ]
+        )
     return cases
 
 
@@ -164,23 +215,33 @@ def check_collate(collate) -> None:
     for pairs in _pairs_cases():
         got = call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(EX_COLLATE, f"return two tensors, (inputs, targets); got {type(got).__name__}")
+            raise CheckFailed(
+                EX_COLLATE, f"return two tensors, (inputs, targets); got {type(got).__name__}"
+            )
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
-        hints = {(shape[0], shape[1] + 1): "rows are one token too long: the inputs drop each "
-                 "row's last token and the targets its first"}
+        hints = {
+            (shape[0], shape[1] + 1): "rows are one token too long: the inputs drop each "
+            "row's last token and the targets its first"
+        }
         inputs = expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
         if inputs.dtype.is_floating_point or targets.dtype.is_floating_point:
             raise CheckFailed(EX_COLLATE, "token ids must be an integer tensor (torch.long)")
         if not torch.equal(inputs, want[0]):
-            raise CheckFailed(EX_COLLATE, "your inputs differ: each row is prompt + response "
-                              "without its last token, then pad_id up to the longest row")
+            raise CheckFailed(
+                EX_COLLATE,
+                "your inputs differ: each row is prompt + response "
+                "without its last token, then pad_id up to the longest row",
+            )
         if not torch.equal(targets, want[1]):
-            _fail_with(EX_COLLATE, COLLATE_MISTAKES,
-                       lambda m: torch.equal(targets, m.fn(pairs, pad_id)[1]),
-                       "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX "
-                       "for prompt tokens and padding")
+            _fail_with(
+                EX_COLLATE,
+                COLLATE_MISTAKES,
+                lambda m: torch.equal(targets, m.fn(pairs, pad_id)[1]),
+                "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX "
+                "for prompt tokens and padding",
+            )
     passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
 
 
@@ -188,11 +249,17 @@ def check_collate(collate) -> None:
 
 
 LOSS_MISTAKES = [
-    Mistake("sum", "your loss is a sum; take the mean over the kept targets",
-            lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum")),
-    Mistake("mean over all", "you average over every position, ignored ones included (as zeros): "
-            "divide by the number of kept targets",
-            lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum") / t.numel()),
+    Mistake(
+        "sum",
+        "your loss is a sum; take the mean over the kept targets",
+        lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum"),
+    ),
+    Mistake(
+        "mean over all",
+        "you average over every position, ignored ones included (as zeros): "
+        "divide by the number of kept targets",
+        lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum") / t.numel(),
+    ),
 ]
 
 
@@ -205,14 +272,23 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
         targets[0, :2] = IGNORE
         targets[-1, -1] = IGNORE
         got = call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone())
-        got = expect_tensor(EX_LOSS, got, (), what="your loss",
-                            hints={(B * T,): "return one number: the mean, not one loss per position"})
+        got = expect_tensor(
+            EX_LOSS,
+            got,
+            (),
+            what="your loss",
+            hints={(B * T,): "return one number: the mean, not one loss per position"},
+        )
         keep = targets != IGNORE
         want = F.cross_entropy(logits[keep], targets[keep])
         if not close(got, want, atol=1e-5):
-            _fail_with(EX_LOSS, LOSS_MISTAKES, lambda m: close(got, m.fn(logits, targets)),
-                       "your loss differs from the mean cross-entropy over the targets that are "
-                       "not IGNORE_INDEX")
+            _fail_with(
+                EX_LOSS,
+                LOSS_MISTAKES,
+                lambda m: close(got, m.fn(logits, targets)),
+                "your loss differs from the mean cross-entropy over the targets that are "
+                "not IGNORE_INDEX",
+            )
     passed(EX_LOSS)
 
 
@@ -222,19 +298,23 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
 def _by_position(gpt, pairs, pad_id, positions, shift=0):
     inputs, targets = _collate_right(pairs, pad_id)
     with torch.no_grad():
-        per = F.cross_entropy(gpt(inputs).flatten(0, 1), targets.flatten(), reduction="none",
-                              ignore_index=IGNORE).view(targets.shape)
+        per = F.cross_entropy(
+            gpt(inputs).flatten(0, 1), targets.flatten(), reduction="none", ignore_index=IGNORE
+        ).view(targets.shape)
     table = torch.full((len(pairs), positions), float("nan"))
     for i, (p, r) in enumerate(pairs):
-        kept = per[i, len(p) - 1 + shift: len(p) - 1 + len(r)][:positions]
+        kept = per[i, len(p) - 1 + shift : len(p) - 1 + len(r)][:positions]
         table[i, : len(kept)] = kept
     return table.nanmean(0)
 
 
 POSITION_MISTAKES = [
-    Mistake("one late", "your position 0 is the reply's second token: the first reply token is "
-            "the target of the prompt's last token, at len(prompt) - 1",
-            lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1)),
+    Mistake(
+        "one late",
+        "your position 0 is the reply's second token: the first reply token is "
+        "the target of the prompt's last token, at len(prompt) - 1",
+        lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1),
+    ),
 ]
 
 
@@ -247,20 +327,34 @@ def check_loss_by_position(loss_by_position) -> None:
     gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
     pad = 99
     for pairs, positions in ((_pairs_cases()[0], 4), (_pairs_cases()[1], 8)):
-        got = call_learner(EX_POSITION, loss_by_position, gpt, [(list(p), list(r)) for p, r in pairs],
-                           pad, positions)
+        got = call_learner(
+            EX_POSITION,
+            loss_by_position,
+            gpt,
+            [(list(p), list(r)) for p, r in pairs],
+            pad,
+            positions,
+        )
         want = _by_position(gpt, pairs, pad, positions)
         got = expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
         same = torch.equal(torch.isnan(got), torch.isnan(want)) and close(
-            torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5)
+            torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5
+        )
         if not same:
+
             def matches(m):
                 other = m.fn(gpt, pairs, pad, positions)
                 return torch.equal(torch.isnan(got), torch.isnan(other)) and close(
-                    torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5)
-            _fail_with(EX_POSITION, POSITION_MISTAKES, matches,
-                       "your losses differ from the mean over the pairs of the loss at each reply "
-                       "position (NaN where no reply is that long)")
+                    torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5
+                )
+
+            _fail_with(
+                EX_POSITION,
+                POSITION_MISTAKES,
+                matches,
+                "your losses differ from the mean over the pairs of the loss at each reply "
+                "position (NaN where no reply is that long)",
+            )
     passed(EX_POSITION)
 
 
@@ -287,17 +381,32 @@ def _lora_out(layer, x, scale, drop_out=False, no_dropout=False):
 
 
 LORA_MISTAKES = [
-    Mistake("no scale", "the update is not multiplied by alpha / rank (self.scale)",
-            lambda layer, x: _lora_out(layer, x, 1.0)),
-    Mistake("scale inverted", "you scale by rank / alpha; LoRA's scale is alpha / rank",
-            lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha)),
-    Mistake("base missing", "the frozen layer's output base(x) is missing: LoRA adds the update "
-            "to it", lambda layer, x: _lora_out(layer, x, layer.scale) - layer.base(x)),
-    Mistake("dropout on output", "dropout acts on the update's output; LoRA drops the input of "
-            "lora_A, x, and never touches base(x)",
-            lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True)),
-    Mistake("no dropout", "in training mode the adapter's input must go through "
-            "self.lora_dropout", lambda layer, x: _lora_out(layer, x, layer.scale, no_dropout=True)),
+    Mistake(
+        "no scale",
+        "the update is not multiplied by alpha / rank (self.scale)",
+        lambda layer, x: _lora_out(layer, x, 1.0),
+    ),
+    Mistake(
+        "scale inverted",
+        "you scale by rank / alpha; LoRA's scale is alpha / rank",
+        lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha),
+    ),
+    Mistake(
+        "base missing",
+        "the frozen layer's output base(x) is missing: LoRA adds the update to it",
+        lambda layer, x: _lora_out(layer, x, layer.scale) - layer.base(x),
+    ),
+    Mistake(
+        "dropout on output",
+        "dropout acts on the update's output; LoRA drops the input of "
+        "lora_A, x, and never touches base(x)",
+        lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True),
+    ),
+    Mistake(
+        "no dropout",
+        "in training mode the adapter's input must go through self.lora_dropout",
+        lambda layer, x: _lora_out(layer, x, layer.scale, no_dropout=True),
+    ),
 ]
 
 
@@ -316,8 +425,11 @@ def check_lora_linear(LoRALinear) -> None:
         if not close(start, base(x), atol=1e-6):
             if close(start, torch.zeros_like(start), atol=1e-6):
                 raise CheckFailed(EX_LORA, LORA_MISTAKES[2].message)
-            raise CheckFailed(EX_LORA, "with lora_B at zero your layer should compute exactly "
-                              "base(x); the update must be B(A(x)), which starts at zero")
+            raise CheckFailed(
+                EX_LORA,
+                "with lora_B at zero your layer should compute exactly "
+                "base(x); the update must be B(A(x)), which starts at zero",
+            )
         with torch.no_grad():
             layer.lora_B.weight.normal_(generator=gen)
         for mode in ("eval", "train") if dropout else ("eval",):
@@ -326,10 +438,13 @@ def check_lora_linear(LoRALinear) -> None:
             got = expect_tensor(EX_LORA, got, (2, 3, n_out), what=f"your output ({mode} mode)")
             want = seeded_call(lambda: _lora_out(layer, x, alpha / rank))
             if not close(got, want, atol=1e-5):
-                _fail_with(EX_LORA, LORA_MISTAKES,
-                           lambda m: close(got, seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
-                           f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
-                           f"alpha / rank ({mode} mode)")
+                _fail_with(
+                    EX_LORA,
+                    LORA_MISTAKES,
+                    lambda m: close(got, seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
+                    f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
+                    f"alpha / rank ({mode} mode)",
+                )
         layer.eval()
     passed(EX_LORA, "zero at the start, scaled by alpha / rank, dropout on the input only")
 
@@ -351,11 +466,17 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
     for name in names:
         layer = model.get_submodule(name)
         if not isinstance(layer, LoRALinear):
-            raise CheckFailed(EX_ADD, f"model.{name} is a {type(layer).__name__}, not a "
-                              "LoRALinear: use model.set_submodule(name, ...)")
+            raise CheckFailed(
+                EX_ADD,
+                f"model.{name} is a {type(layer).__name__}, not a "
+                "LoRALinear: use model.set_submodule(name, ...)",
+            )
         if layer.base is not bases[name]:
-            raise CheckFailed(EX_ADD, f"the LoRALinear at {name} must wrap the layer that was "
-                              "there (its trained weights), not a new one")
+            raise CheckFailed(
+                EX_ADD,
+                f"the LoRALinear at {name} must wrap the layer that was "
+                "there (its trained weights), not a new one",
+            )
     others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
     if others:
         raise CheckFailed(EX_ADD, f"only the named layers get adapters; you also changed {others}")
@@ -368,12 +489,21 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
 
 
 MERGE_MISTAKES = [
-    Mistake("no scale", "the merged update is not multiplied by layer.scale (alpha / rank)",
-            lambda layer: layer.base.weight + layer.lora_A.weight.T @ layer.lora_B.weight.T),
-    Mistake("B A", "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; "
-            "the Conv1D weight is [in, out], so take its transpose",
-            lambda layer: layer.base.weight
-            + (layer.lora_B.weight @ layer.lora_A.weight).reshape(layer.base.weight.shape) * layer.scale),
+    Mistake(
+        "no scale",
+        "the merged update is not multiplied by layer.scale (alpha / rank)",
+        lambda layer: layer.base.weight + layer.lora_A.weight.T @ layer.lora_B.weight.T,
+    ),
+    Mistake(
+        "B A",
+        "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; "
+        "the Conv1D weight is [in, out], so take its transpose",
+        lambda layer: (
+            layer.base.weight
+            + (layer.lora_B.weight @ layer.lora_A.weight).reshape(layer.base.weight.shape)
+            * layer.scale
+        ),
+    ),
 ]
 
 
@@ -387,15 +517,26 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
         with torch.no_grad():
             layer.lora_B.weight.normal_(generator=gen)
         got = call_learner(EX_MERGE, merged_weight, layer)
-        got = expect_tensor(EX_MERGE, got, (n_in, n_out), what="your merged weight",
-                            hints={(n_out, n_in): "it is transposed: Conv1D stores [in, out]",
-                                   (rank, rank): "A.weight @ B.weight is not the update: mind the shapes"})
+        got = expect_tensor(
+            EX_MERGE,
+            got,
+            (n_in, n_out),
+            what="your merged weight",
+            hints={
+                (n_out, n_in): "it is transposed: Conv1D stores [in, out]",
+                (rank, rank): "A.weight @ B.weight is not the update: mind the shapes",
+            },
+        )
         x = torch.randn(3, n_in, generator=gen)
         with torch.no_grad():
             want = layer(x)
         if not close(x.double() @ got + layer.base.bias.double(), want, atol=1e-5):
-            _fail_with(EX_MERGE, MERGE_MISTAKES, lambda m: close(got, m.fn(layer), atol=1e-5),
-                       "x @ your weight + bias differs from the layer's output")
+            _fail_with(
+                EX_MERGE,
+                MERGE_MISTAKES,
+                lambda m: close(got, m.fn(layer), atol=1e-5),
+                "x @ your weight + bias differs from the layer's output",
+            )
     passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
 
 
@@ -416,13 +557,24 @@ def _count(config, rank, targets):
 
 
 COUNT_MISTAKES = [
-    Mistake("one layer", "you counted one block; every block has these layers (n_layer of them)",
-            lambda c, r, t: _count(c, r, t) // c.n_layer),
-    Mistake("full matrix", "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) "
-            "and B (n_out x rank)",
-            lambda c, r, t: c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd ** 2 for x in t)),
-    Mistake("c_attn as C x C", "c_attn maps C to 3C (queries, keys and values at once)",
-            lambda c, r, t: _count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t)),
+    Mistake(
+        "one layer",
+        "you counted one block; every block has these layers (n_layer of them)",
+        lambda c, r, t: _count(c, r, t) // c.n_layer,
+    ),
+    Mistake(
+        "full matrix",
+        "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) "
+        "and B (n_out x rank)",
+        lambda c, r, t: (
+            c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd**2 for x in t)
+        ),
+    ),
+    Mistake(
+        "c_attn as C x C",
+        "c_attn maps C to 3C (queries, keys and values at once)",
+        lambda c, r, t: _count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t),
+    ),
 ]
 
 
@@ -430,17 +582,24 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
     """`lora_parameter_count(config, rank, targets)` -> parameters the adapters add."""
     from gpt2lib.chapters.config import GPT2Config
 
-    cases = [(GPT2Config(), 8, ("c_attn",)), (GPT2Config(n_layer=3, n_head=2, n_embd=32), 4,
-                                              ("c_attn", "c_fc")),
-             (GPT2Config(n_layer=2, n_head=2, n_embd=16), 2, ("c_attn", "c_proj", "c_fc"))]
+    cases = [
+        (GPT2Config(), 8, ("c_attn",)),
+        (GPT2Config(n_layer=3, n_head=2, n_embd=32), 4, ("c_attn", "c_fc")),
+        (GPT2Config(n_layer=2, n_head=2, n_embd=16), 2, ("c_attn", "c_proj", "c_fc")),
+    ]
     for config, rank, targets in cases:
         got = call_learner(EX_COUNT, lora_parameter_count, config, rank, targets)
         want = _count(config, rank, targets)
         if not isinstance(got, (int, torch.Tensor)) or int(got) != want:
-            _fail_with(EX_COUNT, COUNT_MISTAKES,
-                       lambda m: isinstance(got, (int, torch.Tensor)) and int(got) == m.fn(config, rank, targets),
-                       f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
-                       f"targets={targets} the adapters add {want:,} parameters; you said {got!r}")
+            _fail_with(
+                EX_COUNT,
+                COUNT_MISTAKES,
+                lambda m: (
+                    isinstance(got, (int, torch.Tensor)) and int(got) == m.fn(config, rank, targets)
+                ),
+                f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
+                f"targets={targets} the adapters add {want:,} parameters; you said {got!r}",
+            )
     passed(EX_COUNT, f"GPT-2 small, rank 8 on c_attn: {_count(GPT2Config(), 8, ('c_attn',)):,}")
 
 
@@ -462,38 +621,68 @@ def reference_training_memory_mib(n_params, n_trained, bytes_per_number=4):
 
 
 MEMORY_MISTAKES = [
-    Mistake("no weights", "you count the gradient and the moments but not the weights "
-            "themselves: every parameter, trained or frozen, is held in memory",
-            lambda n, t, b: 3 * t * b / 2**20),
-    Mistake("one moment", "AdamW keeps two moments per trained parameter (the mean of the "
-            "gradient and of its square), plus the gradient: three numbers, not two",
-            lambda n, t, b: (n + 2 * t) * b / 2**20),
-    Mistake("frozen ones too", "the frozen parameters get no gradient and no moments; only "
-            "the trained ones carry three more numbers", lambda n, t, b: 4 * n * b / 2**20),
-    Mistake("bytes", "your answer is in bytes; divide by 2**20 for MiB",
-            lambda n, t, b: (n + 3 * t) * b),
-    Mistake("megabytes", "you divided by 10**6 (megabytes); a MiB is 2**20 bytes",
-            lambda n, t, b: (n + 3 * t) * b / 1e6),
-    Mistake("four bytes always", "you ignore bytes_per_number: 2 for bfloat16, 4 for float32",
-            lambda n, t, b: (n + 3 * t) * 4 / 2**20),
+    Mistake(
+        "no weights",
+        "you count the gradient and the moments but not the weights "
+        "themselves: every parameter, trained or frozen, is held in memory",
+        lambda n, t, b: 3 * t * b / 2**20,
+    ),
+    Mistake(
+        "one moment",
+        "AdamW keeps two moments per trained parameter (the mean of the "
+        "gradient and of its square), plus the gradient: three numbers, not two",
+        lambda n, t, b: (n + 2 * t) * b / 2**20,
+    ),
+    Mistake(
+        "frozen ones too",
+        "the frozen parameters get no gradient and no moments; only "
+        "the trained ones carry three more numbers",
+        lambda n, t, b: 4 * n * b / 2**20,
+    ),
+    Mistake(
+        "bytes", "your answer is in bytes; divide by 2**20 for MiB", lambda n, t, b: (n + 3 * t) * b
+    ),
+    Mistake(
+        "megabytes",
+        "you divided by 10**6 (megabytes); a MiB is 2**20 bytes",
+        lambda n, t, b: (n + 3 * t) * b / 1e6,
+    ),
+    Mistake(
+        "four bytes always",
+        "you ignore bytes_per_number: 2 for bfloat16, 4 for float32",
+        lambda n, t, b: (n + 3 * t) * 4 / 2**20,
+    ),
 ]
 
 
 def check_training_memory(training_memory_mib) -> None:
     """`training_memory_mib(n_params, n_trained, bytes_per_number=4)` -> MiB while training."""
-    cases = [(124_439_808, 294_912, 4), (124_439_808, 124_439_808, 4), (7_000_000, 60_000, 2),
-             (1_000, 0, 4)]
+    cases = [
+        (124_439_808, 294_912, 4),
+        (124_439_808, 124_439_808, 4),
+        (7_000_000, 60_000, 2),
+        (1_000, 0, 4),
+    ]
     for n, t, b in cases:
         got = call_learner(EX_MEMORY, training_memory_mib, n, t, b)
         want = _memory(n, t, b)
         if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * max(1.0, want):
-            _fail_with(EX_MEMORY, MEMORY_MISTAKES,
-                       lambda m: isinstance(got, (int, float)) and abs(got - m.fn(n, t, b)) <= 1e-6 * max(1.0, want),
-                       f"{n:,} parameters, {t:,} of them trained, {b} bytes each: "
-                       f"{want:.4f} MiB; you said {got!r}")
+            _fail_with(
+                EX_MEMORY,
+                MEMORY_MISTAKES,
+                lambda m: (
+                    isinstance(got, (int, float))
+                    and abs(got - m.fn(n, t, b)) <= 1e-6 * max(1.0, want)
+                ),
+                f"{n:,} parameters, {t:,} of them trained, {b} bytes each: "
+                f"{want:.4f} MiB; you said {got!r}",
+            )
     full, lora = _memory(124_439_808, 124_439_808), _memory(124_439_808, 294_912)
-    passed(EX_MEMORY, f"GPT-2 small in float32: {full:,.0f} MiB fully trained, "
-           f"{lora:,.0f} MiB with LoRA rank 8 on c_attn")
+    passed(
+        EX_MEMORY,
+        f"GPT-2 small in float32: {full:,.0f} MiB fully trained, "
+        f"{lora:,.0f} MiB with LoRA rank 8 on c_attn",
+    )
 
 
 def learner_or_reference(fn, reference, exercise, *example):
@@ -525,17 +714,29 @@ def _trained_copy(base, moved=lambda name: True, in_place=False):
 
 
 FROZEN_MISTAKES = [
-    Mistake("table trained", "the token table moved: call requires_grad_(False) on the copy's "
-            "wte.weight before training (the optimizer gets what requires grad)",
-            lambda base: _trained_copy(base)),
-    Mistake("base trained", "you trained base_model itself: train a copy.deepcopy of it, so that "
-            "the cells below still start from the pretrained weights",
-            lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True)),
-    Mistake("only the head", "nothing but the head trained: freeze only the token table; the "
-            "blocks, the position table and ln_f train as in full fine-tuning",
-            lambda base: _trained_copy(base, lambda n: False)),
-    Mistake("positions frozen", "more than the token table is frozen: only wte.weight should stay "
-            "as pretrained", lambda base: _trained_copy(base, lambda n: n not in ("wte.weight", "wpe.weight"))),
+    Mistake(
+        "table trained",
+        "the token table moved: call requires_grad_(False) on the copy's "
+        "wte.weight before training (the optimizer gets what requires grad)",
+        lambda base: _trained_copy(base),
+    ),
+    Mistake(
+        "base trained",
+        "you trained base_model itself: train a copy.deepcopy of it, so that "
+        "the cells below still start from the pretrained weights",
+        lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True),
+    ),
+    Mistake(
+        "only the head",
+        "nothing but the head trained: freeze only the token table; the "
+        "blocks, the position table and ln_f train as in full fine-tuning",
+        lambda base: _trained_copy(base, lambda n: False),
+    ),
+    Mistake(
+        "positions frozen",
+        "more than the token table is frozen: only wte.weight should stay as pretrained",
+        lambda base: _trained_copy(base, lambda n: n not in ("wte.weight", "wpe.weight")),
+    ),
 ]
 
 
@@ -543,19 +744,27 @@ def check_frozen_table(model, base) -> None:
     """`model`: a classifier trained from a copy of `base` (a GPT2) with only wte frozen."""
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
     if gpt is None or not isinstance(head, nn.Linear):
-        raise CheckFailed(EX_FROZEN, "frozen should be a classifier (classifier(gpt, n_classes)) "
-                          f"after training; got {type(model).__name__}")
+        raise CheckFailed(
+            EX_FROZEN,
+            "frozen should be a classifier (classifier(gpt, n_classes)) "
+            f"after training; got {type(model).__name__}",
+        )
     if gpt is base:
         raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[1].message)
     reference = dict(base.named_parameters())
-    still = [n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])]
+    still = [
+        n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])
+    ]
     if "wte.weight" not in still:
         raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[0].message)
     if len(still) == len(reference):
         raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[2].message)
     if len(still) > 1:
-        raise CheckFailed(EX_FROZEN, f"{FROZEN_MISTAKES[3].message}; these did not move: "
-                          f"{', '.join(n for n in still if n != 'wte.weight')[:200]}")
+        raise CheckFailed(
+            EX_FROZEN,
+            f"{FROZEN_MISTAKES[3].message}; these did not move: "
+            f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
+        )
     passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
 
 
@@ -567,16 +776,29 @@ def _rank_right(ranks):
 
 
 RANK_MISTAKES = [
-    Mistake("drop sign", "your loss drops are negative: the drop is the loss before tuning "
-            "minus the loss after (or training raised the loss; look at its printout)",
-            lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)]),
-    Mistake("count not share", "the second entry should be the share of the parameters trained "
-            "(trained / total), not a count", lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)]),
-    Mistake("one rank", "measure every rank in RANKS, one result each, in that order",
-            lambda ranks: _rank_right(ranks)[:1]),
-    Mistake("same adapter", "the share trained is the same at every rank: build a fresh copy of "
-            "the base model with apply_lora(..., rank=rank) for each rank",
-            lambda ranks: [(r, 0.001, d) for r, _, d in _rank_right(ranks)]),
+    Mistake(
+        "drop sign",
+        "your loss drops are negative: the drop is the loss before tuning "
+        "minus the loss after (or training raised the loss; look at its printout)",
+        lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)],
+    ),
+    Mistake(
+        "count not share",
+        "the second entry should be the share of the parameters trained "
+        "(trained / total), not a count",
+        lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)],
+    ),
+    Mistake(
+        "one rank",
+        "measure every rank in RANKS, one result each, in that order",
+        lambda ranks: _rank_right(ranks)[:1],
+    ),
+    Mistake(
+        "same adapter",
+        "the share trained is the same at every rank: build a fresh copy of "
+        "the base model with apply_lora(..., rank=rank) for each rank",
+        lambda ranks: [(r, 0.001, d) for r, _, d in _rank_right(ranks)],
+    ),
 ]
 
 
@@ -584,14 +806,24 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     """`results`: one (rank, share of parameters trained, response-loss drop) per rank."""
     ranks = tuple(ranks)
     rows = list(results) if isinstance(results, (list, tuple)) else None
-    if rows is None or len(rows) != len(ranks) or any(
-            not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows):
-        _fail_with(EX_RANK, RANK_MISTAKES, lambda m: False,
-                   "measure every rank in RANKS, one result each, in that order: "
-                   f"{len(ranks)} tuples (rank, share, drop); got {results!r}")
+    if (
+        rows is None
+        or len(rows) != len(ranks)
+        or any(not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows)
+    ):
+        _fail_with(
+            EX_RANK,
+            RANK_MISTAKES,
+            lambda m: False,
+            "measure every rank in RANKS, one result each, in that order: "
+            f"{len(ranks)} tuples (rank, share, drop); got {results!r}",
+        )
     if tuple(r for r, _, _ in rows) != ranks:
-        raise CheckFailed(EX_RANK, f"the ranks measured are {[r for r, _, _ in rows]}; "
-                          f"measure RANKS = {list(ranks)}, in that order")
+        raise CheckFailed(
+            EX_RANK,
+            f"the ranks measured are {[r for r, _, _ in rows]}; "
+            f"measure RANKS = {list(ranks)}, in that order",
+        )
     shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
     if any(not 0 < s < 1 for s in shares):
         raise CheckFailed(EX_RANK, RANK_MISTAKES[1].message)
@@ -599,8 +831,11 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
         raise CheckFailed(EX_RANK, RANK_MISTAKES[3].message)
     if any(d != d for d in drops) or any(d <= 0 for d in drops):
         raise CheckFailed(EX_RANK, RANK_MISTAKES[0].message)
-    passed(EX_RANK, f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
-           f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop")
+    passed(
+        EX_RANK,
+        f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
+        f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop",
+    )
 
 
 MISTAKES_BY_CHECK = {
@@ -625,13 +860,20 @@ def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
     the validation response loss by at least `goal_nats`."""
     name = "Challenge 10"
     if trainable_fraction >= 0.02:
-        raise CheckFailed(name, f"{100 * trainable_fraction:.2f}% of the parameters are "
-                          "trained; the goal allows under 2%")
+        raise CheckFailed(
+            name,
+            f"{100 * trainable_fraction:.2f}% of the parameters are "
+            "trained; the goal allows under 2%",
+        )
     if loss_drop < goal_nats:
-        raise CheckFailed(name, f"the response loss fell by {loss_drop:.3f} nats; the goal "
-                          f"is {goal_nats} nats")
-    passed(name, f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
-           "parameters trained")
+        raise CheckFailed(
+            name, f"the response loss fell by {loss_drop:.3f} nats; the goal is {goal_nats} nats"
+        )
+    passed(
+        name,
+        f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
+        "parameters trained",
+    )
 
 
 # --------------------------------------------------------------------------- 10.1 the classifier, its loss
@@ -647,7 +889,9 @@ def _tiny_gpt(seed=0, vocab_size=60):
     from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
-    return GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=vocab_size)).eval()
+    return GPT2(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=vocab_size)
+    ).eval()
 
 
 def check_classifier(GPT2Classifier, hidden_states) -> None:
@@ -660,12 +904,16 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
         model = call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
         head = getattr(model, "head", None)
         if getattr(model, "gpt", None) is not gpt or not isinstance(head, nn.Linear):
-            raise CheckFailed(EX_CLASSIFIER, "keep the body as self.gpt and the head as self.head, "
-                                             "an nn.Linear")
+            raise CheckFailed(
+                EX_CLASSIFIER, "keep the body as self.gpt and the head as self.head, an nn.Linear"
+            )
         if (head.in_features, head.out_features) != (gpt.config.n_embd, n_classes):
-            raise CheckFailed(EX_CLASSIFIER, f"your head maps {head.in_features} -> {head.out_features}: "
-                              f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
-                              f"and gives one score per class ({n_classes})")
+            raise CheckFailed(
+                EX_CLASSIFIER,
+                f"your head maps {head.in_features} -> {head.out_features}: "
+                f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
+                f"and gives one score per class ({n_classes})",
+            )
         idx = torch.randint(0, 60, (3, 7), generator=gen)
         lengths = torch.tensor([7, 4, 2])
         with torch.no_grad():
@@ -674,10 +922,14 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
             want = head(_pool_right(reference_states(gpt, idx), lengths))
             if not close(got, want, atol=1e-5):
                 last = head(reference_states(gpt, idx)[torch.arange(3), lengths - 1])
-                raise CheckFailed(EX_CLASSIFIER, "your forward reads the last real token: pool "
-                                  "with pool_mean over the real tokens" if close(got, last, atol=1e-5)
-                                  else "your scores differ from head(pool_mean(hidden_states(gpt, "
-                                       "idx), lengths))")
+                raise CheckFailed(
+                    EX_CLASSIFIER,
+                    "your forward reads the last real token: pool "
+                    "with pool_mean over the real tokens"
+                    if close(got, last, atol=1e-5)
+                    else "your scores differ from head(pool_mean(hidden_states(gpt, "
+                    "idx), lengths))",
+                )
     passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
 
 
@@ -710,12 +962,24 @@ def _class_loss_padding_pooled(model, rows, pad_id):
 
 
 CLASS_LOSS_MISTAKES = [
-    Mistake("softmax first", "you applied softmax before F.cross_entropy, which takes raw scores "
-            "(logits) and does the log-softmax itself", _class_loss_softmaxed),
-    Mistake("sum", "your loss is a sum over the batch: take the mean, so that the step size does "
-            "not grow with the batch", _class_loss_summed),
-    Mistake("padding pooled", "your model read the padding: pass each row's real lengths, not the "
-            "padded length, to the classifier", _class_loss_padding_pooled),
+    Mistake(
+        "softmax first",
+        "you applied softmax before F.cross_entropy, which takes raw scores "
+        "(logits) and does the log-softmax itself",
+        _class_loss_softmaxed,
+    ),
+    Mistake(
+        "sum",
+        "your loss is a sum over the batch: take the mean, so that the step size does "
+        "not grow with the batch",
+        _class_loss_summed,
+    ),
+    Mistake(
+        "padding pooled",
+        "your model read the padding: pass each row's real lengths, not the "
+        "padded length, to the classifier",
+        _class_loss_padding_pooled,
+    ),
 ]
 
 
@@ -723,18 +987,25 @@ def check_classification_loss(classification_loss) -> None:
     """`classification_loss(model, rows, pad_id)` -> the mean cross-entropy of the batch's scores."""
     from gpt2lib.chapters.tuning import GPT2Classifier
 
-    for n_classes, rows in ((3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
-                            (4, [([1, 2], 3), ([3, 4, 5, 6], 0)])):
+    for n_classes, rows in (
+        (3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
+        (4, [([1, 2], 3), ([3, 4, 5, 6], 0)]),
+    ):
         model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
         with torch.no_grad():
-            got = call_learner(EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59)
+            got = call_learner(
+                EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59
+            )
             got = expect_tensor(EX_CLASS_LOSS, got, (), what="your loss")
             want = _class_loss_right(model, rows, 59)
             if not close(got, want, atol=1e-5):
-                _fail_with(EX_CLASS_LOSS, CLASS_LOSS_MISTAKES,
-                           lambda m: close(got, m.fn(model, rows, 59), atol=1e-5),
-                           "your loss differs from F.cross_entropy of the classifier's scores "
-                           "on speaker_batch(rows, pad_id) and the labels")
+                _fail_with(
+                    EX_CLASS_LOSS,
+                    CLASS_LOSS_MISTAKES,
+                    lambda m: close(got, m.fn(model, rows, 59), atol=1e-5),
+                    "your loss differs from F.cross_entropy of the classifier's scores "
+                    "on speaker_batch(rows, pad_id) and the labels",
+                )
     passed(EX_CLASS_LOSS)
 
 
@@ -752,15 +1023,24 @@ def _confusion_no_accumulate(labels, predictions, n_classes):
 
 
 CONFUSION_MISTAKES = [
-    Mistake("no accumulate", "two speeches in the same cell were counted once: "
-            "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
-            "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
-            _confusion_no_accumulate),
-    Mistake("transposed", "your rows are the predictions: row = the true class, column = the "
-            "classifier's answer", lambda t, p, n: _confusion_right(t, p, n).T),
-    Mistake("hits only", "you counted only the right answers (the diagonal): every speech "
-            "counts once, in row t and column p",
-            lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n)))),
+    Mistake(
+        "no accumulate",
+        "two speeches in the same cell were counted once: "
+        "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
+        "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
+        _confusion_no_accumulate,
+    ),
+    Mistake(
+        "transposed",
+        "your rows are the predictions: row = the true class, column = the classifier's answer",
+        lambda t, p, n: _confusion_right(t, p, n).T,
+    ),
+    Mistake(
+        "hits only",
+        "you counted only the right answers (the diagonal): every speech "
+        "counts once, in row t and column p",
+        lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n))),
+    ),
 ]
 
 
@@ -774,15 +1054,18 @@ def check_confusion_counts(confusion_counts) -> None:
         got = expect_tensor(EX_CONFUSION, got, (n, n), what="your counts")
         want = _confusion_right(labels, predictions, n)
         if not torch.equal(got.long(), want):
-            _fail_with(EX_CONFUSION, CONFUSION_MISTAKES,
-                       lambda m: torch.equal(got.long(), m.fn(labels, predictions, n)),
-                       "your counts differ: entry [t, p] is the number of speeches of class t "
-                       "answered p")
+            _fail_with(
+                EX_CONFUSION,
+                CONFUSION_MISTAKES,
+                lambda m: torch.equal(got.long(), m.fn(labels, predictions, n)),
+                "your counts differ: entry [t, p] is the number of speeches of class t answered p",
+            )
     passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
 
 
-MISTAKES_BY_CHECK.update({check_classification_loss: CLASS_LOSS_MISTAKES,
-                          check_confusion_counts: CONFUSION_MISTAKES})
+MISTAKES_BY_CHECK.update(
+    {check_classification_loss: CLASS_LOSS_MISTAKES, check_confusion_counts: CONFUSION_MISTAKES}
+)
 
 
 EX_RESPONSE = "Exercise 10.3 (response_loss)"
@@ -799,9 +1082,15 @@ def _response_loss_over_all(gpt, inputs, targets):
 
 
 RESPONSE_MISTAKES = [
-    Mistake("sum", "your loss is a sum; take the mean over the kept targets", _response_loss_summed),
-    Mistake("mean over all", "you divided by every position, ignored ones included: divide by "
-            "the number of kept targets", _response_loss_over_all),
+    Mistake(
+        "sum", "your loss is a sum; take the mean over the kept targets", _response_loss_summed
+    ),
+    Mistake(
+        "mean over all",
+        "you divided by every position, ignored ones included: divide by "
+        "the number of kept targets",
+        _response_loss_over_all,
+    ),
 ]
 
 
@@ -820,10 +1109,13 @@ def check_response_loss(response_loss) -> None:
             keep = targets != IGNORE
             want = F.cross_entropy(gpt(inputs)[keep], targets[keep])
             if not close(got, want, atol=1e-5):
-                _fail_with(EX_RESPONSE, RESPONSE_MISTAKES,
-                           lambda m: close(got, m.fn(gpt, inputs, targets), atol=1e-5),
-                           "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
-                           "of hidden_states at the kept positions, scored against their targets")
+                _fail_with(
+                    EX_RESPONSE,
+                    RESPONSE_MISTAKES,
+                    lambda m: close(got, m.fn(gpt, inputs, targets), atol=1e-5),
+                    "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
+                    "of hidden_states at the kept positions, scored against their targets",
+                )
     passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
 
 
@@ -848,7 +1140,7 @@ def _reply(keep_prompt=False, cut=True, crop=True):
         if crop:
             new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
         out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
-        out = out if keep_prompt else out[ids.shape[1]:]
+        out = out if keep_prompt else out[ids.shape[1] :]
         if cut and enc.eot_token in out:
             out = out[: out.index(enc.eot_token)]
         return enc.decode(out).strip()
@@ -859,10 +1151,18 @@ def _reply(keep_prompt=False, cut=True, crop=True):
 reference_write_reply = _reply()
 
 REPLY_MISTAKES = [
-    Mistake("prompt kept", "your reply starts with the prompt: return only the new tokens, those "
-            "after the prompt's length", _reply(keep_prompt=True)),
-    Mistake("not cut", "your reply runs past <|endoftext|>: cut the new tokens before the first "
-            "PAD, where the model ended its reply", _reply(cut=False)),
+    Mistake(
+        "prompt kept",
+        "your reply starts with the prompt: return only the new tokens, those "
+        "after the prompt's length",
+        _reply(keep_prompt=True),
+    ),
+    Mistake(
+        "not cut",
+        "your reply runs past <|endoftext|>: cut the new tokens before the first "
+        "PAD, where the model ended its reply",
+        _reply(cut=False),
+    ),
 ]
 
 
@@ -880,19 +1180,32 @@ def _eot_model():
 def check_write_reply(write_reply) -> None:
     """`write_reply(gpt, prompt, new_tokens)` -> the greedy reply's text, cut at <|endoftext|>."""
     prompt = "ROMEO:\nBut soft, what light"  # 9 tokens; the tiny models' context is 16
-    cases = [(_tiny_gpt(seed=1, vocab_size=50257), 5), (_eot_model(), 8), (_tiny_gpt(seed=1, vocab_size=50257), 30)]
+    cases = [
+        (_tiny_gpt(seed=1, vocab_size=50257), 5),
+        (_eot_model(), 8),
+        (_tiny_gpt(seed=1, vocab_size=50257), 30),
+    ]
     for gpt, new_tokens in cases:
         try:
             got = call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
         except ValueError:  # generate refuses a prompt and new tokens longer than the context
-            raise CheckFailed(EX_REPLY, "with a prompt near the end of the context, ask generate for "
-                                        "no more tokens than fit: n_positions - the prompt's length") from None
+            raise CheckFailed(
+                EX_REPLY,
+                "with a prompt near the end of the context, ask generate for "
+                "no more tokens than fit: n_positions - the prompt's length",
+            ) from None
         if not isinstance(got, str):
-            raise CheckFailed(EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}")
+            raise CheckFailed(
+                EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}"
+            )
         want = reference_write_reply(gpt, prompt, new_tokens)
         if got != want:
-            _fail_with(EX_REPLY, REPLY_MISTAKES, lambda m: got == m.fn(gpt, prompt, new_tokens),
-                       f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}")
+            _fail_with(
+                EX_REPLY,
+                REPLY_MISTAKES,
+                lambda m: got == m.fn(gpt, prompt, new_tokens),
+                f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}",
+            )
     passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
 
 

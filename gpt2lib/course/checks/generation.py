@@ -50,8 +50,9 @@ def _tiny_model():
 
     with torch.random.fork_rng():  # the same weights every time; the notebook's RNG untouched
         torch.manual_seed(0)
-        return GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32,
-                               vocab_size=50)).eval()
+        return GPT2(
+            GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=50)
+        ).eval()
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
@@ -85,26 +86,47 @@ def _past_and_new_unstored(k_buf, v_buf, k, v, start):
 
 def _store_then(returned):
     """A write_kv that stores the new tokens right, then returns returned(k_buf, v_buf, k, v)."""
+
     def write_kv(k_buf, v_buf, k, v, start):
         _store(k_buf, v_buf, k, v, start)
         return returned(k_buf, v_buf, k, v)
+
     return write_kv
 
 
 # fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
 WRITE_KV_MISTAKES = [
-    Mistake("keys and values swapped", "keys and values are swapped: return (keys, values)",
-            _write_kv_swapped),
-    Mistake("whole buffer", "you returned the whole buffer (all max_len positions), but only "
-            "start + T are filled: attention would also see the empty slots. Return "
-            "k_buf[:, :, :start + T]", _store_then(lambda k_buf, v_buf, k, v: (k_buf, v_buf))),
-    Mistake("only the new tokens", "you returned only the new keys and values: the cached past "
-            "must come too, (B, nh, start + T, hd)", _store_then(lambda k_buf, v_buf, k, v: (k, v))),
-    Mistake("written at 0", "the new keys went to positions 0.. instead of start..: the cache "
-            "position is not used, so every step overwrites the first tokens", _write_at_zero),
-    Mistake("not stored", "the returned tensors are right, but the new keys/values were not "
-            "written into k_buf / v_buf: the next step will not find them. Assign into the "
-            "buffers (k_buf[:, :, start:end] = k)", _past_and_new_unstored),
+    Mistake(
+        "keys and values swapped",
+        "keys and values are swapped: return (keys, values)",
+        _write_kv_swapped,
+    ),
+    Mistake(
+        "whole buffer",
+        "you returned the whole buffer (all max_len positions), but only "
+        "start + T are filled: attention would also see the empty slots. Return "
+        "k_buf[:, :, :start + T]",
+        _store_then(lambda k_buf, v_buf, k, v: (k_buf, v_buf)),
+    ),
+    Mistake(
+        "only the new tokens",
+        "you returned only the new keys and values: the cached past "
+        "must come too, (B, nh, start + T, hd)",
+        _store_then(lambda k_buf, v_buf, k, v: (k, v)),
+    ),
+    Mistake(
+        "written at 0",
+        "the new keys went to positions 0.. instead of start..: the cache "
+        "position is not used, so every step overwrites the first tokens",
+        _write_at_zero,
+    ),
+    Mistake(
+        "not stored",
+        "the returned tensors are right, but the new keys/values were not "
+        "written into k_buf / v_buf: the next step will not find them. Assign into the "
+        "buffers (k_buf[:, :, start:end] = k)",
+        _past_and_new_unstored,
+    ),
 ]
 
 
@@ -155,16 +177,23 @@ def check_write_kv(write_kv) -> None:
     got = _write_twice(write_kv, ex)
     want = _write_twice(_write_kv_right, ex)
     if not _same_writes(got, want):
-        mistake = first_mistake(WRITE_KV_MISTAKES,
-                                lambda m: _same_writes(got, _write_twice(m.fn, ex)))
+        mistake = first_mistake(
+            WRITE_KV_MISTAKES, lambda m: _same_writes(got, _write_twice(m.fn, ex))
+        )
         mistake = mistake or _write_kv_symptom(got, want)
         if mistake is not None:
             raise CheckFailed(ex, mistake.message)
         if not (close(got[2], want[2]) and close(got[3], want[3])):
-            raise CheckFailed(ex, "k_buf[:, :, start:start + T] should hold the new keys after "
-                                  "the call (and v_buf the values)")
-        raise CheckFailed(ex, f"expected keys/values of shape {tuple(want[0].shape)} holding "
-                              f"the 3 cached then the 2 new tokens; got {tuple(got[0].shape)}")
+            raise CheckFailed(
+                ex,
+                "k_buf[:, :, start:start + T] should hold the new keys after "
+                "the call (and v_buf the values)",
+            )
+        raise CheckFailed(
+            ex,
+            f"expected keys/values of shape {tuple(want[0].shape)} holding "
+            f"the 3 cached then the 2 new tokens; got {tuple(got[0].shape)}",
+        )
 
     # In a real model: cached greedy decoding must equal the uncached one.
     from gpt2lib.generation import generate, sample_next
@@ -181,8 +210,11 @@ def check_write_kv(write_kv) -> None:
             logits = model(token, kv_cache=cache)[:, -1]
         want_seq = generate(model, idx, 8, temperature=0, use_cache=False)
     if not torch.equal(seq[:, :12], want_seq):
-        raise CheckFailed(ex, "on its own cases it looks right, but a model using it decodes "
-                              "differently from the uncached model")
+        raise CheckFailed(
+            ex,
+            "on its own cases it looks right, but a model using it decodes "
+            "differently from the uncached model",
+        )
     passed(ex, "cached greedy decoding equals the uncached model")
 
 
@@ -191,17 +223,34 @@ def check_write_kv(write_kv) -> None:
 
 # fn(logits, temperature) -> what that wrong apply_temperature returns
 TEMPERATURE_MISTAKES = [
-    Mistake("probabilities", "you returned probabilities; return logits (the caller applies "
-            "softmax)", lambda logits, t: torch.softmax(logits / t, -1)),
-    Mistake("after softmax", "temperature was applied after softmax: divide the logits by the "
-            "temperature before softmax", lambda logits, t: torch.softmax(logits, -1) / t),
-    Mistake("after softmax, softmax again", "temperature was applied after softmax: divide the "
-            "logits by the temperature before softmax",
-            lambda logits, t: torch.softmax(torch.softmax(logits, -1) / t, -1)),
-    Mistake("multiplied", "you multiplied by the temperature: divide by it (a low temperature "
-            "must sharpen the distribution)", lambda logits, t: logits * t),
-    Mistake("no effect", "the temperature has no effect: divide the logits by it",
-            lambda logits, t: logits.clone()),
+    Mistake(
+        "probabilities",
+        "you returned probabilities; return logits (the caller applies softmax)",
+        lambda logits, t: torch.softmax(logits / t, -1),
+    ),
+    Mistake(
+        "after softmax",
+        "temperature was applied after softmax: divide the logits by the "
+        "temperature before softmax",
+        lambda logits, t: torch.softmax(logits, -1) / t,
+    ),
+    Mistake(
+        "after softmax, softmax again",
+        "temperature was applied after softmax: divide the "
+        "logits by the temperature before softmax",
+        lambda logits, t: torch.softmax(torch.softmax(logits, -1) / t, -1),
+    ),
+    Mistake(
+        "multiplied",
+        "you multiplied by the temperature: divide by it (a low temperature "
+        "must sharpen the distribution)",
+        lambda logits, t: logits * t,
+    ),
+    Mistake(
+        "no effect",
+        "the temperature has no effect: divide the logits by it",
+        lambda logits, t: logits.clone(),
+    ),
 ]
 
 
@@ -214,23 +263,30 @@ def check_apply_temperature(apply_temperature) -> None:
         got = expect_tensor(ex, got, tuple(logits.shape), what="your result")
         if close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
             continue  # any logits with the right softmax are right (a shift changes nothing)
-        mistake = first_mistake(TEMPERATURE_MISTAKES,
-                                lambda m, got=got, t=t: close(got, m.fn(logits, t)))
+        mistake = first_mistake(
+            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: close(got, m.fn(logits, t))
+        )
         if mistake is not None:
             raise CheckFailed(ex, f"{mistake.message} (temperature {t})")
-        raise CheckFailed(ex, f"softmax of your result at temperature {t} should equal "
-                              f"softmax(logits / {t})")
+        raise CheckFailed(
+            ex, f"softmax of your result at temperature {t} should equal softmax(logits / {t})"
+        )
     passed(ex)
 
 
 # --------------------------------------------------------------------------- 9.2 top-k
 
-NAN_FILL = ("your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the "
-            "removed logits float('-inf')")
-POSINF_FILL = ("your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed "
-               "logits must be float('-inf'), minus infinity, so that exp gives them exactly 0")
-ZERO_FILL = ("removed logits were set to 0, but exp(0) = 1 is still a probability: set them to "
-             "float('-inf')")
+NAN_FILL = (
+    "your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the "
+    "removed logits float('-inf')"
+)
+POSINF_FILL = (
+    "your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed "
+    "logits must be float('-inf'), minus infinity, so that exp gives them exactly 0"
+)
+ZERO_FILL = (
+    "removed logits were set to 0, but exp(0) = 1 is still a probability: set them to float('-inf')"
+)
 
 
 def _kept(x):
@@ -262,24 +318,38 @@ def _filtered(exercise, filter_fn, logits, knob):
 def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
     """logits with all but the `count` largest (or smallest) of each row set to `fill`."""
     order = logits.argsort(-1, descending=largest)
-    kept = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order[..., :max(count, 0)], True)
+    kept = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order[..., : max(count, 0)], True)
     return logits.masked_fill(~kept, fill)
 
 
 # fn(logits, k) -> what that wrong top_k_filter returns
 TOP_K_MISTAKES = [
-    Mistake("smallest", "you kept the k SMALLEST logits: keep the largest (torch.topk gives the "
-            "largest by default)", lambda logits, k: _keep_ranked(logits, k, largest=False)),
+    Mistake(
+        "smallest",
+        "you kept the k SMALLEST logits: keep the largest (torch.topk gives the "
+        "largest by default)",
+        lambda logits, k: _keep_ranked(logits, k, largest=False),
+    ),
     Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
     Mistake("NaN fill", NAN_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("nan"))),
     Mistake("+inf fill", POSINF_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("inf"))),
-    Mistake("nothing removed", "every token was kept: set all but the k largest logits to -inf",
-            lambda logits, k: logits.clone()),
-    Mistake("one too many", "off by one: you kept k + 1 tokens per row (values[..., k] is the "
-            "(k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
-            lambda logits, k: _keep_ranked(logits, k + 1)),
-    Mistake("one too few", "off by one: you kept only k - 1 tokens per row (keep logits >= the "
-            "k-th largest, not > it)", lambda logits, k: _keep_ranked(logits, k - 1)),
+    Mistake(
+        "nothing removed",
+        "every token was kept: set all but the k largest logits to -inf",
+        lambda logits, k: logits.clone(),
+    ),
+    Mistake(
+        "one too many",
+        "off by one: you kept k + 1 tokens per row (values[..., k] is the "
+        "(k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
+        lambda logits, k: _keep_ranked(logits, k + 1),
+    ),
+    Mistake(
+        "one too few",
+        "off by one: you kept only k - 1 tokens per row (keep logits >= the "
+        "k-th largest, not > it)",
+        lambda logits, k: _keep_ranked(logits, k - 1),
+    ),
 ]
 
 
@@ -310,13 +380,17 @@ def check_top_k_filter(top_k_filter) -> None:
             if not torch.equal(got[want_kept], logits.double()[want_kept]):
                 raise CheckFailed(ex, "the kept logits must stay unchanged")
             continue
-        mistake = first_mistake(TOP_K_MISTAKES,
-                                lambda m, got=got, k=k: _same_filter(got, m.fn(logits, k)))
+        mistake = first_mistake(
+            TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits, k))
+        )
         mistake = mistake or _top_k_symptom(got, logits, k)
         if mistake is not None:
             raise CheckFailed(ex, f"with k={k}: {mistake.message}")
-        raise CheckFailed(ex, f"with k={k} keep exactly the {k} largest logits of each row "
-                              f"(you kept {_kept(got).sum(-1).tolist()})")
+        raise CheckFailed(
+            ex,
+            f"with k={k} keep exactly the {k} largest logits of each row "
+            f"(you kept {_kept(got).sum(-1).tolist()})",
+        )
     passed(ex)
 
 
@@ -338,9 +412,11 @@ def _nucleus_mask(probs, p, descending=True, include_crossing=True, scatter_back
 
 def _top_p(*, fill=NEG_INF, invert=False, **mask_options):
     """A top_p_filter, right (the defaults) or with one planted mistake (see _nucleus_mask)."""
+
     def top_p_filter(logits, p):
         keep = _nucleus_mask(torch.softmax(logits, -1), p, **mask_options)
         return logits.masked_fill(keep if invert else ~keep, fill)
+
     return top_p_filter
 
 
@@ -348,17 +424,29 @@ _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely token
 
 # fn(logits, p) -> what that wrong top_p_filter returns
 TOP_P_MISTAKES = [
-    Mistake("crossing token dropped",
-            "the token that carries the running total past p is missing: keep it too (drop a "
-            "token only when the probability BEFORE it already reaches p), else a small p keeps "
-            "nothing", _top_p(include_crossing=False)),
+    Mistake(
+        "crossing token dropped",
+        "the token that carries the running total past p is missing: keep it too (drop a "
+        "token only when the probability BEFORE it already reaches p), else a small p keeps "
+        "nothing",
+        _top_p(include_crossing=False),
+    ),
     Mistake("ascending", _ASCENDING, _top_p(descending=False)),
-    Mistake("ascending, crossing token dropped", _ASCENDING,
-            _top_p(descending=False, include_crossing=False)),
-    Mistake("sorted order", "the mask is still in sorted order: scatter it back to vocabulary "
-            "order before using it", _top_p(scatter_back=False)),
-    Mistake("inverted", "the mask is inverted: you kept the tail and dropped the nucleus",
-            _top_p(invert=True)),
+    Mistake(
+        "ascending, crossing token dropped",
+        _ASCENDING,
+        _top_p(descending=False, include_crossing=False),
+    ),
+    Mistake(
+        "sorted order",
+        "the mask is still in sorted order: scatter it back to vocabulary order before using it",
+        _top_p(scatter_back=False),
+    ),
+    Mistake(
+        "inverted",
+        "the mask is inverted: you kept the tail and dropped the nucleus",
+        _top_p(invert=True),
+    ),
     Mistake("zero fill", ZERO_FILL, _top_p(fill=0.0)),
     Mistake("NaN fill", NAN_FILL, _top_p(fill=float("nan"))),
     Mistake("+inf fill", POSINF_FILL, _top_p(fill=float("inf"))),
@@ -369,8 +457,7 @@ def check_top_p_filter(top_p_filter) -> None:
     """top_p_filter(logits, p) -> logits outside the nucleus set to -inf."""
     ex = EX_TOP_P
     # probabilities in scrambled order: sorted they are 0.4, 0.25, 0.15, 0.1, 0.06, 0.04
-    probs = torch.tensor([[0.1, 0.4, 0.04, 0.25, 0.06, 0.15],
-                          [0.25, 0.06, 0.15, 0.04, 0.4, 0.1]])
+    probs = torch.tensor([[0.1, 0.4, 0.04, 0.25, 0.06, 0.15], [0.25, 0.06, 0.15, 0.04, 0.4, 0.1]])
     logits = probs.log()
     ps = (0.3, 0.5, 0.6, 0.7, 0.85, 0.97, 1.0)
     got = {p: _filtered(ex, top_p_filter, logits, p) for p in ps}
@@ -381,20 +468,26 @@ def check_top_p_filter(top_p_filter) -> None:
                 raise CheckFailed(ex, "the kept logits must stay unchanged")
         passed(ex)
         return
-    mistake = first_mistake(TOP_P_MISTAKES, lambda m: all(
-        _same_filter(got[p], m.fn(logits.clone(), p)) for p in ps))
-    if mistake is None and all(torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p))
-                               for p in ps if p < 1):
+    mistake = first_mistake(
+        TOP_P_MISTAKES, lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps)
+    )
+    if mistake is None and all(
+        torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1
+    ):
         mistake = named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
-    if mistake is None and any(bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any())
-                               for p in ps[:3]):
+    if mistake is None and any(
+        bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any()) for p in ps[:3]
+    ):
         mistake = named(TOP_P_MISTAKES, "zero fill")
     if mistake is not None:
         raise CheckFailed(ex, mistake.message)
     p = next(p for p in ps if not torch.equal(_kept(got[p]), _nucleus_mask(probs, p)))
-    raise CheckFailed(ex, f"with p={p} keep the {_nucleus_mask(probs, p).sum(-1).tolist()} most "
-                          f"likely tokens of each row (the fewest whose probabilities add up to "
-                          f">= p); you kept {_kept(got[p]).sum(-1).tolist()}")
+    raise CheckFailed(
+        ex,
+        f"with p={p} keep the {_nucleus_mask(probs, p).sum(-1).tolist()} most "
+        f"likely tokens of each row (the fewest whose probabilities add up to "
+        f">= p); you kept {_kept(got[p]).sum(-1).tolist()}",
+    )
 
 
 # --------------------------------------------------------------------------- 9.5 offset mask
@@ -402,11 +495,13 @@ def check_top_p_filter(top_p_filter) -> None:
 
 def _attention_masked_by(keep):
     """attend_with_offset computed with the (T, past + T) boolean mask keep(T, past)."""
+
     def attend(q, k, v, past):
         T = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
         scores = scores.masked_fill(~keep(T, past), float("-inf"))
         return scores.softmax(-1) @ v
+
     return attend
 
 
@@ -418,27 +513,37 @@ _attend_with_offset_right = _attention_masked_by(lambda T, past: _tril(T, past, 
 
 # fn(q, k, v, past) -> what that wrong attend_with_offset returns
 OFFSET_MASK_MISTAKES = [
-    Mistake("offset ignored",
-            "the offset is ignored: query i sits at position past + i, not i, so it sees keys "
-            "0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see "
-            "most of the cache. Shift the diagonal by past",
-            _attention_masked_by(lambda T, past: _tril(T, past, 0))),
-    Mistake("one too many",
-            "off by one: each query also sees the key right after it, its own future. Query i "
-            "may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
-            _attention_masked_by(lambda T, past: _tril(T, past, past + 1))),
-    Mistake("one too few",
-            "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, "
-            "included: tril(diagonal=past), not past - 1",
-            _attention_masked_by(lambda T, past: _tril(T, past, past - 1))),
-    Mistake("wrong side",
-            "the mask is on the wrong side: you hid the past and kept the future. Keep the "
-            "lower triangle (keys at or before the query), hide the keys after it",
-            _attention_masked_by(lambda T, past: ~_tril(T, past, past - 1))),
-    Mistake("no mask",
-            "nothing is masked: a new query may not look at the new tokens after it. Hide the "
-            "keys at positions after past + i with -inf before softmax",
-            _attention_masked_by(lambda T, past: torch.ones(T, past + T, dtype=torch.bool))),
+    Mistake(
+        "offset ignored",
+        "the offset is ignored: query i sits at position past + i, not i, so it sees keys "
+        "0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see "
+        "most of the cache. Shift the diagonal by past",
+        _attention_masked_by(lambda T, past: _tril(T, past, 0)),
+    ),
+    Mistake(
+        "one too many",
+        "off by one: each query also sees the key right after it, its own future. Query i "
+        "may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
+        _attention_masked_by(lambda T, past: _tril(T, past, past + 1)),
+    ),
+    Mistake(
+        "one too few",
+        "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, "
+        "included: tril(diagonal=past), not past - 1",
+        _attention_masked_by(lambda T, past: _tril(T, past, past - 1)),
+    ),
+    Mistake(
+        "wrong side",
+        "the mask is on the wrong side: you hid the past and kept the future. Keep the "
+        "lower triangle (keys at or before the query), hide the keys after it",
+        _attention_masked_by(lambda T, past: ~_tril(T, past, past - 1)),
+    ),
+    Mistake(
+        "no mask",
+        "nothing is masked: a new query may not look at the new tokens after it. Hide the "
+        "keys at positions after past + i with -inf before softmax",
+        _attention_masked_by(lambda T, past: torch.ones(T, past + T, dtype=torch.bool)),
+    ),
 ]
 
 
@@ -455,20 +560,27 @@ def check_attend_with_offset(attend_with_offset) -> None:
         got = call_learner(ex, attend_with_offset, q.clone(), k.clone(), v.clone(), past)
         got = expect_tensor(ex, got, (B, nh, T, hd), what="the attention output", finite=False)
         if bool(torch.isnan(got).any()):
-            raise CheckFailed(ex, "the output has NaN: some query had every key hidden, so softmax "
-                                  "had nothing to share out. That happens when the mask is on "
-                                  "the wrong side (masked_fill where a query MAY look): hide the "
-                                  "keys after position past + i, keep the rest")
+            raise CheckFailed(
+                ex,
+                "the output has NaN: some query had every key hidden, so softmax "
+                "had nothing to share out. That happens when the mask is on "
+                "the wrong side (masked_fill where a query MAY look): hide the "
+                "keys after position past + i, keep the rest",
+            )
         if close(got, _attend_with_offset_right(q, k, v, past)):
             continue
-        mistake = first_mistake(OFFSET_MASK_MISTAKES,
-                                lambda m, got=got, q=q, k=k, v=v, past=past:
-                                close(got, m.fn(q, k, v, past)))
+        mistake = first_mistake(
+            OFFSET_MASK_MISTAKES,
+            lambda m, got=got, q=q, k=k, v=v, past=past: close(got, m.fn(q, k, v, past)),
+        )
         if mistake is not None:
             raise CheckFailed(ex, mistake.message)
-        raise CheckFailed(ex, f"with {T} new queries after {past} cached tokens the output "
-                              "differs from causal attention at offset past: query i sees keys "
-                              "0 .. past + i")
+        raise CheckFailed(
+            ex,
+            f"with {T} new queries after {past} cached tokens the output "
+            "differs from causal attention at offset past: query i sees keys "
+            "0 .. past + i",
+        )
     passed(ex, "new queries see the whole cache and the new keys up to their own position")
 
 
@@ -485,8 +597,13 @@ def _tiny_config():
 
 
 def _try_sample_token(fn):
-    fn(torch.arange(6.0).view(2, 3), temperature=0.7, top_k=2, top_p=0.9,
-       generator=torch.Generator().manual_seed(0))
+    fn(
+        torch.arange(6.0).view(2, 3),
+        temperature=0.7,
+        top_k=2,
+        top_p=0.9,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def _try_cache(cls):
@@ -499,8 +616,13 @@ def _try_loop(fn):
     from gpt2lib.kvcache import KVCache
 
     model = _tiny_model()
-    fn(model, torch.zeros(1, 2, dtype=torch.long), 2, lambda logits: logits.argmax(-1),
-       KVCache.for_model(model, 1, 4))
+    fn(
+        model,
+        torch.zeros(1, 2, dtype=torch.long),
+        2,
+        lambda logits: logits.argmax(-1),
+        KVCache.for_model(model, 1, 4),
+    )
 
 
 def _try_gap(fn):
@@ -509,8 +631,12 @@ def _try_gap(fn):
     fn(_tiny_model(), SimpleKVCache, torch.zeros(1, 3, dtype=torch.long), 2)
 
 
-_TRIALS = {"sample_token": _try_sample_token, "SimpleKVCache": _try_cache,
-           "generate_cached": _try_loop, "cache_gap": _try_gap}
+_TRIALS = {
+    "sample_token": _try_sample_token,
+    "SimpleKVCache": _try_cache,
+    "generate_cached": _try_loop,
+    "cache_gap": _try_gap,
+}
 
 
 def yours_or_reference(name: str, yours):
@@ -521,8 +647,13 @@ def yours_or_reference(name: str, yours):
     """
     from gpt2lib.chapters import decoding
 
-    return _yours_or_reference(yours, getattr(decoding, name), _TRIALS[name], what=f"your {name}",
-                               instead="gpt2lib.decoding's")
+    return _yours_or_reference(
+        yours,
+        getattr(decoding, name),
+        _TRIALS[name],
+        what=f"your {name}",
+        instead="gpt2lib.decoding's",
+    )
 
 
 # --------------------------------------------------------------------------- 9.4 sample_token
@@ -534,9 +665,17 @@ def _sample_right(logits, temperature=1.0, top_k=None, top_p=None, generator=Non
     return sample_token(logits, temperature, top_k, top_p, generator)
 
 
-def _sample_wrong(*, greedy_at_zero=True, use_temperature=True, use_top_k=True,
-                  use_top_p=True, use_generator=True, draw=True, squeeze=True,
-                  order="temperature first"):
+def _sample_wrong(
+    *,
+    greedy_at_zero=True,
+    use_temperature=True,
+    use_top_k=True,
+    use_top_p=True,
+    use_generator=True,
+    draw=True,
+    squeeze=True,
+    order="temperature first",
+):
     """A sample_token with one planted mistake (the defaults are right)."""
     from gpt2lib.chapters.decoding import top_k_filter, top_p_filter
 
@@ -552,32 +691,64 @@ def _sample_wrong(*, greedy_at_zero=True, use_temperature=True, use_top_k=True,
             scaled = top_k_filter(scaled, top_k)
         if use_top_p and order == "temperature first" and top_p is not None:
             scaled = top_p_filter(scaled, top_p)
-        ids = torch.multinomial(torch.softmax(scaled, -1), 1,
-                                generator=generator if use_generator else None)
+        ids = torch.multinomial(
+            torch.softmax(scaled, -1), 1, generator=generator if use_generator else None
+        )
         return ids.squeeze(-1) if squeeze else ids
+
     return sample_token
 
 
 # fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
 SAMPLE_MISTAKES = [
-    Mistake("not squeezed", "your ids have shape (B, 1): torch.multinomial gives one column; "
-            "return one id per row, shape (B,)", _sample_wrong(squeeze=False)),
-    Mistake("no greedy", "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
-            "Temperature 0 means greedy: return the argmax", _sample_wrong(greedy_at_zero=False)),
-    Mistake("generator ignored", "two calls with generators seeded alike gave different tokens: "
-            "pass `generator` to torch.multinomial", _sample_wrong(use_generator=False)),
-    Mistake("always greedy", "you always take the most likely token: at temperature 1 the "
-            "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
-            _sample_wrong(draw=False)),
-    Mistake("temperature ignored", "the temperature has no effect on your draws: divide the "
-            "logits by it before the filters and softmax", _sample_wrong(use_temperature=False)),
-    Mistake("top-k ignored", "with top_k=2 you drew tokens outside the two most likely: apply "
-            "top_k_filter when top_k is given", _sample_wrong(use_top_k=False)),
-    Mistake("top-p ignored", "with top_p=0.6 you drew a token outside the nucleus: apply "
-            "top_p_filter when top_p is given", _sample_wrong(use_top_p=False)),
-    Mistake("top-p before temperature", "top-p was applied before the temperature: the nucleus "
-            "is chosen from the distribution the temperature made, so scale first, then filter",
-            _sample_wrong(order="top-p first")),
+    Mistake(
+        "not squeezed",
+        "your ids have shape (B, 1): torch.multinomial gives one column; "
+        "return one id per row, shape (B,)",
+        _sample_wrong(squeeze=False),
+    ),
+    Mistake(
+        "no greedy",
+        "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
+        "Temperature 0 means greedy: return the argmax",
+        _sample_wrong(greedy_at_zero=False),
+    ),
+    Mistake(
+        "generator ignored",
+        "two calls with generators seeded alike gave different tokens: "
+        "pass `generator` to torch.multinomial",
+        _sample_wrong(use_generator=False),
+    ),
+    Mistake(
+        "always greedy",
+        "you always take the most likely token: at temperature 1 the "
+        "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
+        _sample_wrong(draw=False),
+    ),
+    Mistake(
+        "temperature ignored",
+        "the temperature has no effect on your draws: divide the "
+        "logits by it before the filters and softmax",
+        _sample_wrong(use_temperature=False),
+    ),
+    Mistake(
+        "top-k ignored",
+        "with top_k=2 you drew tokens outside the two most likely: apply "
+        "top_k_filter when top_k is given",
+        _sample_wrong(use_top_k=False),
+    ),
+    Mistake(
+        "top-p ignored",
+        "with top_p=0.6 you drew a token outside the nucleus: apply "
+        "top_p_filter when top_p is given",
+        _sample_wrong(use_top_p=False),
+    ),
+    Mistake(
+        "top-p before temperature",
+        "top-p was applied before the temperature: the nucleus "
+        "is chosen from the distribution the temperature made, so scale first, then filter",
+        _sample_wrong(order="top-p first"),
+    ),
 ]
 
 
@@ -586,10 +757,16 @@ def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
     restore torch's global random state afterwards (False: let a sampler that uses it move it)."""
     logits = torch.log(torch.tensor(probs)).expand(rows, -1).contiguous()
     with torch.random.fork_rng(enabled=fork):
-        ids = call_learner(exercise, fn, logits, generator=torch.Generator().manual_seed(seed),
-                           **settings)
-    return expect_tensor(exercise, ids, (rows,), what="your ids", hints={
-        (rows, 1): named(SAMPLE_MISTAKES, "not squeezed").message})
+        ids = call_learner(
+            exercise, fn, logits, generator=torch.Generator().manual_seed(seed), **settings
+        )
+    return expect_tensor(
+        exercise,
+        ids,
+        (rows,),
+        what="your ids",
+        hints={(rows, 1): named(SAMPLE_MISTAKES, "not squeezed").message},
+    )
 
 
 def _frequencies(ids, n):
@@ -610,25 +787,31 @@ def check_sample_token(sample_token) -> None:
     if not torch.equal(greedy.long(), logits.argmax(-1)):
         raise CheckFailed(ex, named(SAMPLE_MISTAKES, "no greedy").message)
     with torch.random.fork_rng():
-        again = [_draws(ex, sample_token, probs, seed=7, fork=False, temperature=1.0)
-                 for _ in range(2)]
+        again = [
+            _draws(ex, sample_token, probs, seed=7, fork=False, temperature=1.0) for _ in range(2)
+        ]
     if not torch.equal(again[0], again[1]):
         raise CheckFailed(ex, named(SAMPLE_MISTAKES, "generator ignored").message)
     # (settings, probabilities that the draws must show, mistake named when they do not)
-    cases = [(dict(temperature=1.0), [0.5, 0.3, 0.2], "always greedy"),
-             (dict(temperature=0.5), [25 / 38, 9 / 38, 4 / 38], "temperature ignored"),
-             (dict(temperature=1.0, top_k=2), [0.625, 0.375, 0.0], "top-k ignored"),
-             (dict(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0], "top-p ignored"),
-             (dict(temperature=2.0, top_p=0.75), None, "top-p before temperature")]
+    cases = [
+        (dict(temperature=1.0), [0.5, 0.3, 0.2], "always greedy"),
+        (dict(temperature=0.5), [25 / 38, 9 / 38, 4 / 38], "temperature ignored"),
+        (dict(temperature=1.0, top_k=2), [0.625, 0.375, 0.0], "top-k ignored"),
+        (dict(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0], "top-p ignored"),
+        (dict(temperature=2.0, top_p=0.75), None, "top-p before temperature"),
+    ]
     for settings, want, name in cases:
         seen = _frequencies(_draws(ex, sample_token, probs, **settings), 3)
         if want is None:  # at T=2 the nucleus of 0.75 holds all three tokens
             scaled = torch.tensor(probs).sqrt()
             want = (scaled / scaled.sum()).tolist()
         if (seen - torch.tensor(want, dtype=torch.float64)).abs().max() > 0.04:
-            raise CheckFailed(ex, f"with {settings}: {named(SAMPLE_MISTAKES, name).message} "
-                                  f"(you drew {[round(f, 3) for f in seen.tolist()]}, expected "
-                                  f"about {[round(f, 3) for f in want]})")
+            raise CheckFailed(
+                ex,
+                f"with {settings}: {named(SAMPLE_MISTAKES, name).message} "
+                f"(you drew {[round(f, 3) for f in seen.tolist()]}, expected "
+                f"about {[round(f, 3) for f in want]})",
+            )
     passed(ex, "greedy at 0, repeatable with a generator, and draws in the right proportions")
 
 
@@ -641,20 +824,38 @@ def _kv_bytes_right(config, bytes_per_number):
 
 # fn(config, bytes_per_number) -> bytes, a wrong kv_bytes_per_token
 KV_BYTES_MISTAKES = [
-    Mistake("keys only", "you counted the keys only: every layer stores a key AND a value "
-            "vector per token", lambda c, b: c.n_layer * c.n_embd * b),
-    Mistake("one layer", "you counted one layer: each of the n_layer layers has its own cache",
-            lambda c, b: 2 * c.n_embd * b),
-    Mistake("one head", "you counted one head's width (n_embd // n_head): a layer stores all "
-            "n_head heads, n_embd numbers for the keys and n_embd for the values",
-            lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b),
-    Mistake("times heads", "you multiplied by n_head as well: the heads split the n_embd "
-            "numbers between them, they do not add to them",
-            lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b),
-    Mistake("numbers", "you counted numbers, not bytes: multiply by bytes_per_number",
-            lambda c, b: c.n_layer * 2 * c.n_embd),
-    Mistake("bits", "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
-            lambda c, b: c.n_layer * 2 * c.n_embd * b * 8),
+    Mistake(
+        "keys only",
+        "you counted the keys only: every layer stores a key AND a value vector per token",
+        lambda c, b: c.n_layer * c.n_embd * b,
+    ),
+    Mistake(
+        "one layer",
+        "you counted one layer: each of the n_layer layers has its own cache",
+        lambda c, b: 2 * c.n_embd * b,
+    ),
+    Mistake(
+        "one head",
+        "you counted one head's width (n_embd // n_head): a layer stores all "
+        "n_head heads, n_embd numbers for the keys and n_embd for the values",
+        lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b,
+    ),
+    Mistake(
+        "times heads",
+        "you multiplied by n_head as well: the heads split the n_embd "
+        "numbers between them, they do not add to them",
+        lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b,
+    ),
+    Mistake(
+        "numbers",
+        "you counted numbers, not bytes: multiply by bytes_per_number",
+        lambda c, b: c.n_layer * 2 * c.n_embd,
+    ),
+    Mistake(
+        "bits",
+        "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
+        lambda c, b: c.n_layer * 2 * c.n_embd * b * 8,
+    ),
 ]
 
 
@@ -663,8 +864,11 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
     from gpt2lib.chapters.config import GPT2Config
 
     ex = EX_KV_BYTES
-    cases = [(GPT2Config(), 4), (GPT2Config(n_layer=3, n_head=2, n_embd=8), 2),
-             (GPT2Config(n_layer=24, n_head=16, n_embd=1024), 2)]
+    cases = [
+        (GPT2Config(), 4),
+        (GPT2Config(n_layer=3, n_head=2, n_embd=8), 2),
+        (GPT2Config(n_layer=24, n_head=16, n_embd=1024), 2),
+    ]
     got = []
     for config, size in cases:
         value = call_learner(ex, kv_bytes_per_token, config, size)
@@ -678,8 +882,11 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
     mistake = first_mistake(KV_BYTES_MISTAKES, lambda m: got == [m.fn(c, b) for c, b in cases])
     if mistake is not None:
         raise CheckFailed(ex, mistake.message)
-    raise CheckFailed(ex, f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per "
-                          "token, what every layer stores for its keys and for its values")
+    raise CheckFailed(
+        ex,
+        f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per "
+        "token, what every layer stores for its keys and for its values",
+    )
 
 
 # --------------------------------------------------------------------------- 9.7 SimpleKVCache
@@ -699,12 +906,15 @@ class _LayerCache:
 
 def _cache_class(layout="right", shared=None, keep_dtype=True, advance="add"):
     """A SimpleKVCache with one planted mistake (the defaults are right)."""
+
     class Cache:
         def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
             hd = config.n_embd // config.n_head
-            shape = {"right": (batch_size, config.n_head, max_len, hd),
-                     "heads last": (batch_size, max_len, config.n_head, hd),
-                     "full width": (batch_size, config.n_head, max_len, config.n_embd)}[layout]
+            shape = {
+                "right": (batch_size, config.n_head, max_len, hd),
+                "heads last": (batch_size, max_len, config.n_head, hd),
+                "full width": (batch_size, config.n_head, max_len, config.n_embd),
+            }[layout]
             dtype = dtype if keep_dtype else torch.float32
 
             def buffer():
@@ -715,34 +925,54 @@ def _cache_class(layout="right", shared=None, keep_dtype=True, advance="add"):
                 k, v = buffer(), buffer()
                 self.layers = [_LayerCache(self, k, v) for _ in range(config.n_layer)]
             elif shared == "k and v":
-                self.layers = [_LayerCache(self, b, b) for b in
-                               [buffer() for _ in range(config.n_layer)]]
+                self.layers = [
+                    _LayerCache(self, b, b) for b in [buffer() for _ in range(config.n_layer)]
+                ]
             else:
-                self.layers = [_LayerCache(self, buffer(), buffer())
-                               for _ in range(config.n_layer)]
+                self.layers = [_LayerCache(self, buffer(), buffer()) for _ in range(config.n_layer)]
 
         def advance(self, T):
             self.length = self.length + T if advance == "add" else T
+
     return Cache
 
 
 # cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
 CACHE_MISTAKES = [
-    Mistake("heads last", "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
-            "keys have after the transpose; yours has max_len before n_head",
-            _cache_class(layout="heads last")),
-    Mistake("full width", "each head stores head_dim = n_embd // n_head numbers per token, "
-            "not n_embd", _cache_class(layout="full width")),
-    Mistake("dtype ignored", "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
-            "buffers (torch.zeros(shape, device=device, dtype=dtype))",
-            _cache_class(keep_dtype=False)),
-    Mistake("one buffer for all layers", "all layers share one pair of buffers: each layer "
-            "writes its own keys, so each needs its own buffers (make them inside the loop)",
-            _cache_class(shared="layers")),
-    Mistake("k and v share", "a layer's keys and values share one buffer: the values overwrite "
-            "the keys; make two", _cache_class(shared="k and v")),
-    Mistake("advance sets", "advance(T) sets the length to T: it must add T, since the prompt "
-            "and every step before are still cached", _cache_class(advance="set")),
+    Mistake(
+        "heads last",
+        "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
+        "keys have after the transpose; yours has max_len before n_head",
+        _cache_class(layout="heads last"),
+    ),
+    Mistake(
+        "full width",
+        "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
+        _cache_class(layout="full width"),
+    ),
+    Mistake(
+        "dtype ignored",
+        "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
+        "buffers (torch.zeros(shape, device=device, dtype=dtype))",
+        _cache_class(keep_dtype=False),
+    ),
+    Mistake(
+        "one buffer for all layers",
+        "all layers share one pair of buffers: each layer "
+        "writes its own keys, so each needs its own buffers (make them inside the loop)",
+        _cache_class(shared="layers"),
+    ),
+    Mistake(
+        "k and v share",
+        "a layer's keys and values share one buffer: the values overwrite the keys; make two",
+        _cache_class(shared="k and v"),
+    ),
+    Mistake(
+        "advance sets",
+        "advance(T) sets the length to T: it must add T, since the prompt "
+        "and every step before are still cached",
+        _cache_class(advance="set"),
+    ),
 ]
 
 
@@ -756,16 +986,21 @@ def check_simple_kv_cache(cls) -> None:
     cache = call_learner(ex, cls, config, 2, 10)
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, (list, tuple)) or len(layers) != config.n_layer:
-        raise CheckFailed(ex, f"cache.layers should be a list of {config.n_layer} layer caches, "
-                              "one per block")
+        raise CheckFailed(
+            ex, f"cache.layers should be a list of {config.n_layer} layer caches, one per block"
+        )
     shape = (2, config.n_head, 10, config.n_embd // config.n_head)
-    hints = {(2, 10, config.n_head, shape[3]): named(CACHE_MISTAKES, "heads last").message,
-             (2, config.n_head, 10, config.n_embd): named(CACHE_MISTAKES, "full width").message}
+    hints = {
+        (2, 10, config.n_head, shape[3]): named(CACHE_MISTAKES, "heads last").message,
+        (2, config.n_head, 10, config.n_embd): named(CACHE_MISTAKES, "full width").message,
+    }
     for layer in layers:
         expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
         expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
     if cache.length != 0:
-        raise CheckFailed(ex, f"a new cache holds no tokens: length should be 0, not {cache.length}")
+        raise CheckFailed(
+            ex, f"a new cache holds no tokens: length should be 0, not {cache.length}"
+        )
     wide = call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
     if wide.layers[0].k.dtype != torch.float64:
         raise CheckFailed(ex, named(CACHE_MISTAKES, "dtype ignored").message)
@@ -777,19 +1012,26 @@ def check_simple_kv_cache(cls) -> None:
     call_learner(ex, cache.advance, 3)
     call_learner(ex, cache.advance, 1)
     if cache.length != 4:
-        message = named(CACHE_MISTAKES, "advance sets").message if cache.length == 1 else (
-            f"after advance(3) then advance(1) the length should be 4, not {cache.length}")
+        message = (
+            named(CACHE_MISTAKES, "advance sets").message
+            if cache.length == 1
+            else (f"after advance(3) then advance(1) the length should be 4, not {cache.length}")
+        )
         raise CheckFailed(ex, message)
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         cache = call_learner(ex, cls, model.config, 2, 7)
-        steps = [model(ids[:, :4], kv_cache=cache)] + [model(ids[:, t:t + 1], kv_cache=cache)
-                                                       for t in range(4, 7)]
+        steps = [model(ids[:, :4], kv_cache=cache)] + [
+            model(ids[:, t : t + 1], kv_cache=cache) for t in range(4, 7)
+        ]
         if not close(torch.cat(steps, 1), model(ids), atol=1e-4):
-            raise CheckFailed(ex, "in a model, the cached logits differ from one full pass: "
-                                  "check that update writes at the cache's length and returns "
-                                  "every key and value so far")
+            raise CheckFailed(
+                ex,
+                "in a model, the cached logits differ from one full pass: "
+                "check that update writes at the cache's length and returns "
+                "every key and value so far",
+            )
     passed(ex, "buffers, position, and a tiny model's cached logits equal its full pass")
 
 
@@ -837,7 +1079,7 @@ def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
     first = prefill if split else 1
     with torch.no_grad():
         steps = [model(idx[:, :first], kv_cache=cache)]
-        steps += [model(idx[:, t:t + 1], kv_cache=cache) for t in range(first, T)]
+        steps += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(first, T)]
         return torch.cat(steps, dim=1), model(idx)
 
 
@@ -864,31 +1106,54 @@ def _gap_wrong(kind):
             cache = cache_cls(model.config, B, T + 1, device=idx.device, dtype=torch.float32)
             with torch.no_grad():
                 steps = [model(idx[:, :prefill], kv_cache=cache)]
-                steps += [model(idx[:, t - 1:t], kv_cache=cache) for t in range(prefill, T)]
+                steps += [model(idx[:, t - 1 : t], kv_cache=cache) for t in range(prefill, T)]
             return (torch.cat(steps, dim=1) - full).abs().max().item()
         return (cached - full).abs().max().item()  # "one at a time": right only when prefill = 1
+
     return cache_gap
 
 
 GAP_MISTAKES = [
-    Mistake("after the prefill", "your gap misses wrong logits inside the prefill: a cache that "
-            "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
-            "position, those the prefill call returns too, not only the one-token calls' or each "
-            "call's last", _gap_wrong("after the prefill")),
-    Mistake("last of each call", "your gap misses wrong logits inside the prefill: a cache that "
-            "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
-            "position, those the prefill call returns too, not only the one-token calls' or each "
-            "call's last", _gap_wrong("last of each call")),
-    Mistake("one at a time", "you fed every token on its own: the first `prefill` tokens go in one "
-            "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
-            _gap_wrong("one at a time")),
-    Mistake("mean", "that is the mean difference; return the largest absolute difference (a cache "
-            "wrong at one position would hide in a mean)", _gap_wrong("mean")),
-    Mistake("signed", "that is the largest signed difference; a logit can be off either way: take "
-            "the absolute value before the maximum", _gap_wrong("signed")),
-    Mistake("misaligned", "with a right cache your gap is large: after the prefill, feed the token "
-            "at the cache's position (the first one not yet fed), not the last prompt token again",
-            _gap_wrong("misaligned")),
+    Mistake(
+        "after the prefill",
+        "your gap misses wrong logits inside the prefill: a cache that "
+        "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
+        "position, those the prefill call returns too, not only the one-token calls' or each "
+        "call's last",
+        _gap_wrong("after the prefill"),
+    ),
+    Mistake(
+        "last of each call",
+        "your gap misses wrong logits inside the prefill: a cache that "
+        "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
+        "position, those the prefill call returns too, not only the one-token calls' or each "
+        "call's last",
+        _gap_wrong("last of each call"),
+    ),
+    Mistake(
+        "one at a time",
+        "you fed every token on its own: the first `prefill` tokens go in one "
+        "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
+        _gap_wrong("one at a time"),
+    ),
+    Mistake(
+        "mean",
+        "that is the mean difference; return the largest absolute difference (a cache "
+        "wrong at one position would hide in a mean)",
+        _gap_wrong("mean"),
+    ),
+    Mistake(
+        "signed",
+        "that is the largest signed difference; a logit can be off either way: take "
+        "the absolute value before the maximum",
+        _gap_wrong("signed"),
+    ),
+    Mistake(
+        "misaligned",
+        "with a right cache your gap is large: after the prefill, feed the token "
+        "at the cache's position (the first one not yet fed), not the last prompt token again",
+        _gap_wrong("misaligned"),
+    ),
 ]
 
 
@@ -899,7 +1164,11 @@ def check_cache_gap(cache_gap) -> None:
     ex = EX_GAP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(5)
-    caches = {"right": SimpleKVCache, "stuck": _stuck_cache(), "shuffled prefill": _shuffled_prefill_cache()}
+    caches = {
+        "right": SimpleKVCache,
+        "stuck": _stuck_cache(),
+        "shuffled prefill": _shuffled_prefill_cache(),
+    }
     for B, T, prefill in [(1, 6, 3), (2, 7, 4), (2, 5, 1), (1, 5, 5)]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
         for name, cls in caches.items():
@@ -908,7 +1177,9 @@ def check_cache_gap(cache_gap) -> None:
             if isinstance(got, torch.Tensor) and got.numel() == 1:
                 raise CheckFailed(ex, "return a Python float (tensor.item()), not a tensor")
             if not isinstance(got, (float, int)) or got != got:
-                raise CheckFailed(ex, f"return one Python float, the largest difference; got {got!r}")
+                raise CheckFailed(
+                    ex, f"return one Python float, the largest difference; got {got!r}"
+                )
             want = _gap_right(model, cls, idx, prefill)
             if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
                 continue
@@ -922,13 +1193,22 @@ def check_cache_gap(cache_gap) -> None:
             if mistake is not None:
                 raise CheckFailed(ex, mistake.message)
             if name == "right":
-                raise CheckFailed(ex, f"with a right cache (batch {B}, {T} tokens, prefill {prefill}) "
-                                  f"your gap is {got:.3g}: the cached logits equal one pass's to "
-                                  "float32 rounding; check which tokens each call feeds")
-            raise CheckFailed(ex, f"with a broken cache ({name}; batch {B}, {T} tokens, prefill "
-                              f"{prefill}) your gap is {got:.3g}, the largest absolute difference "
-                              f"of the logits is {want:.3g}")
-    passed(ex, "a right cache passes; one that never advances and one that garbles a prefill are caught")
+                raise CheckFailed(
+                    ex,
+                    f"with a right cache (batch {B}, {T} tokens, prefill {prefill}) "
+                    f"your gap is {got:.3g}: the cached logits equal one pass's to "
+                    "float32 rounding; check which tokens each call feeds",
+                )
+            raise CheckFailed(
+                ex,
+                f"with a broken cache ({name}; batch {B}, {T} tokens, prefill "
+                f"{prefill}) your gap is {got:.3g}, the largest absolute difference "
+                f"of the logits is {want:.3g}",
+            )
+    passed(
+        ex,
+        "a right cache passes; one that never advances and one that garbles a prefill are caught",
+    )
 
 
 # --------------------------------------------------------------------------- 9.9 generate_cached
@@ -936,6 +1216,7 @@ def check_cache_gap(cache_gap) -> None:
 
 def _loop(feed="new", sample_used=True, whole=False, new_only=False):
     """generate_cached with one planted mistake (the defaults are right)."""
+
     def generate_cached(model, idx, max_new_tokens, sample, cache):
         B, T = idx.shape
         out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
@@ -946,25 +1227,41 @@ def _loop(feed="new", sample_used=True, whole=False, new_only=False):
                 out[:, pos] = sample(logits) if sample_used else logits.argmax(-1)
                 if pos + 1 < T + max_new_tokens:
                     first = 0 if whole else (pos if feed == "new" else pos - 1)
-                    logits = model(out[:, first:first + (pos + 1 if whole else 1)],
-                                   kv_cache=cache)[:, -1]
+                    logits = model(
+                        out[:, first : first + (pos + 1 if whole else 1)], kv_cache=cache
+                    )[:, -1]
         return out[:, T:] if new_only else out
+
     return generate_cached
 
 
 # fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
 LOOP_MISTAKES = [
-    Mistake("previous token", "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
-            "the cache slot at position pos then holds the keys and values of token pos - 1, "
-            "and every later step sees a shifted past. Feed the token just made, at position pos",
-            _loop(feed="previous")),
-    Mistake("sample ignored", "your tokens are the argmax even with a sampler that is not "
-            "greedy: choose each token with sample(logits)", _loop(sample_used=False)),
-    Mistake("whole sequence", "you feed the whole sequence again through the cache, which "
-            "already holds the past: the cache overflows. Feed only the new token",
-            _loop(whole=True)),
-    Mistake("new tokens only", "you returned only the new tokens: return the prompt followed by "
-            "them, (B, T + max_new_tokens)", _loop(new_only=True)),
+    Mistake(
+        "previous token",
+        "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
+        "the cache slot at position pos then holds the keys and values of token pos - 1, "
+        "and every later step sees a shifted past. Feed the token just made, at position pos",
+        _loop(feed="previous"),
+    ),
+    Mistake(
+        "sample ignored",
+        "your tokens are the argmax even with a sampler that is not "
+        "greedy: choose each token with sample(logits)",
+        _loop(sample_used=False),
+    ),
+    Mistake(
+        "whole sequence",
+        "you feed the whole sequence again through the cache, which "
+        "already holds the past: the cache overflows. Feed only the new token",
+        _loop(whole=True),
+    ),
+    Mistake(
+        "new tokens only",
+        "you returned only the new tokens: return the prompt followed by "
+        "them, (B, T + max_new_tokens)",
+        _loop(new_only=True),
+    ),
 ]
 
 
@@ -989,8 +1286,15 @@ def _run_loop(exercise, fn, model, idx, n, sample):
     from gpt2lib.kvcache import KVCache
 
     try:
-        return call_learner(exercise, fn, model, idx, n, sample,
-                            KVCache.for_model(model, idx.shape[0], idx.shape[1] + n))
+        return call_learner(
+            exercise,
+            fn,
+            model,
+            idx,
+            n,
+            sample,
+            KVCache.for_model(model, idx.shape[0], idx.shape[1] + n),
+        )
     except ValueError as error:
         if "KV cache is full" in str(error):
             raise CheckFailed(exercise, named(LOOP_MISTAKES, "whole sequence").message) from None
@@ -1002,12 +1306,21 @@ def check_generate_cached(generate_cached) -> None:
     ex = EX_LOOP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(2)
-    for B, T, n, sample in [(1, 3, 5, _greedy), (2, 5, 6, _greedy), (1, 1, 4, _greedy),
-                            (2, 4, 5, _third_most_likely)]:
+    for B, T, n, sample in [
+        (1, 3, 5, _greedy),
+        (2, 5, 6, _greedy),
+        (1, 1, 4, _greedy),
+        (2, 4, 5, _third_most_likely),
+    ]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
         got = _run_loop(ex, generate_cached, model, idx, n, sample)
-        got = expect_tensor(ex, got, (B, T + n), what="your tokens", hints={
-            (B, n): named(LOOP_MISTAKES, "new tokens only").message})
+        got = expect_tensor(
+            ex,
+            got,
+            (B, T + n),
+            what="your tokens",
+            hints={(B, n): named(LOOP_MISTAKES, "new tokens only").message},
+        )
         want = _recomputed(model, idx, n, sample)
         if torch.equal(got.long(), want):
             continue
@@ -1022,13 +1335,22 @@ def check_generate_cached(generate_cached) -> None:
             raise CheckFailed(ex, "the result must start with the prompt, unchanged")
         first = int((got.long() != want)[:, T:].any(0).nonzero()[0, 0])
         if first == 0:
-            raise CheckFailed(ex, "the first new token already differs from a full pass: it "
-                                  "comes from the prefill, the whole prompt in one call, and "
-                                  "the logits at the prompt's last position")
-        raise CheckFailed(ex, f"with a prompt of {T} tokens, new token {first} differs from a "
-                              "full recomputation: check what the cache holds at each position")
-    passed(ex, "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
-               "full recomputation")
+            raise CheckFailed(
+                ex,
+                "the first new token already differs from a full pass: it "
+                "comes from the prefill, the whole prompt in one call, and "
+                "the logits at the prompt's last position",
+            )
+        raise CheckFailed(
+            ex,
+            f"with a prompt of {T} tokens, new token {first} differs from a "
+            "full recomputation: check what the cache holds at each position",
+        )
+    passed(
+        ex,
+        "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
+        "full recomputation",
+    )
 
 
 # --------------------------------------------------------------------------- 9.10 the cache's gain
@@ -1041,14 +1363,23 @@ def check_cache_gains(lengths, gains) -> None:
     if not isinstance(gains, (list, tuple)) or len(gains) != len(lengths):
         raise CheckFailed(ex, f"expected one gain per length ({len(lengths)}), got {gains!r}")
     for n, gain in zip(lengths, gains):
-        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0 \
-                or gain != gain or gain == float("inf"):
-            raise CheckFailed(ex, f"the gain at {n} tokens should be a positive number of "
-                                  f"times, got {gain!r}")
+        if (
+            isinstance(gain, bool)
+            or not isinstance(gain, (int, float))
+            or not gain > 0
+            or gain != gain
+            or gain == float("inf")
+        ):
+            raise CheckFailed(
+                ex, f"the gain at {n} tokens should be a positive number of times, got {gain!r}"
+            )
     if gains[-1] < 1 and all(g < 1 for g in gains):
-        raise CheckFailed(ex, "every gain is below 1, so the cache would be slower at every "
-                              "length: you probably return cached / uncached time; the gain is "
-                              "uncached / cached")
+        raise CheckFailed(
+            ex,
+            "every gain is below 1, so the cache would be slower at every "
+            "length: you probably return cached / uncached time; the gain is "
+            "uncached / cached",
+        )
     passed(ex, f"{len(gains)} lengths measured")
 
 
@@ -1067,21 +1398,43 @@ def _all_bytes(model):
 
 # fn(model) -> bytes, a wrong weight_bytes_per_token
 WEIGHT_BYTES_MISTAKES = [
-    Mistake("whole wpe", "you counted the whole position table: a decode step looks up one "
-            "position, so it reads one row of wpe", _all_bytes),
-    Mistake("numbers", "you counted numbers, not bytes: multiply each tensor's numel() by its "
-            "element_size()", lambda m: sum(p.numel() for p in m.parameters())
-            - m.wpe.weight.numel() + m.wpe.weight.shape[1]),
-    Mistake("float32 assumed", "you assumed 4 bytes a number: use each tensor's element_size() "
-            "(a bfloat16 model has 2)", lambda m: 4 * (sum(p.numel() for p in m.parameters())
-                                                        - m.wpe.weight.numel()
-                                                        + m.wpe.weight.shape[1])),
-    Mistake("no wpe row", "you left out the position table entirely: a step still reads the "
-            "one row of wpe for its position",
-            lambda m: _all_bytes(m) - m.wpe.weight.nbytes),
-    Mistake("wte twice", "you counted the token table twice: the lookup reads one row of it and "
-            "the readout reads it all, so the whole table once",
-            lambda m: _weight_bytes_right(m) + m.wte.weight.nbytes),
+    Mistake(
+        "whole wpe",
+        "you counted the whole position table: a decode step looks up one "
+        "position, so it reads one row of wpe",
+        _all_bytes,
+    ),
+    Mistake(
+        "numbers",
+        "you counted numbers, not bytes: multiply each tensor's numel() by its element_size()",
+        lambda m: (
+            sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel() + m.wpe.weight.shape[1]
+        ),
+    ),
+    Mistake(
+        "float32 assumed",
+        "you assumed 4 bytes a number: use each tensor's element_size() (a bfloat16 model has 2)",
+        lambda m: (
+            4
+            * (
+                sum(p.numel() for p in m.parameters())
+                - m.wpe.weight.numel()
+                + m.wpe.weight.shape[1]
+            )
+        ),
+    ),
+    Mistake(
+        "no wpe row",
+        "you left out the position table entirely: a step still reads the "
+        "one row of wpe for its position",
+        lambda m: _all_bytes(m) - m.wpe.weight.nbytes,
+    ),
+    Mistake(
+        "wte twice",
+        "you counted the token table twice: the lookup reads one row of it and "
+        "the readout reads it all, so the whole table once",
+        lambda m: _weight_bytes_right(m) + m.wte.weight.nbytes,
+    ),
 ]
 
 
@@ -1091,8 +1444,12 @@ def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
     from gpt2lib.chapters.model import GPT2
 
     ex = EX_WEIGHT_BYTES
-    models = [_tiny_model(), GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=64,
-                                             vocab_size=30)).to(torch.bfloat16)]
+    models = [
+        _tiny_model(),
+        GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=64, vocab_size=30)).to(
+            torch.bfloat16
+        ),
+    ]
     got = [call_learner(ex, weight_bytes_per_token, m) for m in models]
     for value in got:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -1103,9 +1460,12 @@ def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
     mistake = first_mistake(WEIGHT_BYTES_MISTAKES, lambda m: got == [m.fn(x) for x in models])
     if mistake is not None:
         raise CheckFailed(ex, mistake.message)
-    raise CheckFailed(ex, f"for a tiny float32 model you give {got[0]:,} bytes, expected "
-                          f"{_weight_bytes_right(models[0]):,}: every weight in full, once, "
-                          "except the position table, of which a step reads one row")
+    raise CheckFailed(
+        ex,
+        f"for a tiny float32 model you give {got[0]:,} bytes, expected "
+        f"{_weight_bytes_right(models[0]):,}: every weight in full, once, "
+        "except the position table, of which a step reads one row",
+    )
 
 
 # --------------------------------------------------------------------------- challenge: beam search
@@ -1119,7 +1479,7 @@ def _log_prob(model, seq, prompt_len):
     with torch.no_grad():
         logp = torch.log_softmax(model(seq)[:, :-1].float(), dim=-1)  # (1, T-1, V)
     picked = logp.gather(-1, seq[:, 1:, None]).squeeze(-1)  # (1, T-1)
-    return float(picked[:, prompt_len - 1:].sum())
+    return float(picked[:, prompt_len - 1 :].sum())
 
 
 def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
@@ -1139,16 +1499,24 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
         greedy = generate(model, idx, BEAM_TOKENS, temperature=0)
         yours, theirs = _log_prob(model, got.long(), T), _log_prob(model, greedy, T)
         rows.append((prompt, theirs, yours))
-        print(f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats "
-              f"-> {tokenizer.decode(got[0, T:].tolist())!r}")
+        print(
+            f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats "
+            f"-> {tokenizer.decode(got[0, T:].tolist())!r}"
+        )
         if yours < theirs - 1e-3:
-            raise CheckFailed(CHALLENGE, f"on {prompt!r} your continuation is less likely than "
-                                         f"greedy's ({yours:.4f} < {theirs:.4f} nats): keep "
-                                         "the best partial sequences by total log-probability")
+            raise CheckFailed(
+                CHALLENGE,
+                f"on {prompt!r} your continuation is less likely than "
+                f"greedy's ({yours:.4f} < {theirs:.4f} nats): keep "
+                "the best partial sequences by total log-probability",
+            )
         better += yours > theirs + 1e-3
     if better == 0:
-        raise CheckFailed(CHALLENGE, "on every prompt your continuation is only as likely as "
-                                     "greedy's: keep several candidates per step, not one")
+        raise CheckFailed(
+            CHALLENGE,
+            "on every prompt your continuation is only as likely as "
+            "greedy's: keep several candidates per step, not one",
+        )
     passed(CHALLENGE, f"more likely than greedy on {better} of {len(BEAM_PROMPTS)} prompts")
 
 

@@ -90,17 +90,37 @@ def _over_time(f, x, position):
 
 # fn(f, x, position) -> what that wrong answer returns
 MOVED_MISTAKES = [
-    Mistake("signed sum", "you test the SIGNED sum of the differences: an output that moved down "
-            "sums to less than 0 and is missed. Take the absolute value first, "
-            "(f(edited) - f(x)).abs().sum(dim=-1) > 0", _signed),
-    Mistake("in place", "you changed x itself: the caller's tensor must stay as it was. Edit a "
-            "copy, edited = x.clone()", _in_place),
-    Mistake("first sequence", "you changed the token in the first sequence only: change it in "
-            "every sequence of the batch, edited[:, position]", _first_sequence),
-    Mistake("feature", "you changed feature number `position` of every token (x[..., position]): "
-            "change the whole token at that position, x[:, position]", _feature),
-    Mistake("over time", "you added up over the positions (dim 1): add up over each output's "
-            "vector (the last dim), one answer per (sequence, position)", _over_time),
+    Mistake(
+        "signed sum",
+        "you test the SIGNED sum of the differences: an output that moved down "
+        "sums to less than 0 and is missed. Take the absolute value first, "
+        "(f(edited) - f(x)).abs().sum(dim=-1) > 0",
+        _signed,
+    ),
+    Mistake(
+        "in place",
+        "you changed x itself: the caller's tensor must stay as it was. Edit a "
+        "copy, edited = x.clone()",
+        _in_place,
+    ),
+    Mistake(
+        "first sequence",
+        "you changed the token in the first sequence only: change it in "
+        "every sequence of the batch, edited[:, position]",
+        _first_sequence,
+    ),
+    Mistake(
+        "feature",
+        "you changed feature number `position` of every token (x[..., position]): "
+        "change the whole token at that position, x[:, position]",
+        _feature,
+    ),
+    Mistake(
+        "over time",
+        "you added up over the positions (dim 1): add up over each output's "
+        "vector (the last dim), one answer per (sequence, position)",
+        _over_time,
+    ),
 ]
 
 
@@ -129,20 +149,33 @@ def check_outputs_that_change(outputs_that_change) -> None:
             try:
                 got = torch.as_tensor(got)
             except (TypeError, ValueError, RuntimeError):
-                raise CheckFailed(EX_MOVED, f"return a (B, T) tensor of booleans, got {type(got).__name__}")
+                raise CheckFailed(
+                    EX_MOVED, f"return a (B, T) tensor of booleans, got {type(got).__name__}"
+                ) from None
             if tuple(got.shape) != tuple(want.shape):
-                shaped = first_mistake(MOVED_MISTAKES, lambda m: tuple(
-                    m.fn(f, x.clone(), position).shape) == tuple(got.shape))
-                raise CheckFailed(EX_MOVED, shaped.message if shaped else
-                                  f"return one answer per (sequence, position), shape "
-                                  f"{tuple(want.shape)}; got {tuple(got.shape)}")
+                shaped = first_mistake(
+                    MOVED_MISTAKES,
+                    lambda m: tuple(m.fn(f, x.clone(), position).shape) == tuple(got.shape),
+                )
+                raise CheckFailed(
+                    EX_MOVED,
+                    shaped.message
+                    if shaped
+                    else f"return one answer per (sequence, position), shape "
+                    f"{tuple(want.shape)}; got {tuple(got.shape)}",
+                )
             if torch.equal(got.bool(), want):
                 continue
-            mistake = first_mistake(MOVED_MISTAKES, lambda m: torch.equal(
-                got.bool(), m.fn(f, x.clone(), position)))
-            raise CheckFailed(EX_MOVED, mistake.message if mistake else
-                              f"for f = {name}, changing token {position}: expected "
-                              f"{want.tolist()}, got {got.bool().tolist()}")
+            mistake = first_mistake(
+                MOVED_MISTAKES, lambda m: torch.equal(got.bool(), m.fn(f, x.clone(), position))
+            )
+            raise CheckFailed(
+                EX_MOVED,
+                mistake.message
+                if mistake
+                else f"for f = {name}, changing token {position}: expected "
+                f"{want.tolist()}, got {got.bool().tolist()}",
+            )
     passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
 
 
@@ -156,17 +189,33 @@ def _count(C, k, fc_bias=True, proj_bias=True, layers=2):
 
 # fn(n_embd, expansion) -> the count a wrong formula gives
 COUNT_MISTAKES = [
-    Mistake("no biases", "your count has the weights only: each of c_fc and c_proj also has a "
-            "bias, one number per output (4·C and C)",
-            lambda C, k=4: _count(C, k, fc_bias=False, proj_bias=False)),
-    Mistake("no c_proj bias", "c_proj's bias is missing: it adds one number per output, C",
-            lambda C, k=4: _count(C, k, proj_bias=False)),
-    Mistake("no c_fc bias", "c_fc's bias is missing: it adds one number per hidden unit, "
-            "expansion · C", lambda C, k=4: _count(C, k, fc_bias=False)),
-    Mistake("one layer", "you counted one weight matrix: c_fc (C x 4C) and c_proj (4C x C) "
-            "have one each", lambda C, k=4: _count(C, k, layers=1)),
-    Mistake("expansion fixed", "your count ignores `expansion`: the hidden width is "
-            "expansion · n_embd, not always 4 · n_embd", lambda C, k=4: _count(C, 4)),
+    Mistake(
+        "no biases",
+        "your count has the weights only: each of c_fc and c_proj also has a "
+        "bias, one number per output (4·C and C)",
+        lambda C, k=4: _count(C, k, fc_bias=False, proj_bias=False),
+    ),
+    Mistake(
+        "no c_proj bias",
+        "c_proj's bias is missing: it adds one number per output, C",
+        lambda C, k=4: _count(C, k, proj_bias=False),
+    ),
+    Mistake(
+        "no c_fc bias",
+        "c_fc's bias is missing: it adds one number per hidden unit, expansion · C",
+        lambda C, k=4: _count(C, k, fc_bias=False),
+    ),
+    Mistake(
+        "one layer",
+        "you counted one weight matrix: c_fc (C x 4C) and c_proj (4C x C) have one each",
+        lambda C, k=4: _count(C, k, layers=1),
+    ),
+    Mistake(
+        "expansion fixed",
+        "your count ignores `expansion`: the hidden width is "
+        "expansion · n_embd, not always 4 · n_embd",
+        lambda C, k=4: _count(C, 4),
+    ),
 ]
 
 
@@ -181,26 +230,47 @@ def check_mlp_parameter_count(mlp_parameter_count) -> None:
         if got == _count(C, k):
             continue
         mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C, k) == got)
-        raise CheckFailed(EX_COUNT, mistake.message if mistake else
-                          f"for n_embd = {C}, expansion = {k} you count {got:,}; count the "
-                          "weight and the bias of c_fc and of c_proj")
-    real = sum(p.numel() for layer in (nn.Linear(768, 3072), nn.Linear(3072, 768)) for p in layer.parameters())
-    passed(EX_COUNT, f"{_count(768, 4):,} at GPT-2 small's size (n_embd = 768), "
-           f"the same as two real layers hold ({real:,})")
+        raise CheckFailed(
+            EX_COUNT,
+            mistake.message
+            if mistake
+            else f"for n_embd = {C}, expansion = {k} you count {got:,}; count the "
+            "weight and the bias of c_fc and of c_proj",
+        )
+    real = sum(
+        p.numel()
+        for layer in (nn.Linear(768, 3072), nn.Linear(3072, 768))
+        for p in layer.parameters()
+    )
+    passed(
+        EX_COUNT,
+        f"{_count(768, 4):,} at GPT-2 small's size (n_embd = 768), "
+        f"the same as two real layers hold ({real:,})",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 4.2
 
 # fn(W1, b1, W2, b2) -> (W, b), a wrong merge
 MERGE_MISTAKES = [
-    Mistake("b2 missing", "your bias leaves out b2: the second layer adds its own bias after "
-            "the product, so b = b1 @ W2 + b2", lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2)),
-    Mistake("b1 missing", "your bias is only b2: the first layer's bias b1 also goes through the "
-            "second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
-            lambda W1, b1, W2, b2: (W1 @ W2, b2)),
-    Mistake("W transposed", "your W is transposed: x @ W needs W of shape (C, D), which is "
-            "W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
-            lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2)),
+    Mistake(
+        "b2 missing",
+        "your bias leaves out b2: the second layer adds its own bias after "
+        "the product, so b = b1 @ W2 + b2",
+        lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2),
+    ),
+    Mistake(
+        "b1 missing",
+        "your bias is only b2: the first layer's bias b1 also goes through the "
+        "second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
+        lambda W1, b1, W2, b2: (W1 @ W2, b2),
+    ),
+    Mistake(
+        "W transposed",
+        "your W is transposed: x @ W needs W of shape (C, D), which is "
+        "W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
+        lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2),
+    ),
 ]
 
 
@@ -210,28 +280,41 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
     for C, H, D in ((3, 5, 2), (4, 16, 4)):
         W1, b1 = torch.randn(C, H, generator=gen), torch.randn(H, generator=gen)
         W2, b2 = torch.randn(H, D, generator=gen), torch.randn(D, generator=gen)
-        got = call_learner(EX_MERGE, merge_linear_layers, W1.clone(), b1.clone(), W2.clone(), b2.clone())
+        got = call_learner(
+            EX_MERGE, merge_linear_layers, W1.clone(), b1.clone(), W2.clone(), b2.clone()
+        )
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise CheckFailed(EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}")
         want_W, want_b = W1 @ W2, b1 @ W2 + b2
         sizes = f"with C={C}, H={H}, D={D}"
         for got_part, want_part, what in ((got[0], want_W, "W"), (got[1], want_b, "b")):
-            if isinstance(got_part, torch.Tensor) and tuple(got_part.shape) != tuple(want_part.shape):
-                mistake = first_mistake(MERGE_MISTAKES, lambda m: all(
-                    isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(w.shape)
-                    for g, w in zip(got, m.fn(W1, b1, W2, b2))))
+            if isinstance(got_part, torch.Tensor) and tuple(got_part.shape) != tuple(
+                want_part.shape
+            ):
+                mistake = first_mistake(
+                    MERGE_MISTAKES,
+                    lambda m: all(
+                        isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(w.shape)
+                        for g, w in zip(got, m.fn(W1, b1, W2, b2))
+                    ),
+                )
                 if mistake is not None:
                     raise CheckFailed(EX_MERGE, mistake.message)
             expect_tensor(EX_MERGE, got_part, tuple(want_part.shape), what=f"{what} ({sizes})")
         if close(got[0], want_W, atol=1e-4) and close(got[1], want_b, atol=1e-4):
             continue
-        mistake = first_mistake(MERGE_MISTAKES, lambda m: all(
-            close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))))
+        mistake = first_mistake(
+            MERGE_MISTAKES,
+            lambda m: all(close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))),
+        )
         if mistake is not None:
             raise CheckFailed(EX_MERGE, mistake.message)
         which = "W" if not close(got[0], want_W, atol=1e-4) else "b"
-        raise CheckFailed(EX_MERGE, f"{sizes}, your {which} is wrong: expand (x @ W1 + b1) @ W2 + b2 "
-                          "and collect the part that multiplies x (W) and the part that does not (b)")
+        raise CheckFailed(
+            EX_MERGE,
+            f"{sizes}, your {which} is wrong: expand (x @ W1 + b1) @ W2 + b2 "
+            "and collect the part that multiplies x (W) and the part that does not (b)",
+        )
     passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
 
 
@@ -250,27 +333,47 @@ def _fit(x, y, W1, b1, activation, bias=True):
 
 # fn(x, y, W1, b1, activation) -> the float a wrong answer returns
 FIT_MISTAKES = [
-    Mistake("no activation", "your error does not depend on the activation: apply "
-            "`activation` to x @ W1 + b1 before the least-squares fit (with no activation the best "
-            "fit is a straight line whatever the width)",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, lambda h: h).pow(2).mean().item()),
-    Mistake("no b1", "the first layer's bias b1 is missing: the hidden layer is "
-            "activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act, bias=False).pow(2).mean().item()),
-    Mistake("sum", "you return the SUM of the squared errors: take the mean, over all N · D numbers",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).sum().item()),
-    Mistake("root", "you return the root of the mean squared error (RMSE): return the mean "
-            "squared error itself, without the square root",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).mean().sqrt().item()),
-    Mistake("absolute", "you return the mean ABSOLUTE error: square the residuals, "
-            "((hidden @ W2 - y) ** 2).mean()",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).abs().mean().item()),
-    Mistake("fit on x", "you fitted y from x directly, not from the hidden layer: solve the least "
-            "squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
-            lambda x, y, W1, b1, act: (x @ torch.linalg.lstsq(x, y).solution - y).pow(2).mean().item()),
-    Mistake("relu", "your error is ReLU's, not that of the `activation` you were given: call "
-            "activation(x @ W1 + b1) (its default is GELU)",
-            lambda x, y, W1, b1, act: _fit(x, y, W1, b1, torch.relu).pow(2).mean().item()),
+    Mistake(
+        "no activation",
+        "your error does not depend on the activation: apply "
+        "`activation` to x @ W1 + b1 before the least-squares fit (with no activation the best "
+        "fit is a straight line whatever the width)",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, lambda h: h).pow(2).mean().item(),
+    ),
+    Mistake(
+        "no b1",
+        "the first layer's bias b1 is missing: the hidden layer is "
+        "activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act, bias=False).pow(2).mean().item(),
+    ),
+    Mistake(
+        "sum",
+        "you return the SUM of the squared errors: take the mean, over all N · D numbers",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).sum().item(),
+    ),
+    Mistake(
+        "root",
+        "you return the root of the mean squared error (RMSE): return the mean "
+        "squared error itself, without the square root",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).mean().sqrt().item(),
+    ),
+    Mistake(
+        "absolute",
+        "you return the mean ABSOLUTE error: square the residuals, ((hidden @ W2 - y) ** 2).mean()",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).abs().mean().item(),
+    ),
+    Mistake(
+        "fit on x",
+        "you fitted y from x directly, not from the hidden layer: solve the least "
+        "squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
+        lambda x, y, W1, b1, act: (x @ torch.linalg.lstsq(x, y).solution - y).pow(2).mean().item(),
+    ),
+    Mistake(
+        "relu",
+        "your error is ReLU's, not that of the `activation` you were given: call "
+        "activation(x @ W1 + b1) (its default is GELU)",
+        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, torch.relu).pow(2).mean().item(),
+    ),
 ]
 
 
@@ -278,8 +381,11 @@ def _as_number(exercise, got):
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise CheckFailed(exercise, f"return the error as one number (a Python float; "
-                          f"`.item()` turns a 1-element tensor into one), got {type(got).__name__}")
+        raise CheckFailed(
+            exercise,
+            f"return the error as one number (a Python float; "
+            f"`.item()` turns a 1-element tensor into one), got {type(got).__name__}",
+        )
     return float(got)
 
 
@@ -292,18 +398,27 @@ def check_best_fit_error(best_fit_error) -> None:
         W1 = torch.randn(C, H, generator=gen, dtype=torch.float64) * 2  # (C, H)
         b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2  # (H,)
         for activation in (_gelu, torch.tanh):
-            got = _as_number(EX_FIT, call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation))
+            got = _as_number(
+                EX_FIT, call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation)
+            )
             want = _fit(x, y, W1, b1, activation).pow(2).mean().item()
             if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
                 continue
-            mistake = first_mistake(FIT_MISTAKES, lambda m: math.isclose(
-                got, m.fn(x, y, W1, b1, activation), rel_tol=1e-4, abs_tol=1e-9))
+            mistake = first_mistake(
+                FIT_MISTAKES,
+                lambda m: math.isclose(
+                    got, m.fn(x, y, W1, b1, activation), rel_tol=1e-4, abs_tol=1e-9
+                ),
+            )
             if mistake is not None:
                 raise CheckFailed(EX_FIT, mistake.message)
-            raise CheckFailed(EX_FIT, f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the "
-                              f"best fit's mean squared error is {want:.6g}, you return {got:.6g}. "
-                              "Steps: hidden = activation(x @ W1 + b1); W2 = least squares of "
-                              "hidden against y; mean of (hidden @ W2 - y) ** 2")
+            raise CheckFailed(
+                EX_FIT,
+                f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the "
+                f"best fit's mean squared error is {want:.6g}, you return {got:.6g}. "
+                "Steps: hidden = activation(x @ W1 + b1); W2 = least squares of "
+                "hidden against y; mean of (hidden @ W2 - y) ** 2",
+            )
     passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
 
@@ -311,30 +426,66 @@ def check_best_fit_error(best_fit_error) -> None:
 
 # fn(x) -> a wrong activation
 GELU_MISTAKES = [
-    Mistake("erf", "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute "
-            "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
-            "0.044715·x³))). The two differ by up to about 5e-4, enough to stop matching GPT-2's "
-            "outputs", lambda x: F.gelu(x)),
-    Mistake("relu", "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative "
-            "for negative x", lambda x: torch.relu(x)),
-    Mistake("typo 0.0044715", "the constant is 0.044715 (one zero after the point), not "
-            "0.0044715: a classic typo", _tanh_form(cubic=0.0044715)),
-    Mistake("typo 0.04715", "the constant is 0.044715, not 0.04715: a digit is missing",
-            _tanh_form(cubic=0.04715)),
-    Mistake("typo 0.44715", "the constant is 0.044715, not 0.44715: a zero is missing after the "
-            "point", _tanh_form(cubic=0.44715)),
-    Mistake("no cubic", "the 0.044715·x³ term is missing: the tanh's argument is "
-            "√(2/π)·(x + 0.044715·x³), not √(2/π)·x", _tanh_form(cubic=0.0)),
-    Mistake("square", "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not "
-            "0.044715·x²", _tanh_form(power=2)),
-    Mistake("2/pi", "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), "
-            "not 2/π ≈ 0.6366", _tanh_form(scale=2.0 / math.pi)),
-    Mistake("no sqrt scale", "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: "
-            "tanh(√(2/π)·(x + 0.044715·x³))", _tanh_form(scale=1.0)),
-    Mistake("no half", "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so "
-            "that it tends to x (not 2x) for large x", _tanh_form(half=1.0)),
-    Mistake("sigmoid", "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh "
-            "form", lambda x: x * torch.sigmoid(1.702 * x)),
+    Mistake(
+        "erf",
+        "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute "
+        "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
+        "0.044715·x³))). The two differ by up to about 5e-4, enough to stop matching GPT-2's "
+        "outputs",
+        lambda x: F.gelu(x),
+    ),
+    Mistake(
+        "relu",
+        "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
+        lambda x: torch.relu(x),
+    ),
+    Mistake(
+        "typo 0.0044715",
+        "the constant is 0.044715 (one zero after the point), not 0.0044715: a classic typo",
+        _tanh_form(cubic=0.0044715),
+    ),
+    Mistake(
+        "typo 0.04715",
+        "the constant is 0.044715, not 0.04715: a digit is missing",
+        _tanh_form(cubic=0.04715),
+    ),
+    Mistake(
+        "typo 0.44715",
+        "the constant is 0.044715, not 0.44715: a zero is missing after the point",
+        _tanh_form(cubic=0.44715),
+    ),
+    Mistake(
+        "no cubic",
+        "the 0.044715·x³ term is missing: the tanh's argument is "
+        "√(2/π)·(x + 0.044715·x³), not √(2/π)·x",
+        _tanh_form(cubic=0.0),
+    ),
+    Mistake(
+        "square",
+        "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not 0.044715·x²",
+        _tanh_form(power=2),
+    ),
+    Mistake(
+        "2/pi",
+        "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), not 2/π ≈ 0.6366",
+        _tanh_form(scale=2.0 / math.pi),
+    ),
+    Mistake(
+        "no sqrt scale",
+        "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: tanh(√(2/π)·(x + 0.044715·x³))",
+        _tanh_form(scale=1.0),
+    ),
+    Mistake(
+        "no half",
+        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so "
+        "that it tends to x (not 2x) for large x",
+        _tanh_form(half=1.0),
+    ),
+    Mistake(
+        "sigmoid",
+        "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
+        lambda x: x * torch.sigmoid(1.702 * x),
+    ),
 ]
 
 
@@ -366,8 +517,13 @@ def check_gelu_tanh(gelu_tanh) -> None:
             "your function changed its input tensor in place (an operation ending in _, like "
             "x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
         )
-    got = expect_tensor(EX_GELU, got, tuple(points.shape), what="the output",
-                        hints={(points.numel(),): "GELU works element by element: keep the input's shape"})
+    got = expect_tensor(
+        EX_GELU,
+        got,
+        tuple(points.shape),
+        what="the output",
+        hints={(points.numel(),): "GELU works element by element: keep the input's shape"},
+    )
     want = _gelu_tanh(points)
     if not close(got, want):
         mistake = first_mistake(GELU_MISTAKES, lambda m: close(got, m.fn(points)))
@@ -399,21 +555,39 @@ def check_gelu_tanh(gelu_tanh) -> None:
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
 MLP_MISTAKES = [
-    Mistake("activation after c_proj", "the activation comes after c_proj: it belongs BETWEEN the "
-            "layers, c_proj(gelu(c_fc(x)))", lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x)))),
-    Mistake("no activation", "there is no activation between c_fc and c_proj, so the two linear "
-            "layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
-            lambda m, x: m.c_proj(m.c_fc(x))),
-    Mistake("activation twice", "GELU is applied twice (also after c_proj): apply it only between "
-            "the layers", lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x))))),
-    Mistake("activation on the input", "GELU is applied to the input before c_fc: the order is "
-            "c_fc, GELU, c_proj", lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x)))),
-    Mistake("residual inside", "your MLP adds its input to its output (x + ...): the residual "
-            "connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
-            lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x)))),
+    Mistake(
+        "activation after c_proj",
+        "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
+        lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x))),
+    ),
+    Mistake(
+        "no activation",
+        "there is no activation between c_fc and c_proj, so the two linear "
+        "layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
+        lambda m, x: m.c_proj(m.c_fc(x)),
+    ),
+    Mistake(
+        "activation twice",
+        "GELU is applied twice (also after c_proj): apply it only between the layers",
+        lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x)))),
+    ),
+    Mistake(
+        "activation on the input",
+        "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
+        lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x))),
+    ),
+    Mistake(
+        "residual inside",
+        "your MLP adds its input to its output (x + ...): the residual "
+        "connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
+        lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
+    ),
 ] + [
-    Mistake(f"activation: {g.name}", "your activation is wrong: " + g.message,
-            lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))))
+    Mistake(
+        f"activation: {g.name}",
+        "your activation is wrong: " + g.message,
+        lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))),
+    )
     for g in GELU_MISTAKES
 ]
 
@@ -421,8 +595,16 @@ MLP_MISTAKES = [
 def _small_config(pdrop: float):
     from gpt2lib.chapters.config import GPT2Config
 
-    return GPT2Config(n_embd=8, n_head=2, n_layer=1, n_positions=16, vocab_size=11,
-                      embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
+    return GPT2Config(
+        n_embd=8,
+        n_head=2,
+        n_layer=1,
+        n_positions=16,
+        vocab_size=11,
+        embd_pdrop=pdrop,
+        attn_pdrop=pdrop,
+        resid_pdrop=pdrop,
+    )
 
 
 def _build_mlp(MLP, config) -> nn.Module:
@@ -446,9 +628,12 @@ def _call(mlp, x):
     except RuntimeError as exc:
         if "view size is not compatible" not in str(exc):
             raise
-        raise CheckFailed(EX_MLP, "your forward fails on a non-contiguous input (as the model "
-                          f"gives it, after a transpose): {exc}. Use .reshape instead of .view, "
-                          "or no reshaping at all: Conv1D and nn.Linear take (B, T, C)") from None
+        raise CheckFailed(
+            EX_MLP,
+            "your forward fails on a non-contiguous input (as the model "
+            f"gives it, after a transpose): {exc}. Use .reshape instead of .view, "
+            "or no reshaping at all: Conv1D and nn.Linear take (B, T, C)",
+        ) from None
 
 
 def check_mlp(MLP) -> None:
@@ -461,9 +646,11 @@ def check_mlp(MLP) -> None:
     layout_note = ""
     if isinstance(weight, torch.Tensor) and weight.dim() == 2 and tuple(weight.shape) != (C, H):
         if tuple(weight.shape) == (H, C) and isinstance(mlp.c_fc, nn.Linear):
-            layout_note = ("; note: your layers are nn.Linear, which store weights [out, in]. "
-                           "GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's "
-                           "weights (chapter 8) use Conv1D or transpose them")
+            layout_note = (
+                "; note: your layers are nn.Linear, which store weights [out, in]. "
+                "GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's "
+                "weights (chapter 8) use Conv1D or transpose them"
+            )
         elif sorted(weight.shape) == sorted((C, H)):
             raise CheckFailed(
                 EX_MLP,
@@ -490,8 +677,13 @@ def check_mlp(MLP) -> None:
     with torch.no_grad():
         got = _call(mlp, x)
         again = mlp(x)
-        got = expect_tensor(EX_MLP, got, tuple(x.shape), what=f"the output for an input of shape {tuple(x.shape)}",
-                            hints={(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"})
+        got = expect_tensor(
+            EX_MLP,
+            got,
+            tuple(x.shape),
+            what=f"the output for an input of shape {tuple(x.shape)}",
+            hints={(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"},
+        )
         if not torch.equal(got, again.double()):
             raise CheckFailed(
                 EX_MLP,
@@ -501,8 +693,9 @@ def check_mlp(MLP) -> None:
             )
         h = mlp.c_fc(x)  # (B, T, hidden)
         if h.shape[-1] != H:
-            raise CheckFailed(EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make "
-                              f"4·n_embd = {H}")
+            raise CheckFailed(
+                EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make 4·n_embd = {H}"
+            )
         want = mlp.c_proj(_gelu_tanh(h))
         if not close(got, want, atol=1e-7):
             mistake = first_mistake(MLP_MISTAKES, lambda m: close(got, m.fn(mlp, x), atol=1e-7))
@@ -557,15 +750,22 @@ def check_fit_challenge(W1, b1) -> float:
     W1 = expect_tensor(CHALLENGE_FIT, W1, what="W1")
     b1 = expect_tensor(CHALLENGE_FIT, b1, what="b1")
     if W1.dim() != 2 or W1.shape[0] != 1 or b1.shape != (W1.shape[1],):
-        raise CheckFailed(CHALLENGE_FIT, f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and "
-                          f"{tuple(b1.shape)}")
+        raise CheckFailed(
+            CHALLENGE_FIT,
+            f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and {tuple(b1.shape)}",
+        )
     H = W1.shape[1]
     if H > FIT_GOALS["max_units"]:
-        raise CheckFailed(CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}")
+        raise CheckFailed(
+            CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}"
+        )
     error = challenge_fit_error(W1, b1)
     if not error < FIT_GOALS["max_error"]:
-        raise CheckFailed(CHALLENGE_FIT, f"with {H} units the best fit has error {error:.4f}; the goal is "
-                          f"below {FIT_GOALS['max_error']}. Spread the bends over [-3, 3]")
+        raise CheckFailed(
+            CHALLENGE_FIT,
+            f"with {H} units the best fit has error {error:.4f}; the goal is "
+            f"below {FIT_GOALS['max_error']}. Spread the bends over [-3, 3]",
+        )
     passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
     return error
 
@@ -576,15 +776,32 @@ EX_GELU_ERF = "Exercise 4.5 (gelu_erf)"
 
 # fn(x) -> what that wrong exact GELU gives
 GELU_ERF_MISTAKES = [
-    Mistake("tanh_form", "this is the tanh approximation; gelu_erf is the exact form "
-            "0.5·x·(1 + erf(x / √2)) with torch.erf", _gelu_tanh),
-    Mistake("no_sqrt2", "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
-            lambda x: 0.5 * x * (1 + torch.erf(x))),
-    Mistake("divided_by_2", "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
-            lambda x: 0.5 * x * (1 + torch.erf(x / 2))),
-    Mistake("no_half", "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
-            lambda x: x * (1 + torch.erf(x / math.sqrt(2)))),
-    Mistake("phi_only", "this is Φ(x) alone: GELU multiplies it by x", lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2)))),
+    Mistake(
+        "tanh_form",
+        "this is the tanh approximation; gelu_erf is the exact form "
+        "0.5·x·(1 + erf(x / √2)) with torch.erf",
+        _gelu_tanh,
+    ),
+    Mistake(
+        "no_sqrt2",
+        "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
+        lambda x: 0.5 * x * (1 + torch.erf(x)),
+    ),
+    Mistake(
+        "divided_by_2",
+        "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
+        lambda x: 0.5 * x * (1 + torch.erf(x / 2)),
+    ),
+    Mistake(
+        "no_half",
+        "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
+        lambda x: x * (1 + torch.erf(x / math.sqrt(2))),
+    ),
+    Mistake(
+        "phi_only",
+        "this is Φ(x) alone: GELU multiplies it by x",
+        lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2))),
+    ),
 ]
 
 
@@ -595,16 +812,27 @@ def check_gelu_erf(gelu_erf) -> None:
         before = x.clone()
         got = call_learner(EX_GELU_ERF, gelu_erf, x)
         if not torch.equal(x, before):
-            raise CheckFailed(EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor")
+            raise CheckFailed(
+                EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor"
+            )
         if not isinstance(got, torch.Tensor) or got.dtype != x.dtype:
-            raise CheckFailed(EX_GELU_ERF, f"a {x.dtype} input should give a {x.dtype} tensor, got "
-                              f"{getattr(got, 'dtype', type(got).__name__)}")
+            raise CheckFailed(
+                EX_GELU_ERF,
+                f"a {x.dtype} input should give a {x.dtype} tensor, got "
+                f"{getattr(got, 'dtype', type(got).__name__)}",
+            )
         got = expect_tensor(EX_GELU_ERF, got, tuple(x.shape), what="the output")
         want = F.gelu(before.double())
         if not close(got, want, atol=1e-5 if x.dtype == torch.float64 else 1e-4):
-            found = first_mistake(GELU_ERF_MISTAKES, lambda m: close(got, m.fn(before.double()), atol=1e-4))
-            raise CheckFailed(EX_GELU_ERF, found.message if found else "wrong values: the exact GELU is "
-                              "0.5·x·(1 + erf(x / √2))")
+            found = first_mistake(
+                GELU_ERF_MISTAKES, lambda m: close(got, m.fn(before.double()), atol=1e-4)
+            )
+            raise CheckFailed(
+                EX_GELU_ERF,
+                found.message
+                if found
+                else "wrong values: the exact GELU is 0.5·x·(1 + erf(x / √2))",
+            )
     gap = (_gelu_tanh(points) - F.gelu(points)).abs().max().item()
     passed(EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}")
 
@@ -628,38 +856,76 @@ def _right_gaps(fc, proj, x):
     out_tanh = _mlp_outputs(fc, proj, x, _gelu_tanh)  # float32
     out_erf = _mlp_outputs(fc, proj, x, _erf)
     out_exact = _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)
-    return ((out_tanh - out_erf).abs().max().item(),
-            (out_tanh.double() - out_exact).abs().max().item())
+    return (
+        (out_tanh - out_erf).abs().max().item(),
+        (out_tanh.double() - out_exact).abs().max().item(),
+    )
 
 
 # fn(fc, proj, x) -> the two floats that wrong answer returns
 GAPS_MISTAKES = [
-    Mistake("swapped", "your two numbers are the right ones the other way round: return first the "
-            "change that the erf GELU makes, then the change that float32 rounding makes",
-            lambda fc, proj, x: _right_gaps(fc, proj, x)[::-1]),
-    Mistake("hidden", "your first number is the largest change of the hidden values after GELU; "
-            "the question is how far the MLP's OUTPUT moves, so run both activations through proj "
-            "(its weights can make the change larger or smaller)",
-            lambda fc, proj, x: ((_gelu_tanh(fc(x)) - _erf(fc(x))).abs().max().item(),
-                                 _right_gaps(fc, proj, x)[1])),
-    Mistake("mean", "you return the MEAN change of the output numbers; the question is the largest "
-            "change of any one of them (the absolute difference's maximum)",
-            lambda fc, proj, x: ((_mlp_outputs(fc, proj, x, _gelu_tanh)
-                                  - _mlp_outputs(fc, proj, x, _erf)).abs().mean().item(),
-                                 (_mlp_outputs(fc, proj, x, _gelu_tanh).double()
-                                  - _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)).abs().mean().item())),
-    Mistake("same activation", "your first number is 0: both outputs used the same GELU. F.gelu(h) "
-            "is the exact (erf) form; GPT-2's is F.gelu(h, approximate=\"tanh\") or your gelu_tanh",
-            lambda fc, proj, x: (0.0, _right_gaps(fc, proj, x)[1])),
-    Mistake("float32 reference", "your rounding gap is 0: both sides ran in float32, so they round "
-            "alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
-            lambda fc, proj, x: (_right_gaps(fc, proj, x)[0], 0.0)),
-    Mistake("erf reference", "your rounding gap is as large as the activation's: your float64 "
-            "reference used the other GELU. Rounding alone is the float32 tanh MLP against the "
-            "SAME tanh MLP in float64",
-            lambda fc, proj, x: (_right_gaps(fc, proj, x)[0],
-                                 (_mlp_outputs(fc, proj, x, _gelu_tanh).double()
-                                  - _mlp_outputs(fc, proj, x, _erf, torch.float64)).abs().max().item())),
+    Mistake(
+        "swapped",
+        "your two numbers are the right ones the other way round: return first the "
+        "change that the erf GELU makes, then the change that float32 rounding makes",
+        lambda fc, proj, x: _right_gaps(fc, proj, x)[::-1],
+    ),
+    Mistake(
+        "hidden",
+        "your first number is the largest change of the hidden values after GELU; "
+        "the question is how far the MLP's OUTPUT moves, so run both activations through proj "
+        "(its weights can make the change larger or smaller)",
+        lambda fc, proj, x: (
+            (_gelu_tanh(fc(x)) - _erf(fc(x))).abs().max().item(),
+            _right_gaps(fc, proj, x)[1],
+        ),
+    ),
+    Mistake(
+        "mean",
+        "you return the MEAN change of the output numbers; the question is the largest "
+        "change of any one of them (the absolute difference's maximum)",
+        lambda fc, proj, x: (
+            (_mlp_outputs(fc, proj, x, _gelu_tanh) - _mlp_outputs(fc, proj, x, _erf))
+            .abs()
+            .mean()
+            .item(),
+            (
+                _mlp_outputs(fc, proj, x, _gelu_tanh).double()
+                - _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)
+            )
+            .abs()
+            .mean()
+            .item(),
+        ),
+    ),
+    Mistake(
+        "same activation",
+        "your first number is 0: both outputs used the same GELU. F.gelu(h) "
+        'is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
+        lambda fc, proj, x: (0.0, _right_gaps(fc, proj, x)[1]),
+    ),
+    Mistake(
+        "float32 reference",
+        "your rounding gap is 0: both sides ran in float32, so they round "
+        "alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
+        lambda fc, proj, x: (_right_gaps(fc, proj, x)[0], 0.0),
+    ),
+    Mistake(
+        "erf reference",
+        "your rounding gap is as large as the activation's: your float64 "
+        "reference used the other GELU. Rounding alone is the float32 tanh MLP against the "
+        "SAME tanh MLP in float64",
+        lambda fc, proj, x: (
+            _right_gaps(fc, proj, x)[0],
+            (
+                _mlp_outputs(fc, proj, x, _gelu_tanh).double()
+                - _mlp_outputs(fc, proj, x, _erf, torch.float64)
+            )
+            .abs()
+            .max()
+            .item(),
+        ),
+    ),
 ]
 
 
@@ -668,7 +934,11 @@ def _gap_cases():
     from gpt2lib.chapters.layers import Conv1D
 
     gen = torch.Generator().manual_seed(4)
-    for (B, T, C, H), proj_std in (((2, 5, 16, 64), 0.5), ((1, 9, 32, 128), 0.02), ((3, 4, 24, 96), 0.1)):
+    for (B, T, C, H), proj_std in (
+        ((2, 5, 16, 64), 0.5),
+        ((1, 9, 32, 128), 0.02),
+        ((3, 4, 24, 96), 0.1),
+    ):
         fc, proj = Conv1D(C, H), Conv1D(H, C)
         with torch.no_grad():
             fc.weight.copy_(torch.randn(C, H, generator=gen) * (2.5 / math.sqrt(C)))
@@ -680,8 +950,11 @@ def _gap_cases():
 
 def _two_numbers(got):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(EX_GAPS, "return two numbers, `gap_activation, gap_rounding` (a tuple), "
-                          f"got {type(got).__name__}")
+        raise CheckFailed(
+            EX_GAPS,
+            "return two numbers, `gap_activation, gap_rounding` (a tuple), "
+            f"got {type(got).__name__}",
+        )
     return tuple(_as_number(EX_GAPS, g) for g in got)
 
 
@@ -695,16 +968,32 @@ def _gaps_match(got, want):
 def check_approximation_gaps(approximation_gaps) -> None:
     """`approximation_gaps(fc, proj, x)` -> (largest output change erf vs tanh, float32 rounding)."""
     for fc, proj, x in _gap_cases():
-        before = {name: t.clone() for name, t in [*fc.state_dict().items(), *[("p" + k, v) for k, v in
-                                                                              proj.state_dict().items()]]}
+        before = {
+            name: t.clone()
+            for name, t in [
+                *fc.state_dict().items(),
+                *[("p" + k, v) for k, v in proj.state_dict().items()],
+            ]
+        }
         x_before = x.clone()
         got = _two_numbers(call_learner(EX_GAPS, approximation_gaps, fc, proj, x))
-        after = {name: t for name, t in [*fc.state_dict().items(), *[("p" + k, v) for k, v in
-                                                                     proj.state_dict().items()]]}
-        if any(t.dtype != before[name].dtype or not torch.equal(t, before[name]) for name, t in after.items()):
-            raise CheckFailed(EX_GAPS, "your function changed the layers it was given (their dtype or "
-                              "values): Module.double() and .to() convert a module IN PLACE. Work on "
-                              "copies (copy.deepcopy(fc).double()), or compute from the weights")
+        after = {
+            name: t
+            for name, t in [
+                *fc.state_dict().items(),
+                *[("p" + k, v) for k, v in proj.state_dict().items()],
+            ]
+        }
+        if any(
+            t.dtype != before[name].dtype or not torch.equal(t, before[name])
+            for name, t in after.items()
+        ):
+            raise CheckFailed(
+                EX_GAPS,
+                "your function changed the layers it was given (their dtype or "
+                "values): Module.double() and .to() convert a module IN PLACE. Work on "
+                "copies (copy.deepcopy(fc).double()), or compute from the weights",
+            )
         if not torch.equal(x, x_before):
             raise CheckFailed(EX_GAPS, "your function changed its input x in place: leave it alone")
         want = _right_gaps(fc, proj, x)
@@ -717,8 +1006,11 @@ def check_approximation_gaps(approximation_gaps) -> None:
             mistake = named(GAPS_MISTAKES, "float32 reference")
         if mistake is not None:
             raise CheckFailed(EX_GAPS, mistake.message)
-        raise CheckFailed(EX_GAPS, f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> "
-                          f"{proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about "
-                          f"{want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you "
-                          f"return {got[0]:.3g} and {got[1]:.2g}")
+        raise CheckFailed(
+            EX_GAPS,
+            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> "
+            f"{proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about "
+            f"{want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you "
+            f"return {got[0]:.3g} and {got[1]:.2g}",
+        )
     passed(EX_GAPS, "the output's largest change from the activation, and from float32 rounding")

@@ -82,61 +82,109 @@ def _ln_f_after_each(model, x):
 
 
 def _right(model, idx):
-    return _readout(model, model.ln_f(_blocks(model, model.drop(model.wte(idx) + _positions(model, idx)))))
+    return _readout(
+        model, model.ln_f(_blocks(model, model.drop(model.wte(idx) + _positions(model, idx))))
+    )
 
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
 MODULE_MISTAKES = [
-    Mistake("no ln_f", "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
-            "the output of the last block, before the readout",
-            lambda m, idx: _readout(m, _blocks(m, m.wte(idx) + _positions(m, idx)))),
-    Mistake("no positions", "your logits match the model WITHOUT position embeddings: add "
-            "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
-            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx))))),
-    Mistake("positions from 1", "your positions start at 1: the first token's position is 0, so use "
-            "torch.arange(T) (0, 1, ..., T-1)",
-            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx, start=1))))),
-    Mistake("ids as positions", "you looked up the token ids in the position table (self.wpe(idx)): "
-            "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
-            lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + m.wpe(idx))))),
-    Mistake("blocks discarded", "your logits match the model with NO blocks: a block returns the new "
-            "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
-            lambda m, idx: _readout(m, m.ln_f(m.wte(idx) + _positions(m, idx)))),
-    Mistake("last block only", "your logits match the model with only the LAST block applied to the "
-            "embeddings: each block takes the previous block's output, x = block(x) in the loop",
-            lambda m, idx: _readout(m, m.ln_f(m.h[-1](m.wte(idx) + _positions(m, idx))))),
-    Mistake("ln_f in every block", "the final LayerNorm ln_f is applied after every block: it comes "
-            "once, after the last block",
-            lambda m, idx: _readout(m, _ln_f_after_each(m, m.wte(idx) + _positions(m, idx)))),
-    Mistake("softmax", "your output is probabilities (each row sums to 1): return the raw logits; "
-            "softmax belongs to the loss and to sampling", lambda m, idx: _right(m, idx).softmax(dim=-1)),
-    Mistake("log-softmax", "your output is log-probabilities (log_softmax): return the raw logits; "
-            "the loss (F.cross_entropy) applies log_softmax itself", lambda m, idx: _right(m, idx).log_softmax(dim=-1)),
-    Mistake("readout with wpe", "the readout multiplies by the position table: the tied readout uses "
-            "the TOKEN table, x @ self.wte.weight.T",
-            lambda m, idx: m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx))) @ m.wpe.weight.T),
+    Mistake(
+        "no ln_f",
+        "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
+        "the output of the last block, before the readout",
+        lambda m, idx: _readout(m, _blocks(m, m.wte(idx) + _positions(m, idx))),
+    ),
+    Mistake(
+        "no positions",
+        "your logits match the model WITHOUT position embeddings: add "
+        "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
+        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx)))),
+    ),
+    Mistake(
+        "positions from 1",
+        "your positions start at 1: the first token's position is 0, so use "
+        "torch.arange(T) (0, 1, ..., T-1)",
+        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx, start=1)))),
+    ),
+    Mistake(
+        "ids as positions",
+        "you looked up the token ids in the position table (self.wpe(idx)): "
+        "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
+        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + m.wpe(idx)))),
+    ),
+    Mistake(
+        "blocks discarded",
+        "your logits match the model with NO blocks: a block returns the new "
+        "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
+        lambda m, idx: _readout(m, m.ln_f(m.wte(idx) + _positions(m, idx))),
+    ),
+    Mistake(
+        "last block only",
+        "your logits match the model with only the LAST block applied to the "
+        "embeddings: each block takes the previous block's output, x = block(x) in the loop",
+        lambda m, idx: _readout(m, m.ln_f(m.h[-1](m.wte(idx) + _positions(m, idx)))),
+    ),
+    Mistake(
+        "ln_f in every block",
+        "the final LayerNorm ln_f is applied after every block: it comes "
+        "once, after the last block",
+        lambda m, idx: _readout(m, _ln_f_after_each(m, m.wte(idx) + _positions(m, idx))),
+    ),
+    Mistake(
+        "softmax",
+        "your output is probabilities (each row sums to 1): return the raw logits; "
+        "softmax belongs to the loss and to sampling",
+        lambda m, idx: _right(m, idx).softmax(dim=-1),
+    ),
+    Mistake(
+        "log-softmax",
+        "your output is log-probabilities (log_softmax): return the raw logits; "
+        "the loss (F.cross_entropy) applies log_softmax itself",
+        lambda m, idx: _right(m, idx).log_softmax(dim=-1),
+    ),
+    Mistake(
+        "readout with wpe",
+        "the readout multiplies by the position table: the tied readout uses "
+        "the TOKEN table, x @ self.wte.weight.T",
+        lambda m, idx: m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx))) @ m.wpe.weight.T,
+    ),
 ]
 
 
 def _check_dropout(model_cls) -> None:
     """Training mode: dropout on the embeddings (self.drop) acts; eval mode: it does not."""
-    config = _config(vocab_size=61, n_positions=16, n_embd=32, n_layer=1, n_head=4,
-                     embd_pdrop=0.5, attn_pdrop=0.0, resid_pdrop=0.0)
+    config = _config(
+        vocab_size=61,
+        n_positions=16,
+        n_embd=32,
+        n_layer=1,
+        n_head=4,
+        embd_pdrop=0.5,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = call_learner(EX_MODULE, model_cls, config)
     model.load_state_dict(_reference(config).state_dict(), strict=False)
     idx = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         model.eval()
         if not torch.equal(model(idx), model(idx)):
-            raise CheckFailed(EX_MODULE, "in eval mode two calls gave different logits: use "
-                              "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone")
+            raise CheckFailed(
+                EX_MODULE,
+                "in eval mode two calls gave different logits: use "
+                "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
+            )
         evaluated = model(idx)
         model.train()
         torch.manual_seed(0)
         if torch.equal(model(idx), evaluated):
-            raise CheckFailed(EX_MODULE, "with embd_pdrop = 0.5, training mode gives the same logits "
-                              "as eval mode: self.drop is never applied. Apply it to the sum of the "
-                              "embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))")
+            raise CheckFailed(
+                EX_MODULE,
+                "with embd_pdrop = 0.5, training mode gives the same logits "
+                "as eval mode: self.drop is never applied. Apply it to the sum of the "
+                "embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))",
+            )
     model.eval()
 
 
@@ -146,57 +194,92 @@ def check_gpt2_module(model_cls) -> None:
     ref = _reference(config)
     model = call_learner(EX_MODULE, model_cls, config)
     if not isinstance(model, nn.Module):
-        raise CheckFailed(EX_MODULE, f"{getattr(model_cls, '__name__', model_cls)}(config) "
-                          f"should make an nn.Module, got {type(model).__name__}")
+        raise CheckFailed(
+            EX_MODULE,
+            f"{getattr(model_cls, '__name__', model_cls)}(config) "
+            f"should make an nn.Module, got {type(model).__name__}",
+        )
     missing = [n for n in _NAMES if not hasattr(model, n)]
     if "ln_f" in missing:
-        raise CheckFailed(EX_MODULE, "your model has no `ln_f`: the final LayerNorm is missing; "
-                          "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)")
+        raise CheckFailed(
+            EX_MODULE,
+            "your model has no `ln_f`: the final LayerNorm is missing; "
+            "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)",
+        )
     if missing:
-        raise CheckFailed(EX_MODULE, f"your model has no attribute(s) {', '.join(missing)}; "
-                          f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)")
+        raise CheckFailed(
+            EX_MODULE,
+            f"your model has no attribute(s) {', '.join(missing)}; "
+            f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)",
+        )
     if isinstance(model.h, (list, tuple)):
-        raise CheckFailed(EX_MODULE, f"self.h is a plain {type(model.h).__name__}: PyTorch does "
-                          "not see the blocks inside it, so their parameters are missing from "
-                          "model.parameters(), state_dict() and .to(device); wrap it: "
-                          "self.h = nn.ModuleList([...])")
+        raise CheckFailed(
+            EX_MODULE,
+            f"self.h is a plain {type(model.h).__name__}: PyTorch does "
+            "not see the blocks inside it, so their parameters are missing from "
+            "model.parameters(), state_dict() and .to(device); wrap it: "
+            "self.h = nn.ModuleList([...])",
+        )
     if not isinstance(model.h, nn.ModuleList) or len(model.h) != config.n_layer:
-        raise CheckFailed(EX_MODULE, f"self.h should be an nn.ModuleList of config.n_layer "
-                          f"({config.n_layer}) blocks, got {type(model.h).__name__}"
-                          + (f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""))
+        raise CheckFailed(
+            EX_MODULE,
+            f"self.h should be an nn.ModuleList of config.n_layer "
+            f"({config.n_layer}) blocks, got {type(model.h).__name__}"
+            + (f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""),
+        )
 
     if len({id(block) for block in model.h}) < len(model.h):
-        raise CheckFailed(EX_MODULE, "self.h holds the same Block object more than once "
-                          "([Block(config)] * n_layer repeats one block, so all layers share "
-                          "their weights); build a new block for each layer: "
-                          "nn.ModuleList([Block(config) for _ in range(config.n_layer)])")
+        raise CheckFailed(
+            EX_MODULE,
+            "self.h holds the same Block object more than once "
+            "([Block(config)] * n_layer repeats one block, so all layers share "
+            "their weights); build a new block for each layer: "
+            "nn.ModuleList([Block(config) for _ in range(config.n_layer)])",
+        )
 
     V, C = config.vocab_size, config.n_embd
     wte_weight = getattr(model.wte, "weight", None)
-    untied = [n for n, p in model.named_parameters()
-              if p is not wte_weight and tuple(p.shape) in ((V, C), (C, V))]
+    untied = [
+        n
+        for n, p in model.named_parameters()
+        if p is not wte_weight and tuple(p.shape) in ((V, C), (C, V))
+    ]
     if untied:
-        raise CheckFailed(EX_MODULE, f"your model has a separate readout ({', '.join(untied)}, "
-                          f"{V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's "
-                          "readout is tied, logits = x @ self.wte.weight.T, with no lm_head")
+        raise CheckFailed(
+            EX_MODULE,
+            f"your model has a separate readout ({', '.join(untied)}, "
+            f"{V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's "
+            "readout is tied, logits = x @ self.wte.weight.T, with no lm_head",
+        )
     n_learner = sum(p.numel() for p in model.parameters())
     n_ref = sum(p.numel() for p in ref.parameters())
     if n_learner != n_ref:
-        raise CheckFailed(EX_MODULE, f"your model has {n_learner:,} parameters, the reference "
-                          f"{n_ref:,} for this config; compare your layers with the list above")
+        raise CheckFailed(
+            EX_MODULE,
+            f"your model has {n_learner:,} parameters, the reference "
+            f"{n_ref:,} for this config; compare your layers with the list above",
+        )
 
     state = ref.state_dict()
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
-        raise CheckFailed(EX_MODULE, f"the reference weights do not fit your model: {exc}") from None
+        raise CheckFailed(
+            EX_MODULE, f"the reference weights do not fit your model: {exc}"
+        ) from None
     loaded = {id(p) for n, p in model.named_parameters() if n in state}
-    not_loaded = [n for n in result.missing_keys
-                  if n in dict(model.named_parameters()) and id(model.get_parameter(n)) not in loaded]
+    not_loaded = [
+        n
+        for n in result.missing_keys
+        if n in dict(model.named_parameters()) and id(model.get_parameter(n)) not in loaded
+    ]
     if result.unexpected_keys or not_loaded:
-        raise CheckFailed(EX_MODULE, "parameter names differ from GPT-2's: your model lacks "
-                          f"{result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) "
-                          f"for the blocks and the names {', '.join(_NAMES)}")
+        raise CheckFailed(
+            EX_MODULE,
+            "parameter names differ from GPT-2's: your model lacks "
+            f"{result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) "
+            f"for the blocks and the names {', '.join(_NAMES)}",
+        )
     model.eval()
 
     torch.manual_seed(1)
@@ -207,29 +290,49 @@ def check_gpt2_module(model_cls) -> None:
     ]
     for idx in cases:
         with torch.no_grad():
-            got = call_learner(EX_MODULE, model.forward, idx)  # forward: so a wrong signature is named
+            got = call_learner(
+                EX_MODULE, model.forward, idx
+            )  # forward: so a wrong signature is named
             want = _right(ref, idx)
         if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(idx.shape) + (C,):
-            raise CheckFailed(EX_MODULE, f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
-                              "the readout is missing; multiply by self.wte.weight.T to get "
-                              "(B, T, vocab_size)")
+            raise CheckFailed(
+                EX_MODULE,
+                f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
+                "the readout is missing; multiply by self.wte.weight.T to get "
+                "(B, T, vocab_size)",
+            )
         with torch.no_grad():
-            mistake = None if close(got, want, atol=1e-4, rtol=1e-4) else first_mistake(
-                MODULE_MISTAKES, lambda m: close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4))
+            mistake = (
+                None
+                if close(got, want, atol=1e-4, rtol=1e-4)
+                else first_mistake(
+                    MODULE_MISTAKES, lambda m: close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4)
+                )
+            )
         if mistake is not None:
             raise CheckFailed(EX_MODULE, mistake.message)
-        got = expect_tensor(EX_MODULE, got, tuple(want.shape),
-                            what=f"for idx of shape {tuple(idx.shape)} your output")
+        got = expect_tensor(
+            EX_MODULE,
+            got,
+            tuple(want.shape),
+            what=f"for idx of shape {tuple(idx.shape)} your output",
+        )
         with torch.no_grad():
             if not torch.equal(got, call_learner(EX_MODULE, model.forward, idx).double()):
-                raise CheckFailed(EX_MODULE, "in eval mode two calls gave different logits: use "
-                                  "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone")
+                raise CheckFailed(
+                    EX_MODULE,
+                    "in eval mode two calls gave different logits: use "
+                    "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
+                )
         if close(got, want, atol=1e-4, rtol=1e-4):
             continue
         worst = (got - want.double()).abs().max().item()
-        raise CheckFailed(EX_MODULE, f"for idx of shape {tuple(idx.shape)} your logits differ "
-                          f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
-                          "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T")
+        raise CheckFailed(
+            EX_MODULE,
+            f"for idx of shape {tuple(idx.shape)} your logits differ "
+            f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
+            "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
+        )
     _check_dropout(model_cls)
     passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
@@ -244,15 +347,29 @@ def _std_of(params):
 
 # fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
 INIT_SCALE_MISTAKES = [
-    Mistake("1/sqrt(n_layer)", "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block "
-            "adds TWO updates to the residual stream (attention and MLP)",
-            lambda n_layer: 0.02 / math.sqrt(n_layer)),
-    Mistake("1/(2 n_layer)", "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · "
-            "n_layer) (random updates add up as √count)", lambda n_layer: 0.02 / (2 * n_layer)),
-    Mistake("GPT-2 small's depth", "look scaled for GPT-2 small's 12 layers: use the model's own "
-            "depth, model.config.n_layer", lambda n_layer: 0.02 / math.sqrt(2 * 12)),
-    Mistake("1/sqrt(2) only", "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of "
-            "updates the residual stream sums over the whole model", lambda n_layer: 0.02 / math.sqrt(2)),
+    Mistake(
+        "1/sqrt(n_layer)",
+        "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block "
+        "adds TWO updates to the residual stream (attention and MLP)",
+        lambda n_layer: 0.02 / math.sqrt(n_layer),
+    ),
+    Mistake(
+        "1/(2 n_layer)",
+        "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · "
+        "n_layer) (random updates add up as √count)",
+        lambda n_layer: 0.02 / (2 * n_layer),
+    ),
+    Mistake(
+        "GPT-2 small's depth",
+        "look scaled for GPT-2 small's 12 layers: use the model's own depth, model.config.n_layer",
+        lambda n_layer: 0.02 / math.sqrt(2 * 12),
+    ),
+    Mistake(
+        "1/sqrt(2) only",
+        "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of "
+        "updates the residual stream sums over the whole model",
+        lambda n_layer: 0.02 / math.sqrt(2),
+    ),
 ]
 
 
@@ -271,11 +388,17 @@ def check_init_gpt2_weights(init_fn) -> None:
     torch.manual_seed(0)
     with torch.no_grad():
         returned = call_learner(EX_INIT, init_fn, model)
-    if isinstance(returned, nn.Module) and returned is not model and all(
-            (p == fill).all() for p in model.parameters()):
-        raise CheckFailed(EX_INIT, "your function returned a new model and left the one it was "
-                          "given unchanged; set the weights of `model` itself, in place "
-                          "(nn.init.normal_(module.weight, ...) changes the tensor it is given)")
+    if (
+        isinstance(returned, nn.Module)
+        and returned is not model
+        and all((p == fill).all() for p in model.parameters())
+    ):
+        raise CheckFailed(
+            EX_INIT,
+            "your function returned a new model and left the one it was "
+            "given unchanged; set the weights of `model` itself, in place "
+            "(nn.init.normal_(module.weight, ...) changes the tensor it is given)",
+        )
     named = dict(model.named_parameters())
 
     def group(predicate):
@@ -286,16 +409,22 @@ def check_init_gpt2_weights(init_fn) -> None:
 
     for n, p in named.items():
         if is_layer_norm(n) and not torch.all(p == (1.0 if n.endswith(".weight") else 0.0)):
-            raise CheckFailed(EX_INIT, f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: "
-                              "a LayerNorm starts with gain (weight) 1 and bias 0, a plain "
-                              "normalisation")
+            raise CheckFailed(
+                EX_INIT,
+                f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: "
+                "a LayerNorm starts with gain (weight) 1 and bias 0, a plain "
+                "normalisation",
+            )
     for n, p in named.items():
         if n.endswith(".bias") and not torch.all(p == 0):
             raise CheckFailed(EX_INIT, f"{n} is not zero: the layers' biases start at 0")
     for n, p in named.items():
         if torch.all(p == fill):
-            raise CheckFailed(EX_INIT, f"{n} still holds the value it had before your function "
-                              "ran: every parameter must be set (see the list in the exercise)")
+            raise CheckFailed(
+                EX_INIT,
+                f"{n} still holds the value it had before your function "
+                "ran: every parameter must be set (see the list in the exercise)",
+            )
 
     expected = 0.02
     groups = {
@@ -307,8 +436,11 @@ def check_init_gpt2_weights(init_fn) -> None:
     for label, params in groups.items():
         std, mean = _std_of(params)
         if abs(std - math.sqrt(expected)) < 0.1 * math.sqrt(expected):
-            raise CheckFailed(EX_INIT, f"{label} have std {std:.4f} = √0.02: 0.02 is the standard "
-                              "deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))")
+            raise CheckFailed(
+                EX_INIT,
+                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard "
+                "deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
+            )
         if abs(std - expected) > 0.1 * expected:
             raise CheckFailed(EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them")
         if abs(mean) > 0.2 * expected:
@@ -319,7 +451,10 @@ def check_init_gpt2_weights(init_fn) -> None:
     def near(value, target):
         return abs(value - target) <= 0.1 * target
 
-    stds = {w: _std_of(group(lambda n, w=w: n.endswith(w + ".weight"))) for w in ("attn.c_proj", "mlp.c_proj")}
+    stds = {
+        w: _std_of(group(lambda n, w=w: n.endswith(w + ".weight")))
+        for w in ("attn.c_proj", "mlp.c_proj")
+    }
     right = {w: near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
     if all(right.values()):
         passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
@@ -328,19 +463,28 @@ def check_init_gpt2_weights(init_fn) -> None:
         good = next(w for w, ok in right.items() if ok)
         bad = next(w for w, ok in right.items() if not ok)
         if near(stds[bad][0], expected):
-            raise CheckFailed(EX_INIT, f"only {good} is scaled, {bad} is not: both write into the "
-                              "residual stream, so both use std 0.02 / √(2 · n_layer)")
+            raise CheckFailed(
+                EX_INIT,
+                f"only {good} is scaled, {bad} is not: both write into the "
+                "residual stream, so both use std 0.02 / √(2 · n_layer)",
+            )
     where = next(w for w, ok in right.items() if not ok)
     std, mean = stds[where]
     if near(std, expected):
-        raise CheckFailed(EX_INIT, "the residual projections (attn.c_proj, mlp.c_proj) are not "
-                          f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
-                          "residual stream adds up 2 · n_layer of their outputs")
+        raise CheckFailed(
+            EX_INIT,
+            "the residual projections (attn.c_proj, mlp.c_proj) are not "
+            f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
+            "residual stream adds up 2 · n_layer of their outputs",
+        )
     mistake = first_mistake(INIT_SCALE_MISTAKES, lambda m: near(std, m.fn(n_layer)))
     if mistake is not None:
         raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f}: they " + mistake.message)
-    raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
-                      f"0.02 / √(2 · {n_layer}) = {resid:.4f}")
+    raise CheckFailed(
+        EX_INIT,
+        f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
+        f"0.02 / √(2 · {n_layer}) = {resid:.4f}",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 6.4
@@ -352,33 +496,59 @@ def _n(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _shares(model, *, ln_f=True, extra=0, blocks=None, attention=lambda b: _n(b.attn), scale=1.0,
-            raw=False):
+def _shares(
+    model, *, ln_f=True, extra=0, blocks=None, attention=lambda b: _n(b.attn), scale=1.0, raw=False
+):
     """The right shares, or (with an argument changed) a wrong variant of them."""
     blocks = list(model.h) if blocks is None else blocks
-    parts = {"wte": _n(model.wte), "wpe": _n(model.wpe),
-             "attention": sum(attention(b) for b in blocks), "MLP": sum(_n(b.mlp) for b in blocks),
-             "LayerNorms": sum(_n(b.ln_1) + _n(b.ln_2) for b in blocks) + ln_f * _n(model.ln_f)}
+    parts = {
+        "wte": _n(model.wte),
+        "wpe": _n(model.wpe),
+        "attention": sum(attention(b) for b in blocks),
+        "MLP": sum(_n(b.mlp) for b in blocks),
+        "LayerNorms": sum(_n(b.ln_1) + _n(b.ln_2) for b in blocks) + ln_f * _n(model.ln_f),
+    }
     total = 1 if raw else _n(model) + extra
     return {key: scale * n / total for key, n in parts.items()}
 
 
 # fn(model) -> the dict a wrong answer returns
 SHARES_MISTAKES = [
-    Mistake("no ln_f", "your LayerNorms leave out the final LayerNorm ln_f: count it with the "
-            "blocks' ln_1 and ln_2", lambda model: _shares(model, ln_f=False)),
-    Mistake("readout counted", "your total counts the readout as a layer of its own: it is wte "
-            "itself (tied), so the model's total is sum(p.numel() for p in model.parameters())",
-            lambda model: _shares(model, extra=_n(model.wte))),
-    Mistake("one block", "you counted attention, MLP and LayerNorms of the first block only: add "
-            "them up over all the blocks in model.h", lambda model: _shares(model, blocks=list(model.h)[:1])),
-    Mistake("c_attn only", "your attention counts c_attn only: its output projection c_proj "
-            "belongs to attention too (count the whole block.attn)",
-            lambda model: _shares(model, attention=lambda b: _n(b.attn.c_attn))),
-    Mistake("percent", "your shares are percentages: return fractions of the total (they add up "
-            "to 1, not 100)", lambda model: _shares(model, scale=100.0)),
-    Mistake("counts", "you return parameter counts: divide each by the model's total, so that the "
-            "shares add up to 1", lambda model: _shares(model, raw=True)),
+    Mistake(
+        "no ln_f",
+        "your LayerNorms leave out the final LayerNorm ln_f: count it with the "
+        "blocks' ln_1 and ln_2",
+        lambda model: _shares(model, ln_f=False),
+    ),
+    Mistake(
+        "readout counted",
+        "your total counts the readout as a layer of its own: it is wte "
+        "itself (tied), so the model's total is sum(p.numel() for p in model.parameters())",
+        lambda model: _shares(model, extra=_n(model.wte)),
+    ),
+    Mistake(
+        "one block",
+        "you counted attention, MLP and LayerNorms of the first block only: add "
+        "them up over all the blocks in model.h",
+        lambda model: _shares(model, blocks=list(model.h)[:1]),
+    ),
+    Mistake(
+        "c_attn only",
+        "your attention counts c_attn only: its output projection c_proj "
+        "belongs to attention too (count the whole block.attn)",
+        lambda model: _shares(model, attention=lambda b: _n(b.attn.c_attn)),
+    ),
+    Mistake(
+        "percent",
+        "your shares are percentages: return fractions of the total (they add up to 1, not 100)",
+        lambda model: _shares(model, scale=100.0),
+    ),
+    Mistake(
+        "counts",
+        "you return parameter counts: divide each by the model's total, so that the "
+        "shares add up to 1",
+        lambda model: _shares(model, raw=True),
+    ),
 ]
 
 
@@ -391,19 +561,30 @@ def check_parameter_shares(parameter_shares) -> None:
     from gpt2lib.chapters.config import GPT2Config
     from gpt2lib.chapters.model import GPT2
 
-    configs = [_config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
-               _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=3, n_head=2)]
+    configs = [
+        _config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
+        _config(vocab_size=50, n_positions=16, n_embd=16, n_layer=3, n_head=2),
+    ]
     for config in configs + [GPT2Config()]:
         with torch.device("meta"):  # shapes only: counting needs no values
             model = GPT2(config)
         got = call_learner(EX_SHARES, parameter_shares, model)
         if not isinstance(got, dict) or set(got) != set(SHARE_KEYS):
             keys = sorted(got) if isinstance(got, dict) else type(got).__name__
-            raise CheckFailed(EX_SHARES, f"return a dict with the keys {', '.join(SHARE_KEYS)}; got {keys}")
-        bad = [k for k in SHARE_KEYS if isinstance(got[k], bool) or not isinstance(got[k], numbers.Real)]
+            raise CheckFailed(
+                EX_SHARES, f"return a dict with the keys {', '.join(SHARE_KEYS)}; got {keys}"
+            )
+        bad = [
+            k
+            for k in SHARE_KEYS
+            if isinstance(got[k], bool) or not isinstance(got[k], numbers.Real)
+        ]
         if bad:
-            raise CheckFailed(EX_SHARES, f"the shares should be Python numbers (floats); {bad[0]!r} is "
-                              f"{type(got[bad[0]]).__name__}")
+            raise CheckFailed(
+                EX_SHARES,
+                f"the shares should be Python numbers (floats); {bad[0]!r} is "
+                f"{type(got[bad[0]]).__name__}",
+            )
         want = _shares(model)
         if _same_shares(got, want):
             continue
@@ -411,9 +592,12 @@ def check_parameter_shares(parameter_shares) -> None:
         if mistake is not None:
             raise CheckFailed(EX_SHARES, mistake.message)
         wrong = [k for k in SHARE_KEYS if not math.isclose(float(got[k]), want[k], rel_tol=1e-9)]
-        raise CheckFailed(EX_SHARES, f"for n_embd={config.n_embd}, n_layer={config.n_layer}: "
-                          f"{', '.join(wrong)} should be {', '.join(f'{want[k]:.4f}' for k in wrong)}, "
-                          f"got {', '.join(f'{float(got[k]):.4f}' for k in wrong)}")
+        raise CheckFailed(
+            EX_SHARES,
+            f"for n_embd={config.n_embd}, n_layer={config.n_layer}: "
+            f"{', '.join(wrong)} should be {', '.join(f'{want[k]:.4f}' for k in wrong)}, "
+            f"got {', '.join(f'{float(got[k]):.4f}' for k in wrong)}",
+        )
     passed(EX_SHARES, "right for three sizes; the five parts add up to the whole model")
 
 
@@ -427,48 +611,98 @@ def _right_count(config):
 
 def _count_mistake(name, message, delta):
     """A wrong count: the right one plus delta(V, P, C, L)."""
-    return Mistake(name, message, lambda config: _right_count(config) + delta(
-        config.vocab_size, config.n_positions, config.n_embd, config.n_layer))
+    return Mistake(
+        name,
+        message,
+        lambda config: (
+            _right_count(config)
+            + delta(config.vocab_size, config.n_positions, config.n_embd, config.n_layer)
+        ),
+    )
 
 
 # fn(config) -> the count a wrong formula gives
 COUNT_MISTAKES = [
-    _count_mistake("untied readout", "you counted the readout as well as wte: the readout is TIED to "
-                   "the token table (logits = x @ wte.weight.T), so it adds no parameters",
-                   lambda V, P, C, L: V * C),
-    _count_mistake("no ln_f", "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
-                   lambda V, P, C, L: -2 * C),
-    _count_mistake("no wpe", "the position embedding table wpe (n_positions × n_embd) is missing",
-                   lambda V, P, C, L: -P * C),
-    _count_mistake("no biases", "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
-                   "(3C + C + 4C + C per block) are missing", lambda V, P, C, L: -9 * C * L),
-    _count_mistake("no block LayerNorms", "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd "
-                   "each) are missing", lambda V, P, C, L: -4 * C * L),
-    _count_mistake("no LayerNorms", "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are "
-                   "missing", lambda V, P, C, L: -4 * C * L - 2 * C),
-    _count_mistake("weights only", "only the weight matrices are counted: add the biases and the "
-                   "LayerNorms", lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C),
-    _count_mistake("one block", "only ONE block is counted: there are n_layer of them, each with "
-                   "its own weights", lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C)),
-    _count_mistake("MLP without expansion", "the MLP is counted as n_embd → n_embd → n_embd: its "
-                   "hidden layer is 4 · n_embd wide", lambda V, P, C, L: -L * (6 * C * C + 3 * C)),
-    _count_mistake("MLP c_proj as n × n", "the MLP's c_proj is counted as n_embd × n_embd: it brings "
-                   "the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd "
-                   "(only attention's c_proj is n_embd × n_embd)", lambda V, P, C, L: -3 * C * C * L),
-    _count_mistake("one LayerNorm per block", "each block has TWO LayerNorms, ln_1 before attention "
-                   "and ln_2 before the MLP, with 2 · n_embd parameters each",
-                   lambda V, P, C, L: -2 * C * L),
-    _count_mistake("LayerNorm without bias", "a LayerNorm has a gain (weight) AND a bias: "
-                   "2 · n_embd parameters, not n_embd", lambda V, P, C, L: -(2 * L + 1) * C),
-    _count_mistake("c_attn as n × n", "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
-                   "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
-                   lambda V, P, C, L: -L * (2 * C * C + 2 * C)),
-    _count_mistake("no attention c_proj", "attention's output projection c_proj (n_embd × n_embd "
-                   "and n_embd biases) is missing", lambda V, P, C, L: -L * (C * C + C)),
+    _count_mistake(
+        "untied readout",
+        "you counted the readout as well as wte: the readout is TIED to "
+        "the token table (logits = x @ wte.weight.T), so it adds no parameters",
+        lambda V, P, C, L: V * C,
+    ),
+    _count_mistake(
+        "no ln_f",
+        "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+        lambda V, P, C, L: -2 * C,
+    ),
+    _count_mistake(
+        "no wpe",
+        "the position embedding table wpe (n_positions × n_embd) is missing",
+        lambda V, P, C, L: -P * C,
+    ),
+    _count_mistake(
+        "no biases",
+        "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
+        "(3C + C + 4C + C per block) are missing",
+        lambda V, P, C, L: -9 * C * L,
+    ),
+    _count_mistake(
+        "no block LayerNorms",
+        "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
+        lambda V, P, C, L: -4 * C * L,
+    ),
+    _count_mistake(
+        "no LayerNorms",
+        "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
+        lambda V, P, C, L: -4 * C * L - 2 * C,
+    ),
+    _count_mistake(
+        "weights only",
+        "only the weight matrices are counted: add the biases and the LayerNorms",
+        lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
+    ),
+    _count_mistake(
+        "one block",
+        "only ONE block is counted: there are n_layer of them, each with its own weights",
+        lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
+    ),
+    _count_mistake(
+        "MLP without expansion",
+        "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
+        lambda V, P, C, L: -L * (6 * C * C + 3 * C),
+    ),
+    _count_mistake(
+        "MLP c_proj as n × n",
+        "the MLP's c_proj is counted as n_embd × n_embd: it brings "
+        "the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd "
+        "(only attention's c_proj is n_embd × n_embd)",
+        lambda V, P, C, L: -3 * C * C * L,
+    ),
+    _count_mistake(
+        "one LayerNorm per block",
+        "each block has TWO LayerNorms, ln_1 before attention "
+        "and ln_2 before the MLP, with 2 · n_embd parameters each",
+        lambda V, P, C, L: -2 * C * L,
+    ),
+    _count_mistake(
+        "LayerNorm without bias",
+        "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
+        lambda V, P, C, L: -(2 * L + 1) * C,
+    ),
+    _count_mistake(
+        "c_attn as n × n",
+        "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
+        "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+        lambda V, P, C, L: -L * (2 * C * C + 2 * C),
+    ),
+    _count_mistake(
+        "no attention c_proj",
+        "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
+        lambda V, P, C, L: -L * (C * C + C),
+    ),
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _meta_count(config_items) -> int:
     """Parameters of gpt2lib.GPT2 for a config, counted on the meta device (no memory)."""
     from gpt2lib.chapters.config import GPT2Config
@@ -494,18 +728,27 @@ def check_count_gpt2_parameters(count_fn) -> None:
             raise CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
         if got == want:
             continue
-        sizes = (f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
-                 f"n_embd={config.n_embd}, n_layer={config.n_layer}")
+        sizes = (
+            f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
+            f"n_embd={config.n_embd}, n_layer={config.n_layer}"
+        )
         if config is not configs[0] and got == _meta_count(tuple(sorted(vars(configs[0]).items()))):
-            raise CheckFailed(EX_COUNT, f"for {sizes} you return GPT-2 small's count, 124,439,808; "
-                              "compute it from the config's fields (config.n_embd, config.n_layer, ...)")
+            raise CheckFailed(
+                EX_COUNT,
+                f"for {sizes} you return GPT-2 small's count, 124,439,808; "
+                "compute it from the config's fields (config.n_embd, config.n_layer, ...)",
+            )
         assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
         mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
         if mistake is not None:
-            raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: "
-                              + mistake.message)
-        raise CheckFailed(EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,} "
-                          f"(off by {got - want:+,}); go through the parts listed in the exercise")
+            raise CheckFailed(
+                EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: " + mistake.message
+            )
+        raise CheckFailed(
+            EX_COUNT,
+            f"for {sizes} you get {got:,}, the model has {want:,} "
+            f"(off by {got - want:+,}); go through the parts listed in the exercise",
+        )
     passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
 
 
@@ -520,18 +763,35 @@ def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
 
 # fn(n_params, bytes_per_number) -> the dict a wrong answer returns
 MEMORY_MISTAKES = [
-    Mistake("one optimizer state", "your optimizer state is one number per parameter: AdamW keeps "
-            "TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
-            lambda n, b: _memory(n, b, optimizer=1)),
-    Mistake("no gradients", "the gradients are missing: loss.backward() stores one gradient per "
-            "parameter, as big as the weights", lambda n, b: _memory(n, b, gradients=0)),
-    Mistake("optimizer with gradients", "your optimizer state is three numbers per parameter: AdamW "
-            "keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
-            lambda n, b: _memory(n, b, optimizer=3)),
-    Mistake("bits", "your counts are in bits (×8): the answer is in bytes, n_params × "
-            "bytes_per_number", lambda n, b: _memory(n, b, scale=8)),
-    Mistake("fixed 4 bytes", "your counts ignore bytes_per_number (they assume 4, float32): use the "
-            "argument, 2 for bfloat16, 8 for float64", lambda n, b: _memory(n, 4)),
+    Mistake(
+        "one optimizer state",
+        "your optimizer state is one number per parameter: AdamW keeps "
+        "TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
+        lambda n, b: _memory(n, b, optimizer=1),
+    ),
+    Mistake(
+        "no gradients",
+        "the gradients are missing: loss.backward() stores one gradient per "
+        "parameter, as big as the weights",
+        lambda n, b: _memory(n, b, gradients=0),
+    ),
+    Mistake(
+        "optimizer with gradients",
+        "your optimizer state is three numbers per parameter: AdamW "
+        "keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
+        lambda n, b: _memory(n, b, optimizer=3),
+    ),
+    Mistake(
+        "bits",
+        "your counts are in bits (×8): the answer is in bytes, n_params × bytes_per_number",
+        lambda n, b: _memory(n, b, scale=8),
+    ),
+    Mistake(
+        "fixed 4 bytes",
+        "your counts ignore bytes_per_number (they assume 4, float32): use the "
+        "argument, 2 for bfloat16, 8 for float64",
+        lambda n, b: _memory(n, 4),
+    ),
 ]
 
 
@@ -541,35 +801,52 @@ def check_training_memory(training_memory) -> None:
     for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
         got = call_learner(EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number)
         if not isinstance(got, dict):
-            raise CheckFailed(EX_MEMORY, f"return a dict with the keys {', '.join(keys)}; got "
-                              f"{type(got).__name__}")
+            raise CheckFailed(
+                EX_MEMORY,
+                f"return a dict with the keys {', '.join(keys)}; got {type(got).__name__}",
+            )
         missing = [k for k in keys if k not in got]
         if missing:
-            raise CheckFailed(EX_MEMORY, f"your dict lacks the key(s) {', '.join(map(repr, missing))}: "
-                              f"use exactly {', '.join(map(repr, keys))}")
+            raise CheckFailed(
+                EX_MEMORY,
+                f"your dict lacks the key(s) {', '.join(map(repr, missing))}: "
+                f"use exactly {', '.join(map(repr, keys))}",
+            )
         for key in keys:
             value = got[key]
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise CheckFailed(EX_MEMORY, f"got[{key!r}] should be a number of bytes, got "
-                                  f"{type(value).__name__}")
+                raise CheckFailed(
+                    EX_MEMORY,
+                    f"got[{key!r}] should be a number of bytes, got {type(value).__name__}",
+                )
         want = _memory(n_params, bytes_per_number)
         if all(got[k] == want[k] for k in keys):
             continue
         case = f"for {n_params:,} parameters of {bytes_per_number} bytes"
         if got["total"] != got["weights"] + got["gradients"] + got["optimizer"] and all(
-                got[k] == want[k] for k in keys[:3]):
-            raise CheckFailed(EX_MEMORY, f"{case}, 'total' is {got['total']:,}, but it should be the "
-                              "sum of the other three, weights + gradients + optimizer")
-        mistake = first_mistake(MEMORY_MISTAKES, lambda m: all(
-            got[k] == m.fn(n_params, bytes_per_number)[k] for k in keys))
+            got[k] == want[k] for k in keys[:3]
+        ):
+            raise CheckFailed(
+                EX_MEMORY,
+                f"{case}, 'total' is {got['total']:,}, but it should be the "
+                "sum of the other three, weights + gradients + optimizer",
+            )
+        mistake = first_mistake(
+            MEMORY_MISTAKES,
+            lambda m: all(got[k] == m.fn(n_params, bytes_per_number)[k] for k in keys),
+        )
         if mistake is not None:
             raise CheckFailed(EX_MEMORY, f"{case}: " + mistake.message)
         wrong = next(k for k in keys if got[k] != want[k])
         if got[wrong] * 2**20 == want[wrong] or got[wrong] * 2**30 == want[wrong]:
-            raise CheckFailed(EX_MEMORY, f"{case}, your {wrong!r} looks converted to MiB or GiB: "
-                              "return bytes (divide by 2**20 only to print)")
-        raise CheckFailed(EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got "
-                          f"{got[wrong]:,}")
+            raise CheckFailed(
+                EX_MEMORY,
+                f"{case}, your {wrong!r} looks converted to MiB or GiB: "
+                "return bytes (divide by 2**20 only to print)",
+            )
+        raise CheckFailed(
+            EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got {got[wrong]:,}"
+        )
     passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
 
 
@@ -590,23 +867,36 @@ def check_budget_config(config) -> int:
         raise CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
     for name in ("vocab_size", "n_positions"):
         if getattr(config, name) != BUDGET[name]:
-            raise CheckFailed(CHALLENGE_BUDGET, f"keep GPT-2's {name} = {BUDGET[name]:,}; got "
-                              f"{getattr(config, name):,}")
+            raise CheckFailed(
+                CHALLENGE_BUDGET,
+                f"keep GPT-2's {name} = {BUDGET[name]:,}; got {getattr(config, name):,}",
+            )
     if config.n_layer < BUDGET["min_layers"]:
-        raise CheckFailed(CHALLENGE_BUDGET, f"n_layer = {config.n_layer}: the goal asks for at least "
-                          f"{BUDGET['min_layers']} blocks")
+        raise CheckFailed(
+            CHALLENGE_BUDGET,
+            f"n_layer = {config.n_layer}: the goal asks for at least {BUDGET['min_layers']} blocks",
+        )
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT2(config).parameters())
     state = 16 * n  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
     share = config.vocab_size * config.n_embd / n
     if state > BUDGET["bytes"]:
-        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
-                          "state, more than 1 GiB: make the model narrower or shallower")
+        raise CheckFailed(
+            CHALLENGE_BUDGET,
+            f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
+            "state, more than 1 GiB: make the model narrower or shallower",
+        )
     if n < BUDGET["min_params"]:
-        raise CheckFailed(CHALLENGE_BUDGET, f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
-                          f"at least {BUDGET['min_params']:,}: there is room for more")
-    passed(CHALLENGE_BUDGET, f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
-           f"token table {share:.1%} of the model")
+        raise CheckFailed(
+            CHALLENGE_BUDGET,
+            f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
+            f"at least {BUDGET['min_params']:,}: there is room for more",
+        )
+    passed(
+        CHALLENGE_BUDGET,
+        f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
+        f"token table {share:.1%} of the model",
+    )
     return n
 
 
@@ -621,14 +911,29 @@ def _rms(x):
 
 # fn(block, x) -> (output, rms) a wrong forward gives, computed with the reference Block
 RECORD_MISTAKES = [
-    Mistake("rms_of_the_input", "your rms is that of the block's INPUT: record the stream after the block, "
-            "from the tensor the block returns", lambda b, x: (b._plain(x), _rms(x))),
-    Mistake("std_not_rms", "you recorded the standard deviation; the root mean square is "
-            "x.pow(2).mean().sqrt(), which does not subtract the mean", lambda b, x: (b._plain(x), b._plain(x).std().item())),
-    Mistake("mean_abs", "you recorded the mean absolute value; the root mean square is x.pow(2).mean().sqrt()",
-            lambda b, x: (b._plain(x), b._plain(x).abs().mean().item())),
-    Mistake("norm_not_rms", "you recorded the norm of the whole tensor; divide by the number of entries inside "
-            "the root: x.pow(2).mean().sqrt()", lambda b, x: (b._plain(x), b._plain(x).norm().item())),
+    Mistake(
+        "rms_of_the_input",
+        "your rms is that of the block's INPUT: record the stream after the block, "
+        "from the tensor the block returns",
+        lambda b, x: (b._plain(x), _rms(x)),
+    ),
+    Mistake(
+        "std_not_rms",
+        "you recorded the standard deviation; the root mean square is "
+        "x.pow(2).mean().sqrt(), which does not subtract the mean",
+        lambda b, x: (b._plain(x), b._plain(x).std().item()),
+    ),
+    Mistake(
+        "mean_abs",
+        "you recorded the mean absolute value; the root mean square is x.pow(2).mean().sqrt()",
+        lambda b, x: (b._plain(x), b._plain(x).abs().mean().item()),
+    ),
+    Mistake(
+        "norm_not_rms",
+        "you recorded the norm of the whole tensor; divide by the number of entries inside "
+        "the root: x.pow(2).mean().sqrt()",
+        lambda b, x: (b._plain(x), b._plain(x).norm().item()),
+    ),
 ]
 
 
@@ -649,8 +954,11 @@ def check_recording_block(recording_cls) -> None:
             got = call_learner(EX_RECORD, model, idx)
             want = reference(idx)
             if not close(got, want, atol=1e-5):
-                raise CheckFailed(EX_RECORD, "a model built from your blocks gives other logits than GPT-2's "
-                                  "blocks: return exactly what Block's forward returns (super().forward(x, kv_cache=kv_cache))")
+                raise CheckFailed(
+                    EX_RECORD,
+                    "a model built from your blocks gives other logits than GPT-2's "
+                    "blocks: return exactly what Block's forward returns (super().forward(x, kv_cache=kv_cache))",
+                )
             x = reference.wte(idx) + reference.wpe(torch.arange(idx.shape[1]))
             for i, (block, ref_block) in enumerate(zip(model.h, reference.h)):
                 out = ref_block(x)
@@ -658,24 +966,42 @@ def check_recording_block(recording_cls) -> None:
                 if isinstance(rms, torch.Tensor) and rms.numel() == 1:
                     rms = rms.item()
                 if isinstance(rms, bool) or not isinstance(rms, (int, float)):
-                    raise CheckFailed(EX_RECORD, f"after a forward, block {i}'s self.rms should be a number "
-                                      f"(use .item()), got {type(rms).__name__}")
+                    raise CheckFailed(
+                        EX_RECORD,
+                        f"after a forward, block {i}'s self.rms should be a number "
+                        f"(use .item()), got {type(rms).__name__}",
+                    )
                 if abs(rms - _rms(out)) > 1e-4 * max(1.0, _rms(out)):
                     ref_block._plain = ref_block.forward
-                    found = first_mistake(RECORD_MISTAKES, lambda m: abs(m.fn(ref_block, x)[1] - rms) < 1e-4)
+                    found = first_mistake(
+                        RECORD_MISTAKES, lambda m: abs(m.fn(ref_block, x)[1] - rms) < 1e-4
+                    )
                     del ref_block._plain
-                    raise CheckFailed(EX_RECORD, found.message if found else f"block {i}'s rms is {rms:.5f}, "
-                                      f"expected {_rms(out):.5f}: the root mean square of the block's output")
+                    raise CheckFailed(
+                        EX_RECORD,
+                        found.message
+                        if found
+                        else f"block {i}'s rms is {rms:.5f}, "
+                        f"expected {_rms(out):.5f}: the root mean square of the block's output",
+                    )
                 x = out
-    passed(EX_RECORD, "the same logits as GPT-2's blocks, and the stream's root mean square after each")
-
+    passed(
+        EX_RECORD, "the same logits as GPT-2's blocks, and the stream's root mean square after each"
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 6.2
 
 
-def _stream(model, ids, *, include_embeddings=True, measure=lambda x: x.std().item(), residual_twice=False,
-            with_ln_f=False):
+def _stream(
+    model,
+    ids,
+    *,
+    include_embeddings=True,
+    measure=lambda x: x.std().item(),
+    residual_twice=False,
+    with_ln_f=False,
+):
     """The spread of the residual stream after the embeddings and after each block; the keyword
     arguments describe known wrong versions."""
     x = model.wte(ids) + model.wpe(torch.arange(ids.shape[1]))
@@ -688,16 +1014,29 @@ def _stream(model, ids, *, include_embeddings=True, measure=lambda x: x.std().it
 
 # fn(model, ids) -> the list that wrong version returns
 STREAM_MISTAKES = [
-    Mistake("no_embeddings_entry", "your list has n_layer numbers; it starts with the std of the embeddings "
-            "(before any block), then one per block: n_layer + 1 in all",
-            lambda m, ids: _stream(m, ids, include_embeddings=False)),
-    Mistake("residual_added_twice", "you added the block's output to the stream (x = x + block(x)); a Block "
-            "already returns the stream with its update added: x = block(x)",
-            lambda m, ids: _stream(m, ids, residual_twice=True)),
-    Mistake("after_ln_f", "you measured the stream after ln_f: the final LayerNorm normalises it and hides the "
-            "growth. Measure the blocks' outputs themselves", lambda m, ids: _stream(m, ids, with_ln_f=True)),
-    Mistake("rms_not_std", "you measured the root mean square; the exercise asks for the standard deviation, "
-            "x.std()", lambda m, ids: _stream(m, ids, measure=lambda x: x.pow(2).mean().sqrt().item())),
+    Mistake(
+        "no_embeddings_entry",
+        "your list has n_layer numbers; it starts with the std of the embeddings "
+        "(before any block), then one per block: n_layer + 1 in all",
+        lambda m, ids: _stream(m, ids, include_embeddings=False),
+    ),
+    Mistake(
+        "residual_added_twice",
+        "you added the block's output to the stream (x = x + block(x)); a Block "
+        "already returns the stream with its update added: x = block(x)",
+        lambda m, ids: _stream(m, ids, residual_twice=True),
+    ),
+    Mistake(
+        "after_ln_f",
+        "you measured the stream after ln_f: the final LayerNorm normalises it and hides the "
+        "growth. Measure the blocks' outputs themselves",
+        lambda m, ids: _stream(m, ids, with_ln_f=True),
+    ),
+    Mistake(
+        "rms_not_std",
+        "you measured the root mean square; the exercise asks for the standard deviation, x.std()",
+        lambda m, ids: _stream(m, ids, measure=lambda x: x.pow(2).mean().sqrt().item()),
+    ),
 ]
 
 
@@ -718,10 +1057,14 @@ def check_stream_std(stream_std) -> None:
         try:
             got = [float(g) for g in got]
         except (TypeError, ValueError):
-            raise CheckFailed(EX_STREAM, "return a list of plain numbers (use .item() on each std)") from None
+            raise CheckFailed(
+                EX_STREAM, "return a list of plain numbers (use .item() on each std)"
+            ) from None
 
         def same(a, b):
-            return len(a) == len(b) and all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b))
+            return len(a) == len(b) and all(
+                abs(x - y) <= 1e-4 * max(1.0, abs(y)) for x, y in zip(a, b)
+            )
 
         if same(got, want):
             continue
@@ -730,18 +1073,26 @@ def check_stream_std(stream_std) -> None:
         if found:
             raise CheckFailed(EX_STREAM, found.message)
         if len(got) != len(want):
-            raise CheckFailed(EX_STREAM, f"for n_layer={n_layer} your list has {len(got)} numbers, expected "
-                              f"{len(want)}: the embeddings, then one after each block")
-        raise CheckFailed(EX_STREAM, f"for n_layer={n_layer} your numbers differ: expected "
-                          f"{[round(w, 4) for w in want]}, got {[round(g, 4) for g in got]}")
+            raise CheckFailed(
+                EX_STREAM,
+                f"for n_layer={n_layer} your list has {len(got)} numbers, expected "
+                f"{len(want)}: the embeddings, then one after each block",
+            )
+        raise CheckFailed(
+            EX_STREAM,
+            f"for n_layer={n_layer} your numbers differ: expected "
+            f"{[round(w, 4) for w in want]}, got {[round(g, 4) for g in got]}",
+        )
     passed(EX_STREAM, "the stream's std after the embeddings and after every block")
 
 
 # --------------------------------------------------------------------------- Exercise 6.8
 
-DOUBLE_RESIDUAL = ("your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
-                   "already returns x plus its update, so that doubles the stream at every block. "
-                   "Write x = block(x)")
+DOUBLE_RESIDUAL = (
+    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
+    "already returns x plus its update, so that doubles the stream at every block. "
+    "Write x = block(x)"
+)
 
 
 def _by_hand(model, idx, *, start=0, residual_twice=False):
@@ -753,12 +1104,20 @@ def _by_hand(model, idx, *, start=0, residual_twice=False):
 
 # fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
 FORWARD_MISTAKES = [
-    Mistake("both_planted_bugs", "both planted bugs are still there: the positions start at 1 and each "
-            "block's output is added to the stream a second time",
-            lambda m, idx: _by_hand(m, idx, start=1, residual_twice=True)),
-    Mistake("double_residual", DOUBLE_RESIDUAL, lambda m, idx: _by_hand(m, idx, residual_twice=True)),
-    Mistake("positions from 1", named(MODULE_MISTAKES, "positions from 1").message,
-            lambda m, idx: _by_hand(m, idx, start=1)),
+    Mistake(
+        "both_planted_bugs",
+        "both planted bugs are still there: the positions start at 1 and each "
+        "block's output is added to the stream a second time",
+        lambda m, idx: _by_hand(m, idx, start=1, residual_twice=True),
+    ),
+    Mistake(
+        "double_residual", DOUBLE_RESIDUAL, lambda m, idx: _by_hand(m, idx, residual_twice=True)
+    ),
+    Mistake(
+        "positions from 1",
+        named(MODULE_MISTAKES, "positions from 1").message,
+        lambda m, idx: _by_hand(m, idx, start=1),
+    ),
     *[m for m in MODULE_MISTAKES if m.name != "positions from 1"],
 ]
 
@@ -778,17 +1137,25 @@ def check_forward_by_hand(forward_by_hand) -> None:
                 try:
                     got = call_learner(EX_DEBUG, forward_by_hand, model, idx)
                 except IndexError:
-                    raise CheckFailed(EX_DEBUG, f"for T={T} = n_positions your forward reads a position the "
-                                      "table does not have: positions are 0 .. T-1, torch.arange(T)") from None
+                    raise CheckFailed(
+                        EX_DEBUG,
+                        f"for T={T} = n_positions your forward reads a position the "
+                        "table does not have: positions are 0 .. T-1, torch.arange(T)",
+                    ) from None
             got = expect_tensor(EX_DEBUG, got, tuple(want.shape), what=f"your logits for T={T}")
             if close(got, want, atol=1e-4, rtol=1e-4):
                 continue
             with torch.no_grad():
-                found = first_mistake(FORWARD_MISTAKES, lambda m: close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4))
+                found = first_mistake(
+                    FORWARD_MISTAKES, lambda m: close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4)
+                )
             if found:
                 raise CheckFailed(EX_DEBUG, found.message)
-            raise CheckFailed(EX_DEBUG, f"for T={T} your logits differ from model(idx) by up to "
-                              f"{(got - want.double()).abs().max().item():.4g}")
+            raise CheckFailed(
+                EX_DEBUG,
+                f"for T={T} your logits differ from model(idx) by up to "
+                f"{(got - want.double()).abs().max().item():.4g}",
+            )
     passed(EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream")
 
 
@@ -803,23 +1170,41 @@ def _random_loss(V, sigma):
 
 # fn(vocab_size, sigma) -> what that wrong formula gives
 RANDOM_LOSS_MISTAKES = [
-    Mistake("uniform", "that is the loss of a uniform guess, ln(V): it leaves out what the spread "
-            "of the logits costs. Random logits are not flat: the largest of them pull the "
-            "normaliser (the log of the sum of exp) up, while the target's logit is 0 on average",
-            lambda V, sigma: math.log(V)),
-    Mistake("linear in sigma", "your extra cost grows like σ; it grows like σ²: the normaliser holds "
-            "the mean of exp(z), and E[exp(z)] = exp(σ²/2) for z normal with std σ",
-            lambda V, sigma: math.log(V) + sigma / 2),
-    Mistake("no half", "your extra cost is σ², twice too much: E[exp(z)] = exp(σ²/2) for z normal "
-            "with std σ, so the log of the sum gains σ²/2",
-            lambda V, sigma: math.log(V) + sigma**2),
-    Mistake("minus", "your spread LOWERS the loss; it raises it: the normaliser log Σ exp(z) "
-            "grows with the spread (exp favours the large logits), and the target's logit averages 0",
-            lambda V, sigma: math.log(V) - sigma**2 / 2),
-    Mistake("log10", "cross-entropy uses the natural logarithm (math.log), not log10",
-            lambda V, sigma: math.log10(V) + sigma**2 / 2),
-    Mistake("log2", "cross-entropy here is in nats, with the natural logarithm (math.log), not "
-            "log2 (bits)", lambda V, sigma: math.log2(V) + sigma**2 / 2),
+    Mistake(
+        "uniform",
+        "that is the loss of a uniform guess, ln(V): it leaves out what the spread "
+        "of the logits costs. Random logits are not flat: the largest of them pull the "
+        "normaliser (the log of the sum of exp) up, while the target's logit is 0 on average",
+        lambda V, sigma: math.log(V),
+    ),
+    Mistake(
+        "linear in sigma",
+        "your extra cost grows like σ; it grows like σ²: the normaliser holds "
+        "the mean of exp(z), and E[exp(z)] = exp(σ²/2) for z normal with std σ",
+        lambda V, sigma: math.log(V) + sigma / 2,
+    ),
+    Mistake(
+        "no half",
+        "your extra cost is σ², twice too much: E[exp(z)] = exp(σ²/2) for z normal "
+        "with std σ, so the log of the sum gains σ²/2",
+        lambda V, sigma: math.log(V) + sigma**2,
+    ),
+    Mistake(
+        "minus",
+        "your spread LOWERS the loss; it raises it: the normaliser log Σ exp(z) "
+        "grows with the spread (exp favours the large logits), and the target's logit averages 0",
+        lambda V, sigma: math.log(V) - sigma**2 / 2,
+    ),
+    Mistake(
+        "log10",
+        "cross-entropy uses the natural logarithm (math.log), not log10",
+        lambda V, sigma: math.log10(V) + sigma**2 / 2,
+    ),
+    Mistake(
+        "log2",
+        "cross-entropy here is in nats, with the natural logarithm (math.log), not log2 (bits)",
+        lambda V, sigma: math.log2(V) + sigma**2 / 2,
+    ),
 ]
 
 # (vocab_size, sigma): sigma 1.5 first, where σ/2, σ² and σ²/2 all differ
@@ -833,21 +1218,34 @@ def check_random_logit_loss(random_logit_loss) -> None:
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-            raise CheckFailed(EX_RANDOM_LOSS, f"return the loss as one finite number (a Python "
-                              f"float), got {got!r}")
+            raise CheckFailed(
+                EX_RANDOM_LOSS,
+                f"return the loss as one finite number (a Python float), got {got!r}",
+            )
         want = _random_loss(V, sigma)
         if abs(got - want) <= 0.05:  # the large-V formula, a finer one, or a sampled estimate
             continue
-        mistake = first_mistake(RANDOM_LOSS_MISTAKES, lambda m: math.isclose(got, m.fn(V, sigma), abs_tol=1e-6))
+        mistake = first_mistake(
+            RANDOM_LOSS_MISTAKES, lambda m: math.isclose(got, m.fn(V, sigma), abs_tol=1e-6)
+        )
         if mistake is not None:
             raise CheckFailed(EX_RANDOM_LOSS, mistake.message)
-        raise CheckFailed(EX_RANDOM_LOSS, f"for V = {V:,} and σ = {sigma} the expected loss is "
-                          f"about {want:.3f} nats; you return {float(got):.3f}. Split the loss into "
-                          "the log of the sum of exp(z) and the target's logit, and take each "
-                          "one's expectation")
-    passed(EX_RANDOM_LOSS, f"ln(V) + σ²/2; for GPT-2's vocabulary and σ = 0.5: {_random_loss(50_257, 0.5):.2f}")
+        raise CheckFailed(
+            EX_RANDOM_LOSS,
+            f"for V = {V:,} and σ = {sigma} the expected loss is "
+            f"about {want:.3f} nats; you return {float(got):.3f}. Split the loss into "
+            "the log of the sum of exp(z) and the target's logit, and take each "
+            "one's expectation",
+        )
+    passed(
+        EX_RANDOM_LOSS,
+        f"ln(V) + σ²/2; for GPT-2's vocabulary and σ = 0.5: {_random_loss(50_257, 0.5):.2f}",
+    )
 
 
-MISTAKES_BY_CHECK = {check_stream_std: STREAM_MISTAKES, check_forward_by_hand: FORWARD_MISTAKES,
-                     check_parameter_shares: SHARES_MISTAKES,
-                     check_random_logit_loss: RANDOM_LOSS_MISTAKES}
+MISTAKES_BY_CHECK = {
+    check_stream_std: STREAM_MISTAKES,
+    check_forward_by_hand: FORWARD_MISTAKES,
+    check_parameter_shares: SHARES_MISTAKES,
+    check_random_logit_loss: RANDOM_LOSS_MISTAKES,
+}

@@ -44,9 +44,18 @@ def tiny_model(seed=0, n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_position
     from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
-    return GPT2(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
-                           vocab_size=vocab_size, embd_pdrop=0.0, attn_pdrop=0.0,
-                           resid_pdrop=0.0))
+    return GPT2(
+        GPT2Config(
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            n_positions=n_positions,
+            vocab_size=vocab_size,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+        )
+    )
 
 
 def _batch(seed, batch, block, vocab=41):
@@ -73,21 +82,31 @@ def _shard_sum(model, x, y, world):
 
 
 SHARD_MISTAKES = [
-    Mistake("summed", "your gradients are `world` times too large: DDP averages the ranks' "
-            "gradients (all-reduce, then divide by the world size), it does not add them",
-            _shard_sum),
-    Mistake("first_shard_only", "your gradients are those of the first shard alone: every "
-            "rank's shard must count",
-            lambda model, x, y, world: full_batch_gradients(model, x.chunk(world)[0],
-                                                            y.chunk(world)[0])),
+    Mistake(
+        "summed",
+        "your gradients are `world` times too large: DDP averages the ranks' "
+        "gradients (all-reduce, then divide by the world size), it does not add them",
+        _shard_sum,
+    ),
+    Mistake(
+        "first_shard_only",
+        "your gradients are those of the first shard alone: every rank's shard must count",
+        lambda model, x, y, world: full_batch_gradients(
+            model, x.chunk(world)[0], y.chunk(world)[0]
+        ),
+    ),
 ]
 
 
 def _compare_grads(got, want):
     if not isinstance(got, dict) or set(got) != set(want):
         return False
-    return all(isinstance(got[n], torch.Tensor) and got[n].shape == want[n].shape
-               and close(got[n], want[n], atol=1e-6, rtol=1e-4) for n in want)
+    return all(
+        isinstance(got[n], torch.Tensor)
+        and got[n].shape == want[n].shape
+        and close(got[n], want[n], atol=1e-6, rtol=1e-4)
+        for n in want
+    )
 
 
 def check_shard_gradients(fn):
@@ -97,16 +116,21 @@ def check_shard_gradients(fn):
         want = full_batch_gradients(model, x, y)
         got = call_learner(EX_SHARDS, fn, model, x, y, world)
         if not isinstance(got, dict):
-            raise CheckFailed(EX_SHARDS, f"return a dict name -> gradient tensor, got "
-                                         f"{type(got).__name__}")
+            raise CheckFailed(
+                EX_SHARDS, f"return a dict name -> gradient tensor, got {type(got).__name__}"
+            )
         if not _compare_grads(got, want):
-            wrong = first_mistake(SHARD_MISTAKES,
-                                  lambda m: _compare_grads(got, m.fn(model, x, y, world)))
-            detail = wrong.message if wrong else ("your averaged gradients differ from the "
-                                                  "full batch's")
+            wrong = first_mistake(
+                SHARD_MISTAKES, lambda m: _compare_grads(got, m.fn(model, x, y, world))
+            )
+            detail = (
+                wrong.message if wrong else ("your averaged gradients differ from the full batch's")
+            )
             raise CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
-        if any(p.grad is not None and p.grad.abs().sum() > 0 and n not in got
-               for n, p in model.named_parameters()):
+        if any(
+            p.grad is not None and p.grad.abs().sum() > 0 and n not in got
+            for n, p in model.named_parameters()
+        ):
             raise CheckFailed(EX_SHARDS, "a gradient is missing from your dict")
     passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
 
@@ -126,11 +150,18 @@ def _accum_zeroed_inside(model, x, y, micro_steps):
 
 
 ACCUM_MISTAKES = [
-    Mistake("not_divided", "your gradients are micro_steps times too large: divide each "
-            "micro-batch's loss by micro_steps before backward", _accum_unscaled),
-    Mistake("zeroed_each_micro_step", "only the last micro-batch's gradient is left: the "
-            "gradients are cleared inside the loop, so the earlier micro-steps are lost",
-            _accum_zeroed_inside),
+    Mistake(
+        "not_divided",
+        "your gradients are micro_steps times too large: divide each "
+        "micro-batch's loss by micro_steps before backward",
+        _accum_unscaled,
+    ),
+    Mistake(
+        "zeroed_each_micro_step",
+        "only the last micro-batch's gradient is left: the "
+        "gradients are cleared inside the loop, so the earlier micro-steps are lost",
+        _accum_zeroed_inside,
+    ),
 ]
 
 
@@ -142,10 +173,14 @@ def check_accumulate_gradients(fn):
         call_learner(EX_ACCUM, fn, model, x, y, micro)
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         if not _compare_grads(got, want):
-            wrong = first_mistake(ACCUM_MISTAKES,
-                                  lambda m: _compare_grads(got, m.fn(tiny_model(seed), x, y, micro)))
-            detail = wrong.message if wrong else ("the accumulated .grad differs from the "
-                                                  "gradient of the whole batch")
+            wrong = first_mistake(
+                ACCUM_MISTAKES, lambda m: _compare_grads(got, m.fn(tiny_model(seed), x, y, micro))
+            )
+            detail = (
+                wrong.message
+                if wrong
+                else ("the accumulated .grad differs from the gradient of the whole batch")
+            )
             raise CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
     passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
 
@@ -157,22 +192,32 @@ def check_micro_batches(fn):
         for rank in range(world):
             got = call_learner(EX_SPLIT, fn, rows, rank, world, batch, micro)
             if not isinstance(got, (list, tuple)) or len(got) != micro:
-                raise CheckFailed(EX_SPLIT, f"return a list of micro_steps={micro} tensors, got "
-                                            f"{type(got).__name__} of length "
-                                            f"{len(got) if hasattr(got, '__len__') else '?'}")
+                raise CheckFailed(
+                    EX_SPLIT,
+                    f"return a list of micro_steps={micro} tensors, got "
+                    f"{type(got).__name__} of length "
+                    f"{len(got) if hasattr(got, '__len__') else '?'}",
+                )
             for k, part in enumerate(got):
                 if not isinstance(part, torch.Tensor) or part.shape != (batch,):
-                    raise CheckFailed(EX_SPLIT, f"world {world}, rank {rank}, micro-step {k}: "
-                                      f"expected batch_size={batch} rows, got "
-                                      f"{getattr(part, 'shape', type(part).__name__)}")
+                    raise CheckFailed(
+                        EX_SPLIT,
+                        f"world {world}, rank {rank}, micro-step {k}: "
+                        f"expected batch_size={batch} rows, got "
+                        f"{getattr(part, 'shape', type(part).__name__)}",
+                    )
                 seen += part.tolist()
         if sorted(seen) != rows.tolist():
             twice = sorted({r for r in seen if seen.count(r) > 1})
-            detail = (f"rows {twice[:4]} are read more than once" if twice
-                      else "some rows are never read")
-            raise CheckFailed(EX_SPLIT, f"world {world}, batch {batch}, {micro} micro-steps: "
-                                        f"{detail}; every row of the step must be read once, "
-                                        "by exactly one rank")
+            detail = (
+                f"rows {twice[:4]} are read more than once" if twice else "some rows are never read"
+            )
+            raise CheckFailed(
+                EX_SPLIT,
+                f"world {world}, batch {batch}, {micro} micro-steps: "
+                f"{detail}; every row of the step must be read once, "
+                "by exactly one rank",
+            )
     passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
 
 
@@ -182,27 +227,40 @@ def _bf16_truncate(x):
 
 def check_to_bfloat16(fn):
     g = torch.Generator().manual_seed(0)
-    cases = [torch.randn(1000, generator=g) * 10.0 ** torch.randint(-6, 6, (1000,), generator=g),
-             torch.tensor([1.0, -2.5, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7 + 2**-9, 65504.0,
-                           3.0e38, -1e-30, 0.0])]
+    cases = [
+        torch.randn(1000, generator=g) * 10.0 ** torch.randint(-6, 6, (1000,), generator=g),
+        torch.tensor(
+            [1.0, -2.5, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-7 + 2**-9, 65504.0, 3.0e38, -1e-30, 0.0]
+        ),
+    ]
     for x in cases:
         before = x.clone()
         got = call_learner(EX_BF16, fn, x)
         if not torch.equal(x, before):
-            raise CheckFailed(EX_BF16, "your function changed its input in place; return a new "
-                                       "tensor")
+            raise CheckFailed(
+                EX_BF16, "your function changed its input in place; return a new tensor"
+            )
         if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or got.shape != x.shape:
-            raise CheckFailed(EX_BF16, "return a float32 tensor of the input's shape (the "
-                                       "bfloat16 value, stored in float32)")
+            raise CheckFailed(
+                EX_BF16,
+                "return a float32 tensor of the input's shape (the "
+                "bfloat16 value, stored in float32)",
+            )
         want = x.to(torch.bfloat16).float()
         if not torch.equal(got, want):
             if torch.equal(got, _bf16_truncate(x)):
-                raise CheckFailed(EX_BF16, "you cut the low 16 bits off: that rounds toward "
-                                  "zero. Round to the nearest (ties to even): add 0x7FFF plus "
-                                  "the lowest kept bit before cutting")
+                raise CheckFailed(
+                    EX_BF16,
+                    "you cut the low 16 bits off: that rounds toward "
+                    "zero. Round to the nearest (ties to even): add 0x7FFF plus "
+                    "the lowest kept bit before cutting",
+                )
             bad = int((got != want).nonzero()[0])
-            raise CheckFailed(EX_BF16, f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
-                                       f"bfloat16 is {float(want[bad])!r}")
+            raise CheckFailed(
+                EX_BF16,
+                f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
+                f"bfloat16 is {float(want[bad])!r}",
+            )
     passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
 
 
@@ -217,13 +275,24 @@ def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_
 
 
 FORMAT_MISTAKES = [
-    Mistake("out of range kept", "a value the format cannot hold came back as inf (or as 0, an "
-            "error of 100%) and took the maximum: take the maximum over the values the format "
-            "holds only (finite and not 0)", lambda v, d: _format_error(v, d, keep_out_of_range=True)),
-    Mistake("absolute", "your error is absolute, |kept - value|, which large values dominate: "
-            "divide by |value| for the relative error", lambda v, d: _format_error(v, d, absolute=True)),
-    Mistake("count not share", "the second number is a count: return the share of the values "
-            "held, between 0 and 1", lambda v, d: _format_error(v, d, share_of="count")),
+    Mistake(
+        "out of range kept",
+        "a value the format cannot hold came back as inf (or as 0, an "
+        "error of 100%) and took the maximum: take the maximum over the values the format "
+        "holds only (finite and not 0)",
+        lambda v, d: _format_error(v, d, keep_out_of_range=True),
+    ),
+    Mistake(
+        "absolute",
+        "your error is absolute, |kept - value|, which large values dominate: "
+        "divide by |value| for the relative error",
+        lambda v, d: _format_error(v, d, absolute=True),
+    ),
+    Mistake(
+        "count not share",
+        "the second number is a count: return the share of the values held, between 0 and 1",
+        lambda v, d: _format_error(v, d, share_of="count"),
+    ),
 ]
 
 
@@ -233,26 +302,49 @@ def check_format_error(fn):
         for dtype in (torch.bfloat16, torch.float16):
             got = call_learner(EX_BF16, fn, values.clone(), dtype)
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise CheckFailed(EX_BF16, "return two numbers: the largest relative error and the "
-                                           "share of values held")
+                raise CheckFailed(
+                    EX_BF16,
+                    "return two numbers: the largest relative error and the share of values held",
+                )
             got = tuple(float(g) for g in got)
             want = _format_error(values, dtype)
             if all(math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, want)):
                 continue
-            wrong = first_mistake(FORMAT_MISTAKES, lambda m, v=values, d=dtype: all(
-                math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, m.fn(v, d))))
-            raise CheckFailed(EX_BF16, wrong.message if wrong else
-                              f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's "
-                              f"largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}")
+            wrong = first_mistake(
+                FORMAT_MISTAKES,
+                lambda m, v=values, d=dtype: all(
+                    math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, m.fn(v, d))
+                ),
+            )
+            raise CheckFailed(
+                EX_BF16,
+                wrong.message
+                if wrong
+                else f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's "
+                f"largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
+            )
     passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
 
 
 def cli(*args, processes=1):
     """Run `python -m gpt2lib ARGS` (under torchrun when processes > 1) and return its output."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={processes}"] if processes > 1 else [sys.executable]
-    done = subprocess.run([*launcher, "-m", "gpt2lib", *map(str, args)], capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+        ]
+        if processes > 1
+        else [sys.executable]
+    )
+    done = subprocess.run(
+        [*launcher, "-m", "gpt2lib", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return done.stdout
@@ -267,9 +359,11 @@ def reference_flops_per_token(config, block_size):
 def check_flops_per_token(fn):
     from gpt2lib.chapters.config import GPT2Config
 
-    for sizes in (dict(n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8),
-                  dict(n_layer=3, n_embd=48, n_head=4, vocab_size=97, n_positions=32),
-                  dict(n_layer=12, n_embd=768, n_head=12)):
+    for sizes in (
+        dict(n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8),
+        dict(n_layer=3, n_embd=48, n_head=4, vocab_size=97, n_positions=32),
+        dict(n_layer=12, n_embd=768, n_head=12),
+    ):
         config = GPT2Config(**sizes)
         block = config.n_positions // 2
         got = call_learner(EX_FLOPS, fn, config, block)
@@ -288,13 +382,18 @@ def check_flops_per_token(fn):
                 hint = ": you counted the position table, which is a lookup, no multiply"
             elif params == want_params + config.vocab_size * config.n_embd:
                 hint = ": you counted the readout apart from wte, but it is the same matrix"
-            raise CheckFailed(EX_FLOPS, f"{sizes}: you count {params:,} parameters, the "
-                                        f"multiplying ones are {want_params:,}{hint}")
+            raise CheckFailed(
+                EX_FLOPS,
+                f"{sizes}: you count {params:,} parameters, the "
+                f"multiplying ones are {want_params:,}{hint}",
+            )
         if not math.isclose(flops, want_flops, rel_tol=1e-9):
-            hint = (": the attention scores are missing" if math.isclose(flops, 6 * want_params)
-                    else "")
-            raise CheckFailed(EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be "
-                                        f"{want_flops:,}{hint}")
+            hint = (
+                ": the attention scores are missing" if math.isclose(flops, 6 * want_params) else ""
+            )
+            raise CheckFailed(
+                EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{hint}"
+            )
     passed(EX_FLOPS, "parameters and FLOPs per token for three sizes, GPT-2 small included")
 
 
@@ -304,8 +403,11 @@ def reference_run_cost(flops, gpus, peak_flops, mfu, dollars_per_gpu_hour):
 
 
 def check_run_cost(fn):
-    for case in ((1e18, 8, 989e12, 0.4, 2.5), (3e20, 1, 312e12, 0.5, 1.2),
-                 (5e21, 64, 989e12, 0.3, 2.0)):
+    for case in (
+        (1e18, 8, 989e12, 0.4, 2.5),
+        (3e20, 1, 312e12, 0.5, 1.2),
+        (5e21, 64, 989e12, 0.3, 2.0),
+    ):
         got = call_learner(EX_COST, fn, *case)
         want = reference_run_cost(*case)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -317,34 +419,58 @@ def check_run_cost(fn):
                 hint = ": you pay for one GPU, but all of them are rented for those hours"
             elif math.isclose(hours, want[0] * case[1], rel_tol=1e-6):
                 hint = ": the GPUs work in parallel: divide the work by their number"
-            raise CheckFailed(EX_COST, f"for {case}: you give {got}, expected "
-                                       f"({want[0]:.4g} h, ${want[1]:.4g}){hint}")
+            raise CheckFailed(
+                EX_COST,
+                f"for {case}: you give {got}, expected ({want[0]:.4g} h, ${want[1]:.4g}){hint}",
+            )
     passed(EX_COST, "hours and dollars for three runs")
 
 
-def check_recipe_price(steps, total_flops, hours, dollars, tokens=10e9, global_tokens=524_288,
-                       gpus=8, peak_flops=989e12, mfu=0.4, dollars_per_gpu_hour=2.5):
+def check_recipe_price(
+    steps,
+    total_flops,
+    hours,
+    dollars,
+    tokens=10e9,
+    global_tokens=524_288,
+    gpus=8,
+    peak_flops=989e12,
+    mfu=0.4,
+    dollars_per_gpu_hour=2.5,
+):
     """Exercise 11.7: the recipe's steps, FLOPs, hours and dollars against the reference."""
     from gpt2lib.chapters.config import GPT2Config
 
     _, per_token = reference_flops_per_token(GPT2Config(), 1024)
     want_steps, want_total = tokens / global_tokens, per_token * tokens
-    want_hours, want_dollars = reference_run_cost(want_total, gpus, peak_flops, mfu,
-                                                  dollars_per_gpu_hour)
-    for name, got in (("steps", steps), ("total FLOPs", total_flops), ("hours", hours),
-                      ("dollars", dollars)):
+    want_hours, want_dollars = reference_run_cost(
+        want_total, gpus, peak_flops, mfu, dollars_per_gpu_hour
+    )
+    for name, got in (
+        ("steps", steps),
+        ("total FLOPs", total_flops),
+        ("hours", hours),
+        ("dollars", dollars),
+    ):
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
             raise CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
     if not math.isclose(steps, want_steps, rel_tol=1e-6):
-        hint = (": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens "
-                "of a step, not by the windows" if math.isclose(steps, tokens / 512, rel_tol=1e-6)
-                else "")
+        hint = (
+            ": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens "
+            "of a step, not by the windows"
+            if math.isclose(steps, tokens / 512, rel_tol=1e-6)
+            else ""
+        )
         raise CheckFailed(EX_PRICE, f"{steps:,.0f} steps, expected {want_steps:,.0f}{hint}")
     if not math.isclose(total_flops, want_total, rel_tol=1e-6):
-        hint = (": that is FLOPs per token times steps; every token of every step costs them"
-                if math.isclose(total_flops, per_token * want_steps, rel_tol=1e-6) else "")
-        raise CheckFailed(EX_PRICE, f"total {total_flops:.3e} FLOPs, expected "
-                                    f"{want_total:.3e}{hint}")
+        hint = (
+            ": that is FLOPs per token times steps; every token of every step costs them"
+            if math.isclose(total_flops, per_token * want_steps, rel_tol=1e-6)
+            else ""
+        )
+        raise CheckFailed(
+            EX_PRICE, f"total {total_flops:.3e} FLOPs, expected {want_total:.3e}{hint}"
+        )
     if not math.isclose(hours, want_hours, rel_tol=1e-6):
         hint = ""
         if math.isclose(hours, want_hours * mfu, rel_tol=1e-6):
@@ -353,11 +479,17 @@ def check_recipe_price(steps, total_flops, hours, dollars, tokens=10e9, global_t
             hint = ": the work is shared by all the GPUs of the node"
         raise CheckFailed(EX_PRICE, f"{hours:.3g} hours, expected {want_hours:.3g}{hint}")
     if not math.isclose(dollars, want_dollars, rel_tol=1e-6):
-        hint = (": every GPU of the node is paid for those hours"
-                if math.isclose(dollars, want_dollars / gpus, rel_tol=1e-6) else "")
+        hint = (
+            ": every GPU of the node is paid for those hours"
+            if math.isclose(dollars, want_dollars / gpus, rel_tol=1e-6)
+            else ""
+        )
         raise CheckFailed(EX_PRICE, f"${dollars:,.2f}, expected ${want_dollars:,.2f}{hint}")
-    passed(EX_PRICE, f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
-                     f"${want_dollars:,.0f}")
+    passed(
+        EX_PRICE,
+        f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
+        f"${want_dollars:,.0f}",
+    )
 
 
 def learner_or_reference(fn, reference, exercise, *example):
@@ -377,8 +509,11 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
     """The right (tokens/s, MFU) of a run folder by default; each argument plants one mistake."""
     folder = Path(folder)
     run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    lines = [json.loads(line) for line in
-             (folder / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [
+        json.loads(line)
+        for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     steps = lines[1:] if skip_first else lines
     if mean_of_rates:
         tokens_per_s = sum(line["tokens_per_s"] for line in steps) / len(steps)
@@ -390,35 +525,59 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
 
 
 SPEED_MISTAKES = [
-    Mistake("first step kept", "your throughput counts the first step, which also pays for "
-            "start-up (allocating memory, setting up the processes' communication, compiling): "
-            "leave it out", lambda folder: _run_speed(folder, skip_first=False)),
-    Mistake("mean of rates", "you averaged the steps' tokens per second, but a step twice as "
-            "long counts no more in that mean than a short one: the run's rate is all its tokens "
-            "over all its seconds (each step's seconds are its tokens over its rate)",
-            lambda folder: _run_speed(folder, mean_of_rates=True)),
-    Mistake("one device", "your MFU compares the FLOPs of every process with the peak of one "
-            "device: the run had world_size devices, and the peak is theirs together",
-            lambda folder: _run_speed(folder, all_devices=False)),
+    Mistake(
+        "first step kept",
+        "your throughput counts the first step, which also pays for "
+        "start-up (allocating memory, setting up the processes' communication, compiling): "
+        "leave it out",
+        lambda folder: _run_speed(folder, skip_first=False),
+    ),
+    Mistake(
+        "mean of rates",
+        "you averaged the steps' tokens per second, but a step twice as "
+        "long counts no more in that mean than a short one: the run's rate is all its tokens "
+        "over all its seconds (each step's seconds are its tokens over its rate)",
+        lambda folder: _run_speed(folder, mean_of_rates=True),
+    ),
+    Mistake(
+        "one device",
+        "your MFU compares the FLOPs of every process with the peak of one "
+        "device: the run had world_size devices, and the peak is theirs together",
+        lambda folder: _run_speed(folder, all_devices=False),
+    ),
 ]
 
 # (world_size, tokens per step, FLOPs per token, one device's peak, each step's seconds)
-_SPEED_RUNS = ((1, 256, 1.5e6, 2e10, (4.0, 0.5, 0.25, 1.0)),
-               (2, 1024, 3e6, 5e10, (2.5, 0.2, 0.6, 0.2, 1.0)))
+_SPEED_RUNS = (
+    (1, 256, 1.5e6, 2e10, (4.0, 0.5, 0.25, 1.0)),
+    (2, 1024, 3e6, 5e10, (2.5, 0.2, 0.6, 0.2, 1.0)),
+)
 
 
 def _write_run(folder, world, tokens_per_step, flops_token, peak, seconds):
     """A run folder as gpt2lib train writes it, with step times the check chooses."""
     folder.mkdir(parents=True)
-    info = {"world_size": world, "tokens_per_step": tokens_per_step,
-            "flops_per_token": flops_token, "peak_flops_per_device": peak,
-            "peak_source": "given (a check's own numbers)"}
+    info = {
+        "world_size": world,
+        "tokens_per_step": tokens_per_step,
+        "flops_per_token": flops_token,
+        "peak_flops_per_device": peak,
+        "peak_source": "given (a check's own numbers)",
+    }
     (folder / "run.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    lines = [{"step": step, "loss": 10.0 - step, "lr": 1e-3, "tokens_per_s": tokens_per_step / t,
-              "mfu": flops_token * tokens_per_step / t / (peak * world)}
-             for step, t in enumerate(seconds)]
-    (folder / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines),
-                                      encoding="utf-8")
+    lines = [
+        {
+            "step": step,
+            "loss": 10.0 - step,
+            "lr": 1e-3,
+            "tokens_per_s": tokens_per_step / t,
+            "mfu": flops_token * tokens_per_step / t / (peak * world),
+        }
+        for step, t in enumerate(seconds)
+    ]
+    (folder / "log.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8"
+    )
     return folder
 
 
@@ -439,12 +598,17 @@ def check_run_speed(fn):
                 continue
             wrong = first_mistake(SPEED_MISTAKES, lambda m, f=folder: same(got, m.fn(f)))
             if wrong is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
-                raise CheckFailed(EX_SPEED, "your MFU is a percentage: return the share, between "
-                                            "0 and 1")
-            raise CheckFailed(EX_SPEED, wrong.message if wrong else
-                              f"for {world} process(es) with steps of {rest[-1]} s you give "
-                              f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
-                              f"{want[0]:,.1f} and {want[1]:.4g}")
+                raise CheckFailed(
+                    EX_SPEED, "your MFU is a percentage: return the share, between 0 and 1"
+                )
+            raise CheckFailed(
+                EX_SPEED,
+                wrong.message
+                if wrong
+                else f"for {world} process(es) with steps of {rest[-1]} s you give "
+                f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
+                f"{want[0]:,.1f} and {want[1]:.4g}",
+            )
     passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
 
 
@@ -456,16 +620,21 @@ def check_token_budget_challenge(run_folder):
     """The run in `run_folder` read at most TOKEN_BUDGET tokens and reached the target."""
     folder = Path(run_folder)
     run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    log = [
+        json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     s = run["settings"]
     if (s["n_layer"], s["n_embd"], s["n_head"]) != (2, 32, 2):
         raise CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")
     tokens = run["tokens_per_step"] * len(log)
     if tokens > TOKEN_BUDGET:
-        raise CheckFailed(CHALLENGE, f"the run read {tokens:,} tokens, over the budget of "
-                                     f"{TOKEN_BUDGET:,}")
+        raise CheckFailed(
+            CHALLENGE, f"the run read {tokens:,} tokens, over the budget of {TOKEN_BUDGET:,}"
+        )
     val = log[-1].get("val_loss")
     if val is None or not val <= TARGET_VAL_LOSS:
-        raise CheckFailed(CHALLENGE, f"validation loss {val} after {tokens:,} tokens; the goal "
-                                     f"is {TARGET_VAL_LOSS} or less")
+        raise CheckFailed(
+            CHALLENGE,
+            f"validation loss {val} after {tokens:,} tokens; the goal is {TARGET_VAL_LOSS} or less",
+        )
     passed(CHALLENGE, f"validation loss {val:.4f} after {tokens:,} tokens")

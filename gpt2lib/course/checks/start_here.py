@@ -2,28 +2,49 @@
 
 import torch
 
-from gpt2lib.course.checks._core import (CheckFailed, Mistake, call_learner, close, expect_tensor,
-                                  first_mistake, passed)
+from gpt2lib.course.checks._core import (
+    CheckFailed,
+    Mistake,
+    call_learner,
+    close,
+    expect_tensor,
+    first_mistake,
+    passed,
+)
 
 EXERCISE = "Exercise 0.1 (token_means)"
 
 # Wrong shapes, each with what it means. Keyed by the function that makes one from x (B, T, C).
 SHAPE_MISTAKES = [
-    Mistake("keepdim", "keepdim=True keeps a dimension of size 1; leave it out to get (B, T).",
-            lambda x: x.mean(dim=-1, keepdim=True)),
-    Mistake("mean over T", "That is the shape of a mean over T (dim=1); average over C, the "
-            "last dim.", lambda x: x.mean(dim=1)),
-    Mistake("mean over B", "That is the shape of a mean over the batch (dim=0); use the last "
-            "dim.", lambda x: x.mean(dim=0)),
-    Mistake("mean of all", "You averaged everything into one number; average only the last "
-            "dim.", lambda x: x.mean()),
+    Mistake(
+        "keepdim",
+        "keepdim=True keeps a dimension of size 1; leave it out to get (B, T).",
+        lambda x: x.mean(dim=-1, keepdim=True),
+    ),
+    Mistake(
+        "mean over T",
+        "That is the shape of a mean over T (dim=1); average over C, the last dim.",
+        lambda x: x.mean(dim=1),
+    ),
+    Mistake(
+        "mean over B",
+        "That is the shape of a mean over the batch (dim=0); use the last dim.",
+        lambda x: x.mean(dim=0),
+    ),
+    Mistake(
+        "mean of all",
+        "You averaged everything into one number; average only the last dim.",
+        lambda x: x.mean(),
+    ),
 ]
 # Right shape, wrong values.
 VALUE_MISTAKES = [
-    Mistake("sum", "that is the sum over C; divide by C to get the mean",
-            lambda x: x.sum(dim=-1)),
-    Mistake("divided by T", "you divided the sum by T (x.shape[1]); the mean over C divides by "
-            "C, x.shape[-1]", lambda x: x.sum(dim=-1) / x.shape[1]),
+    Mistake("sum", "that is the sum over C; divide by C to get the mean", lambda x: x.sum(dim=-1)),
+    Mistake(
+        "divided by T",
+        "you divided the sum by T (x.shape[1]); the mean over C divides by C, x.shape[-1]",
+        lambda x: x.sum(dim=-1) / x.shape[1],
+    ),
 ]
 
 
@@ -39,8 +60,9 @@ def check_token_means(token_means) -> None:
     if got.shape != expected.shape:
         shape_of = first_mistake(SHAPE_MISTAKES, lambda m: m.fn(x).shape == got.shape)
         hint = f" {shape_of.message}" if shape_of else ""
-        raise CheckFailed(EXERCISE, f"expected shape {tuple(expected.shape)}, got "
-                                    f"{tuple(got.shape)}.{hint}")
+        raise CheckFailed(
+            EXERCISE, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}.{hint}"
+        )
     got = expect_tensor(EXERCISE, got, tuple(expected.shape))  # float64 is fine; NaN is not
     mistake = first_mistake(VALUE_MISTAKES, lambda m: close(got, m.fn(x)))
     if mistake is not None:
@@ -55,15 +77,25 @@ def check_token_means(token_means) -> None:
 CENTER = "Exercise 0.2 (center)"
 
 CENTER_MISTAKES = [
-    Mistake("means broadcast along C",
-            "the (B, T) means were broadcast against the last dimension, so token t lost the "
-            "mean of token number c instead of its own (it only runs for one text with T equal to C); keep the "
-            "reduced dimension, keepdim=True or [..., None]",
-            lambda x: x - x.mean(dim=-1)),
-    Mistake("mean over T", "you subtracted the mean over the tokens (dim=1); each token needs its "
-            "own mean over its C numbers", lambda x: x - x.mean(dim=1, keepdim=True)),
-    Mistake("mean of all", "you subtracted one mean of the whole tensor; each token needs its "
-            "own mean over its C numbers", lambda x: x - x.mean()),
+    Mistake(
+        "means broadcast along C",
+        "the (B, T) means were broadcast against the last dimension, so token t lost the "
+        "mean of token number c instead of its own (it only runs for one text with T equal to C); keep the "
+        "reduced dimension, keepdim=True or [..., None]",
+        lambda x: x - x.mean(dim=-1),
+    ),
+    Mistake(
+        "mean over T",
+        "you subtracted the mean over the tokens (dim=1); each token needs its "
+        "own mean over its C numbers",
+        lambda x: x - x.mean(dim=1, keepdim=True),
+    ),
+    Mistake(
+        "mean of all",
+        "you subtracted one mean of the whole tensor; each token needs its "
+        "own mean over its C numbers",
+        lambda x: x - x.mean(),
+    ),
 ]
 
 
@@ -77,16 +109,22 @@ def check_center(center) -> None:
         before = x.clone()
         got = call_learner(CENTER, center, x)
         if not torch.equal(x, before):
-            raise CheckFailed(CENTER, "your center changed its input in place (x -= ... or "
-                              "x.sub_); return a new tensor and leave x as it was")
+            raise CheckFailed(
+                CENTER,
+                "your center changed its input in place (x -= ... or "
+                "x.sub_); return a new tensor and leave x as it was",
+            )
         got = expect_tensor(CENTER, got, shape, what=f"center(x) for x of shape {shape}")
         if close(got, x - x.mean(dim=-1, keepdim=True)):
             continue
         mistake = first_mistake(CENTER_MISTAKES, lambda m: close(got, m.fn(x)))
         if mistake is not None:
             raise CheckFailed(CENTER, f"on x of shape {shape}: {mistake.message}")
-        raise CheckFailed(CENTER, f"on x of shape {shape} the result is not x minus each "
-                          "token's mean: its tokens should each average to 0")
+        raise CheckFailed(
+            CENTER,
+            f"on x of shape {shape} the result is not x minus each "
+            "token's mean: its tokens should each average to 0",
+        )
     passed(CENTER, "every token's vector now averages to 0, at three shapes")
 
 
@@ -95,14 +133,26 @@ def check_center(center) -> None:
 LINEAR = "Exercise 0.3 (linear_parameter_count)"
 
 LINEAR_MISTAKES = [
-    Mistake("no bias", "that is the weight matrix alone; with bias=True the layer also holds "
-            "one bias per output", lambda n_in, n_out, bias: n_in * n_out),
-    Mistake("bias per input", "the bias has one number per output, not per input",
-            lambda n_in, n_out, bias: n_in * n_out + (n_in if bias else 0)),
-    Mistake("bias always", "with bias=False there is no bias to count",
-            lambda n_in, n_out, bias: n_in * n_out + n_out),
-    Mistake("added", "a weight connects every input to every output: n_in times n_out, not "
-            "n_in plus n_out", lambda n_in, n_out, bias: n_in + n_out + (n_out if bias else 0)),
+    Mistake(
+        "no bias",
+        "that is the weight matrix alone; with bias=True the layer also holds one bias per output",
+        lambda n_in, n_out, bias: n_in * n_out,
+    ),
+    Mistake(
+        "bias per input",
+        "the bias has one number per output, not per input",
+        lambda n_in, n_out, bias: n_in * n_out + (n_in if bias else 0),
+    ),
+    Mistake(
+        "bias always",
+        "with bias=False there is no bias to count",
+        lambda n_in, n_out, bias: n_in * n_out + n_out,
+    ),
+    Mistake(
+        "added",
+        "a weight connects every input to every output: n_in times n_out, not n_in plus n_out",
+        lambda n_in, n_out, bias: n_in + n_out + (n_out if bias else 0),
+    ),
 ]
 
 
@@ -153,15 +203,21 @@ def check_first_overflow(first_overflow) -> None:
         passed(OVERFLOW, f"exp({want}) is the first whole-number power that float32 cannot hold")
         return
     near = {
-        want - 1: f"exp({want - 1}) is still finite (about 1.7e38, under float32's largest, 3.4e38); the question asks "
-                  "for the first s whose exp is inf",
+        want
+        - 1: f"exp({want - 1}) is still finite (about 1.7e38, under float32's largest, 3.4e38); the question asks "
+        "for the first s whose exp is inf",
         _first_overflow(torch.float64): "that is where float64 overflows; torch's default "
-                                         "float, and the model's, is float32",
+        "float, and the model's, is float32",
         _first_overflow(torch.float16): "that is where float16 (half precision) overflows; the "
-                                         "question is about float32",
+        "question is about float32",
     }
-    raise CheckFailed(OVERFLOW, near.get(answer, f"{answer} is not it: try exp of a few whole "
-                                         "numbers near your guess and look for inf"))
+    raise CheckFailed(
+        OVERFLOW,
+        near.get(
+            answer,
+            f"{answer} is not it: try exp of a few whole numbers near your guess and look for inf",
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -178,17 +234,21 @@ def check_stable_softmax(softmax) -> None:
         "small scores": torch.randn(4, 6),
         "scores in the hundreds": torch.randn(3, 8) * 300,
         "scores up to 1e4": torch.randn(2, 3, 5) * 1e4,
-        "masked (-inf) entries": torch.randn(3, 5).masked_fill(torch.ones(3, 5).triu(1).bool(),
-                                                                float("-inf")),
+        "masked (-inf) entries": torch.randn(3, 5).masked_fill(
+            torch.ones(3, 5).triu(1).bool(), float("-inf")
+        ),
     }
     blocked = "the challenge is to build it yourself: torch's softmax is blocked during this check"
 
     def refuse(*args, **kwargs):
         raise CheckFailed(SOFTMAX, blocked)
 
-    originals = [(torch, "softmax", torch.softmax), (torch.nn.functional, "softmax",
-                 torch.nn.functional.softmax), (torch.Tensor, "softmax", torch.Tensor.softmax),
-                 (torch.special, "softmax", torch.special.softmax)]
+    originals = [
+        (torch, "softmax", torch.softmax),
+        (torch.nn.functional, "softmax", torch.nn.functional.softmax),
+        (torch.Tensor, "softmax", torch.Tensor.softmax),
+        (torch.special, "softmax", torch.special.softmax),
+    ]
     for case, x in cases.items():
         want = originals[0][2](x, dim=-1)
         for owner, name, _ in originals:
@@ -199,15 +259,24 @@ def check_stable_softmax(softmax) -> None:
             for owner, name, original in originals:
                 setattr(owner, name, original)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            raise CheckFailed(SOFTMAX, f"on {case}: return a tensor of the input's shape "
-                              f"{tuple(x.shape)}, softmax over the last dimension")
+            raise CheckFailed(
+                SOFTMAX,
+                f"on {case}: return a tensor of the input's shape "
+                f"{tuple(x.shape)}, softmax over the last dimension",
+            )
         bad = int((~torch.isfinite(got)).sum())
         if bad:
-            raise CheckFailed(SOFTMAX, f"on {case}: {bad} of {got.numel()} values are NaN or inf "
-                              "(exp overflowed, or inf - inf); what can you subtract from every "
-                              "score of a row without changing the result?")
+            raise CheckFailed(
+                SOFTMAX,
+                f"on {case}: {bad} of {got.numel()} values are NaN or inf "
+                "(exp overflowed, or inf - inf); what can you subtract from every "
+                "score of a row without changing the result?",
+            )
         error = float((got.double() - want.double()).abs().max())
         if error > 1e-6:
-            raise CheckFailed(SOFTMAX, f"on {case}: off by up to {error:.2g} from torch.softmax "
-                              "(the goal is 1e-6); does each row sum to 1 over the last dim?")
+            raise CheckFailed(
+                SOFTMAX,
+                f"on {case}: off by up to {error:.2g} from torch.softmax "
+                "(the goal is 1e-6); does each row sum to 1 over the last dim?",
+            )
     passed(SOFTMAX, "finite and within 1e-6 of torch.softmax, up to scores of 1e4 and with masks")

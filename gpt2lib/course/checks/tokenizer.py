@@ -54,7 +54,11 @@ def _short(value, limit: int = 120) -> str:
 
 # --------------------------------------------------------------------------- 1.1 byte table
 
-_VISIBLE = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+_VISIBLE = (
+    set(range(ord("!"), ord("~") + 1))
+    | set(range(ord("¡"), ord("¬") + 1))
+    | set(range(ord("®"), ord("ÿ") + 1))
+)
 
 
 def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str]:
@@ -69,37 +73,51 @@ def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str
 
 
 BYTES_MISTAKES = [
-    Mistake("every byte its own character",
-            "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which "
-            "are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get "
-            "chr(256), chr(257), ... in byte order",
-            lambda: {b: chr(b) for b in range(256)}),
-    Mistake("offset by the byte",
-            "a byte without a visible character should get the next unused character: chr(256), "
-            "chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters "
-            "(keep a counter of how many new characters you have handed out)",
-            lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b))),
-    Mistake("ascii only",
-            "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are "
-            "visible characters too and keep their own character; you gave them new ones",
-            lambda: _byte_table(set(range(ord("!"), ord("~") + 1)))),
-    Mistake("soft hyphen kept",
-            "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other "
-            "67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
-            lambda: _byte_table(_VISIBLE | {173})),
-    Mistake("space kept",
-            "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character "
-            "(that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
-            lambda: _byte_table(_VISIBLE | {32})),
-    Mistake("ends left out",
-            "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): "
-            "range(ord('!'), ord('~')) stops one short; add 1 to each end",
-            lambda: _byte_table(set(range(33, 126)) | set(range(161, 172)) | set(range(174, 255)))),
-    Mistake("one new character",
-            "several bytes map to the same character, so the vocabulary files could not be read back: "
-            "each byte without a visible character needs its own, chr(256), chr(257), ... (advance "
-            "the counter after each one)",
-            lambda: _byte_table(_VISIBLE, lambda k, b: chr(256))),
+    Mistake(
+        "every byte its own character",
+        "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which "
+        "are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get "
+        "chr(256), chr(257), ... in byte order",
+        lambda: {b: chr(b) for b in range(256)},
+    ),
+    Mistake(
+        "offset by the byte",
+        "a byte without a visible character should get the next unused character: chr(256), "
+        "chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters "
+        "(keep a counter of how many new characters you have handed out)",
+        lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b)),
+    ),
+    Mistake(
+        "ascii only",
+        "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are "
+        "visible characters too and keep their own character; you gave them new ones",
+        lambda: _byte_table(set(range(ord("!"), ord("~") + 1))),
+    ),
+    Mistake(
+        "soft hyphen kept",
+        "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other "
+        "67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
+        lambda: _byte_table(_VISIBLE | {173}),
+    ),
+    Mistake(
+        "space kept",
+        "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character "
+        "(that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
+        lambda: _byte_table(_VISIBLE | {32}),
+    ),
+    Mistake(
+        "ends left out",
+        "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): "
+        "range(ord('!'), ord('~')) stops one short; add 1 to each end",
+        lambda: _byte_table(set(range(33, 126)) | set(range(161, 172)) | set(range(174, 255))),
+    ),
+    Mistake(
+        "one new character",
+        "several bytes map to the same character, so the vocabulary files could not be read back: "
+        "each byte without a visible character needs its own, chr(256), chr(257), ... (advance "
+        "the counter after each one)",
+        lambda: _byte_table(_VISIBLE, lambda k, b: chr(256)),
+    ),
 ]
 
 
@@ -129,7 +147,10 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
 
     got = call_learner(EX_BYTES, bytes_to_unicode)
     if not isinstance(got, dict):
-        raise CheckFailed(EX_BYTES, f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}")
+        raise CheckFailed(
+            EX_BYTES,
+            f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}",
+        )
     if set(got) != set(range(256)) or any(type(k) is not int for k in got):
         missing = sorted(set(range(256)) - set(got))
         extra = sorted((k for k in got if type(k) is not int or not 0 <= k < 256), key=repr)
@@ -137,7 +158,10 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
         raise CheckFailed(EX_BYTES, f"the keys should be the 256 ints 0..255; {where}")
     odd = [b for b in range(256) if not (isinstance(got[b], str) and len(got[b]) == 1)]
     if odd:
-        raise CheckFailed(EX_BYTES, f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}")
+        raise CheckFailed(
+            EX_BYTES,
+            f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}",
+        )
     want = reference()
     if got == want:
         passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
@@ -146,8 +170,11 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
     if mistake is not None:
         raise CheckFailed(EX_BYTES, mistake.message)
     wrong = [b for b in range(256) if got[b] != want[b]]
-    raise CheckFailed(EX_BYTES, f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
-                                f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}")
+    raise CheckFailed(
+        EX_BYTES,
+        f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
+        f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}",
+    )
 
 
 def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, skip_empty=True):
@@ -163,28 +190,44 @@ def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, sk
         return bytes(byte_of_char[c] for c in text) if as_bytes else text
 
     encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
-    vocab = {convert(token): i for token, i in encoder.items() if not (drop_special and token == ENDOFTEXT)}
-    lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1 if skip_header else 0 :]
+    vocab = {
+        convert(token): i
+        for token, i in encoder.items()
+        if not (drop_special and token == ENDOFTEXT)
+    }
+    lines = (
+        (Path(folder) / "vocab.bpe")
+        .read_text(encoding="utf-8")
+        .split("\n")[1 if skip_header else 0 :]
+    )
     return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
 
 
 LOAD_MISTAKES = [
-    Mistake("header kept",
-            "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a "
-            "merge: start from the second line",
-            lambda folder: _load_wrongly(folder, skip_header=False)),
-    Mistake("empty line kept",
-            "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a "
-            "newline, so split('\\n') gives '' last); skip empty lines",
-            lambda folder: _load_wrongly(folder, skip_empty=False)),
-    Mistake("special kept",
-            "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out "
-            "(section 5 adds it)",
-            lambda folder: _load_wrongly(folder, drop_special=False)),
-    Mistake("text not bytes",
-            "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back "
-            "into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
-            lambda folder: _load_wrongly(folder, as_bytes=False)),
+    Mistake(
+        "header kept",
+        "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a "
+        "merge: start from the second line",
+        lambda folder: _load_wrongly(folder, skip_header=False),
+    ),
+    Mistake(
+        "empty line kept",
+        "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a "
+        "newline, so split('\\n') gives '' last); skip empty lines",
+        lambda folder: _load_wrongly(folder, skip_empty=False),
+    ),
+    Mistake(
+        "special kept",
+        "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out "
+        "(section 5 adds it)",
+        lambda folder: _load_wrongly(folder, drop_special=False),
+    ),
+    Mistake(
+        "text not bytes",
+        "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back "
+        "into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
+        lambda folder: _load_wrongly(folder, as_bytes=False),
+    ),
 ]
 
 
@@ -214,27 +257,46 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
         for folder in folders:
             got = _as_comparable(call_learner(EX_LOAD, load_gpt2_vocab, folder))
             if got is None:
-                raise CheckFailed(EX_LOAD, "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
-                                           "token bytes to id, and a list of (bytes, bytes) pairs")
+                raise CheckFailed(
+                    EX_LOAD,
+                    "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
+                    "token bytes to id, and a list of (bytes, bytes) pairs",
+                )
             results.append(got)
         want = [reference(folder) for folder in folders]
         if results == want:
-            passed(EX_LOAD, f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right")
+            passed(
+                EX_LOAD,
+                f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
+            )
             return
-        mistake = first_mistake(LOAD_MISTAKES, lambda m: all(
-            r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)))
+        mistake = first_mistake(
+            LOAD_MISTAKES,
+            lambda m: all(r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)),
+        )
         if mistake is not None:
             raise CheckFailed(EX_LOAD, mistake.message)
-        for (vocab, merges), (want_vocab, want_merges), folder in zip(results, want, ["data/", "a small tokenizer's folder"]):
+        for (vocab, merges), (want_vocab, want_merges), folder in zip(
+            results, want, ["data/", "a small tokenizer's folder"]
+        ):
             if vocab != want_vocab:
                 wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
-                raise CheckFailed(EX_LOAD, f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
-                                           f"{'yours only' if wrong in vocab.items() else 'the files only'}")
+                raise CheckFailed(
+                    EX_LOAD,
+                    f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
+                    f"{'yours only' if wrong in vocab.items() else 'the files only'}",
+                )
             if merges != want_merges:
-                i = next((i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b), min(len(merges), len(want_merges)))
-                raise CheckFailed(EX_LOAD, f"for {folder} merge {i} should be "
-                                           f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
-                                           f"{_short(merges[i]) if i < len(merges) else 'missing'}")
+                i = next(
+                    (i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b),
+                    min(len(merges), len(want_merges)),
+                )
+                raise CheckFailed(
+                    EX_LOAD,
+                    f"for {folder} merge {i} should be "
+                    f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
+                    f"{_short(merges[i]) if i < len(merges) else 'missing'}",
+                )
 
 
 # --------------------------------------------------------------------------- 1.2 split pattern
@@ -263,21 +325,38 @@ def _four_given() -> str:
 # Each mistake's function returns a pattern written with that mistake; the check recognises the
 # mistake by how the learner's pattern splits a probe text.
 SPLIT_MISTAKES = [
-    Mistake("no whitespace", "characters are lost: whitespace is matched by none of your alternatives. A tokenizer "
-            "must keep every character; add alternatives that match whitespace after the four given ones.",
-            _four_given),
-    Mistake("lookahead only", "characters are lost: some whitespace is matched but not all. A lookahead alone "
-            "cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
-            lambda: _four_given() + r"|\s+(?!\S)"),
-    Mistake("whitespace first", "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its "
-            "own. The regex tries alternatives from left to right, so keep the four given ones first and add the "
-            "whitespace alternatives after them.", lambda: r"\s+(?!\S)|\s+|" + _four_given()),
-    Mistake("no lookahead", "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' "
-            "loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
-            "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
-            lambda: _four_given() + r"|\s+"),
-    Mistake("single whitespace", "runs of whitespace are cut into single characters (for 'x  \\n' you get "
-            "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.", lambda: _four_given() + r"|\s"),
+    Mistake(
+        "no whitespace",
+        "characters are lost: whitespace is matched by none of your alternatives. A tokenizer "
+        "must keep every character; add alternatives that match whitespace after the four given ones.",
+        _four_given,
+    ),
+    Mistake(
+        "lookahead only",
+        "characters are lost: some whitespace is matched but not all. A lookahead alone "
+        "cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
+        lambda: _four_given() + r"|\s+(?!\S)",
+    ),
+    Mistake(
+        "whitespace first",
+        "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its "
+        "own. The regex tries alternatives from left to right, so keep the four given ones first and add the "
+        "whitespace alternatives after them.",
+        lambda: r"\s+(?!\S)|\s+|" + _four_given(),
+    ),
+    Mistake(
+        "no lookahead",
+        "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' "
+        "loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
+        "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
+        lambda: _four_given() + r"|\s+",
+    ),
+    Mistake(
+        "single whitespace",
+        "runs of whitespace are cut into single characters (for 'x  \\n' you get "
+        "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
+        lambda: _four_given() + r"|\s",
+    ),
 ]
 _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
     "whitespace first": ("x y", ["x", " ", "y"]),
@@ -293,12 +372,15 @@ def check_split_pattern(gpt2_split_pattern) -> None:
     pattern = call_learner(EX_SPLIT, gpt2_split_pattern)
     if not isinstance(pattern, str):
         raise CheckFailed(
-            EX_SPLIT, f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}"
+            EX_SPLIT,
+            f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}",
         )
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
-        raise CheckFailed(EX_SPLIT, f"your pattern is not a valid regular expression: {exc}") from None
+        raise CheckFailed(
+            EX_SPLIT, f"your pattern is not a valid regular expression: {exc}"
+        ) from None
     reference = regex.compile(GPT2_SPLIT_PATTERN)
     if compiled.groups:
         raise CheckFailed(
@@ -317,8 +399,13 @@ def check_split_pattern(gpt2_split_pattern) -> None:
             )
         joined = "".join(pieces)
         if joined != text:
-            mistake = named(SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace")
-            raise CheckFailed(EX_SPLIT, f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})")
+            mistake = named(
+                SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace"
+            )
+            raise CheckFailed(
+                EX_SPLIT,
+                f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})",
+            )
     for text in SPLIT_SAMPLES:
         pieces, expected = compiled.findall(text), reference.findall(text)
         if pieces == expected:
@@ -326,36 +413,50 @@ def check_split_pattern(gpt2_split_pattern) -> None:
         for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
             if compiled.findall(probe) == wrong_pieces:
                 raise CheckFailed(EX_SPLIT, named(SPLIT_MISTAKES, name).message)
-        raise CheckFailed(EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}.")
+        raise CheckFailed(
+            EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}."
+        )
     passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
 # --------------------------------------------------------------------------- 1.3 merge count
 
 COUNT_MISTAKES = [
-    Mistake("every id a merge",
-            "not every id comes from a merge: the 256 single bytes are there before any merge, and "
-            "the special tokens are added whole",
-            lambda vocab_size, n_special: vocab_size),
-    Mistake("bytes counted",
-            "the 256 single bytes are not merges: they are the alphabet the merges start from",
-            lambda vocab_size, n_special: vocab_size - n_special),
-    Mistake("special counted",
-            "a special token such as <|endoftext|> is not made by a merge: it is added whole, after "
-            "the merges (if you counted lines of vocab.bpe, its first line is a version header)",
-            lambda vocab_size, n_special: vocab_size - 256),
-    Mistake("one too many taken",
-            "you take one id too many away: the ids are the 256 bytes, one token per merge, and the "
-            "special tokens, nothing else",
-            lambda vocab_size, n_special: vocab_size - 256 - n_special - 1),
-    Mistake("one special always",
-            "your answer takes away one special token whatever n_special is; a tokenizer may have "
-            "none, or several",
-            lambda vocab_size, n_special: vocab_size - 256 - 1),
-    Mistake("hard-coded",
-            "your answer does not depend on the arguments; it should hold for any vocab_size and "
-            "n_special, not only GPT-2's",
-            lambda vocab_size, n_special: 50000),
+    Mistake(
+        "every id a merge",
+        "not every id comes from a merge: the 256 single bytes are there before any merge, and "
+        "the special tokens are added whole",
+        lambda vocab_size, n_special: vocab_size,
+    ),
+    Mistake(
+        "bytes counted",
+        "the 256 single bytes are not merges: they are the alphabet the merges start from",
+        lambda vocab_size, n_special: vocab_size - n_special,
+    ),
+    Mistake(
+        "special counted",
+        "a special token such as <|endoftext|> is not made by a merge: it is added whole, after "
+        "the merges (if you counted lines of vocab.bpe, its first line is a version header)",
+        lambda vocab_size, n_special: vocab_size - 256,
+    ),
+    Mistake(
+        "one too many taken",
+        "you take one id too many away: the ids are the 256 bytes, one token per merge, and the "
+        "special tokens, nothing else",
+        lambda vocab_size, n_special: vocab_size - 256 - n_special - 1,
+    ),
+    Mistake(
+        "one special always",
+        "your answer takes away one special token whatever n_special is; a tokenizer may have "
+        "none, or several",
+        lambda vocab_size, n_special: vocab_size - 256 - 1,
+    ),
+    Mistake(
+        "hard-coded",
+        "your answer does not depend on the arguments; it should hold for any vocab_size and "
+        "n_special, not only GPT-2's",
+        lambda vocab_size, n_special: 50000,
+    ),
 ]
 
 
@@ -376,15 +477,27 @@ def check_merge_count(merge_count) -> None:
     for vocab_size, n_special, want in cases:
         got = call_learner(EX_COUNT, merge_count, vocab_size, n_special)
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
-            raise CheckFailed(EX_COUNT, f"merge_count should return a whole number, got {_short(got)}")
+            raise CheckFailed(
+                EX_COUNT, f"merge_count should return a whole number, got {_short(got)}"
+            )
         if got != want:
-            mistake = first_mistake(COUNT_MISTAKES, lambda m: all(
-                m.fn(v, s) == call_learner(EX_COUNT, merge_count, v, s) for v, s, _ in cases))
+            mistake = first_mistake(
+                COUNT_MISTAKES,
+                lambda m: all(
+                    m.fn(v, s) == call_learner(EX_COUNT, merge_count, v, s) for v, s, _ in cases
+                ),
+            )
             if mistake is not None:
                 raise CheckFailed(EX_COUNT, mistake.message)
-            raise CheckFailed(EX_COUNT, f"for {vocab_size} ids with {n_special} special tokens you say {got} "
-                                        f"merges; the tokenizer has {want}")
-    passed(EX_COUNT, f"GPT-2 has {cases[0][2]} merges, and your formula fits two trained tokenizers too")
+            raise CheckFailed(
+                EX_COUNT,
+                f"for {vocab_size} ids with {n_special} special tokens you say {got} "
+                f"merges; the tokenizer has {want}",
+            )
+    passed(
+        EX_COUNT,
+        f"GPT-2 has {cases[0][2]} merges, and your formula fits two trained tokenizers too",
+    )
 
 
 # --------------------------------------------------------------------------- 1.4 merges by rank
@@ -433,10 +546,15 @@ def _merge_loop(choose, everywhere=True):
 
 
 _leftmost_first = _merge_loop(lambda positions, pairs, ranks: positions[0])
-_highest_rank_first = _merge_loop(lambda positions, pairs, ranks: max(positions, key=lambda i: ranks[pairs[i]]))
-_leftmost_one_at_a_time = _merge_loop(lambda positions, pairs, ranks: positions[0], everywhere=False)
+_highest_rank_first = _merge_loop(
+    lambda positions, pairs, ranks: max(positions, key=lambda i: ranks[pairs[i]])
+)
+_leftmost_one_at_a_time = _merge_loop(
+    lambda positions, pairs, ranks: positions[0], everywhere=False
+)
 _lowest_rank_rightmost_occurrence = _merge_loop(
-    lambda positions, pairs, ranks: min(positions, key=lambda i: (ranks[pairs[i]], -i)), everywhere=False
+    lambda positions, pairs, ranks: min(positions, key=lambda i: (ranks[pairs[i]], -i)),
+    everywhere=False,
 )
 
 
@@ -454,25 +572,56 @@ def _one_merge(symbols, ranks):
 
 
 MERGE_MISTAKES = [
-    Mistake("no merges", "your function returns the symbols without merging anything: merge pairs that have a rank.",
-            lambda symbols, ranks: list(symbols)),
-    Mistake("one merge", "you stop after the first merge. Keep going: after each merge look at the new neighbouring "
-            "pairs again, until no pair has a rank.", _one_merge),
-    Mistake("highest rank first", "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest "
-            "line of vocab.bpe, learned first) must go first.", _highest_rank_first),
-    Mistake("leftmost pair", "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. "
-            "Merges must follow rank order wherever the pair is in the word.", _leftmost_first),
-    Mistake("leftmost pair, one at a time", "you merge the leftmost pair that has a rank, not the pair with the "
-            "LOWEST rank. Merges must follow rank order wherever the pair is in the word.", _leftmost_one_at_a_time),
-    Mistake("rightmost occurrence", "when the lowest-ranked pair occurs more than once, you merge the rightmost "
-            "occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
-            "the left 'a a' must merge first.", _lowest_rank_rightmost_occurrence),
-    Mistake("rank 0 is no rank", "the pair with rank 0 is never merged: a test like `if rank:` or "
-            "`ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` "
-            "or `is None`.", _rank_zero_never_merged),
-    Mistake("one pass", "you make one pass over the word, merging ranked pairs as you meet them. Merges must "
-            "follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is "
-            "left.", _one_pass),
+    Mistake(
+        "no merges",
+        "your function returns the symbols without merging anything: merge pairs that have a rank.",
+        lambda symbols, ranks: list(symbols),
+    ),
+    Mistake(
+        "one merge",
+        "you stop after the first merge. Keep going: after each merge look at the new neighbouring "
+        "pairs again, until no pair has a rank.",
+        _one_merge,
+    ),
+    Mistake(
+        "highest rank first",
+        "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest "
+        "line of vocab.bpe, learned first) must go first.",
+        _highest_rank_first,
+    ),
+    Mistake(
+        "leftmost pair",
+        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. "
+        "Merges must follow rank order wherever the pair is in the word.",
+        _leftmost_first,
+    ),
+    Mistake(
+        "leftmost pair, one at a time",
+        "you merge the leftmost pair that has a rank, not the pair with the "
+        "LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
+        _leftmost_one_at_a_time,
+    ),
+    Mistake(
+        "rightmost occurrence",
+        "when the lowest-ranked pair occurs more than once, you merge the rightmost "
+        "occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
+        "the left 'a a' must merge first.",
+        _lowest_rank_rightmost_occurrence,
+    ),
+    Mistake(
+        "rank 0 is no rank",
+        "the pair with rank 0 is never merged: a test like `if rank:` or "
+        "`ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` "
+        "or `is None`.",
+        _rank_zero_never_merged,
+    ),
+    Mistake(
+        "one pass",
+        "you make one pass over the word, merging ranked pairs as you meet them. Merges must "
+        "follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is "
+        "left.",
+        _one_pass,
+    ),
 ]
 
 # Small rank tables where the order of merges changes the result.
@@ -487,7 +636,16 @@ _TOY_CASES = [
     # ranks need not start at 0 or be consecutive (a part of a larger table)
     ([b"p", b"q", b"r", b"s"], {(b"r", b"s"): 7000, (b"q", b"r"): 900, (b"p", b"qr"): 50000}),
 ]
-_GPT2_WORDS = [" lowering", "hello", " tokenization", " internationalization", "aaaaaaa", " 👋", "\n\n", " the"]
+_GPT2_WORDS = [
+    " lowering",
+    "hello",
+    " tokenization",
+    " internationalization",
+    "aaaaaaa",
+    " 👋",
+    "\n\n",
+    " the",
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -508,7 +666,9 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
     from gpt2lib.tokenizer import bpe_merge as reference
 
     ranks = _gpt2_ranks()
-    cases = list(_TOY_CASES) + [([bytes([b]) for b in w.encode("utf-8")], ranks) for w in _GPT2_WORDS]
+    cases = list(_TOY_CASES) + [
+        ([bytes([b]) for b in w.encode("utf-8")], ranks) for w in _GPT2_WORDS
+    ]
     results = []
     for symbols, table in cases:
         given = list(symbols)
@@ -535,7 +695,10 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
     if results == expected:
         passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
         return
-    mistake = first_mistake(MERGE_MISTAKES, lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)))
+    mistake = first_mistake(
+        MERGE_MISTAKES,
+        lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)),
+    )
     if mistake is not None:
         raise CheckFailed(exercise, mistake.message)
     for got, want, (symbols, _) in zip(results, expected, cases):
@@ -548,7 +711,9 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
 
 # --------------------------------------------------------------------------- 1.4 the whole encoder
 
-_FIRST_TRY = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"  # section 3's first try
+_FIRST_TRY = (
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"  # section 3's first try
+)
 
 
 def _encode_with(text, vocab, ranks, *, pieces="pattern", merge=True):
@@ -572,20 +737,39 @@ def _encode_with(text, vocab, ranks, *, pieces="pattern", merge=True):
 
 # fn(text, vocab, ranks) -> the ids that wrong encoder gives
 ENCODE_MISTAKES = [
-    Mistake("no_split", "you merged the whole text as one piece, so merges cross word boundaries (two "
-            "newlines became one token); cut the text with GPT2_SPLIT_PATTERN first and merge each piece "
-            "on its own", lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="whole")),
-    Mistake("first_try_pattern", "your ids leave out whitespace: you split with section 3's first try, which "
-            "drops runs of spaces and newlines; split with the finished GPT2_SPLIT_PATTERN",
-            lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="first_try")),
-    Mistake("str_split", "your ids lose every space: text.split() throws the whitespace away, but GPT-2 keeps "
-            "a space with the word after it; split with GPT2_SPLIT_PATTERN",
-            lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="split")),
-    Mistake("no_merge", "you looked up single bytes: merge each piece's bytes by rank (bpe_merge) before "
-            "looking up the ids", lambda text, vocab, ranks: _encode_with(text, vocab, ranks, merge=False)),
+    Mistake(
+        "no_split",
+        "you merged the whole text as one piece, so merges cross word boundaries (two "
+        "newlines became one token); cut the text with GPT2_SPLIT_PATTERN first and merge each piece "
+        "on its own",
+        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="whole"),
+    ),
+    Mistake(
+        "first_try_pattern",
+        "your ids leave out whitespace: you split with section 3's first try, which "
+        "drops runs of spaces and newlines; split with the finished GPT2_SPLIT_PATTERN",
+        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="first_try"),
+    ),
+    Mistake(
+        "str_split",
+        "your ids lose every space: text.split() throws the whitespace away, but GPT-2 keeps "
+        "a space with the word after it; split with GPT2_SPLIT_PATTERN",
+        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="split"),
+    ),
+    Mistake(
+        "no_merge",
+        "you looked up single bytes: merge each piece's bytes by rank (bpe_merge) before "
+        "looking up the ids",
+        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, merge=False),
+    ),
 ]
-_ENCODE_TEXTS = ["Hello world! Tokenizers split text.", "a\n\nb  c\n", "I'll pay 42 dollars, she's sure.  Ok?\n",
-                 "Grüße aus Köln! 世界 👋", "x   y"]
+_ENCODE_TEXTS = [
+    "Hello world! Tokenizers split text.",
+    "a\n\nb  c\n",
+    "I'll pay 42 dollars, she's sure.  Ok?\n",
+    "Grüße aus Köln! 世界 👋",
+    "x   y",
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -602,24 +786,40 @@ def check_encode_sketch(encode_sketch) -> None:
     from gpt2lib.tokenizer import load_gpt2_vocab
 
     gpt2_vocab, _ = load_gpt2_vocab()
-    settings = [("GPT-2's vocabulary", gpt2_vocab, _gpt2_ranks()), ("a 300-token vocabulary", *_small_vocab_and_ranks())]
+    settings = [
+        ("GPT-2's vocabulary", gpt2_vocab, _gpt2_ranks()),
+        ("a 300-token vocabulary", *_small_vocab_and_ranks()),
+    ]
     for name, vocab, ranks in settings:
         results = []
         for text in _ENCODE_TEXTS:
             got = call_learner(EX_ENCODE, encode_sketch, text, vocab, ranks)
             if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) for i in got):
-                raise CheckFailed(EX_ENCODE, f"encode_sketch should return a list of ints, got {_short(got)}")
+                raise CheckFailed(
+                    EX_ENCODE, f"encode_sketch should return a list of ints, got {_short(got)}"
+                )
             results.append(list(got))
         expected = [_encode_with(text, vocab, ranks) for text in _ENCODE_TEXTS]
         if results == expected:
             continue
-        mistake = first_mistake(ENCODE_MISTAKES, lambda m: all(
-            got == m.fn(text, vocab, ranks) for got, text in zip(results, _ENCODE_TEXTS)))
+        mistake = first_mistake(
+            ENCODE_MISTAKES,
+            lambda m: all(
+                got == m.fn(text, vocab, ranks) for got, text in zip(results, _ENCODE_TEXTS)
+            ),
+        )
         if mistake is not None:
             raise CheckFailed(EX_ENCODE, mistake.message)
-        got, want, text = next((g, w, t) for g, w, t in zip(results, expected, _ENCODE_TEXTS) if g != w)
-        raise CheckFailed(EX_ENCODE, f"with {name}, {text!r} gives the ids {_short(want)}; yours are {_short(got)}")
-    passed(EX_ENCODE, f"{len(_ENCODE_TEXTS)} texts, with GPT-2's vocabulary and a small trained one")
+        got, want, text = next(
+            (g, w, t) for g, w, t in zip(results, expected, _ENCODE_TEXTS) if g != w
+        )
+        raise CheckFailed(
+            EX_ENCODE,
+            f"with {name}, {text!r} gives the ids {_short(want)}; yours are {_short(got)}",
+        )
+    passed(
+        EX_ENCODE, f"{len(_ENCODE_TEXTS)} texts, with GPT-2's vocabulary and a small trained one"
+    )
 
 
 # --------------------------------------------------------------------------- 1.5 the colleague's bug
@@ -640,18 +840,24 @@ def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int])
 
 
 DEBUG_MISTAKES = [
-    Mistake("agrees",
-            "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word "
-            "where the order of the merges matters. Compare the ranks of the pairs in a word "
-            "(`ranks[pair]`) with the order in which the colleague's loop merges them",
-            lambda: " dog"),
-    Mistake("one byte",
-            "a word of one byte has no pair to merge, so every encoder agrees on it",
-            lambda: "a"),
-    Mistake("several pieces",
-            "the tokenizer cuts that text into several pieces and merges each piece on its own; give one "
-            "piece (one word, with at most one space in front)",
-            lambda: "the cat"),
+    Mistake(
+        "agrees",
+        "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word "
+        "where the order of the merges matters. Compare the ranks of the pairs in a word "
+        "(`ranks[pair]`) with the order in which the colleague's loop merges them",
+        lambda: " dog",
+    ),
+    Mistake(
+        "one byte",
+        "a word of one byte has no pair to merge, so every encoder agrees on it",
+        lambda: "a",
+    ),
+    Mistake(
+        "several pieces",
+        "the tokenizer cuts that text into several pieces and merges each piece on its own; give one "
+        "piece (one word, with at most one space in front)",
+        lambda: "the cat",
+    ),
 ]
 
 
@@ -663,19 +869,29 @@ def check_disagreeing_word(disagreeing_word) -> None:
 
     word = call_learner(EX_DEBUG, disagreeing_word)
     if not isinstance(word, str) or not word:
-        raise CheckFailed(EX_DEBUG, f"disagreeing_word() should return a non-empty str, got {_short(word)}")
+        raise CheckFailed(
+            EX_DEBUG, f"disagreeing_word() should return a non-empty str, got {_short(word)}"
+        )
     pieces = regex.findall(GPT2_SPLIT_PATTERN, word)
     if pieces != [word]:
-        raise CheckFailed(EX_DEBUG, f"{named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})")
+        raise CheckFailed(
+            EX_DEBUG,
+            f"{named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})",
+        )
     symbols = [bytes([b]) for b in word.encode("utf-8")]
     if len(symbols) < 2:
         raise CheckFailed(EX_DEBUG, named(DEBUG_MISTAKES, "one byte").message)
     ranks = _gpt2_ranks()
     theirs, right = colleague_merge(symbols, ranks), reference(symbols, ranks)
     if theirs == right:
-        raise CheckFailed(EX_DEBUG, f"{named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})")
-    passed(EX_DEBUG, f"on {word!r} the colleague's encoder gives {_short(theirs)}, GPT-2's gives "
-                     f"{_short(right)}: it merges the leftmost pair that has a rank, not the pair of lowest rank")
+        raise CheckFailed(
+            EX_DEBUG, f"{named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
+        )
+    passed(
+        EX_DEBUG,
+        f"on {word!r} the colleague's encoder gives {_short(theirs)}, GPT-2's gives "
+        f"{_short(right)}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
+    )
 
 
 def check_fixed_merge(fixed_merge) -> None:
@@ -686,21 +902,27 @@ def check_fixed_merge(fixed_merge) -> None:
     words = [[bytes([b]) for b in word.encode("utf-8")] for word in _GPT2_WORDS]
     results = [call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
     if results != [reference(w, ranks) for w in words]:
-        mistake = first_mistake(FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words)))
+        mistake = first_mistake(
+            FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words))
+        )
         if mistake is not None:
             raise CheckFailed(EX_DEBUG, mistake.message)
     _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
 
 
 FIXED_MISTAKES = [
-    Mistake("unfixed",
-            "fixed_merge still gives the colleague's tokens: it merges the first pair from the left "
-            "that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
-            colleague_merge),
-    Mistake("rightmost",
-            "your fix merges the ranked pair furthest to the right; the rank, not the position, "
-            "decides which pair goes first",
-            _merge_loop(lambda positions, pairs, ranks: positions[-1], everywhere=False)),
+    Mistake(
+        "unfixed",
+        "fixed_merge still gives the colleague's tokens: it merges the first pair from the left "
+        "that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
+        colleague_merge,
+    ),
+    Mistake(
+        "rightmost",
+        "your fix merges the ranked pair furthest to the right; the rank, not the position, "
+        "decides which pair goes first",
+        _merge_loop(lambda positions, pairs, ranks: positions[-1], everywhere=False),
+    ),
 ]
 
 
@@ -731,7 +953,9 @@ def _decode_cases():
     cases = [tok.encode(t) for t in texts]
     cases.append(tok.encode("one") + [ENDOFTEXT_ID] + tok.encode("two"))
     cases.append([])
-    cases.append([tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]])  # 'a' and 2 of the 3 bytes of '世'
+    cases.append(
+        [tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]]
+    )  # 'a' and 2 of the 3 bytes of '世'
     cases.append([tok.vocab[b"\xc3"]])  # the first byte of a two-byte character, alone
     return tok, cases
 
@@ -748,18 +972,31 @@ def _joined_bytes(ids, token_texts) -> bytes:
 
 
 DECODE_MISTAKES = [
-    Mistake("no byte map", "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each "
-            "character back to its byte with the inverse of bytes_to_unicode() first.",
-            lambda ids, token_texts: "".join(token_texts[i] for i in ids)),
-    Mistake("per token", "you decode each token on its own, so a character whose bytes are spread over two "
-            "tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
-            lambda ids, token_texts: "".join(_joined_bytes([i], token_texts).decode("utf-8", errors="replace")
-                                             for i in ids)),
-    Mistake("errors=ignore", "you drop the bytes of an incomplete character; GPT-2's decoder shows them as "
-            "'\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
-            lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("utf-8", errors="ignore")),
-    Mistake("latin-1", "decode the bytes as UTF-8, not latin-1.",
-            lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("latin-1")),
+    Mistake(
+        "no byte map",
+        "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each "
+        "character back to its byte with the inverse of bytes_to_unicode() first.",
+        lambda ids, token_texts: "".join(token_texts[i] for i in ids),
+    ),
+    Mistake(
+        "per token",
+        "you decode each token on its own, so a character whose bytes are spread over two "
+        "tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
+        lambda ids, token_texts: "".join(
+            _joined_bytes([i], token_texts).decode("utf-8", errors="replace") for i in ids
+        ),
+    ),
+    Mistake(
+        "errors=ignore",
+        "you drop the bytes of an incomplete character; GPT-2's decoder shows them as "
+        "'\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
+        lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("utf-8", errors="ignore"),
+    ),
+    Mistake(
+        "latin-1",
+        "decode the bytes as UTF-8, not latin-1.",
+        lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("latin-1"),
+    ),
 ]
 
 
@@ -778,16 +1015,24 @@ def check_decode_ids(decode_ids) -> None:
                 "Decode with errors='replace' so the broken bytes become '\\ufffd' instead of an exception.",
             ) from None
         if isinstance(got, (bytes, bytearray)):
-            raise CheckFailed(EX_DECODE, "you return bytes; decode the joined bytes with UTF-8 and return a str.")
+            raise CheckFailed(
+                EX_DECODE, "you return bytes; decode the joined bytes with UTF-8 and return a str."
+            )
         if not isinstance(got, str):
-            raise CheckFailed(EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}")
+            raise CheckFailed(
+                EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}"
+            )
         if got == expected:
             continue
-        mistake = first_mistake(DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got)
+        mistake = first_mistake(
+            DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got
+        )
         detail = f"for {ids} you return {got!r}, expected {expected!r}"
         if mistake is not None:
             raise CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
-        raise CheckFailed(EX_DECODE, f"for ids {ids} the text is {expected!r}, but yours gives {got!r}.")
+        raise CheckFailed(
+            EX_DECODE, f"for ids {ids} the text is {expected!r}, but yours gives {got!r}."
+        )
     passed(EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>")
 
 
@@ -808,21 +1053,29 @@ def _tie_choices(text: str):
 
 
 TIE_MISTAKES = [
-    Mistake("no tie",
-            "the most frequent pair of your text occurs more often than every other pair, so there is "
-            "no tie to decide; make two pairs occur equally often",
-            lambda: "abab"),
-    Mistake("same choice",
-            "your text has a tie, but both rules pick the same pair: the pair seen first is also the "
-            "greater one. Put the smaller pair first",
-            lambda: "xy ab"),
-    Mistake("no pair",
-            "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters "
-            "from punctuation and digits, and a pair only counts inside one piece",
-            lambda: "a.b,c"),
-    Mistake("too long",
-            "your text is longer than 40 characters; a short one shows the tie better",
-            lambda: "the quick brown fox jumps over the lazy dog and the cat"),
+    Mistake(
+        "no tie",
+        "the most frequent pair of your text occurs more often than every other pair, so there is "
+        "no tie to decide; make two pairs occur equally often",
+        lambda: "abab",
+    ),
+    Mistake(
+        "same choice",
+        "your text has a tie, but both rules pick the same pair: the pair seen first is also the "
+        "greater one. Put the smaller pair first",
+        lambda: "xy ab",
+    ),
+    Mistake(
+        "no pair",
+        "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters "
+        "from punctuation and digits, and a pair only counts inside one piece",
+        lambda: "a.b,c",
+    ),
+    Mistake(
+        "too long",
+        "your text is longer than 40 characters; a short one shows the tie better",
+        lambda: "the quick brown fox jumps over the lazy dog and the cat",
+    ),
 ]
 
 
@@ -837,12 +1090,20 @@ def check_tie_text(tie_text) -> None:
     if not counts:
         raise CheckFailed(EX_TIE, named(TIE_MISTAKES, "no pair").message)
     if len(tied) < 2:
-        raise CheckFailed(EX_TIE, f"{named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)")
+        raise CheckFailed(
+            EX_TIE,
+            f"{named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)",
+        )
     first_seen, greater = tied[0], max(tied)
     if first_seen == greater:
-        raise CheckFailed(EX_TIE, f"{named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})")
-    passed(EX_TIE, f"{len(tied)} pairs tie at {counts[greater]}: first seen picks {first_seen}, the greater "
-                   f"pair picks {greater}")
+        raise CheckFailed(
+            EX_TIE, f"{named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})"
+        )
+    passed(
+        EX_TIE,
+        f"{len(tied)} pairs tie at {counts[greater]}: first seen picks {first_seen}, the greater "
+        f"pair picks {greater}",
+    )
 
 
 # --------------------------------------------------------------------------- 1.8 most frequent pair
@@ -875,16 +1136,30 @@ def _training_word_counts() -> dict[tuple[bytes, ...], int]:
 # Each mistake gives the scores that the wrong counting assigns to every pair; a learner's answer
 # shows the mistake when it is a best pair under those scores in every case (any tie accepted).
 PAIR_MISTAKES = [
-    Mistake("skips the last pair", "your loop stops one pair early: the last pair of each word is never "
-            "counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives "
-            "them all).", lambda word_counts: _pair_counts(word_counts, skip_last=True)),
-    Mistake("unweighted", "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: "
-            "multiply by the word's count from word_counts.", lambda word_counts: _pair_counts(word_counts, weighted=False)),
-    Mistake("once per word", "a pair that appears twice inside one word counts twice (like (b'a', b'a') in "
-            "b'aaaa', three times); you count it once per word.",
-            lambda word_counts: _pair_counts(word_counts, once_per_word=True)),
-    Mistake("least frequent", "you return the LEAST frequent pair; return the most frequent one.",
-            lambda word_counts: Counter({p: -c for p, c in _pair_counts(word_counts).items()})),
+    Mistake(
+        "skips the last pair",
+        "your loop stops one pair early: the last pair of each word is never "
+        "counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives "
+        "them all).",
+        lambda word_counts: _pair_counts(word_counts, skip_last=True),
+    ),
+    Mistake(
+        "unweighted",
+        "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: "
+        "multiply by the word's count from word_counts.",
+        lambda word_counts: _pair_counts(word_counts, weighted=False),
+    ),
+    Mistake(
+        "once per word",
+        "a pair that appears twice inside one word counts twice (like (b'a', b'a') in "
+        "b'aaaa', three times); you count it once per word.",
+        lambda word_counts: _pair_counts(word_counts, once_per_word=True),
+    ),
+    Mistake(
+        "least frequent",
+        "you return the LEAST frequent pair; return the most frequent one.",
+        lambda word_counts: Counter({p: -c for p, c in _pair_counts(word_counts).items()}),
+    ),
 ]
 
 _PAIR_CASES = [
@@ -910,21 +1185,34 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
     for word_counts in cases:
         counts = _pair_counts(word_counts)
         got = call_learner(EX_PAIR, most_frequent_pair, dict(word_counts))
-        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, bytes) for s in got)):
+        if not (
+            isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, bytes) for s in got)
+        ):
             raise CheckFailed(
-                EX_PAIR, f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}"
+                EX_PAIR,
+                f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}",
             )
         if got not in counts:
-            raise CheckFailed(EX_PAIR, f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}")
+            raise CheckFailed(
+                EX_PAIR,
+                f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}",
+            )
         answers.append(got)
     for word_counts, got in zip(cases, answers):
         counts = _pair_counts(word_counts)
         if _is_best(got, counts):
             continue
-        mistake = first_mistake(PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(wc)) for wc, g in zip(cases, answers)))
+        mistake = first_mistake(
+            PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(wc)) for wc, g in zip(cases, answers))
+        )
         best = max(counts.values())
-        message = mistake.message if mistake else (
-            f"{got} occurs {counts[got]} times, but {max(counts, key=counts.__getitem__)} occurs {best} times.")
+        message = (
+            mistake.message
+            if mistake
+            else (
+                f"{got} occurs {counts[got]} times, but {max(counts, key=counts.__getitem__)} occurs {best} times."
+            )
+        )
         raise CheckFailed(EX_PAIR, message + f" (words: {_short(word_counts)}; you returned {got})")
     for empty in ({(b"a",): 3, (b"b",): 1}, {}):
         try:
@@ -938,7 +1226,10 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
                 f"{type(exc).__name__}: {exc}",
             ) from None
         if got is not None:
-            raise CheckFailed(EX_PAIR, f"when no word has two symbols left (word_counts={empty}) return None, not {_short(got)}")
+            raise CheckFailed(
+                EX_PAIR,
+                f"when no word has two symbols left (word_counts={empty}) return None, not {_short(got)}",
+            )
     passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
 
 
@@ -952,7 +1243,12 @@ def _merge_word(word, pair, first_only=False, from_right=False, no_skip=False):
         first, second = second, first
     out, i, merged_once = [], 0, False
     while i < len(symbols):
-        if i + 1 < len(symbols) and symbols[i] == first and symbols[i + 1] == second and not (first_only and merged_once):
+        if (
+            i + 1 < len(symbols)
+            and symbols[i] == first
+            and symbols[i + 1] == second
+            and not (first_only and merged_once)
+        ):
             out.append(symbols[i + 1] + symbols[i] if from_right else symbols[i] + symbols[i + 1])
             merged_once = True
             i += 1 if no_skip else 2
@@ -971,15 +1267,30 @@ def _merge_all_words(word_counts, pair, overwrite=False, **how):
 
 
 MERGE_PAIR_MISTAKES = [
-    Mistake("nothing merged", "your result still holds the words unmerged: replace every occurrence of the pair "
-            "by the one symbol first + second.", lambda word_counts, pair: dict(word_counts)),
-    Mistake("counts overwritten", "two words that become the same word after the merge must add their counts; "
-            "you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
-            lambda word_counts, pair: _merge_all_words(word_counts, pair, overwrite=True)),
-    Mistake("first occurrence only", "you merge only the first occurrence of the pair in each word; merge every "
-            "occurrence, from left to right.", lambda word_counts, pair: _merge_all_words(word_counts, pair, first_only=True)),
-    Mistake("from the right", "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). "
-            "Walk through each word from the left.", lambda word_counts, pair: _merge_all_words(word_counts, pair, from_right=True)),
+    Mistake(
+        "nothing merged",
+        "your result still holds the words unmerged: replace every occurrence of the pair "
+        "by the one symbol first + second.",
+        lambda word_counts, pair: dict(word_counts),
+    ),
+    Mistake(
+        "counts overwritten",
+        "two words that become the same word after the merge must add their counts; "
+        "you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
+        lambda word_counts, pair: _merge_all_words(word_counts, pair, overwrite=True),
+    ),
+    Mistake(
+        "first occurrence only",
+        "you merge only the first occurrence of the pair in each word; merge every "
+        "occurrence, from left to right.",
+        lambda word_counts, pair: _merge_all_words(word_counts, pair, first_only=True),
+    ),
+    Mistake(
+        "from the right",
+        "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). "
+        "Walk through each word from the left.",
+        lambda word_counts, pair: _merge_all_words(word_counts, pair, from_right=True),
+    ),
 ]
 
 _MERGE_PAIR_CASES = [
@@ -1001,12 +1312,21 @@ def check_merge_pair(merge_pair) -> None:
         given = dict(word_counts)
         got = call_learner(EX_MERGE_PAIR, merge_pair, given, pair)
         if given != word_counts:
-            raise CheckFailed(EX_MERGE_PAIR, "your function changed the caller's dict; build a new dict and return it.")
+            raise CheckFailed(
+                EX_MERGE_PAIR,
+                "your function changed the caller's dict; build a new dict and return it.",
+            )
         if not isinstance(got, dict):
-            raise CheckFailed(EX_MERGE_PAIR, f"merge_pair should return a dict of word -> count, got {type(got).__name__}")
+            raise CheckFailed(
+                EX_MERGE_PAIR,
+                f"merge_pair should return a dict of word -> count, got {type(got).__name__}",
+            )
         for word in got:
             if not (isinstance(word, tuple) and all(isinstance(s, bytes) for s in word)):
-                raise CheckFailed(EX_MERGE_PAIR, f"each word must stay a tuple of bytes symbols; you have {_short(word)}")
+                raise CheckFailed(
+                    EX_MERGE_PAIR,
+                    f"each word must stay a tuple of bytes symbols; you have {_short(word)}",
+                )
         if sum(got.values()) != sum(word_counts.values()):
             raise CheckFailed(
                 EX_MERGE_PAIR,
@@ -1027,14 +1347,18 @@ def check_merge_pair(merge_pair) -> None:
         passed(EX_MERGE_PAIR, f"{len(results)} word tables merged, including words that become one")
         return
     mistake = first_mistake(
-        MERGE_PAIR_MISTAKES, lambda m: all(got == m.fn(dict(wc), p) for got, (wc, p) in zip(results, _MERGE_PAIR_CASES))
+        MERGE_PAIR_MISTAKES,
+        lambda m: all(got == m.fn(dict(wc), p) for got, (wc, p) in zip(results, _MERGE_PAIR_CASES)),
     )
     if mistake is not None:
         raise CheckFailed(EX_MERGE_PAIR, mistake.message)
     for got, want, (word_counts, pair) in zip(results, expected, _MERGE_PAIR_CASES):
         if got != want:
-            raise CheckFailed(EX_MERGE_PAIR, f"merging {pair} in {_short(word_counts)} gives {_short(want)}, "
-                                             f"but yours gives {_short(got)}.")
+            raise CheckFailed(
+                EX_MERGE_PAIR,
+                f"merging {pair} in {_short(word_counts)} gives {_short(want)}, "
+                f"but yours gives {_short(got)}.",
+            )
 
 
 # --------------------------------------------------------------------------- 1.9 training loop
@@ -1055,24 +1379,47 @@ def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
 
 
 TRAIN_MISTAKES = [
-    Mistake("merge not applied", "you record the pair but the words never change, so the same pair wins every "
-            "time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
-            lambda word_counts, num_merges: _loop(word_counts, num_merges, apply=False)),
-    Mistake("one too few", "you learn one merge too few: the loop must run num_merges times (range(num_merges)).",
-            lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=-1)),
-    Mistake("one too many", "you learn one merge too many: the loop must run num_merges times (range(num_merges)).",
-            lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=1)),
-    Mistake("no stop", "when no pair is left, most_frequent_pair returns None: stop there instead of "
-            "recording None as a merge.", lambda word_counts, num_merges: _loop(word_counts, num_merges, stop_on_none=False)),
+    Mistake(
+        "merge not applied",
+        "you record the pair but the words never change, so the same pair wins every "
+        "time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
+        lambda word_counts, num_merges: _loop(word_counts, num_merges, apply=False),
+    ),
+    Mistake(
+        "one too few",
+        "you learn one merge too few: the loop must run num_merges times (range(num_merges)).",
+        lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=-1),
+    ),
+    Mistake(
+        "one too many",
+        "you learn one merge too many: the loop must run num_merges times (range(num_merges)).",
+        lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=1),
+    ),
+    Mistake(
+        "no stop",
+        "when no pair is left, most_frequent_pair returns None: stop there instead of "
+        "recording None as a merge.",
+        lambda word_counts, num_merges: _loop(word_counts, num_merges, stop_on_none=False),
+    ),
 ]
 
 
 def _train_cases():
     return [
         (_training_word_counts(), 12),
-        ({(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1}, 10),  # runs out of pairs after 3 merges
-        ({(b"l", b"o", b"w"): 5, (b"l", b"o", b"w", b"e", b"r"): 2, (b"n", b"e", b"w", b"e", b"s", b"t"): 6,
-          (b"w", b"i", b"d", b"e", b"s", b"t"): 3}, 6),
+        (
+            {(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1},
+            10,
+        ),  # runs out of pairs after 3 merges
+        (
+            {
+                (b"l", b"o", b"w"): 5,
+                (b"l", b"o", b"w", b"e", b"r"): 2,
+                (b"n", b"e", b"w", b"e", b"s", b"t"): 6,
+                (b"w", b"i", b"d", b"e", b"s", b"t"): 3,
+            },
+            6,
+        ),
         ({(b"z",): 4}, 3),
     ]
 
@@ -1089,12 +1436,16 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
             return f"merge {step} is {_short(pair)}, but no pair is left by then: stop when most_frequent_pair returns None"
         if not _is_best(pair, counts):
             best = max(counts, key=counts.__getitem__)
-            return (f"merge {step} is {_short(pair)}, which occurs {counts.get(pair, 0)} times then; the most frequent "
-                    f"pair occurs {counts[best]} times, for example {best}")
+            return (
+                f"merge {step} is {_short(pair)}, which occurs {counts.get(pair, 0)} times then; the most frequent "
+                f"pair occurs {counts[best]} times, for example {best}"
+            )
         word_counts = merge_pair(word_counts, pair)
     if len(merges) < num_merges and _pair_counts(word_counts):
-        return (f"you return {len(merges)} merges, but num_merges={num_merges} and pairs are still left: keep "
-                "going until num_merges merges are learned")
+        return (
+            f"you return {len(merges)} merges, but num_merges={num_merges} and pairs are still left: keep "
+            "going until num_merges merges are learned"
+        )
     return None
 
 
@@ -1110,22 +1461,39 @@ def check_train_merges(train_merges) -> None:
                 raise
             # merge_pair(word_counts, None): the loop went on after most_frequent_pair found no pair
             no_stop = next(m for m in TRAIN_MISTAKES if m.name == "no stop")
-            raise CheckFailed(EX_TRAIN, f"{no_stop.message} (your code raised TypeError: {exc})") from None
+            raise CheckFailed(
+                EX_TRAIN, f"{no_stop.message} (your code raised TypeError: {exc})"
+            ) from None
         if not isinstance(got, (list, tuple)):
-            raise CheckFailed(EX_TRAIN, f"train_merges should return a list of pairs, got {type(got).__name__}")
+            raise CheckFailed(
+                EX_TRAIN, f"train_merges should return a list of pairs, got {type(got).__name__}"
+            )
         results.append(list(got))
     problems = [_replay_problem(dict(wc), n, got) for (wc, n), got in zip(cases, results)]
     if not any(problems):
-        passed(EX_TRAIN, f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left")
+        passed(
+            EX_TRAIN,
+            f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left",
+        )
         return
-    mistake = first_mistake(TRAIN_MISTAKES, lambda m: all(got == m.fn(dict(wc), n) for got, (wc, n) in zip(results, cases)))
+    mistake = first_mistake(
+        TRAIN_MISTAKES,
+        lambda m: all(got == m.fn(dict(wc), n) for got, (wc, n) in zip(results, cases)),
+    )
     if mistake is not None:
         raise CheckFailed(EX_TRAIN, mistake.message)
     for got in results:
         for pair in got:
-            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, bytes) for s in pair)):
-                raise CheckFailed(EX_TRAIN, f"each merge should be a pair (bytes, bytes), like (b't', b'h'); "
-                                            f"you have {_short(pair)}")
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and all(isinstance(s, bytes) for s in pair)
+            ):
+                raise CheckFailed(
+                    EX_TRAIN,
+                    f"each merge should be a pair (bytes, bytes), like (b't', b'h'); "
+                    f"you have {_short(pair)}",
+                )
     (word_counts, _), problem = next(((case, p) for case, p in zip(cases, problems) if p))
     raise CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
 
@@ -1133,24 +1501,38 @@ def check_train_merges(train_merges) -> None:
 # --------------------------------------------------------------------------- 1.10 bytes per token
 
 
-def _ratio(tokenizer, text, count=len, size=lambda text: len(text.encode("utf-8")), divide=lambda a, b: a / b):
+def _ratio(
+    tokenizer,
+    text,
+    count=len,
+    size=lambda text: len(text.encode("utf-8")),
+    divide=lambda a, b: a / b,
+):
     return divide(size(text), count(tokenizer.encode(text)))
 
 
 RATIO_MISTAKES = [
-    Mistake("characters",
-            "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes "
-            "2 and 3 bytes; count len(text.encode('utf-8'))",
-            lambda tokenizer, text: _ratio(tokenizer, text, size=len)),
-    Mistake("inverted",
-            "your number is tokens per byte, the inverse: divide the bytes by the tokens",
-            lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: b / a)),
-    Mistake("integer division",
-            "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
-            lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b)),
-    Mistake("distinct tokens",
-            "you count distinct token ids; every token costs a position in the window, repeats included",
-            lambda tokenizer, text: _ratio(tokenizer, text, count=lambda ids: len(set(ids)))),
+    Mistake(
+        "characters",
+        "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes "
+        "2 and 3 bytes; count len(text.encode('utf-8'))",
+        lambda tokenizer, text: _ratio(tokenizer, text, size=len),
+    ),
+    Mistake(
+        "inverted",
+        "your number is tokens per byte, the inverse: divide the bytes by the tokens",
+        lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: b / a),
+    ),
+    Mistake(
+        "integer division",
+        "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
+        lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b),
+    ),
+    Mistake(
+        "distinct tokens",
+        "you count distinct token ids; every token costs a position in the window, repeats included",
+        lambda tokenizer, text: _ratio(tokenizer, text, count=lambda ids: len(set(ids))),
+    ),
 ]
 
 
@@ -1165,7 +1547,11 @@ def _ratio_cases():
     from gpt2lib.tokenizer import BPETokenizer, get_encoding
 
     small = BPETokenizer.train(_training_text(), 300)
-    texts = ["The keeper of the harbour light, the keeper.", "Grüße aus Köln! 世界 🤗", "naïve café au lait"]
+    texts = [
+        "The keeper of the harbour light, the keeper.",
+        "Grüße aus Köln! 世界 🤗",
+        "naïve café au lait",
+    ]
     return [(tokenizer, text) for tokenizer in (get_encoding(), small) for text in texts]
 
 
@@ -1176,14 +1562,18 @@ def check_bytes_per_token(bytes_per_token) -> None:
     for tokenizer, text in cases:
         got = call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}")
+            raise CheckFailed(
+                EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}"
+            )
         results.append(float(got))
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
     if all(abs(g - w) < 1e-9 for g, w in zip(results, want)):
         passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
         return
-    mistake = first_mistake(RATIO_MISTAKES, lambda m: all(
-        abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)))
+    mistake = first_mistake(
+        RATIO_MISTAKES,
+        lambda m: all(abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)),
+    )
     if mistake is not None:
         raise CheckFailed(EX_RATIO, mistake.message)
     g, w, (_, text) = next((g, w, c) for g, w, c in zip(results, want, cases) if abs(g - w) >= 1e-9)
@@ -1199,19 +1589,32 @@ def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train",
     from gpt2lib.tokenizer import BPETokenizer, get_encoding
 
     texts = {"train": train_text, "test": test_text}
-    ratios = [_ratio(BPETokenizer.train(texts[train_on], vocab_size=n), texts[measure_on]) for n in sizes]
+    ratios = [
+        _ratio(BPETokenizer.train(texts[train_on], vocab_size=n), texts[measure_on]) for n in sizes
+    ]
     return ratios, _ratio(get_encoding(), texts[gpt2_on])
 
 
 # fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
 SWEEP_MISTAKES = [
-    Mistake("measured_on_training_text", "your tokenizers were measured on the text they were trained on; "
-            "measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
-            lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train")),
-    Mistake("trained_on_held_out", "your tokenizers were trained on held_out, the text they are measured on; "
-            "train them on train_part", lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test")),
-    Mistake("gpt2_on_training_text", "your GPT-2 number is measured on train_part; measure it on held_out, like "
-            "the others, or the comparison mixes two texts", lambda tr, te, sizes: _sweep(tr, te, sizes, gpt2_on="train")),
+    Mistake(
+        "measured_on_training_text",
+        "your tokenizers were measured on the text they were trained on; "
+        "measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
+        lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train"),
+    ),
+    Mistake(
+        "trained_on_held_out",
+        "your tokenizers were trained on held_out, the text they are measured on; "
+        "train them on train_part",
+        lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test"),
+    ),
+    Mistake(
+        "gpt2_on_training_text",
+        "your GPT-2 number is measured on train_part; measure it on held_out, like "
+        "the others, or the comparison mixes two texts",
+        lambda tr, te, sizes: _sweep(tr, te, sizes, gpt2_on="train"),
+    ),
 ]
 
 
@@ -1221,9 +1624,14 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
     try:
         got = [float(r) for r in ratios], float(gpt2_ratio)
     except (TypeError, ValueError):
-        raise CheckFailed(EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number") from None
+        raise CheckFailed(
+            EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number"
+        ) from None
     if len(got[0]) != len(sizes):
-        raise CheckFailed(EX_SWEEP, f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})")
+        raise CheckFailed(
+            EX_SWEEP,
+            f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})",
+        )
 
     def same(values):
         return all(abs(a - b) < 1e-9 for a, b in zip([*got[0], got[1]], [*values[0], values[1]]))
@@ -1234,8 +1642,11 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
     mistake = first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
     if mistake is not None:
         raise CheckFailed(EX_SWEEP, mistake.message)
-    raise CheckFailed(EX_SWEEP, "your numbers are not the bytes per token on held_out of tokenizers trained on "
-                      "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())")
+    raise CheckFailed(
+        EX_SWEEP,
+        "your numbers are not the bytes per token on held_out of tokenizers trained on "
+        "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())",
+    )
 
 
 # --------------------------------------------------------------------------- challenge: fast training
@@ -1257,7 +1668,10 @@ def _first_seen_train(text, vocab_size):
     """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
     from gpt2lib.tokenizer import merge_pair, pretokenize
 
-    words = {tuple(bytes([b]) for b in piece.encode("utf-8")): n for piece, n in pretokenize(text).items()}
+    words = {
+        tuple(bytes([b]) for b in piece.encode("utf-8")): n
+        for piece, n in pretokenize(text).items()
+    }
     vocab, merges = {bytes([b]): b for b in range(256)}, []
     while len(vocab) < vocab_size:
         counts = Counter()
@@ -1274,13 +1688,17 @@ def _first_seen_train(text, vocab_size):
 
 
 FAST_MISTAKES = [
-    Mistake("other tie rule",
-            "the merges are not the reference's: on a tie the reference takes the greater pair, "
-            "max(counts, key=lambda pair: (counts[pair], pair))",
-            _first_seen_train),
-    Mistake("merges only",
-            "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
-            lambda text, vocab_size: _first_seen_train(text, vocab_size)[1]),
+    Mistake(
+        "other tie rule",
+        "the merges are not the reference's: on a tie the reference takes the greater pair, "
+        "max(counts, key=lambda pair: (counts[pair], pair))",
+        _first_seen_train,
+    ),
+    Mistake(
+        "merges only",
+        "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
+        lambda text, vocab_size: _first_seen_train(text, vocab_size)[1],
+    ),
 ]
 
 
@@ -1291,36 +1709,57 @@ def _shakespeare(n_chars: int) -> str:
     return (gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
 
 
-def check_fast_training(fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0) -> float:
+def check_fast_training(
+    fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0
+) -> float:
     """Challenge: `fast_train(text, vocab_size)` learns train_merges_simple's merges at least `goal`
     times faster. Returns how many times faster it is."""
     from gpt2lib.chapters.bpe import train_merges_simple
 
     text = _shakespeare(n_chars)
-    call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature, named first
+    call_learner(
+        CH_FAST, fast_train, text[:100], 260
+    )  # the stub and a wrong signature, named first
     yours_s, got = _seconds(fast_train, text, vocab_size)
     reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
     if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
-        raise CheckFailed(CH_FAST, named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})")
+        raise CheckFailed(
+            CH_FAST, named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})"
+        )
     got_vocab, got_merges = got
     got_merges = [tuple(m) for m in got_merges]
     if got_merges != merges:
-        i = next((i for i, (a, b) in enumerate(zip(got_merges, merges)) if a != b), min(len(got_merges), len(merges)))
+        i = next(
+            (i for i, (a, b) in enumerate(zip(got_merges, merges)) if a != b),
+            min(len(got_merges), len(merges)),
+        )
         if i < min(len(got_merges), len(merges)):
             detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
         else:
             detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
-        named_mistake = first_mistake(FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges)
-        hint = named_mistake.message if named_mistake else "the merges must be the reference's, in the same order"
+        named_mistake = first_mistake(
+            FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges
+        )
+        hint = (
+            named_mistake.message
+            if named_mistake
+            else "the merges must be the reference's, in the same order"
+        )
         raise CheckFailed(CH_FAST, f"{hint} ({detail})")
     if dict(got_vocab) != vocab:
-        raise CheckFailed(CH_FAST, "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and "
-                                   "each new token takes the next free id (a token spelled twice keeps its first)")
+        raise CheckFailed(
+            CH_FAST,
+            "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and "
+            "each new token takes the next free id (a token spelled twice keeps its first)",
+        )
     speedup = reference_s / max(yours_s, 1e-9)
     timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
     if speedup < goal:
-        raise CheckFailed(CH_FAST, f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the "
-                                   f"reference ({timing}); the goal is {goal:g} times")
+        raise CheckFailed(
+            CH_FAST,
+            f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the "
+            f"reference ({timing}); the goal is {goal:g} times",
+        )
     passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
     return speedup
 

@@ -47,15 +47,24 @@ def _tiny_model(seed=0, n_positions=16, vocab_size=37, dropout=0.0):
     from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=n_positions,
-                        vocab_size=vocab_size, embd_pdrop=dropout, attn_pdrop=dropout,
-                        resid_pdrop=dropout)
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        n_positions=n_positions,
+        vocab_size=vocab_size,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        resid_pdrop=dropout,
+    )
     return GPT2(config)
 
 
 def _as_pair(exercise, got, what="your function"):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(exercise, f"{what} should return two tensors (x, y), got {type(got).__name__}")
+        raise CheckFailed(
+            exercise, f"{what} should return two tensors (x, y), got {type(got).__name__}"
+        )
     return got
 
 
@@ -67,30 +76,42 @@ def _nll(log_probs, targets):
 
 
 LOSS_MISTAKES = [
-    Mistake("log_softmax_over_time",
-            "your log-softmax normalises over the wrong dimension (the positions, dim=1): "
-            "probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
-            lambda logits, targets: _nll(logits.log_softmax(dim=1), targets).mean()),
-    Mistake("log_softmax_over_batch",
-            "your log-softmax normalises over the batch (dim=0): normalise over the "
-            "vocabulary, the last dimension (dim=-1)",
-            lambda logits, targets: _nll(logits.log_softmax(dim=0), targets).mean()),
-    Mistake("sum_not_mean",
-            "your loss is the SUM over positions: take the mean, so that the loss does not "
-            "grow with the batch size or the context length",
-            lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).sum()),
-    Mistake("sign",
-            "your loss has the wrong sign: it is MINUS the mean log-probability of the targets "
-            "(a loss is positive and falls as the model improves)",
-            lambda logits, targets: -_nll(logits.log_softmax(dim=-1), targets).mean()),
-    Mistake("softmax_not_log",
-            "you gathered probabilities, not log-probabilities: use log_softmax (taking "
-            "softmax then .log() also works, but is less stable)",
-            lambda logits, targets: _nll(logits.softmax(dim=-1), targets).mean()),
-    Mistake("no_normalisation",
-            "you gathered the raw logits without log_softmax: the loss must use "
-            "log-probabilities, which depend on every logit of the row",
-            lambda logits, targets: _nll(logits, targets).mean()),
+    Mistake(
+        "log_softmax_over_time",
+        "your log-softmax normalises over the wrong dimension (the positions, dim=1): "
+        "probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
+        lambda logits, targets: _nll(logits.log_softmax(dim=1), targets).mean(),
+    ),
+    Mistake(
+        "log_softmax_over_batch",
+        "your log-softmax normalises over the batch (dim=0): normalise over the "
+        "vocabulary, the last dimension (dim=-1)",
+        lambda logits, targets: _nll(logits.log_softmax(dim=0), targets).mean(),
+    ),
+    Mistake(
+        "sum_not_mean",
+        "your loss is the SUM over positions: take the mean, so that the loss does not "
+        "grow with the batch size or the context length",
+        lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).sum(),
+    ),
+    Mistake(
+        "sign",
+        "your loss has the wrong sign: it is MINUS the mean log-probability of the targets "
+        "(a loss is positive and falls as the model improves)",
+        lambda logits, targets: -_nll(logits.log_softmax(dim=-1), targets).mean(),
+    ),
+    Mistake(
+        "softmax_not_log",
+        "you gathered probabilities, not log-probabilities: use log_softmax (taking "
+        "softmax then .log() also works, but is less stable)",
+        lambda logits, targets: _nll(logits.softmax(dim=-1), targets).mean(),
+    ),
+    Mistake(
+        "no_normalisation",
+        "you gathered the raw logits without log_softmax: the loss must use "
+        "log-probabilities, which depend on every logit of the row",
+        lambda logits, targets: _nll(logits, targets).mean(),
+    ),
 ]
 
 
@@ -104,26 +125,37 @@ def check_cross_entropy(fn):
         got = call_learner(EX_LOSS, fn, logits.clone(), targets.clone())
         if isinstance(got, torch.Tensor) and got.numel() == 1 and close(got.reshape(()), want):
             continue
+
         def matches(m, got=got, logits=logits, targets=targets):
             return isinstance(got, torch.Tensor) and close(
-                got.reshape(()) if got.numel() == 1 else got, m.fn(logits, targets))
+                got.reshape(()) if got.numel() == 1 else got, m.fn(logits, targets)
+            )
 
         mistake = first_mistake(LOSS_MISTAKES, matches)
         if mistake is not None:
             raise CheckFailed(EX_LOSS, mistake.message)
         got = expect_tensor(EX_LOSS, got, what="your loss")
         if got.numel() != 1:
-            raise CheckFailed(EX_LOSS, f"your loss has shape {tuple(got.shape)}: return ONE number, "
-                                       "the mean over every position of every sequence")
-        raise CheckFailed(EX_LOSS, f"your loss is {float(got):.4f}, F.cross_entropy gives "
-                                   f"{float(want):.4f} (logits of shape {(B, T, V)})")
+            raise CheckFailed(
+                EX_LOSS,
+                f"your loss has shape {tuple(got.shape)}: return ONE number, "
+                "the mean over every position of every sequence",
+            )
+        raise CheckFailed(
+            EX_LOSS,
+            f"your loss is {float(got):.4f}, F.cross_entropy gives "
+            f"{float(want):.4f} (logits of shape {(B, T, V)})",
+        )
     # gradients must flow: a loss computed from a detached copy cannot train anything
     logits = torch.randn(2, 3, 5, generator=gen, requires_grad=True)
     targets = torch.randint(0, 5, (2, 3), generator=gen)
     got = call_learner(EX_LOSS, fn, logits, targets)
     if not got.requires_grad:
-        raise CheckFailed(EX_LOSS, "your loss carries no gradient (.detach(), .item() or numpy "
-                                   "inside?): return a tensor computed from the logits")
+        raise CheckFailed(
+            EX_LOSS,
+            "your loss carries no gradient (.detach(), .item() or numpy "
+            "inside?): return a tensor computed from the logits",
+        )
     passed(EX_LOSS, "equal to F.cross_entropy")
 
 
@@ -137,7 +169,9 @@ def _windows_ok(ids, x, y, block_size):
     for row_x, row_y in zip(x, y):
         found = None
         for s in range(N - block_size):
-            if torch.equal(ids[s:s + block_size], row_x) and torch.equal(ids[s + 1:s + block_size + 1], row_y):
+            if torch.equal(ids[s : s + block_size], row_x) and torch.equal(
+                ids[s + 1 : s + block_size + 1], row_y
+            ):
                 found = s
                 break
         if found is None:
@@ -157,8 +191,8 @@ def _batch(start_range, shift=1, rows="random"):
             starts = [int(torch.randint(high, (1,), generator=generator))] * batch_size
         else:
             starts = torch.randint(high, (batch_size,), generator=generator).tolist()
-        x = torch.stack([ids[s:s + block_size] for s in starts])
-        y = torch.stack([ids[s + shift:s + shift + block_size] for s in starts])
+        x = torch.stack([ids[s : s + block_size] for s in starts])
+        y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
         return (x, y) if device is None else (x.to(device), y.to(device))
 
     return run
@@ -167,19 +201,38 @@ def _batch(start_range, shift=1, rows="random"):
 _batch_right = _batch(0)
 
 BATCH_MISTAKES = [
-    Mistake("not_shifted", "your y equals your x: y must be the same window one token later "
-            "(ids[s + 1 : s + block_size + 1])", _batch(0, shift=0)),
-    Mistake("one_window", "every row of your batch is the same window: draw one random start "
-            "per row (torch.randint(..., (batch_size,)))", _batch(0, rows="one")),
-    Mistake("not_random", "your windows always start at the beginning of ids: draw random "
-            "starts with torch.randint(..., generator=generator)", _batch(0, rows="first")),
-    Mistake("range_too_long", "a window ran past the end of ids: the last possible start is "
-            "len(ids) - block_size - 1 (the targets need one more token), and torch.randint's "
-            "upper end is excluded, so use torch.randint(len(ids) - block_size, ...)", _batch(1)),
-    Mistake("range_too_short", "with 8 ids and block_size 5 the starts 0, 1 and 2 are all "
-            "possible, but 2 never came up, so the very last token is never a target: "
-            "torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
-            _batch(-1)),
+    Mistake(
+        "not_shifted",
+        "your y equals your x: y must be the same window one token later "
+        "(ids[s + 1 : s + block_size + 1])",
+        _batch(0, shift=0),
+    ),
+    Mistake(
+        "one_window",
+        "every row of your batch is the same window: draw one random start "
+        "per row (torch.randint(..., (batch_size,)))",
+        _batch(0, rows="one"),
+    ),
+    Mistake(
+        "not_random",
+        "your windows always start at the beginning of ids: draw random "
+        "starts with torch.randint(..., generator=generator)",
+        _batch(0, rows="first"),
+    ),
+    Mistake(
+        "range_too_long",
+        "a window ran past the end of ids: the last possible start is "
+        "len(ids) - block_size - 1 (the targets need one more token), and torch.randint's "
+        "upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
+        _batch(1),
+    ),
+    Mistake(
+        "range_too_short",
+        "with 8 ids and block_size 5 the starts 0, 1 and 2 are all "
+        "possible, but 2 never came up, so the very last token is never a target: "
+        "torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
+        _batch(-1),
+    ),
 ]
 _BATCH = {m.name: m for m in BATCH_MISTAKES}
 
@@ -190,16 +243,20 @@ def _batch_on_cpu(ids, batch_size, block_size, generator=None, device=None):
 
 
 DEVICE_MISTAKES = [
-    Mistake("device_ignored", "your batch stays where ids are: when a device is given, move x "
-            "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
-            _batch_on_cpu),
+    Mistake(
+        "device_ignored",
+        "your batch stays where ids are: when a device is given, move x "
+        "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
+        _batch_on_cpu,
+    ),
 ]
 
 
 def _call_batch(fn, ids, batch_size, block_size, seed):
     try:
-        got = call_learner(EX_BATCH, fn, ids, batch_size, block_size,
-                           torch.Generator().manual_seed(seed))
+        got = call_learner(
+            EX_BATCH, fn, ids, batch_size, block_size, torch.Generator().manual_seed(seed)
+        )
     except (IndexError, RuntimeError):  # a window past the end: a short row or a bad index
         raise CheckFailed(EX_BATCH, _BATCH["range_too_long"].message) from None
     x, y = _as_pair(EX_BATCH, got)
@@ -219,13 +276,19 @@ def check_random_batch(fn):
     if torch.equal(x, y):
         raise CheckFailed(EX_BATCH, _BATCH["not_shifted"].message)
     if torch.equal(y[:, 1:], x[:, :-1]):
-        raise CheckFailed(EX_BATCH, "your y is x shifted the wrong way (one token EARLIER): y "
-                                    "is the window starting one token later")
+        raise CheckFailed(
+            EX_BATCH,
+            "your y is x shifted the wrong way (one token EARLIER): y "
+            "is the window starting one token later",
+        )
     starts = _windows_ok(ids, x, y, T)
     if starts is None:
-        raise CheckFailed(EX_BATCH, "each row of x must be a stretch of ids, ids[s : s + "
-                                    "block_size], and the same row of y must be ids[s + 1 : s + "
-                                    "block_size + 1]")
+        raise CheckFailed(
+            EX_BATCH,
+            "each row of x must be a stretch of ids, ids[s : s + "
+            "block_size], and the same row of y must be ids[s + 1 : s + "
+            "block_size + 1]",
+        )
     if len(set(starts)) == 1:
         raise CheckFailed(EX_BATCH, _BATCH["one_window" if starts[0] else "not_random"].message)
     # many draws from 8 ids with block_size 5: every start 0, 1, 2 must come up, and no other
@@ -242,19 +305,29 @@ def check_random_batch(fn):
     first = _call_batch(fn, ids, 8, T, seed=5)
     again = _call_batch(fn, ids, 8, T, seed=5)
     if not (torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])):
-        raise CheckFailed(EX_BATCH, "the same seed gave different batches: pass "
-                                    "generator=generator to torch.randint")
+        raise CheckFailed(
+            EX_BATCH,
+            "the same seed gave different batches: pass generator=generator to torch.randint",
+        )
     _check_batch_device(fn, ids)
-    passed(EX_BATCH, "random windows, y one token later, every start possible, repeatable, on the device")
+    passed(
+        EX_BATCH,
+        "random windows, y one token later, every start possible, repeatable, on the device",
+    )
 
 
 def _check_batch_device(fn, ids):
     """With device='meta' (a device that holds shapes only) both tensors must land there."""
     try:
-        got = call_learner(EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), torch.device("meta"))
+        got = call_learner(
+            EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), torch.device("meta")
+        )
     except RuntimeError:
-        raise CheckFailed(EX_BATCH, "with device given, your function failed: draw the starts on the "
-                                    "CPU with the generator, then move x and y to the device") from None
+        raise CheckFailed(
+            EX_BATCH,
+            "with device given, your function failed: draw the starts on the "
+            "CPU with the generator, then move x and y to the device",
+        ) from None
     x, y = _as_pair(EX_BATCH, got)
     if x.device.type != "meta" or y.device.type != "meta":
         raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
@@ -268,29 +341,48 @@ def _groups(decay, no_decay, wd):
 
 
 DECAY_MISTAKES = [
-    Mistake("decay_everything",
-            "your groups put weight decay on the LayerNorm gains and the biases too: those "
-            "are 1-D (p.dim() == 1) and get weight_decay 0.0",
-            lambda model, wd: _groups(list(model.parameters()), [], wd)),
-    Mistake("decay_nothing",
-            "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
-            "the group with weight_decay=weight_decay",
-            lambda model, wd: _groups([], list(model.parameters()), wd)),
-    Mistake("swapped",
-            "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
-            "and biases get 0.0",
-            lambda model, wd: _groups([p for p in model.parameters() if p.dim() < 2],
-                                      [p for p in model.parameters() if p.dim() >= 2], wd)),
-    Mistake("by_name_weight",
-            "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
-            "gain is also called weight. Choose by shape instead: p.dim() >= 2",
-            lambda model, wd: _groups([p for n, p in model.named_parameters() if n.endswith("weight")],
-                                      [p for n, p in model.named_parameters() if not n.endswith("weight")], wd)),
-    Mistake("fixed_rate",
-            "your decayed group's weight decay stays 0.1 when decay_groups is given another "
-            "weight_decay: use the argument, so that make_optimizer and train can set it",
-            lambda model, wd: _groups([p for p in model.parameters() if p.dim() >= 2],
-                                      [p for p in model.parameters() if p.dim() < 2], 0.1)),
+    Mistake(
+        "decay_everything",
+        "your groups put weight decay on the LayerNorm gains and the biases too: those "
+        "are 1-D (p.dim() == 1) and get weight_decay 0.0",
+        lambda model, wd: _groups(list(model.parameters()), [], wd),
+    ),
+    Mistake(
+        "decay_nothing",
+        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
+        "the group with weight_decay=weight_decay",
+        lambda model, wd: _groups([], list(model.parameters()), wd),
+    ),
+    Mistake(
+        "swapped",
+        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
+        "and biases get 0.0",
+        lambda model, wd: _groups(
+            [p for p in model.parameters() if p.dim() < 2],
+            [p for p in model.parameters() if p.dim() >= 2],
+            wd,
+        ),
+    ),
+    Mistake(
+        "by_name_weight",
+        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
+        "gain is also called weight. Choose by shape instead: p.dim() >= 2",
+        lambda model, wd: _groups(
+            [p for n, p in model.named_parameters() if n.endswith("weight")],
+            [p for n, p in model.named_parameters() if not n.endswith("weight")],
+            wd,
+        ),
+    ),
+    Mistake(
+        "fixed_rate",
+        "your decayed group's weight decay stays 0.1 when decay_groups is given another "
+        "weight_decay: use the argument, so that make_optimizer and train can set it",
+        lambda model, wd: _groups(
+            [p for p in model.parameters() if p.dim() >= 2],
+            [p for p in model.parameters() if p.dim() < 2],
+            0.1,
+        ),
+    ),
 ]
 
 
@@ -307,26 +399,39 @@ def _decay_of_each(exercise, groups, model):
         for p in list(group["params"]):
             i = index.get(id(p))
             if i is None:
-                raise CheckFailed(exercise, "a group holds something that is not a parameter of the "
-                                            "model (a copy? use the tensors from model.parameters())")
+                raise CheckFailed(
+                    exercise,
+                    "a group holds something that is not a parameter of the "
+                    "model (a copy? use the tensors from model.parameters())",
+                )
             if i in decay:
-                raise CheckFailed(exercise, f"{names[i]} is in two groups: each parameter goes into "
-                                            "exactly one")
+                raise CheckFailed(
+                    exercise, f"{names[i]} is in two groups: each parameter goes into exactly one"
+                )
             decay[i] = float(group["weight_decay"])
     missing = [names[i] for i in range(len(names)) if i not in decay]
     if missing:
-        raise CheckFailed(exercise, f"{len(missing)} parameters are in no group (first: {missing[0]}): "
-                                    "AdamW would never train them")
+        raise CheckFailed(
+            exercise,
+            f"{len(missing)} parameters are in no group (first: {missing[0]}): "
+            "AdamW would never train them",
+        )
     return decay
 
 
 def check_decay_groups(fn):
     """Two models and two rates: matrices decay by `weight_decay`, gains and biases not at all."""
-    for model, wd in ((_tiny_model(), 0.1), (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3)):
+    for model, wd in (
+        (_tiny_model(), 0.1),
+        (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3),
+    ):
         _check_decay_once(fn, model, wd)
     n_decay = sum(1 for p in model.parameters() if p.dim() >= 2)
-    passed(EX_DECAY, f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
-                     "gains and biases not, for two models and two rates")
+    passed(
+        EX_DECAY,
+        f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
+        "gains and biases not, for two models and two rates",
+    )
 
 
 def _check_decay_once(fn, model, wd):
@@ -340,15 +445,20 @@ def _check_decay_once(fn, model, wd):
         if got == want:
             torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
             return
-    mistake = first_mistake(DECAY_MISTAKES, lambda m: got == _decay_of_each(EX_DECAY, m.fn(model, wd), model))
+    mistake = first_mistake(
+        DECAY_MISTAKES, lambda m: got == _decay_of_each(EX_DECAY, m.fn(model, wd), model)
+    )
     if mistake is not None:
         raise CheckFailed(EX_DECAY, mistake.message)
     _decay_of_each(EX_DECAY, groups, model)  # raises with the structural problem, if any
     names = [n for n, _ in model.named_parameters()]
     params = list(model.parameters())
     wrong = [names[i] for i, v in got.items() if v != (wd if params[i].dim() >= 2 else 0.0)]
-    raise CheckFailed(EX_DECAY, f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
-                                f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0")
+    raise CheckFailed(
+        EX_DECAY,
+        f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
+        f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 7.5: the step
@@ -361,7 +471,8 @@ def _loss(model, x, y):
 _STEP_OPERATIONS = {  # what a training step does besides the forward and backward pass
     "zero_grad": lambda model, optimizer, max_grad_norm: optimizer.zero_grad(),
     "clip": lambda model, optimizer, max_grad_norm: torch.nn.utils.clip_grad_norm_(
-        model.parameters(), max_grad_norm),
+        model.parameters(), max_grad_norm
+    ),
     "step": lambda model, optimizer, max_grad_norm: optimizer.step(),
 }
 
@@ -387,25 +498,35 @@ def _training_step(*operations):
 _step_right = _training_step("zero_grad", "backward", "clip", "step")
 
 STEP_MISTAKES = [
-    Mistake("no_zero_grad",
-            "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
-            "of each step (PyTorch ADDS each backward pass into .grad)",
-            _training_step("backward", "clip", "step")),
-    Mistake("clip_after_step",
-            "you clip the gradients after optimizer.step(): the step has already used the "
-            "unclipped gradients. Clip between loss.backward() and optimizer.step()",
-            _training_step("zero_grad", "backward", "step", "clip")),
-    Mistake("no_clip",
-            "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
-            "model.parameters(), max_grad_norm) before optimizer.step()",
-            _training_step("zero_grad", "backward", "step")),
-    Mistake("zero_grad_before_step",
-            "you call optimizer.zero_grad() between backward and step: the step then sees no "
-            "gradients. Clear them at the START of the step",
-            _training_step("backward", "clip", "zero_grad", "step")),
-    Mistake("no_step",
-            "your step never changes the weights: call optimizer.step() after clipping",
-            _training_step("zero_grad", "backward", "clip")),
+    Mistake(
+        "no_zero_grad",
+        "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
+        "of each step (PyTorch ADDS each backward pass into .grad)",
+        _training_step("backward", "clip", "step"),
+    ),
+    Mistake(
+        "clip_after_step",
+        "you clip the gradients after optimizer.step(): the step has already used the "
+        "unclipped gradients. Clip between loss.backward() and optimizer.step()",
+        _training_step("zero_grad", "backward", "step", "clip"),
+    ),
+    Mistake(
+        "no_clip",
+        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
+        "model.parameters(), max_grad_norm) before optimizer.step()",
+        _training_step("zero_grad", "backward", "step"),
+    ),
+    Mistake(
+        "zero_grad_before_step",
+        "you call optimizer.zero_grad() between backward and step: the step then sees no "
+        "gradients. Clear them at the START of the step",
+        _training_step("backward", "clip", "zero_grad", "step"),
+    ),
+    Mistake(
+        "no_step",
+        "your step never changes the weights: call optimizer.step() after clipping",
+        _training_step("zero_grad", "backward", "clip"),
+    ),
 ]
 
 
@@ -425,13 +546,16 @@ def _run_steps(step_fn, exercise=None, steps=2, max_grad_norm=0.05):
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     # after the step, .grad still holds the last gradients: clipped or not tells clipping
     # after the step apart from no clipping (both update the weights with unclipped gradients)
-    clipped = bool(grads) and float(torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(g) for g in grads]))) <= max_grad_norm * (1 + 1e-4)
+    clipped = bool(grads) and float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    ) <= max_grad_norm * (1 + 1e-4)
     return losses, [p.detach().clone() for p in model.parameters()], clipped
 
 
 def _same_params(a, b):
-    return len(a) == len(b) and all(torch.allclose(p, q, atol=1e-6, rtol=1e-5) for p, q in zip(a, b))
+    return len(a) == len(b) and all(
+        torch.allclose(p, q, atol=1e-6, rtol=1e-5) for p, q in zip(a, b)
+    )
 
 
 def check_training_step(fn):
@@ -443,15 +567,21 @@ def check_training_step(fn):
                 raise CheckFailed(EX_STEP, "return the loss as one number (loss.item())")
             loss = float(loss)
         if not isinstance(loss, (int, float)) or isinstance(loss, bool):
-            raise CheckFailed(EX_STEP, f"return the loss as a float (loss.item()), got {type(loss).__name__}")
+            raise CheckFailed(
+                EX_STEP, f"return the loss as a float (loss.item()), got {type(loss).__name__}"
+            )
         if not math.isfinite(loss):
             raise CheckFailed(EX_STEP, f"your step returned a loss of {loss}")
     if _same_params(params, want):
         if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
-            raise CheckFailed(EX_STEP, f"the weights are right but the returned loss is "
-                                       f"{float(losses[0]):.4f}, not {want_losses[0]:.4f}: return "
-                                       "the loss of this step's batch, computed before the update")
+            raise CheckFailed(
+                EX_STEP,
+                f"the weights are right but the returned loss is "
+                f"{float(losses[0]):.4f}, not {want_losses[0]:.4f}: return "
+                "the loss of this step's batch, computed before the update",
+            )
         return passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
+
     def matches(m):
         _, wrong_params, wrong_clipped = _run_steps(m.fn)
         return _same_params(params, wrong_params) and clipped == wrong_clipped
@@ -459,9 +589,12 @@ def check_training_step(fn):
     mistake = first_mistake(STEP_MISTAKES, matches)
     if mistake is not None:
         raise CheckFailed(EX_STEP, mistake.message)
-    raise CheckFailed(EX_STEP, "after two steps your weights differ from the expected ones: "
-                               "zero_grad, forward with F.cross_entropy, backward, clip_grad_norm_"
-                               " with max_grad_norm, optimizer.step()")
+    raise CheckFailed(
+        EX_STEP,
+        "after two steps your weights differ from the expected ones: "
+        "zero_grad, forward with F.cross_entropy, backward, clip_grad_norm_"
+        " with max_grad_norm, optimizer.step()",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 7.6
@@ -523,33 +656,55 @@ def _lr_colleague(step, max_lr, warmup_steps, total_steps, min_lr):
 
 
 LR_MISTAKES = [
-    Mistake("colleagues_schedule",
-            "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
-            "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
-            "the cosine climbs back up instead of staying at min_lr", _lr_colleague),
-    Mistake("warmup_off_by_one",
-            "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
-            "nothing. Use max_lr * (step + 1) / warmup_steps", _lr_warmup_from_zero),
-    Mistake("cosine_to_zero",
-            "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
-            "0.5 * (1 + cos(pi * progress))", _lr_cosine_to_zero),
-    Mistake("no_floor_after_end",
-            "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
-            "for every step >= total_steps", _lr_no_floor_after_end),
-    Mistake("no_warmup",
-            "there is no warm-up: for step < warmup_steps the rate rises linearly, "
-            "max_lr * (step + 1) / warmup_steps", _lr_no_warmup),
-    Mistake("progress_from_zero",
-            "your cosine starts counting at step 0 instead of at the end of the warm-up: "
-            "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
-            _lr_progress_from_zero),
-    Mistake("linear_decay",
-            "your rate falls in a straight line: after the warm-up it follows half a cosine, "
-            "0.5 * (1 + cos(pi * progress))", _lr_linear),
+    Mistake(
+        "colleagues_schedule",
+        "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
+        "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
+        "the cosine climbs back up instead of staying at min_lr",
+        _lr_colleague,
+    ),
+    Mistake(
+        "warmup_off_by_one",
+        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
+        "nothing. Use max_lr * (step + 1) / warmup_steps",
+        _lr_warmup_from_zero,
+    ),
+    Mistake(
+        "cosine_to_zero",
+        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
+        "0.5 * (1 + cos(pi * progress))",
+        _lr_cosine_to_zero,
+    ),
+    Mistake(
+        "no_floor_after_end",
+        "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
+        "for every step >= total_steps",
+        _lr_no_floor_after_end,
+    ),
+    Mistake(
+        "no_warmup",
+        "there is no warm-up: for step < warmup_steps the rate rises linearly, "
+        "max_lr * (step + 1) / warmup_steps",
+        _lr_no_warmup,
+    ),
+    Mistake(
+        "progress_from_zero",
+        "your cosine starts counting at step 0 instead of at the end of the warm-up: "
+        "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
+        _lr_progress_from_zero,
+    ),
+    Mistake(
+        "linear_decay",
+        "your rate falls in a straight line: after the warm-up it follows half a cosine, "
+        "0.5 * (1 + cos(pi * progress))",
+        _lr_linear,
+    ),
 ]
 
-_LR_CASES = [{"max_lr": 6e-4, "warmup_steps": 10, "total_steps": 50, "min_lr": 6e-5},
-             {"max_lr": 1.0, "warmup_steps": 3, "total_steps": 12, "min_lr": 0.25}]
+_LR_CASES = [
+    {"max_lr": 6e-4, "warmup_steps": 10, "total_steps": 50, "min_lr": 6e-5},
+    {"max_lr": 1.0, "warmup_steps": 3, "total_steps": 12, "min_lr": 0.25},
+]
 
 
 def _lr_curve(fn, case, exercise=None):
@@ -558,19 +713,30 @@ def _lr_curve(fn, case, exercise=None):
         if exercise is None:
             out.append(fn(step, **case))
         else:
-            value = call_learner(exercise, fn, step, case["max_lr"], case["warmup_steps"],
-                                 case["total_steps"], case["min_lr"])
+            value = call_learner(
+                exercise,
+                fn,
+                step,
+                case["max_lr"],
+                case["warmup_steps"],
+                case["total_steps"],
+                case["min_lr"],
+            )
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = float(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise CheckFailed(exercise, f"return the rate as a float, got {type(value).__name__} "
-                                            f"at step {step}")
+                raise CheckFailed(
+                    exercise,
+                    f"return the rate as a float, got {type(value).__name__} at step {step}",
+                )
             out.append(float(value))
     return out
 
 
 def _same_curve(a, b):
-    return len(a) == len(b) and all(math.isclose(p, q, rel_tol=1e-6, abs_tol=1e-12) for p, q in zip(a, b))
+    return len(a) == len(b) and all(
+        math.isclose(p, q, rel_tol=1e-6, abs_tol=1e-12) for p, q in zip(a, b)
+    )
 
 
 def check_cosine_lr(fn):
@@ -579,13 +745,20 @@ def check_cosine_lr(fn):
         want = _lr_curve(_lr_right, case)
         if _same_curve(got, want):
             continue
-        mistake = first_mistake(LR_MISTAKES,
-                                lambda m, got=got, case=case: _same_curve(got, _lr_curve(m.fn, case)))
+        mistake = first_mistake(
+            LR_MISTAKES, lambda m, got=got, case=case: _same_curve(got, _lr_curve(m.fn, case))
+        )
         if mistake is not None:
             raise CheckFailed(EX_LR, mistake.message)
-        step = next(i for i, (g, w) in enumerate(zip(got, want)) if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12))
-        raise CheckFailed(EX_LR, f"with {case}, step {step} should get {want[step]:.6g}, yours gives "
-                                 f"{got[step]:.6g}")
+        step = next(
+            i
+            for i, (g, w) in enumerate(zip(got, want))
+            if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12)
+        )
+        raise CheckFailed(
+            EX_LR,
+            f"with {case}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
+        )
     passed(EX_LR, "warm-up from the first step, cosine down to min_lr, then flat")
 
 
@@ -593,23 +766,43 @@ def _as_float(exercise, value, what):
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CheckFailed(exercise, f"{what} should be a number (a float), got {type(value).__name__}")
+        raise CheckFailed(
+            exercise, f"{what} should be a number (a float), got {type(value).__name__}"
+        )
     return float(value)
 
 
 # --------------------------------------------------------------------------- Exercise 7.2
 
 UNIFORM_MISTAKES = [
-    Mistake("probability", "you returned the probability of each token, 1 / V: the loss is MINUS "
-            "the logarithm of that probability", lambda v: 1 / v),
-    Mistake("sign", "your loss is negative: it is minus the log of the probability 1 / V, which is "
-            "positive", lambda v: -math.log(v)),
-    Mistake("bits", "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
-            "course, is in nats, the natural logarithm (math.log)", math.log2),
-    Mistake("base_10", "you used the base-10 logarithm: the loss is in nats, the natural "
-            "logarithm (math.log)", math.log10),
-    Mistake("perplexity", "you returned V itself: that is e^loss, the perplexity of the uniform "
-            "guess. The loss is its natural logarithm", float),
+    Mistake(
+        "probability",
+        "you returned the probability of each token, 1 / V: the loss is MINUS "
+        "the logarithm of that probability",
+        lambda v: 1 / v,
+    ),
+    Mistake(
+        "sign",
+        "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
+        lambda v: -math.log(v),
+    ),
+    Mistake(
+        "bits",
+        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
+        "course, is in nats, the natural logarithm (math.log)",
+        math.log2,
+    ),
+    Mistake(
+        "base_10",
+        "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
+        math.log10,
+    ),
+    Mistake(
+        "perplexity",
+        "you returned V itself: that is e^loss, the perplexity of the uniform "
+        "guess. The loss is its natural logarithm",
+        float,
+    ),
 ]
 
 
@@ -618,12 +811,17 @@ def check_uniform_loss(fn):
         value = _as_float(EX_UNIFORM, call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
         if math.isclose(value, math.log(vocab_size), rel_tol=1e-6):
             continue
-        mistake = first_mistake(UNIFORM_MISTAKES, lambda m, v=vocab_size, got=value: math.isclose(
-            got, m.fn(v), rel_tol=1e-6))
+        mistake = first_mistake(
+            UNIFORM_MISTAKES,
+            lambda m, v=vocab_size, got=value: math.isclose(got, m.fn(v), rel_tol=1e-6),
+        )
         if mistake is not None:
             raise CheckFailed(EX_UNIFORM, mistake.message)
-        raise CheckFailed(EX_UNIFORM, f"with {vocab_size} equally likely tokens your loss is "
-                                      f"{value:.4f}: work out -ln p for p = 1 / {vocab_size}")
+        raise CheckFailed(
+            EX_UNIFORM,
+            f"with {vocab_size} equally likely tokens your loss is "
+            f"{value:.4f}: work out -ln p for p = 1 / {vocab_size}",
+        )
     passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
 
 
@@ -647,29 +845,61 @@ def _unigram(scored="val", smoothing_on=True, normalise=True, log=torch.log):
 _unigram_right = _unigram()
 
 UNIGRAM_MISTAKES = [
-    Mistake("no_smoothing", "a validation token that never occurs in the training part got "
-            "probability 0, so its loss, and the mean, is infinite: add `smoothing` to every "
-            "count before you turn the counts into probabilities", _unigram(smoothing_on=False)),
-    Mistake("scored_on_train", "you scored the training tokens: the line is measured on val_ids, "
-            "text the counts never saw", _unigram(scored="train")),
-    Mistake("not_normalised", "your counts are not probabilities: divide them by their sum, so "
-            "that they add up to 1 over the vocabulary", _unigram(normalise=False)),
-    Mistake("bits", "your loss is in bits (log base 2): use the natural logarithm, as the model's "
-            "loss does", _unigram(log=torch.log2)),
+    Mistake(
+        "no_smoothing",
+        "a validation token that never occurs in the training part got "
+        "probability 0, so its loss, and the mean, is infinite: add `smoothing` to every "
+        "count before you turn the counts into probabilities",
+        _unigram(smoothing_on=False),
+    ),
+    Mistake(
+        "scored_on_train",
+        "you scored the training tokens: the line is measured on val_ids, "
+        "text the counts never saw",
+        _unigram(scored="train"),
+    ),
+    Mistake(
+        "not_normalised",
+        "your counts are not probabilities: divide them by their sum, so "
+        "that they add up to 1 over the vocabulary",
+        _unigram(normalise=False),
+    ),
+    Mistake(
+        "bits",
+        "your loss is in bits (log base 2): use the natural logarithm, as the model's loss does",
+        _unigram(log=torch.log2),
+    ),
 ]
 
 
 def check_unigram_loss(fn):
     gen = torch.Generator().manual_seed(0)
-    cases = [(torch.randint(0, 6, (200,), generator=gen), torch.randint(0, 9, (60,), generator=gen), 9, 0.01),
-             (torch.randint(0, 4, (50,), generator=gen), torch.randint(0, 5, (40,), generator=gen), 5, 0.5)]
+    cases = [
+        (
+            torch.randint(0, 6, (200,), generator=gen),
+            torch.randint(0, 9, (60,), generator=gen),
+            9,
+            0.01,
+        ),
+        (
+            torch.randint(0, 4, (50,), generator=gen),
+            torch.randint(0, 5, (40,), generator=gen),
+            5,
+            0.5,
+        ),
+    ]
     for train_ids, val_ids, vocab_size, smoothing in cases:
         try:
-            got = call_learner(EX_UNIGRAM, fn, train_ids.clone(), val_ids.clone(), vocab_size, smoothing)
+            got = call_learner(
+                EX_UNIGRAM, fn, train_ids.clone(), val_ids.clone(), vocab_size, smoothing
+            )
         except (IndexError, RuntimeError):  # a count table shorter than the vocabulary
-            raise CheckFailed(EX_UNIGRAM, "torch.bincount counts only up to the largest id it "
-                                          "sees: pass minlength=vocab_size, so that every id of "
-                                          "the vocabulary has a count") from None
+            raise CheckFailed(
+                EX_UNIGRAM,
+                "torch.bincount counts only up to the largest id it "
+                "sees: pass minlength=vocab_size, so that every id of "
+                "the vocabulary has a count",
+            ) from None
         value = _as_float(EX_UNIGRAM, got, "your loss")
         want = _unigram_right(train_ids, val_ids, vocab_size, smoothing)
         if math.isclose(value, want, rel_tol=1e-6):
@@ -677,12 +907,16 @@ def check_unigram_loss(fn):
         if not math.isfinite(value):
             raise CheckFailed(EX_UNIGRAM, named(UNIGRAM_MISTAKES, "no_smoothing").message)
         args = (train_ids, val_ids, vocab_size, smoothing)
-        mistake = first_mistake(UNIGRAM_MISTAKES, lambda m, a=args, got=value:
-                                math.isclose(got, m.fn(*a), rel_tol=1e-6))
+        mistake = first_mistake(
+            UNIGRAM_MISTAKES, lambda m, a=args, got=value: math.isclose(got, m.fn(*a), rel_tol=1e-6)
+        )
         if mistake is not None:
             raise CheckFailed(EX_UNIGRAM, mistake.message)
-        raise CheckFailed(EX_UNIGRAM, f"with vocab_size={vocab_size} and smoothing={smoothing} your "
-                                      f"loss is {value:.4f}, the unigram line is {want:.4f}")
+        raise CheckFailed(
+            EX_UNIGRAM,
+            f"with vocab_size={vocab_size} and smoothing={smoothing} your "
+            f"loss is {value:.4f}, the unigram line is {want:.4f}",
+        )
     passed(EX_UNIGRAM, "counts plus smoothing, normalised, scored on the validation part")
 
 
@@ -692,8 +926,11 @@ def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_cou
     def ngram_baselines(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
         counted = train_ids if pairs_from == "train" else val_ids
         table = torch.zeros(vocab_size, vocab_size, dtype=torch.double)
-        table.index_put_((counted[:-1], counted[1:]), torch.ones(len(counted) - 1, dtype=torch.double),
-                         accumulate=True)
+        table.index_put_(
+            (counted[:-1], counted[1:]),
+            torch.ones(len(counted) - 1, dtype=torch.double),
+            accumulate=True,
+        )
         prev, nxt = val_ids[:-1], val_ids[1:]
         if not conditional:
             denominator = table.sum()
@@ -707,8 +944,11 @@ def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_cou
         p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
         weight = bigram_weight if mix else 1.0
         p = weight * p_bi + (1 - weight) * p_uni[val_ids[1:]]
-        return {"uniform": math.log(vocab_size), "unigram": float(-p_uni[val_ids].log().mean()),
-                "bigram": float(-p.log().mean())}
+        return {
+            "uniform": math.log(vocab_size),
+            "unigram": float(-p_uni[val_ids].log().mean()),
+            "bigram": float(-p.log().mean()),
+        }
 
     return ngram_baselines
 
@@ -716,63 +956,115 @@ def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_cou
 _bigram_right = _bigram()
 
 BIGRAM_MISTAKES = [
-    Mistake("no_mix", "your bigram ignores bigram_weight: a validation pair never seen in training "
-            "gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with "
-            "(1 - bigram_weight) * the unigram probability of the next token", _bigram(mix=False)),
-    Mistake("joint", "you divided a pair's count by the number of all pairs: that is how common the "
-            "pair is, not how often b follows a. Divide by the number of times a is followed by "
-            "anything", _bigram(conditional=False)),
-    Mistake("reversed", "your pairs are read backwards: you scored how often a follows b. The key "
-            "of a pair (previous a, next b) must be the same when you count and when you look up",
-            _bigram(order="ba")),
-    Mistake("counted_on_val", "you counted the pairs of val_ids: the line measures counts from "
-            "train_ids on text they never saw", _bigram(pairs_from="val")),
-    Mistake("prev_counts_all", "you divided by how often a occurs anywhere in train_ids, the last "
-            "token included, which is followed by nothing: count a only among the first N - 1 "
-            "tokens", _bigram(prev_counts="all")),
+    Mistake(
+        "no_mix",
+        "your bigram ignores bigram_weight: a validation pair never seen in training "
+        "gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with "
+        "(1 - bigram_weight) * the unigram probability of the next token",
+        _bigram(mix=False),
+    ),
+    Mistake(
+        "joint",
+        "you divided a pair's count by the number of all pairs: that is how common the "
+        "pair is, not how often b follows a. Divide by the number of times a is followed by "
+        "anything",
+        _bigram(conditional=False),
+    ),
+    Mistake(
+        "reversed",
+        "your pairs are read backwards: you scored how often a follows b. The key "
+        "of a pair (previous a, next b) must be the same when you count and when you look up",
+        _bigram(order="ba"),
+    ),
+    Mistake(
+        "counted_on_val",
+        "you counted the pairs of val_ids: the line measures counts from "
+        "train_ids on text they never saw",
+        _bigram(pairs_from="val"),
+    ),
+    Mistake(
+        "prev_counts_all",
+        "you divided by how often a occurs anywhere in train_ids, the last "
+        "token included, which is followed by nothing: count a only among the first N - 1 "
+        "tokens",
+        _bigram(prev_counts="all"),
+    ),
 ]
 
 
 def check_bigram(fn):
     gen = torch.Generator().manual_seed(1)
     skewed = torch.tensor([0, 1, 1, 2, 2, 2, 3, 4, 4, 5])
-    cases = [(skewed[torch.randint(0, 10, (300,), generator=gen)], torch.randint(0, 7, (80,), generator=gen),
-              7, 0.01, 0.6),
-             (torch.randint(0, 4, (60,), generator=gen), torch.randint(0, 5, (50,), generator=gen), 5, 0.5, 0.8)]
+    cases = [
+        (
+            skewed[torch.randint(0, 10, (300,), generator=gen)],
+            torch.randint(0, 7, (80,), generator=gen),
+            7,
+            0.01,
+            0.6,
+        ),
+        (
+            torch.randint(0, 4, (60,), generator=gen),
+            torch.randint(0, 5, (50,), generator=gen),
+            5,
+            0.5,
+            0.8,
+        ),
+    ]
     for train_ids, val_ids, vocab_size, smoothing, weight in cases:
         args = (train_ids, val_ids, vocab_size, smoothing, weight)
         got = call_learner(EX_BIGRAM, fn, *(a.clone() if torch.is_tensor(a) else a for a in args))
         if not isinstance(got, dict) or "bigram" not in got:
-            raise CheckFailed(EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'")
+            raise CheckFailed(
+                EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'"
+            )
         value = _as_float(EX_BIGRAM, got["bigram"], "your bigram loss")
         want = _bigram_right(*args)["bigram"]
         if math.isclose(value, want, rel_tol=1e-6):
             continue
         if math.isnan(value):
-            raise CheckFailed(EX_BIGRAM, "your bigram loss is NaN: a previous token that never occurs "
-                                         "in train_ids has count 0, and 0 / 0 is NaN. Its bigram "
-                                         "probability is 0 (clamp the count to at least 1)")
+            raise CheckFailed(
+                EX_BIGRAM,
+                "your bigram loss is NaN: a previous token that never occurs "
+                "in train_ids has count 0, and 0 / 0 is NaN. Its bigram "
+                "probability is 0 (clamp the count to at least 1)",
+            )
         if not math.isfinite(value):
             raise CheckFailed(EX_BIGRAM, named(BIGRAM_MISTAKES, "no_mix").message)
-        mistake = first_mistake(BIGRAM_MISTAKES, lambda m, a=args, v=value:
-                                math.isclose(v, m.fn(*a)["bigram"], rel_tol=1e-6))
+        mistake = first_mistake(
+            BIGRAM_MISTAKES,
+            lambda m, a=args, v=value: math.isclose(v, m.fn(*a)["bigram"], rel_tol=1e-6),
+        )
         if mistake is not None:
             raise CheckFailed(EX_BIGRAM, mistake.message)
-        raise CheckFailed(EX_BIGRAM, f"with vocab_size={vocab_size} and bigram_weight={weight} your "
-                                     f"bigram loss is {value:.4f}, the line is {want:.4f}")
+        raise CheckFailed(
+            EX_BIGRAM,
+            f"with vocab_size={vocab_size} and bigram_weight={weight} your "
+            f"bigram loss is {value:.4f}, the line is {want:.4f}",
+        )
     # a vocabulary of 2 million: a table of all pairs would hold 4 * 10^12 numbers
     big = 2_000_000
     train_ids, val_ids = cases[0][0] * 300_000, cases[0][1] * 300_000
     try:
         got = call_learner(EX_BIGRAM, fn, train_ids, val_ids, big, 0.01, 0.6)
     except (RuntimeError, MemoryError):
-        raise CheckFailed(EX_BIGRAM, "with a vocabulary of 2 million your function ran out of memory: "
-                                     "a table of all pairs is too large. Count only the pairs that "
-                                     "occur (one integer a * V + b per pair)") from None
-    if not math.isfinite(_as_float(EX_BIGRAM, got["bigram"] if isinstance(got, dict) else got, "your loss")):
-        raise CheckFailed(EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite")
-    passed(EX_BIGRAM, "pairs counted from the training part, conditional on the previous token, "
-                      "mixed with the unigram, without a table of all pairs")
+        raise CheckFailed(
+            EX_BIGRAM,
+            "with a vocabulary of 2 million your function ran out of memory: "
+            "a table of all pairs is too large. Count only the pairs that "
+            "occur (one integer a * V + b per pair)",
+        ) from None
+    if not math.isfinite(
+        _as_float(EX_BIGRAM, got["bigram"] if isinstance(got, dict) else got, "your loss")
+    ):
+        raise CheckFailed(
+            EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite"
+        )
+    passed(
+        EX_BIGRAM,
+        "pairs counted from the training part, conditional on the previous token, "
+        "mixed with the unigram, without a table of all pairs",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 7.7: evaluation
@@ -797,13 +1089,18 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
         was_training = model.training
         if eval_mode:
             model.eval()
-        generator = torch.Generator().manual_seed(seed) if seeded else torch.Generator().manual_seed(
-            int(torch.randint(2**31, (1,))))
+        generator = (
+            torch.Generator().manual_seed(seed)
+            if seeded
+            else torch.Generator().manual_seed(int(torch.randint(2**31, (1,))))
+        )
         total = 0.0
         with torch.set_grad_enabled(not no_grad):
             for _ in range(batches):
                 x, y = _batch_right(ids, batch_size, block_size, generator)
-                total += _loss(model, x, y).item() if no_grad else float(_loss(model, x, y).detach())
+                total += (
+                    _loss(model, x, y).item() if no_grad else float(_loss(model, x, y).detach())
+                )
         if restore:
             model.train(was_training)
         return total / batches if mean else total
@@ -812,19 +1109,37 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
 
 
 ESTIMATE_MISTAKES = [
-    Mistake("mode_not_restored", "after your estimate the model is left in eval mode: the training "
-            "that follows would run without dropout. Put back the mode it came in "
-            "(model.train(was_training))", _estimate(restore=False)),
-    Mistake("dropout_on", "your estimate ran the model in train mode, with dropout on: call "
-            "model.eval() first, so that it measures the model, not the noise", _estimate(eval_mode=False)),
-    Mistake("grad_on", "gradients were on during your estimate's forward passes: it builds a graph "
-            "for a backward that never comes. Decorate it with @torch.no_grad() or use "
-            "`with torch.no_grad():`", _estimate(no_grad=False)),
-    Mistake("sum_not_mean", "your estimate is the SUM of the batch losses: divide by the number of "
-            "batches", _estimate(mean=False)),
-    Mistake("unseeded", "two calls on the same model gave different numbers: draw the batches from "
-            "their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
-            _estimate(seeded=False)),
+    Mistake(
+        "mode_not_restored",
+        "after your estimate the model is left in eval mode: the training "
+        "that follows would run without dropout. Put back the mode it came in "
+        "(model.train(was_training))",
+        _estimate(restore=False),
+    ),
+    Mistake(
+        "dropout_on",
+        "your estimate ran the model in train mode, with dropout on: call "
+        "model.eval() first, so that it measures the model, not the noise",
+        _estimate(eval_mode=False),
+    ),
+    Mistake(
+        "grad_on",
+        "gradients were on during your estimate's forward passes: it builds a graph "
+        "for a backward that never comes. Decorate it with @torch.no_grad() or use "
+        "`with torch.no_grad():`",
+        _estimate(no_grad=False),
+    ),
+    Mistake(
+        "sum_not_mean",
+        "your estimate is the SUM of the batch losses: divide by the number of batches",
+        _estimate(mean=False),
+    ),
+    Mistake(
+        "unseeded",
+        "two calls on the same model gave different numbers: draw the batches from "
+        "their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
+        _estimate(seeded=False),
+    ),
 ]
 
 
@@ -833,8 +1148,9 @@ def check_estimate_loss(fn):
     for start_in_train_mode, batches in ((True, 4), (False, 3)):
         model = _Recorder(_tiny_model(seed=2, n_positions=16, vocab_size=41, dropout=0.3))
         model.train(start_in_train_mode)
-        value = _as_float(EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0),
-                          "your estimate")
+        value = _as_float(
+            EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
+        )
         calls = list(model.calls)
         if model.training != start_in_train_mode:
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "mode_not_restored").message)
@@ -843,8 +1159,11 @@ def check_estimate_loss(fn):
         if any(grad for _, _, grad in calls):
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "grad_on").message)
         if len(calls) != batches:
-            raise CheckFailed(EX_EVAL, f"with batches={batches} your estimate ran the model "
-                                       f"{len(calls)} times: one forward pass per batch")
+            raise CheckFailed(
+                EX_EVAL,
+                f"with batches={batches} your estimate ran the model "
+                f"{len(calls)} times: one forward pass per batch",
+            )
         with torch.no_grad():
             model.inner.eval()
             want = sum(float(_loss(model.inner, x, x + 1)) for x, _, _ in calls) / batches
@@ -852,9 +1171,14 @@ def check_estimate_loss(fn):
         if math.isclose(value, want * batches, rel_tol=1e-4):
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "sum_not_mean").message)
         if not math.isclose(value, want, rel_tol=1e-4):
-            raise CheckFailed(EX_EVAL, f"your estimate is {value:.4f}, but the mean loss of the "
-                                       f"batches it ran is {want:.4f}")
-        again = _as_float(EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate")
+            raise CheckFailed(
+                EX_EVAL,
+                f"your estimate is {value:.4f}, but the mean loss of the "
+                f"batches it ran is {want:.4f}",
+            )
+        again = _as_float(
+            EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
+        )
         if again != value:
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "unseeded").message)
     passed(EX_EVAL, "eval mode, no gradients, the same seeded batches every call, mode put back")
@@ -866,18 +1190,40 @@ def check_estimate_loss(fn):
 def _reference_pieces():
     from gpt2lib.chapters import training
 
-    return {"get_batch": getattr(training.get_batch, "unchecked", training.get_batch),
-            "train_step": training.training_step,
-            "lr_at": getattr(training.lr_schedule, "unchecked", training.lr_schedule)}
+    return {
+        "get_batch": getattr(training.get_batch, "unchecked", training.get_batch),
+        "train_step": training.training_step,
+        "lr_at": getattr(training.lr_schedule, "unchecked", training.lr_schedule),
+    }
 
 
-def _loop(set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, pass_generator=True):
+def _loop(
+    set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, pass_generator=True
+):
     """The chapter's train_loop; the arguments plant one mistake each (the defaults are right)."""
 
-    def train_loop(model, train_ids, val_ids, steps, *, batch_size=8, block_size=None,
-                   max_lr=3e-3, min_lr=None, warmup_steps=None, weight_decay=0.1,
-                   max_grad_norm=1.0, eval_every=None, eval_batches=10, seed=0, on_eval=None,
-                   get_batch=None, train_step=None, lr_at=None, history=None):
+    def train_loop(
+        model,
+        train_ids,
+        val_ids,
+        steps,
+        *,
+        batch_size=8,
+        block_size=None,
+        max_lr=3e-3,
+        min_lr=None,
+        warmup_steps=None,
+        weight_decay=0.1,
+        max_grad_norm=1.0,
+        eval_every=None,
+        eval_batches=10,
+        seed=0,
+        on_eval=None,
+        get_batch=None,
+        train_step=None,
+        lr_at=None,
+        history=None,
+    ):
         from gpt2lib.chapters import training
 
         block_size = block_size or model.config.n_positions
@@ -892,8 +1238,12 @@ def _loop(set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, 
 
         def evaluate(step):
             history.eval_step.append(step)
-            history.eval_train_loss.append(training.estimate_loss(model, train_ids, batch_size, block_size, eval_batches))
-            history.eval_val_loss.append(training.estimate_loss(model, val_ids, batch_size, block_size, eval_batches))
+            history.eval_train_loss.append(
+                training.estimate_loss(model, train_ids, batch_size, block_size, eval_batches)
+            )
+            history.eval_val_loss.append(
+                training.estimate_loss(model, val_ids, batch_size, block_size, eval_batches)
+            )
 
         model.train()
         for step in range(steps):
@@ -901,7 +1251,9 @@ def _loop(set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, 
             if set_rate:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-            x, y = get_batch(train_ids, batch_size, block_size, generator if pass_generator else None, device)
+            x, y = get_batch(
+                train_ids, batch_size, block_size, generator if pass_generator else None, device
+            )
             loss = float(train_step(model, optimizer, x, y, max_grad_norm))
             history.step.append(step)
             history.train_loss.append(loss)
@@ -918,19 +1270,38 @@ def _loop(set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, 
 
 
 LOOP_MISTAKES = [
-    Mistake("rate_not_set", "your loop asks the schedule for a rate but never gives it to the "
-            "optimizer, so every step ran at max_lr: set group['lr'] for every group of "
-            "optimizer.param_groups before the step", _loop(set_rate=False)),
-    Mistake("no_final_eval", "your loop does not estimate the loss after the last step: the "
-            "history must end with an estimate at step `steps`", _loop(final_eval=False)),
-    Mistake("eval_off_by_one", "your estimates come one step early: after the update of step s "
-            "the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a "
-            "multiple of eval_every", _loop(eval_offset=0)),
-    Mistake("left_in_train_mode", "after the run the model is still in train mode: end with "
-            "model.eval(), as the reference does", _loop(eval_at_end_mode=False)),
-    Mistake("generator_not_passed", "your batches do not come from the run's generator: two runs "
-            "with the same seed would train differently. Pass `generator` to get_batch",
-            _loop(pass_generator=False)),
+    Mistake(
+        "rate_not_set",
+        "your loop asks the schedule for a rate but never gives it to the "
+        "optimizer, so every step ran at max_lr: set group['lr'] for every group of "
+        "optimizer.param_groups before the step",
+        _loop(set_rate=False),
+    ),
+    Mistake(
+        "no_final_eval",
+        "your loop does not estimate the loss after the last step: the "
+        "history must end with an estimate at step `steps`",
+        _loop(final_eval=False),
+    ),
+    Mistake(
+        "eval_off_by_one",
+        "your estimates come one step early: after the update of step s "
+        "the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a "
+        "multiple of eval_every",
+        _loop(eval_offset=0),
+    ),
+    Mistake(
+        "left_in_train_mode",
+        "after the run the model is still in train mode: end with "
+        "model.eval(), as the reference does",
+        _loop(eval_at_end_mode=False),
+    ),
+    Mistake(
+        "generator_not_passed",
+        "your batches do not come from the run's generator: two runs "
+        "with the same seed would train differently. Pass `generator` to get_batch",
+        _loop(pass_generator=False),
+    ),
 ]
 
 
@@ -942,8 +1313,17 @@ def _run_loop(fn, exercise=None):
     model = _tiny_model(seed=1, n_positions=16, vocab_size=37, dropout=0.1)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 37, (15,), generator=gen).repeat(20)  # a learnable text
-    kwargs = dict(batch_size=2, block_size=8, max_lr=1e-2, warmup_steps=3, eval_every=4,
-                  eval_batches=1, seed=0, history=training.History(), **_reference_pieces())
+    kwargs = dict(
+        batch_size=2,
+        block_size=8,
+        max_lr=1e-2,
+        warmup_steps=3,
+        eval_every=4,
+        eval_batches=1,
+        seed=0,
+        history=training.History(),
+        **_reference_pieces(),
+    )
     torch.manual_seed(1234)  # a loop that forgets its seeds still gives the same draws twice
     if exercise is None:
         history = fn(model, ids[:240], ids[240:], 10, **kwargs)
@@ -953,8 +1333,12 @@ def _run_loop(fn, exercise=None):
 
 
 def _loop_signature(history, training):
-    return (tuple(round(v, 5) for v in history.train_loss), tuple(history.eval_step),
-            tuple(history.lr), training)
+    return (
+        tuple(round(v, 5) for v in history.train_loss),
+        tuple(history.eval_step),
+        tuple(history.lr),
+        training,
+    )
 
 
 def check_train_loop(fn):
@@ -964,19 +1348,29 @@ def check_train_loop(fn):
     got = _loop_signature(got_history, got_training)
     want = _loop_signature(*_run_loop(_loop()))
     if got == want:
-        return passed(EX_LOOP, "the rate set, your pieces called, estimates every eval_every "
-                               "steps and at the end")
+        return passed(
+            EX_LOOP,
+            "the rate set, your pieces called, estimates every eval_every steps and at the end",
+        )
     mistake = first_mistake(LOOP_MISTAKES, lambda m: got == _loop_signature(*_run_loop(m.fn)))
     if mistake is not None:
         raise CheckFailed(EX_LOOP, mistake.message)
     if len(got[0]) != 10:
-        raise CheckFailed(EX_LOOP, f"10 steps recorded {len(got[0])} batch losses: record one per step")
+        raise CheckFailed(
+            EX_LOOP, f"10 steps recorded {len(got[0])} batch losses: record one per step"
+        )
     if got[1] != want[1]:
-        raise CheckFailed(EX_LOOP, f"with 10 steps and eval_every=4 the estimates belong at steps "
-                                   f"{list(want[1])}, yours are at {list(got[1])}")
-    raise CheckFailed(EX_LOOP, "your run's batch losses differ from the reference loop's with the "
-                               "same pieces and seed: each step sets the rate, draws a batch with "
-                               "the run's generator and calls train_step")
+        raise CheckFailed(
+            EX_LOOP,
+            f"with 10 steps and eval_every=4 the estimates belong at steps "
+            f"{list(want[1])}, yours are at {list(got[1])}",
+        )
+    raise CheckFailed(
+        EX_LOOP,
+        "your run's batch losses differ from the reference loop's with the "
+        "same pieces and seed: each step sets the rate, draws a batch with "
+        "the run's generator and calls train_step",
+    )
 
 
 # --------------------------------------------------------------------------- the chapter's runs
@@ -1007,11 +1401,33 @@ def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
 
     train_ids, val_ids = _compact(train_ids, val_ids)
     torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=TINY_VOCAB,
-                            embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
-    history = train(model, train_ids, val_ids, steps, batch_size=8, block_size=32, max_lr=max_lr,
-                    warmup_steps=4, eval_every=steps, eval_batches=2, seed=0, progress=False,
-                    **pieces)
+    model = GPT2(
+        GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            n_positions=32,
+            vocab_size=TINY_VOCAB,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+        )
+    )
+    history = train(
+        model,
+        train_ids,
+        val_ids,
+        steps,
+        batch_size=8,
+        block_size=32,
+        max_lr=max_lr,
+        warmup_steps=4,
+        eval_every=steps,
+        eval_batches=2,
+        seed=0,
+        progress=False,
+        **pieces,
+    )
     history.model = model  # the trained model, for a closer look
     return history
 
@@ -1034,11 +1450,17 @@ def _warmup_forever(step, max_lr, warmup_steps, total_steps, min_lr):
     return max_lr * (step + 1) / warmup_steps
 
 
-SUSPECTS = ("targets not shifted", "gradients cleared before the step", "warm-up never ends",
-            "gradients never cleared")
-_BROKEN = {"A": ("targets not shifted", {"get_batch": _batch_not_shifted}),
-           "B": ("gradients cleared before the step", {"train_step": _step_cleared_too_early}),
-           "C": ("warm-up never ends", {"lr_at": _warmup_forever})}
+SUSPECTS = (
+    "targets not shifted",
+    "gradients cleared before the step",
+    "warm-up never ends",
+    "gradients never cleared",
+)
+_BROKEN = {
+    "A": ("targets not shifted", {"get_batch": _batch_not_shifted}),
+    "B": ("gradients cleared before the step", {"train_step": _step_cleared_too_early}),
+    "C": ("warm-up never ends", {"lr_at": _warmup_forever}),
+}
 
 
 def broken_runs(train_ids, val_ids, steps=60):
@@ -1054,19 +1476,31 @@ def _diagnosis(*suspects):
 
 
 DIAGNOSIS_MISTAKES = [
-    Mistake("a_and_b_swapped", "1 of the 3 runs is named right. Think about what each bug does "
-            "to one step, then to 60 of them; the History also records each step's rate (.lr)",
-            _diagnosis("gradients cleared before the step", "targets not shifted",
-                       "warm-up never ends")),
-    Mistake("none_right", "none of the 3 runs is named right. Which run's training loss is too "
-            "good to be true, and what does its validation loss say?",
-            _diagnosis("warm-up never ends", "targets not shifted",
-                       "gradients cleared before the step")),
-    Mistake("unused_suspect", "'gradients never cleared' broke none of these runs. With AdamW "
-            "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
-            "which is how such a bug can hide for a long time",
-            _diagnosis("targets not shifted", "gradients cleared before the step",
-                       "gradients never cleared")),
+    Mistake(
+        "a_and_b_swapped",
+        "1 of the 3 runs is named right. Think about what each bug does "
+        "to one step, then to 60 of them; the History also records each step's rate (.lr)",
+        _diagnosis(
+            "gradients cleared before the step", "targets not shifted", "warm-up never ends"
+        ),
+    ),
+    Mistake(
+        "none_right",
+        "none of the 3 runs is named right. Which run's training loss is too "
+        "good to be true, and what does its validation loss say?",
+        _diagnosis(
+            "warm-up never ends", "targets not shifted", "gradients cleared before the step"
+        ),
+    ),
+    Mistake(
+        "unused_suspect",
+        "'gradients never cleared' broke none of these runs. With AdamW "
+        "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
+        "which is how such a bug can hide for a long time",
+        _diagnosis(
+            "targets not shifted", "gradients cleared before the step", "gradients never cleared"
+        ),
+    ),
 ]
 
 
@@ -1076,14 +1510,17 @@ def check_diagnosis(fn):
         raise CheckFailed(EX_DIAGNOSIS, 'return a dict with the keys "A", "B" and "C"')
     for label, suspect in got.items():
         if suspect not in SUSPECTS:
-            raise CheckFailed(EX_DIAGNOSIS, f"{suspect!r} (run {label}) is not one of the "
-                                            f"suspects: {', '.join(SUSPECTS)}")
+            raise CheckFailed(
+                EX_DIAGNOSIS,
+                f"{suspect!r} (run {label}) is not one of the suspects: {', '.join(SUSPECTS)}",
+            )
     if "gradients never cleared" in got.values():
         raise CheckFailed(EX_DIAGNOSIS, named(DIAGNOSIS_MISTAKES, "unused_suspect").message)
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
-        return passed(EX_DIAGNOSIS, "A learned to copy its input, B never moved, C's rate kept "
-                                    "rising")
+        return passed(
+            EX_DIAGNOSIS, "A learned to copy its input, B never moved, C's rate kept rising"
+        )
     message = {1: "a_and_b_swapped", 0: "none_right"}.get(right)
     if message is None:  # two right and one wrong cannot happen with three different names
         raise CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
@@ -1099,14 +1536,23 @@ def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, blo
         raise CheckFailed(CHALLENGE, f"your run took {steps} steps; the limit is {max_steps}")
     tokens = getattr(history, "largest_batch", 0)
     if tokens > max_tokens:
-        raise CheckFailed(CHALLENGE, f"your batches held {tokens} tokens a step; the limit is "
-                                     f"{max_tokens} (batch_size x block_size)")
+        raise CheckFailed(
+            CHALLENGE,
+            f"your batches held {tokens} tokens a step; the limit is "
+            f"{max_tokens} (batch_size x block_size)",
+        )
     loss = estimate_loss(model, val_ids, 8, block_size, batches=8)
     if not loss < goal:
-        raise CheckFailed(CHALLENGE, f"validation loss {loss:.4f} after {steps} steps: "
-                                     f"{loss - goal:.4f} above the goal {goal:.4f}")
-    passed(CHALLENGE, f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below "
-                      f"the goal {goal:.4f}")
+        raise CheckFailed(
+            CHALLENGE,
+            f"validation loss {loss:.4f} after {steps} steps: "
+            f"{loss - goal:.4f} above the goal {goal:.4f}",
+        )
+    passed(
+        CHALLENGE,
+        f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below "
+        f"the goal {goal:.4f}",
+    )
 
 
 def _sweep(read=lambda history: history.val_loss):
@@ -1119,29 +1565,41 @@ def _sweep(read=lambda history: history.val_loss):
 
 
 RATE_MISTAKES = [
-    Mistake("first_loss", "your numbers are far from the final validation loss of a fresh run: "
-            "they look like the loss at the START of each run. Read the end, history.val_loss",
-            _sweep(lambda history: history.train_loss[0])),
+    Mistake(
+        "first_loss",
+        "your numbers are far from the final validation loss of a fresh run: "
+        "they look like the loss at the START of each run. Read the end, history.val_loss",
+        _sweep(lambda history: history.train_loss[0]),
+    ),
 ]
 
 
 def check_rate_sweep(sweep, train_ids, val_ids):
     """The learner's {rate: final validation loss}; two of its numbers are remeasured."""
     if not isinstance(sweep, dict) or len(sweep) < 3:
-        raise CheckFailed(EX_RATES, "measure_rates should return a dict {rate: loss} with one "
-                                    "entry per rate (at least 3)")
-    losses = {float(rate): _as_float(EX_RATES, loss, f"the loss for rate {rate}")
-              for rate, loss in sweep.items()}
+        raise CheckFailed(
+            EX_RATES,
+            "measure_rates should return a dict {rate: loss} with one entry per rate (at least 3)",
+        )
+    losses = {
+        float(rate): _as_float(EX_RATES, loss, f"the loss for rate {rate}")
+        for rate, loss in sweep.items()
+    }
     rates = sorted(losses)
     if rates[-1] < 100 * rates[0]:
-        raise CheckFailed(EX_RATES, "your rates should span at least a factor of 100 (say 3e-4 to "
-                                    "3e-2): close rates give close losses")
+        raise CheckFailed(
+            EX_RATES,
+            "your rates should span at least a factor of 100 (say 3e-4 to "
+            "3e-2): close rates give close losses",
+        )
     for rate in (rates[0], rates[-1]):
         want = tiny_run(train_ids, val_ids, max_lr=rate).val_loss
         if not abs(losses[rate] - want) < 0.3:
-            raise CheckFailed(EX_RATES, f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a "
-                                        f"fresh tiny_run ends at {want:.4f}. "
-                                        + named(RATE_MISTAKES, "first_loss").message)
+            raise CheckFailed(
+                EX_RATES,
+                f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a "
+                f"fresh tiny_run ends at {want:.4f}. " + named(RATE_MISTAKES, "first_loss").message,
+            )
     best = min(losses, key=losses.get)
     passed(EX_RATES, f"the lowest validation loss came at max_lr {best:g}")
 
@@ -1165,8 +1623,17 @@ def _probe(name, fn):
         model = _tiny_model(n_positions=8, vocab_size=30)
         fn(model, torch.optim.SGD(model.parameters(), lr=0.0), ids[None, :4], ids[None, 1:5], 1.0)
     elif name == "train_loop":
-        fn(_tiny_model(n_positions=8, vocab_size=30), ids, ids, 1, batch_size=1, block_size=4,
-           eval_batches=1, history=training.History(), **_reference_pieces())
+        fn(
+            _tiny_model(n_positions=8, vocab_size=30),
+            ids,
+            ids,
+            1,
+            batch_size=1,
+            block_size=4,
+            eval_batches=1,
+            history=training.History(),
+            **_reference_pieces(),
+        )
     else:
         raise ValueError(f"no probe for {name!r}")
 
