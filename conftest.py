@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +32,9 @@ import pytest
 
 # Before anything imports torch (checkpoints does): torch reads it when it starts its threads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The split routes a developer measured on this machine (python -m gpt2lib.speed tune) must not
+# steer the tests' generation: the suite starts without any (tests that need some set them).
+os.environ["GPT2LIB_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpt2lib-test-cache-")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # tests `import checkpoints`
 

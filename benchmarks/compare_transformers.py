@@ -597,6 +597,8 @@ def main(argv=None) -> int:
             record["weights"] = str(folder)
         ours = from_pretrained(str(folder), device=args.device, dtype=dtype, model_cls=GPT2)
         bench = Bench(args, ours, load_hf(folder, args.device, dtype), record)
+        if args.device == "cpu" and torch.get_num_threads() > 1:
+            measured_routes()  # tune first (kept on disk): generate then takes the splits that pay
         if not check_identical(bench):
             return 1
         print("timing (gpt2lib vs transformers, medians):")

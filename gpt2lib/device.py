@@ -18,7 +18,7 @@ from gpt2lib.validation import DTYPE_NAMES
 __all__ = ["available_devices", "default_dtype", "pick_device", "resolve_dtype"]
 
 
-def pick_device(requested=None) -> torch.device:
+def pick_device(requested: torch.device | str | None = None) -> torch.device:
     """The device to run on: the one asked for, or else CUDA, then Apple's MPS, then the CPU.
 
     `requested` may be None or "auto" (pick), a string such as "cpu", "cuda", "cuda:1", "mps",
@@ -73,7 +73,7 @@ def pick_device(requested=None) -> torch.device:
     )
 
 
-def available_devices() -> list:
+def available_devices() -> list[str]:
     """Names of the devices this machine can run on, fastest first."""
     names = []
     if torch.cuda.is_available():
@@ -83,7 +83,7 @@ def available_devices() -> list:
     return names + ["cpu"]
 
 
-def default_dtype(device) -> torch.dtype:
+def default_dtype(device: torch.device | str) -> torch.dtype:
     """float32 on the CPU and MPS; bfloat16 on a CUDA GPU that supports it (else float32)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -91,7 +91,7 @@ def default_dtype(device) -> torch.dtype:
     return torch.float32
 
 
-def resolve_dtype(dtype, device) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device | str) -> torch.dtype:
     """None -> default_dtype(device); a name ('bfloat16', 'fp16', ...) or a torch float dtype."""
     if dtype is None or dtype == "auto":
         return default_dtype(device)

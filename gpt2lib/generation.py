@@ -10,7 +10,6 @@ between steps.
 """
 
 __all__ = [
-    "apply_temperature",
     "cache_reaches_every_layer",
     "check_sampling_args",
     "decode_all",
@@ -20,8 +19,6 @@ __all__ = [
     "next_token_probs",
     "sample_next",
     "stream_text",
-    "top_k_filter",
-    "top_p_filter",
 ]
 
 
@@ -29,16 +26,23 @@ import codecs
 import inspect
 import operator
 import warnings
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
+import torch.nn as nn
+from torch import Tensor
 
 from gpt2lib import speed
 from gpt2lib.chapters.decoding import apply_temperature, top_k_filter, top_p_filter
 from gpt2lib.kvcache import KVCache
+from gpt2lib.speed import kernels
 from gpt2lib.validation import ENDOFTEXT_ID, check_real, check_token_ids, check_whole
 
 
-def check_sampling_args(temperature=1.0, top_k=None, top_p=None):
+def check_sampling_args(
+    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> tuple[float, int | None, float | None]:
     """Raise a clear error for settings that have no meaning; return them as plain numbers.
 
     numpy scalars are accepted (np.float32(0.7), np.int64(40)).
@@ -72,7 +76,9 @@ def _sample(logits, temperature, top_k, top_p, generator):  # arguments already 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def next_token_probs(logits, temperature=1.0, top_k=None, top_p=None):
+def next_token_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
     """The distribution that sampling draws from: temperature, then top-k, then top-p.
 
     logits (..., V) -> probabilities (..., V) in float32. temperature=0 puts all mass on the
@@ -81,7 +87,13 @@ def next_token_probs(logits, temperature=1.0, top_k=None, top_p=None):
     return _probs(logits, *check_sampling_args(temperature, top_k, top_p))
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One token per row: logits (B, V) -> ids (B,). Greedy (argmax) when temperature == 0."""
     return _sample(logits, *check_sampling_args(temperature, top_k, top_p), generator)
 
@@ -194,7 +206,7 @@ def _takes(fn, name):
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def cache_reaches_every_layer(model) -> bool:
+def cache_reaches_every_layer(model: nn.Module) -> bool:
     """Whether model(ids, kv_cache=...) can hand the cache to every block and its attention.
 
     A learner's block or attention without a kv_cache argument (chapters 3 and 5 allow it) makes
@@ -220,18 +232,18 @@ def _sample_on(generator, logits, sampling):
 
 
 def decode_steps(
-    model,
-    idx,
-    max_new_tokens,
-    sampling=(1.0, None, None),
-    generator=None,
-    eos_token_id=None,
-    use_cache=True,
-    compile=False,
-    out=None,
-    crop=False,
-    static=None,
-):
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    sampling: tuple[float, int | None, float | None] = (1.0, None, None),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    use_cache: bool = True,
+    compile: bool = False,
+    out: Tensor | None = None,
+    crop: bool = False,
+    static: bool | None = None,
+) -> Iterator[Tensor]:
     """The generation loop, for arguments already checked: yields each new token (B,).
 
     Every step calls the model's own forward: the prompt once (the prefill), then the new
@@ -288,7 +300,7 @@ def decode_steps(
                 logits = model(out[:, first : pos + 1], **last_only)[:, -1]
 
 
-def decode_all(model, idx, max_new_tokens, **loop):
+def decode_all(model: nn.Module, idx: Tensor, max_new_tokens: int, **loop) -> Tensor:
     """Run decode_steps to the end: the prompt followed by the new tokens, (B, T + made)."""
     B, T = idx.shape
     out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
@@ -296,28 +308,31 @@ def decode_all(model, idx, max_new_tokens, **loop):
     return out[:, : T + made]
 
 
-def _swap_in_fast_modules(model, device):
-    if device.type == "cpu":  # the split multiplies, where one was measured faster here
-        speed.use_split_conv1d(model)
-        speed.use_split_readout(model)
+def _decoding_model(model, device):
+    """The model, or a view of it with the split multiplies where a measurement kept on disk
+    says they pay on this CPU (gpt2lib.speed.tune); the model itself is never changed, and
+    nothing is measured here."""
+    if device.type == "cpu" and torch.get_num_threads() > 1 and kernels.split_measured_faster():
+        return speed.fast_view(model)
+    return model
 
 
 def decode_tokens(
-    model,
-    idx,
-    max_new_tokens,
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
     *,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    use_cache=True,
-    generator=None,
-    seed=None,
-    eos_token_id=None,
-    stop_at_eos=False,
-    compile=False,
-    out=None,
-):
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    eos_token_id: int | None = None,
+    stop_at_eos: bool = False,
+    compile: bool = False,
+    out: Tensor | None = None,
+) -> Iterator[Tensor]:
     """An iterator over the new tokens, one step at a time, each (B,): generate() step by step.
 
     The arguments are checked now, before the first step. If `out` (a (B, T + max_new_tokens)
@@ -347,24 +362,24 @@ def decode_tokens(
             raise ValueError(
                 f"out must be a long tensor of shape {(B, T + plan['max_new_tokens'])}"
             )
-    _swap_in_fast_modules(model, plan["idx"].device)
+    plan["model"] = _decoding_model(model, plan["idx"].device)
     return decode_steps(**plan, out=out)
 
 
 def generate(
-    model,
-    idx,
-    max_new_tokens,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    use_cache=True,
-    generator=None,
-    seed=None,
-    eos_token_id=None,
-    stop_at_eos=False,
-    compile=False,
-):
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    eos_token_id: int | None = None,
+    stop_at_eos: bool = False,
+    compile: bool = False,
+) -> Tensor:
     """Continue each prompt: idx (B, T) -> (B, T + new), the prompt followed by new tokens.
 
     temperature: 0 is greedy (argmax); otherwise sample from softmax(logits / temperature),
@@ -378,9 +393,9 @@ def generate(
     compile: on CUDA, capture the model's decode step (its own forward, at a position held in a
       tensor) as a CUDA graph and replay it; elsewhere a warning, and eager steps.
     Every step runs the model's own forward, so hooks, ablations and replaced modules apply.
-    On a CPU, gpt2lib's Conv1D layers and chapter 6's TiedReadout are switched (in place, once)
-    to SplitConv1D and SplitReadout (gpt2lib.speed), the same layers with a split multiply for
-    few rows, where one was measured faster on this machine (gpt2lib.kernels).
+    The model is never changed: on a CPU where `python -m gpt2lib.speed tune` measured a split
+    multiply faster, the steps run on a view of it whose gpt2lib Conv1D and TiedReadout layers
+    are SplitConv1D and SplitReadout (gpt2lib.speed.fast_view), the same function of the input.
     A prompt plus max_new_tokens longer than the context (n_positions) is an error, not
     silently cropped.
     """
@@ -398,8 +413,16 @@ def generate(
         stop_at_eos,
         compile,
     )
-    _swap_in_fast_modules(model, plan["idx"].device)
+    plan["model"] = _decoding_model(model, plan["idx"].device)
     return decode_all(**plan)
+
+
+class Tokenizer(Protocol):
+    """What stream_text needs of a tokenizer: a tiktoken Encoding, gpt2lib's BPETokenizer, ..."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
 
 
 def _encode(tokenizer, text):
@@ -411,7 +434,9 @@ def _encode(tokenizer, text):
     return list(tokenizer.encode(text))
 
 
-def stream_text(model, tokenizer, prompt, max_new_tokens=50, **kwargs):
+def stream_text(
+    model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 50, **kwargs
+) -> Iterator[str]:
     """Yield the continuation of `prompt` as text, piece by piece, as tokens are produced.
 
     A token can end in the middle of a UTF-8 character (emoji, CJK): those bytes are held back

@@ -84,7 +84,7 @@ def _check_index(value, size, what):
     return check_whole(what, value, 0, size - 1, why=f" (the model has {size}, numbered from 0)")
 
 
-def check_run_with_cache(model, idx, capture) -> set:
+def check_run_with_cache(model: nn.Module, idx: torch.Tensor, capture: str | Iterable[str]) -> set:
     """The capture names (a set), after checking them, the token ids and the blocks' parts."""
     wanted = _check_capture(capture)
     check_token_ids(idx, model.config)  # the entry point checks the ids once
@@ -100,7 +100,7 @@ def check_run_with_cache(model, idx, capture) -> set:
     return wanted
 
 
-def check_ablation(ablate_heads, model) -> dict:
+def check_ablation(ablate_heads: dict | None, model: nn.Module) -> dict:
     """{layer: [head, ...]} with every index checked; a single head may be given as an int."""
     if ablate_heads is None:
         return {}
@@ -127,7 +127,9 @@ def check_ablation(ablate_heads, model) -> dict:
     return checked
 
 
-def check_repeat_args(model, seq_len, batch, tokens):
+def check_repeat_args(
+    model: nn.Module, seq_len: int, batch: int, tokens: torch.Tensor | None
+) -> None:
     """The arguments of induction_scores, checked before any forward pass."""
     n_positions, vocab_size = model.config.n_positions, model.config.vocab_size
     check_whole("seq_len", seq_len, 1)
@@ -152,7 +154,7 @@ def check_repeat_args(model, seq_len, batch, tokens):
             )
 
 
-def check_lens(model, cache, top_k):
+def check_lens(model: nn.Module, cache: ActivationCache, top_k: int | None) -> None:
     """logit_lens's arguments: a top_k within the vocabulary, a cache that holds the stream."""
     if top_k is not None:
         check_whole("top_k", top_k, 1, model.wte.weight.shape[0])  # at most the vocabulary
@@ -220,7 +222,9 @@ def ablated_heads(model: nn.Module, ablate_heads: dict) -> Iterator[nn.Module]:
             handle.remove()
 
 
-def logit_lens(model: nn.Module, cache: ActivationCache, top_k: int | None = None):
+def logit_lens(
+    model: nn.Module, cache: ActivationCache, top_k: int | None = None
+) -> torch.Tensor | torch.return_types.topk:
     """The readout applied to the stream after every block: (n_layer + 1, B, T, V) logits, or
     their torch.topk (values and indices, (n_layer + 1, B, T, top_k)) when top_k is given."""
     check_lens(model, cache, top_k)
@@ -235,7 +239,7 @@ def induction_scores(
     seed: int = 0,
     previous: bool = False,
     tokens: torch.Tensor | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(n_layer, n_head) induction scores on repeated random tokens; with previous=True also
     the previous-token scores. `tokens` (1-d ids) is the pool the random tokens come from."""
     check_repeat_args(model, seq_len, batch, tokens)

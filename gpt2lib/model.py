@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,7 @@ from gpt2lib import generation, inspection
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2 as ChapterGPT2
 from gpt2lib.checkpoint import load_pretrained, save_pretrained
+from gpt2lib.inspection import ActivationCache
 
 __all__ = ["GPT2", "GPT2Methods", "check_is_gpt2_config", "from_pretrained", "with_methods"]
 
@@ -39,16 +41,22 @@ class GPT2Methods:
         """gpt2lib.generation.generate(self, idx, max_new_tokens, **kwargs): (B, T + new)."""
         return generation.generate(self, idx, max_new_tokens, **kwargs)
 
-    def run_with_cache(self, idx: torch.Tensor, **kwargs):
+    def run_with_cache(self, idx: torch.Tensor, **kwargs) -> tuple[torch.Tensor, ActivationCache]:
         """gpt2lib.inspection.run_with_cache(self, idx, **kwargs): logits and a cache."""
         return inspection.run_with_cache(self, idx, **kwargs)
 
-    def save_pretrained(self, folder: str | os.PathLike, **kwargs):
+    def save_pretrained(self, folder: str | os.PathLike, **kwargs) -> Path:
         """gpt2lib.checkpoint.save_pretrained(self, folder, **kwargs)."""
         return save_pretrained(self, folder, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, device=None, dtype=None, **kwargs):
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        **kwargs,
+    ) -> nn.Module:
         """An instance of this class with a checkpoint's weights (see from_pretrained)."""
         kwargs.setdefault("model_cls", cls)
         return from_pretrained(name_or_path, device, dtype, **kwargs)
@@ -64,7 +72,7 @@ class GPT2(GPT2Methods, ChapterGPT2):
         super().__init__(config, *args, **kwargs)
 
 
-def check_is_gpt2_config(config) -> None:
+def check_is_gpt2_config(config: object) -> None:
     """A clear TypeError unless `config` is a GPT2Config (a dict, a name or None is not)."""
     if not isinstance(config, GPT2Config):
         raise TypeError(
@@ -88,7 +96,11 @@ def with_methods(cls: type) -> type:
 
 
 def from_pretrained(
-    name_or_path: str | os.PathLike, device=None, dtype=None, *, model_cls: type | None = None
+    name_or_path: str | os.PathLike,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    *,
+    model_cls: type | None = None,
 ) -> nn.Module:
     """A model with a checkpoint's weights, in eval mode, from a hub name ('gpt2',
     'gpt2-medium', 'gpt2-large', 'gpt2-xl') or a folder holding config.json and

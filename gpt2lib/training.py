@@ -16,12 +16,15 @@ import functools
 import inspect
 import math
 import time
+from collections.abc import Callable
 
 import torch
+import torch.nn as nn
 
 from gpt2lib.chapters import training as lesson
 from gpt2lib.chapters.training import History
 from gpt2lib.validation import check_real, check_whole, token_range
+from gpt2lib.views import model_view
 
 __all__ = [
     "History",
@@ -78,24 +81,24 @@ def _token_ids(name, ids, vocab_size, minimum_length, length_why):
 
 
 def check_train_arguments(
-    model,
-    train_ids,
-    val_ids,
-    steps,
+    model: object,
+    train_ids: object,
+    val_ids: object,
+    steps: object,
     *,
-    batch_size,
-    block_size,
-    max_lr,
-    min_lr,
-    warmup_steps,
-    weight_decay,
-    max_grad_norm,
-    eval_every,
-    eval_batches,
-    seed,
-    device,
-    on_eval,
-    progress,
+    batch_size: object,
+    block_size: object,
+    max_lr: object,
+    min_lr: object,
+    warmup_steps: object,
+    weight_decay: object,
+    max_grad_norm: object,
+    eval_every: object,
+    eval_batches: object,
+    seed: object,
+    device: object,
+    on_eval: object,
+    progress: object,
 ) -> None:
     """Refuse any bad argument of gpt2lib.training.train, naming it, before anything runs.
 
@@ -159,7 +162,9 @@ def check_train_arguments(
         raise TypeError(f"progress must be True or False, got {progress!r}")
 
 
-def check_ngram_arguments(train_ids, val_ids, vocab_size, smoothing, bigram_weight) -> None:
+def check_ngram_arguments(
+    train_ids: object, val_ids: object, vocab_size: object, smoothing: object, bigram_weight: object
+) -> None:
     """Refuse bad arguments of gpt2lib.training.ngram_baselines before anything is counted."""
     _whole("vocab_size", vocab_size, 1)
     _token_ids("train_ids", train_ids, vocab_size, 2, "2 (one pair to count)")
@@ -192,7 +197,7 @@ def _shape(value):
     return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def check_loss_arguments(logits, targets) -> None:
+def check_loss_arguments(logits: object, targets: object) -> None:
     """lm_loss(logits (B, T, V), targets (B, T))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         raise ValueError(f"logits must be a tensor of shape (B, T, V), got {_shape(logits)}")
@@ -206,7 +211,13 @@ def check_loss_arguments(logits, targets) -> None:
         raise TypeError(f"targets must hold integer token ids (torch.long), got {targets.dtype}")
 
 
-def check_batch_arguments(ids, batch_size, block_size, generator=None, device=None) -> None:
+def check_batch_arguments(
+    ids: object,
+    batch_size: object,
+    block_size: object,
+    generator: object = None,
+    device: object = None,
+) -> None:
     """get_batch(ids (N,), batch_size, block_size, generator, device)."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         raise ValueError(
@@ -225,7 +236,9 @@ def check_batch_arguments(ids, batch_size, block_size, generator=None, device=No
         )
 
 
-def check_schedule_arguments(step, max_lr, warmup_steps, total_steps, min_lr) -> None:
+def check_schedule_arguments(
+    step: object, max_lr: object, warmup_steps: object, total_steps: object, min_lr: object
+) -> None:
     """lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr)."""
     _whole("step", step, 0)
     _whole("warmup_steps", warmup_steps, 0)
@@ -234,7 +247,13 @@ def check_schedule_arguments(step, max_lr, warmup_steps, total_steps, min_lr) ->
         raise ValueError(f"need 0 <= min_lr <= max_lr, got min_lr={min_lr}, max_lr={max_lr}")
 
 
-def check_sample_arguments(model, idx, max_new_tokens, temperature=1.0, generator=None) -> None:
+def check_sample_arguments(
+    model: object,
+    idx: object,
+    max_new_tokens: object,
+    temperature: object = 1.0,
+    generator: object = None,
+) -> None:
     """sample(model, idx (B, T), max_new_tokens, temperature, generator)."""
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
         raise ValueError("idx must be a (B, T) tensor of token ids; for one prompt use ids[None]")
@@ -243,7 +262,7 @@ def check_sample_arguments(model, idx, max_new_tokens, temperature=1.0, generato
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
 
 
-def guarded(check):
+def guarded(check: Callable[..., None]) -> Callable[[Callable], Callable]:
     """fn -> fn behind `check`, called first with the same arguments, defaults filled in."""
 
     def wrap(fn):
@@ -264,31 +283,33 @@ def guarded(check):
 
 @guarded(check_sample_arguments)
 @torch.no_grad()
-def sample(model, idx, max_new_tokens, temperature=1.0, generator=None):
+def sample(
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Extend idx (B, T) by max_new_tokens tokens with chapter 9's loop (no cache), in eval mode.
 
-    Each step feeds the last n_positions tokens; temperature 0 is greedy. The model's mode is
-    restored afterwards.
+    Each step feeds the last n_positions tokens; temperature 0 is greedy. The steps run on a
+    view of the model put in eval mode (gpt2lib.views), so the model keeps its own mode, also
+    for another thread that is training or generating with it meanwhile.
     """
     from gpt2lib.generation import decode_all  # chapter 9's loop, the one generate() runs
 
-    was_training = model.training
-    model.eval()
-    try:
-        return decode_all(
-            model,
-            idx,
-            max_new_tokens,
-            sampling=(float(temperature), None, None),
-            generator=generator,
-            use_cache=False,
-            crop=True,
-        )
-    finally:
-        model.train(was_training)
+    return decode_all(
+        model_view(model).eval(),
+        idx,
+        max_new_tokens,
+        sampling=(float(temperature), None, None),
+        generator=generator,
+        use_cache=False,
+        crop=True,
+    )
 
 
-def guarded_train(lesson_train, history_cls):
+def guarded_train(lesson_train: Callable, history_cls: type) -> Callable[..., History]:
     """The public `train`: chapter 7's loop `lesson_train`, with every guarantee around it.
 
     Before anything changes: every argument is checked (check_train_arguments). While it runs:
@@ -299,30 +320,29 @@ def guarded_train(lesson_train, history_cls):
     the learner's own pieces.
     """
 
-    @functools.wraps(lesson_train)
     def train(
-        model,
-        train_ids,
-        val_ids,
-        steps,
+        model: nn.Module,
+        train_ids: torch.Tensor,
+        val_ids: torch.Tensor,
+        steps: int,
         *,
-        batch_size=8,
-        block_size=None,
-        max_lr=3e-3,
-        min_lr=None,
-        warmup_steps=None,
-        weight_decay=0.1,
-        max_grad_norm=1.0,
-        eval_every=None,
-        eval_batches=10,
-        seed=0,
-        device=None,
-        on_eval=None,
-        progress=True,
-        get_batch=None,
-        train_step=None,
-        lr_at=None,
-    ):
+        batch_size: int = 8,
+        block_size: int | None = None,
+        max_lr: float = 3e-3,
+        min_lr: float | None = None,
+        warmup_steps: int | None = None,
+        weight_decay: float = 0.1,
+        max_grad_norm: float = 1.0,
+        eval_every: int | None = None,
+        eval_batches: int = 10,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        on_eval: Callable | None = None,
+        progress: bool = True,
+        get_batch: Callable | None = None,
+        train_step: Callable | None = None,
+        lr_at: Callable | None = None,
+    ) -> History:
         check_train_arguments(
             model,
             train_ids,
@@ -412,6 +432,7 @@ def guarded_train(lesson_train, history_cls):
         history.seconds = time.perf_counter() - started
         return history
 
+    train.__doc__ = lesson_train.__doc__
     train.unchecked = lesson_train
     return train
 

@@ -15,6 +15,7 @@ from check_cases import assert_named
 import gpt2lib.chapters.attention
 from gpt2lib.chapters.attention import (
     CausalSelfAttention,
+    HookPoint,
     attention_weights,
     merge_heads,
     split_heads,
@@ -163,7 +164,7 @@ def test_kv_cache_chunks_and_single_steps_match_the_full_pass():
         parts.append(layer(x[:, 4:7], kv_cache=cache))  # past == 4, T == 3: offset mask
         for t in range(7, 10):
             parts.append(layer(x[:, t : t + 1], kv_cache=cache))  # past > 0, T == 1
-    assert cache.length == 10
+    assert cache.position == 10
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
 
 
@@ -457,7 +458,8 @@ def planted(mistake):
 
 class LinearAttention(nn.Module):
     """A right answer built differently: nn.Linear-style math, chunk instead of split, its own
-    cache handling and attention (no SDPA), F.dropout with training=self.training."""
+    cache handling and attention (no SDPA: the pattern always, through the hook point), F.dropout
+    with training=self.training."""
 
     def __init__(self, config):
         super().__init__()
@@ -465,6 +467,7 @@ class LinearAttention(nn.Module):
         self.p = config.resid_pdrop
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        self.hook_pattern = HookPoint()
 
     def forward(self, x, kv_cache=None):
         q, k, v = (
@@ -472,8 +475,9 @@ class LinearAttention(nn.Module):
             for t in F.linear(x, self.c_attn.weight.T, self.c_attn.bias).chunk(3, dim=-1)
         )
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)
-        y = checks.attend(q, k, v)[0]  # the offset causal mask for queries after cached keys
+            k, v, _ = kv_cache.update(k, v)
+        pattern = self.hook_pattern(checks.attend(q, k, v)[1])  # offset causal mask built in
+        y = pattern @ v
         return F.dropout(self.c_proj(checks.merge(y)), self.p, training=self.training)
 
 
@@ -519,7 +523,7 @@ def _answer(first_gap, second_gap):
         def forward(self, x, kv_cache=None):
             q, k, v = first_gap(self, x)
             if kv_cache is not None:
-                k, v = kv_cache.update(k, v)
+                k, v, _ = kv_cache.update(k, v)
             y = checks.attend(q, k, v)[0]
             return second_gap(self, y)
 
@@ -612,22 +616,17 @@ def test_checks_leave_the_global_random_state_alone():
 # --------------------------------------------------------------------------- causal_mask
 
 
-def test_causal_mask_is_the_lower_triangle_and_takes_an_offset_and_a_tensor_position():
+def test_causal_mask_is_the_lower_triangle_and_takes_an_offset():
     from gpt2lib.chapters.attention import causal_mask
 
     assert torch.equal(causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())
     # 3 new queries after 4 cached tokens: query i sees keys 0 .. 4 + i
     assert torch.equal(causal_mask(3, 4), torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4))
-    # a preallocated cache of 10 slots: the slots after each query's position are hidden too
-    wide = causal_mask(3, 4, length=10)
-    assert wide.shape == (3, 10) and torch.equal(wide[:, :7], causal_mask(3, 4))
-    assert not wide[:, 7:].any()
-    # the position as a tensor (a CUDA graph's): the same mask
-    assert torch.equal(causal_mask(3, torch.tensor(4), length=10), wide)
 
 
 def test_attention_with_a_cache_of_whole_buffers_equals_the_growing_slices():
-    """The static cache of chapter 9: the layer masks the unwritten slots itself."""
+    """The static cache of chapter 9 hands attention its whole buffers and a mask that hides
+    the slots not yet written: the layer needs no branch of its own for it."""
     from gpt2lib.kvcache import KVCache
 
     config = GPT2Config(vocab_size=32, n_positions=16, n_embd=12, n_head=3, n_layer=1)
@@ -637,16 +636,39 @@ def test_attention_with_a_cache_of_whole_buffers_equals_the_growing_slices():
     outs = {}
     for static in (False, True):
         cache = KVCache(config, 2, 16, static=static)
-        pieces = []
         with torch.no_grad():
-            for a, b in ((0, 4), (4, 6), (6, 7)):
-                pieces.append(attn(x[:, a:b], kv_cache=cache.layers[0]))
-                cache.advance(b - a)
+            pieces = [attn(x[:, a:b], kv_cache=cache[0]) for a, b in ((0, 4), (4, 6), (6, 7))]
         outs[static] = torch.cat(pieces, dim=1)
+        assert cache.length == 7
     with torch.no_grad():
         full = attn(x)
     torch.testing.assert_close(outs[False], full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[True], full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_pattern_is_computed_only_when_a_hook_listens_and_is_what_the_layer_used():
+    torch.manual_seed(0)
+    layer = randomise(CausalSelfAttention(small_config())).eval()
+    x = torch.randn(2, 6, 32)
+    built = []
+    layer.c_attn.register_forward_hook(lambda *a: built.append(1))
+    with torch.no_grad():
+        fast = layer(x)
+        seen = []
+        handle = layer.hook_pattern.register_forward_hook(lambda m, a, out: seen.append(out))
+        recorded = layer(x)
+        handle.remove()
+    assert len(built) == 2 and len(seen) == 1  # one c_attn a forward, with or without a hook
+    assert seen[0].shape == (2, layer.n_head, 6, 6)
+    torch.testing.assert_close(seen[0].sum(-1), torch.ones(2, layer.n_head, 6))
+    torch.testing.assert_close(recorded, fast, atol=1e-6, rtol=1e-5)
+    # a hook that changes the pattern changes the output: the layer uses what passed the hook
+    uniform = torch.ones(6, 6).tril() / torch.arange(1, 7)[:, None]
+    handle = layer.hook_pattern.register_forward_hook(lambda m, a, out: uniform.expand_as(out))
+    with torch.no_grad():
+        assert not torch.allclose(layer(x), fast, atol=1e-4)
+    handle.remove()
+    assert not layer.hook_pattern.active
 
 
 # --------------------------------------------------------------------------- checks 3.1 and 3.2

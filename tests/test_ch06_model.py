@@ -343,25 +343,30 @@ class FakeLayerCache:
         self.log, self.index = log, index
 
     @property
-    def length(self):
+    def position(self):
         return 0 if self.k is None else self.k.shape[2]
 
-    def update(self, k, v):  # (B, nh, T, hd) -> all so far (B, nh, length + T, hd)
-        self.log.append(("update", self.index, k.shape[2]))
+    def update(self, k, v):  # (B, nh, T, hd) -> all so far (B, nh, past + T, hd), and the mask
+        from gpt2lib.chapters.attention import causal_mask
+
+        past, T = self.position, k.shape[2]
+        self.log.append(("update", self.index, T))
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        return self.k, self.v, None if past == 0 else causal_mask(T, past)
 
 
 class FakeCache:
     def __init__(self, n_layer):
         self.log = []
         self.layers = [FakeLayerCache(self.log, i) for i in range(n_layer)]
-        self.length = 0
 
-    def advance(self, T):
-        self.log.append(("advance", T))
-        self.length += T
+    def __getitem__(self, i):
+        return self.layers[i]
+
+    @property
+    def position(self):
+        return self.layers[0].position
 
 
 def test_kv_cache_protocol_gives_the_uncached_logits(tiny):
@@ -371,18 +376,17 @@ def test_kv_cache_protocol_gives_the_uncached_logits(tiny):
         full = tiny(idx)
         prompt = tiny(idx[:, :6], kv_cache=cache)
         steps = [tiny(idx[:, t : t + 1], kv_cache=cache, last_only=True) for t in range(6, 9)]
-    assert cache.log[:3] == [("update", 0, 6), ("update", 1, 6), ("advance", 6)]
-    assert cache.log[3:6] == [("update", 0, 1), ("update", 1, 1), ("advance", 1)]
-    assert cache.length == 9
+    assert cache.log[:2] == [("update", 0, 6), ("update", 1, 6)]  # block i gets cache[i]
+    assert cache.log[2:4] == [("update", 0, 1), ("update", 1, 1)]
+    assert cache.position == 9
     torch.testing.assert_close(prompt, full[:, :6], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 6:], atol=1e-5, rtol=1e-5)
 
 
-def test_kv_cache_too_long_names_the_cached_tokens(tiny):
+def test_too_many_tokens_for_the_context_are_refused_before_any_block_runs(tiny):
     cache = FakeCache(TINY.n_layer)
-    cache.length = 15
-    with pytest.raises(AssertionError, match=r"(?s)(?=.*15)(?=.*2 new)(?=.*context of 16)"):
-        tiny(torch.tensor([[1, 2]]), kv_cache=cache)
+    with pytest.raises(AssertionError, match=r"17 tokens; the context is 16"):
+        tiny(torch.zeros(1, 17, dtype=torch.long), kv_cache=cache)
     assert cache.log == [], "nothing may touch the cache when the input is refused"
 
 
@@ -745,9 +749,12 @@ def test_check_count_accepts_the_learner_style_formula(capsys):
     assert "✅ Exercise 6.5" in capsys.readouterr().out
 
 
-def test_building_on_meta_fills_nothing(monkeypatch):
-    """On meta there are no values: Conv1D and the embeddings skip their random fill (the first
-    fill on meta costs seconds of one-off set-up inside PyTorch)."""
+def test_building_on_meta_for_the_loader_fills_nothing(monkeypatch):
+    """The loader builds models on meta for their shapes: there are no values, and each fill on
+    meta costs tens of milliseconds, so gpt2lib.checkpoint skips them (chapter 6's class stays
+    plain); a real tensor is still filled, inside the block as outside it."""
+    from gpt2lib.checkpoint import fills_skipped_on_meta
+
     filled = []
     real_normal = torch.nn.init.normal_
 
@@ -756,9 +763,13 @@ def test_building_on_meta_fills_nothing(monkeypatch):
         return real_normal(tensor, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.init, "normal_", recording_normal)
-    with torch.device("meta"):
-        model = GPT2(GPT2Config.from_name("gpt2-xl"))
-    assert filled == []
+    with fills_skipped_on_meta():
+        with torch.device("meta"):
+            model = GPT2(GPT2Config.from_name("gpt2-xl"))
+        assert filled == []
+        real = torch.nn.init.normal_(torch.empty(3, 4))
+    assert filled == [(3, 4)] and torch.nn.init.normal_ is recording_normal and real.std() > 0
+    filled.clear()
     assert all(p.is_meta for p in model.parameters())
     assert isinstance(model.wte, nn.Embedding) and model.wte.weight.requires_grad
     assert sum(p.numel() for p in model.parameters()) == 1_557_611_200
@@ -876,7 +887,9 @@ def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtyp
                 generate(model, ids, 3, temperature=0),
             )
         else:
-            assert torch.equal(run_with_cache(model, ids.to(dtype))[0], model(ids))
+            assert torch.equal(
+                run_with_cache(model, ids.to(dtype))[0], run_with_cache(model, ids)[0]
+            )
 
 
 def test_a_plain_forward_refuses_small_integer_ids_loudly():

@@ -40,7 +40,7 @@ def top_k_sorted(logits, k):  # by sorting, with torch.where
 
 
 def top_k_float64(logits, k):
-    return G.top_k_filter(logits.double(), k)
+    return D.top_k_filter(logits.double(), k)
 
 
 def top_p_loop(logits, p):  # a plain loop over the tokens, most likely first
@@ -131,7 +131,7 @@ def cache_gap_with_kvcache_sizes(
     "check, answer",
     cases.right_answers(
         {
-            C.check_write_kv: [K.write_kv, write_kv_narrow],
+            C.check_write_kv: [D.write_kv, write_kv_narrow],
             C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
             C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
             C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
@@ -139,14 +139,14 @@ def cache_gap_with_kvcache_sizes(
             C.check_cache_gap: [D.cache_gap, cache_gap_loop, cache_gap_with_kvcache_sizes],
             C.check_weight_bytes_per_token: [decode_bytes_per_token, weight_bytes_by_name],
             C.check_apply_temperature: [
-                G.apply_temperature,
+                D.apply_temperature,
                 temperature_shifted,
                 temperature_log_softmax,
             ],
-            C.check_top_k_filter: [G.top_k_filter, top_k_sorted, top_k_float64],
-            C.check_top_p_filter: [G.top_p_filter, top_p_loop],
+            C.check_top_k_filter: [D.top_k_filter, top_k_sorted, top_k_float64],
+            C.check_top_p_filter: [D.top_p_filter, top_p_loop],
             C.check_attend_with_offset: [
-                K.attend_with_offset,
+                D.attend_with_offset,
                 offset_with_indices,
                 offset_with_sdpa,
             ],
@@ -176,12 +176,12 @@ def test_the_stub_reads_not_done_yet(check):
 
 
 def write_kv_returning_two_old_tokens(k_buf, v_buf, k, v, start):  # T positions, the wrong ones
-    K.write_kv(k_buf, v_buf, k, v, start)
+    D.write_kv(k_buf, v_buf, k, v, start)
     return k_buf[:, :, : k.shape[2]], v_buf[:, :, : v.shape[2]]
 
 
 def top_k_and_the_smallest(logits, k):  # k + 1 tokens, but not the k + 1 largest
-    keep = G.top_k_filter(logits, k).isfinite() | (logits == logits.min(-1, keepdim=True).values)
+    keep = D.top_k_filter(logits, k).isfinite() | (logits == logits.min(-1, keepdim=True).values)
     return logits.masked_fill(~keep, float("-inf"))
 
 
@@ -264,7 +264,7 @@ def test_yours_or_reference_keeps_a_working_answer_and_replaces_a_stub(capsys):
 
 def test_yours_or_reference_replaces_an_answer_that_raises_and_says_why(capsys):
     class Broken(D.SimpleKVCache):
-        def advance(self, T):
+        def __getitem__(self, i):
             raise RuntimeError("boom")
 
     assert C.yours_or_reference("SimpleKVCache", Broken) is D.SimpleKVCache

@@ -65,13 +65,15 @@ def test_write_kv_writes_at_the_position_and_returns_past_and_new():
 def test_cache_is_static_and_refuses_to_overflow():
     config = GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=16)
     cache = KVCache(config, batch_size=1, max_len=4)
-    pointer = cache.layers[0].k.data_ptr()
-    cache.layers[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
-    cache.advance(3)
-    assert cache.length == 3 and cache.layers[0].length == 3
-    assert cache.layers[0].k.data_ptr() == pointer
-    with pytest.raises(ValueError, match="KV cache is full: it holds 4 positions, 3 are used"):
-        cache.layers[0].update(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
+    pointer = cache[0].k.data_ptr()
+    keys, values, visible = cache[0].update(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4))
+    assert keys.shape == (1, 1, 3, 4) and visible is None  # nothing held before: plain causal
+    assert cache.length == 3 and cache.position == 3 and cache[0].position == 3
+    assert cache[0].k.data_ptr() == pointer
+    _, _, visible = cache[0].update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4))
+    assert visible.tolist() == [[True, True, True, True]]  # the new token sees all four
+    with pytest.raises(ValueError, match="KV cache is full: it holds 4 positions, 4 are used"):
+        cache[0].update(torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4))
     with pytest.raises(ValueError, match="longer than the model's context of 16"):
         KVCache(config, batch_size=1, max_len=17)
 

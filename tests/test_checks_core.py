@@ -48,3 +48,13 @@ def test_expect_tensor_names_the_wrong_form():
     with pytest.raises(CheckFailed, match="contains ±inf"):
         expect_tensor("Ex", torch.tensor([float("inf")]))
     assert expect_tensor("Ex", torch.ones(2, dtype=torch.float16)).dtype == torch.float64
+
+
+def test_reveal_prints_the_prediction_beside_the_measurement(capsys):
+    from gpt2lib.course.checks import reveal
+
+    reveal(10.0, 10.8249, what="the loss of a random model", unit="nats")
+    out = capsys.readouterr().out
+    assert "your prediction: 10 nats" in out and "measured:        10.82 nats" in out
+    reveal(None, 3, what="heads")
+    assert "none written" in capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""gpt2lib.kernels (the split multiplies), gpt2lib.measure and gpt2lib.speed: the splits give
-torch's numbers, are taken only where they were measured to pay, can be switched off;
-SplitConv1D is Conv1D with those multiplies and SplitReadout chapter 6's TiedReadout; the static cache's step (a position tensor, the whole buffer,
-a mask) gives the tokens of the growing slices, reads nothing on the host, compiles without a
-graph break, and keeps nothing inside the model; speed.py holds no layer of its own."""
+"""gpt2lib.speed (the split multiplies of speed.kernels, module views, the static cache's step)
+and gpt2lib.speed.measure: the splits give torch's numbers, are taken only where a measurement
+that someone asked for found them faster, can be switched off; SplitConv1D is Conv1D with those
+multiplies and SplitReadout chapter 6's TiedReadout, swapped in on a view, never in the
+caller's model; the static cache's step gives the tokens of the growing slices, reads nothing
+on the host and compiles without a graph break; speed holds no layer of its own."""
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ TORCH_ROUTES = dict.fromkeys(SPLIT_ROUTES, "torch")
 
 
 def pretend_measured(monkeypatch, routes):
-    monkeypatch.setattr(kernels, "measured_routes", lambda: dict(routes))
+    monkeypatch.setattr(kernels, "known_routes", lambda threads=None: dict(routes))
 
 
 @pytest.fixture(autouse=True)
@@ -203,7 +204,7 @@ def test_gradients_through_the_split_equal_the_plain_ones():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_split_modules_are_the_chapters_with_the_split_and_generate_swaps_them_in(monkeypatch):
+def test_split_modules_are_the_chapters_with_the_split_and_the_model_keeps_its_own(monkeypatch):
     from gpt2lib import speed
     from gpt2lib.chapters.layers import Conv1D
 
@@ -213,28 +214,51 @@ def test_split_modules_are_the_chapters_with_the_split_and_generate_swaps_them_i
     with torch.no_grad():
         plain = model(ids[:, :2], last_only=True)[:, -1]  # chapter 6's Conv1D: never split
     with kernels.use_split_matmul(False):
-        tokens_off = generate(model, ids, 12, temperature=0)  # swaps the class in, unsplit
-    assert {type(m) for m in model.modules() if isinstance(m, Conv1D)} == {speed.SplitConv1D}
-    assert type(model.readout) is speed.SplitReadout
-    assert set(model.state_dict()) == set(GPT2(model.config).state_dict())  # same names
+        tokens_off = generate(model, ids, 12, temperature=0)  # through the view, unsplit
+    assert {type(m) for m in model.modules() if isinstance(m, Conv1D)} == {Conv1D}
+    assert type(model.readout) is TiedReadout  # generate changed no class of the model
+    view = speed.fast_view(model)
+    assert {type(m) for m in view.modules() if isinstance(m, Conv1D)} == {speed.SplitConv1D}
+    assert type(view.readout) is speed.SplitReadout
+    assert view.state_dict().keys() == model.state_dict().keys()  # same names,
+    assert all(a is b for a, b in zip(view.parameters(), model.parameters()))  # same tensors
     counter = CountSplits(monkeypatch)
     with torch.no_grad():
-        split = model(ids[:, :2], last_only=True)[:, -1]
-    assert counter.column_calls > 0  # three rows really go through the column split now
+        split = view(ids[:, :2], last_only=True)[:, -1]
+    assert counter.column_calls > 0  # three rows really go through the column split
     torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
     assert torch.equal(generate(model, ids, 12, temperature=0), tokens_off)
 
 
-def test_the_swap_happens_only_where_the_split_was_measured_faster(monkeypatch):
-    from gpt2lib import speed
-    from gpt2lib.chapters.layers import Conv1D
+def test_generate_takes_the_plain_model_where_no_split_was_measured_faster(monkeypatch):
+    from gpt2lib import generation
 
-    pretend_measured(monkeypatch, TORCH_ROUTES)
     model = tiny_model()
-    generate(model, torch.zeros(1, 3, dtype=torch.long), 2, temperature=0)
-    assert speed.use_split_conv1d(model) == 0 and speed.use_split_readout(model) == 0
-    assert all(type(m) is Conv1D for m in model.modules() if isinstance(m, Conv1D))
-    assert type(model.readout) is TiedReadout
+    pretend_measured(monkeypatch, TORCH_ROUTES)
+    assert generation._decoding_model(model, torch.device("cpu")) is model
+    monkeypatch.setattr(kernels, "known_routes", lambda threads=None: None)  # never measured
+    assert generation._decoding_model(model, torch.device("cpu")) is model
+    pretend_measured(monkeypatch, SPLIT_ROUTES)
+    assert generation._decoding_model(model, torch.device("cpu")) is not model
+
+
+def test_generate_never_measures_and_leaves_every_module_as_it_was(monkeypatch, tmp_path):
+    """With two threads and no measurement kept, the first generate times nothing; with one
+    kept, it decodes through a view: either way every module keeps its class and parameters."""
+    monkeypatch.undo()
+    torch.set_num_threads(2)
+    monkeypatch.setenv("GPT2LIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_measured", {})
+    monkeypatch.setattr(kernels, "_fastest", lambda *a, **k: pytest.fail("generate measured"))
+    model = tiny_model()
+    before = [(name, type(m)) for name, m in model.named_modules()]
+    params = [p.data_ptr() for p in model.parameters()]
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    generate(model, ids, 3, temperature=0)
+    monkeypatch.setattr(kernels, "known_routes", lambda threads=None: dict(SPLIT_ROUTES))
+    generate(model, ids, 3, temperature=0)
+    assert [(name, type(m)) for name, m in model.named_modules()] == before
+    assert [p.data_ptr() for p in model.parameters()] == params
 
 
 def test_decode_bytes_per_token_counts_every_weight_but_the_unused_positions():
@@ -332,8 +356,7 @@ def test_a_static_step_of_the_layers_reads_nothing_on_the_host():
 
     with torch.no_grad(), NoHostReads():
         for i, block in enumerate(model.h):
-            x = block(x, kv_cache=cache.layers[i])
-        cache.advance(1)
+            x = block(x, kv_cache=cache[i])
         model.ln_f(x)
     assert cache.length == 4 and int(cache.position) == 4
     assert cache.layers[0].k[:, :, 3].abs().sum() > 0  # written at the position
@@ -429,23 +452,33 @@ def test_by_default_the_split_follows_this_machines_measurement(monkeypatch, mea
     assert counter.split_calls == (2 if measured_faster else 1)
 
 
-def test_the_measurement_runs_once_per_thread_count_and_names_a_route_for_each(monkeypatch):
+def test_a_measurement_asked_for_is_kept_on_disk_and_read_back_without_measuring(
+    monkeypatch, tmp_path
+):
     monkeypatch.undo()  # the real measurement, not the autouse fixture's stand-in
     torch.set_num_threads(2)
+    monkeypatch.setenv("GPT2LIB_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "_measured", {})
+    assert kernels.known_routes() is None and not kernels.split_measured_faster()
     calls = []
     real_fastest = kernels._fastest
     monkeypatch.setattr(
         kernels, "_fastest", lambda *a, **k: calls.append(1) or real_fastest(*a, **k)
     )
-    first = kernels.measured_routes()
-    second = kernels.measured_routes()
-    assert first == second and len(calls) == 4  # measured once, then remembered
+    from gpt2lib import speed
+
+    first = speed.tune()
+    assert len(calls) == 4 and kernels.routes_file() == tmp_path / "split_routes.json"
     assert set(first) == set(SPLIT_ROUTES)
     assert {first[k] for k in first if k.startswith("conv")} <= {"torch", "inner", "columns"}
     assert {first[k] for k in first if k.startswith("readout")} <= {"torch", "table", "blocks"}
-    assert isinstance(kernels.split_measured_faster(), bool)
-    assert set(kernels._measured) == {2}
+    monkeypatch.setattr(kernels, "_measured", {})  # a new process: only the file remembers
+    assert kernels.known_routes() == first and kernels.measured_routes() == first
+    assert len(calls) == 4  # read back, not measured again
+    assert kernels.known_routes(threads=3) is None  # another thread count: not measured
+    (tmp_path / "split_routes.json").write_text("{not json", encoding="utf-8")
+    monkeypatch.setattr(kernels, "_measured", {})
+    assert kernels.known_routes() is None  # a damaged file counts as no measurement
 
 
 def test_a_split_is_chosen_only_when_it_beats_torch_by_ten_percent(monkeypatch):
@@ -523,14 +556,14 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
         for scope in scopes:
             stack.enter_context(scope)
         want = greedy_by_full_forwards(plain, ids, 10)  # plain is never swapped
-        assert speed.use_split_conv1d(swapped) == 3 * 4
-        assert all(type(m) is speed.SplitConv1D for m in swapped.modules() if isinstance(m, Conv1D))
-        assert speed.use_split_readout(swapped) == 1
-        assert type(swapped.readout) is speed.SplitReadout
+        view = speed.fast_view(swapped)
+        split = [m for m in view.modules() if isinstance(m, Conv1D)]
+        assert len(split) == 3 * 4 and all(type(m) is speed.SplitConv1D for m in split)
+        assert type(view.readout) is speed.SplitReadout
         with kernels.use_split_matmul(True):
             with torch.no_grad():
-                torch.testing.assert_close(swapped(ids), plain(ids), atol=1e-4, rtol=1e-4)
-            got = generate(swapped, ids, 10, temperature=0)
+                torch.testing.assert_close(view(ids), plain(ids), atol=1e-4, rtol=1e-4)
+            got = generate(swapped, ids, 10, temperature=0)  # decodes through a view of it
     for handle in handles:
         handle.remove()
     assert torch.equal(got, want)
@@ -549,18 +582,21 @@ def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeyp
     model.h[0].mlp.c_fc.__class__ = MyConv1D
     replaced = model.h[1].attn.c_proj
     replaced.forward = lambda x: Conv1D.forward(replaced, x) * 2  # an experimenter's patch
-    assert speed.use_split_conv1d(model) == 2 * 4 - 2
-    assert type(model.h[0].mlp.c_fc) is MyConv1D and type(replaced) is Conv1D
-    assert type(model.h[0].attn.c_attn) is speed.SplitConv1D
+    view = speed.fast_view(model)
+    swapped = [m for m in view.modules() if type(m) is speed.SplitConv1D]
+    assert len(swapped) == 2 * 4 - 2
+    assert type(view.h[0].mlp.c_fc) is MyConv1D and type(view.h[1].attn.c_proj) is Conv1D
+    assert type(view.h[0].attn.c_attn) is speed.SplitConv1D
+    assert type(model.h[0].attn.c_attn) is Conv1D  # the model itself keeps its classes
     ids = torch.zeros(1, 3, dtype=torch.long)
     assert torch.equal(
         generate(model, ids, 4, temperature=0), greedy_by_full_forwards(model, ids, 4)
     )
 
-    fresh = tiny_model()  # a class whose forward was patched: nothing is switched
+    fresh = tiny_model()  # a class whose forward was patched: nothing is swapped
     monkeypatch.setattr(Conv1D, "forward", lambda self, x: x @ self.weight + self.bias)
-    assert speed.use_split_conv1d(fresh) == 0
-    assert all(type(m) is Conv1D for m in fresh.modules() if isinstance(m, Conv1D))
+    fresh_view = speed.fast_view(fresh)
+    assert all(type(m) is Conv1D for m in fresh_view.modules() if isinstance(m, Conv1D))
 
 
 def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
@@ -593,7 +629,7 @@ def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone()
     want = greedy_by_full_forwards(tiny_model(), ids, 4)
     seen.clear()
     assert torch.equal(generate(model, ids, 4, temperature=0), want)
-    assert type(model.readout) is speed.SplitReadout
+    assert type(model.readout) is TiedReadout  # the model keeps its class: the view swapped
     assert seen == [(2, 1, 61)] * 4  # the prompt's pass and three steps, each seen by the hook
 
     class MyReadout(TiedReadout):  # a learner's own readout keeps its class
@@ -601,4 +637,4 @@ def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone()
 
     mine = tiny_model()
     mine.readout.__class__ = MyReadout
-    assert speed.use_split_readout(mine) == 0 and type(mine.readout) is MyReadout
+    assert type(speed.fast_view(mine).readout) is MyReadout

@@ -70,3 +70,66 @@ def test_every_exercise_and_challenge_has_a_cell_that_grades_it(path):
 
     nb = read_notebook(path)
     assert [t.title for t in exercises(nb) + challenges(nb) if not t.checks] == []
+
+
+def _notebook(tmp_path, name, cells):
+    path = tmp_path / name
+    path.write_text(__import__("json").dumps({"cells": cells}), encoding="utf-8")
+    return path
+
+
+def _md(text):
+    return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+
+def _code(text, tags=()):
+    return {"cell_type": "code", "metadata": {"tags": list(tags)}, "source": text}
+
+
+def test_the_measures_of_issue_37_see_what_they_name(tmp_path, monkeypatch):
+    """Written predictions, timed challenges, long specs (a hint aside), prose words, minutes,
+    and drawing lines left out of the learner's share in a rewritten chapter."""
+    spec = " ".join(["word"] * 130)
+    path = _notebook(
+        tmp_path,
+        "05_x.ipynb",
+        [
+            _md(f"### Exercise 5.1: a (difficulty: easy, about 10 min)\n\nKind: derive.\n\n{spec}"),
+            _md(
+                "### Exercise 5.2: b (difficulty: hard, about 15 min)\n\nKind: write.\n\nshort.\n"
+                f"<details><summary>Hint</summary>\n\n{spec}\n\n</details>"
+            ),
+            _md("### Predict: the loss"),
+            _code("my_prediction = None  # your number"),
+            _code("reveal(my_prediction, 1.0, what='the loss')"),
+            _md("### Predict: unanswered"),
+            _code("print(1)"),
+            _md("### Challenge: fast (about 20 min)"),
+            _md("### Challenge: untimed"),
+            _code("### BEGIN SOLUTION\nx = 1\nprint(x)\nplt.plot([x])\n### END SOLUTION"),
+        ],
+    )
+    row = teaching_stats.stats(path)
+    assert (row["predict"], row["written"]) == (2, 1)
+    assert (row["challenge"], row["timed"]) == (2, 1)
+    assert row["minutes"] == 10 + 15 + 20
+    assert len(row["long_specs"]) == 1 and "5.1" in row["long_specs"][0]
+    assert row["words"] > 260 and row["inside"] == 3  # not rewritten: every line counts
+    monkeypatch.setattr(teaching_stats, "REWRITTEN", {"05"})
+    row = teaching_stats.stats(path)
+    assert row["inside"] == 1  # print( and plt. lines are not the learner's code
+    found = teaching_stats.rewritten_misses(row)
+    assert any("not written down" in m for m in found)
+    assert any("does not state its time" in m for m in found)
+    assert any("spec over 120 words" in m for m in found)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_rewritten_chapter_meets_issue_37s_limits(path):
+    if path.stem[:2] not in teaching_stats.REWRITTEN:
+        pytest.skip(f"chapter {path.stem[:2]} is not rewritten yet")
+    assert teaching_stats.rewritten_misses(teaching_stats.stats(path)) == []
+
+
+def test_the_course_meets_its_limits():
+    assert teaching_stats.course_misses([teaching_stats.stats(p) for p in CHAPTERS]) == []

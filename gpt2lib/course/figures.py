@@ -1,4 +1,4 @@
-"""The figures of chapters 8 and 9 (course tooling, written by hand).
+"""The chapters' figures (course tooling, written by hand), one section a chapter.
 
 A chapter computes what it shows (the numbers are the lesson) and hands them here to be drawn:
 the layout, colour scales and labels of a figure are not the lesson, and would otherwise fill
@@ -15,6 +15,30 @@ def _plt():
     import matplotlib.pyplot as plt  # here: importing the course tooling needs no matplotlib
 
     return plt
+
+
+# --------------------------------------------------------------------------- chapter 0
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+# --------------------------------------------------------------------------- chapter 2
+
+
+# --------------------------------------------------------------------------- chapter 3
+
+
+# --------------------------------------------------------------------------- chapter 4
+
+
+# --------------------------------------------------------------------------- chapter 5
+
+
+# --------------------------------------------------------------------------- chapter 6
+
+
+# --------------------------------------------------------------------------- chapter 7
 
 
 # --------------------------------------------------------------------------- chapter 8
@@ -191,3 +215,9 @@ def cache_slots(starts, counts, max_len, labels):
     fig.colorbar(image, ax=ax, ticks=range(len(counts)), label="call that wrote the slot")
     ax.set_title("the cache after each call (white: empty)")
     plt.show()
+
+
+# --------------------------------------------------------------------------- chapter 10
+
+
+# --------------------------------------------------------------------------- chapter 11

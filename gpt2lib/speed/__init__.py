@@ -1,15 +1,19 @@
-"""Speed for the one forward (chapter 9, section 4): module choices and a captured CUDA graph.
+"""Opt-in speed for the one forward (chapter 9, section 4): module swaps and a CUDA graph.
 
 Nothing here computes a block, an attention or an MLP of its own: generation always runs the
-model's forward. What this module adds is how that forward runs fast:
+model's forward. What this package adds is how that forward runs fast, on request:
 
 - On a CPU, `SplitConv1D` is gpt2lib's `Conv1D` with its few-row multiplies done by
-  `gpt2lib.kernels.matmul_bias`, and `SplitReadout` is chapter 6's `TiedReadout` with
-  `gpt2lib.kernels.readout_matmul` (each a split, where one was measured faster on this
-  machine). `use_split_conv1d(model)` and `use_split_readout(model)` switch a model's layers
-  to them in place: same weights, same parameter names, same hooks; only the class changes.
+  `gpt2lib.speed.kernels.matmul_bias`, and `SplitReadout` is chapter 6's `TiedReadout` with
+  `kernels.readout_matmul` (each a split where one was measured faster on this machine).
+  `tune()` (or `python -m gpt2lib.speed tune`) measures the routes once and keeps them on
+  disk; `fast_view(model)` is then a view of the model (`gpt2lib.views`) with those layers
+  swapped: same weights, parameter names and hooks, and the caller's model unchanged.
+  `gpt2lib.generate` decodes through such a view by itself where a measurement kept on disk
+  says a split pays; it never measures.
 - On CUDA, `capture_decode_step` captures one decode step, `model(token, kv_cache=cache)`
-  with a static cache whose position is a tensor, as a CUDA graph, and replays it per token.
+  with a static cache whose position is a tensor, as a CUDA graph, and replays it per token
+  (`generate(..., compile=True)`).
 """
 
 __all__ = [
@@ -17,20 +21,21 @@ __all__ = [
     "SplitConv1D",
     "SplitReadout",
     "capture_decode_step",
+    "fast_view",
     "swappable",
-    "use_split_conv1d",
-    "use_split_readout",
+    "tune",
 ]
 
 
-import threading
 import warnings
 
 import torch
+import torch.nn as nn
 
 from gpt2lib.chapters.layers import Conv1D
 from gpt2lib.chapters.model import TiedReadout
 from gpt2lib.speed import kernels
+from gpt2lib.views import model_view
 
 
 class SplitConv1D(Conv1D):
@@ -51,15 +56,14 @@ class SplitReadout(TiedReadout):
         return kernels.readout_matmul(rows, wte_weight).view(*x.shape[:-1], -1)
 
 
-_SWAP_LOCK = threading.Lock()
-
 # gpt2lib's own class -> its forward as the chapter wrote it, read when this module is imported.
-# A module is switched only while its class is exactly that class and still runs that forward.
+# A module is swapped only while its class is exactly that class and still runs that forward.
 _AS_WRITTEN = {Conv1D: Conv1D.forward, TiedReadout: TiedReadout.forward}
+_FASTER = {Conv1D: SplitConv1D, TiedReadout: SplitReadout}
 
 
-def swappable(module, cls) -> bool:
-    """Whether `module` may be switched to a faster subclass of gpt2lib's `cls`, in place.
+def swappable(module: nn.Module, cls: type) -> bool:
+    """Whether `module` may be swapped for the faster subclass of gpt2lib's `cls`.
 
     Only an instance whose class is exactly `cls` (a learner's subclass keeps its own class),
     whose class still has the forward the chapter wrote (nobody patched `cls.forward`), and
@@ -68,45 +72,35 @@ def swappable(module, cls) -> bool:
     return type(module) is cls and cls.forward is _AS_WRITTEN[cls] and "forward" not in vars(module)
 
 
-def use_split_conv1d(model) -> int:
-    """Switch every plain Conv1D of `model` to SplitConv1D, in place, if the split was measured
-    faster on this machine (kernels.split_measured_faster). Returns how many were switched.
-
-    Only the class of each layer changes: its weights, name, hooks and state_dict stay. A
-    learner's Conv1D subclass, or a layer whose forward was replaced, is left as it is
-    (`swappable`).
-    """
-    return _switch(model, Conv1D, SplitConv1D)
-
-
-def use_split_readout(model) -> int:
-    """Switch the model's plain TiedReadout to SplitReadout, in place, where a split was
-    measured faster on this machine; returns how many were switched (0 or 1). As for
-    use_split_conv1d, a learner's subclass or a replaced forward is left as it is."""
-    return _switch(model, TiedReadout, SplitReadout)
-
-
-def _switch(model, cls, faster_cls) -> int:
-    if torch.get_num_threads() < 2 or not kernels.split_measured_faster():
-        return 0
-    switched = 0
-    with _SWAP_LOCK:
-        for module in model.modules():
+def fast_view(model: nn.Module) -> nn.Module:
+    """A view of `model` (gpt2lib.views.model_view) whose gpt2lib Conv1D and TiedReadout
+    layers are SplitConv1D and SplitReadout: the same function of the input, with the split
+    multiplies where this machine measured them faster. The model itself is not changed; where
+    there is nothing to swap it is returned as it is."""
+    if not any(swappable(m, cls) for m in model.modules() for cls in _FASTER):
+        return model
+    view = model_view(model)
+    for module in view.modules():
+        for cls, faster in _FASTER.items():
             if swappable(module, cls):
-                module.__class__ = faster_cls
-                switched += 1
-    return switched
+                module.__class__ = faster  # the view's own copy: the model keeps its class
+    return view
+
+
+def tune() -> dict:
+    """Measure this machine's fastest few-row multiplies at torch's thread count (about a
+    second) and keep them on disk, so that later generation takes the splits that pay."""
+    return kernels.measure_routes(save=True)
 
 
 class CapturedDecodeStep:
     """One decode step of the model's own forward, captured once as a CUDA graph.
 
-    `cache` is a static KVCache (gpt2lib.kvcache, static=True): attention writes at
-    `cache.position` and reads the whole buffers with a mask, so every step is the same
-    computation and only two tensors change, the token and the position. The model computes
-    its positions from an int; while capturing, a pre-hook on `model.wpe` feeds it the
-    position tensor instead. The graph records the kernels of the model's modules and hooks as
-    they are at capture; Python code in them runs only then.
+    `cache` is a static KVCache (gpt2lib.kvcache, static=True): each layer writes at its
+    position tensor, moves it on in place and reads the whole buffers with a mask, and the
+    model's positions come from that tensor, so every step is the same computation and only
+    the token and the positions change. The graph records the kernels of the model's modules
+    and hooks as they are at capture; Python code in them runs only then.
     """
 
     def __init__(self, model, cache, batch_size, **forward_kwargs):
@@ -116,15 +110,10 @@ class CapturedDecodeStep:
         kwargs = {"kv_cache": cache, **forward_kwargs}  # e.g. last_only=True
         length = cache.length
 
-        def positions(module, args):  # (T,) positions read from the cache's tensor
-            return (cache.position + torch.arange(args[0].shape[0], device=device),)
-
         def run():
-            cache.length = length
-            cache.position.fill_(length)
+            cache.reset(length)
             return model(self.token, **kwargs)[:, -1]  # (B, V)
 
-        hook = model.wpe.register_forward_pre_hook(positions)
         try:
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -133,34 +122,22 @@ class CapturedDecodeStep:
                     run()
             torch.cuda.current_stream(device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            cache.length = length
-            cache.position.fill_(length)
+            cache.reset(length)
             with torch.cuda.graph(self.graph), torch.no_grad():
                 self.logits = model(self.token, **kwargs)[:, -1]
         finally:
-            hook.remove()
-            cache.length = length
-            cache.position.fill_(length)
+            cache.reset(length)
 
     def __call__(self, token):
         """The token just chosen (B,) -> logits for the next one (B, V), overwritten next call."""
         self.token.copy_(token[:, None])
-        self.cache.position.fill_(self.cache.length)
-        self.graph.replay()  # writes this token's keys and values at the position
-        self.cache.length += 1
+        self.graph.replay()  # writes this token's keys and values, moves the positions on
         return self.logits
 
 
 def capture_decode_step(model, cache, batch_size, **forward_kwargs):
     """A CapturedDecodeStep, or None (with a warning) where the forward cannot be captured:
     then generation runs the same steps eagerly."""
-    if getattr(model, "wpe", None) is None:
-        warnings.warn(
-            "compile=True: the model has no `wpe` position table to feed the "
-            "captured graph; decoding eagerly",
-            stacklevel=4,
-        )
-        return None
     try:
         return CapturedDecodeStep(model, cache, batch_size, **forward_kwargs)
     except RuntimeError as exc:  # e.g. a module that reads a value on the host

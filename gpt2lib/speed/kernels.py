@@ -1,14 +1,16 @@
 """Matrix kernels for decoding on a CPU (chapter 9, last section): the split multiplies.
 
-A leaf module: it imports nothing from gpt2lib, and the teaching layers (Conv1D, the tied
-readout) never call it. Only the modules `gpt2lib.speed` swaps in do.
+It imports nothing from gpt2lib but the one atomic write, and the teaching layers (Conv1D, the
+tied readout) never call it. Only the modules `gpt2lib.speed` swaps in do.
 
 A decode step multiplies one row (or a few) by every weight matrix, so its speed is how fast
 the matrix library streams the weights. On some CPUs the library runs such a multiply on one
 core; the same product cut into slabs, in one `torch.bmm`, spreads over all of them. Which way
-is fastest depends on the CPU and the library, so it is measured once per thread count on this
-machine (`measured_routes`), for one row and for a few, and a split is used only where it beat
-torch's own multiply by 10%:
+is fastest depends on the CPU and the library, so it is measured on this machine, per thread
+count, when someone asks (`measure_routes`, or `python -m gpt2lib.speed tune`): for one row and
+for a few. The result is kept on disk (`routes_file()`), and a split is used only where it beat
+torch's own multiply by 10%. Nothing is measured unasked: without a measurement every multiply
+is torch's.
 
 - Conv1D's multiply `x @ W` (W is [n_in, n_out]): "inner" cuts n_in into slabs and sums the
   partial products; "columns" cuts n_out into slabs (each output stays one dot product, with
@@ -22,8 +24,11 @@ __all__ = [
     "SPLIT_PARTS",
     "column_split_matmul",
     "matmul_bias",
+    "known_routes",
+    "measure_routes",
     "measured_routes",
     "readout_matmul",
+    "routes_file",
     "split_matmul",
     "split_measured_faster",
     "use_split_matmul",
@@ -31,9 +36,15 @@ __all__ = [
 
 
 import contextlib
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
+
+from gpt2lib.files import atomic_write
 
 SPLIT_MAX_ROWS = 32  # up to this many rows a split can pay on a CPU (chapter 9 plots it)
 SPLIT_PARTS = 8  # slabs per multiply: more than the cores, so that none of them waits
@@ -93,7 +104,43 @@ _READOUT = {
     "blocks": _readout_blocks,
 }
 
-_measured = {}  # thread count -> the routes measured fastest here (see measured_routes)
+_measured = {}  # thread count -> the routes measured fastest here, once read or measured
+ROUTE_KEYS = ("conv_one", "conv_few", "readout_one", "readout_few")
+
+
+def routes_file() -> Path:
+    """Where the measured routes are kept: $GPT2LIB_CACHE_DIR, else the user's cache folder
+    ($XDG_CACHE_HOME or ~/.cache), in gpt2lib/split_routes.json."""
+    folder = os.environ.get("GPT2LIB_CACHE_DIR")
+    if not folder:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        folder = Path(base) / "gpt2lib"
+    return Path(folder) / "split_routes.json"
+
+
+def _machine_key(threads: int) -> str:
+    """What a measurement holds for: this processor, this PyTorch, this many threads."""
+    return f"{platform.machine()} {platform.processor()} | torch {torch.__version__} | {threads} threads"
+
+
+def _read_routes_file() -> dict:
+    try:
+        table = json.loads(routes_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: as if never measured
+    return table if isinstance(table, dict) else {}
+
+
+def known_routes(threads: int | None = None) -> dict | None:
+    """The routes measured on this machine for `threads` (default: torch's now), from this
+    process or from the file; None when they were never measured. Never measures."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads not in _measured:
+        routes = _read_routes_file().get(_machine_key(threads))
+        if not (isinstance(routes, dict) and set(routes) == set(ROUTE_KEYS)):
+            return None
+        _measured[threads] = routes
+    return _measured[threads]
 
 
 def _fastest(candidates, args_of, repeats=5):
@@ -111,9 +158,10 @@ def _fastest(candidates, args_of, repeats=5):
     return winner if best[winner] < 0.9 * best["torch"] else "torch"
 
 
-def measured_routes():
-    """How this machine multiplies few rows fastest, measured once per thread count (under a
-    second): {"conv_one", "conv_few", "readout_one", "readout_few"} -> a route name.
+def measure_routes(save: bool = True) -> dict:
+    """Measure how this machine multiplies few rows fastest, at torch's thread count now (about
+    a second), remember it, and keep it in routes_file() unless save is False:
+    {"conv_one", "conv_few", "readout_one", "readout_few"} -> a route name.
 
     "one" is one row (batch 1), "few" eight (a small batch). Conv1D is timed on the weights
     of four GPT-2 small layers (113 MB) and the readout on a 32,768 × 768 table (100 MB):
@@ -121,25 +169,40 @@ def measured_routes():
     fast each route streams them from memory.
     """
     threads = torch.get_num_threads()
-    if threads not in _measured:
-        shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # c_attn, c_proj, c_fc, c_proj
-        weights = [torch.ones(shape) for _ in range(4) for shape in shapes]
-        table = torch.ones(32768, 768)
-        routes = {}
-        for bucket, rows in (("one", 1), ("few", 8)):
-            x = {n_in: torch.ones(rows, n_in) for n_in in (768, 3072)}
-            with torch.no_grad():
-                routes[f"conv_{bucket}"] = _fastest(
-                    _CONV, lambda x=x: [(x[w.shape[0]], w) for w in weights]
-                )
-                routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda x=x: [(x[768], table)])
-        _measured[threads] = routes
-    return _measured[threads]
+    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # c_attn, c_proj, c_fc, c_proj
+    weights = [torch.ones(shape) for _ in range(4) for shape in shapes]
+    table = torch.ones(32768, 768)
+    routes = {}
+    for bucket, rows in (("one", 1), ("few", 8)):
+        x = {n_in: torch.ones(rows, n_in) for n_in in (768, 3072)}
+        with torch.no_grad():
+            routes[f"conv_{bucket}"] = _fastest(
+                _CONV, lambda x=x: [(x[w.shape[0]], w) for w in weights]
+            )
+            routes[f"readout_{bucket}"] = _fastest(_READOUT, lambda x=x: [(x[768], table)])
+    _measured[threads] = routes
+    if save:
+        path = routes_file()
+        table_of_routes = {**_read_routes_file(), _machine_key(threads): routes}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(table_of_routes, indent=2, sort_keys=True) + "\n")
+        except OSError:
+            pass  # a read-only home: the routes still hold for this process
+    return routes
 
 
-def split_measured_faster():
-    """Whether any split beat torch's own multiply on this machine (measured_routes)."""
-    return any(route != "torch" for route in measured_routes().values())
+def measured_routes() -> dict:
+    """The routes for torch's thread count now: known ones, else measured (and kept) now. For
+    callers that ask to be tuned (benchmarks, `python -m gpt2lib.speed tune`)."""
+    return known_routes() or measure_routes()
+
+
+def split_measured_faster() -> bool:
+    """Whether a measurement on this machine, at torch's thread count now, found a split that
+    beat torch's own multiply (False when none was made: nothing is measured here)."""
+    routes = known_routes()
+    return routes is not None and any(route != "torch" for route in routes.values())
 
 
 def _route(kind, x, rows):
@@ -155,7 +218,8 @@ def _route(kind, x, rows):
         and torch.get_num_threads() > 1
     ):
         return "torch"
-    route = measured_routes()[f"{kind}_{'one' if rows == 1 else 'few'}"]
+    routes = known_routes() or dict.fromkeys(ROUTE_KEYS, "torch")  # unmeasured: torch's
+    route = routes[f"{kind}_{'one' if rows == 1 else 'few'}"]
     if _split_enabled is True and route == "torch":  # asked for a split: the first one
         return "inner" if kind == "conv" else "blocks"
     return route

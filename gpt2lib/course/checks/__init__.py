@@ -1,7 +1,9 @@
 """Checks that follow each exercise: they pass any correct answer and name the usual mistakes.
 
-One module per chapter (`gpt2lib.course.checks.tokenizer`, `gpt2lib.course.checks.attention`, ...), written
-by hand. Every check either prints a line starting with ✅ or raises `CheckFailed`.
+One module per chapter, named after it (`gpt2lib.course.checks.tokenizer`,
+`gpt2lib.course.checks.attention`, ...), written by hand. Every check either prints a line
+starting with ✅ or raises `CheckFailed`. `reveal` prints a written prediction beside what a
+cell measured.
 """
 
 from gpt2lib.course.checks._core import (
@@ -13,6 +15,7 @@ from gpt2lib.course.checks._core import (
     expect_tensor,
     first_mistake,
     passed,
+    reveal,
     seeded_call,
 )
 
@@ -25,5 +28,6 @@ __all__ = [
     "expect_tensor",
     "first_mistake",
     "passed",
+    "reveal",
     "seeded_call",
 ]

@@ -164,6 +164,23 @@ def expect_tensor(
     return got.detach()
 
 
+def reveal(prediction: Any, measured: Any, *, what: str, unit: str = "") -> None:
+    """Print the learner's written prediction beside what the cell measured (a Predict prompt's
+    answer). A prediction left as None is shown as not written, never as wrong."""
+
+    def shown(value: Any) -> str:
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        return f"{value}{' ' + unit if unit else ''}"
+
+    guess = (
+        "(none written: write one down before you run this cell)"
+        if prediction is None
+        else shown(prediction)
+    )
+    print(f"{what}\n  your prediction: {guess}\n  measured:        {shown(measured)}")
+
+
 def passed(exercise: str, detail: str = "") -> None:
     """Print the line learners look for after a correct answer."""
     print(f"✅ {exercise} passed" + (f": {detail}" if detail else ""))

@@ -94,19 +94,26 @@ def attend(
 
 
 class ListCache:
-    """The smallest cache that follows the protocol of chapter 9: `.length` and `.update(k, v)`."""
+    """The smallest layer cache that follows chapter 9's protocol: `update(k, v)` returns every
+    key and value so far and which keys each new query may see (None while it held nothing)."""
 
     def __init__(self):
         self.k = self.v = None
 
     @property
-    def length(self) -> int:
+    def position(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
     def update(self, k, v):
+        past, T = self.position, k.shape[2]
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        return self.k, self.v, None if past == 0 else causal_mask_reference(T, past)
+
+
+def causal_mask_reference(T: int, past: int = 0) -> torch.Tensor:
+    """(T, past + T): query i may see key j when j <= past + i."""
+    return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
 
 
 # --------------------------------------------------------------------------- Exercise 3.4
@@ -651,14 +658,14 @@ def _check_causal_self_attention(attention_cls) -> None:
         )
         for piece, (a, b) in zip(pieces, ((0, 4), (4, 6), (6, 7)))
     ]
-    if cache.length != 7 or not close(
+    if cache.position != 7 or not close(
         torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4
     ):
         raise CheckFailed(
             EX_MODULE,
             "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer "
             "does not give the output of the whole sequence; pass the heads' k and v, "
-            "(B, nh, T, hd), to kv_cache.update and use what it returns",
+            "(B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
         )
 
     # train mode: residual dropout after c_proj, drawn with the check's seed
@@ -667,30 +674,53 @@ def _check_causal_self_attention(attention_cls) -> None:
     got = expect_tensor(
         EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
     )
-    if close(got, seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
-        passed(
+    if not close(got, seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
+        no_dropout = _gpt2_attention(x, w, nh)
+        kept = got != 0
+        fraction_zeroed = 1 - kept.double().mean().item()
+        # dropout drawn another way (its own random numbers) is still right
+        if not (
+            0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4)
+        ):
+            found = first_mistake(
+                MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4)
+            )
+            if found:
+                raise CheckFailed(EX_MODULE, found.message)
+            raise CheckFailed(
+                EX_MODULE,
+                "in eval() mode your layer is right, but in train() mode it is not the layer "
+                "followed by residual dropout: return self.resid_dropout(self.c_proj(...))",
+            )
+    module.eval()
+    x = torch.randn(2, 5, config.n_embd, generator=gen)
+
+    # a hook listening at hook_pattern (chapter 8): the pattern goes through it, the output stays
+    hook_point = getattr(module, "hook_pattern", None)
+    if not isinstance(hook_point, torch.nn.Module):
+        raise CheckFailed(
             EX_MODULE,
-            "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only",
+            "the layer has no hook point `hook_pattern`: keep the given line "
+            "`self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
         )
-        return
-    no_dropout = _gpt2_attention(x, w, nh)
-    kept = got != 0
-    fraction_zeroed = 1 - kept.double().mean().item()
-    if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4):
-        passed(
+    seen = []
+    handle = hook_point.register_forward_hook(lambda m, a, out: seen.append(out))
+    try:
+        got = _run(module, x)
+    finally:
+        handle.remove()
+    want = _gpt2_attention(x, w, nh)
+    if len(seen) != 1 or not close(got, want, rtol=1e-4):
+        raise CheckFailed(
             EX_MODULE,
-            "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only",
+            "with a hook listening at hook_pattern the layer gives another output than without "
+            "one: the given lines use q, k and v as your code leaves them, (B, nh, T, hd) each",
         )
-        return  # dropout drawn another way (its own random numbers): still right
-    found = first_mistake(
-        MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4)
-    )
-    if found:
-        raise CheckFailed(EX_MODULE, found.message)
-    raise CheckFailed(
+
+    passed(
         EX_MODULE,
-        "in eval() mode your layer is right, but in train() mode it is not the layer "
-        "followed by residual dropout: return self.resid_dropout(self.c_proj(...))",
+        "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the "
+        "pattern through its hook point",
     )
 
 

@@ -608,8 +608,7 @@ def _try_sample_token(fn):
 
 def _try_cache(cls):
     cache = cls(_tiny_config(), 1, 4)
-    cache.layers[0].update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
-    cache.advance(2)
+    cache[0].update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
 
 
 def _try_loop(fn):
@@ -893,18 +892,24 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
 
 
 class _LayerCache:
-    def __init__(self, cache, k_buf, v_buf):
-        self.cache, self.k, self.v = cache, k_buf, v_buf
-
-    @property
-    def length(self):
-        return self.cache.length
+    def __init__(self, k_buf, v_buf, moves=True, masks=True):
+        self.k, self.v, self.position = k_buf, v_buf, 0
+        self.moves, self.masks = moves, masks
 
     def update(self, k, v):
-        return _write_kv_right(self.k, self.v, k, v, self.cache.length)
+        past, T = self.position, k.shape[2]
+        keys, values = _write_kv_right(self.k, self.v, k, v, past)
+        if self.moves:
+            self.position = past + T
+        visible = None if past == 0 or not self.masks else _causal_mask(T, past)
+        return keys, values, visible
 
 
-def _cache_class(layout="right", shared=None, keep_dtype=True, advance="add"):
+def _causal_mask(T, past):
+    return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]  # (T, past + T)
+
+
+def _cache_class(layout="right", shared=None, keep_dtype=True, moves=True, masks=True):
     """A SimpleKVCache with one planted mistake (the defaults are right)."""
 
     class Cache:
@@ -920,19 +925,23 @@ def _cache_class(layout="right", shared=None, keep_dtype=True, advance="add"):
             def buffer():
                 return torch.zeros(shape, device=device, dtype=dtype)
 
-            self.length = 0
+            def layer(k, v):
+                return _LayerCache(k, v, moves=moves, masks=masks)
+
             if shared == "layers":
                 k, v = buffer(), buffer()
-                self.layers = [_LayerCache(self, k, v) for _ in range(config.n_layer)]
+                self.layers = [layer(k, v) for _ in range(config.n_layer)]
             elif shared == "k and v":
-                self.layers = [
-                    _LayerCache(self, b, b) for b in [buffer() for _ in range(config.n_layer)]
-                ]
+                self.layers = [layer(b, b) for b in [buffer() for _ in range(config.n_layer)]]
             else:
-                self.layers = [_LayerCache(self, buffer(), buffer()) for _ in range(config.n_layer)]
+                self.layers = [layer(buffer(), buffer()) for _ in range(config.n_layer)]
 
-        def advance(self, T):
-            self.length = self.length + T if advance == "add" else T
+        def __getitem__(self, i):
+            return self.layers[i]
+
+        @property
+        def position(self):
+            return self.layers[0].position
 
     return Cache
 
@@ -968,17 +977,24 @@ CACHE_MISTAKES = [
         _cache_class(shared="k and v"),
     ),
     Mistake(
-        "advance sets",
-        "advance(T) sets the length to T: it must add T, since the prompt "
-        "and every step before are still cached",
-        _cache_class(advance="set"),
+        "position stays",
+        "update does not move the layer's position on: the next call writes over this one's "
+        "keys and values; add T to self.position",
+        _cache_class(moves=False),
+    ),
+    Mistake(
+        "no mask",
+        "update returns visible=None after the first call too: then attention masks the new "
+        "queries as if they were the first tokens; with earlier tokens held, return "
+        "causal_mask(T, past) (chapter 3's), True where a query may see a key",
+        _cache_class(masks=False),
     ),
 ]
 
 
 def check_simple_kv_cache(cls) -> None:
-    """SimpleKVCache(config, batch_size, max_len, device, dtype): its buffers and position,
-    then cached logits against one full pass of a tiny model."""
+    """SimpleKVCache(config, batch_size, max_len, device, dtype): its buffers and positions, what
+    a layer's update returns, then cached logits against one full pass of a tiny model."""
     from gpt2lib.chapters.config import GPT2Config
 
     ex = EX_CACHE
@@ -997,9 +1013,9 @@ def check_simple_kv_cache(cls) -> None:
     for layer in layers:
         expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
         expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
-    if cache.length != 0:
+    if cache.position != 0:
         raise CheckFailed(
-            ex, f"a new cache holds no tokens: length should be 0, not {cache.length}"
+            ex, f"a new cache holds no tokens: its position should be 0, not {cache.position}"
         )
     wide = call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
     if wide.layers[0].k.dtype != torch.float64:
@@ -1009,15 +1025,29 @@ def check_simple_kv_cache(cls) -> None:
         raise CheckFailed(ex, named(CACHE_MISTAKES, "k and v share").message)
     if len(set(pointers)) < len(pointers):
         raise CheckFailed(ex, named(CACHE_MISTAKES, "one buffer for all layers").message)
-    call_learner(ex, cache.advance, 3)
-    call_learner(ex, cache.advance, 1)
-    if cache.length != 4:
-        message = (
-            named(CACHE_MISTAKES, "advance sets").message
-            if cache.length == 1
-            else (f"after advance(3) then advance(1) the length should be 4, not {cache.length}")
+    # one layer's updates: 3 tokens, then 1
+    gen = torch.Generator().manual_seed(2)
+    new = [torch.randn(2, config.n_head, T, shape[3], generator=gen) for T in (3, 1)]
+    first = call_learner(ex, layers[0].update, new[0], new[0] + 1)
+    second = call_learner(ex, layers[0].update, new[1], new[1] + 1)
+    if layers[0].position != 4:
+        if layers[0].position in (0, 1, 3) and layers[1].position == 0:
+            raise CheckFailed(ex, named(CACHE_MISTAKES, "position stays").message)
+        raise CheckFailed(
+            ex, f"after updates of 3 tokens and 1 the layer should hold 4, not {layers[0].position}"
         )
-        raise CheckFailed(ex, message)
+    for got, T, past in ((first, 3, 0), (second, 1, 3)):
+        if not (isinstance(got, tuple) and len(got) == 3):
+            raise CheckFailed(ex, "update should return three things: keys, values, visible")
+        keys = expect_tensor(ex, got[0], (2, config.n_head, past + T, shape[3]), what="the keys")
+        if past == 3 and not close(keys, torch.cat(new, dim=2)):
+            raise CheckFailed(
+                ex, "the keys update returns are not every key so far, in order (write_kv)"
+            )
+        if past == 0 and got[2] is not None and not torch.equal(got[2], _causal_mask(T, 0)):
+            raise CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
+        if past == 3 and (got[2] is None or not torch.equal(got[2], _causal_mask(T, past))):
+            raise CheckFailed(ex, named(CACHE_MISTAKES, "no mask").message)
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -1029,10 +1059,10 @@ def check_simple_kv_cache(cls) -> None:
             raise CheckFailed(
                 ex,
                 "in a model, the cached logits differ from one full pass: "
-                "check that update writes at the cache's length and returns "
-                "every key and value so far",
+                "check that update writes at the layer's position and returns "
+                "every key and value so far, with the mask",
             )
-    passed(ex, "buffers, position, and a tiny model's cached logits equal its full pass")
+    passed(ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass")
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
@@ -1043,8 +1073,18 @@ def _stuck_cache():
     from gpt2lib.chapters.decoding import SimpleKVCache
 
     class StuckCache(SimpleKVCache):
-        def advance(self, T):
-            pass
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for layer in self.layers:
+                plain = layer.update
+
+                def update(k, v, layer=layer, plain=plain):
+                    held = layer.position
+                    result = plain(k, v)
+                    layer.position = held  # never moves: each call overwrites the first slots
+                    return result
+
+                layer.update = update
 
     return StuckCache
 
@@ -1061,10 +1101,10 @@ def _shuffled_prefill_cache():
                 plain = layer.update
 
                 def update(k, v, plain=plain):
-                    k_all, v_all = plain(k, v)
+                    k_all, v_all, visible = plain(k, v)
                     if k.shape[2] == 1:
-                        return k_all, v_all
-                    return k_all.flip(2), v_all.flip(2)
+                        return k_all, v_all, visible
+                    return k_all.flip(2), v_all.flip(2), visible
 
                 layer.update = update
 
