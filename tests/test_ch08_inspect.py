@@ -999,3 +999,36 @@ def test_next_token_logprobs_reads_the_figure_of_the_chapter(model):
     assert right.shape == (model.config.n_layer + 1, 2, 6)
     want = logits[:, :-1].log_softmax(-1).gather(-1, idx[:, 1:, None])[..., 0]
     assert torch.allclose(right[-1], want, atol=1e-4)
+
+
+def test_run_with_cache_is_one_forward_and_records_what_a_replaced_attention_computed(hub_dir, idx):
+    """c_attn runs once a block (the pattern is not recomputed), and with one block's
+    attention replaced by a subclass that attends evenly, the recorded pattern is the subclass's."""
+    import torch.nn.functional as F
+
+    from gpt2lib.chapters.attention import CausalSelfAttention, merge_heads, split_heads
+
+    class EvenAttention(CausalSelfAttention):
+        def forward(self, x, kv_cache=None):
+            B, T, C = x.shape
+            q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(C, dim=2))
+            even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]  # (T, T)
+            pattern = self.hook_pattern(even.expand(B, self.n_head, T, T))
+            return self.resid_dropout(self.c_proj(merge_heads(F.dropout(pattern, 0.0) @ v)))
+
+    model = from_pretrained(hub_dir, device="cpu")
+    calls = []
+    for block in model.h:
+        block.attn.c_attn.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, idx, capture="attn", ablate_heads={0: [1]})
+    assert len(calls) == SMALL["n_layer"]  # one forward, ablation included
+    model.h[1].attn.__class__ = EvenAttention
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, idx, capture="attn")
+        plain = model(idx)
+    T = idx.shape[1]
+    even = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+    torch.testing.assert_close(cache.attn[1], even.expand_as(cache.attn[1]))
+    assert not torch.allclose(cache.attn[0], even.expand_as(cache.attn[0]))
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)  # what the model computed
