@@ -327,11 +327,7 @@ def _module_text(module: str, cells: list[_ExportedCell], titles: dict[str, str]
     tree = _parse(body, where)
     if ast.get_docstring(tree, clean=False) is None:
         taught = " and ".join(f"{titles[s]} ({s})" for s in sources)
-        doc = (
-            f'"""The code of {taught}.\n\nRead the chapter to see how and why it works; the '
-            f'course build writes this\nfile from the chapter\'s `export` cells.\n"""'
-        )
-        body = doc + "\n\n" + body
+        body = f'"""{taught}: the code its export cells hold."""' + "\n\n" + body
         tree = _parse(body, where)
     names = _public_names(tree)
     if names is not None:
@@ -512,16 +508,11 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
 
 
 def _package_text(modules: dict[str, list[_ExportedCell]]) -> str:
-    """gpt2lib/chapters/__init__.py: a docstring that lists which chapter writes which module."""
-    rows = "".join(
-        f"    {module}: {' and '.join(dict.fromkeys(c.source for c in cells))}\n"
-        for module, cells in sorted(modules.items())
-    )
+    """gpt2lib/chapters/__init__.py: a docstring that says what the folder is."""
     body = format_module(
-        '"""The code the chapters write, generated from their `export` cells; nothing else lives '
-        "here.\n\nEach module, and the notebook it comes from:\n\n"
-        + rows
-        + "\nThe course build owns this folder: edit the notebooks, then run\n"
+        '"""The code the chapters write, generated from the `export` cells of solutions/.\n\n'
+        "Nothing else lives here: each module's first line names the notebook it comes from, and\n"
+        "the course build owns the folder. Edit the notebooks, then run\n"
         '`python -m gpt2lib.course build`.\n"""\n',
         f"{CHAPTERS_DIR.as_posix()}/__init__.py",
     )
