@@ -902,8 +902,8 @@ def test_generated_module_has_a_docstring_all_and_a_comment_per_cell(fake_course
     namespace: dict = {}
     exec(compile(text, "bpe.py", "exec"), namespace)
     # No docstring in the notebook: one naming the chapter is generated.
-    assert namespace["__doc__"].startswith(
-        "The code of Chapter 1: a fake chapter (solutions/01_tokenizer.ipynb)."
+    assert namespace["__doc__"] == (
+        "Chapter 1: a fake chapter (solutions/01_tokenizer.ipynb): the code its export cells hold."
     )
     assert namespace["__all__"] == ["SCALE", "add"]  # public names it defines, not imports
     assert "# %% solutions/01_tokenizer.ipynb, cell 1\nimport math" in text
