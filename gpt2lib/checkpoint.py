@@ -15,10 +15,12 @@ atomically.
 `gpt2lib.from_pretrained` (gpt2lib.model) calls `load_pretrained` with the model class that
 carries the methods; `gpt2lib.save_pretrained` is `save_pretrained`.
 
-A save writes both files beside their targets first (hidden temp files, flushed to disk),
-then renames the weights, then the config. The weights file carries a copy of its config in
-its metadata, so a save killed between the two renames is finished by the next load or save;
-a save killed earlier leaves the old model and a temp file that the next load or save removes.
+A save writes both files as one unit (`gpt2lib.files.save_files`): into a hidden folder
+inside the target, flushed to disk, then a commit record, then the renames (the weights, then
+the config). A save killed after its commit record is finished by the next load or save; one
+killed earlier leaves the old model and a hidden folder that the next load or save removes.
+The weights file also carries a copy of its config in its metadata (what earlier versions
+finished a killed save by).
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-import secrets
-import shutil
-from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -39,7 +37,7 @@ from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.weights import is_mask_buffer, iter_safetensors, load_weights
 from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.files import atomic_write, fsync_dir, fsync_file
+from gpt2lib.files import folder_lock, fsync_dir, recover_saves, save_files, stale_saves
 from gpt2lib.validation import (
     DATA_DIR,
     DTYPE_NAMES,
@@ -68,6 +66,7 @@ __all__ = [
     "load_pretrained",
     "read_config",
     "read_config_dict",
+    "read_safetensors",
     "resolve_checkpoint",
     "save_pretrained",
     "standin_folder",
@@ -97,9 +96,8 @@ _HUB_CONFIG_EXTRA = {
     "tie_word_embeddings": True,
 }
 # A save writes into its own hidden folder, .gpt2lib-save.<pid>.<random>, inside the target
-# folder (same file system, so the renames are atomic). The safetensors library writes its
-# own temp file beside the file it is asked for, so that one lands in there too.
-_SAVE_DIR = re.compile(r"^\.gpt2lib-save\.(\d+)\.[0-9a-f]+$")
+# folder (gpt2lib.files.save_files). The safetensors library writes its own temp file beside
+# the file it is asked for, so that one lands in there too.
 _LEGACY_TEMPS = (WEIGHTS_FILE + ".partial",)  # what earlier versions wrote beside the weights
 
 
@@ -471,57 +469,38 @@ def _header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
+def read_safetensors(path) -> tuple[dict, dict]:
+    """({name: tensor}, metadata) of a whole safetensors file, read by the safetensors library
+    (no unpickling; a truncated, oversized or corrupt file is refused with a CheckpointError
+    naming the file). For small files (adapters): every tensor is read into memory."""
+    path = Path(path)
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as exc:  # safetensors raises its own error types for every kind of damage
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(
+            f"{str(path)!r} is not a valid safetensors file (truncated or corrupt: {first}); "
+            "delete it and save it again"
+        ) from None
+    return tensors, metadata
+
+
 # --------------------------------------------------------------------------- locks and temp files
 
 
-@contextmanager
 def _folder_lock(folder: Path, exclusive: bool):
-    """flock on the folder itself: saves are exclusive, loads shared (where the OS has flock)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock; the renames are still atomic
-        yield
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        except OSError:  # a file system without locks
-            pass
-        yield
-    finally:
-        os.close(fd)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid() or os.name == "nt":
-        return True  # another thread of this process; on Windows os.kill would end the process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
+    """The folder's lock (gpt2lib.files.folder_lock): saves exclusive, loads shared."""
+    return folder_lock(folder, exclusive)
 
 
 def _stale_temps(folder: Path) -> list:
     """What dead saves left in `folder`: their hidden save folders (and earlier versions'
     `.partial` file)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = _SAVE_DIR.match(name)
-        if (match and not _alive(int(match.group(1)))) or name in _LEGACY_TEMPS:
-            found.append(folder / name)
-    return found
+    return stale_saves(folder, _LEGACY_TEMPS)
 
 
 def _metadata_config(weights: Path) -> str | None:
@@ -534,35 +513,27 @@ def _metadata_config(weights: Path) -> str | None:
         return None
 
 
-def _recover(folder: Path) -> None:
-    """Finish or undo saves that were killed (call with the folder locked exclusively).
-
-    A dead save whose folder still holds its config.json, and whose text is the config the
-    weights file now carries, got as far as renaming the weights: renaming its config too
-    finishes that save. Anything else a dead save left is an unfinished write beside an intact
-    model, and is removed."""
-    stale = _stale_temps(folder)
-    if not stale:
-        return
+def _finish_legacy_save(save_dir: Path) -> None:
+    """A save of an earlier version (no commit record) whose folder still holds its
+    config.json, and whose text is the config the weights file now carries, got as far as
+    renaming the weights: renaming its config too finishes that save."""
+    folder = save_dir.parent
+    pending = save_dir / CONFIG_FILE
     carried = _metadata_config(folder / WEIGHTS_FILE)
-    for path in stale:
-        try:
-            pending = path / CONFIG_FILE
-            if (
-                path.is_dir()
-                and not (path / WEIGHTS_FILE).exists()
-                and pending.is_file()
-                and carried is not None
-                and pending.read_text(encoding="utf-8") == carried
-            ):
-                os.replace(pending, folder / CONFIG_FILE)
-                fsync_dir(folder)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only folder: nothing of ours can be there to clean
+    if (
+        not (save_dir / WEIGHTS_FILE).exists()
+        and pending.is_file()
+        and carried is not None
+        and pending.read_text(encoding="utf-8") == carried
+    ):
+        os.replace(pending, folder / CONFIG_FILE)
+        fsync_dir(folder)
+
+
+def _recover(folder: Path) -> None:
+    """Finish or undo saves that were killed (call with the folder locked exclusively); see
+    gpt2lib.files.recover_saves."""
+    recover_saves(folder, _finish_legacy_save, _LEGACY_TEMPS)
 
 
 # --------------------------------------------------------------------------- from_pretrained
@@ -828,38 +799,25 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
     del reference
     metadata = {"format": "pt", CONFIG_METADATA_KEY: config_text}
 
-    # 3. write beside the targets, then rename: weights first, then the config
-    folder.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(folder, exclusive=True):
-        _recover(folder)
-        refuse_existing()  # another process may have saved here since the first look
-        staging = folder / f".gpt2lib-save.{os.getpid()}.{secrets.token_hex(4)}"
-        weights_tmp, config_tmp = staging / WEIGHTS_FILE, staging / CONFIG_FILE
-        weights_in_place = False
-        try:
-            staging.mkdir()
-            save_file(tensors, str(weights_tmp), metadata=metadata)
-            fsync_file(weights_tmp)
-            atomic_write(config_tmp, config_text)
-            os.replace(weights_tmp, folder / WEIGHTS_FILE)
-            weights_in_place = True
-            os.replace(config_tmp, folder / CONFIG_FILE)
-            fsync_dir(folder)
-            shutil.rmtree(staging, ignore_errors=True)
-        except BaseException as exc:
-            if weights_in_place:  # finish the save rather than leave a mixed folder
-                try:
-                    os.replace(config_tmp, folder / CONFIG_FILE)
-                except OSError:
-                    pass  # the next load or save finishes it (see _recover)
-            if not weights_in_place or not config_tmp.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError) and not weights_in_place:
-                raise OSError(
-                    exc.errno,
-                    f"could not write the model into {str(folder)!r} "
-                    f"({exc.strerror or exc}); the folder holds what it held "
-                    "before",
-                ) from None
+    # 3. one unit (gpt2lib.files.save_files): both files into a hidden folder, a commit
+    # record, then the renames, weights first; killed saves are finished or undone first
+    try:
+        save_files(
+            folder,
+            {
+                WEIGHTS_FILE: lambda path: save_file(tensors, str(path), metadata=metadata),
+                CONFIG_FILE: config_text,
+            },
+            before=refuse_existing,  # another process may have saved here since the first look
+            legacy=_finish_legacy_save,
+            legacy_names=_LEGACY_TEMPS,
+        )
+    except OSError as exc:
+        if isinstance(exc, FileExistsError):
             raise
+        raise OSError(
+            exc.errno,
+            f"could not write the model into {str(folder)!r} ({exc.strerror or exc}); the "
+            "folder holds what it held before",
+        ) from None
     return folder
