@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -142,8 +143,11 @@ class HubUnreachable(CheckpointError):
     def __init__(self, name: str, reason: str, offline: bool = False):
         self.name, self.reason, self.offline = name, reason, offline
         hint = _standin_hint(
-            "from_pretrained('{folder}'), or, for the chapters, start "
-            "Jupyter with GPT2LIB_CHECKPOINT={folder}"
+            "from_pretrained('{folder}'). A name such as "
+            f"{name!r} always means OpenAI's model, whatever the environment says; "
+            "GPT2LIB_CHECKPOINT={folder} changes only what the chapters' loading cells "
+            "(gpt2lib.course.models.chapter_checkpoint) and `python -m gpt2lib generate` "
+            "without --model load, so set it before starting Jupyter for the chapters"
         )
         super().__init__(
             f"the weights of {name!r} are not in the local Hugging Face cache, and the hub "
@@ -588,6 +592,7 @@ def _load(folder: Path, device, dtype, model_cls):
         if key in shapes:
             raise CheckpointError(f"{where} holds {key!r} twice (with and without prefix)")
         shapes[key] = tuple(info["shape"])
+    _check_layer_count(config, shapes, where)  # before building: a huge n_layer takes long
     with torch.device("meta"):
         probe = model_cls(config)
     check_fits(probe, shapes, where=where)
@@ -631,6 +636,30 @@ def _load(folder: Path, device, dtype, model_cls):
             "tensors that are not in the checkpoint (non-persistent buffers?)"
         )
     return model.eval()
+
+
+def _check_layer_count(config, shapes: dict, where: str) -> None:
+    """Refuse weights whose blocks (h.0, h.1, ...) are not the n_layer of config.json, before a
+    model of that many layers is built (4,096 layers took half a minute to be refused)."""
+    found = set()
+    for name in shapes:
+        match = re.match(r"^h\.(\d+)\.", name)
+        if match:
+            found.add(int(match.group(1)))
+    expected = set(range(config.n_layer))
+    if found and found != expected:
+        missing, extra = sorted(expected - found), sorted(found - expected)
+        listed = [
+            f"{kind}: {', '.join(f'h.{i}.*' for i in blocks[:4])}"
+            f"{f' and {len(blocks) - 4} more' if len(blocks) > 4 else ''}"
+            for kind, blocks in (("missing keys", missing), ("unexpected keys", extra))
+            if blocks
+        ]
+        raise CheckpointError(
+            f"{where} does not fit its {CONFIG_FILE}: the config says n_layer={config.n_layer}, "
+            f"but the weights hold {len(found)} block(s); {'; '.join(listed)}. The two files "
+            "do not belong together"
+        )
 
 
 def download(names, out=None) -> list:
