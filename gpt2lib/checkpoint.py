@@ -26,7 +26,6 @@ finished a killed save by).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import asdict, fields
@@ -45,6 +44,8 @@ from gpt2lib.validation import (
     GPT2_SIZES,
     HUB_ORG,
     SAFETENSORS_DTYPES,
+    check_real,
+    check_whole,
     released_name,
 )
 
@@ -299,16 +300,13 @@ def _config_problem(values: dict) -> str | None:
     for f in fields(GPT2Config):
         if f.name not in values:
             continue
-        value = values[f.name]
-        if f.type in (int, "int"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"has a bad value: {f.name} must be a whole number, got {value!r}"
-        elif f.type not in (float, "float"):
-            continue  # a field of another kind: GPT2Config checks it
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"has a bad value: {f.name} must be a number, got {value!r}"
-        elif not math.isfinite(value):
-            return f"has a bad value: {f.name} must be a finite number, got {value!r}"
+        try:
+            if f.type in (int, "int"):
+                check_whole(f.name, values[f.name])
+            elif f.type in (float, "float"):
+                check_real(f.name, values[f.name])
+        except (TypeError, ValueError) as exc:  # other kinds of field: GPT2Config checks them
+            return f"has a bad value: {exc}"
     n_embd = values.get("n_embd", GPT2Config.n_embd)
     if values.get("n_inner") not in (None, 4 * n_embd):
         return f"sets n_inner={values['n_inner']!r}; this GPT-2's MLP is 4 * n_embd wide"
