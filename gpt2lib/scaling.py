@@ -25,8 +25,16 @@ with its decay_groups, get_batch's windows) and adds what several processes need
 - bf16 autocast and TF32 on CUDA, torch.compile as an option, fused AdamW on CUDA, the
   vocabulary padded to a multiple of 64 as an option (50,257 -> 50,304).
 - rank 0 writes DIR/log.jsonl (one line per optimizer step: step, loss, lr, tokens_per_s,
-  mfu) and the checkpoints; DIR/checkpoint.pt holds model, optimizer, step, every rank's RNG
-  state and the data position, written beside and renamed into place.
+  mfu) and the checkpoints; DIR/checkpoint.safetensors holds model, optimizer, step, every
+  rank's RNG state, the data position and which token files were read, written beside and
+  renamed into place. It is a safetensors file with the rest of the state as JSON in its
+  metadata: resuming never unpickles anything, and every field is checked first.
+- the run folder is locked while a run uses it (DIR/.gpt2lib-run.lock, through the filelock
+  library; the lock goes with the process, kill -9 included): a second run in it is refused
+  at once. A run never replaces a file it did not write (a --log-file of someone's notes, a
+  --config inside DIR, a folder holding another run's model).
+- every setting, token file and checkpoint is checked before the first step; a loss that
+  becomes NaN or infinite stops the run, naming the step and the learning rate.
 
 Several machines: torchrun's own rendezvous, nothing here changes. On every node:
 
@@ -403,6 +411,7 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 # truncated or damaged file, and every field is checked before the run uses it.
 
 _METADATA_KEY = "gpt2lib.training"
+_ARRAY_DTYPES = ("uint32", "int32", "int64", "float64")  # numpy arrays a state may hold
 _MAX_METADATA_BYTES = 64 << 20  # the JSON part: settings, optimizer groups, RNG states (~50 KB)
 
 
@@ -412,17 +421,20 @@ def _flatten(value, tensors: dict, seen: dict, depth: int = 0):
         raise TypeError("the training state is nested too deeply to be saved")
     if isinstance(value, torch.Tensor):
         tensor = value.detach().to("cpu")
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        key = tensor.untyped_storage().data_ptr()
         if key in seen or not tensor.is_contiguous():  # safetensors wants its own memory
             tensor = tensor.contiguous().clone()
         seen[key] = True
         name = f"t{len(tensors)}"
         tensors[name] = tensor
         return {"__tensor__": name}
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray):  # numpy's random state: uint32 keys
+        if value.dtype.kind not in "iuf" or value.dtype.name not in _ARRAY_DTYPES:
+            raise TypeError(f"a training checkpoint cannot hold a {value.dtype} array")
         name = f"t{len(tensors)}"
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(value).astype(np.int64))
-        return {"__ndarray__": name, "dtype": str(value.dtype)}
+        wide = np.float64 if value.dtype.kind == "f" else np.int64  # holds every value exactly
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(value).astype(wide))
+        return {"__ndarray__": name, "dtype": value.dtype.name}
     if isinstance(value, (bool, str)) or value is None:
         return value
     if isinstance(value, (int, np.integer)):
@@ -464,7 +476,7 @@ def _unflatten(tree, handle, where: str):
             return tensor(node["__tensor__"])
         if "__ndarray__" in node:
             dtype = node.get("dtype")
-            if dtype not in ("uint32", "int64", "int32", "uint64", "float64"):
+            if dtype not in _ARRAY_DTYPES:
                 raise TrainingSetupError(f"{where} holds an array of unknown dtype {dtype!r}")
             return tensor(node["__ndarray__"]).numpy().astype(dtype)
         if "__float__" in node:
