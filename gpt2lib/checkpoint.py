@@ -15,21 +15,20 @@ atomically.
 `gpt2lib.from_pretrained` (gpt2lib.model) calls `load_pretrained` with the model class that
 carries the methods; `gpt2lib.save_pretrained` is `save_pretrained`.
 
-A save writes both files beside their targets first (hidden temp files, flushed to disk),
-then renames the weights, then the config. The weights file carries a copy of its config in
-its metadata, so a save killed between the two renames is finished by the next load or save;
-a save killed earlier leaves the old model and a temp file that the next load or save removes.
+A save writes both files as one unit (`gpt2lib.files.save_files`): into a hidden folder
+inside the target, flushed to disk, then a commit record, then the renames (the weights, then
+the config). A save killed after its commit record is finished by the next load or save; one
+killed earlier leaves the old model and a hidden folder that the next load or save removes.
+The weights file also carries a copy of its config in its metadata (what earlier versions
+finished a killed save by).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
-import secrets
-import shutil
 import threading
 from contextlib import contextmanager
 from dataclasses import asdict, fields
@@ -41,13 +40,15 @@ from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.weights import is_mask_buffer, iter_safetensors, load_weights
 from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.files import atomic_write, fsync_dir, fsync_file
+from gpt2lib.files import folder_lock, fsync_dir, recover_saves, save_files, stale_saves
 from gpt2lib.validation import (
     DATA_DIR,
     DTYPE_NAMES,
     GPT2_SIZES,
     HUB_ORG,
     SAFETENSORS_DTYPES,
+    check_real,
+    check_whole,
     released_name,
 )
 
@@ -70,6 +71,7 @@ __all__ = [
     "load_pretrained",
     "read_config",
     "read_config_dict",
+    "read_safetensors",
     "resolve_checkpoint",
     "save_pretrained",
     "standin_folder",
@@ -99,9 +101,8 @@ _HUB_CONFIG_EXTRA = {
     "tie_word_embeddings": True,
 }
 # A save writes into its own hidden folder, .gpt2lib-save.<pid>.<random>, inside the target
-# folder (same file system, so the renames are atomic). The safetensors library writes its
-# own temp file beside the file it is asked for, so that one lands in there too.
-_SAVE_DIR = re.compile(r"^\.gpt2lib-save\.(\d+)\.[0-9a-f]+$")
+# folder (gpt2lib.files.save_files). The safetensors library writes its own temp file beside
+# the file it is asked for, so that one lands in there too.
 _LEGACY_TEMPS = (WEIGHTS_FILE + ".partial",)  # what earlier versions wrote beside the weights
 
 
@@ -196,8 +197,11 @@ class HubUnreachable(CheckpointError):
     def __init__(self, name: str, reason: str, offline: bool = False):
         self.name, self.reason, self.offline = name, reason, offline
         hint = _standin_hint(
-            "from_pretrained('{folder}'), or, for the chapters, start "
-            "Jupyter with GPT2LIB_CHECKPOINT={folder}"
+            "from_pretrained('{folder}'). A name such as "
+            f"{name!r} always means OpenAI's model, whatever the environment says; "
+            "GPT2LIB_CHECKPOINT={folder} changes only what the chapters' loading cells "
+            "(gpt2lib.course.models.chapter_checkpoint) and `python -m gpt2lib generate` "
+            "without --model load, so set it before starting Jupyter for the chapters"
         )
         super().__init__(
             f"the weights of {name!r} are not in the local Hugging Face cache, and the hub "
@@ -349,16 +353,13 @@ def _config_problem(values: dict) -> str | None:
     for f in fields(GPT2Config):
         if f.name not in values:
             continue
-        value = values[f.name]
-        if f.type in (int, "int"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"has a bad value: {f.name} must be a whole number, got {value!r}"
-        elif f.type not in (float, "float"):
-            continue  # a field of another kind: GPT2Config checks it
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"has a bad value: {f.name} must be a number, got {value!r}"
-        elif not math.isfinite(value):
-            return f"has a bad value: {f.name} must be a finite number, got {value!r}"
+        try:
+            if f.type in (int, "int"):
+                check_whole(f.name, values[f.name])
+            elif f.type in (float, "float"):
+                check_real(f.name, values[f.name])
+        except (TypeError, ValueError) as exc:  # other kinds of field: GPT2Config checks them
+            return f"has a bad value: {exc}"
     n_embd = values.get("n_embd", GPT2Config.n_embd)
     if values.get("n_inner") not in (None, 4 * n_embd):
         return f"sets n_inner={values['n_inner']!r}; this GPT-2's MLP is 4 * n_embd wide"
@@ -523,57 +524,38 @@ def _header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
+def read_safetensors(path) -> tuple[dict, dict]:
+    """({name: tensor}, metadata) of a whole safetensors file, read by the safetensors library
+    (no unpickling; a truncated, oversized or corrupt file is refused with a CheckpointError
+    naming the file). For small files (adapters): every tensor is read into memory."""
+    path = Path(path)
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as exc:  # safetensors raises its own error types for every kind of damage
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(
+            f"{str(path)!r} is not a valid safetensors file (truncated or corrupt: {first}); "
+            "delete it and save it again"
+        ) from None
+    return tensors, metadata
+
+
 # --------------------------------------------------------------------------- locks and temp files
 
 
-@contextmanager
 def _folder_lock(folder: Path, exclusive: bool):
-    """flock on the folder itself: saves are exclusive, loads shared (where the OS has flock)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock; the renames are still atomic
-        yield
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        except OSError:  # a file system without locks
-            pass
-        yield
-    finally:
-        os.close(fd)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid() or os.name == "nt":
-        return True  # another thread of this process; on Windows os.kill would end the process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
+    """The folder's lock (gpt2lib.files.folder_lock): saves exclusive, loads shared."""
+    return folder_lock(folder, exclusive)
 
 
 def _stale_temps(folder: Path) -> list:
     """What dead saves left in `folder`: their hidden save folders (and earlier versions'
     `.partial` file)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = _SAVE_DIR.match(name)
-        if (match and not _alive(int(match.group(1)))) or name in _LEGACY_TEMPS:
-            found.append(folder / name)
-    return found
+    return stale_saves(folder, _LEGACY_TEMPS)
 
 
 def _metadata_config(weights: Path) -> str | None:
@@ -586,35 +568,27 @@ def _metadata_config(weights: Path) -> str | None:
         return None
 
 
-def _recover(folder: Path) -> None:
-    """Finish or undo saves that were killed (call with the folder locked exclusively).
-
-    A dead save whose folder still holds its config.json, and whose text is the config the
-    weights file now carries, got as far as renaming the weights: renaming its config too
-    finishes that save. Anything else a dead save left is an unfinished write beside an intact
-    model, and is removed."""
-    stale = _stale_temps(folder)
-    if not stale:
-        return
+def _finish_legacy_save(save_dir: Path) -> None:
+    """A save of an earlier version (no commit record) whose folder still holds its
+    config.json, and whose text is the config the weights file now carries, got as far as
+    renaming the weights: renaming its config too finishes that save."""
+    folder = save_dir.parent
+    pending = save_dir / CONFIG_FILE
     carried = _metadata_config(folder / WEIGHTS_FILE)
-    for path in stale:
-        try:
-            pending = path / CONFIG_FILE
-            if (
-                path.is_dir()
-                and not (path / WEIGHTS_FILE).exists()
-                and pending.is_file()
-                and carried is not None
-                and pending.read_text(encoding="utf-8") == carried
-            ):
-                os.replace(pending, folder / CONFIG_FILE)
-                fsync_dir(folder)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only folder: nothing of ours can be there to clean
+    if (
+        not (save_dir / WEIGHTS_FILE).exists()
+        and pending.is_file()
+        and carried is not None
+        and pending.read_text(encoding="utf-8") == carried
+    ):
+        os.replace(pending, folder / CONFIG_FILE)
+        fsync_dir(folder)
+
+
+def _recover(folder: Path) -> None:
+    """Finish or undo saves that were killed (call with the folder locked exclusively); see
+    gpt2lib.files.recover_saves."""
+    recover_saves(folder, _finish_legacy_save, _LEGACY_TEMPS)
 
 
 # --------------------------------------------------------------------------- from_pretrained
@@ -669,6 +643,7 @@ def _load(folder: Path, device, dtype, model_cls):
         if key in shapes:
             raise CheckpointError(f"{where} holds {key!r} twice (with and without prefix)")
         shapes[key] = tuple(info["shape"])
+    _check_layer_count(config, shapes, where)  # before building: a huge n_layer takes long
     with fills_skipped_on_meta(), torch.device("meta"):
         probe = model_cls(config)
     check_fits(probe, shapes, where=where)
@@ -713,6 +688,30 @@ def _load(folder: Path, device, dtype, model_cls):
             "tensors that are not in the checkpoint (non-persistent buffers?)"
         )
     return model.eval()
+
+
+def _check_layer_count(config, shapes: dict, where: str) -> None:
+    """Refuse weights whose blocks (h.0, h.1, ...) are not the n_layer of config.json, before a
+    model of that many layers is built (4,096 layers took half a minute to be refused)."""
+    found = set()
+    for name in shapes:
+        match = re.match(r"^h\.(\d+)\.", name)
+        if match:
+            found.add(int(match.group(1)))
+    expected = set(range(config.n_layer))
+    if found and found != expected:
+        missing, extra = sorted(expected - found), sorted(found - expected)
+        listed = [
+            f"{kind}: {', '.join(f'h.{i}.*' for i in blocks[:4])}"
+            f"{f' and {len(blocks) - 4} more' if len(blocks) > 4 else ''}"
+            for kind, blocks in (("missing keys", missing), ("unexpected keys", extra))
+            if blocks
+        ]
+        raise CheckpointError(
+            f"{where} does not fit its {CONFIG_FILE}: the config says n_layer={config.n_layer}, "
+            f"but the weights hold {len(found)} block(s); {'; '.join(listed)}. The two files "
+            "do not belong together"
+        )
 
 
 def download(names, out=None) -> list:
@@ -881,38 +880,25 @@ def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
     del reference
     metadata = {"format": "pt", CONFIG_METADATA_KEY: config_text}
 
-    # 3. write beside the targets, then rename: weights first, then the config
-    folder.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(folder, exclusive=True):
-        _recover(folder)
-        refuse_existing()  # another process may have saved here since the first look
-        staging = folder / f".gpt2lib-save.{os.getpid()}.{secrets.token_hex(4)}"
-        weights_tmp, config_tmp = staging / WEIGHTS_FILE, staging / CONFIG_FILE
-        weights_in_place = False
-        try:
-            staging.mkdir()
-            save_file(tensors, str(weights_tmp), metadata=metadata)
-            fsync_file(weights_tmp)
-            atomic_write(config_tmp, config_text)
-            os.replace(weights_tmp, folder / WEIGHTS_FILE)
-            weights_in_place = True
-            os.replace(config_tmp, folder / CONFIG_FILE)
-            fsync_dir(folder)
-            shutil.rmtree(staging, ignore_errors=True)
-        except BaseException as exc:
-            if weights_in_place:  # finish the save rather than leave a mixed folder
-                try:
-                    os.replace(config_tmp, folder / CONFIG_FILE)
-                except OSError:
-                    pass  # the next load or save finishes it (see _recover)
-            if not weights_in_place or not config_tmp.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError) and not weights_in_place:
-                raise OSError(
-                    exc.errno,
-                    f"could not write the model into {str(folder)!r} "
-                    f"({exc.strerror or exc}); the folder holds what it held "
-                    "before",
-                ) from None
+    # 3. one unit (gpt2lib.files.save_files): both files into a hidden folder, a commit
+    # record, then the renames, weights first; killed saves are finished or undone first
+    try:
+        save_files(
+            folder,
+            {
+                WEIGHTS_FILE: lambda path: save_file(tensors, str(path), metadata=metadata),
+                CONFIG_FILE: config_text,
+            },
+            before=refuse_existing,  # another process may have saved here since the first look
+            legacy=_finish_legacy_save,
+            legacy_names=_LEGACY_TEMPS,
+        )
+    except OSError as exc:
+        if isinstance(exc, FileExistsError):
             raise
+        raise OSError(
+            exc.errno,
+            f"could not write the model into {str(folder)!r} ({exc.strerror or exc}); the "
+            "folder holds what it held before",
+        ) from None
     return folder

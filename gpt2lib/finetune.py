@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
+import math
 import os
 import re
 from collections import Counter
@@ -42,9 +42,9 @@ from gpt2lib.chapters.tuning import (
     response_loss,
     speaker_batch,
 )
-from gpt2lib.checkpoint import read_config_dict
-from gpt2lib.files import atomic_write
-from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, released_name
+from gpt2lib.checkpoint import CheckpointError, check_values, read_config_dict, read_safetensors
+from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
+from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, check_real, check_whole, released_name
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -87,6 +87,8 @@ _PEFT_PREFIX = "base_model.model.transformer."  # peft's key prefix on transform
 # the layers an adapter can wrap: GPT-2's [in, out] linear layers and its tables (wte, wpe)
 _TARGETABLE = (Conv1D, nn.Embedding)
 SPLITS = ("train", "val", "test")
+MAX_ADAPTER_CONFIG_BYTES = 1 << 20  # an adapter_config.json is about 1 KB
+MAX_RANK = 1 << 16
 
 
 class AdapterError(ValueError):
@@ -129,6 +131,14 @@ class SpeakerData:
 
     def majority_baseline(self, split: str = "test") -> float:
         """The accuracy of always answering the training split's most frequent speaker."""
+        if split not in self.splits:
+            raise ValueError(f"no split {split!r}; the splits are {', '.join(self.splits)}")
+        for name in ("train", split):
+            if not self.splits.get(name):
+                raise ValueError(
+                    f"the {name} split holds no speech, so there is no majority baseline; "
+                    "use a text with more speeches of these speakers"
+                )
         counts = torch.bincount(
             torch.tensor([y for _, y in self.splits["train"]]), minlength=len(self.speakers)
         )
@@ -142,8 +152,7 @@ def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
 
     Split 60/20/20 (train, validation, test), so that the test split holds about 250 speeches
     of the top 8 and one speech is 0.4 points of accuracy."""
-    if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 2:
-        raise ValueError(f"top must be a whole number of speakers, at least 2; got {top!r}")
+    top = check_whole("top", top, 2, why=" (the number of speakers to tell apart)")
     found = speeches(path)
     counts: dict[str, int] = {}
     for speaker, _ in found:
@@ -243,9 +252,8 @@ def _chunks(rows, batch_size):
 
 def classifier(gpt, n_classes: int) -> GPT2Classifier:
     """GPT2Classifier(gpt, n_classes), with n_classes checked (a whole number, at least 2)."""
-    if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral) or n_classes < 2:
-        raise ValueError(f"n_classes must be a whole number, at least 2; got {n_classes!r}")
-    return GPT2Classifier(gpt, int(n_classes))
+    n_classes = check_whole("n_classes", n_classes, 2, why=" (a classifier tells classes apart)")
+    return GPT2Classifier(gpt, n_classes)
 
 
 def _check_labels(model, encoded, n_classes=None):
@@ -255,13 +263,14 @@ def _check_labels(model, encoded, n_classes=None):
             f"the data set has {n_classes} classes but the classifier's head has "
             f"{head} outputs; build the classifier with n_classes={n_classes}"
         )
-    labels = [label for _, label in encoded]
-    bad = [y for y in labels if not (isinstance(y, numbers.Integral) and 0 <= y < head)]
-    if bad:
-        raise ValueError(
-            f"label {bad[0]!r} does not fit the classifier's head of {head} "
-            f"classes (labels 0 to {head - 1}); the class counts do not match"
-        )
+    for _, label in encoded:
+        try:
+            check_whole("label", label, 0, head - 1)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"label {label!r} does not fit the classifier's head of {head} "
+                f"classes (labels 0 to {head - 1}); the class counts do not match"
+            ) from None
 
 
 @torch.no_grad()
@@ -269,6 +278,9 @@ def accuracy(
     model, encoded, pad_id: int, batch_size: int = 32, n_classes=None, progress: bool = True
 ):
     """(accuracy, predictions (N,)) of a classifier on (ids, label) rows, in eval mode."""
+    if len(encoded) == 0:
+        raise ValueError("no rows to measure the accuracy on: the split is empty")
+    batch_size = check_whole("batch_size", batch_size, 1)
     _check_labels(model, encoded, n_classes)
     was_training = model.training
     model.eval()
@@ -276,7 +288,14 @@ def accuracy(
     try:
         for rows in _progress(_chunks(encoded, batch_size), None, "evaluating", progress):
             idx, lengths, _ = speaker_batch(rows, pad_id)
-            predictions.append(model(idx, lengths).argmax(-1))
+            scores = model(idx, lengths)
+            if not bool(torch.isfinite(scores).all()):
+                raise FloatingPointError(
+                    "the classifier's scores hold NaN or infinite values, so its answers would "
+                    "mean nothing (argmax would pick class 0); its weights are not finite, as "
+                    "after a fine-tuning run that diverged"
+                )
+            predictions.append(scores.argmax(-1))
     finally:
         model.train(was_training)
     predictions = torch.cat(predictions)
@@ -307,13 +326,37 @@ def fine_tune(
     """AdamW on the parameters that require grad, `steps` batches drawn from `rows` in shuffled
     order (a new order each pass). loss_of_batch(model, rows) -> scalar loss. head_lr: the
     learning rate of the parameters under `head.` (a new classifier head starts from random
-    and can take larger steps than the pretrained body). Returns the losses."""
-    _whole("steps", steps, 1)
-    _whole("batch_size", batch_size, 1)
+    and can take larger steps than the pretrained body). Returns the losses.
+
+    Every argument is checked before anything trains. A loss that becomes NaN or infinite
+    stops the run with a FloatingPointError naming the step and the learning rate (as chapter
+    7's train does), and so do weights that are no longer finite after the last step: a model
+    that diverged is never handed back as if it had trained."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch model, got {type(model).__name__}")
+    if not callable(loss_of_batch):
+        raise TypeError(
+            f"loss_of_batch must be a function (model, rows) -> loss, got "
+            f"{type(loss_of_batch).__name__}"
+        )
+    steps = check_whole("steps", steps, 1)
+    batch_size = check_whole("batch_size", batch_size, 1)
+    lr = check_real("lr", lr, 0, low_inclusive=False, why=" (fine-tuning uses 1e-5 to 1e-2)")
+    if head_lr is not None:
+        head_lr = check_real("head_lr", head_lr, 0, low_inclusive=False)
+    seed = check_whole("seed", seed, 0, 2**63 - 1)
+    if not isinstance(desc, str):
+        raise TypeError(f"desc must be a str, got {type(desc).__name__}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {progress!r}")
+    try:
+        n_rows = len(rows)
+    except TypeError:
+        raise TypeError(f"rows must be a list of examples, got {type(rows).__name__}") from None
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("no parameter of the model requires grad: nothing would be trained")
-    if len(rows) == 0:
+    if n_rows == 0:
         raise ValueError("no training rows")
     head = [p for n, p in named if n.startswith("head.")] if head_lr is not None else []
     body = [p for n, p in named if not (head_lr is not None and n.startswith("head."))]
@@ -324,17 +367,44 @@ def fine_tune(
     generator = torch.Generator().manual_seed(seed)
     order, losses = [], []
     model.train()
-    for _ in _progress(range(steps), steps, desc, progress):
-        if len(order) < batch_size:
-            order += torch.randperm(len(rows), generator=generator).tolist()
-        batch, order = [rows[i] for i in order[:batch_size]], order[batch_size:]
-        loss = loss_of_batch(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
+    try:
+        for step in _progress(range(steps), steps, desc, progress):
+            if len(order) < batch_size:
+                order += torch.randperm(n_rows, generator=generator).tolist()
+            batch, order = [rows[i] for i in order[:batch_size]], order[batch_size:]
+            loss = loss_of_batch(model, batch)
+            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+            if not math.isfinite(value):
+                raise FloatingPointError(_diverged(f"the loss became {value}", step, lr, head_lr))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(value)
+        broken = [n for n, p in named if not bool(torch.isfinite(p.detach()).all())]
+        if broken:
+            raise FloatingPointError(
+                _diverged(
+                    f"the weights became NaN or infinite ({', '.join(broken[:3])}"
+                    f"{' ...' if len(broken) > 3 else ''})",
+                    steps - 1,
+                    lr,
+                    head_lr,
+                )
+            )
+    finally:
+        model.eval()
     return losses
+
+
+def _diverged(what, step, lr, head_lr):
+    """Chapter 7's words for a run that diverged (gpt2lib.training.train), for fine_tune."""
+    rates = f"learning rate {lr:.3g}" + ("" if head_lr is None else f", head_lr {head_lr:.3g}")
+    return (
+        f"{what} at step {step} ({rates}); training stopped. Lower the learning rate "
+        f"(lr={lr:g}, try {lr / 3:.2g})"
+        + ("" if head_lr is None else f" or head_lr (head_lr={head_lr:g})")
+        + "; the model's weights are those of the diverged run: build or load it again"
+    )
 
 
 def _adamw(groups, lr):
@@ -405,6 +475,9 @@ def mean_response_loss(
     gpt, encoded_pairs, pad_id: int, batch_size: int = 16, progress: bool = True
 ) -> float:
     """The mean loss per response token over (prompt_ids, response_ids) pairs, in eval mode."""
+    if len(encoded_pairs) == 0:
+        raise ValueError("no pairs to measure the response loss on: the split is empty")
+    batch_size = check_whole("batch_size", batch_size, 1)
     was_training = gpt.training
     gpt.eval()
     total, count = 0.0, 0
@@ -416,6 +489,8 @@ def mean_response_loss(
             count += n
     finally:
         gpt.train(was_training)
+    if count == 0:
+        raise ValueError("the pairs hold no response token to measure the loss on")
     return total / count
 
 
@@ -526,14 +601,6 @@ def _lora_parts(layer):
     return {"lora_A.weight": layer.lora_A.weight, "lora_B.weight": layer.lora_B.weight}
 
 
-def _whole(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
-    return int(value)
-
-
 def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
@@ -589,12 +656,11 @@ def apply_lora(
     target named as in `targets` (rank=4, rank_pattern={"wte": 2}: rank 2 on the table, 4 on
     the rest). Returns the model."""
     _check_plain(model, "apply_lora")
-    rank = _whole("rank", rank, 1)
+    rank = _rank(rank)
     alpha = _alpha(alpha)
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
+    dropout = _dropout(dropout)
     chosen = _targets_of(model, targets)
-    ranks = _per_layer(chosen, rank, rank_pattern, "rank_pattern", lambda v: _whole("rank", v, 1))
+    ranks = _per_layer(chosen, rank, rank_pattern, "rank_pattern", _rank)
     alphas = _per_layer(chosen, alpha, alpha_pattern, "alpha_pattern", _alpha)
     for name, layer in chosen.items():
         n_in, n_out = _in_out(layer)
@@ -608,18 +674,63 @@ def apply_lora(
                 f"rank {ranks[name]} is above the width of {name} ({shape}): a "
                 f"rank above {min(n_in, n_out)} adds parameters and no expressiveness"
             )
-    for p in model.parameters():
-        p.requires_grad_(False)
-    _add(model, list(chosen), ranks, alphas, float(dropout))
-    for layer in lora_layers(model).values():
-        layer.to(device=layer.base.weight.device, dtype=layer.base.weight.dtype)
+        _check_scale(name, layer, ranks[name], alphas[name])
+
+    def move(model):
+        for layer in lora_layers(model).values():
+            layer.to(device=layer.base.weight.device, dtype=layer.base.weight.dtype)
+
+    return _install(model, list(chosen), ranks, alphas, dropout, move)
+
+
+def _rank(rank, what="rank"):
+    return check_whole(what, rank, 1, MAX_RANK)
+
+
+def _alpha(alpha, what="alpha"):
+    return check_real(
+        what,
+        alpha,
+        0,
+        low_inclusive=False,
+        why=" (LoRA's scale is alpha / rank; alpha = 2 x rank is usual)",
+    )
+
+
+def _dropout(dropout, what="dropout"):
+    return check_real(
+        what, dropout, 0, 1, high_inclusive=False, why=" (a probability; 0 turns dropout off)"
+    )
+
+
+def _check_scale(name, layer, rank, alpha, where="", what="alpha"):
+    """Refuse a scale alpha / rank that the layer's dtype cannot hold (it would make every
+    output infinite or NaN)."""
+    dtype = layer.weight.dtype
+    if dtype.is_floating_point and alpha / rank > torch.finfo(dtype).max:
+        raise AdapterError(
+            f"{where}{what} {alpha:g} / rank {rank} = {alpha / rank:.3g} on {name} is beyond the "
+            f"largest {str(dtype).removeprefix('torch.')} ({torch.finfo(dtype).max:.3g}): the "
+            "layer would compute infinity or NaN. alpha is usually 1 to 4 times the rank"
+        )
+
+
+def _install(model, names, ranks, alphas, dropout, then):
+    """Freeze the model, add the adapters and run then(model); on any failure put the model
+    back as it was (its layers and which parameters train), so a refusal changes nothing."""
+    trains = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        _add(model, names, ranks, alphas, dropout)
+        then(model)
+    except BaseException:
+        for name, layer in lora_layers(model).items():
+            model.set_submodule(name, layer.base)
+        for n, p in model.named_parameters():
+            p.requires_grad_(trains.get(n, p.requires_grad))
+        raise
     return model
-
-
-def _alpha(alpha):
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
-        raise ValueError(f"alpha must be a number above 0, got {alpha!r}")
-    return float(alpha)
 
 
 def _per_layer(chosen, default, pattern, what, check):
@@ -689,7 +800,14 @@ def merge_lora(model):
 def save_adapter(model, folder, base_model_name_or_path=None):
     """Write the model's adapters in peft's layout: folder/adapter_config.json and
     folder/adapter_model.safetensors (keys `base_model.model.transformer.<name>.lora_A.weight`).
-    Creates the folder; an adapter already there is replaced (written beside, then renamed)."""
+    Creates the folder; an adapter already there is replaced. The two files are one unit
+    (gpt2lib.files.save_files): after a crash at any point the folder holds the old adapter or
+    the new one. Adapters that are NaN or infinite are refused before anything is written."""
+    if base_model_name_or_path is not None and not isinstance(base_model_name_or_path, str):
+        raise TypeError(
+            "base_model_name_or_path must be a str (a hub name or a folder) or None, got "
+            f"{type(base_model_name_or_path).__name__}"
+        )
     from safetensors.torch import save
 
     layers = lora_layers(model)
@@ -727,16 +845,40 @@ def save_adapter(model, folder, base_model_name_or_path=None):
         "modules_to_save": None,
         "init_lora_weights": True,
     }
-    folder = Path(folder).expanduser()
+    folder = _adapter_folder(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the adapter")
-    folder.mkdir(parents=True, exist_ok=True)
     # the base model's sizes ride in the file's metadata (peft ignores it), so that a misfit
     # can be named in the model's terms
     metadata = {"format": "pt", "gpt2lib_base": json.dumps(_base_sizes(model))}
-    atomic_write(folder / ADAPTER_WEIGHTS, save(tensors, metadata=metadata))
-    atomic_write(folder / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
+    try:
+        config_text = json.dumps(config, indent=2, allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise AdapterError(f"the adapter's settings cannot be written ({exc})") from None
+    for name, tensor in tensors.items():
+        try:
+            check_values(name, tensor, "the adapter")
+        except CheckpointError as exc:
+            raise AdapterError(f"{exc}; nothing was written") from None
+    # one unit: the weights and the config change together, or neither does (a kill between
+    # the two renames is finished by the next load or save of the folder)
+    save_files(
+        folder,
+        {
+            ADAPTER_WEIGHTS: save(tensors, metadata=metadata),
+            ADAPTER_CONFIG: config_text,
+        },
+    )
     return folder
+
+
+def _adapter_folder(folder) -> Path:
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
+    text = os.fspath(folder)
+    if not isinstance(text, str) or not text.strip() or "\0" in text:
+        raise ValueError(f"folder must be a non-empty text path, got {text!r}")
+    return Path(text).expanduser()
 
 
 def _pattern(model, values):
@@ -789,53 +931,216 @@ def _base_sizes(model):
 
 
 def _read_adapter(folder):
-    folder = Path(folder).expanduser()
-    missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (folder / f).is_file()]
-    if missing:
+    """(config dict, {key: tensor}, the base model's sizes) of an adapter folder; every file
+    checked (the config's size and JSON, the weights by the safetensors library: no unpickling,
+    truncated or damaged files refused), AdapterError naming the file otherwise. A save into
+    the folder that was killed is finished or undone first, and both files are read under the
+    folder's lock, so they are always the pair one save wrote."""
+    folder = _adapter_folder(folder)
+    if stale_saves(folder):
+        with folder_lock(folder, exclusive=True):
+            recover_saves(folder)
+    with folder_lock(folder, exclusive=False):
+        missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (folder / f).is_file()]
+        if missing:
+            raise AdapterError(
+                f"{str(folder)!r} does not hold {' and '.join(missing)}: an adapter "
+                f"folder (peft's layout) holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}"
+            )
+        config = _read_adapter_config(folder / ADAPTER_CONFIG)
+        try:
+            tensors, metadata = read_safetensors(folder / ADAPTER_WEIGHTS)
+        except CheckpointError as exc:
+            raise AdapterError(str(exc)) from None
+    try:
+        base = json.loads(metadata.get("gpt2lib_base", "null")) or {}
+    except (ValueError, RecursionError):
+        base = {}
+    if not isinstance(base, dict):
+        base = {}
+    return config, tensors, base
+
+
+def _read_adapter_config(path: Path) -> dict:
+    where = repr(str(path))
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_ADAPTER_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise AdapterError(f"{where} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_ADAPTER_CONFIG_BYTES:
         raise AdapterError(
-            f"{str(folder)!r} does not hold {' and '.join(missing)}: an adapter "
-            f"folder (peft's layout) holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}"
+            f"{where} is over {MAX_ADAPTER_CONFIG_BYTES // 1024} KiB; an adapter's config is "
+            "about 1 KiB, so this is not one"
         )
     try:
-        config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterError(
-            f"{str(folder / ADAPTER_CONFIG)!r} is not readable JSON ({exc})"
-        ) from None
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise AdapterError(f"{where} is not readable JSON ({exc})") from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(
-            f"{str(folder / ADAPTER_CONFIG)!r} is not a LoRA adapter's config "
+            f"{where} is not a LoRA adapter's config "
             f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})"
         )
-    from gpt2lib.chapters.weights import iter_safetensors
-    from gpt2lib.checkpoint import CheckpointError
-
-    try:
-        tensors = dict(iter_safetensors(folder / ADAPTER_WEIGHTS))
-    except CheckpointError as exc:
-        raise AdapterError(str(exc)) from None
-    from safetensors import safe_open
-
-    with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-    try:
-        config["_gpt2lib_base"] = json.loads(metadata.get("gpt2lib_base", "null")) or {}
-    except json.JSONDecodeError:
-        config["_gpt2lib_base"] = {}
-    return config, tensors
+    return config
 
 
-def _unsupported(config):
+@dataclass
+class _AdapterSettings:
+    """What an adapter_config.json asks for, every value checked (peft's names and defaults)."""
+
+    r: int
+    lora_alpha: float
+    lora_dropout: float
+    target_modules: str | list[str]
+    rank_pattern: dict
+    alpha_pattern: dict
+    layers_to_transform: int | list[int] | None
+    layers_pattern: list[str]
+    exclude_modules: str | list[str] | None
+
+
+def _adapter_settings(config: dict, where: str) -> _AdapterSettings:
+    """The settings of an adapter_config.json, each value checked before the model is touched;
+    AdapterError naming the file and the value otherwise."""
+
+    def bad(message):
+        return AdapterError(f"{where}: {message}")
+
     problems = []
-    if config.get("bias", "none") != "none":
-        problems.append(f"bias={config['bias']!r} (trained biases)")
-    if config.get("modules_to_save"):
-        problems.append(f"modules_to_save={config['modules_to_save']!r}")
-    if config.get("use_dora"):
-        problems.append("use_dora=true")
-    if config.get("use_rslora"):
-        problems.append("use_rslora=true")
-    return problems
+    for key, harmless in (
+        ("bias", "none"),
+        ("modules_to_save", None),
+        ("use_dora", False),
+        ("use_rslora", False),
+        ("lora_bias", False),
+    ):
+        value = config.get(key, harmless)
+        if value not in (harmless, None, [], False) or (key == "bias" and value != "none"):
+            problems.append(f"{key}={value!r}")
+    if problems:
+        raise AdapterError(
+            f"{where} asks for {', '.join(problems)}, which gpt2lib's LoRA does not implement; "
+            "the model would compute something else, so it is refused"
+        )
+    try:
+        r = _rank(config.get("r", 8), "r")
+        alpha = _alpha(config.get("lora_alpha", 8), "lora_alpha")
+        dropout = _dropout(config.get("lora_dropout", 0.0), "lora_dropout")
+        patterns = {}
+        for key, check in (("rank_pattern", _rank), ("alpha_pattern", _alpha)):
+            pattern = config.get(key) or {}
+            if not isinstance(pattern, dict):
+                raise bad(f"{key} must be an object {{pattern: value}}, got {pattern!r}")
+            patterns[key] = {
+                _regex(k, key, where): check(v, f"{key}[{k!r}]") for k, v in pattern.items()
+            }
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, AdapterError):
+            raise
+        raise bad(exc) from None
+    targets = config.get("target_modules")
+    if targets is None:
+        targets = ["c_attn"]  # peft's default for GPT-2
+    if isinstance(targets, str):
+        if targets != "all-linear":
+            _regex(targets, "target_modules", where, whole=True)
+    elif not (
+        isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)
+    ):
+        raise bad(
+            f"target_modules must be a list of layer names or one regular expression, got "
+            f"{targets!r}"
+        )
+    layers = config.get("layers_to_transform")
+    if layers is not None:
+        try:
+            if isinstance(layers, list):
+                layers = [check_whole("layers_to_transform[]", v, 0) for v in layers]
+            else:
+                layers = check_whole("layers_to_transform", layers, 0)
+        except (TypeError, ValueError) as exc:
+            raise bad(exc) from None
+    layer_pattern = config.get("layers_pattern") or []
+    if isinstance(layer_pattern, str):
+        layer_pattern = [layer_pattern]
+    if not (isinstance(layer_pattern, list) and all(isinstance(p, str) for p in layer_pattern)):
+        raise bad(f"layers_pattern must be a name or a list of names, got {layer_pattern!r}")
+    for pattern in layer_pattern:
+        _regex(pattern, "layers_pattern", where, whole=True)
+    excluded = config.get("exclude_modules")
+    if isinstance(excluded, str):
+        _regex(excluded, "exclude_modules", where, whole=True)
+    elif excluded is not None and not (
+        isinstance(excluded, list) and all(isinstance(t, str) and t for t in excluded)
+    ):
+        raise bad(
+            f"exclude_modules must be a list of layer names or one regular expression, got "
+            f"{excluded!r}"
+        )
+    return _AdapterSettings(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        rank_pattern=patterns["rank_pattern"],
+        alpha_pattern=patterns["alpha_pattern"],
+        layers_to_transform=layers,
+        layers_pattern=layer_pattern,
+        exclude_modules=excluded or None,
+    )
+
+
+def _regex(text, what, where, whole=False) -> str:
+    """`text` if it compiles as the regular expression peft makes of it; AdapterError if not."""
+    if not isinstance(text, str) or not text:
+        raise AdapterError(f"{where}: the keys of {what} must be layer names, got {text!r}")
+    try:
+        re.compile(text if whole else rf"(.*\.)?({text})$")
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise AdapterError(
+            f"{where}: {what} {text!r} is not a valid regular expression ({exc})"
+        ) from None
+    return text
+
+
+def _peft_targets(layers: dict, settings: _AdapterSettings) -> set[str]:
+    """The names of `layers` (gpt2lib's names) that peft adapts under these settings: peft's
+    check_target_module_exists on transformers' names ('transformer.' + ours)."""
+    chosen = set()
+    targets, excluded = settings.target_modules, settings.exclude_modules
+    for name, layer in layers.items():
+        key = "transformer." + name
+        if isinstance(excluded, str):
+            if re.fullmatch(excluded, key):
+                continue
+        elif excluded and (key in excluded or any(key.endswith("." + m) for m in excluded)):
+            continue
+        if targets == "all-linear":
+            found = isinstance(layer, Conv1D)  # every linear layer but the tied readout
+        elif isinstance(targets, str):
+            found = re.fullmatch(targets, key) is not None
+        elif key in targets:
+            found = True  # named in full
+        else:
+            found = any(key.endswith("." + t) for t in targets)
+            wanted = settings.layers_to_transform
+            if found and wanted is not None and wanted != []:
+                match = None
+                if not settings.layers_pattern:  # the first numbered part of the name
+                    match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)
+                for pattern in settings.layers_pattern:
+                    match = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", key)
+                    if match is not None:
+                        break
+                if match is None:
+                    found = False
+                else:
+                    number = int(match.group("idx"))
+                    found = number == wanted if isinstance(wanted, int) else number in wanted
+        if found:
+            chosen.add(name)
+    return chosen
 
 
 def _module_name(key):
@@ -859,19 +1164,18 @@ def _module_name(key):
 def load_adapter(model, folder):
     """Add the adapter saved in `folder` (peft's layout) to a model without adapters, in place.
 
-    Rank, alpha, dropout and the adapted layers come from adapter_config.json. Every check runs
-    before the model is touched: an adapter whose layers or shapes do not fit the model (another
+    Rank, alpha, dropout and the adapted layers come from adapter_config.json, read as peft
+    reads it (target_modules, layers_to_transform, layers_pattern, exclude_modules, rank_pattern,
+    alpha_pattern). Every check runs before the model is touched: each value of the config,
+    the weights file (no unpickling; a truncated or damaged file, and NaN or infinite weights,
+    are refused), and the fit: an adapter whose layers or shapes do not fit the model (another
     width, another number of layers) is refused with an AdapterError naming the misfit, and
     nothing is loaded. Returns the model (adapters trainable, everything else frozen)."""
     _check_plain(model, "load_adapter")
-    config, tensors = _read_adapter(folder)
-    where = str(Path(folder) / ADAPTER_CONFIG)
-    problems = _unsupported(config)
-    if problems:
-        raise AdapterError(
-            f"{where!r} asks for {', '.join(problems)}, which gpt2lib's LoRA does "
-            "not implement; the model would compute something else, so it is refused"
-        )
+    config, tensors, base = _read_adapter(folder)
+    folder = _adapter_folder(folder)
+    where = repr(str(folder / ADAPTER_CONFIG))
+    settings = _adapter_settings(config, where)
     weights: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         named = _module_name(key)
@@ -881,51 +1185,58 @@ def load_adapter(model, folder):
                 "lora_B, lora_embedding_A or lora_embedding_B); gpt2lib loads "
                 "LoRA adapters only"
             )
+        try:
+            check_values(key, tensor, str(folder / ADAPTER_WEIGHTS))
+        except CheckpointError as exc:
+            raise AdapterError(str(exc)) from None
         weights.setdefault(named[0], {})[named[1]] = tensor
     layers = {name: m for name, m in model.named_modules() if isinstance(m, _TARGETABLE)}
-    base = config.get("_gpt2lib_base") or {}
     sizes = _base_sizes(model) or {}
     differ = [
         f"{k} {base[k]} (the model has {sizes[k]})"
         for k in base
         if k in sizes and base[k] != sizes[k]
     ]
+    saved_for = f"; it was saved for {', '.join(differ)}" if differ else ""
     unknown = sorted(set(weights) - set(layers))
     if unknown:
         raise AdapterError(
             f"the adapter in {str(folder)!r} was made for another base model: it "
             f"adapts {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}, "
-            "which this model does not have"
-            + (f"; it was saved for {', '.join(differ)}" if differ else "")
+            "which this model does not have" + saved_for
         )
-    targets = config.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    expected = {
-        n for n in layers if any(_matches(n, t.removeprefix("transformer.")) for t in targets)
-    }
+    targets = settings.target_modules
+    expected = _peft_targets(layers, settings)
     without = sorted(expected - set(weights))
     if without:
         raise AdapterError(
             f"the adapter in {str(folder)!r} was made for another base model: its "
             f"targets {targets} cover {', '.join(without[:4])}"
             f"{' ...' if len(without) > 4 else ''} of this model, but it holds no "
-            "weights for them" + (f"; it was saved for {', '.join(differ)}" if differ else "")
+            "weights for them" + saved_for
+        )
+    extra = sorted(set(weights) - expected)
+    if extra:
+        raise AdapterError(
+            f"the adapter in {str(folder)!r} holds weights for {', '.join(extra[:4])}"
+            f"{' ...' if len(extra) > 4 else ''}, which its config does not adapt "
+            f"(target_modules {targets!r}, layers_to_transform "
+            f"{settings.layers_to_transform!r}, exclude_modules {settings.exclude_modules!r}); "
+            f"its {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} do not belong together"
         )
     names = sorted(weights)
-    ranks = {n: _from_pattern(n, config.get("r"), config.get("rank_pattern")) for n in names}
-    alphas = {
-        n: float(_from_pattern(n, config.get("lora_alpha"), config.get("alpha_pattern")))
-        for n in names
-    }
+    ranks = {n: _from_pattern(n, settings.r, settings.rank_pattern) for n in names}
+    alphas = {n: _from_pattern(n, settings.lora_alpha, settings.alpha_pattern) for n in names}
     for name, parts in sorted(weights.items()):
-        table = isinstance(layers[name], nn.Embedding)
+        layer = layers[name]
+        table = isinstance(layer, nn.Embedding)
         need = {"lora_embedding_A", "lora_embedding_B"} if table else {"lora_A", "lora_B"}
         if set(parts) != need:
             raise AdapterError(
                 f"{str(folder)!r}: {name} has {', '.join(sorted(parts))}; its layer "
-                f"({type(layers[name]).__name__}) needs {' and '.join(sorted(need))}"
+                f"({type(layer).__name__}) needs {' and '.join(sorted(need))}"
             )
-        n_in, n_out = _in_out(layers[name])
+        n_in, n_out = _in_out(layer)
         rank = ranks[name]
         want = {
             "lora_A": (rank, n_in),
@@ -938,19 +1249,37 @@ def load_adapter(model, folder):
                 raise AdapterError(
                     f"the adapter in {str(folder)!r} does not fit this model: {name}.{part} has "
                     f"shape {tuple(tensor.shape)}, but rank {rank} on this model's {name} "
-                    f"({n_in} -> {n_out}) needs {want[part]}"
-                    + (f"; it was saved for {', '.join(differ)}" if differ else "")
+                    f"({n_in} -> {n_out}) needs {want[part]}" + saved_for
                 )
-    for p in model.parameters():
-        p.requires_grad_(False)
-    _add(model, names, ranks, alphas, float(config.get("lora_dropout", 0.0)))
-    with torch.no_grad():
-        for name, layer in lora_layers(model).items():
-            device, dtype = layer.base.weight.device, layer.base.weight.dtype
-            for part, parameter in _lora_parts(layer).items():
-                parameter.copy_(weights[name][part.removesuffix(".weight")].to(device, dtype))
-            layer.to(device=device, dtype=dtype)
-    return model
+        _check_scale(name, layer, rank, alphas[name], f"{where}: ", "lora_alpha")
+        _check_update(folder, name, layer, [parts[p] for p in sorted(need)], rank, alphas[name])
+
+    def copy_weights(model):
+        with torch.no_grad():
+            for name, layer in lora_layers(model).items():
+                device, dtype = layer.base.weight.device, layer.base.weight.dtype
+                for part, parameter in _lora_parts(layer).items():
+                    parameter.copy_(weights[name][part.removesuffix(".weight")].to(device, dtype))
+                layer.to(device=device, dtype=dtype)
+
+    return _install(model, names, ranks, alphas, settings.lora_dropout, copy_weights)
+
+
+def _check_update(folder, name, layer, parts, rank, alpha):
+    """Refuse an adapter whose update could pass the largest number of the layer's dtype:
+    each output of B·A·alpha/rank is at most rank · max|A| · max|B| · alpha/rank."""
+    a, b = parts
+    if a.numel() == 0 or b.numel() == 0:
+        return
+    largest = float(a.abs().max()) * float(b.abs().max()) * alpha
+    dtype = layer.weight.dtype
+    limit = torch.finfo(dtype).max if dtype.is_floating_point else math.inf
+    if not largest <= limit:
+        raise AdapterError(
+            f"the adapter in {str(folder)!r} can add up to {largest:.3g} to {name}'s outputs, "
+            f"beyond the largest {str(dtype).removeprefix('torch.')} ({limit:.3g}): its "
+            f"lora_alpha {alpha:g} is far too large for rank {rank}, or its weights are damaged"
+        )
 
 
 def peft_logits(base_folder, adapter_folder, ids):

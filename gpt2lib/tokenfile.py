@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2lib.files import atomic_write
-from gpt2lib.validation import ENDOFTEXT_ID
+from gpt2lib.files import atomic_write, save_files
+from gpt2lib.validation import ENDOFTEXT_ID, check_real, check_whole
 
 MAGIC = b"GPT2TOK1"
 HEADER_BYTES = 1024
@@ -75,40 +75,68 @@ def write_token_file(
     The file is written beside the target and renamed into place, so an interrupted write
     never leaves half a file under the real name.
     """
-    path = Path(path)
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= min(vocab_size, 2**16)):
-        raise ValueError(
-            f"ids must lie in [0, {min(vocab_size, 2**16)}) to be stored as uint16; "
-            f"found {int(ids.min())}..{int(ids.max())}"
-        )
-    meta = {
+    path = _path("token file", path)
+    vocab_size = check_whole("vocab_size", vocab_size, 1)
+    ids = _checked_ids(ids, vocab_size)
+    meta = _meta(ids, source_sha256, source, vocabulary, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, _writer(ids, meta))
+
+
+def _meta(ids, source_sha256, source, vocabulary=VOCABULARY, vocab_size=VOCAB_SIZE) -> dict:
+    return {
         "vocabulary": vocabulary,
         "vocab_size": int(vocab_size),
         "count": int(ids.size),
         "max_id": int(ids.max()) if ids.size else -1,
         "dtype": "uint16",
         "source_sha256": source_sha256,
-        "source": source,
+        "source": source[-300:],  # the header has 1,024 bytes; a very long path keeps its end
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
 
+
+def _writer(ids, meta):
     def write(file):
         file.write(_header_bytes(meta))
         file.write(ids.astype(DTYPE, copy=False).tobytes())
 
-    return atomic_write(path, write)
+    return write
+
+
+def _path_writer(ids, meta):
+    write = _writer(ids, meta)
+
+    def to_path(path):
+        with open(path, "wb") as file:
+            write(file)
+
+    return to_path
+
+
+def _checked_ids(ids, vocab_size: int):
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
+    if ids.size and ids.dtype.kind not in "iu":
+        raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= min(vocab_size, 2**16)):
+        raise ValueError(
+            f"ids must lie in [0, {min(vocab_size, 2**16)}) to be stored as uint16; "
+            f"found {int(ids.min())}..{int(ids.max())}"
+        )
+    return ids
 
 
 # --------------------------------------------------------------------------- reading
 
 
 def read_header(path: str | Path) -> dict:
-    """The JSON header of a token file; TokenFileError if it is not one or is cut short."""
-    path = Path(path)
+    """The JSON header of a token file, every field checked; TokenFileError naming the file if
+    it is not one, is damaged, or is cut short."""
+    path = _path("token file", path)
     if not path.is_file():
+        if path.exists():
+            raise TokenFileError(f"{str(path)!r} is not a regular file, so not a token file")
         raise FileNotFoundError(
             f"no token file at {str(path)!r}; make one with `python -m gpt2lib prepare TEXT {path}`"
         )
@@ -120,18 +148,60 @@ def read_header(path: str | Path) -> dict:
             f"with `python -m gpt2lib prepare TEXT {path}`"
         )
     (length,) = struct.unpack("<I", head[8:12])
+    damaged = f"{str(path)!r}: the token-file header is damaged"
+    if length > HEADER_BYTES - 12:
+        raise TokenFileError(f"{damaged} (it claims {length:,} bytes of JSON; at most 1,012 fit)")
     try:
         meta = json.loads(head[12 : 12 + length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise TokenFileError(f"{str(path)!r}: the token-file header is damaged") from None
-    expected = HEADER_BYTES + DTYPE.itemsize * int(meta.get("count", -1))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise TokenFileError(f"{damaged}; run prepare again") from None
+    if not isinstance(meta, dict):
+        raise TokenFileError(f"{damaged} (it holds a JSON {type(meta).__name__}, not an object)")
+    try:
+        if not isinstance(meta.get("vocabulary"), str):
+            raise TypeError(f"vocabulary must be a name, got {meta.get('vocabulary')!r}")
+        check_whole("vocab_size", meta.get("vocab_size"), 1)
+        check_whole("count", meta.get("count"), 0, _MAX_COUNT)
+        check_whole("max_id", meta.get("max_id", -1), -1)
+        if not isinstance(meta.get("source_sha256", ""), str):
+            raise TypeError(f"source_sha256 must be text, got {meta.get('source_sha256')!r}")
+    except (TypeError, ValueError) as exc:
+        raise TokenFileError(f"{damaged}: {exc}; run prepare again") from None
+    if meta.get("dtype", "uint16") != "uint16":
+        raise TokenFileError(
+            f"{str(path)!r} says its ids are {meta.get('dtype')!r}, but token files hold uint16 "
+            "ids (two bytes each) and are read that way; this one was written by another tool "
+            "or is damaged: tokenize the text again with `python -m gpt2lib prepare`"
+        )
+    expected = HEADER_BYTES + DTYPE.itemsize * meta["count"]
     size = path.stat().st_size
     if size != expected:
         raise TokenFileError(
-            f"{str(path)!r} is {size:,} bytes but its header promises {meta.get('count')} ids "
+            f"{str(path)!r} is {size:,} bytes but its header promises {meta['count']:,} ids "
             f"({expected:,} bytes): the file is cut short or damaged; run prepare again"
         )
     return meta
+
+
+_MAX_COUNT = 1 << 50  # ids: 2 PiB of them, far past any corpus, and no overflow in the sizes
+
+
+def _path(what: str, path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"the {what} must be a path, got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip() or "\0" in text:
+        raise ValueError(f"the {what} must be a non-empty text path, got {text!r}")
+    return Path(text).expanduser()
+
+
+def is_token_file(path) -> bool:
+    """True if `path` is a regular file that starts as gpt2lib's token files do."""
+    try:
+        with open(path, "rb") as f:
+            return Path(path).is_file() and f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def open_tokens(
@@ -150,6 +220,8 @@ def open_tokens(
             f"model reads {vocabulary!r} ids; tokenize the text again with "
             "`python -m gpt2lib prepare`"
         )
+    if meta["count"] == 0:
+        return np.zeros(0, dtype=DTYPE)  # np.memmap cannot map nothing
     ids = np.memmap(path, dtype=DTYPE, mode="r", offset=HEADER_BYTES, shape=(meta["count"],))
     if vocab_size is not None:
         largest = max_id(ids)
@@ -226,6 +298,39 @@ def split_points(text: str, pieces: int) -> list[int]:
     return cuts + [n]
 
 
+def _refuse_outputs(source: Path, inputs: list[Path], outputs: list[Path]) -> None:
+    """Refuse, before any work, to write a token file over anything prepare did not make: an
+    input file, a file that is not a token file, a folder; or where the next prepare of the
+    same folder would read it as text."""
+    read = {os.path.realpath(p) for p in inputs}
+    for out in outputs:
+        where = f"{str(out)!r}"
+        if os.path.realpath(out) in read:
+            raise FileExistsError(
+                f"{where} is one of the input files; writing token ids there would destroy the "
+                "text. Give another OUT (say data/NAME.bin); nothing was written"
+            )
+        if out.is_dir():
+            raise FileExistsError(
+                f"{where} is a folder; give OUT as a file path such as data/x.bin"
+            )
+        if os.path.lexists(out) and not is_token_file(out):
+            raise FileExistsError(
+                f"{where} already exists and is not a token file; prepare replaces only token "
+                "files it wrote. Delete it or give another OUT; nothing was written"
+            )
+        if (
+            source.is_dir()
+            and out.suffix in TEXT_SUFFIXES
+            and os.path.realpath(out).startswith(os.path.realpath(source) + os.sep)
+        ):
+            raise FileExistsError(
+                f"{where} is a text file name inside the input folder {str(source)!r}: the next "
+                "prepare of that folder would read the token file as text. Give OUT a .bin "
+                "name, or put it outside the folder; nothing was written"
+            )
+
+
 _ENCODING = None
 
 
@@ -256,10 +361,15 @@ def prepare(
     """
     from concurrent.futures import ProcessPoolExecutor
 
-    source, out = Path(source), Path(out)
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    source, out = _path("input", source), _path("output", out)
+    val_fraction = check_real("--val-fraction", val_fraction, 0, 1, high_inclusive=False)
+    if processes is not None:
+        processes = check_whole("--processes", processes, 1, 1024)
+    chunk_chars = check_whole("chunk_chars", chunk_chars, 1)
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {progress!r}")
     files = _text_files(source)
+    _refuse_outputs(source, files, [out] + ([val_path(out)] if val_fraction > 0 else []))
     digest = hashlib.sha256()
     jobs = []  # (file index, text piece)
     for index, path in enumerate(files):
@@ -307,13 +417,19 @@ def prepare(
     ids = np.concatenate(joined) if joined else np.zeros(0, dtype=DTYPE)
     split = int((1 - val_fraction) * len(ids))
     sha = digest.hexdigest()
-    written = {
-        "train": str(write_token_file(out, ids[:split], source_sha256=sha, source=str(source)))
+    parts = {"train": (out, ids[:split])}
+    if val_fraction > 0:  # the two files are one unit: a kill leaves the old pair or the new
+        parts["val"] = (val_path(out), ids[split:])
+    units = {
+        path.name: _path_writer(part, _meta(part, sha, str(source)))
+        for path, part in parts.values()
     }
-    if val_fraction > 0:
-        written["val"] = str(
-            write_token_file(val_path(out), ids[split:], source_sha256=sha, source=str(source))
-        )
+    save_files(
+        out.parent,
+        units,
+        before=lambda: _refuse_outputs(source, files, [p for p, _ in parts.values()]),
+    )
+    written = {name: str(path) for name, (path, _) in parts.items()}
     return {
         "files": len(files),
         "tokens": int(len(ids)),

@@ -37,6 +37,7 @@ import functools
 import heapq
 import json
 import operator
+import os
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
@@ -56,7 +57,8 @@ from gpt2lib.chapters.bpe import (
     pretokenize,
     train_merges_simple,
 )
-from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID
+from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
+from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID, check_whole
 
 __all__ = [
     "BPETokenizer",
@@ -80,11 +82,13 @@ __all__ = [
 
 # --------------------------------------------------------------------------- GPT-2's files
 
+ENCODER_FILE, MERGES_FILE = "encoder.json", "vocab.bpe"
+
 
 def _bpe_file_paths(folder: Path, fix: str) -> tuple[Path, Path]:
     """The paths of encoder.json and vocab.bpe in `folder`; FileNotFoundError naming the missing
     ones, and `fix` (what to do), if either is not there."""
-    encoder_path, merges_path = folder / "encoder.json", folder / "vocab.bpe"
+    encoder_path, merges_path = folder / ENCODER_FILE, folder / MERGES_FILE
     missing = [path.name for path in (encoder_path, merges_path) if not path.is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: {fix}")
@@ -648,15 +652,29 @@ def _encode_stream(
 
 
 def save_gpt2_files(tokenizer: BPETokenizer, folder: str | Path, overwrite: bool = False) -> Path:
-    """Write `tokenizer` as encoder.json and vocab.bpe (GPT-2's format) into `folder`."""
+    """Write `tokenizer` as encoder.json and vocab.bpe (GPT-2's format) into `folder`.
+
+    The two files are one unit (gpt2lib.files.save_files): after a crash at any point the
+    folder holds the old pair or the new one, never one of each. A folder that already holds
+    either file is refused unless overwrite=True."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
     folder = Path(folder)
-    paths = [folder / "encoder.json", folder / "vocab.bpe"]
-    existing = [p.name for p in paths if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(
-            f"{folder} already holds {', '.join(existing)}; pass overwrite=True to "
-            "replace them, or save into another folder"
-        )
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the tokenizer")
+    names = (ENCODER_FILE, MERGES_FILE)
+
+    def refuse_existing():
+        existing = [n for n in names if os.path.lexists(folder / n)]
+        if existing and not overwrite:
+            raise FileExistsError(
+                f"{folder} already holds {', '.join(existing)}; nothing was written. Pass "
+                "overwrite=True to replace them, or save into another folder"
+            )
+
+    refuse_existing()
     char_of_byte = bytes_to_unicode()
 
     def as_text(token: bytes) -> str:
@@ -673,25 +691,39 @@ def save_gpt2_files(tokenizer: BPETokenizer, folder: str | Path, overwrite: bool
         tokenizer.special_tokens
     )  # special tokens keep their own text, as in GPT-2's file
     encoder = dict(sorted(encoder.items(), key=lambda item: item[1]))
-    folder.mkdir(parents=True, exist_ok=True)
     # json.dumps' defaults (ASCII only, ", " and ": ") are how OpenAI wrote GPT-2's encoder.json.
-    paths[0].write_text(json.dumps(encoder), encoding="utf-8")
     lines = "".join(f"{as_text(first)} {as_text(second)}\n" for first, second in tokenizer.merges)
-    paths[1].write_text("#version: 0.2\n" + lines, encoding="utf-8", newline="\n")
+    save_files(
+        folder,
+        {ENCODER_FILE: json.dumps(encoder), MERGES_FILE: "#version: 0.2\n" + lines},
+        before=refuse_existing,  # another save may have written here since the first look
+    )
     return folder
 
 
 def read_gpt2_files(
     folder: str | Path,
 ) -> tuple[dict[bytes, int], list[tuple[bytes, bytes]], dict[str, int]]:
-    """(token bytes -> id, merges, special token -> id) from encoder.json and vocab.bpe in `folder`."""
-    encoder_path, merges_path = _bpe_file_paths(
-        Path(folder),
-        "a tokenizer folder needs encoder.json and vocab.bpe (BPETokenizer.save writes both)",
-    )
+    """(token bytes -> id, merges, special token -> id) from encoder.json and vocab.bpe in `folder`.
+
+    A save into the folder that was killed is finished or undone first (gpt2lib.files), and
+    the two files are read under the folder's lock, so they are always a pair one save wrote."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
+    folder = Path(folder)
+    if stale_saves(folder):
+        with folder_lock(folder, exclusive=True):
+            recover_saves(folder)
+    with folder_lock(folder, exclusive=False):
+        encoder_path, merges_path = _bpe_file_paths(
+            folder,
+            "a tokenizer folder needs encoder.json and vocab.bpe (BPETokenizer.save writes both)",
+        )
+        encoder_text = _read_utf8(encoder_path)
+        merges_text = _read_utf8(merges_path)
     try:
-        encoder = json.loads(encoder_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        encoder = json.loads(encoder_text)
+    except (ValueError, RecursionError) as exc:
         raise ValueError(
             f"{encoder_path} is not valid JSON ({exc}); write it with BPETokenizer.save"
         ) from None
@@ -708,7 +740,7 @@ def read_gpt2_files(
                 "byte characters (see bytes_to_unicode)"
             ) from None
 
-    lines = merges_path.read_text(encoding="utf-8").split("\n")
+    lines = merges_text.split("\n")
     merges = []
     for number, line in enumerate(lines[1:], start=2):
         if not line:
@@ -727,10 +759,10 @@ def read_gpt2_files(
     made = {bytes([b]) for b in range(256)} | {first + second for first, second in merges}
     vocab, special_tokens = {}, {}
     for token, token_id in encoder.items():
-        if isinstance(token_id, bool) or not isinstance(token_id, int):
-            raise ValueError(
-                f"{encoder_path}: the id of {token!r} must be an int, got {token_id!r}"
-            )
+        try:
+            check_whole(f"{encoder_path}: the id of {token!r}", token_id, 0)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
         if (
             all(char in byte_of_char for char in token)
             and to_bytes(token, str(encoder_path)) in made
@@ -740,6 +772,18 @@ def read_gpt2_files(
             special_tokens[token] = token_id
     _refuse_files_that_disagree(special_tokens, byte_of_char, encoder_path, merges_path)
     return vocab, merges, special_tokens
+
+
+def _read_utf8(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); write the files "
+            "with BPETokenizer.save"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read ({exc.strerror or exc})") from None
 
 
 # A tokenizer has a few special tokens (GPT-2 one, others up to a few hundred reserved ones).
@@ -782,12 +826,9 @@ def _from_vocab_and_merges(
     specials = _check_special_token_list(special_tokens or [])
     id_of: dict[bytes, int] = {}
     for token_id, token in vocab.items():
-        if (
-            isinstance(token_id, bool)
-            or not isinstance(token_id, int)
-            or not isinstance(token, bytes)
-        ):
+        if not isinstance(token, bytes):
             raise TypeError(f"vocab must map int ids to bytes, got {token_id!r}: {token!r:.40}")
+        check_whole(f"vocab must map int ids to bytes: the id of {token!r:.40}", token_id, 0)
         if token in id_of:
             raise ValueError(
                 f"ids {id_of[token]} and {token_id} both hold {token!r}; each token needs one id"

@@ -133,14 +133,15 @@ def test_a_full_dotted_name_targets_one_layer_and_transformers_names_are_refused
             "no layer of the model is called 'ln_f'.* end in c_attn, c_fc, c_proj, wpe, wte",
         ),
         (dict(rank=2.5), "rank must be a whole number"),
-        (dict(alpha=0), "alpha must be a number above 0"),
-        (dict(dropout=1.0), r"dropout is a probability in \[0, 1\)"),
+        (dict(alpha=0), "alpha must be > 0, got 0"),
+        (dict(alpha=float("inf")), "alpha must be a finite number"),
+        (dict(dropout=1.0), r"dropout must be >= 0 and < 1, got 1 \(a probability"),
         (
             dict(rank_pattern={"c_fc": 2}),
             "rank_pattern names 'c_fc', which is none of the adapted layers",
         ),
         (dict(rank_pattern={"c_attn": 0}), "rank must be at least 1"),
-        (dict(alpha_pattern={"c_attn": -1}), "alpha must be a number above 0"),
+        (dict(alpha_pattern={"c_attn": -1}), "alpha must be > 0, got -1"),
         (dict(rank_pattern=[2]), r"rank_pattern must be a dict \{target: value\}"),
         (
             dict(rank_pattern={"wte": 65}, targets=("wte", "c_attn")),
@@ -417,7 +418,7 @@ def test_a_class_count_that_does_not_match_the_head_is_refused(tiny):
         ValueError, match="the data set has 8 classes but the classifier's head has 4"
     ):
         ft.accuracy(clf, rows[:1], 50256, n_classes=8, progress=False)
-    with pytest.raises(ValueError, match="n_classes must be a whole number, at least 2"):
+    with pytest.raises(ValueError, match="n_classes must be at least 2, got 1"):
         ft.classifier(load(tiny), 1)
 
 

@@ -188,7 +188,7 @@ def test_bad_input_is_refused_before_any_step(tmp_path, token_file, monkeypatch)
     cases = [
         (dict(data=str(other)), "'r50k' vocabulary"),
         (dict(data=str(token_file), global_batch=6, batch_size=4), "does not divide it"),
-        (dict(data=str(token_file), resume=True), "holds no checkpoint.pt"),
+        (dict(data=str(token_file), resume=True), "holds no checkpoint.safetensors"),
         (dict(data=str(token_file), n_embd=33), "divisible by --n-head"),
         (dict(data=str(token_file), dtype="float16"), "float32 or bfloat16"),
         (dict(data=str(token_file), bogus=1), "unknown training setting"),
@@ -230,7 +230,7 @@ def test_a_checkpoint_of_another_size_or_run_is_an_error_not_adopted(tmp_path, t
                 "resume": True,
             }
         )
-    with pytest.raises(TrainingSetupError, match="already holds a run; pass --resume"):
+    with pytest.raises(TrainingSetupError, match="already holds a run .*; pass --resume"):
         pretrain(**{**TINY, "steps": 2, "out": str(out), "data": str(token_file)})
     assert (out / "log.jsonl").read_text(encoding="utf-8") == log_before
 
@@ -312,26 +312,56 @@ def test_a_run_logs_every_step_and_saves_a_model_both_libraries_load(tmp_path, t
     assert state["step"] == 3 and state["data_position"]["next_step"] == 3
 
 
-def test_a_crash_during_the_checkpoint_write_leaves_the_old_one_loadable(tmp_path, monkeypatch):
-    path = tmp_path / CHECKPOINT_FILE
-    save_checkpoint(path, {"format": "gpt2lib-training-checkpoint", "step": 1})
-    real_save = torch.save
+def a_training_state(step):
+    """A whole training state of a tiny model, as the run's checkpoint() writes one."""
+    from gpt2lib.scaling import (
+        CHECKPOINT_FORMAT,
+        CHECKPOINT_VERSION,
+        MODEL_FIELDS,
+        RUN_FIELDS,
+        _rng_state,
+    )
 
-    def crash_halfway(state, f):
-        real_save(state, f)
-        f.truncate(f.tell() // 2)  # half of it is on disk when the machine dies
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "step": step,
+        "model": layer.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "model_size": dict.fromkeys(MODEL_FIELDS, 1),
+        "run": dict.fromkeys(RUN_FIELDS, 0),
+        "global_batch": 1,
+        "world_size": 1,
+        "rng": [_rng_state(torch.device("cpu"))],
+        "data_position": {"seed": 0, "next_step": step, "global_batch": 1},
+        "data": {"train": None, "val": None},
+    }
+
+
+def test_a_crash_during_the_checkpoint_write_leaves_the_old_one_loadable(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    path = tmp_path / CHECKPOINT_FILE
+    save_checkpoint(path, a_training_state(1))
+    real_save = safetensors.torch.save_file
+
+    def crash_halfway(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(os.path.getsize(filename) // 2)  # half is on disk when the machine dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(torch, "save", crash_halfway)
+    monkeypatch.setattr(safetensors.torch, "save_file", crash_halfway)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(
-            path,
-            {"format": "gpt2lib-training-checkpoint", "step": 2, "model": {"w": torch.zeros(1000)}},
-        )
-    monkeypatch.setattr(torch, "save", real_save)
+        save_checkpoint(path, a_training_state(2))
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]  # the half is cleaned away
     assert load_checkpoint(path)["step"] == 1
-    save_checkpoint(path, {"format": "gpt2lib-training-checkpoint", "step": 3})  # recovers
+    save_checkpoint(path, a_training_state(3))  # recovers
     assert load_checkpoint(path)["step"] == 3
 
 

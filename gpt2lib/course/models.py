@@ -95,10 +95,10 @@ def circuits_checkpoint(checkpoint, *, verbose: bool = True) -> Path:
                 "trained to have them: expect no induction head"
             )
         return folder
-    if verbose:
-        import json
+    from gpt2lib.checkpoint import read_config_dict
 
-        config = json.loads((CIRCUITS / "config.json").read_text(encoding="utf-8"))
+    config = read_config_dict(CIRCUITS)  # a damaged file: a CheckpointError naming it
+    if verbose:
         sizes = (
             f"{config.get('n_layer')} layers of {config.get('n_head')} heads, width "
             f"{config.get('n_embd')}"
