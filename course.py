@@ -372,6 +372,11 @@ def ensure_environment(kind):
     check = subprocess.run(
         [python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
     )
+    if check.returncode != 0:
+        lines = check.stderr.strip().splitlines() or ["exit %d" % check.returncode]
+        raise SetupError(
+            "PyTorch was installed into %s but does not import: %s" % (name, lines[-1])
+        )
     write_stamp(venv, want)
     say(
         "%s is ready: PyTorch %s, %s, in %s"

@@ -320,6 +320,12 @@ def small_venv(course_root):
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
     )
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run(
+        [course.venv_python(str(venv)), "-c", purelib], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (Path(site) / "torch").mkdir()  # a stand-in PyTorch, for the check after installing
+    (Path(site) / "torch" / "__init__.py").write_text("__version__ = '0.0+stand-in'\n")
     return venv
 
 
@@ -351,6 +357,15 @@ def test_a_changed_requirements_file_installs_again(small_venv, monkeypatch, cap
     fake.calls.clear()
     course.ensure_environment("lab")  # and then it is up to date again
     assert fake.calls == []
+
+
+def test_a_pytorch_that_does_not_import_is_an_error_and_no_stamp(small_venv, monkeypatch):
+    site = next(small_venv.glob("lib/python*/site-packages"))
+    (site / "torch" / "__init__.py").write_text("raise ImportError('libtorch.so: missing')\n")
+    monkeypatch.setattr(course, "pip", FakePip(*[0] * 5))
+    with pytest.raises(course.SetupError, match="does not import: ImportError: libtorch.so"):
+        course.ensure_environment("lab")
+    assert course.read_stamp(str(small_venv)) is None
 
 
 def test_a_broken_environment_is_made_again(course_root, monkeypatch):
