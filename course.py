@@ -404,9 +404,17 @@ def torch_threads():
     return max(1, min(8, cores // 2))
 
 
-def course_env():
+def course_env(python=None):
+    """The environment JupyterLab and its kernels get: PyTorch's threads, and, given the
+    environment's Python, that environment activated (so that `python` and `pip` in
+    JupyterLab's terminal, and `!pip` in a notebook, are the course's)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(torch_threads()))
+    if python:
+        scripts = os.path.dirname(python)
+        env["VIRTUAL_ENV"] = os.path.dirname(scripts)
+        env["PATH"] = scripts + os.pathsep + env.get("PATH", "")
+        env.pop("PYTHONHOME", None)
     return env
 
 
@@ -469,7 +477,7 @@ def lab(extra):
             "%s is missing; `.venv/bin/python -m gpt2lib.course reset 00` makes "
             "a fresh copy" % CHAPTER_ZERO
         )
-    env = course_env()
+    env = course_env(python)
     command = lab_command(python, extra)
     say(
         "opening JupyterLab on chapter 00 (%s PyTorch thread%s per notebook); it runs until you "

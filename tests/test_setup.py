@@ -466,6 +466,14 @@ def test_a_thread_count_set_by_hand_is_kept(monkeypatch):
     assert course.course_env()["OMP_NUM_THREADS"] == str(course.torch_threads())
 
 
+def test_jupyterlab_runs_in_the_environment_activated(monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin")
+    python = os.path.join("/course", ".venv", "bin", "python")
+    env = course.course_env(python)
+    assert env["PATH"] == os.path.join("/course", ".venv", "bin") + os.pathsep + "/usr/bin"
+    assert env["VIRTUAL_ENV"] == os.path.join("/course", ".venv")
+
+
 def scratch_course(root: Path, first_cell: str) -> Path:
     """A course folder holding chapter 00's learner notebook with `first_cell` put first."""
     import nbformat
