@@ -325,7 +325,9 @@ def small_venv(course_root):
         [course.venv_python(str(venv)), "-c", purelib], capture_output=True, text=True, check=True
     ).stdout.strip()
     (Path(site) / "torch").mkdir()  # a stand-in PyTorch, for the check after installing
-    (Path(site) / "torch" / "__init__.py").write_text("__version__ = '0.0+stand-in'\n")
+    (Path(site) / "torch" / "__init__.py").write_text(
+        "__version__ = '0.0+stand-in'\n", encoding="utf-8"
+    )
     return venv
 
 
@@ -361,7 +363,9 @@ def test_a_changed_requirements_file_installs_again(small_venv, monkeypatch, cap
 
 def test_a_pytorch_that_does_not_import_is_an_error_and_no_stamp(small_venv, monkeypatch):
     site = next(small_venv.glob("lib/python*/site-packages"))
-    (site / "torch" / "__init__.py").write_text("raise ImportError('libtorch.so: missing')\n")
+    (site / "torch" / "__init__.py").write_text(
+        "raise ImportError('libtorch.so: missing')\n", encoding="utf-8"
+    )
     monkeypatch.setattr(course, "pip", FakePip(*[0] * 5))
     with pytest.raises(course.SetupError, match="does not import: ImportError: libtorch.so"):
         course.ensure_environment("lab")
@@ -694,7 +698,7 @@ def start_readme_lab(folder: Path, env: dict[str, str], log: Path, timeout: floa
         shell=True,
         cwd=folder,
         env=env,
-        stdout=log.open("w"),
+        stdout=log.open("w", encoding="utf-8"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
