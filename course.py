@@ -211,9 +211,11 @@ def file_digest(path):
 
 
 def wanted_stamp(python_version, plan):
+    """What an up-to-date environment's stamp holds. Python as major.minor: a patch release of
+    the same Python keeps the environment's packages working."""
     return {
         "setup_version": SETUP_VERSION,
-        "python": python_version,
+        "python": ".".join(python_version.split(".")[:2]),
         "torch": plan,
         "files": {name: file_digest(os.path.join(ROOT, name)) for name in WATCHED},
     }
@@ -364,8 +366,9 @@ def ensure_environment(kind):
     with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as handle:
         pin = torch_pin(handle.read())
     install_torch(python, plan, pin)
+    quiet = ["-q"] if stamp else []  # again: pip's "already satisfied" lines are noise
     for requirement in requirement_files:
-        if pip(python, ["-r", requirement]) != 0:
+        if pip(python, ["-r", requirement] + quiet) != 0:
             raise SetupError(
                 "pip could not install %s into %s (its messages are above)" % (requirement, name)
             )
