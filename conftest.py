@@ -59,6 +59,7 @@ SLOW_FIRST = (
     "tests/test_browser_heavy.py",
     "notebooks/10_finetuning.ipynb",
     "solutions/10_finetuning.ipynb",
+    "tests/test_setup.py",  # builds a learner's .venv from nothing: minutes, mostly pip's disk work
     "tests/test_browser.py",
 )
 

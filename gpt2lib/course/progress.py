@@ -3,8 +3,9 @@
 Each of your notebooks (notebooks/NN_*.ipynb) is run from top to bottom, as "Run All" would,
 inside a scratch copy of the course folder: a cell that writes or deletes files changes only
 the copy, and your own files are never changed. Long cells run at their short CI setting
-(`GPT2LIB_QUICK=1`). A cell that runs longer than the time limit stops the notebook: the
-kernel is shut down and the exercise is reported as timed out.
+(`GPT2LIB_QUICK=1`), with `torch_threads()` PyTorch threads unless OMP_NUM_THREADS says
+otherwise. A cell that runs longer than the time limit stops the notebook: the kernel is shut
+down and the exercise is reported as timed out.
 
 Grading reads the exception type of each check cell's error (`NotDoneYet`: not started;
 `CheckFailed`: failed, with its message); a check cell that runs without an error passed.
@@ -17,6 +18,7 @@ Exit status: 0 when every exercise passed, 1 otherwise, 2 when the command could
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import os
@@ -51,6 +53,7 @@ __all__ = [
     "grade_challenge",
     "learner_notebooks",
     "report",
+    "torch_threads",
 ]
 
 PASSED, FAILED, NOT_STARTED, NOT_RUN = "passed", "failed", "not started", "not run"
@@ -103,6 +106,18 @@ class Run:
 
     def __init__(self, nb: nbformat.NotebookNode, stopped_at: int | None = None, problem: str = ""):
         self.nb, self.stopped_at, self.problem = nb, stopped_at, problem
+
+
+def torch_threads() -> int:
+    """PyTorch threads per kernel when OMP_NUM_THREADS is unset: half the cores this process
+    may use, at least 1 and at most 8 (course.py gives JupyterLab's kernels the same). A kernel
+    otherwise takes every core: on 2 shared cores chapter 7's training stepped at 3.0-3.4 s
+    with two threads and 1.2-1.8 s with one, and chapter 10 ran past the 600 s cell limit."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores // 2))
 
 
 def cell_timeout() -> int:
@@ -315,13 +330,16 @@ def execute_copy(
             resources={"metadata": {"path": str(notebook_dir)}},
         )
         env = dict(os.environ, GPT2LIB_QUICK="1")  # long cells use their short CI setting
+        env.setdefault("OMP_NUM_THREADS", str(torch_threads()))
         result: list[Run] = []
 
         def work() -> None:
             try:
                 # The kernel's own console chatter (a TCP notice, C-level warnings) is not the
-                # report.
-                client.execute(stderr=subprocess.DEVNULL, env=env)
+                # report. asyncio.run, not client.execute: when a cell times out, nbclient
+                # cancels its output poller, and only a loop that runs on lets the cancellation
+                # finish (else "Task was destroyed but it is pending!" at exit).
+                asyncio.run(client.async_execute(stderr=subprocess.DEVNULL, env=env))
                 result.append(Run(client.nb))
             except CellTimeoutError:
                 result.append(Run(client.nb, current[0], f"timed out after {timeout} s"))

@@ -9,6 +9,7 @@ with the right answer and with the planted wrong answers below, and names the mi
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
+    NotDoneYet,
     call_learner,
     close,
     expect_tensor,
@@ -701,6 +703,31 @@ def learner_or_reference(fn, reference, exercise, *example):
 EX_FROZEN = "Exercise 10.9b (full fine-tuning, token table frozen)"
 
 
+class _NotAnswered:
+    """What `frozen` holds in a notebook until the learner's cell of Exercise 10.9b assigns it."""
+
+    def __repr__(self) -> str:
+        return "<not answered yet>"
+
+
+NOT_ANSWERED = _NotAnswered()
+
+
+def _placeholders(*names: str) -> None:
+    """In a notebook, give each name an exercise's answer defines a placeholder (unless it is
+    already set), so that its check cell, `check_frozen_table(frozen, base_model)`, says "not
+    done yet" like every other check instead of raising NameError before the check runs.
+    Runs when the chapter imports this module; outside IPython it does nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        for name in names:
+            shell.user_ns.setdefault(name, NOT_ANSWERED)
+
+
+_placeholders("frozen")
+
+
 def _trained_copy(base, moved=lambda name: True, in_place=False):
     """A classifier on `base` (or a copy) whose parameters named by `moved` were nudged."""
     import copy
@@ -742,6 +769,12 @@ FROZEN_MISTAKES = [
 
 def check_frozen_table(model, base) -> None:
     """`model`: a classifier trained from a copy of `base` (a GPT2) with only wte frozen."""
+    if model is NOT_ANSWERED:
+        raise NotDoneYet(
+            EX_FROZEN,
+            "not done yet: replace the `raise NotImplementedError(...)` "
+            "line with your code, run that cell, then run this check again.",
+        )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
     if gpt is None or not isinstance(head, nn.Linear):
         raise CheckFailed(
