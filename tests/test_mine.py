@@ -77,6 +77,7 @@ def course(tmp_path, monkeypatch):
     )
     build(root, out=io.StringIO())
     monkeypatch.chdir(root / "notebooks")
+    monkeypatch.setenv("GPT2LIB_LEARNER_PACKAGE", "1")  # the suite turns it off elsewhere
     InteractiveShell.clear_instance()
     shell = InteractiveShell.instance()
     import gpt2lib.course.checks._core as core
@@ -216,3 +217,11 @@ def test_a_damaged_record_is_set_aside_not_trusted(course, capsys):
     assert mine.read_record(root) == {"exercises": {}}
     assert (root / "mygpt2" / "parts.json.damaged").read_text(encoding="utf-8") == "{not json"
     assert "damaged" in capsys.readouterr().out
+
+
+def test_the_switch_turns_the_package_off(course, monkeypatch):
+    root, shell = course
+    monkeypatch.setenv("GPT2LIB_LEARNER_PACKAGE", "0")
+    run(shell, "import torch\ndef causal_mask(T):\n    return torch.ones(T, T).tril().bool()")
+    assert run(shell, CHECK_MASK) == ""
+    assert not (root / "mygpt2").exists()
