@@ -305,6 +305,7 @@ def _learner_cells(root: Path, number: str) -> tuple[dict[str, str], str | None]
         return {}, None
     ran = _ran_cells()
     found = {}
+    used: list[str] = []  # a learner's cell that holds several export cells' code goes in once
     for cell in cells:
         wanted = cell["names"]
         if not wanted:  # an export cell with no definitions (imports, constants): as given
@@ -314,15 +315,16 @@ def _learner_cells(root: Path, number: str) -> tuple[dict[str, str], str | None]
         for name in wanted:  # the latest cell that defines each name
             for source in reversed(ran):
                 if name in _defined_names(source):
-                    if source not in sources:
+                    if source not in sources and source not in used:
                         sources.append(source)
                     break
             else:
                 return {}, f"no cell this kernel ran defines {name}"
-        code = "\n\n".join(_module_code(s) for s in sources)
-        if missing := [n for n in wanted if n not in _defined_names(code)]:
-            return {}, f"no cell this kernel ran defines {', '.join(missing)}"
-        found[str(cell["index"])] = code
+        used += sources
+        found[str(cell["index"])] = "\n\n".join(_module_code(s) for s in sources)
+    defined = _defined_names("\n\n".join(found.values()))
+    if missing := [n for c in cells for n in c["names"] if n not in defined]:
+        return {}, f"no cell this kernel ran defines {', '.join(missing)}"
     return found, None
 
 
