@@ -225,3 +225,25 @@ def test_the_switch_turns_the_package_off(course, monkeypatch):
     run(shell, "import torch\ndef causal_mask(T):\n    return torch.ones(T, T).tril().bool()")
     assert run(shell, CHECK_MASK) == ""
     assert not (root / "mygpt2").exists()
+
+
+@pytest.mark.slow  # starts a kernel
+def test_progress_says_whose_parts_the_notebooks_make(course, monkeypatch):
+    from gpt2lib.course.progress import report
+
+    root, shell = course
+    path = root / "notebooks" / "03_attention.ipynb"
+    learner = nbformat.read(path, as_version=4)
+    learner.cells[
+        2
+    ].source = "import torch\n\ndef causal_mask(T):\n    return torch.ones(T, T).tril().bool()"
+    nbformat.write(learner, path)
+    out = io.StringIO()
+    report(root, ["03", "05"], out=out, live=False)
+    lines = out.getvalue().splitlines()
+    assert any("Exercise 3.1" in line and "✅" in line for line in lines), lines
+    assert (
+        "Your GPT-2 (mygpt2/): yours: attention; the reference's: block (5.1: not passed yet)"
+        in lines
+    )
+    assert not (root / "mygpt2").exists()  # progress ran in a scratch copy
