@@ -40,8 +40,8 @@ from gpt2lib.course.format import (
     EXPORT_TAG,
     RAISES_TAG,
     CourseError,
-    _export_module,
     exercises,
+    export_cells,
     exported_code,
     format_problems,
     read_notebook,
@@ -52,6 +52,7 @@ from gpt2lib.course.format import (
 from gpt2lib.files import atomic_write
 
 __all__ = [
+    "exported_code",
     "BEGIN",
     "END",
     "CHAPTER_MODULES",
@@ -450,16 +451,8 @@ def plan_build(root: Path = REPO_ROOT) -> dict[Path, str]:
         titles[rel] = _chapter_title(solution, path.stem)
         files[path] = _dump(format_notebook(strip_outputs(solution), rel))
         files[root / "notebooks" / path.name] = _dump(learner_version(solution, rel))
-        for index, cell in enumerate(solution.cells):
-            if cell.cell_type != "code":
-                continue
-            where = f"{rel}, cell {index}"
-            module = _export_module(tags(cell), CHAPTER_MODULES[path.stem], where)
-            if module is None:
-                continue
-            modules.setdefault(module, []).append(
-                _ExportedCell(rel, index, exported_code(cell.source, where))
-            )
+        for index, module, code in export_cells(solution, path.stem, rel):
+            modules.setdefault(module, []).append(_ExportedCell(rel, index, code))
     chapters = root / CHAPTERS_DIR
     for module, cells in modules.items():
         files[chapters / f"{module}.py"] = _module_text(module, cells, titles)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # for the annotation only: importing the markers must stay li
     import nbformat
 
 __all__ = [
+    "export_cells",
     "CHAPTER_MODULES",
     "exported_code",
     "BEGIN",
@@ -350,3 +351,16 @@ def _export_module(cell_tags: list[str], default: str | None, where: str) -> str
     if not module.isidentifier():
         raise CourseError(f"{where}: '{tag}' does not name a Python module")
     return module
+
+
+def export_cells(nb, stem: str, rel: str):
+    """(cell index, module, code) of each export cell of the solution notebook `nb` (chapter
+    `stem`, at `rel`): what the build writes into gpt2lib/chapters/ and the learner's package
+    into mygpt2/."""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        where = f"{rel}, cell {index}"
+        module = _export_module(tags(cell), CHAPTER_MODULES[stem], where)
+        if module is not None:
+            yield index, module, exported_code(cell.source, where)

@@ -134,14 +134,7 @@ def _export_cells(root: Path) -> list[dict]:
 
 @functools.lru_cache(maxsize=4)  # read once per change of solutions/, not once per check
 def _read_export_cells(stamped: tuple[tuple[Path, int], ...]) -> list[dict]:
-    from gpt2lib.course.format import (
-        CHAPTER_MODULES,
-        _export_module,
-        exercises,
-        exported_code,
-        read_notebook,
-        tags,
-    )
+    from gpt2lib.course.format import CHAPTER_MODULES, exercises, export_cells, read_notebook
 
     cells = []
     for path, _ in stamped:
@@ -152,14 +145,7 @@ def _read_export_cells(stamped: tuple[tuple[Path, int], ...]) -> list[dict]:
         for exercise in exercises(nb):
             for index in exercise.cells:
                 owner[index] = exercise_number(exercise.title)
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            where = f"solutions/{path.name}, cell {index}"
-            module = _export_module(tags(cell), CHAPTER_MODULES[path.stem], where)
-            if module is None:
-                continue
-            code = exported_code(cell.source, where)
+        for index, module, code in export_cells(nb, path.stem, f"solutions/{path.name}"):
             cells.append(
                 dict(
                     module=module,
