@@ -30,11 +30,14 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TextIO
 
 import torch
+from torch import nn
 
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
@@ -194,7 +197,7 @@ class HubUnreachable(CheckpointError):
     `name` is the model, `reason` what went wrong and `offline` whether offline mode was asked
     for, so that the command line can say what to do in its own terms."""
 
-    def __init__(self, name: str, reason: str, offline: bool = False):
+    def __init__(self, name: str, reason: str, offline: bool = False) -> None:
         self.name, self.reason, self.offline = name, reason, offline
         hint = _standin_hint(
             "from_pretrained('{folder}'). A name such as "
@@ -211,7 +214,7 @@ class HubUnreachable(CheckpointError):
         )
 
 
-def hub_name(text):
+def hub_name(text: object) -> str | None:
     """'gpt2' or 'openai-community/gpt2' -> 'gpt2'; None if it names no GPT-2 on the hub."""
     if not isinstance(text, str):
         return None
@@ -219,7 +222,7 @@ def hub_name(text):
     return name if name in HUB_MODELS else None
 
 
-def hub_checkpoint(name: str, offline=None) -> Path:
+def hub_checkpoint(name: str, offline: bool | None = None) -> Path:
     """The folder holding config.json and model.safetensors of hub model `name`.
 
     The local Hugging Face cache is tried first (no network needed). Otherwise one request with
@@ -275,7 +278,7 @@ def _check_folder(path: Path) -> Path:
     return path
 
 
-def resolve_checkpoint(name_or_folder) -> Path:
+def resolve_checkpoint(name_or_folder: str | os.PathLike) -> Path:
     """A local folder for a hub model name or a folder path; clear errors for anything else.
 
     A relative path is looked up from the current folder and then from the course folder, so
@@ -405,13 +408,13 @@ def _read_text(path: Path, what: str) -> str:
         raise CheckpointError(f"{what} is not a readable JSON config (not UTF-8: {exc})") from None
 
 
-def read_config(folder) -> GPT2Config:
+def read_config(folder: str | os.PathLike) -> GPT2Config:
     """The GPT2Config of a checkpoint folder; CheckpointError naming config.json if it is bad."""
     path = Path(folder) / CONFIG_FILE
     return _parse_config(_read_text(path, repr(str(path))), repr(str(path)))
 
 
-def read_config_dict(folder) -> dict:
+def read_config_dict(folder: str | os.PathLike) -> dict:
     """A checkpoint folder's config.json as a dict, unchecked beyond being a JSON object;
     CheckpointError naming the file if it cannot be read."""
     path = Path(folder) / CONFIG_FILE
@@ -425,7 +428,7 @@ def read_config_dict(folder) -> dict:
     return values
 
 
-def is_real_gpt2(folder) -> bool:
+def is_real_gpt2(folder: str | os.PathLike) -> bool:
     """True if the checkpoint folder has the sizes of one of OpenAI's released GPT-2 models."""
     return released_name(read_config_dict(folder)) is not None
 
@@ -449,7 +452,11 @@ def _listing(names, limit=8) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def check_fits(model, state: dict, where: str = "checkpoint") -> None:
+def check_fits(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor | Sequence[int]],
+    where: str = "checkpoint",
+) -> None:
     """Refuse a state dict (name -> tensor or shape) whose keys or shapes differ from the
     model's, naming them all."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -524,7 +531,7 @@ def _header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
-def read_safetensors(path) -> tuple[dict, dict]:
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """({name: tensor}, metadata) of a whole safetensors file, read by the safetensors library
     (no unpickling; a truncated, oversized or corrupt file is refused with a CheckpointError
     naming the file). For small files (adapters): every tensor is read into memory."""
@@ -594,7 +601,13 @@ def _recover(folder: Path) -> None:
 # --------------------------------------------------------------------------- from_pretrained
 
 
-def load_pretrained(name_or_folder, device=None, dtype=None, *, model_cls):
+def load_pretrained(
+    name_or_folder: str | os.PathLike,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    *,
+    model_cls: Callable[[GPT2Config], nn.Module],
+) -> nn.Module:
     """A model of class `model_cls` with real weights, from a hub name or a checkpoint folder
     (`gpt2lib.from_pretrained` calls this with `gpt2lib.GPT2` unless told another class).
 
@@ -714,7 +727,7 @@ def _check_layer_count(config, shapes: dict, where: str) -> None:
         )
 
 
-def download(names, out=None) -> list:
+def download(names: str | Sequence[str], out: TextIO | None = None) -> list[Path]:
     """Fetch hub checkpoints into the Hugging Face cache so that later runs work offline."""
     if isinstance(names, str):
         names = [names]
@@ -811,7 +824,12 @@ def _as_folder(folder) -> Path:
     return Path(text).expanduser()
 
 
-def save_pretrained(model, folder, overwrite=False, dtype=None) -> Path:
+def save_pretrained(
+    model: nn.Module,
+    folder: str | os.PathLike,
+    overwrite: bool = False,
+    dtype: torch.dtype | str | None = None,
+) -> Path:
     """Write `model` in the hub's GPT-2 layout: folder/config.json and folder/model.safetensors.
 
     The safetensors keys are the hub's (`wte.weight`, `h.0.attn.c_attn.weight`, ...), with the

@@ -25,8 +25,10 @@ import math
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 import torch.nn as nn
@@ -112,10 +114,21 @@ class AdapterError(ValueError):
     """An adapter or a LoRA request that does not fit the model; the message names the misfit."""
 
 
+class _Encoder(Protocol):
+    """What the batch builders need of a tokenizer: gpt2lib's BPETokenizer or tiktoken's
+    Encoding (get_encoding())."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+_Model = TypeVar("_Model", bound=nn.Module)  # the functions that change a model in place return it
+_Row = TypeVar("_Row")  # one training example, as loss_of_batch reads it
+
+
 # --------------------------------------------------------------------------- the data sets
 
 
-def speeches(path=None) -> list[tuple[str, str]]:
+def speeches(path: str | os.PathLike | None = None) -> list[tuple[str, str]]:
     """(speaker, speech) for every speech of Tiny Shakespeare, in the play's order.
 
     A speech is a block of lines after a line `NAME:`; blocks are separated by a blank line."""
@@ -164,7 +177,7 @@ class SpeakerData:
         return sum(y == majority for y in labels) / len(labels)
 
 
-def speaker_dataset(top: int = 8, path=None) -> SpeakerData:
+def speaker_dataset(top: int = 8, path: str | os.PathLike | None = None) -> SpeakerData:
     """The classification data set: which of the `top` most frequent speakers said a speech.
 
     Split 60/20/20 (train, validation, test), so that the test split holds about 250 speeches
@@ -209,7 +222,9 @@ PROMPT_TEMPLATE = (
 )
 
 
-def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int = 40):
+def reply_dataset(
+    path: str | os.PathLike | None = None, max_speech_tokens: int = 60, max_reply_tokens: int = 40
+) -> dict[str, list[ReplyPair]]:
     """The instruction data set: {split: [ReplyPair, ...]}, each speech with the one after it.
 
     Pairs whose speech or reply is longer than the limits (in GPT-2 tokens) are left out, so
@@ -219,7 +234,7 @@ def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int 
 
     tokenizer = get_encoding()
     found = speeches(path)
-    splits = {s: [] for s in SPLITS}
+    splits: dict[str, list[ReplyPair]] = {s: [] for s in SPLITS}
     for position in range(len(found) - 1):
         (speaker, speech), (replier, reply) = found[position], found[position + 1]
         if speaker == replier:
@@ -236,12 +251,16 @@ def reply_dataset(path=None, max_speech_tokens: int = 60, max_reply_tokens: int 
 # --------------------------------------------------------------------------- batches
 
 
-def encode_speeches(examples, tokenizer, max_tokens: int = 64):
+def encode_speeches(
+    examples: Iterable[tuple[str, int]], tokenizer: _Encoder, max_tokens: int = 64
+) -> list[tuple[list[int], int]]:
     """(speech, label) -> (ids, label), each speech cut to its first `max_tokens` tokens."""
     return [(tokenizer.encode(text)[:max_tokens], label) for text, label in examples]
 
 
-def encode_pairs(pairs, tokenizer):
+def encode_pairs(
+    pairs: Iterable[ReplyPair], tokenizer: _Encoder
+) -> list[tuple[list[int], list[int]]]:
     """ReplyPair -> (prompt_ids, reply_ids + [<|endoftext|>]): the reply ends the text."""
     end = tokenizer.eot_token if hasattr(tokenizer, "eot_token") else ENDOFTEXT_ID
     return [(tokenizer.encode(p.prompt), tokenizer.encode(p.reply) + [end]) for p in pairs]
@@ -267,7 +286,7 @@ def _chunks(rows, batch_size):
 # --------------------------------------------------------------------------- classification
 
 
-def classifier(gpt, n_classes: int) -> GPT2Classifier:
+def classifier(gpt: nn.Module, n_classes: int) -> GPT2Classifier:
     """GPT2Classifier(gpt, n_classes), with n_classes checked (a whole number, at least 2)."""
     n_classes = check_whole("n_classes", n_classes, 2, why=" (a classifier tells classes apart)")
     return GPT2Classifier(gpt, n_classes)
@@ -292,8 +311,13 @@ def _check_labels(model, encoded, n_classes=None):
 
 @torch.no_grad()
 def accuracy(
-    model, encoded, pad_id: int, batch_size: int = 32, n_classes=None, progress: bool = True
-):
+    model: nn.Module,
+    encoded: Sequence[tuple[Sequence[int], int]],
+    pad_id: int,
+    batch_size: int = 32,
+    n_classes: int | None = None,
+    progress: bool = True,
+) -> tuple[float, torch.Tensor]:
     """(accuracy, predictions (N,)) of a classifier on (ids, label) rows, in eval mode."""
     if len(encoded) == 0:
         raise ValueError("no rows to measure the accuracy on: the split is empty")
@@ -320,7 +344,9 @@ def accuracy(
     return (predictions == labels).float().mean().item(), predictions
 
 
-def confusion_matrix(labels, predictions, n_classes: int):
+def confusion_matrix(
+    labels: Sequence[int] | torch.Tensor, predictions: Sequence[int] | torch.Tensor, n_classes: int
+) -> torch.Tensor:
     """(n_classes, n_classes) counts: row = true class, column = predicted class."""
     counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
     for y, p in zip(torch.as_tensor(labels).tolist(), torch.as_tensor(predictions).tolist()):
@@ -329,17 +355,17 @@ def confusion_matrix(labels, predictions, n_classes: int):
 
 
 def fine_tune(
-    model,
-    loss_of_batch,
-    rows,
+    model: nn.Module,
+    loss_of_batch: Callable[[nn.Module, list[_Row]], torch.Tensor],
+    rows: Sequence[_Row],
     steps: int,
     batch_size: int = 16,
     lr: float = 1e-3,
-    head_lr=None,
+    head_lr: float | None = None,
     seed: int = 0,
     desc: str = "fine-tuning",
     progress: bool = True,
-):
+) -> list[float]:
     """AdamW on the parameters that require grad, `steps` batches drawn from `rows` in shuffled
     order (a new order each pass). loss_of_batch(model, rows) -> scalar loss. head_lr: the
     learning rate of the parameters under `head.` (a new classifier head starts from random
@@ -442,20 +468,20 @@ def _adamw(groups, lr):
 
 
 def tune_seeds(
-    make_model,
-    loss_of_batch,
-    encoded,
+    make_model: Callable[[], nn.Module],
+    loss_of_batch: Callable[[nn.Module, list[tuple[Sequence[int], int]]], torch.Tensor],
+    encoded: Mapping[str, Sequence[tuple[Sequence[int], int]]],
     pad_id: int,
-    seeds,
+    seeds: Iterable[int],
     steps: int,
     lr: float,
-    head_lr=None,
+    head_lr: float | None = None,
     batch_size: int = 16,
-    baseline=None,
+    baseline: float | None = None,
     split: str = "test",
     desc: str = "fine-tuning",
     progress: bool = True,
-):
+) -> tuple[list[float], list[nn.Module]]:
     """One classifier per seed: torch.manual_seed(seed), model = make_model(), fine_tune on
     encoded["train"] with that seed's batch order, accuracy on encoded[split]. Prints a line per
     seed, with the majority baseline beside the accuracy when given. Returns (accuracies, models)."""
@@ -489,7 +515,11 @@ def tune_seeds(
 
 @torch.no_grad()
 def mean_response_loss(
-    gpt, encoded_pairs, pad_id: int, batch_size: int = 16, progress: bool = True
+    gpt: nn.Module,
+    encoded_pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    batch_size: int = 16,
+    progress: bool = True,
 ) -> float:
     """The mean loss per response token over (prompt_ids, response_ids) pairs, in eval mode."""
     if len(encoded_pairs) == 0:
@@ -511,7 +541,7 @@ def mean_response_loss(
     return total / count
 
 
-def model_name(checkpoint) -> str:
+def model_name(checkpoint: str | os.PathLike) -> str:
     """The name the chapter prints for a checkpoint: a hub name as is; a folder with OpenAI's
     sizes (the hub cache's snapshot folder, say) by that model's name; any other folder by its
     last part."""
@@ -522,7 +552,7 @@ def model_name(checkpoint) -> str:
     return name if name is not None else os.path.basename(checkpoint.rstrip("/\\"))
 
 
-def describe(model, checkpoint, quick: bool) -> str:
+def describe(model: nn.Module, checkpoint: str | os.PathLike, quick: bool) -> str:
     """Print which model is tuned (size, layers, width, context) and the setting; return its name."""
     name, config = model_name(checkpoint), model.config
     print(
@@ -536,7 +566,9 @@ def describe(model, checkpoint, quick: bool) -> str:
 # --------------------------------------------------------------------------- figures
 
 
-def plot_confusion(counts, names, title):
+def plot_confusion(
+    counts: torch.Tensor | Sequence[Sequence[int]], names: Sequence[str], title: str
+) -> None:
     """Draw a confusion matrix of counts (row = true class, column = answer) with class names."""
     import matplotlib.pyplot as plt
 
@@ -549,7 +581,9 @@ def plot_confusion(counts, names, title):
     plt.show()
 
 
-def plot_curves(curves, xlabel, ylabel, title):
+def plot_curves(
+    curves: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str
+) -> None:
     """Draw {label: values} as lines with markers on one axis."""
     import matplotlib.pyplot as plt
 
@@ -564,7 +598,7 @@ def plot_curves(curves, xlabel, ylabel, title):
 # --------------------------------------------------------------------------- LoRA
 
 
-def trainable_parameters(model) -> tuple[int, int]:
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
     """(parameters that require grad, all parameters)."""
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
@@ -579,7 +613,7 @@ class LoRAEmbedding(nn.Module):
     `.weight` is the base table: GPT-2's readout is tied to it and keeps reading the frozen
     table, as lm_head does when peft adapts transformers' wte."""
 
-    def __init__(self, base, rank, alpha, dropout=0.0):
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
         n_rows, width = base.weight.shape
         self.base, self.rank, self.alpha, self.scale = base, rank, alpha, alpha / rank
@@ -592,10 +626,10 @@ class LoRAEmbedding(nn.Module):
         )
 
     @property
-    def weight(self):
+    def weight(self) -> torch.Tensor:
         return self.base.weight
 
-    def forward(self, idx):  # (B, T) -> (B, T, width)
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, width)
         rows = nn.functional.embedding(idx, self.lora_embedding_A.T)  # (B, T, rank)
         return self.base(idx) + (rows @ self.lora_embedding_B.T) * self.scale
 
@@ -603,7 +637,7 @@ class LoRAEmbedding(nn.Module):
 _ADAPTERS = (_or_the_learners(LoRALinear), LoRAEmbedding)
 
 
-def lora_layers(model) -> dict[str, LoRALinear | LoRAEmbedding]:
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear | LoRAEmbedding]:
     """{module name: adapter} of the adapters in `model` (LoRALinear, LoRAEmbedding)."""
     return {name: m for name, m in model.named_modules() if isinstance(m, _ADAPTERS)}
 
@@ -660,8 +694,14 @@ def _check_plain(model, what):
 
 
 def apply_lora(
-    model, rank=8, alpha=16, targets=("c_attn",), dropout=0.0, rank_pattern=None, alpha_pattern=None
-):
+    model: _Model,
+    rank: int = 8,
+    alpha: float = 16,
+    targets: str | Iterable[str] = ("c_attn",),
+    dropout: float = 0.0,
+    rank_pattern: dict[str, int] | None = None,
+    alpha_pattern: dict[str, float] | None = None,
+) -> _Model:
     """Add LoRA adapters in place to every layer whose name ends with a target; freeze the rest.
 
     targets: 'c_attn', 'c_proj', 'c_fc' (every layer of that name), the tables 'wte' and 'wpe'
@@ -789,7 +829,7 @@ def _in_out(layer):
 
 
 @torch.no_grad()
-def merge_lora(model):
+def merge_lora(model: _Model) -> _Model:
     """Fold every adapter into its base weight and put the plain layer back. Returns the model.
 
     Afterwards the model has the plain model's modules and parameter names (save_pretrained
@@ -814,7 +854,9 @@ def merge_lora(model):
 # --------------------------------------------------------------------------- adapter files
 
 
-def save_adapter(model, folder, base_model_name_or_path=None):
+def save_adapter(
+    model: nn.Module, folder: str | os.PathLike, base_model_name_or_path: str | None = None
+) -> Path:
     """Write the model's adapters in peft's layout: folder/adapter_config.json and
     folder/adapter_model.safetensors (keys `base_model.model.transformer.<name>.lora_A.weight`).
     Creates the folder; an adapter already there is replaced. The two files are one unit
@@ -1178,7 +1220,7 @@ def _module_name(key):
     return None
 
 
-def load_adapter(model, folder):
+def load_adapter(model: _Model, folder: str | os.PathLike) -> _Model:
     """Add the adapter saved in `folder` (peft's layout) to a model without adapters, in place.
 
     Rank, alpha, dropout and the adapted layers come from adapter_config.json, read as peft
@@ -1299,7 +1341,9 @@ def _check_update(folder, name, layer, parts, rank, alpha):
         )
 
 
-def peft_logits(base_folder, adapter_folder, ids):
+def peft_logits(
+    base_folder: str | os.PathLike, adapter_folder: str | os.PathLike, ids: torch.Tensor
+) -> torch.Tensor | None:
     """The logits of transformers' GPT2LMHeadModel from `base_folder` with the adapter in
     `adapter_folder` loaded by peft, for ids (B, T); None when peft or transformers is missing."""
     try:

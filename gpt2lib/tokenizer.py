@@ -43,6 +43,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} and \p{N}
 
@@ -59,6 +60,9 @@ from gpt2lib.chapters.bpe import (
 )
 from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
 from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID, check_whole
+
+if TYPE_CHECKING:  # get_encoding imports tiktoken when called, not at import time
+    import tiktoken
 
 __all__ = [
     "BPETokenizer",
@@ -430,7 +434,7 @@ def _lookup_token(bytes_of_id: dict[int, bytes], token_id, position: int | None)
 
 
 @functools.lru_cache(maxsize=4)
-def get_encoding(folder: str | Path | None = None):
+def get_encoding(folder: str | Path | None = None) -> tiktoken.Encoding:
     """GPT-2's encoding as a `tiktoken.Encoding`, built from data/ without network access."""
     import tiktoken
 
