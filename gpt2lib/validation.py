@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DATA_DIR",
-    "DTYPE_NAMES",
+    "DTYPE_NAMES",  # noqa: F822 - built on first use, by __getattr__
     "ENDOFTEXT",
     "ENDOFTEXT_ID",
     "GPT2_SIZES",
     "HUB_ORG",
-    "SAFETENSORS_DTYPES",
+    "SAFETENSORS_DTYPES",  # noqa: F822
     "check_config",
     "check_is_dict",
     "check_model_name",
@@ -48,28 +51,44 @@ GPT2_SIZES = {
 }
 HUB_ORG = "openai-community"  # the hub organisation of the released GPT-2s: 'openai-community/gpt2'
 
-SAFETENSORS_DTYPES = {  # safetensors' dtype names -> torch dtypes
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+# safetensors' dtype names -> torch dtypes, and what a user may call the float dtypes a model can
+# be loaded or saved in. Tables of names here; the torch dtypes are looked up on first use
+# (module __getattr__ below), so that importing the leaf (the tokenizer does) loads no PyTorch.
+_SAFETENSORS_DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
-DTYPE_NAMES = {  # what a user may call the float dtypes a model can be loaded or saved in
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+_USER_DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
+_DTYPE_TABLES = {"SAFETENSORS_DTYPES": _SAFETENSORS_DTYPE_NAMES, "DTYPE_NAMES": _USER_DTYPE_NAMES}
+
+
+def __getattr__(name: str) -> Any:
+    """SAFETENSORS_DTYPES and DTYPE_NAMES, built from the tables above on first use."""
+    if name in _DTYPE_TABLES:
+        import torch
+
+        table = {key: getattr(torch, dtype) for key, dtype in _DTYPE_TABLES[name].items()}
+        globals()[name] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The course's data (GPT-2's vocabulary files, Tiny Shakespeare, the shipped models): beside the
 # package in a clone of the repository.
@@ -90,7 +109,7 @@ def released_name(config) -> str | None:
 
 # --------------------------------------------------------------------------- checks
 
-_EXACT_RANGE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_EXACT_RANGE_DTYPES = ("int8", "uint8", "int16", "int32", "int64")  # torch dtype names
 _SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 _LARGEST = {
     "vocab_size": 2**21,
@@ -108,8 +127,10 @@ def check_whole(
     """`value` as an int: a whole number (Python's, numpy's or a one-element integer tensor's;
     never a bool) in low .. high, either bound optional. Otherwise a TypeError or ValueError
     that names the argument, says what it must be and what it got; `why` is added to it."""
+    torch = sys.modules.get("torch")  # a tensor can only come from a loaded PyTorch
     if (
-        isinstance(value, torch.Tensor)
+        torch is not None
+        and isinstance(value, torch.Tensor)
         and value.numel() == 1
         and not (
             value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
@@ -212,6 +233,8 @@ def check_token_ids(idx: torch.Tensor, config, past_length: int = 0) -> None:
     `0 .. vocab_size-1` in every message. Under torch.compile the values are not read (that
     would break the graph); eager calls check them. `gpt2lib.embeddings` re-exports it.
     """
+    import torch
+
     if not isinstance(idx, torch.Tensor):
         raise TypeError(
             f"token ids must be a torch.Tensor of shape (B, T), got {type(idx).__name__}; "
@@ -243,6 +266,8 @@ def check_token_ids(idx: torch.Tensor, config, past_length: int = 0) -> None:
 def check_token_stream(ids: torch.Tensor, config, name: str = "token ids") -> None:
     """Raise a clear error unless `ids` is a 1-D integer tensor of ids in the vocabulary
     (a training text as one long stream, read once before training starts)."""
+    import torch
+
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         raise ValueError(f"{name} must be a 1-D tensor of token ids")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
@@ -253,13 +278,18 @@ def check_token_stream(ids: torch.Tensor, config, name: str = "token ids") -> No
 
 def token_range(idx: torch.Tensor) -> tuple[int, int]:
     """The smallest and largest id in a non-empty integer tensor, for any integer dtype."""
+    import torch
+
     # PyTorch has no min/max for uint16/32/64: compare those as int64 (uint64 >= 2**63 wraps below 0)
-    values = idx if idx.dtype in _EXACT_RANGE_DTYPES else idx.to(torch.int64)
+    exact = str(idx.dtype).removeprefix("torch.") in _EXACT_RANGE_DTYPES
+    values = idx if exact else idx.to(torch.int64)
     low, high = (int(v) for v in torch.aminmax(values))
     return low, high
 
 
 def _check_range(idx: torch.Tensor, vocab_size: int, what: str = "token ids") -> None:
+    import torch
+
     low, high = token_range(idx)
     if low < 0 or high >= vocab_size:
         shown = (

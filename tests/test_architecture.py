@@ -6,6 +6,8 @@ circle."""
 import ast
 import importlib
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -198,3 +200,11 @@ def test_one_path_to_the_data_folder():
         if re.search(r'/ "data"', line.split("#")[0])
     ]
     assert len(joins) == 1 and joins[0].startswith("gpt2lib/validation.py:"), joins
+
+
+def test_the_tokenizer_imports_without_pytorch():
+    """gpt2lib/__init__.py promises it: the leaf the generated tokenizer imports builds its torch
+    dtype tables on first use."""
+    code = "import sys, gpt2lib.tokenizer; sys.exit('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, "import gpt2lib.tokenizer loaded PyTorch" + result.stderr
