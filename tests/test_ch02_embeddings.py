@@ -1,7 +1,9 @@
 """Chapter 2: GPT2Config, gpt2lib.embeddings (the one token-id validator), and the checks behind
-exercises 2.1-2.5 and the challenge, one test per planted mistake."""
+exercises 2.1-2.6 and the challenge, one test per planted mistake."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch.nn.functional as F
 from check_cases import assert_named, assert_not_done_yet, planted
 
 from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.embeddings import GPT2Embeddings, embedding_parameter_count, position_ids
+from gpt2lib.chapters.embeddings import GPT2Embeddings, position_ids
 from gpt2lib.course.checks import CheckFailed
 from gpt2lib.course.checks import embeddings as checks
 from gpt2lib.course.checks._core import NotDoneYet
@@ -182,14 +184,6 @@ def test_initialisation_is_gpt2s():
     emb = GPT2Embeddings(GPT2Config())
     assert abs(emb.wte.weight.std().item() - 0.02) < 1e-3
     assert abs(emb.wpe.weight.std().item() - 0.02) < 2e-3
-
-
-def test_parameter_count_matches_the_module():
-    for config in (GPT2Config(**TINY), GPT2Config.from_name("gpt2")):
-        emb = GPT2Embeddings(config) if config.n_embd < 100 else None
-        if emb is not None:
-            assert embedding_parameter_count(config) == sum(p.numel() for p in emb.parameters())
-    assert embedding_parameter_count(GPT2Config()) == 50257 * 768 + 1024 * 768
 
 
 @pytest.mark.parametrize(
@@ -641,7 +635,7 @@ def test_check_module_accepts_right_answers(capsys):
     checks.check_gpt2_embeddings(GPT2Embeddings)
     checks.check_gpt2_embeddings(FunctionalDropout)
     checks.check_gpt2_embeddings(OwnMask)
-    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 2.5") == 3
 
 
 @pytest.mark.parametrize("mistake", checks.EMBEDDINGS_MISTAKES, ids=lambda m: m.name)
@@ -733,18 +727,36 @@ def test_new_checks_name_every_planted_mistake(check, mistake):
     assert_named(check, mistake.fn, mistake.message)
 
 
-def test_check_count_accepts_a_right_answer_and_refuses_other_types(capsys):
-    checks.check_embedding_parameter_count(embedding_parameter_count)
-    checks.check_embedding_parameter_count(
-        lambda c: c.n_embd * c.vocab_size + c.n_embd * c.n_positions
-    )
-    assert capsys.readouterr().out.count("✅ Exercise 2.5") == 2
-    with pytest.raises(CheckFailed, match="return a whole number"):
-        checks.check_embedding_parameter_count(
-            lambda c: str((c.vocab_size + c.n_positions) * c.n_embd)
-        )
-    assert_not_done_yet(checks.check_embedding_parameter_count)
+def test_check_mean_abs_cosine_names_its_mistakes(capsys):
+    table = torch.randn(16, 32)
+    cosine = F.normalize(table, dim=1) @ F.normalize(table, dim=1).T
+    off = cosine[~torch.eye(16, dtype=torch.bool)]
+    checks.check_mean_abs_cosine(table, off.abs().mean().item())
+    assert "✅ Exercise 2.3" in capsys.readouterr().out
+    for wrong, phrase in [
+        (off.abs().mean(), ".item()"),
+        (cosine.abs().mean().item(), "diagonal"),
+        (off.mean().item(), "absolute values"),
+        (0.5, "not that"),
+    ]:
+        with pytest.raises(CheckFailed, match=re.escape(phrase)):
+            checks.check_mean_abs_cosine(table, wrong)
     assert_not_done_yet(checks.check_cosine_matrix)
+
+
+def test_check_module_checks_position_ids(capsys):
+    checks.check_gpt2_embeddings(GPT2Embeddings, position_ids)
+    assert "✅ Exercise 2.5" in capsys.readouterr().out
+    for wrong, phrase in [
+        (
+            lambda n, past=0, device=None: torch.arange(past, past + n, dtype=torch.float32),
+            "integers",
+        ),
+        (lambda n, past=0, device=None: torch.arange(n), "expected [4, 5, 6]"),
+        (lambda n, past=0, device=None: torch.arange(past + 1, past + n + 1), "expected [0, 1"),
+    ]:
+        with pytest.raises(CheckFailed, match=re.escape(phrase)):
+            checks.check_gpt2_embeddings(GPT2Embeddings, wrong)
 
 
 def _sinusoidal(P, C):
@@ -786,7 +798,7 @@ def test_check_pieces_accepts_right_answers(capsys):
             [e(p, past_length=i * n) for i, p in enumerate(idx.split(n, dim=1))], dim=1
         )
     )
-    assert capsys.readouterr().out.count("✅ Exercise 2.7") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 2.6") == 2
     assert_not_done_yet(checks.check_embed_in_pieces)
 
 

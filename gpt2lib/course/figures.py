@@ -26,6 +26,24 @@ def _plt():
 # --------------------------------------------------------------------------- chapter 2
 
 
+def position_cosines(table, name):
+    """A position table (P, C), its first 64 features, beside the cosines of its rows (P, P)."""
+    import torch
+
+    plt = _plt()
+    table = table.detach().float().cpu()
+    unit = table / table.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    im1 = ax1.imshow(table[:, :64], cmap="RdBu", aspect="auto")
+    ax1.set(title=f"{name}: positions × features", xlabel="feature", ylabel="position")
+    fig.colorbar(im1, ax=ax1)
+    im2 = ax2.imshow(torch.mm(unit, unit.T), cmap="viridis", vmin=-1, vmax=1)
+    ax2.set(title=f"{name}: cosine similarity of positions", xlabel="position", ylabel="position")
+    fig.colorbar(im2, ax=ax2)
+    plt.tight_layout()
+    plt.show()
+
+
 # --------------------------------------------------------------------------- chapter 3
 
 

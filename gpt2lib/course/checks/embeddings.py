@@ -9,6 +9,8 @@ names the mistake when one of them matches.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,8 +32,7 @@ EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
 EX_COSINE = "Exercise 2.3 (cosine_matrix)"
 EX_DROPOUT = "Exercise 2.4 (dropout)"
 EX_MEASURE_DROPOUT = "Exercise 2.4 (measure_dropout)"
-EX_COUNT = "Exercise 2.5 (embedding_parameter_count)"
-EX_MODULE = "Exercise 2.6 (GPT2Embeddings)"
+EX_MODULE = "Exercise 2.5 (GPT2Embeddings)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 
@@ -279,7 +280,11 @@ def check_lookup_backward(lookup_backward) -> None:
             "are not: row v must be the sum of grad_out[b, t] over every place where "
             "token_ids[b, t] == v",
         )
-    passed(EX_BACKWARD, "each row gets the sum of the gradients of its uses, unused rows zero")
+    passed(
+        EX_BACKWARD,
+        "each row gets the sum of the gradients of its uses, unused rows zero: in product form "
+        "one_hotᵀ @ grad_out, (V, B·T) @ (B·T, C)",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 2.3
@@ -370,83 +375,46 @@ def check_cosine_matrix(cosine_matrix) -> None:
     passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
-# --------------------------------------------------------------------------- Exercise 2.5
+MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
 
 
-def _count_configs():
-    from gpt2lib.chapters.config import GPT2Config
-
-    return [
-        GPT2Config(),
-        GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
-        GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4),
-    ]
-
-
-# fn(config) -> what that wrong answer returns
-COUNT_MISTAKES = [
-    Mistake(
-        "token_table_only",
-        "you counted only the token table: wpe holds n_positions * n_embd more",
-        lambda c: c.vocab_size * c.n_embd,
-    ),
-    Mistake(
-        "position_table_only",
-        "you counted only the position table: wte holds vocab_size * n_embd more",
-        lambda c: c.n_positions * c.n_embd,
-    ),
-    Mistake(
-        "untied_readout_counted",
-        "you counted a third table for the readout: GPT-2's readout reuses wte "
-        "(tied weights), so it adds nothing",
-        lambda c: (2 * c.vocab_size + c.n_positions) * c.n_embd,
-    ),
-    Mistake(
-        "rows_not_numbers",
-        "you counted rows, not numbers: each row holds n_embd numbers",
-        lambda c: c.vocab_size + c.n_positions,
-    ),
-    Mistake(
-        "gpt2_small_hard_coded",
-        "your answer is GPT-2 small's count for every config: compute it from "
-        "config.vocab_size, config.n_positions and config.n_embd",
-        lambda c: (50257 + 1024) * 768,
-    ),
-]
-
-
-def check_embedding_parameter_count(embedding_parameter_count) -> None:
-    """embedding_parameter_count(config) -> int, tried on three configs."""
-    for config in _count_configs():
-        got = call_learner(EX_COUNT, embedding_parameter_count, config)
-        want = (config.vocab_size + config.n_positions) * config.n_embd
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(EX_COUNT, f"return a whole number (an int), got {type(got).__name__}")
-        if got == want:
-            continue
-        found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
-        if found:
-            raise CheckFailed(EX_COUNT, found.message)
+def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
+    """The learner's mean |cosine| over pairs of different rows of `table`, a float."""
+    if isinstance(mean_abs_cosine, torch.Tensor):
+        raise CheckFailed(MEAN_ABS, "mean_abs_cosine is a tensor: make it a float with .item()")
+    if isinstance(mean_abs_cosine, bool) or not isinstance(mean_abs_cosine, (int, float)):
+        raise CheckFailed(MEAN_ABS, f"mean_abs_cosine should be a float, not {mean_abs_cosine!r}")
+    cosine = _unit_rows(table.double()) @ _unit_rows(table.double()).T
+    different = ~torch.eye(len(table), dtype=torch.bool)
+    want = cosine[different].abs().mean().item()
+    wrong = {
+        "with the diagonal": (
+            cosine.abs().mean().item(),
+            "you averaged the diagonal too: "
+            "each position with itself has cosine 1; take only pairs of different positions",
+        ),
+        "signed": (
+            cosine[different].mean().item(),
+            "you averaged the signed cosines, which cancel out: take the absolute values first",
+        ),
+    }
+    for value, message in wrong.values():
+        if abs(mean_abs_cosine - value) < 1e-4 and abs(value - want) > 1e-4:
+            raise CheckFailed(MEAN_ABS, message)
+    if abs(mean_abs_cosine - want) > 1e-4:
         raise CheckFailed(
-            EX_COUNT,
-            f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
-            f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables",
+            MEAN_ABS,
+            f"you gave {mean_abs_cosine:.4f}; the mean |cosine| off the diagonal is not that",
         )
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.embeddings import GPT2Embeddings
-
-    with torch.device("meta"):  # shapes only: no memory, no random numbers
-        counted = sum(p.numel() for p in GPT2Embeddings(GPT2Config()).parameters())
     passed(
-        EX_COUNT,
-        f"(vocab_size + n_positions) * n_embd, for every config tried; for GPT-2 small "
-        f"{counted:,}, as many as gpt2lib's GPT2Embeddings holds",
+        MEAN_ABS,
+        f"{want:.4f} over {int(different.sum())} pairs of different positions; random directions "
+        f"in C = {table.shape[1]} dimensions give sqrt(2 / (pi C)) = "
+        f"{math.sqrt(2 / (math.pi * table.shape[1])):.4f} on average",
     )
 
 
-# --------------------------------------------------------------------------- Exercise 2.6
+# --------------------------------------------------------------------------- Exercise 2.5
 
 
 def _positions(past, T):
@@ -552,13 +520,33 @@ def _call_embeddings(module, idx, kwargs, label):
         raise
 
 
-def check_gpt2_embeddings(embeddings_cls) -> None:
-    """`embeddings_cls(config)` with wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C),
-    checked in eval mode (values, positions after a cache) and in train mode (dropout)."""
-    with (
-        torch.random.fork_rng()
-    ):  # building modules draws random numbers: leave the notebook's alone
+def check_gpt2_embeddings(embeddings_cls, position_ids=None) -> None:
+    """`position_ids(length, past_length)` (integer positions), then `embeddings_cls(config)` with
+    wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C), checked in eval mode (values,
+    positions after a cache) and in train mode (dropout)."""
+    if position_ids is not None:
+        _check_position_ids(position_ids)
+    with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's
         _check_gpt2_embeddings(embeddings_cls)
+
+
+def _check_position_ids(position_ids) -> None:
+    for length, past in [(5, 0), (3, 4), (1, 9)]:
+        got = call_learner(EX_MODULE, position_ids, length, past)
+        want = torch.arange(past, past + length)
+        if isinstance(got, torch.Tensor) and got.is_floating_point():
+            raise CheckFailed(
+                EX_MODULE,
+                f"position_ids gives {got.dtype} numbers: positions index a table, so they must "
+                "be integers (torch.arange of ints, or .long())",
+            )
+        got = expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
+        if not torch.equal(got.long(), want):
+            raise CheckFailed(
+                EX_MODULE,
+                f"position_ids({length}, past_length={past}) gave {got.tolist()}, "
+                f"expected {want.tolist()}",
+            )
 
 
 def _check_gpt2_embeddings(embeddings_cls) -> None:
@@ -706,13 +694,12 @@ def check_position_table(table) -> dict:
 
 MISTAKES_BY_CHECK = {
     check_cosine_matrix: COSINE_MISTAKES,
-    check_embedding_parameter_count: COUNT_MISTAKES,
 }
 
 
-# --------------------------------------------------------------------------- Exercise 2.7
+# --------------------------------------------------------------------------- Exercise 2.6
 
-EX_PIECES = "Exercise 2.7 (embed_in_pieces)"
+EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
 
 
 def _pieces(embeddings, idx, n, past_of):
