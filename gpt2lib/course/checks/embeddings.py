@@ -9,7 +9,9 @@ names the mistake when one of them matches.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -43,6 +45,32 @@ def _require_float(exercise: str, got, what: str) -> None:
             f"{what} has dtype {got.dtype}; embeddings are floating point like the table "
             "(if you built one-hot vectors, convert them with .to(table.dtype) before the matmul)",
         )
+
+
+@contextlib.contextmanager
+def _not_allowed(exercise: str, targets, why: str):
+    """Make each (owner, name) in `targets` raise CheckFailed(why) while the learner's code runs."""
+
+    def refuse(*args, **kwargs):
+        raise CheckFailed(exercise, why)
+
+    with contextlib.ExitStack() as stack:
+        for owner, name in targets:
+            stack.enter_context(mock.patch.object(owner, name, refuse))
+        yield
+
+
+def _backward_ops(tensor) -> set[str]:
+    """The names of the autograd nodes behind `tensor`, e.g. {"MmBackward0", "IndexBackward0"}."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
 
 
 # --------------------------------------------------------------------------- Exercise 2.1
@@ -149,6 +177,13 @@ def check_one_hot_embed(one_hot_embed) -> None:
             "no gradient reaches the table through your output; keep the "
             "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
         )
+    lookups = {"IndexBackward0", "EmbeddingBackward0", "IndexSelectBackward0", "GatherBackward0"}
+    if _backward_ops(out) & lookups:
+        raise CheckFailed(
+            EX_ONE_HOT,
+            "your output reads rows of the table (table[ids], F.embedding, index_select or "
+            "gather): the exercise asks for one-hot vectors times the table",
+        )
     out.sum().backward()
     counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
     if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
@@ -233,7 +268,14 @@ def check_lookup_backward(lookup_backward) -> None:
     ]
     for ids in cases:
         grad_out = torch.randn(*ids.shape, C, generator=gen)
-        got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
+        autograd = [
+            (torch.Tensor, "backward"),
+            (torch.autograd, "backward"),
+            (torch.autograd, "grad"),
+        ]
+        why = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
+        with _not_allowed(EX_BACKWARD, autograd, why):
+            got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
         n_uses, n_unique = ids.numel(), int(ids.unique().numel())
         hints = {
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
@@ -851,7 +893,10 @@ def check_dropout(dropout) -> None:
     for p in (0.1, 0.5, 0.0):
         x = torch.full((64, 256), 2.0)
         before = x.clone()
-        got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
+        torch_dropout = [(F, "dropout"), (torch, "dropout"), (nn.Dropout, "forward")]
+        why = "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
+        with _not_allowed(EX_DROPOUT, torch_dropout, why):
+            got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
         if not torch.equal(x, before):
             raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "in_place").message)
         got = expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
@@ -966,6 +1011,10 @@ def check_measure_dropout(measure_dropout) -> None:
                 EX_MEASURE_DROPOUT,
                 "return three things: (fraction zeroed, factor of the "
                 f"survivors, eval unchanged); got {type(got).__name__}",
+            )
+        if any(isinstance(value, torch.Tensor) for value in got):
+            raise CheckFailed(
+                EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"
             )
         try:
             fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])

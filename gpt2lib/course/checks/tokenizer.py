@@ -766,10 +766,6 @@ def check_fixed_merge(fixed_merge) -> None:
         if mistake is not None:
             raise CheckFailed(EX_DEBUG, mistake.message)
     _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
-    print(
-        "   The colleague merged the leftmost pair with a rank: right only where ranks grow from "
-        "left to right, as in their tests. Each merge assumes the lower-ranked ones came first."
-    )
 
 
 FIXED_MISTAKES = [
