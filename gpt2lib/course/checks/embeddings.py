@@ -75,6 +75,8 @@ def _backward_ops(tensor) -> set[str]:
 
 # --------------------------------------------------------------------------- Exercise 2.1
 
+_AUTOGRAD = [(torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad")]
+
 # fn(token_ids, table) -> what that wrong answer returns
 ONE_HOT_MISTAKES = [
     Mistake(
@@ -260,36 +262,21 @@ def check_lookup_backward(lookup_backward) -> None:
     """`lookup_backward(token_ids, grad_out, vocab_size)`: ids (...), grad_out (..., C) -> (V, C)."""
     gen = torch.Generator().manual_seed(0)
     V, C = 9, 4
-    cases = [
-        torch.tensor(
-            [[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]
-        ),  # (B=2, T=5): 1, 3 and 5 repeat; 0, 7, 8 unused
-        torch.tensor([8, 0, 8, 8]),  # (T=4,): any shape, the last id used 3 times
+    cases = [  # (B=2, T=5): 1, 3 and 5 repeat, 0, 7, 8 unused; (T=4,): the last id 3 times
+        torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]),
+        torch.tensor([8, 0, 8, 8]),
     ]
     for ids in cases:
         grad_out = torch.randn(*ids.shape, C, generator=gen)
-        autograd = [
-            (torch.Tensor, "backward"),
-            (torch.autograd, "backward"),
-            (torch.autograd, "grad"),
-        ]
         why = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
-        with _not_allowed(EX_BACKWARD, autograd, why):
+        with _not_allowed(EX_BACKWARD, _AUTOGRAD, why):
             got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
-        n_uses, n_unique = ids.numel(), int(ids.unique().numel())
-        hints = {
+        uses, unique = (ids.numel(), C), (int(ids.unique().numel()), C)
+        hints = {  # fmt: skip
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
-            (
-                n_uses,
-                C,
-            ): "one row per use; add the rows of the same id together into a (V, C) table",
-            (
-                n_unique,
-                C,
-            ): "one row per id that appears; return all V rows (ids that never appear get zeros)",
-            tuple(
-                grad_out.shape
-            ): "that is grad_out's shape; the gradient has the table's shape, (V, C)",
+            uses: "one row per use; add the rows of the same id together into a (V, C) table",
+            unique: "one row per id that appears; return all V rows (unused ids get zeros)",
+            tuple(grad_out.shape): "that is grad_out's shape; the gradient is (V, C), the table's",
         }
         got = expect_tensor(
             EX_BACKWARD,
@@ -308,9 +295,7 @@ def check_lookup_backward(lookup_backward) -> None:
             raise CheckFailed(EX_BACKWARD, found.message)
         counts = torch.bincount(ids.reshape(-1), minlength=V)
         once = counts <= 1
-        if close(
-            got[once], want[once]
-        ):  # single uses and unused rows right: repeats are the problem
+        if close(got[once], want[once]):  # single uses and unused rows right: repeats are wrong
             raise CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
         if not close(got[counts == 0], want[counts == 0]):
             raise CheckFailed(
@@ -628,13 +613,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         past = kwargs.get("past_length", 0)
         label = "your forward" + (f" with past_length={past}" if past else "")
         got = _call_embeddings(module, idx, kwargs, label)
-        hints = {
-            (
-                B,
-                T,
-                2 * C,
-            ): "twice as wide: token and position embeddings are added, not concatenated"
-        }
+        hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}  # fmt: skip
         got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
         if not close(got, seeded_call(ref, idx, past)):
             _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
