@@ -185,35 +185,33 @@ def _first_overflow(dtype) -> int:
 
 
 def check_first_overflow(first_overflow) -> None:
-    """The number the learner's `first_overflow()` measures against the one measured here,
-    naming the near misses."""
+    """The learner's `first_overflow(dtype)` against the numbers measured here, for three dtypes
+    (so no single number can be written in), naming the near misses."""
     __tracebackhide__ = True
-    answer = call_learner(OVERFLOW, first_overflow)
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if isinstance(answer, float) and answer.is_integer():
-        answer = int(answer)
-    if not isinstance(answer, int) or isinstance(answer, bool):
-        raise CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
-    want = _first_overflow(torch.float32)
-    if answer == want:
-        passed(OVERFLOW, f"exp({want}) is the first whole-number power that float32 cannot hold")
-        return
-    near = {
-        want
-        - 1: f"exp({want - 1}) is still finite (about 1.7e38, under float32's largest, 3.4e38); the question asks "
-        "for the first s whose exp is inf",
-        _first_overflow(torch.float64): "that is where float64 overflows; torch's default "
-        "float, and the model's, is float32",
-        _first_overflow(torch.float16): "that is where float16 (half precision) overflows; the "
-        "question is about float32",
-    }
-    raise CheckFailed(
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        answer = call_learner(OVERFLOW, first_overflow, dtype)
+        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+            raise CheckFailed(
+                OVERFLOW, "return a Python int: call .item() (or int()) on the tensor"
+            )
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)
+        if not isinstance(answer, int) or isinstance(answer, bool):
+            raise CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
+        want = _first_overflow(dtype)
+        if answer == want:
+            continue
+        near = {
+            want - 1: f"exp({want - 1}) is still finite in {dtype}; the question asks for the "
+            "first s whose exp is inf",
+            _first_overflow(torch.float32): f"that is float32's answer, asked for {dtype}: make "
+            "the tensor in the dtype the check passes",
+        }
+        raise CheckFailed(OVERFLOW, f"for {dtype}: " + near.get(answer, f"{answer} is not it"))
+    passed(
         OVERFLOW,
-        near.get(
-            answer,
-            f"{answer} is not it: try exp of a few whole numbers near your guess and look for inf",
-        ),
+        "float32 overflows at exp(89), float16 at exp(12), float64 at exp(710): e^s has about "
+        "0.43 s decimal digits, and float32 holds up to about 3.4e38",
     )
 
 
