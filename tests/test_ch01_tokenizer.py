@@ -1309,22 +1309,14 @@ RIGHT_ANSWERS = {
     checks.check_load_gpt2_vocab: [
         lambda folder: __import__("gpt2lib.chapters.bpe").chapters.bpe.load_gpt2_vocab(folder)
     ],
-    checks.check_merge_count: [lambda vocab_size, n_special: vocab_size - n_special - 256],
+    checks.check_lowering_merges: [
+        lambda: checks._merge_sequence(" lowering", checks._gpt2_ranks())
+    ],
     checks.check_disagreeing_word: [lambda: " lowering", lambda: " the", lambda: "hello"],
     checks.check_fixed_merge: [_fixed_merge, bpe_merge],
     checks.check_tie_text: [lambda: "ab xy", lambda: "ab ba"],
     checks.check_bytes_per_token: [
         lambda tokenizer, text: len(text.encode()) / len(tokenizer.encode(text))
-    ],
-    checks.check_encode_sketch: [
-        lambda text, vocab, ranks: BPETokenizer(
-            vocab, sorted(ranks, key=ranks.get)
-        ).encode_ordinary(text),
-        lambda text, vocab, ranks: [
-            vocab[t]
-            for piece in regex.findall(GPT2_SPLIT_PATTERN, text)
-            for t in _fixed_merge([bytes([b]) for b in piece.encode()], ranks)
-        ],
     ],
 }
 
@@ -1411,15 +1403,21 @@ def test_load_check_names_form_mistakes():
     _fails(checks.check_load_gpt2_vocab, reversed_merges, "for data/ merge 0 should be")
 
 
-def test_merge_count_check_tries_more_than_gpt2():
-    cases = checks._merge_count_cases()
-    assert len({(v, s) for v, s, _ in cases}) == 3 and {s for _, s, _ in cases} == {0, 1, 2}
-    _fails(checks.check_merge_count, lambda vocab_size, n_special: "50000", "whole number")
-    _fails(
-        checks.check_merge_count,
-        lambda vocab_size, n_special: vocab_size - 300,
-        "for 50257 ids with 1 special",
-    )
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda: [(b"i", b"n"), (b"e", b"r")], "right so far"),
+        (
+            lambda: checks._merge_sequence(" lowering", checks._gpt2_ranks(), leftmost=True),
+            "leftmost",
+        ),
+        (lambda: [("i", "n")], "pairs of bytes"),
+        (lambda: [(b"zq", b"jx")], "not a merge of GPT-2"),
+        (lambda: [(b"i", b"n"), (b"in", b"g")], "merge 2 is not"),
+    ],
+)
+def test_the_by_hand_check_names_its_mistakes(wrong, phrase):
+    _fails(checks.check_lowering_merges, wrong, phrase)
 
 
 def test_debug_check_prints_both_tokenizations(capsys):
@@ -1504,7 +1502,7 @@ def test_the_chapter_states_what_each_check_uses():
     names = [
         checks.EX_BYTES,
         checks.EX_SPLIT,
-        checks.EX_COUNT,
+        checks.EX_HAND,
         checks.EX_MERGE,
         checks.EX_DEBUG,
         checks.EX_DECODE,
@@ -1516,24 +1514,12 @@ def test_the_chapter_states_what_each_check_uses():
     assert [
         name.split(" (")[0] + ": " + name.split(" (", 1)[1].split(")")[0] for name in names
     ] == titles
-    assert [c.title for c in course_format.challenges(nb)] == ["Challenge: train twice as fast"]
+    assert [c.title for c in course_format.challenges(nb)] == [
+        "Challenge: train twice as fast (about 15 min)"
+    ]
 
 
-# --------------------------------------------------------------------------- 1.4 encode, 1.10 measurement
-
-
-def test_the_encode_check_names_a_wrong_return():
-    _fails(
-        checks.check_encode_sketch, lambda text, vocab, ranks: "ids", "should return a list of ints"
-    )
-    _fails(checks.check_encode_sketch, lambda text, vocab, ranks: [0], "gives the ids")
-
-
-def test_the_gpt2_encoder_of_the_check_is_tiktokens():
-    vocab, merges = load_gpt2_vocab()
-    ranks = {pair: rank for rank, pair in enumerate(merges)}
-    for text in checks._ENCODE_TEXTS:
-        assert checks._encode_with(text, vocab, ranks) == get_encoding().encode(text)
+# --------------------------------------------------------------------------- 1.10 measurement
 
 
 _SWEEP_TEXT = (DATA / "bpe_training_text.txt").read_text(encoding="utf-8")

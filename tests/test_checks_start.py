@@ -1,6 +1,8 @@
 """Chapter 0's warm-up check, and the shared toolkit's handling of learner code
 (gpt2lib/course/checks/_core.py): passes right answers in any style, names each planted mistake."""
 
+import re
+
 import pytest
 import torch
 
@@ -92,11 +94,10 @@ def test_call_learner_checks_a_module_against_its_forward():
 
 from gpt2lib.course.checks.start_here import (  # noqa: E402 - this section's imports
     CENTER_MISTAKES,
-    LINEAR_MISTAKES,
     check_center,  # noqa: E402
     check_first_overflow,
-    check_linear_parameter_count,
     check_stable_softmax,
+    check_where_counting_stops,
 )
 
 
@@ -131,54 +132,64 @@ def test_center_that_changes_its_input_is_named():
         check_center(in_place)
 
 
-@pytest.mark.parametrize(
-    "right",
-    [
-        lambda n_in, n_out, bias=True: n_in * n_out + (n_out if bias else 0),
-        lambda n_in, n_out, bias=True: (n_in + int(bias)) * n_out,
-        lambda n_in, n_out, bias=True: torch.tensor(n_in * n_out + bias * n_out),
-    ],
-    ids=["formula", "factored", "tensor"],
-)
-def test_linear_count_right_answers_pass(capsys, right):
-    check_linear_parameter_count(right)
+def _doubling(dtype=torch.float32):
+    n = 1
+    while torch.tensor(n, dtype=dtype) + 1 != n:
+        n *= 2
+    return n
+
+
+def test_where_counting_stops_passes(capsys):
+    check_where_counting_stops(_doubling)
+    check_where_counting_stops(lambda dtype: float(_doubling(dtype)))  # a whole float is fine
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mistake", LINEAR_MISTAKES, ids=lambda m: m.name)
-def test_linear_count_planted_mistakes_are_named(mistake):
-    with pytest.raises(CheckFailed) as info:
-        check_linear_parameter_count(mistake.fn)
-    assert mistake.message in str(info.value)
+@pytest.mark.parametrize(
+    "wrong, phrase",
+    [
+        (lambda dtype: 2**24, "float32's answer"),  # written in, or the dtype ignored
+        (lambda dtype: _doubling(dtype) - 1, "still exact"),
+        (lambda dtype: _doubling(dtype) + 1, "one less"),
+        (lambda dtype: torch.tensor(_doubling(dtype)), ".item()"),
+        (lambda dtype: 2**53, "float64"),
+        (lambda dtype: "16777216", "whole number"),
+    ],
+)
+def test_where_counting_stops_mistakes_are_named(wrong, phrase):
+    with pytest.raises(CheckFailed, match=re.escape(phrase)):
+        check_where_counting_stops(wrong)
 
 
-def test_linear_count_that_counts_a_built_layer_only_at_one_shape_fails():
-    with pytest.raises(CheckFailed, match="you gave"):
-        check_linear_parameter_count(lambda n_in, n_out, bias=True: 3 * 5 + 5)
+def _overflow(dtype=torch.float32):
+    s = 0
+    while torch.isfinite(torch.exp(torch.tensor(float(s), dtype=dtype))):
+        s += 1
+    return s
 
 
 def test_first_overflow_is_the_measured_number(capsys):
-    check_first_overflow(lambda: 89)
+    check_first_overflow(_overflow)
     assert "✅" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "answer, phrase",
     [
-        (88, "still finite"),
-        (710, "float64"),
-        (12, "float16"),
-        (100, "is not it"),
-        ("89", "whole number"),
+        (lambda dtype: _overflow(dtype) - 1, "still finite"),
+        (lambda dtype: 89, "float32's answer"),  # written in, or the dtype ignored
+        (lambda dtype: 100, "is not it"),
+        (lambda dtype: "89", "whole number"),
+        (lambda dtype: torch.tensor(_overflow(dtype)), ".item()"),
     ],
 )
 def test_first_overflow_near_misses_are_named(answer, phrase):
-    with pytest.raises(CheckFailed, match=phrase):
-        check_first_overflow(lambda: answer)
+    with pytest.raises(CheckFailed, match=re.escape(phrase)):
+        check_first_overflow(answer)
 
 
 def test_first_overflow_stub_is_not_done():
-    def stub():
+    def stub(dtype=torch.float32):
         raise NotImplementedError("Exercise 0.4")
 
     with pytest.raises(NotDoneYet):

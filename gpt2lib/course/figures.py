@@ -23,7 +23,58 @@ def _plt():
 # --------------------------------------------------------------------------- chapter 1
 
 
+def bytes_per_token(sizes, ratios, gpt2_ratio):
+    """Bytes per token on held-out text against the vocabulary size, with GPT-2's as a line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3))
+    ax.plot(sizes, ratios, "o-", label="trained on 20,000 characters of Shakespeare")
+    ax.axhline(gpt2_ratio, color="grey", ls="--", label="GPT-2 (50,257 ids, web text)")
+    ax.set(xscale="log", xlabel="vocabulary size (ids, log scale)", ylabel="bytes per token")
+    ax.legend()
+    plt.tight_layout()
+    plt.show()
+
+
+_PALETTE = ["#fde2a7", "#b9e4c9", "#c7d7f5", "#f7c6d9", "#d9c8f0", "#c4ece9"]
+
+
+def show_tokens(samples, tokenizer):
+    """Each text of `samples` (name -> text) with one coloured span per token; hover for its id."""
+    import html
+
+    from IPython.display import HTML, display
+
+    for name, text in samples.items():
+        ids = tokenizer.encode(text, allowed_special="all")
+        spans = []
+        for i, token_id in enumerate(ids):
+            raw = tokenizer.decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
+            shown = html.escape(raw).replace(" ", "·").replace("\n", "↵<br>")
+            style = f"background:{_PALETTE[i % 6]};border-radius:3px"
+            spans.append(f'<span title="id {token_id}" style="{style}">{shown}</span>')
+        box = '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
+        display(HTML(f"<b>{name}</b>: {len(ids)} tokens" + box))
+
+
 # --------------------------------------------------------------------------- chapter 2
+
+
+def position_cosines(table, name):
+    """A position table (P, C), its first 64 features, beside the cosines of its rows (P, P)."""
+    import torch
+
+    plt = _plt()
+    table = table.detach().float().cpu()
+    unit = table / table.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    im1 = ax1.imshow(table[:, :64], cmap="RdBu", aspect="auto")
+    ax1.set(title=f"{name}: positions × features", xlabel="feature", ylabel="position")
+    fig.colorbar(im1, ax=ax1)
+    im2 = ax2.imshow(torch.mm(unit, unit.T), cmap="viridis", vmin=-1, vmax=1)
+    ax2.set(title=f"{name}: cosine similarity of positions", xlabel="position", ylabel="position")
+    fig.colorbar(im2, ax=ax2)
+    plt.tight_layout()
+    plt.show()
 
 
 # --------------------------------------------------------------------------- chapter 3

@@ -9,6 +9,10 @@ names the mistake when one of them matches.
 
 from __future__ import annotations
 
+import contextlib
+import math
+from unittest import mock
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,8 +34,7 @@ EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
 EX_COSINE = "Exercise 2.3 (cosine_matrix)"
 EX_DROPOUT = "Exercise 2.4 (dropout)"
 EX_MEASURE_DROPOUT = "Exercise 2.4 (measure_dropout)"
-EX_COUNT = "Exercise 2.5 (embedding_parameter_count)"
-EX_MODULE = "Exercise 2.6 (GPT2Embeddings)"
+EX_MODULE = "Exercise 2.5 (GPT2Embeddings)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 
@@ -44,7 +47,35 @@ def _require_float(exercise: str, got, what: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def _not_allowed(exercise: str, targets, why: str):
+    """Make each (owner, name) in `targets` raise CheckFailed(why) while the learner's code runs."""
+
+    def refuse(*args, **kwargs):
+        raise CheckFailed(exercise, why)
+
+    with contextlib.ExitStack() as stack:
+        for owner, name in targets:
+            stack.enter_context(mock.patch.object(owner, name, refuse))
+        yield
+
+
+def _backward_ops(tensor) -> set[str]:
+    """The names of the autograd nodes behind `tensor`, e.g. {"MmBackward0", "IndexBackward0"}."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
 # --------------------------------------------------------------------------- Exercise 2.1
+
+_AUTOGRAD = [(torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad")]
 
 # fn(token_ids, table) -> what that wrong answer returns
 ONE_HOT_MISTAKES = [
@@ -148,6 +179,13 @@ def check_one_hot_embed(one_hot_embed) -> None:
             "no gradient reaches the table through your output; keep the "
             "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
         )
+    lookups = {"IndexBackward0", "EmbeddingBackward0", "IndexSelectBackward0", "GatherBackward0"}
+    if _backward_ops(out) & lookups:
+        raise CheckFailed(
+            EX_ONE_HOT,
+            "your output reads rows of the table (table[ids], F.embedding, index_select or "
+            "gather): the exercise asks for one-hot vectors times the table",
+        )
     out.sum().backward()
     counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
     if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
@@ -224,29 +262,21 @@ def check_lookup_backward(lookup_backward) -> None:
     """`lookup_backward(token_ids, grad_out, vocab_size)`: ids (...), grad_out (..., C) -> (V, C)."""
     gen = torch.Generator().manual_seed(0)
     V, C = 9, 4
-    cases = [
-        torch.tensor(
-            [[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]
-        ),  # (B=2, T=5): 1, 3 and 5 repeat; 0, 7, 8 unused
-        torch.tensor([8, 0, 8, 8]),  # (T=4,): any shape, the last id used 3 times
+    cases = [  # (B=2, T=5): 1, 3 and 5 repeat, 0, 7, 8 unused; (T=4,): the last id 3 times
+        torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]),
+        torch.tensor([8, 0, 8, 8]),
     ]
     for ids in cases:
         grad_out = torch.randn(*ids.shape, C, generator=gen)
-        got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
-        n_uses, n_unique = ids.numel(), int(ids.unique().numel())
-        hints = {
+        why = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
+        with _not_allowed(EX_BACKWARD, _AUTOGRAD, why):
+            got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
+        uses, unique = (ids.numel(), C), (int(ids.unique().numel()), C)
+        hints = {  # fmt: skip
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
-            (
-                n_uses,
-                C,
-            ): "one row per use; add the rows of the same id together into a (V, C) table",
-            (
-                n_unique,
-                C,
-            ): "one row per id that appears; return all V rows (ids that never appear get zeros)",
-            tuple(
-                grad_out.shape
-            ): "that is grad_out's shape; the gradient has the table's shape, (V, C)",
+            uses: "one row per use; add the rows of the same id together into a (V, C) table",
+            unique: "one row per id that appears; return all V rows (unused ids get zeros)",
+            tuple(grad_out.shape): "that is grad_out's shape; the gradient is (V, C), the table's",
         }
         got = expect_tensor(
             EX_BACKWARD,
@@ -265,9 +295,7 @@ def check_lookup_backward(lookup_backward) -> None:
             raise CheckFailed(EX_BACKWARD, found.message)
         counts = torch.bincount(ids.reshape(-1), minlength=V)
         once = counts <= 1
-        if close(
-            got[once], want[once]
-        ):  # single uses and unused rows right: repeats are the problem
+        if close(got[once], want[once]):  # single uses and unused rows right: repeats are wrong
             raise CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
         if not close(got[counts == 0], want[counts == 0]):
             raise CheckFailed(
@@ -279,7 +307,11 @@ def check_lookup_backward(lookup_backward) -> None:
             "are not: row v must be the sum of grad_out[b, t] over every place where "
             "token_ids[b, t] == v",
         )
-    passed(EX_BACKWARD, "each row gets the sum of the gradients of its uses, unused rows zero")
+    passed(
+        EX_BACKWARD,
+        "each row gets the sum of the gradients of its uses, unused rows zero: in product form "
+        "one_hotᵀ @ grad_out, (V, B·T) @ (B·T, C)",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 2.3
@@ -370,83 +402,46 @@ def check_cosine_matrix(cosine_matrix) -> None:
     passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
-# --------------------------------------------------------------------------- Exercise 2.5
+MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
 
 
-def _count_configs():
-    from gpt2lib.chapters.config import GPT2Config
-
-    return [
-        GPT2Config(),
-        GPT2Config(vocab_size=11, n_positions=7, n_embd=6, n_layer=1, n_head=2),
-        GPT2Config(vocab_size=500, n_positions=64, n_embd=40, n_layer=3, n_head=4),
-    ]
-
-
-# fn(config) -> what that wrong answer returns
-COUNT_MISTAKES = [
-    Mistake(
-        "token_table_only",
-        "you counted only the token table: wpe holds n_positions * n_embd more",
-        lambda c: c.vocab_size * c.n_embd,
-    ),
-    Mistake(
-        "position_table_only",
-        "you counted only the position table: wte holds vocab_size * n_embd more",
-        lambda c: c.n_positions * c.n_embd,
-    ),
-    Mistake(
-        "untied_readout_counted",
-        "you counted a third table for the readout: GPT-2's readout reuses wte "
-        "(tied weights), so it adds nothing",
-        lambda c: (2 * c.vocab_size + c.n_positions) * c.n_embd,
-    ),
-    Mistake(
-        "rows_not_numbers",
-        "you counted rows, not numbers: each row holds n_embd numbers",
-        lambda c: c.vocab_size + c.n_positions,
-    ),
-    Mistake(
-        "gpt2_small_hard_coded",
-        "your answer is GPT-2 small's count for every config: compute it from "
-        "config.vocab_size, config.n_positions and config.n_embd",
-        lambda c: (50257 + 1024) * 768,
-    ),
-]
-
-
-def check_embedding_parameter_count(embedding_parameter_count) -> None:
-    """embedding_parameter_count(config) -> int, tried on three configs."""
-    for config in _count_configs():
-        got = call_learner(EX_COUNT, embedding_parameter_count, config)
-        want = (config.vocab_size + config.n_positions) * config.n_embd
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(EX_COUNT, f"return a whole number (an int), got {type(got).__name__}")
-        if got == want:
-            continue
-        found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
-        if found:
-            raise CheckFailed(EX_COUNT, found.message)
+def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
+    """The learner's mean |cosine| over pairs of different rows of `table`, a float."""
+    if isinstance(mean_abs_cosine, torch.Tensor):
+        raise CheckFailed(MEAN_ABS, "mean_abs_cosine is a tensor: make it a float with .item()")
+    if isinstance(mean_abs_cosine, bool) or not isinstance(mean_abs_cosine, (int, float)):
+        raise CheckFailed(MEAN_ABS, f"mean_abs_cosine should be a float, not {mean_abs_cosine!r}")
+    cosine = _unit_rows(table.double()) @ _unit_rows(table.double()).T
+    different = ~torch.eye(len(table), dtype=torch.bool)
+    want = cosine[different].abs().mean().item()
+    wrong = {
+        "with the diagonal": (
+            cosine.abs().mean().item(),
+            "you averaged the diagonal too: "
+            "each position with itself has cosine 1; take only pairs of different positions",
+        ),
+        "signed": (
+            cosine[different].mean().item(),
+            "you averaged the signed cosines, which cancel out: take the absolute values first",
+        ),
+    }
+    for value, message in wrong.values():
+        if abs(mean_abs_cosine - value) < 1e-4 and abs(value - want) > 1e-4:
+            raise CheckFailed(MEAN_ABS, message)
+    if abs(mean_abs_cosine - want) > 1e-4:
         raise CheckFailed(
-            EX_COUNT,
-            f"for vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
-            f"n_embd={config.n_embd} you gave {got:,}; count the numbers in both tables",
+            MEAN_ABS,
+            f"you gave {mean_abs_cosine:.4f}; the mean |cosine| off the diagonal is not that",
         )
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.embeddings import GPT2Embeddings
-
-    with torch.device("meta"):  # shapes only: no memory, no random numbers
-        counted = sum(p.numel() for p in GPT2Embeddings(GPT2Config()).parameters())
     passed(
-        EX_COUNT,
-        f"(vocab_size + n_positions) * n_embd, for every config tried; for GPT-2 small "
-        f"{counted:,}, as many as gpt2lib's GPT2Embeddings holds",
+        MEAN_ABS,
+        f"{want:.4f} over {int(different.sum())} pairs of different positions; random directions "
+        f"in C = {table.shape[1]} dimensions give sqrt(2 / (pi C)) = "
+        f"{math.sqrt(2 / (math.pi * table.shape[1])):.4f} on average",
     )
 
 
-# --------------------------------------------------------------------------- Exercise 2.6
+# --------------------------------------------------------------------------- Exercise 2.5
 
 
 def _positions(past, T):
@@ -552,13 +547,33 @@ def _call_embeddings(module, idx, kwargs, label):
         raise
 
 
-def check_gpt2_embeddings(embeddings_cls) -> None:
-    """`embeddings_cls(config)` with wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C),
-    checked in eval mode (values, positions after a cache) and in train mode (dropout)."""
-    with (
-        torch.random.fork_rng()
-    ):  # building modules draws random numbers: leave the notebook's alone
+def check_gpt2_embeddings(embeddings_cls, position_ids=None) -> None:
+    """`position_ids(length, past_length)` (integer positions), then `embeddings_cls(config)` with
+    wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C), checked in eval mode (values,
+    positions after a cache) and in train mode (dropout)."""
+    if position_ids is not None:
+        _check_position_ids(position_ids)
+    with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's
         _check_gpt2_embeddings(embeddings_cls)
+
+
+def _check_position_ids(position_ids) -> None:
+    for length, past in [(5, 0), (3, 4), (1, 9)]:
+        got = call_learner(EX_MODULE, position_ids, length, past)
+        want = torch.arange(past, past + length)
+        if isinstance(got, torch.Tensor) and got.is_floating_point():
+            raise CheckFailed(
+                EX_MODULE,
+                f"position_ids gives {got.dtype} numbers: positions index a table, so they must "
+                "be integers (torch.arange of ints, or .long())",
+            )
+        got = expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
+        if not torch.equal(got.long(), want):
+            raise CheckFailed(
+                EX_MODULE,
+                f"position_ids({length}, past_length={past}) gave {got.tolist()}, "
+                f"expected {want.tolist()}",
+            )
 
 
 def _check_gpt2_embeddings(embeddings_cls) -> None:
@@ -598,13 +613,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         past = kwargs.get("past_length", 0)
         label = "your forward" + (f" with past_length={past}" if past else "")
         got = _call_embeddings(module, idx, kwargs, label)
-        hints = {
-            (
-                B,
-                T,
-                2 * C,
-            ): "twice as wide: token and position embeddings are added, not concatenated"
-        }
+        hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}  # fmt: skip
         got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
         if not close(got, seeded_call(ref, idx, past)):
             _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
@@ -706,13 +715,12 @@ def check_position_table(table) -> dict:
 
 MISTAKES_BY_CHECK = {
     check_cosine_matrix: COSINE_MISTAKES,
-    check_embedding_parameter_count: COUNT_MISTAKES,
 }
 
 
-# --------------------------------------------------------------------------- Exercise 2.7
+# --------------------------------------------------------------------------- Exercise 2.6
 
-EX_PIECES = "Exercise 2.7 (embed_in_pieces)"
+EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
 
 
 def _pieces(embeddings, idx, n, past_of):
@@ -864,7 +872,10 @@ def check_dropout(dropout) -> None:
     for p in (0.1, 0.5, 0.0):
         x = torch.full((64, 256), 2.0)
         before = x.clone()
-        got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
+        torch_dropout = [(F, "dropout"), (torch, "dropout"), (nn.Dropout, "forward")]
+        why = "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
+        with _not_allowed(EX_DROPOUT, torch_dropout, why):
+            got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
         if not torch.equal(x, before):
             raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "in_place").message)
         got = expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
@@ -979,6 +990,10 @@ def check_measure_dropout(measure_dropout) -> None:
                 EX_MEASURE_DROPOUT,
                 "return three things: (fraction zeroed, factor of the "
                 f"survivors, eval unchanged); got {type(got).__name__}",
+            )
+        if any(isinstance(value, torch.Tensor) for value in got):
+            raise CheckFailed(
+                EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"
             )
         try:
             fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])

@@ -1,4 +1,4 @@
-"""Checks for chapter 0's warm-up exercise."""
+"""Checks for chapter 0's warm-up exercises and challenge."""
 
 import torch
 
@@ -125,53 +125,50 @@ def check_center(center) -> None:
             f"on x of shape {shape} the result is not x minus each "
             "token's mean: its tokens should each average to 0",
         )
-    passed(CENTER, "every token's vector now averages to 0, at three shapes")
+    passed(
+        CENTER,
+        "every token averages to 0, at three shapes. The bug: the (B, T) means lined up against "
+        "(T, C) from the right, so entry c of every token lost the mean of token c",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 0.3
 
-LINEAR = "Exercise 0.3 (linear_parameter_count)"
-
-LINEAR_MISTAKES = [
-    Mistake(
-        "no bias",
-        "that is the weight matrix alone; with bias=True the layer also holds one bias per output",
-        lambda n_in, n_out, bias: n_in * n_out,
-    ),
-    Mistake(
-        "bias per input",
-        "the bias has one number per output, not per input",
-        lambda n_in, n_out, bias: n_in * n_out + (n_in if bias else 0),
-    ),
-    Mistake(
-        "bias always",
-        "with bias=False there is no bias to count",
-        lambda n_in, n_out, bias: n_in * n_out + n_out,
-    ),
-    Mistake(
-        "added",
-        "a weight connects every input to every output: n_in times n_out, not n_in plus n_out",
-        lambda n_in, n_out, bias: n_in + n_out + (n_out if bias else 0),
-    ),
-]
+COUNTING = "Exercise 0.3 (where_counting_stops)"
 
 
-def check_linear_parameter_count(linear_parameter_count) -> None:
-    """Compares the formula with real nn.Linear layers of several shapes, with and without bias."""
+def check_where_counting_stops(where_counting_stops) -> None:
+    """The learner's measurement for three dtypes (so no single number can be written in),
+    with the near misses named."""
     __tracebackhide__ = True
-    for n_in, n_out, bias in [(3, 5, True), (768, 3072, True), (7, 2, False), (4, 4, True)]:
-        want = sum(p.numel() for p in torch.nn.Linear(n_in, n_out, bias=bias).parameters())
-        got = call_learner(LINEAR, linear_parameter_count, n_in, n_out, bias)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, int) or isinstance(got, bool):
-            raise CheckFailed(LINEAR, f"return a whole number (an int), not {type(got).__name__}")
-        if got == want:
+    for dtype, bits in [(torch.float32, 24), (torch.float16, 11), (torch.bfloat16, 8)]:
+        answer = call_learner(COUNTING, where_counting_stops, dtype)
+        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+            raise CheckFailed(
+                COUNTING, "return a Python int: call .item() (or int()) on the tensor"
+            )
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)
+        if not isinstance(answer, int) or isinstance(answer, bool):
+            raise CheckFailed(COUNTING, f"return a whole number (an int), not {answer!r}")
+        want = 2**bits
+        if answer == want:
             continue
-        mistake = first_mistake(LINEAR_MISTAKES, lambda m: m.fn(n_in, n_out, bias) == got)
-        where = f"for nn.Linear({n_in}, {n_out}, bias={bias}) you gave {got:,}, it holds {want:,}"
-        raise CheckFailed(LINEAR, where + (f": {mistake.message}" if mistake else ""))
-    passed(LINEAR, "the formula matches nn.Linear at four shapes, with and without bias")
+        near = {
+            want
+            - 1: f"{want - 1:,} + 1 is still exact in {dtype}; the first n whose n + 1 is n is one more",
+            want + 1: f"{want + 1:,} cannot even be held in {dtype}; the first n is one less",
+            2**24: "that is float32's answer: did you pass the dtype to torch.tensor?",
+            2**53: "that is float64's: make the tensor in the dtype the check asks for",
+        }
+        raise CheckFailed(
+            COUNTING, f"for {dtype} you gave {answer:,}. " + near.get(answer, "measure again")
+        )
+    passed(
+        COUNTING,
+        "float32 stops at 2**24 = 16,777,216, float16 at 2,048 and bfloat16 at 256: a float "
+        "keeps 24, 11 and 8 significant bits, so past 2**bits the step between neighbours is 2",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 0.4
@@ -188,35 +185,33 @@ def _first_overflow(dtype) -> int:
 
 
 def check_first_overflow(first_overflow) -> None:
-    """The number the learner's `first_overflow()` measures against the one measured here,
-    naming the near misses."""
+    """The learner's `first_overflow(dtype)` against the numbers measured here, for three dtypes
+    (so no single number can be written in), naming the near misses."""
     __tracebackhide__ = True
-    answer = call_learner(OVERFLOW, first_overflow)
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if isinstance(answer, float) and answer.is_integer():
-        answer = int(answer)
-    if not isinstance(answer, int) or isinstance(answer, bool):
-        raise CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
-    want = _first_overflow(torch.float32)
-    if answer == want:
-        passed(OVERFLOW, f"exp({want}) is the first whole-number power that float32 cannot hold")
-        return
-    near = {
-        want
-        - 1: f"exp({want - 1}) is still finite (about 1.7e38, under float32's largest, 3.4e38); the question asks "
-        "for the first s whose exp is inf",
-        _first_overflow(torch.float64): "that is where float64 overflows; torch's default "
-        "float, and the model's, is float32",
-        _first_overflow(torch.float16): "that is where float16 (half precision) overflows; the "
-        "question is about float32",
-    }
-    raise CheckFailed(
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        answer = call_learner(OVERFLOW, first_overflow, dtype)
+        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+            raise CheckFailed(
+                OVERFLOW, "return a Python int: call .item() (or int()) on the tensor"
+            )
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)
+        if not isinstance(answer, int) or isinstance(answer, bool):
+            raise CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
+        want = _first_overflow(dtype)
+        if answer == want:
+            continue
+        near = {
+            want - 1: f"exp({want - 1}) is still finite in {dtype}; the question asks for the "
+            "first s whose exp is inf",
+            _first_overflow(torch.float32): f"that is float32's answer, asked for {dtype}: make "
+            "the tensor in the dtype the check passes",
+        }
+        raise CheckFailed(OVERFLOW, f"for {dtype}: " + near.get(answer, f"{answer} is not it"))
+    passed(
         OVERFLOW,
-        near.get(
-            answer,
-            f"{answer} is not it: try exp of a few whole numbers near your guess and look for inf",
-        ),
+        "float32 overflows at exp(89), float16 at exp(12), float64 at exp(710): e^s has about "
+        "0.43 s decimal digits, and float32 holds up to about 3.4e38",
     )
 
 

@@ -6,7 +6,7 @@ when the answer is wrong, names the mistake by comparing with known wrong versio
 never look at source code, so any correct answer passes.
 
 The known wrong versions are module-level lists of `Mistake` (BYTES_MISTAKES, LOAD_MISTAKES,
-SPLIT_MISTAKES, COUNT_MISTAKES, MERGE_MISTAKES, ENCODE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES,
+SPLIT_MISTAKES, MERGE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES,
 DECODE_MISTAKES, TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES,
 SWEEP_MISTAKES, FAST_MISTAKES);
 the tests feed each one to its check (`MISTAKES_BY_CHECK` maps the newer checks to theirs).
@@ -33,9 +33,8 @@ from gpt2lib.course.checks._core import (
 EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unicode"
 EX_LOAD = "Exercise 1.1 (the byte table, and reading the files): load_gpt2_vocab"
 EX_SPLIT = "Exercise 1.2 (finish the split pattern)"
-EX_COUNT = "Exercise 1.3 (how many merges?)"
-EX_MERGE = "Exercise 1.4 (apply merges by rank, then encode): bpe_merge"
-EX_ENCODE = "Exercise 1.4 (apply merges by rank, then encode): encode_sketch"
+EX_HAND = "Exercise 1.3 (merge a word by hand)"
+EX_MERGE = "Exercise 1.4 (apply merges by rank)"
 EX_DEBUG = "Exercise 1.5 (find and fix the bug in a colleague's encoder)"
 EX_DECODE = "Exercise 1.6 (decode ids to text)"
 EX_TIE = "Exercise 1.7 (a text on which the tie rules disagree)"
@@ -419,84 +418,56 @@ def check_split_pattern(gpt2_split_pattern) -> None:
     passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
-# --------------------------------------------------------------------------- 1.3 merge count
-
-COUNT_MISTAKES = [
-    Mistake(
-        "every id a merge",
-        "not every id comes from a merge: the 256 single bytes are there before any merge, and "
-        "the special tokens are added whole",
-        lambda vocab_size, n_special: vocab_size,
-    ),
-    Mistake(
-        "bytes counted",
-        "the 256 single bytes are not merges: they are the alphabet the merges start from",
-        lambda vocab_size, n_special: vocab_size - n_special,
-    ),
-    Mistake(
-        "special counted",
-        "a special token such as <|endoftext|> is not made by a merge: it is added whole, after "
-        "the merges (if you counted lines of vocab.bpe, its first line is a version header)",
-        lambda vocab_size, n_special: vocab_size - 256,
-    ),
-    Mistake(
-        "one too many taken",
-        "you take one id too many away: the ids are the 256 bytes, one token per merge, and the "
-        "special tokens, nothing else",
-        lambda vocab_size, n_special: vocab_size - 256 - n_special - 1,
-    ),
-    Mistake(
-        "one special always",
-        "your answer takes away one special token whatever n_special is; a tokenizer may have "
-        "none, or several",
-        lambda vocab_size, n_special: vocab_size - 256 - 1,
-    ),
-    Mistake(
-        "hard-coded",
-        "your answer does not depend on the arguments; it should hold for any vocab_size and "
-        "n_special, not only GPT-2's",
-        lambda vocab_size, n_special: 50000,
-    ),
-]
+# --------------------------------------------------------------------------- 1.3 by hand
 
 
-def _merge_count_cases() -> list[tuple[int, int, int]]:
-    """(vocab_size, n_special, merges the tokenizer really has): GPT-2 and two trained ones."""
-    from gpt2lib.tokenizer import BPETokenizer, load_gpt2_vocab
+def _merge_sequence(word: str, ranks, leftmost: bool = False) -> list[tuple[bytes, bytes]]:
+    """The pairs merged on `word`, in order: the lowest rank first (GPT-2), or the leftmost pair
+    that has a rank (the colleague's rule of Exercise 1.5)."""
+    symbols, applied = [bytes([b]) for b in word.encode("utf-8")], []
+    while ranked := [i for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]:
+        i = ranked[0] if leftmost else min(ranked, key=lambda i: ranks[symbols[i], symbols[i + 1]])
+        applied.append((symbols[i], symbols[i + 1]))
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return applied
 
-    cases = [(50257, 1, len(load_gpt2_vocab()[1]))]
-    for vocab_size, specials in [(300, []), (320, ["<|endoftext|>", "<|pad|>"])]:
-        trained = BPETokenizer.train(_training_text(), vocab_size, special_tokens=specials)
-        cases.append((trained.n_vocab, len(specials), len(trained.merges)))
-    return cases
 
-
-def check_merge_count(merge_count) -> None:
-    """Exercise 1.3: `merge_count(vocab_size, n_special)` is the number of merges of a byte-level BPE."""
-    cases = _merge_count_cases()
-    for vocab_size, n_special, want in cases:
-        got = call_learner(EX_COUNT, merge_count, vocab_size, n_special)
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
-            raise CheckFailed(
-                EX_COUNT, f"merge_count should return a whole number, got {_short(got)}"
-            )
-        if got != want:
-            mistake = first_mistake(
-                COUNT_MISTAKES,
-                lambda m: all(
-                    m.fn(v, s) == call_learner(EX_COUNT, merge_count, v, s) for v, s, _ in cases
-                ),
-            )
-            if mistake is not None:
-                raise CheckFailed(EX_COUNT, mistake.message)
-            raise CheckFailed(
-                EX_COUNT,
-                f"for {vocab_size} ids with {n_special} special tokens you say {got} "
-                f"merges; the tokenizer has {want}",
-            )
-    passed(
-        EX_COUNT,
-        f"GPT-2 has {cases[0][2]} merges, and your formula fits two trained tokenizers too",
+def check_lowering_merges(lowering_merges) -> None:
+    """Exercise 1.3: the merges GPT-2 applies to " lowering", in order, worked out by hand."""
+    ranks = _gpt2_ranks()
+    got = call_learner(EX_HAND, lowering_merges)
+    if not isinstance(got, (list, tuple)) or not all(
+        isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, bytes) for x in p) for p in got
+    ):
+        raise CheckFailed(
+            EX_HAND, f"return a list of pairs of bytes, like [(b'i', b'n'), ...], not {_short(got)}"
+        )
+    got, want = list(got), _merge_sequence(" lowering", ranks)
+    if got == want:
+        passed(
+            EX_HAND,
+            f"{len(want)} merges, lowest rank first, until ' lowering' is one token: a rank is "
+            "the order in which merges were learned, and each assumes the earlier ones",
+        )
+        return
+    unknown = [p for p in got if p not in ranks]
+    if unknown:
+        raise CheckFailed(EX_HAND, f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks")
+    if got == want[: len(got)]:
+        raise CheckFailed(
+            EX_HAND, f"right so far, but after your {len(got)} merges a pair with a rank is left"
+        )
+    if got == _merge_sequence(" lowering", ranks, leftmost=True):
+        raise CheckFailed(
+            EX_HAND,
+            "you merged the leftmost pair that has a rank each time; take the pair with the "
+            "lowest rank among all neighbouring pairs",
+        )
+    step = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), len(want))
+    raise CheckFailed(
+        EX_HAND,
+        f"merge {step + 1} is not GPT-2's: at that point, list every neighbouring pair with its "
+        "rank and take the lowest",
     )
 
 
@@ -707,119 +678,6 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
                 exercise,
                 f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
             )
-
-
-# --------------------------------------------------------------------------- 1.4 the whole encoder
-
-_FIRST_TRY = (
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"  # section 3's first try
-)
-
-
-def _encode_with(text, vocab, ranks, *, pieces="pattern", merge=True):
-    """Ids of `text`; the keyword arguments describe known wrong encoders."""
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN, bpe_merge
-
-    if pieces == "pattern":
-        parts = regex.findall(GPT2_SPLIT_PATTERN, text)
-    elif pieces == "first_try":
-        parts = regex.findall(_FIRST_TRY, text)
-    elif pieces == "split":
-        parts = text.split()
-    else:  # the whole text as one piece
-        parts = [text]
-    ids = []
-    for part in parts:
-        symbols = [bytes([b]) for b in part.encode("utf-8")]
-        ids.extend(vocab[token] for token in (bpe_merge(symbols, ranks) if merge else symbols))
-    return ids
-
-
-# fn(text, vocab, ranks) -> the ids that wrong encoder gives
-ENCODE_MISTAKES = [
-    Mistake(
-        "no_split",
-        "you merged the whole text as one piece, so merges cross word boundaries (two "
-        "newlines became one token); cut the text with GPT2_SPLIT_PATTERN first and merge each piece "
-        "on its own",
-        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="whole"),
-    ),
-    Mistake(
-        "first_try_pattern",
-        "your ids leave out whitespace: you split with section 3's first try, which "
-        "drops runs of spaces and newlines; split with the finished GPT2_SPLIT_PATTERN",
-        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="first_try"),
-    ),
-    Mistake(
-        "str_split",
-        "your ids lose every space: text.split() throws the whitespace away, but GPT-2 keeps "
-        "a space with the word after it; split with GPT2_SPLIT_PATTERN",
-        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, pieces="split"),
-    ),
-    Mistake(
-        "no_merge",
-        "you looked up single bytes: merge each piece's bytes by rank (bpe_merge) before "
-        "looking up the ids",
-        lambda text, vocab, ranks: _encode_with(text, vocab, ranks, merge=False),
-    ),
-]
-_ENCODE_TEXTS = [
-    "Hello world! Tokenizers split text.",
-    "a\n\nb  c\n",
-    "I'll pay 42 dollars, she's sure.  Ok?\n",
-    "Grüße aus Köln! 世界 👋",
-    "x   y",
-]
-
-
-@functools.lru_cache(maxsize=1)
-def _small_vocab_and_ranks():
-    from gpt2lib.tokenizer import train_merges_simple
-
-    vocab, merges = train_merges_simple(_training_text(), 300)
-    return vocab, {pair: rank for rank, pair in enumerate(merges)}
-
-
-def check_encode_sketch(encode_sketch) -> None:
-    """Exercise 1.4: `encode_sketch(text, vocab, ranks)` gives the ids of a byte-level BPE, for GPT-2's
-    vocabulary and for a small trained one."""
-    from gpt2lib.tokenizer import load_gpt2_vocab
-
-    gpt2_vocab, _ = load_gpt2_vocab()
-    settings = [
-        ("GPT-2's vocabulary", gpt2_vocab, _gpt2_ranks()),
-        ("a 300-token vocabulary", *_small_vocab_and_ranks()),
-    ]
-    for name, vocab, ranks in settings:
-        results = []
-        for text in _ENCODE_TEXTS:
-            got = call_learner(EX_ENCODE, encode_sketch, text, vocab, ranks)
-            if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) for i in got):
-                raise CheckFailed(
-                    EX_ENCODE, f"encode_sketch should return a list of ints, got {_short(got)}"
-                )
-            results.append(list(got))
-        expected = [_encode_with(text, vocab, ranks) for text in _ENCODE_TEXTS]
-        if results == expected:
-            continue
-        mistake = first_mistake(
-            ENCODE_MISTAKES,
-            lambda m: all(
-                got == m.fn(text, vocab, ranks) for got, text in zip(results, _ENCODE_TEXTS)
-            ),
-        )
-        if mistake is not None:
-            raise CheckFailed(EX_ENCODE, mistake.message)
-        got, want, text = next(
-            (g, w, t) for g, w, t in zip(results, expected, _ENCODE_TEXTS) if g != w
-        )
-        raise CheckFailed(
-            EX_ENCODE,
-            f"with {name}, {text!r} gives the ids {_short(want)}; yours are {_short(got)}",
-        )
-    passed(
-        EX_ENCODE, f"{len(_ENCODE_TEXTS)} texts, with GPT-2's vocabulary and a small trained one"
-    )
 
 
 # --------------------------------------------------------------------------- 1.5 the colleague's bug
@@ -1768,10 +1626,8 @@ MISTAKES_BY_CHECK = {
     check_bytes_to_unicode: BYTES_MISTAKES,
     check_load_gpt2_vocab: LOAD_MISTAKES,
     check_fixed_merge: FIXED_MISTAKES,
-    check_merge_count: COUNT_MISTAKES,
     check_disagreeing_word: DEBUG_MISTAKES,
     check_tie_text: TIE_MISTAKES,
     check_bytes_per_token: RATIO_MISTAKES,
-    check_encode_sketch: ENCODE_MISTAKES,
     check_fast_training: FAST_MISTAKES,
 }
