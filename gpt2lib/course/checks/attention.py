@@ -11,7 +11,9 @@ one), so that a wrong answer gets a message that names its mistake.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -37,6 +39,26 @@ EX_MODULE = "Exercise 3.6 (CausalSelfAttention)"
 EX_BY_HAND = "Exercise 3.7 (attention_by_hand)"
 EX_COST = "Exercise 3.8 (attention_cost)"
 CH_COPY = "Challenge (copy_two_back_head)"
+
+
+@contextlib.contextmanager
+def forbidding(exercise: str, *paths: str, instead: str):
+    """While the block runs, each function in `paths` (e.g. "torch.nn.functional.gelu") raises
+    CheckFailed naming it: an exercise that says "not allowed" checks it."""
+
+    def refuse(path):
+        def refused(*args, **kwargs):
+            raise CheckFailed(
+                exercise, f"your code calls {path}, which is not allowed here: {instead}"
+            )
+
+        return refused
+
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            stack.enter_context(mock.patch(path, refuse(path)))
+        yield
+
 
 # --------------------------------------------------------------------------- reference pieces
 
