@@ -12,6 +12,7 @@ one), so that a wrong answer gets a message that names its mistake.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from unittest import mock
 
@@ -58,6 +59,17 @@ def forbidding(exercise: str, *paths: str, instead: str):
         for path in paths:
             stack.enter_context(mock.patch(path, refuse(path)))
         yield
+
+
+def refusing(exercise: str, fn, *paths: str, instead: str):
+    """`fn` with `forbidding(exercise, *paths)` around each call (its signature kept)."""
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        with forbidding(exercise, *paths, instead=instead):
+            return fn(*args, **kwargs)
+
+    return guarded
 
 
 # --------------------------------------------------------------------------- reference pieces
