@@ -765,7 +765,7 @@ def test_check_input_gradient_norm_names_tensors_changed_inputs_and_left_grads()
         (out * direction).sum().backward()
         return x.grad.norm(dim=-1).mean().item()
 
-    with pytest.raises(CheckFailed, match=r"\.item\(\)"):
+    with pytest.raises(CheckFailed, match=r"a tensor: use \.item\(\)"):
         checks.check_input_gradient_norm(as_tensor)
     with pytest.raises(CheckFailed, match="x0 is not as it was"):
         checks.check_input_gradient_norm(input_marked)

@@ -632,9 +632,8 @@ def check_causal_self_attention(attention_cls) -> None:
     """`attention_cls(config)` has c_attn (n_embd -> 3 n_embd) and c_proj, both stored [in, out];
     `forward(x, kv_cache=None)` maps (B, T, C) -> (B, T, C) like GPT-2's attention, in eval mode,
     in train mode (residual dropout) and with a cache of earlier keys and values."""
-    with (
-        torch.random.fork_rng()
-    ):  # building modules draws random numbers: leave the notebook's alone
+    # building modules draws random numbers: leave the notebook's alone
+    with torch.random.fork_rng():
         _check_causal_self_attention(attention_cls)
 
 
@@ -776,11 +775,6 @@ def _check_causal_self_attention(attention_cls) -> None:
         "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the "
         "pattern through its hook point",
     )
-
-
-def _split_via_view(x, n_head):
-    B, T, C = x.shape
-    return x.contiguous().view(B, n_head, T, C // n_head)
 
 
 # split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
@@ -1217,9 +1211,8 @@ def _layer_refused(layer):
 def check_attention_by_hand(attention_by_hand) -> None:
     """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
     numbers of heads with weights and biases far from their initial values."""
-    with (
-        torch.random.fork_rng()
-    ):  # building layers draws random numbers: leave the notebook's alone
+    # building layers draws random numbers: leave the notebook's alone
+    with torch.random.fork_rng():
         _check_attention_by_hand(attention_by_hand)
 
 
@@ -1240,9 +1233,8 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             resid_pdrop=0.0,
         )
         layer = CausalSelfAttention(config).eval()
-        with (
-            torch.no_grad()
-        ):  # large weights and biases: attention far from uniform, biases visible
+        # large weights and biases: attention far from uniform, biases visible
+        with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         x = torch.randn(B, T, C, generator=gen)
@@ -1378,14 +1370,3 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
                 f"{goal}); most rows put their largest weight on token i - {most}",
             )
     passed(CH_COPY, "every row copies the token two places back")
-
-
-MISTAKES_BY_CHECK = {
-    check_attention_with_loops: ONE_HEAD_MISTAKES,
-    check_causal_attention: ONE_HEAD_MISTAKES[:-1],
-    check_saturation: SATURATION_MISTAKES,
-    check_previous_token_head: PREVIOUS_TOKEN_MISTAKES,
-    check_multi_head_attention: MULTI_HEAD_MISTAKES,
-    check_attention_by_hand: BY_HAND_MISTAKES,
-    check_attention_cost: COST_MISTAKES,
-}

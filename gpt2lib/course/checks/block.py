@@ -666,7 +666,7 @@ def check_no_residual_block(NoResidualBlock) -> None:
     passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
-# --------------------------------------------------------------------------- Exercise 5.3
+# --------------------------------------------------------------------------- Exercise 5.4
 
 
 def _stream(
@@ -866,36 +866,29 @@ GRAD_MISTAKES = [
 ]
 
 
-def _grad_cases():
-    """(blocks, x0, direction): GPT-2 blocks with large weights, stand-ins in float64, none."""
+def check_input_gradient_norm(input_gradient_norm) -> None:
+    """`input_gradient_norm(blocks, x0, direction)` -> a float: the mean per-token norm of the
+    gradient of (out * direction).sum() with respect to x0; x0 and the parameters untouched.
+    Tried on GPT-2 blocks with large weights, on stand-ins in float64, and on no blocks."""
     from gpt2lib.chapters.block import Block
 
     gen = torch.Generator().manual_seed(3)
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
+    with torch.random.fork_rng():  # building blocks draws random numbers: leave the notebook's
         gpt2 = nn.ModuleList(Block(_small_config()) for _ in range(3)).eval()
     with torch.no_grad():
         for p in gpt2.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    scales = [_Scale(0.5, torch.zeros(8)), _Scale(3.0, torch.ones(8))]
-    yield gpt2, torch.randn(2, 5, _small_config().n_embd, generator=gen), None
-    yield scales, torch.randn(3, 4, 8, generator=gen, dtype=torch.float64), None
-    yield [], torch.randn(1, 6, 8, generator=gen), None
-
-
-def check_input_gradient_norm(input_gradient_norm) -> None:
-    """`input_gradient_norm(blocks, x0, direction)` -> a float: the mean per-token norm of the
-    gradient of (out * direction).sum() with respect to x0; x0 and the parameters untouched."""
-    for blocks, x0, _ in _grad_cases():
-        direction = torch.randn(
-            x0.shape, dtype=x0.dtype, generator=torch.Generator().manual_seed(1)
-        )
-        kept = x0.clone()
+    cases = [
+        (gpt2, torch.randn(2, 5, _small_config().n_embd, generator=gen)),
+        ([_Scale(0.5, torch.zeros(8)), _Scale(3.0, torch.ones(8))], torch.randn(3, 4, 8).double()),
+        ([], torch.randn(1, 6, 8, generator=gen)),
+    ]
+    for blocks, x0 in cases:
+        direction, kept = torch.randn(x0.shape, generator=gen).to(x0.dtype), x0.clone()
         got = call_learner(EX_GRAD, input_gradient_norm, blocks, x0, direction)
-        if isinstance(got, torch.Tensor):
-            raise CheckFailed(EX_GRAD, "you return a tensor: return a Python float, with .item()")
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            raise CheckFailed(EX_GRAD, f"return a Python float, got {type(got).__name__}")
+            what = "a tensor: use .item()" if isinstance(got, torch.Tensor) else type(got).__name__
+            raise CheckFailed(EX_GRAD, f"return a Python float, got {what}")
         if not torch.equal(x0, kept) or x0.requires_grad or x0.grad is not None:
             raise CheckFailed(
                 EX_GRAD,
