@@ -631,9 +631,8 @@ def _run(module, x, **kwargs):
 def check_causal_self_attention(attention_cls) -> None:
     """`attention_cls(config)` has c_attn (n_embd -> 3 n_embd) and c_proj, both stored [in, out];
     `forward(x, kv_cache=None)` maps (B, T, C) -> (B, T, C) like GPT-2's attention, in eval mode,
-    in train mode (residual dropout) and with a cache of earlier keys and values."""
-    # building modules draws random numbers: leave the notebook's alone
-    with torch.random.fork_rng():
+    in train mode (residual dropout), with a cache of earlier keys and values, and a hook."""
+    with torch.random.fork_rng():  # building modules draws random numbers: keep the notebook's
         _check_causal_self_attention(attention_cls)
 
 
@@ -1181,12 +1180,7 @@ BY_HAND_MISTAKES = [
 ]
 
 
-def _no_sdpa(exercise: str):
-    return forbidding(
-        exercise,
-        "torch.nn.functional.scaled_dot_product_attention",
-        instead="write the attention out with this chapter's pieces (causal_attention)",
-    )
+_NO_SDPA = "write the attention out with this chapter's pieces (causal_attention)"
 
 
 @contextlib.contextmanager
@@ -1210,9 +1204,9 @@ def _layer_refused(layer):
 
 def check_attention_by_hand(attention_by_hand) -> None:
     """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
-    numbers of heads with weights and biases far from their initial values."""
-    # building layers draws random numbers: leave the notebook's alone
-    with torch.random.fork_rng():
+    numbers of heads with weights and biases far from their initial values; SDPA and calling the
+    layer refused."""
+    with torch.random.fork_rng():  # building layers draws random numbers: keep the notebook's
         _check_attention_by_hand(attention_by_hand)
 
 
@@ -1238,7 +1232,13 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         x = torch.randn(B, T, C, generator=gen)
-        with torch.no_grad(), _layer_refused(layer), _no_sdpa(EX_BY_HAND):
+        with (
+            torch.no_grad(),
+            _layer_refused(layer),
+            forbidding(
+                EX_BY_HAND, "torch.nn.functional.scaled_dot_product_attention", instead=_NO_SDPA
+            ),
+        ):
             got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
             got = expect_tensor(
                 EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
