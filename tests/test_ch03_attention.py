@@ -872,6 +872,28 @@ def sdpa_by_hand(layer, x):
     return y @ layer.c_proj.weight + layer.c_proj.bias
 
 
+def test_checks_of_3_1_3_2_and_3_7_name_inputs_changed_in_place():
+    def loops_in_place(q, k, v):
+        out = checks.attend(q, k, v)
+        q.mul_(2)
+        return out
+
+    def by_hand_in_place(layer, x):
+        out = checks.attention_by_hand_reference(layer, x)
+        x.zero_()
+        return out
+
+    assert_named(
+        checks.check_attention_with_loops, loops_in_place, "changed its input tensors in place"
+    )
+    assert_named(
+        checks.check_causal_attention, loops_in_place, "changed its input tensors in place"
+    )
+    assert_named(
+        checks.check_attention_by_hand, by_hand_in_place, "changed its input tensors in place"
+    )
+
+
 def test_check_attention_by_hand_refuses_sdpa():
     assert_named(
         checks.check_attention_by_hand,

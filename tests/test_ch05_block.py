@@ -549,7 +549,7 @@ def right_follow(blocks, x0):
 def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
     checks.check_follow_stream(right_follow)
 
-    def as_tensors(blocks, x0):  # float64, tensors, a loop over tokens, a different formula
+    def as_tensors(blocks, x0):  # float64, stacked tensors, a different formula
         states = [x0.double()]
         for block in blocks:
             states.append(block(states[-1]).double())
@@ -559,10 +559,21 @@ def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
         cosines = torch.stack(
             [((f * first).sum(-1) / (f.norm(dim=-1) * first.norm(dim=-1))).mean() for f in flat]
         )
-        return norms.detach(), cosines.detach()
+        return norms.tolist(), cosines.tolist()
 
     checks.check_follow_stream(as_tensors)
     assert capsys.readouterr().out.count("✅ Exercise 5.4") == 2
+
+
+def test_check_follow_stream_names_tensors_where_floats_are_asked():
+    def tensors(blocks, x0):
+        norms, cosines = right_follow(blocks, x0)
+        return [torch.tensor(v) for v in norms], cosines
+
+    with pytest.raises(CheckFailed, match=r"lists of Python floats: use \.item\(\)"):
+        checks.check_follow_stream(tensors)
+    with pytest.raises(CheckFailed, match=r"lists of Python floats: use \.item\(\)"):
+        checks.check_follow_stream(lambda b, x: tuple(torch.tensor(v) for v in right_follow(b, x)))
 
 
 @pytest.mark.parametrize("mistake", checks.STREAM_MISTAKES, ids=lambda m: m.name)

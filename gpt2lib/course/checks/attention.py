@@ -942,6 +942,11 @@ ONE_HEAD_MISTAKES = [
 ]
 
 
+_CHANGED = (
+    "your function changed its input tensors in place (masked_fill_, +=, ...): compute new ones"
+)
+
+
 def _check_one_head(exercise, fn, cases, large):
     """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
     gen = torch.Generator().manual_seed(1)
@@ -949,10 +954,13 @@ def _check_one_head(exercise, fn, cases, large):
         q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
         if large:  # every score 750 more (a shared first feature): exp overflows unless the max is taken out
             q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
+        kept = [t.clone() for t in (q, k, v)]
         try:
-            got = call_learner(exercise, fn, q.clone(), k.clone(), v.clone())
+            got = call_learner(exercise, fn, q, k, v)
         except OverflowError:
             raise CheckFailed(exercise, OVERFLOW) from None
+        if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
+            raise CheckFailed(exercise, _CHANGED)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise CheckFailed(
                 exercise, f"return two tensors, (out, weights); got {type(got).__name__}"
@@ -1239,7 +1247,10 @@ def _check_attention_by_hand(attention_by_hand) -> None:
                 EX_BY_HAND, "torch.nn.functional.scaled_dot_product_attention", instead=_NO_SDPA
             ),
         ):
+            kept = x.clone()
             got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
+            if not torch.equal(x, kept):
+                raise CheckFailed(EX_BY_HAND, _CHANGED)
             got = expect_tensor(
                 EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
             )

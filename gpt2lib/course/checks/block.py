@@ -757,17 +757,12 @@ class _Scale(nn.Module):
         return self.factor * x + self.shift.to(x.dtype)
 
 
+_FLOATS = "norms and cosines should be lists of Python floats: use .item() on a one-number tensor"
+
+
 def _as_floats(got, n):
-    if isinstance(got, torch.Tensor):
-        got = got.tolist()
-    if not isinstance(got, (list, tuple)) or not all(
-        isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in got
-    ):
-        raise CheckFailed(
-            EX_STREAM,
-            "each of norms and cosines should be a list of numbers "
-            "(use .item() on a one-number tensor)",
-        )
+    if not isinstance(got, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in got):
+        raise CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
     values = [float(v) for v in got]
     if len(values) != n:
         raise CheckFailed(
@@ -779,17 +774,17 @@ def _as_floats(got, n):
 
 
 def check_follow_stream(follow_stream) -> None:
-    """`follow_stream(blocks, x0)` -> (norms, cosines), each of length len(blocks) + 1."""
+    """`follow_stream(blocks, x0)` -> (norms, cosines), lists of Python floats, each of length
+    len(blocks) + 1; tried on two stacks and shapes, x0 left as it was."""
     gen = torch.Generator().manual_seed(0)
-    C = 6
-    blocks = nn.ModuleList(
-        [
-            _Scale(1.5, torch.randn(C, generator=gen)),
-            _Scale(0.5, torch.randn(C, generator=gen)),
-            _Scale(2.0, torch.randn(C, generator=gen)),
-        ]
-    )
-    x0 = torch.randn(2, 4, C, generator=gen) + 0.3  # (B, T, C)
+    for C, factors, shape in ((6, (1.5, 0.5, 2.0), (2, 4)), (5, (0.7, 3.0), (3, 2))):
+        blocks = nn.ModuleList(_Scale(f, torch.randn(C, generator=gen)) for f in factors)
+        x0 = torch.randn(*shape, C, generator=gen) + 0.3  # (B, T, C)
+        _check_stream_case(follow_stream, blocks, x0)
+    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
+
+
+def _check_stream_case(follow_stream, blocks, x0) -> None:
     x0_before = x0.clone()
     got = call_learner(EX_STREAM, follow_stream, blocks, x0)
     if not torch.equal(x0, x0_before):
@@ -803,6 +798,10 @@ def check_follow_stream(follow_stream) -> None:
             EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
         )
     n = len(blocks) + 1
+    if not all(isinstance(part, (list, tuple)) for part in got) or any(
+        isinstance(v, torch.Tensor) for part in got for v in part
+    ):
+        raise CheckFailed(EX_STREAM, _FLOATS)
 
     def matches(candidate):
         norms, cosines = candidate
@@ -832,7 +831,6 @@ def check_follow_stream(follow_stream) -> None:
                     raise CheckFailed(
                         EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
                     )
-    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
