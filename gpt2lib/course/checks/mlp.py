@@ -51,41 +51,14 @@ def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
 # --------------------------------------------------------------------------- Exercise 4.1
 
 
-def _moved(f, x, position):
-    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools."""
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _signed(f, x, position):
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).sum(dim=-1) > 0
-
-
-def _in_place(f, x, position):
+def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
+    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools. The
+    switches describe known wrong versions (where: the index edited instead)."""
     before = f(x)
-    x[:, position] += 1.0
-    return (f(x) - before).abs().sum(dim=-1) > 0
-
-
-def _first_sequence(f, x, position):
-    edited = x.clone()
-    edited[0, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _feature(f, x, position):
-    edited = x.clone()
-    edited[..., position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _over_time(f, x, position):
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=1) > 0
+    edited = x if in_place else x.clone()
+    edited[(slice(None), position) if where is None else where(position)] += 1.0
+    diff = f(edited) - before
+    return (diff if signed else diff.abs()).sum(dim=dim) > 0
 
 
 # fn(f, x, position) -> what that wrong answer returns
@@ -95,31 +68,31 @@ MOVED_MISTAKES = [
         "you test the SIGNED sum of the differences: an output that moved down "
         "sums to less than 0 and is missed. Take the absolute value first, "
         "(f(edited) - f(x)).abs().sum(dim=-1) > 0",
-        _signed,
+        lambda f, x, p: _moved(f, x, p, signed=True),
     ),
     Mistake(
         "in place",
         "you changed x itself: the caller's tensor must stay as it was. Edit a "
         "copy, edited = x.clone()",
-        _in_place,
+        lambda f, x, p: _moved(f, x, p, in_place=True),
     ),
     Mistake(
         "first sequence",
         "you changed the token in the first sequence only: change it in "
         "every sequence of the batch, edited[:, position]",
-        _first_sequence,
+        lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
     ),
     Mistake(
         "feature",
         "you changed feature number `position` of every token (x[..., position]): "
         "change the whole token at that position, x[:, position]",
-        _feature,
+        lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
     ),
     Mistake(
         "over time",
         "you added up over the positions (dim 1): add up over each output's "
         "vector (the last dim), one answer per (sequence, position)",
-        _over_time,
+        lambda f, x, p: _moved(f, x, p, dim=1),
     ),
 ]
 
