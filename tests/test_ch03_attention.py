@@ -16,6 +16,7 @@ import gpt2lib.chapters.attention
 from gpt2lib.chapters.attention import (
     CausalSelfAttention,
     HookPoint,
+    attention_pattern,
     attention_weights,
     merge_heads,
     split_heads,
@@ -492,6 +493,44 @@ def test_check_module_accepts_right_answers(capsys):
     assert capsys.readouterr().out.count("✅ Exercise 3.6") == 3
 
 
+class ScoresThroughTheHook(CausalSelfAttention):
+    """Sends the scaled scores, not the softmax pattern, through the hook point."""
+
+    def forward(self, x, kv_cache=None):
+        if not self.hook_pattern.active:
+            return super().forward(x, kv_cache)
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=2))
+        scores = q @ k.mT / math.sqrt(q.shape[-1])
+        self.hook_pattern(scores)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.resid_dropout(self.c_proj(merge_heads(y)))
+
+
+class HookIgnored(CausalSelfAttention):
+    """Calls the hook point but uses its own pattern, not what the hook returns."""
+
+    def forward(self, x, kv_cache=None):
+        if not self.hook_pattern.active:
+            return super().forward(x, kv_cache)
+        q, k, v = (split_heads(t, self.n_head) for t in self.c_attn(x).split(self.n_embd, dim=2))
+        pattern = attention_pattern(q, k)
+        self.hook_pattern(pattern)
+        return self.resid_dropout(self.c_proj(merge_heads(pattern @ v)))
+
+
+def test_check_module_names_a_wrong_or_ignored_hook_pattern():
+    assert_named(
+        checks.check_causal_self_attention,
+        ScoresThroughTheHook,
+        "what goes through hook_pattern is not the attention pattern",
+    )
+    assert_named(
+        checks.check_causal_self_attention,
+        HookIgnored,
+        "a hook that replaces the pattern does not change your output",
+    )
+
+
 @pytest.mark.parametrize("mistake", checks.MODULE_MISTAKES, ids=lambda m: m.name)
 def test_check_module_names_every_planted_mistake(mistake):
     assert_named(checks.check_causal_self_attention, planted(mistake), mistake.message)
@@ -821,8 +860,62 @@ def test_attention_init_stub_is_not_done_yet():
 def test_check_attention_by_hand_accepts_right_answers(capsys):
     checks.check_attention_by_hand(checks.attention_by_hand_reference)
     checks.check_attention_by_hand(loop_attention)  # loops over batch, heads, queries and keys
-    checks.check_attention_by_hand(lambda layer, x: layer(x))  # the layer itself
-    assert capsys.readouterr().out.count("✅ Exercise 3.7") == 3
+    assert capsys.readouterr().out.count("✅ Exercise 3.7") == 2
+
+
+# The issue's planted mistake: 3.7 forbids SDPA (and the layer itself); the check must refuse them.
+def sdpa_by_hand(layer, x):
+    C = x.shape[-1]
+    q, k, v = (x @ layer.c_attn.weight + layer.c_attn.bias).split(C, dim=2)
+    q, k, v = (split_heads(t, layer.n_head) for t in (q, k, v))
+    y = merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return y @ layer.c_proj.weight + layer.c_proj.bias
+
+
+def test_checks_of_3_1_3_2_and_3_7_name_inputs_changed_in_place():
+    def loops_in_place(q, k, v):
+        out = checks.attend(q, k, v)
+        q.mul_(2)
+        return out
+
+    def by_hand_in_place(layer, x):
+        out = checks.attention_by_hand_reference(layer, x)
+        x.zero_()
+        return out
+
+    assert_named(
+        checks.check_attention_with_loops, loops_in_place, "changed its input tensors in place"
+    )
+    assert_named(
+        checks.check_causal_attention, loops_in_place, "changed its input tensors in place"
+    )
+    assert_named(
+        checks.check_attention_by_hand, by_hand_in_place, "changed its input tensors in place"
+    )
+
+
+def test_check_attention_by_hand_refuses_sdpa():
+    assert_named(
+        checks.check_attention_by_hand,
+        sdpa_by_hand,
+        "calls torch.nn.functional.scaled_dot_product_attention, which is not allowed",
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda layer, x: layer(x),
+        lambda layer, x: layer.forward(x),
+        lambda layer, x: (
+            checks.attention_by_hand_reference(layer, x) * 0
+            + layer.c_proj(layer.c_attn(x)[..., : x.shape[-1]])
+        ),
+    ],
+    ids=["layer(x)", "layer.forward(x)", "a submodule"],
+)
+def test_check_attention_by_hand_refuses_calling_the_layer(call):
+    assert_named(checks.check_attention_by_hand, call, "calls the layer or one of its submodules")
 
 
 def test_the_reference_by_hand_is_the_layer_at_gpt2_small_size():
@@ -846,18 +939,19 @@ def test_check_attention_by_hand_reports_the_stub_a_wrong_shape_and_other_mistak
         checks.check_attention_by_hand(stub)
     assert_named(checks.check_attention_by_hand, lambda layer, x: x[:, :-1], "has shape")
     assert_named(
-        checks.check_attention_by_hand, lambda layer, x: 2 * layer(x), "differs from the layer's"
+        checks.check_attention_by_hand,
+        lambda layer, x: 2 * checks.attention_by_hand_reference(layer, x),
+        "differs from the layer's",
     )
 
 
 # --------------------------------------------------------------------------- check 3.8
 
 
-def cost_by_layer(T, n_embd, n_head):  # counted from a real layer and the matmul shapes
-    layer = CausalSelfAttention(small_config(n_embd=n_embd, n_head=n_head))
+def cost_by_layer(T, n_embd, n_head):  # counted from the matmul shapes, head by head
     hd = n_embd // n_head
     matmuls = [(T, n_embd, 3 * n_embd), (T, n_embd, n_embd)] + [(T, hd, T), (T, T, hd)] * n_head
-    return sum(p.numel() for p in layer.parameters()), sum(2 * m * k * n for m, k, n in matmuls)
+    return sum(2 * m * k * n for m, k, n in matmuls)
 
 
 def test_check_attention_cost_accepts_right_answers(capsys):
@@ -875,7 +969,7 @@ def test_the_cost_formula_equals_torchs_flop_counter():
         q, k, v = (split_heads(t, 3) for t in layer.c_attn(x).split(24, dim=2))
         w = (q @ k.mT).softmax(-1)
         layer.c_proj(merge_heads(w @ v))
-    assert counter.get_total_flops() == checks._cost(10, 24, 3)[1]
+    assert counter.get_total_flops() == checks._cost(10, 24, 3)
 
 
 @pytest.mark.parametrize("mistake", checks.COST_MISTAKES, ids=lambda m: m.name)
@@ -884,8 +978,12 @@ def test_check_attention_cost_names_every_planted_mistake(mistake):
 
 
 def test_check_attention_cost_names_an_unknown_wrong_count():
-    with pytest.raises(CheckFailed, match="your FLOPs are"):
-        checks.check_attention_cost(lambda T, C, n: (checks._cost(T, C, n)[0], 1))
+    with pytest.raises(CheckFailed, match="FLOPs, not"):
+        checks.check_attention_cost(lambda T, C, n: 1)
+    with pytest.raises(CheckFailed, match=r"a tensor: return a Python int \(\.item\(\)\)"):
+        checks.check_attention_cost(lambda T, C, n: torch.tensor(checks._cost(T, C, n)))
+    with pytest.raises(CheckFailed, match="whole number"):
+        checks.check_attention_cost(lambda T, C, n: (1, checks._cost(T, C, n)))
 
 
 # --------------------------------------------------------------------------- challenge

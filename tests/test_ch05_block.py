@@ -209,8 +209,22 @@ def correct_layer_norm(x, weight, bias, eps=1e-5):
 
 def test_check_layer_norm_passes_correct_answers(capsys):
     checks.check_layer_norm(correct_layer_norm)
-    checks.check_layer_norm(lambda x, w, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], w, b, eps))
-    assert capsys.readouterr().out.count("✅ Exercise 5.1 (layer_norm) passed") == 2
+    assert capsys.readouterr().out.count("✅ Exercise 5.1 (layer_norm) passed") == 1
+
+
+# The planted mistake: 5.1 says F.layer_norm and nn.LayerNorm are not allowed.
+@pytest.mark.parametrize(
+    "forbidden",
+    [
+        lambda x, w, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], w, b, eps),
+        lambda x, w, b, eps=1e-5: torch.layer_norm(x, x.shape[-1:], w, b, eps),
+        lambda x, w, b, eps=1e-5: nn.LayerNorm(x.shape[-1], eps=eps).to(x.dtype)(x) * w + b,
+    ],
+    ids=["F.layer_norm", "torch.layer_norm", "nn.LayerNorm"],
+)
+def test_check_layer_norm_refuses_the_library_layer_norm(forbidden):
+    with pytest.raises(CheckFailed, match=r"layer_norm, which is not allowed"):
+        checks.check_layer_norm(forbidden)
 
 
 def planted_layer_norm(
@@ -535,7 +549,7 @@ def right_follow(blocks, x0):
 def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
     checks.check_follow_stream(right_follow)
 
-    def as_tensors(blocks, x0):  # float64, tensors, a loop over tokens, a different formula
+    def as_tensors(blocks, x0):  # float64, stacked tensors, a different formula
         states = [x0.double()]
         for block in blocks:
             states.append(block(states[-1]).double())
@@ -545,10 +559,21 @@ def test_check_follow_stream_passes_correct_answers_in_any_style(capsys):
         cosines = torch.stack(
             [((f * first).sum(-1) / (f.norm(dim=-1) * first.norm(dim=-1))).mean() for f in flat]
         )
-        return norms.detach(), cosines.detach()
+        return norms.tolist(), cosines.tolist()
 
     checks.check_follow_stream(as_tensors)
     assert capsys.readouterr().out.count("✅ Exercise 5.4") == 2
+
+
+def test_check_follow_stream_names_tensors_where_floats_are_asked():
+    def tensors(blocks, x0):
+        norms, cosines = right_follow(blocks, x0)
+        return [torch.tensor(v) for v in norms], cosines
+
+    with pytest.raises(CheckFailed, match=r"lists of Python floats: use \.item\(\)"):
+        checks.check_follow_stream(tensors)
+    with pytest.raises(CheckFailed, match=r"lists of Python floats: use \.item\(\)"):
+        checks.check_follow_stream(lambda b, x: tuple(torch.tensor(v) for v in right_follow(b, x)))
 
 
 @pytest.mark.parametrize("mistake", checks.STREAM_MISTAKES, ids=lambda m: m.name)
@@ -699,19 +724,66 @@ def test_check_layer_norm_names_more_learner_mistakes(wrong, phrase):
 # --------------------------------------------------------------------------- 5.3 and the challenge
 
 
-@pytest.mark.parametrize("mistake", checks.COUNT_MISTAKES, ids=lambda m: m.name)
-def test_check_block_count_names_every_planted_mistake(mistake):
+def right_gradient(blocks, x0, direction):
+    x = x0.detach().clone().requires_grad_(True)
+    out = x
+    for block in blocks:
+        out = block(out)
+    (grad,) = torch.autograd.grad((out * direction).sum(), x)
+    return grad.norm(dim=-1).mean().item()
+
+
+def test_check_input_gradient_norm_passes_right_answers(capsys):
+    def with_backward_on_a_copy(blocks, x0, direction):
+        x = x0.clone().requires_grad_(True)
+        out = x
+        for block in blocks:
+            out = block(out)
+        for p in (p for b in blocks for p in b.parameters()):
+            p.requires_grad_(False)
+        try:
+            (out * direction).sum().backward()
+        finally:
+            for p in (p for b in blocks for p in b.parameters()):
+                p.requires_grad_(True)
+        return float(x.grad.norm(dim=-1).mean())
+
+    checks.check_input_gradient_norm(right_gradient)
+    checks.check_input_gradient_norm(with_backward_on_a_copy)
+    assert capsys.readouterr().out.count("✅ Exercise 5.3 (input_gradient_norm) passed") == 2
+
+
+@pytest.mark.parametrize("mistake", checks.GRAD_MISTAKES, ids=lambda m: m.name)
+def test_check_input_gradient_norm_names_every_planted_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
-        checks.check_block_parameter_count(mistake.fn)
+        checks.check_input_gradient_norm(mistake.fn)
     assert mistake.message in str(info.value)
 
 
-def test_check_block_count_passes_right_answers(capsys):
-    checks.check_block_parameter_count(lambda C: 12 * C * C + 13 * C)
-    checks.check_block_parameter_count(lambda C: torch.tensor(12 * C**2 + 13 * C))
-    assert capsys.readouterr().out.count("✅ Exercise 5.3") == 2
-    with pytest.raises(CheckFailed, match="return a whole number"):
-        checks.check_block_parameter_count(lambda C: "many")
+def test_check_input_gradient_norm_names_tensors_changed_inputs_and_left_grads():
+    def as_tensor(blocks, x0, direction):
+        return torch.tensor(right_gradient(blocks, x0, direction))
+
+    def input_marked(blocks, x0, direction):
+        x0.requires_grad_(True)
+        return right_gradient(blocks, x0, direction)
+
+    def backward(blocks, x0, direction):
+        x = x0.detach().clone().requires_grad_(True)
+        out = x
+        for block in blocks:
+            out = block(out)
+        (out * direction).sum().backward()
+        return x.grad.norm(dim=-1).mean().item()
+
+    with pytest.raises(CheckFailed, match=r"a tensor: use \.item\(\)"):
+        checks.check_input_gradient_norm(as_tensor)
+    with pytest.raises(CheckFailed, match="x0 is not as it was"):
+        checks.check_input_gradient_norm(input_marked)
+    with pytest.raises(CheckFailed, match="carry a .grad"):
+        checks.check_input_gradient_norm(backward)
+    with pytest.raises(CheckFailed, match="expected"):
+        checks.check_input_gradient_norm(lambda b, x, d: 2 * right_gradient(b, x, d))
 
 
 @pytest.mark.slow

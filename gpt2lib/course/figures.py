@@ -80,10 +80,105 @@ def position_cosines(table, name):
 # --------------------------------------------------------------------------- chapter 3
 
 
+def attention_weights(weights, title, labels=None):
+    """(T, T) attention weights as a picture: row i is what token i reads; labels name tokens."""
+    plt = _plt()
+    labels = [str(i) for i in range(len(weights))] if labels is None else labels
+    fig, ax = plt.subplots(figsize=(1.8 + 0.35 * len(labels), 1.2 + 0.35 * len(labels)))
+    im = ax.imshow(weights, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=90)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set(xlabel="key j (what is read)", ylabel="query i (who reads)", title=title)
+    fig.colorbar(im, ax=ax)
+    plt.show()
+
+
+def saturation(dims, largest, tokens=16):
+    """The average largest softmax weight against the width d; largest: label -> values."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for name, values in largest.items():
+        ax.plot(dims, values, "o-", label=name)
+    ax.axhline(1 / tokens, ls=":", c="gray", label=f"uniform over {tokens} tokens")
+    ax.set(xscale="log", xlabel="d", ylabel="average largest weight", ylim=(0, 1.05))
+    ax.legend()
+    plt.show()
+
+
 # --------------------------------------------------------------------------- chapter 4
 
 
+def width_fit(widths, with_gelu, without):
+    """The best fit's error against the hidden width, with GELU and with no activation."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.loglog(widths, with_gelu, marker="o", label="GELU")
+    ax.loglog(widths, without, marker="o", label="no activation")
+    ax.set(xlabel="hidden width H", ylabel="mean squared error of the best fit")
+    ax.legend()
+    plt.show()
+
+
+def relu_gelu(xs, relu, gelu):
+    """ReLU and GELU drawn over xs."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(xs, relu, label="ReLU: max(0, x)", linestyle="--")
+    ax.plot(xs, gelu, label="GELU: x·Φ(x)")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set(xlabel="x", ylabel="activation", title="ReLU and GELU")
+    ax.legend()
+    plt.show()
+
+
+def gelu_difference(xs, difference):
+    """The tanh GELU minus the erf GELU over xs."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(xs, difference)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set(title="GELU: tanh form minus erf form", xlabel="x", ylabel="difference")
+    plt.show()
+
+
+def hidden_histogram(before, after):
+    """Histograms of an MLP's hidden values before and after GELU (1-D tensors)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bins = [-2.5 + 0.05 * i for i in range(101)]
+    ax.hist(before.numpy(), bins=bins, alpha=0.6, label="before GELU (c_fc output)")
+    ax.hist(after.numpy(), bins=bins, alpha=0.6, label="after GELU")
+    ax.set(xlabel="hidden value", ylabel="count", title=f"{before.numel():,} hidden values")
+    ax.legend()
+    plt.show()
+
+
+def curve_fit(x, y, fit, units):
+    """The target curve and the best fit with `units` hidden units."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(x, y, color="black", label="target")
+    ax.plot(x, fit, linestyle="--", label=f"your {units} units")
+    ax.set(xlabel="x", ylabel="y", title="the best fit with your first layer")
+    ax.legend()
+    plt.show()
+
+
 # --------------------------------------------------------------------------- chapter 5
+
+
+def residual_stream(results):
+    """Norms and cosines with the input after each block; results: label -> (norms, cosines)."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for label, (norms, cosines) in results.items():
+        left.plot(norms, marker="o", label=label)
+        right.plot(cosines, marker="o", label=label)
+    left.set(title="size of the stream", xlabel="after block", ylabel="mean token norm")
+    right.set(title="the input still there", xlabel="after block", ylabel="mean cosine")
+    left.legend()
+    right.legend()
+    plt.show()
 
 
 # --------------------------------------------------------------------------- chapter 6

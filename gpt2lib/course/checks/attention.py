@@ -1,8 +1,7 @@
 """Checks for chapter 3's exercises: one head with loops and with matrices, the saturation of
 the softmax measured, a previous-token head designed by hand, multi-head attention debugged,
 GPT-2's attention module (with split_heads and merge_heads), the module taken apart by hand,
-the cost of attention derived,
-and the challenge's head that copies the token two places back.
+the FLOPs of attention derived, and the challenge's head that copies the token two places back.
 
 Each check runs the learner's answer on small random inputs and compares it with the right
 answer and with the planted `Mistake`s below (module-level lists, so the tests cover every
@@ -11,7 +10,11 @@ one), so that a wrong answer gets a message that names its mistake.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import numbers
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -37,6 +40,37 @@ EX_MODULE = "Exercise 3.6 (CausalSelfAttention)"
 EX_BY_HAND = "Exercise 3.7 (attention_by_hand)"
 EX_COST = "Exercise 3.8 (attention_cost)"
 CH_COPY = "Challenge (copy_two_back_head)"
+
+
+@contextlib.contextmanager
+def forbidding(exercise: str, *paths: str, instead: str):
+    """While the block runs, each function in `paths` (e.g. "torch.nn.functional.gelu") raises
+    CheckFailed naming it: an exercise that says "not allowed" checks it."""
+
+    def refuse(path):
+        def refused(*args, **kwargs):
+            raise CheckFailed(
+                exercise, f"your code calls {path}, which is not allowed here: {instead}"
+            )
+
+        return refused
+
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            stack.enter_context(mock.patch(path, refuse(path)))
+        yield
+
+
+def refusing(exercise: str, fn, *paths: str, instead: str):
+    """`fn` with `forbidding(exercise, *paths)` around each call (its signature kept)."""
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        with forbidding(exercise, *paths, instead=instead):
+            return fn(*args, **kwargs)
+
+    return guarded
+
 
 # --------------------------------------------------------------------------- reference pieces
 
@@ -597,10 +631,8 @@ def _run(module, x, **kwargs):
 def check_causal_self_attention(attention_cls) -> None:
     """`attention_cls(config)` has c_attn (n_embd -> 3 n_embd) and c_proj, both stored [in, out];
     `forward(x, kv_cache=None)` maps (B, T, C) -> (B, T, C) like GPT-2's attention, in eval mode,
-    in train mode (residual dropout) and with a cache of earlier keys and values."""
-    with (
-        torch.random.fork_rng()
-    ):  # building modules draws random numbers: leave the notebook's alone
+    in train mode (residual dropout), with a cache of earlier keys and values, and a hook."""
+    with torch.random.fork_rng():  # building modules draws random numbers: keep the notebook's
         _check_causal_self_attention(attention_cls)
 
 
@@ -714,7 +746,27 @@ def _check_causal_self_attention(attention_cls) -> None:
         raise CheckFailed(
             EX_MODULE,
             "with a hook listening at hook_pattern the layer gives another output than without "
-            "one: the given lines use q, k and v as your code leaves them, (B, nh, T, hd) each",
+            "one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
+        )
+    qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(config.n_embd, dim=2)
+    pattern = attend(*(split(t, nh) for t in qkv))[1]  # (B, nh, T, T)
+    if not isinstance(seen[0], torch.Tensor) or not close(seen[0], pattern, rtol=1e-4):
+        raise CheckFailed(
+            EX_MODULE,
+            "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass "
+            "attention_pattern(q, k, visible) through it, with q and k split into heads",
+        )
+    # a hook that replaces the pattern (chapter 8's ablations): the output must follow it
+    handle = hook_point.register_forward_hook(lambda m, a, out: torch.zeros_like(out))
+    try:
+        got = _run(module, x)
+    finally:
+        handle.remove()
+    if not close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
+        raise CheckFailed(
+            EX_MODULE,
+            "a hook that replaces the pattern does not change your output: use what "
+            "self.hook_pattern(...) returns, times v",
         )
 
     passed(
@@ -722,11 +774,6 @@ def _check_causal_self_attention(attention_cls) -> None:
         "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the "
         "pattern through its hook point",
     )
-
-
-def _split_via_view(x, n_head):
-    B, T, C = x.shape
-    return x.contiguous().view(B, n_head, T, C // n_head)
 
 
 # split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
@@ -895,6 +942,11 @@ ONE_HEAD_MISTAKES = [
 ]
 
 
+_CHANGED = (
+    "your function changed its input tensors in place (masked_fill_, +=, ...): compute new ones"
+)
+
+
 def _check_one_head(exercise, fn, cases, large):
     """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
     gen = torch.Generator().manual_seed(1)
@@ -902,10 +954,13 @@ def _check_one_head(exercise, fn, cases, large):
         q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
         if large:  # every score 750 more (a shared first feature): exp overflows unless the max is taken out
             q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
+        kept = [t.clone() for t in (q, k, v)]
         try:
-            got = call_learner(exercise, fn, q.clone(), k.clone(), v.clone())
+            got = call_learner(exercise, fn, q, k, v)
         except OverflowError:
             raise CheckFailed(exercise, OVERFLOW) from None
+        if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
+            raise CheckFailed(exercise, _CHANGED)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise CheckFailed(
                 exercise, f"return two tensors, (out, weights); got {type(got).__name__}"
@@ -1133,12 +1188,33 @@ BY_HAND_MISTAKES = [
 ]
 
 
+_NO_SDPA = "write the attention out with this chapter's pieces (causal_attention)"
+
+
+@contextlib.contextmanager
+def _layer_refused(layer):
+    """Calling `layer` or one of its submodules raises CheckFailed while the block runs."""
+
+    def refuse(module, args):
+        raise CheckFailed(
+            EX_BY_HAND,
+            "your code calls the layer or one of its submodules (layer(x), layer.c_attn(x), "
+            "...), which is not allowed here: use their tensors, layer.c_attn.weight and .bias",
+        )
+
+    handles = [m.register_forward_pre_hook(refuse) for m in layer.modules()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def check_attention_by_hand(attention_by_hand) -> None:
     """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
-    numbers of heads with weights and biases far from their initial values."""
-    with (
-        torch.random.fork_rng()
-    ):  # building layers draws random numbers: leave the notebook's alone
+    numbers of heads with weights and biases far from their initial values; SDPA and calling the
+    layer refused."""
+    with torch.random.fork_rng():  # building layers draws random numbers: keep the notebook's
         _check_attention_by_hand(attention_by_hand)
 
 
@@ -1159,14 +1235,22 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             resid_pdrop=0.0,
         )
         layer = CausalSelfAttention(config).eval()
-        with (
-            torch.no_grad()
-        ):  # large weights and biases: attention far from uniform, biases visible
+        # large weights and biases: attention far from uniform, biases visible
+        with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         x = torch.randn(B, T, C, generator=gen)
-        with torch.no_grad():
+        with (
+            torch.no_grad(),
+            _layer_refused(layer),
+            forbidding(
+                EX_BY_HAND, "torch.nn.functional.scaled_dot_product_attention", instead=_NO_SDPA
+            ),
+        ):
+            kept = x.clone()
             got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
+            if not torch.equal(x, kept):
+                raise CheckFailed(EX_BY_HAND, _CHANGED)
             got = expect_tensor(
                 EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
             )
@@ -1189,38 +1273,18 @@ def _check_attention_by_hand(attention_by_hand) -> None:
 # --------------------------------------------------------------------------- Exercise 3.8
 
 
-def _cost(
-    T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2, biases=True
-):
-    """(params, flops) of GPT-2 attention; the keyword arguments describe known wrong counts."""
-    params = 3 * C * C + C * C + (4 * C if biases else 0)
+def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mixing=2):
+    """The FLOPs of GPT-2 attention; the keyword arguments describe known wrong counts."""
     flops = flop_per_mac * (T * C * 3 * C + (T * C * C if c_proj else 0))
-    flops += flop_per_mac * mixing * T * T * C * (n_head if heads_multiply else 1)
-    return params, flops
+    return flops + flop_per_mac * mixing * T * T * C * (n_head if heads_multiply else 1)
 
 
 COST_MISTAKES = [
     Mistake(
-        "params_without_biases",
-        "your parameter count leaves out the biases: c_attn has 3·C of them, c_proj C",
-        lambda T, C, n: (_cost(T, C, n, biases=False)[0], _cost(T, C, n)[1]),
-    ),
-    Mistake(
-        "params_without_c_proj",
-        "your parameter count leaves out c_proj (C·C weights and C biases)",
-        lambda T, C, n: (3 * C * C + 3 * C, _cost(T, C, n)[1]),
-    ),
-    Mistake(
-        "params_times_heads",
-        "your parameter count grows with n_head; the heads share c_attn and "
-        "c_proj: the weights are the same whatever the number of heads",
-        lambda T, C, n: (n * _cost(T, C, n)[0], _cost(T, C, n)[1]),
-    ),
-    Mistake(
         "flops_times_heads",
         "your FLOPs multiply the attention part by n_head, but each head works on "
-        "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one head of width C "
-        "would",
+        "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one "
+        "head of width C would",
         lambda T, C, n: _cost(T, C, n, heads_multiply=True),
     ),
     Mistake(
@@ -1250,42 +1314,27 @@ COST_MISTAKES = [
 
 
 def check_attention_cost(attention_cost) -> None:
-    """`attention_cost(T, n_embd, n_head)` -> (params, flops) of one CausalSelfAttention on T tokens;
-    the parameters are compared with a real layer's, the FLOPs with the four products' count."""
-    from gpt2lib.chapters.attention import CausalSelfAttention
-    from gpt2lib.chapters.config import GPT2Config
-
+    """`attention_cost(T, n_embd, n_head)` -> the FLOPs of one CausalSelfAttention on T tokens,
+    a whole number, for three sizes."""
     for T, C, nh in ((16, 64, 4), (100, 48, 3), (7, 768, 12)):
         got = call_learner(EX_COST, attention_cost, T, C, nh)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(
-                EX_COST, f"return two numbers, (params, flops); got {type(got).__name__}"
-            )
-        try:
-            params, flops = (float(g) for g in got)
-        except (TypeError, ValueError):
-            raise CheckFailed(EX_COST, "return two numbers, (params, flops)") from None
-        with torch.device("meta"):  # shapes only: no memory, no random numbers
-            layer = CausalSelfAttention(GPT2Config(n_embd=C, n_head=nh, n_layer=1, n_positions=128))
-        want_params = sum(p.numel() for p in layer.parameters())
-        want = (want_params, _cost(T, C, nh)[1])
-        if (params, flops) == want:
+        if isinstance(got, torch.Tensor):
+            raise CheckFailed(EX_COST, "you return a tensor: return a Python int (.item())")
+        if isinstance(got, bool) or not isinstance(got, numbers.Real) or got != int(got):
+            raise CheckFailed(EX_COST, f"return a whole number of FLOPs, got {got!r}")
+        want = _cost(T, C, nh)
+        if got == want:
             continue
-        found = first_mistake(COST_MISTAKES, lambda m: tuple(m.fn(T, C, nh)) == (params, flops))
-        if found:
-            raise CheckFailed(EX_COST, found.message)
-        which = "parameters" if params != want[0] else "FLOPs"
+        found = first_mistake(COST_MISTAKES, lambda m: m.fn(T, C, nh) == got)
         raise CheckFailed(
             EX_COST,
-            f"for T={T}, n_embd={C}, n_head={nh} your {which} are "
-            f"{params if which == 'parameters' else flops:,.0f}, not {want[0] if which == 'parameters' else want[1]:,}: "
-            "c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and weights @ v",
+            found.message
+            if found
+            else f"for T={T}, n_embd={C}, n_head={nh} you count {got:,.0f} FLOPs, not "
+            f"{want:,}: c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and "
+            "weights @ v",
         )
-    passed(
-        EX_COST,
-        f"{_cost(1024, 768, 12)[0]:,} parameters and {_cost(1024, 768, 12)[1]:,} FLOPs for GPT-2 "
-        "small's attention on 1,024 tokens",
-    )
+    passed(EX_COST, f"{_cost(1024, 768, 12):,} FLOPs for GPT-2 small's attention on 1,024 tokens")
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -1332,14 +1381,3 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
                 f"{goal}); most rows put their largest weight on token i - {most}",
             )
     passed(CH_COPY, "every row copies the token two places back")
-
-
-MISTAKES_BY_CHECK = {
-    check_attention_with_loops: ONE_HEAD_MISTAKES,
-    check_causal_attention: ONE_HEAD_MISTAKES[:-1],
-    check_saturation: SATURATION_MISTAKES,
-    check_previous_token_head: PREVIOUS_TOKEN_MISTAKES,
-    check_multi_head_attention: MULTI_HEAD_MISTAKES,
-    check_attention_by_hand: BY_HAND_MISTAKES,
-    check_attention_cost: COST_MISTAKES,
-}

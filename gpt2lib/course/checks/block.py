@@ -1,5 +1,5 @@
 """Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm and the
-post-norm block, and measuring the residual stream.
+post-norm block, the gradient at the input of a stack, and measuring the residual stream.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
 and with the planted wrong answers in the module-level `Mistake` lists below (unbiased
@@ -26,6 +26,7 @@ from gpt2lib.course.checks._core import (
     first_mistake,
     passed,
 )
+from gpt2lib.course.checks.attention import refusing
 
 EX_LN = "Exercise 5.1 (layer_norm)"
 EX_LN_MODULE = "Exercise 5.1 (LayerNorm)"
@@ -187,6 +188,13 @@ def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
 
 def check_layer_norm(layer_norm) -> None:
     """`layer_norm(x, weight, bias, eps=1e-5)`: (..., C) -> (..., C)."""
+    layer_norm = refusing(
+        EX_LN,
+        layer_norm,
+        "torch.nn.functional.layer_norm",
+        "torch.layer_norm",
+        instead="write the formula (nn.LayerNorm calls F.layer_norm too)",
+    )
     x, weight, bias = _ln_inputs()
     C = x.shape[-1]
     x_in = x.clone()
@@ -658,7 +666,7 @@ def check_no_residual_block(NoResidualBlock) -> None:
     passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
-# --------------------------------------------------------------------------- Exercise 5.3
+# --------------------------------------------------------------------------- Exercise 5.4
 
 
 def _stream(
@@ -749,17 +757,12 @@ class _Scale(nn.Module):
         return self.factor * x + self.shift.to(x.dtype)
 
 
+_FLOATS = "norms and cosines should be lists of Python floats: use .item() on a one-number tensor"
+
+
 def _as_floats(got, n):
-    if isinstance(got, torch.Tensor):
-        got = got.tolist()
-    if not isinstance(got, (list, tuple)) or not all(
-        isinstance(v, numbers.Real) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in got
-    ):
-        raise CheckFailed(
-            EX_STREAM,
-            "each of norms and cosines should be a list of numbers "
-            "(use .item() on a one-number tensor)",
-        )
+    if not isinstance(got, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in got):
+        raise CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
     values = [float(v) for v in got]
     if len(values) != n:
         raise CheckFailed(
@@ -771,17 +774,17 @@ def _as_floats(got, n):
 
 
 def check_follow_stream(follow_stream) -> None:
-    """`follow_stream(blocks, x0)` -> (norms, cosines), each of length len(blocks) + 1."""
+    """`follow_stream(blocks, x0)` -> (norms, cosines), lists of Python floats, each of length
+    len(blocks) + 1; tried on two stacks and shapes, x0 left as it was."""
     gen = torch.Generator().manual_seed(0)
-    C = 6
-    blocks = nn.ModuleList(
-        [
-            _Scale(1.5, torch.randn(C, generator=gen)),
-            _Scale(0.5, torch.randn(C, generator=gen)),
-            _Scale(2.0, torch.randn(C, generator=gen)),
-        ]
-    )
-    x0 = torch.randn(2, 4, C, generator=gen) + 0.3  # (B, T, C)
+    for C, factors, shape in ((6, (1.5, 0.5, 2.0), (2, 4)), (5, (0.7, 3.0), (3, 2))):
+        blocks = nn.ModuleList(_Scale(f, torch.randn(C, generator=gen)) for f in factors)
+        x0 = torch.randn(*shape, C, generator=gen) + 0.3  # (B, T, C)
+        _check_stream_case(follow_stream, blocks, x0)
+    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
+
+
+def _check_stream_case(follow_stream, blocks, x0) -> None:
     x0_before = x0.clone()
     got = call_learner(EX_STREAM, follow_stream, blocks, x0)
     if not torch.equal(x0, x0_before):
@@ -795,6 +798,10 @@ def check_follow_stream(follow_stream) -> None:
             EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
         )
     n = len(blocks) + 1
+    if not all(isinstance(part, (list, tuple)) for part in got) or any(
+        isinstance(v, torch.Tensor) for part in got for v in part
+    ):
+        raise CheckFailed(EX_STREAM, _FLOATS)
 
     def matches(candidate):
         norms, cosines = candidate
@@ -824,71 +831,88 @@ def check_follow_stream(follow_stream) -> None:
                     raise CheckFailed(
                         EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
                     )
-    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
 
-EX_COUNT = "Exercise 5.3 (block_parameter_count)"
+EX_GRAD = "Exercise 5.3 (input_gradient_norm)"
 
 
-# fn(n_embd) -> what that wrong answer gives
-COUNT_MISTAKES = [
+def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=True):
+    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches describe known
+    wrong versions."""
+    x = x0.detach().clone().requires_grad_(True)
+    out = x
+    for block in blocks:
+        out = block(out)
+    (grad,) = torch.autograd.grad((out * direction).sum() if with_direction else out.sum(), x)
+    return grad.norm(dim=-1).mean().item() if per_token else grad.norm().item()
+
+
+GRAD_MISTAKES = [
     Mistake(
-        "no_biases",
-        "you left out the biases: c_attn, both c_proj and c_fc each have one "
-        "(3C + C + 4C + C numbers)",
-        lambda C: 12 * C * C + 4 * C,
+        "whole_norm",
+        "you return the norm of the whole gradient; the question is each token's norm "
+        "(g.norm(dim=-1)), averaged over the B · T tokens",
+        lambda b, x, d: _input_gradient(b, x, d, per_token=False),
     ),
     Mistake(
-        "no_layer_norms",
-        "you left out the two LayerNorms: each has a gain and a shift of C numbers",
-        lambda C: 12 * C * C + 9 * C,
-    ),
-    Mistake(
-        "mlp_not_four_times_wider",
-        "your MLP is not 4 times wider: c_fc is C x 4C and the MLP's c_proj is 4C x C",
-        lambda C: 4 * C * C + 9 * C,
-    ),
-    Mistake(
-        "one_qkv_matrix",
-        "your attention has one C x C matrix where c_attn holds three (queries, "
-        "keys and values: C x 3C)",
-        lambda C: 10 * C * C + 11 * C,
-    ),
-    Mistake(
-        "gpt2_small_hard_coded",
-        "your answer is GPT-2 small's 7,087,872 for every width: write it as a formula of n_embd",
-        lambda C: 7_087_872,
+        "no_direction",
+        "you took the gradient of out.sum(); the loss is (out * direction).sum()",
+        lambda b, x, d: _input_gradient(b, x, d, with_direction=False),
     ),
 ]
 
 
-def check_block_parameter_count(block_parameter_count) -> None:
-    """block_parameter_count(n_embd) -> the parameters of one GPT-2 block, for three widths,
-    compared with blocks built on the meta device."""
+def check_input_gradient_norm(input_gradient_norm) -> None:
+    """`input_gradient_norm(blocks, x0, direction)` -> a float: the mean per-token norm of the
+    gradient of (out * direction).sum() with respect to x0; x0 and the parameters untouched.
+    Tried on GPT-2 blocks with large weights, on stand-ins in float64, and on no blocks."""
     from gpt2lib.chapters.block import Block
-    from gpt2lib.chapters.config import GPT2Config
 
-    for C in (768, 64, 6):
-        got = call_learner(EX_COUNT, block_parameter_count, C)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(EX_COUNT, f"return a whole number, got {type(got).__name__}")
-        with torch.device("meta"):
-            want = sum(p.numel() for p in Block(GPT2Config(n_embd=C, n_head=2)).parameters())
-        if got == want:
+    gen = torch.Generator().manual_seed(3)
+    with torch.random.fork_rng():  # building blocks draws random numbers: leave the notebook's
+        gpt2 = nn.ModuleList(Block(_small_config()) for _ in range(3)).eval()
+    with torch.no_grad():
+        for p in gpt2.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    cases = [
+        (gpt2, torch.randn(2, 5, _small_config().n_embd, generator=gen)),
+        ([_Scale(0.5, torch.zeros(8)), _Scale(3.0, torch.ones(8))], torch.randn(3, 4, 8).double()),
+        ([], torch.randn(1, 6, 8, generator=gen)),
+    ]
+    for blocks, x0 in cases:
+        direction, kept = torch.randn(x0.shape, generator=gen).to(x0.dtype), x0.clone()
+        got = call_learner(EX_GRAD, input_gradient_norm, blocks, x0, direction)
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            what = "a tensor: use .item()" if isinstance(got, torch.Tensor) else type(got).__name__
+            raise CheckFailed(EX_GRAD, f"return a Python float, got {what}")
+        if not torch.equal(x0, kept) or x0.requires_grad or x0.grad is not None:
+            raise CheckFailed(
+                EX_GRAD,
+                "x0 is not as it was (changed, or left with requires_grad or a .grad): take a "
+                "copy, x0.detach().clone().requires_grad_(True)",
+            )
+        if any(p.grad is not None for b in blocks for p in b.parameters()):
+            raise CheckFailed(
+                EX_GRAD,
+                "the blocks' parameters now carry a .grad (loss.backward() fills them): use "
+                "torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
+            )
+        want = _input_gradient(blocks, x0, direction)
+        if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
             continue
-        found = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C) == got)
-        if found:
-            raise CheckFailed(EX_COUNT, found.message)
-        raise CheckFailed(
-            EX_COUNT,
-            f"for n_embd = {C} you gave {got:,}; a block holds {want:,}. Count "
-            "ln_1, attention (c_attn, c_proj), ln_2 and the MLP (c_fc, c_proj), weights and biases",
+        found = first_mistake(
+            GRAD_MISTAKES, lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4)
         )
-    passed(EX_COUNT, "12·C² + 13·C, for every width tried")
+        raise CheckFailed(
+            EX_GRAD,
+            found.message
+            if found
+            else f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
+            f"expected {want:.4g}",
+        )
+    passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
 
 
 # --------------------------------------------------------------------------- Challenge

@@ -1,6 +1,6 @@
 """Checks for chapter 4's exercises: which outputs a change of one token moves, two linear
-layers merged into one, what a wider hidden layer buys (a least-squares fit), the MLP's
-parameter count, GPT-2's GELU, whether its tanh approximation matters, and the MLP module.
+layers merged into one, what a wider hidden layer buys (a least-squares fit), GPT-2's GELU
+(F.gelu refused), whether its tanh approximation matters, and the MLP module.
 
 Each check runs the learner's answer on small random cases, compares it with the right answer
 and with the planted wrong answers in the module-level `Mistake` lists below (the tests are
@@ -27,14 +27,14 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
+from gpt2lib.course.checks.attention import forbidding
 
 EX_MOVED = "Exercise 4.1 (outputs_that_change)"
-EX_COUNT = "Exercise 4.4 (mlp_parameter_count)"
 EX_MERGE = "Exercise 4.2 (merge_linear_layers)"
 EX_FIT = "Exercise 4.3 (best_fit_error)"
-EX_GELU = "Exercise 4.5 (gelu_tanh)"
-EX_GAPS = "Exercise 4.6 (approximation_gaps)"
-EX_MLP = "Exercise 4.7 (MLP)"
+EX_GELU = "Exercise 4.4 (gelu_tanh)"
+EX_GAPS = "Exercise 4.5 (approximation_gaps)"
+EX_MLP = "Exercise 4.6 (MLP)"
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -51,41 +51,14 @@ def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
 # --------------------------------------------------------------------------- Exercise 4.1
 
 
-def _moved(f, x, position):
-    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools."""
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _signed(f, x, position):
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).sum(dim=-1) > 0
-
-
-def _in_place(f, x, position):
+def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
+    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools. The
+    switches describe known wrong versions (where: the index edited instead)."""
     before = f(x)
-    x[:, position] += 1.0
-    return (f(x) - before).abs().sum(dim=-1) > 0
-
-
-def _first_sequence(f, x, position):
-    edited = x.clone()
-    edited[0, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _feature(f, x, position):
-    edited = x.clone()
-    edited[..., position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=-1) > 0
-
-
-def _over_time(f, x, position):
-    edited = x.clone()
-    edited[:, position] += 1.0
-    return (f(edited) - f(x)).abs().sum(dim=1) > 0
+    edited = x if in_place else x.clone()
+    edited[(slice(None), position) if where is None else where(position)] += 1.0
+    diff = f(edited) - before
+    return (diff if signed else diff.abs()).sum(dim=dim) > 0
 
 
 # fn(f, x, position) -> what that wrong answer returns
@@ -95,31 +68,31 @@ MOVED_MISTAKES = [
         "you test the SIGNED sum of the differences: an output that moved down "
         "sums to less than 0 and is missed. Take the absolute value first, "
         "(f(edited) - f(x)).abs().sum(dim=-1) > 0",
-        _signed,
+        lambda f, x, p: _moved(f, x, p, signed=True),
     ),
     Mistake(
         "in place",
         "you changed x itself: the caller's tensor must stay as it was. Edit a "
         "copy, edited = x.clone()",
-        _in_place,
+        lambda f, x, p: _moved(f, x, p, in_place=True),
     ),
     Mistake(
         "first sequence",
         "you changed the token in the first sequence only: change it in "
         "every sequence of the batch, edited[:, position]",
-        _first_sequence,
+        lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
     ),
     Mistake(
         "feature",
         "you changed feature number `position` of every token (x[..., position]): "
         "change the whole token at that position, x[:, position]",
-        _feature,
+        lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
     ),
     Mistake(
         "over time",
         "you added up over the positions (dim 1): add up over each output's "
         "vector (the last dim), one answer per (sequence, position)",
-        _over_time,
+        lambda f, x, p: _moved(f, x, p, dim=1),
     ),
 ]
 
@@ -177,76 +150,6 @@ def check_outputs_that_change(outputs_that_change) -> None:
                 f"{want.tolist()}, got {got.bool().tolist()}",
             )
     passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
-
-
-# --------------------------------------------------------------------------- Exercise 4.4
-
-
-def _count(C, k, fc_bias=True, proj_bias=True, layers=2):
-    H = k * C
-    return layers * C * H + fc_bias * H + proj_bias * C
-
-
-# fn(n_embd, expansion) -> the count a wrong formula gives
-COUNT_MISTAKES = [
-    Mistake(
-        "no biases",
-        "your count has the weights only: each of c_fc and c_proj also has a "
-        "bias, one number per output (4·C and C)",
-        lambda C, k=4: _count(C, k, fc_bias=False, proj_bias=False),
-    ),
-    Mistake(
-        "no c_proj bias",
-        "c_proj's bias is missing: it adds one number per output, C",
-        lambda C, k=4: _count(C, k, proj_bias=False),
-    ),
-    Mistake(
-        "no c_fc bias",
-        "c_fc's bias is missing: it adds one number per hidden unit, expansion · C",
-        lambda C, k=4: _count(C, k, fc_bias=False),
-    ),
-    Mistake(
-        "one layer",
-        "you counted one weight matrix: c_fc (C x 4C) and c_proj (4C x C) have one each",
-        lambda C, k=4: _count(C, k, layers=1),
-    ),
-    Mistake(
-        "expansion fixed",
-        "your count ignores `expansion`: the hidden width is "
-        "expansion · n_embd, not always 4 · n_embd",
-        lambda C, k=4: _count(C, 4),
-    ),
-]
-
-
-def check_mlp_parameter_count(mlp_parameter_count) -> None:
-    """`mlp_parameter_count(n_embd, expansion=4)`: the MLP's weights and biases, as an int."""
-    for C, k in ((768, 4), (10, 4), (6, 2), (5, 3)):
-        got = call_learner(EX_COUNT, mlp_parameter_count, C, k)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, numbers.Number) or got != int(got):
-            raise CheckFailed(EX_COUNT, f"return a whole number, got {got!r}")
-        if got == _count(C, k):
-            continue
-        mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(C, k) == got)
-        raise CheckFailed(
-            EX_COUNT,
-            mistake.message
-            if mistake
-            else f"for n_embd = {C}, expansion = {k} you count {got:,}; count the "
-            "weight and the bias of c_fc and of c_proj",
-        )
-    real = sum(
-        p.numel()
-        for layer in (nn.Linear(768, 3072), nn.Linear(3072, 768))
-        for p in layer.parameters()
-    )
-    passed(
-        EX_COUNT,
-        f"{_count(768, 4):,} at GPT-2 small's size (n_embd = 768), "
-        f"the same as two real layers hold ({real:,})",
-    )
 
 
 # --------------------------------------------------------------------------- Exercise 4.2
@@ -422,7 +325,17 @@ def check_best_fit_error(best_fit_error) -> None:
     passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
 
-# --------------------------------------------------------------------------- Exercise 4.5: GELU
+# --------------------------------------------------------------------------- Exercise 4.4: GELU
+
+
+def _no_gelu(exercise: str):
+    """F.gelu (nn.GELU calls it) refused while the learner's GELU runs: the formula is the task."""
+    return forbidding(
+        exercise,
+        "torch.nn.functional.gelu",
+        instead="write the formula with torch operations (torch.tanh, torch.erf, x**3)",
+    )
+
 
 # fn(x) -> a wrong activation
 GELU_MISTAKES = [
@@ -432,7 +345,7 @@ GELU_MISTAKES = [
         "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
         "0.044715·x³))). The two differ by up to about 5e-4, enough to stop matching GPT-2's "
         "outputs",
-        lambda x: F.gelu(x),
+        lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
     ),
     Mistake(
         "relu",
@@ -501,7 +414,8 @@ def check_gelu_tanh(gelu_tanh) -> None:
     )  # (2, 8)
     x = points.clone()
     try:
-        got = call_learner(EX_GELU, gelu_tanh, x)
+        with _no_gelu(EX_GELU):
+            got = call_learner(EX_GELU, gelu_tanh, x)
     except (TypeError, ValueError, RuntimeError) as exc:
         if "Python scalar" not in str(exc) and "must be real number" not in str(exc):
             raise
@@ -537,8 +451,13 @@ def check_gelu_tanh(gelu_tanh) -> None:
             "The formula is 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))",
         )
     # float32 in, float32 out, same numbers: the model runs in float32; and a strided input
-    x32 = points.float().T.contiguous().T  # (2, 8), not contiguous
-    got32 = call_learner(EX_GELU, gelu_tanh, x32)
+    x32 = points.float().reshape(4, 4).T  # (4, 4), not contiguous: another shape and dtype
+    with _no_gelu(EX_GELU):
+        got32 = call_learner(EX_GELU, gelu_tanh, x32)
+    if not torch.equal(x32, points.float().reshape(4, 4).T):
+        raise CheckFailed(
+            EX_GELU, "your function changed its float32 input in place: return a new tensor"
+        )
     if not isinstance(got32, torch.Tensor) or got32.dtype != torch.float32:
         dtype = got32.dtype if isinstance(got32, torch.Tensor) else type(got32).__name__
         raise CheckFailed(
@@ -546,12 +465,17 @@ def check_gelu_tanh(gelu_tanh) -> None:
             f"a float32 input should give a float32 output, got {dtype}: build the result "
             "from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
         )
-    if not close(got32, want, atol=1e-4):
+    if not isinstance(got32, torch.Tensor) or got32.shape != x32.shape:
+        raise CheckFailed(
+            EX_GELU,
+            f"a (4, 4) input should give a (4, 4) output, got {getattr(got32, 'shape', got32)!r}",
+        )
+    if not close(got32, want.reshape(4, 4).T, atol=1e-4):
         raise CheckFailed(EX_GELU, "right in float64 but wrong in float32: check your constants")
     passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
-# --------------------------------------------------------------------------- Exercise 4.7: MLP
+# --------------------------------------------------------------------------- Exercise 4.6: MLP
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
 MLP_MISTAKES = [
@@ -772,7 +696,7 @@ def check_fit_challenge(W1, b1) -> float:
 
 # --------------------------------------------------------------------------- Exercise 4.5: gelu_erf
 
-EX_GELU_ERF = "Exercise 4.5 (gelu_erf)"
+EX_GELU_ERF = "Exercise 4.4 (gelu_erf)"
 
 # fn(x) -> what that wrong exact GELU gives
 GELU_ERF_MISTAKES = [
@@ -810,7 +734,8 @@ def check_gelu_erf(gelu_erf) -> None:
     points = torch.linspace(-6, 6, 25, dtype=torch.float64).reshape(5, 5)
     for x in (points.clone(), points.float().T):  # float64; float32 and not contiguous
         before = x.clone()
-        got = call_learner(EX_GELU_ERF, gelu_erf, x)
+        with _no_gelu(EX_GELU_ERF):
+            got = call_learner(EX_GELU_ERF, gelu_erf, x)
         if not torch.equal(x, before):
             raise CheckFailed(
                 EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor"
@@ -837,7 +762,7 @@ def check_gelu_erf(gelu_erf) -> None:
     passed(EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}")
 
 
-# --------------------------------------------------------------------------- Exercise 4.6: gaps
+# --------------------------------------------------------------------------- Exercise 4.5: gaps
 
 
 def _mlp_outputs(fc, proj, x, activation, dtype=None):
