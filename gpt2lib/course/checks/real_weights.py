@@ -1325,7 +1325,13 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                 f"be {want.round(decimals=4).tolist()}, got "
                 f"{got.round(decimals=4).tolist()}",
             )
-    passed(EX_EFFECTS, "zeroed and mean-ablated heads, one at a time, on the second copy")
+    passed(
+        EX_EFFECTS,
+        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
+        "printout: a head whose loss rises both ways computes from this input something the "
+        "copy needs; one that costs much more zeroed than mean-ablated matters through its "
+        "constant output, which later layers expect; small both ways, neither",
+    )
 
 
 # --------------------------------------------------------------------------- the challenge
