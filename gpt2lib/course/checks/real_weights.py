@@ -42,19 +42,6 @@ CH_HEAD = "Challenge (the head the copying needs most)"
 
 # --------------------------------------------------------------------------- 8.0 reading the file
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
 
 def _read_planted(
     path, keep=None, *, from_file_start=False, ignore_keep=False, mapped=False, flat=False
@@ -64,6 +51,8 @@ def _read_planted(
     import mmap
     import struct
     import warnings
+
+    from gpt2lib.validation import SAFETENSORS_DTYPES
 
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
@@ -84,7 +73,7 @@ def _read_planted(
             else:
                 f.seek(start)
                 raw = torch.frombuffer(bytearray(f.read(end - begin)), dtype=torch.uint8)
-            tensor = raw.view(_DTYPES[info["dtype"]])
+            tensor = raw.view(SAFETENSORS_DTYPES[info["dtype"]])
             yield name, tensor if flat else tensor.view(info["shape"])
 
 
