@@ -25,7 +25,6 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
-from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
@@ -1486,32 +1485,3 @@ MISTAKES_BY_CHECK = {
     check_zero_heads: ZERO_MISTAKES,
     check_ablation_effects: EFFECTS_MISTAKES,
 }
-
-
-def _try_reader(read_safetensors):
-    """The probe of yours_or_reference: read a two-tensor file written by safetensors itself."""
-    import tempfile
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.safetensors"
-        save_file(
-            {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, dtype=torch.int64)}, str(path)
-        )
-        read_safetensors(path)
-
-
-def yours_or_reference(read_safetensors):
-    """Your reader when exercise 8.0 is done (it reads a small file), else gpt2lib.weights', with a
-    note; the fallback itself is the course's shared `_core.yours_or_reference`."""
-    from gpt2lib.chapters.weights import read_safetensors as reference
-
-    return _yours_or_reference(
-        read_safetensors,
-        reference,
-        _try_reader,
-        what="your read_safetensors",
-        instead="gpt2lib.weights' reader",
-    )
