@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -897,25 +898,19 @@ def test_the_challenge_check_runs_the_real_effects(model, capsys):
 # --------------------------------------------------------------------------- the chapter's fallback
 
 
-def test_yours_or_reference_keeps_a_working_reader_and_replaces_an_unfinished_one(capsys):
-    """Chapter 8's fallback goes through the shared _core.yours_or_reference, with its own probe."""
-    from gpt2lib.chapters import weights
+def test_the_chapter_runs_on_the_learners_model_and_functions_after_each_exercise():
+    """Issue 34: chapter 8 loads the weights into the learner's GPT-2 with the learner's loader,
+    and computes its findings with the learner's functions once their exercise passed
+    (`yours`), never with the package's entry points."""
+    import nbformat
 
-    def reader(path):
-        return weights.read_safetensors(path)
-
-    assert checks.yours_or_reference(reader) is reader
-    assert capsys.readouterr().out == ""
-
-    def unfinished(path):  # the learner notebook's iter_safetensors is a stub until 8.0 is done
-        raise NotImplementedError(
-            "Exercise 8.0: read a safetensors file by hand: replace this line"
-        )
-
-    assert checks.yours_or_reference(unfinished) is weights.read_safetensors
-    assert (
-        "your read_safetensors (or a function it calls) is not done yet" in capsys.readouterr().out
-    )
+    path = Path(__file__).resolve().parent.parent / "solutions" / "08_real_weights.ipynb"
+    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    lesson = "\n".join(code)
+    assert "parts = your_gpt2()" in lesson and "from gpt2lib.inspection" not in lesson
+    assert 'yours("8.1", load_weights)(' in lesson and "model_cls=parts.model.GPT2" in lesson
+    for number in ("8.0", "8.2", "8.3", "8.4", "8.5", "8.6", "8.8"):
+        assert f'yours("{number}", ' in lesson, number
 
 
 def test_the_shared_fallback_keeps_the_random_state_and_names_an_error(capsys):

@@ -123,3 +123,26 @@ def test_chapter_10_loads_the_stand_in_offline_with_the_banner(monkeypatch):
     assert errors == []
     assert "OFFLINE" in out and "Loading the STAND-IN instead" in out
     assert "tuning standin:" in out
+
+
+def _chapter_8_text():
+    cells = nbformat.read(REPO / "solutions" / "08_real_weights.ipynb", as_version=4).cells
+    return cells, "\n".join(c.source for c in cells if c.cell_type == "markdown")
+
+
+def test_the_phase_change_the_chapter_states_is_the_circuits_models():
+    """Chapter 8 says the induction score climbs between steps 600 and 800: data/circuits' log."""
+    import json
+
+    log = json.loads((REPO / "data" / "circuits" / "training_log.json").read_text("utf-8"))
+    step, induction = log["columns"].index("step"), log["columns"].index("induction")
+    first = next(row[step] for row in log["rows"] if row[induction] > 0.4)
+    assert 600 < first < 800
+    assert "climbs between steps 600 and 800" in _chapter_8_text()[1]
+
+
+def test_the_ablation_cell_prints_numbers_and_leaves_the_reading_to_the_learner():
+    """Issue 37: 8.8's printout gives both rises per head, and no reading of its own."""
+    cells, _ = _chapter_8_text()
+    printout = next(c.source for c in cells if "mean-ablated {" in c.source)
+    assert "->" not in printout and "constant output" not in printout

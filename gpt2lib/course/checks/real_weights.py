@@ -25,7 +25,6 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
-from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
@@ -42,19 +41,6 @@ CH_HEAD = "Challenge (the head the copying needs most)"
 
 # --------------------------------------------------------------------------- 8.0 reading the file
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
 
 def _read_planted(
     path, keep=None, *, from_file_start=False, ignore_keep=False, mapped=False, flat=False
@@ -64,6 +50,8 @@ def _read_planted(
     import mmap
     import struct
     import warnings
+
+    from gpt2lib.validation import SAFETENSORS_DTYPES
 
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
@@ -84,7 +72,7 @@ def _read_planted(
             else:
                 f.seek(start)
                 raw = torch.frombuffer(bytearray(f.read(end - begin)), dtype=torch.uint8)
-            tensor = raw.view(_DTYPES[info["dtype"]])
+            tensor = raw.view(SAFETENSORS_DTYPES[info["dtype"]])
             yield name, tensor if flat else tensor.view(info["shape"])
 
 
@@ -1325,7 +1313,13 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                 f"be {want.round(decimals=4).tolist()}, got "
                 f"{got.round(decimals=4).tolist()}",
             )
-    passed(EX_EFFECTS, "zeroed and mean-ablated heads, one at a time, on the second copy")
+    passed(
+        EX_EFFECTS,
+        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
+        "printout: a head whose loss rises both ways computes from this input something the "
+        "copy needs; one that costs much more zeroed than mean-ablated matters through its "
+        "constant output, which later layers expect; small both ways, neither",
+    )
 
 
 # --------------------------------------------------------------------------- the challenge
@@ -1491,32 +1485,3 @@ MISTAKES_BY_CHECK = {
     check_zero_heads: ZERO_MISTAKES,
     check_ablation_effects: EFFECTS_MISTAKES,
 }
-
-
-def _try_reader(read_safetensors):
-    """The probe of yours_or_reference: read a two-tensor file written by safetensors itself."""
-    import tempfile
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.safetensors"
-        save_file(
-            {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, dtype=torch.int64)}, str(path)
-        )
-        read_safetensors(path)
-
-
-def yours_or_reference(read_safetensors):
-    """Your reader when exercise 8.0 is done (it reads a small file), else gpt2lib.weights', with a
-    note; the fallback itself is the course's shared `_core.yours_or_reference`."""
-    from gpt2lib.chapters.weights import read_safetensors as reference
-
-    return _yours_or_reference(
-        read_safetensors,
-        reference,
-        _try_reader,
-        what="your read_safetensors",
-        instead="gpt2lib.weights' reader",
-    )
