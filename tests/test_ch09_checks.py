@@ -321,3 +321,14 @@ def test_the_beam_search_challenge_passes_a_beam_search_and_refuses_greedy(capsy
         C.check_beam_search_challenge(greedy, model, tokenizer)
     with pytest.raises(CheckFailed, match="less likely than greedy"):
         C.check_beam_search_challenge(worst, model, tokenizer)
+
+
+def test_an_exercise_of_two_parts_passes_once_after_both(capsys):
+    C.check_kv_cache(D.write_kv, D.SimpleKVCache)
+    C.check_temperature_and_top_k(D.apply_temperature, D.top_k_filter)
+    assert capsys.readouterr().out.count("✅") == 2
+    with pytest.raises(CheckFailed, match="copies"):
+        C.check_kv_cache(C.named(C.WRITE_KV_MISTAKES, "copies").fn, D.SimpleKVCache)
+    with pytest.raises(CheckFailed, match="changed the logits"):
+        C.check_temperature_and_top_k(D.apply_temperature, C.named(C.TOP_K_MISTAKES, "in place").fn)
+    assert "✅" not in capsys.readouterr().out
