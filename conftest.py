@@ -47,6 +47,9 @@ from checkpoints import (
 
 def pytest_configure(config):
     os.environ.setdefault("GPT2LIB_QUICK", "1")  # long notebook cells take their CI setting
+    # The learner notebooks run under nbval in the course folder itself: their checks must not
+    # write over a learner's own package (mygpt2/). Tests of the package turn it back on.
+    os.environ.setdefault("GPT2LIB_LEARNER_PACKAGE", "0")
     install_test_checkpoint()
 
 

@@ -84,8 +84,25 @@ DATA_FILE = DATA_DIR / "tinyshakespeare.txt"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model.transformer."  # peft's key prefix on transformers' GPT-2
+
+
+def _or_the_learners(cls: type) -> type:
+    """A stand-in for `cls` in isinstance: `cls`, or the class of the same name in the
+    learner's package (mygpt2/, gpt2lib.course.mine), so that chapter 10 adapts and tunes the
+    learner's own model, whose layers are the learner's classes."""
+
+    class Kind(type):
+        def __instancecheck__(self, obj: object) -> bool:
+            return isinstance(obj, cls) or any(
+                k.__name__ == cls.__name__ and k.__module__.startswith("mygpt2.")
+                for k in type(obj).__mro__
+            )
+
+    return Kind(cls.__name__, (), {})
+
+
 # the layers an adapter can wrap: GPT-2's [in, out] linear layers and its tables (wte, wpe)
-_TARGETABLE = (Conv1D, nn.Embedding)
+_TARGETABLE = (_or_the_learners(Conv1D), nn.Embedding)
 SPLITS = ("train", "val", "test")
 MAX_ADAPTER_CONFIG_BYTES = 1 << 20  # an adapter_config.json is about 1 KB
 MAX_RANK = 1 << 16
@@ -583,7 +600,7 @@ class LoRAEmbedding(nn.Module):
         return self.base(idx) + (rows @ self.lora_embedding_B.T) * self.scale
 
 
-_ADAPTERS = (LoRALinear, LoRAEmbedding)
+_ADAPTERS = (_or_the_learners(LoRALinear), LoRAEmbedding)
 
 
 def lora_layers(model) -> dict[str, LoRALinear | LoRAEmbedding]:
@@ -1117,7 +1134,7 @@ def _peft_targets(layers: dict, settings: _AdapterSettings) -> set[str]:
         elif excluded and (key in excluded or any(key.endswith("." + m) for m in excluded)):
             continue
         if targets == "all-linear":
-            found = isinstance(layer, Conv1D)  # every linear layer but the tied readout
+            found = isinstance(layer, _TARGETABLE[0])  # every linear layer but the tied readout
         elif isinstance(targets, str):
             found = re.fullmatch(targets, key) is not None
         elif key in targets:

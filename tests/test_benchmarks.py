@@ -85,6 +85,8 @@ def test_benchmark_refuses_to_time_models_that_disagree(tmp_path, monkeypatch, c
             "--checkpoint",
             os.environ["GPT2LIB_CHECKPOINT"],
             "--quick",
+            "--threads",
+            "1",  # one thread: no split routes to measure before the refusal
             "--skip-loading",
             "--skip-tokenizer",
             "--json",

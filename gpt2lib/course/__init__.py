@@ -34,12 +34,15 @@ import nbformat
 from gpt2lib.course.format import (
     BEGIN,
     CHALLENGE_TAG,
+    CHAPTER_MODULES,
     CHECK_TAG,
     END,
     EXPORT_TAG,
     RAISES_TAG,
     CourseError,
+    _export_module,
     exercises,
+    exported_code,
     format_problems,
     read_notebook,
     region_titles,
@@ -69,24 +72,6 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-
-# Which module of gpt2lib/chapters/ a chapter's `export` cells go to; `export:<name>` overrides
-# per cell. The hand-written entry points beside the folder (gpt2lib/tokenizer.py around bpe,
-# training.py, inspection.py, generation.py, finetune.py, ...) are not the build's.
-CHAPTER_MODULES = {
-    "00_start_here": None,
-    "01_tokenizer": "bpe",
-    "02_embeddings": "embeddings",
-    "03_attention": "attention",
-    "04_mlp": "mlp",
-    "05_block": "block",
-    "06_model": "model",
-    "07_training": "training",
-    "08_real_weights": "interpret",  # and export:weights
-    "09_generation": "decoding",
-    "10_finetuning": "tuning",
-    "11_scaling": None,  # exports nothing: gpt2lib.scaling and gpt2lib.tokenfile are hand-written
-}
 
 STAMP_KEY = "gpt2lib"  # learner notebook metadata: fingerprint of the sources as built
 BACKUP_DIR = "backups"  # notebooks/backups/ for notebooks, backups/gpt2lib/chapters/ for modules
@@ -255,31 +240,6 @@ def learner_version(solution: nbformat.NotebookNode, where: str) -> nbformat.Not
     # Remember what the build wrote, so a later build can tell a learner's edits from ours.
     nb.metadata[STAMP_KEY] = {"built_sources": source_fingerprint(nb)}
     return nb
-
-
-def exported_code(cell_source: str, where: str) -> str:
-    """An export cell's code with the solution markers removed and the answers kept."""
-    regions = solution_regions(cell_source, where)
-    marker_lines = {i for pair in regions for i in pair}
-    lines = [line for i, line in enumerate(cell_source.split("\n")) if i not in marker_lines]
-    return "\n".join(lines).strip("\n")
-
-
-def _export_module(cell_tags: list[str], default: str | None, where: str) -> str | None:
-    targets = [t for t in cell_tags if t == EXPORT_TAG or t.startswith(EXPORT_TAG + ":")]
-    if not targets:
-        return None
-    if len(targets) > 1:
-        raise CourseError(f"{where}: more than one export tag {targets}")
-    tag = targets[0]
-    if tag == EXPORT_TAG:
-        if default is None:
-            raise CourseError(f"{where}: tagged '{EXPORT_TAG}' but the chapter has no module")
-        return default
-    module = tag.split(":", 1)[1]
-    if not module.isidentifier():
-        raise CourseError(f"{where}: '{tag}' does not name a Python module")
-    return module
 
 
 def source_fingerprint(nb: nbformat.NotebookNode) -> str:
@@ -772,15 +732,41 @@ def reset(chapter: str, root: Path = REPO_ROOT, out=None) -> Path:
 
 def _reset(target: Path, fresh: str, solution_path: Path, root: Path, out) -> Path:
     _refuse_folder_in_the_way(target)
-    if target.exists():
-        if _same_text(target, fresh):
-            print(f"{target.name} is already fresh; nothing to back up", file=out)
-            return target
+    saved = None
+    if target.exists() and not _same_text(target, fresh):
         saved = backup(target)
         print(f"your previous copy is kept as {saved.relative_to(root)}", file=out)
+    _set_aside_package_part(root, solution_path.stem, saved, out)
+    if saved is None and target.exists():
+        print(f"{target.name} is already fresh; nothing to back up", file=out)
+        return target
     write_atomic(target, fresh)
     print(f"{target.relative_to(root)} is a fresh copy of chapter {solution_path.stem}", file=out)
     return target
+
+
+PART_SUFFIX = ".mygpt2.json"  # beside a notebook's backup: its chapter's part of mygpt2/
+
+
+def _set_aside_package_part(root: Path, stem: str, saved: Path | None, out) -> None:
+    """Chapter `stem`'s code in the learner's package (mygpt2/) is backed up beside the
+    notebook's backup, then removed (the reference's takes its place)."""
+    from gpt2lib.course import mine
+
+    chapter = int(stem[:2])
+    part = mine.chapter_part(root, chapter) if (root / mine.PACKAGE).is_dir() else {}
+    if not part:
+        return
+    if saved is None:
+        saved = root / "notebooks" / BACKUP_DIR / f"{stem}.{_stamp()}.ipynb"
+    kept = saved.with_name(saved.name.removesuffix(".ipynb") + PART_SUFFIX)
+    write_atomic(kept, json.dumps(part, indent=1, sort_keys=True) + "\n")
+    mine.remove_chapter_part(root, chapter)
+    print(
+        f"your chapter {stem[:2]} code in {mine.PACKAGE}/ is kept as {_rel(kept, root)}; "
+        "the reference's takes its place until your checks pass again",
+        file=out,
+    )
 
 
 @dataclass
@@ -859,6 +845,8 @@ def restore(
             )
         data = chosen.path.read_bytes()
         read_notebook(chosen.path, "choose another backup")  # refuse to restore a broken file
+        part_file = chosen.path.with_name(chosen.path.name.removesuffix(".ipynb") + PART_SUFFIX)
+        part = _read_part(part_file, root) if part_file.is_file() else None
         _refuse_folder_in_the_way(target)
         if target.exists():
             if target.read_bytes() == data:
@@ -868,9 +856,32 @@ def restore(
                 return target
             saved = backup(target)
             print(f"your current copy is kept as {_rel(saved, root)}", file=out)
+        else:
+            saved = None
+        if part is not None:
+            _set_aside_package_part(root, solution_path.stem, saved, out)
         write_atomic(target, data)
+        if part is not None:
+            from gpt2lib.course import mine
+
+            mine.put_back_chapter_part(root, int(solution_path.stem[:2]), part)
+            print(
+                f"your chapter {solution_path.stem[:2]} code is back in {mine.PACKAGE}/", file=out
+            )
     print(f"restored notebooks/{target.name} from {_rel(chosen.path, root)}", file=out)
     return target
+
+
+def _read_part(path: Path, root: Path) -> dict:
+    try:
+        part = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CourseError(
+            f"{_rel(path, root)} cannot be read ({exc}); nothing was restored"
+        ) from None
+    if not isinstance(part, dict):
+        raise CourseError(f"{_rel(path, root)} is not a saved part of mygpt2/")
+    return part
 
 
 def describe_backup(path: Path, fresh: nbformat.NotebookNode) -> str:

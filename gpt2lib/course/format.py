@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # for the annotation only: importing the markers must stay li
     import nbformat
 
 __all__ = [
+    "CHAPTER_MODULES",
+    "exported_code",
     "BEGIN",
     "CHALLENGE_HEADING",
     "CHALLENGE_TAG",
@@ -302,3 +304,49 @@ def chapter_fix(root: Path, path: Path) -> str:
         f"run `python -m gpt2lib.course restore {number}` to take back a backup, "
         f"or `python -m gpt2lib.course reset {number}` for a fresh copy"
     )
+
+
+# --------------------------------------------------------------------------- export cells
+
+# Which module of gpt2lib/chapters/ a chapter's `export` cells go to; `export:<name>` overrides
+# per cell. The hand-written entry points beside the folder (gpt2lib/tokenizer.py around bpe,
+# training.py, inspection.py, generation.py, finetune.py, ...) are not the build's.
+CHAPTER_MODULES = {
+    "00_start_here": None,
+    "01_tokenizer": "bpe",
+    "02_embeddings": "embeddings",
+    "03_attention": "attention",
+    "04_mlp": "mlp",
+    "05_block": "block",
+    "06_model": "model",
+    "07_training": "training",
+    "08_real_weights": "interpret",  # and export:weights
+    "09_generation": "decoding",
+    "10_finetuning": "tuning",
+    "11_scaling": None,  # exports nothing: gpt2lib.scaling and gpt2lib.tokenfile are hand-written
+}
+
+
+def exported_code(cell_source: str, where: str) -> str:
+    """An export cell's code with the solution markers removed and the answers kept."""
+    regions = solution_regions(cell_source, where)
+    marker_lines = {i for pair in regions for i in pair}
+    lines = [line for i, line in enumerate(cell_source.split("\n")) if i not in marker_lines]
+    return "\n".join(lines).strip("\n")
+
+
+def _export_module(cell_tags: list[str], default: str | None, where: str) -> str | None:
+    targets = [t for t in cell_tags if t == EXPORT_TAG or t.startswith(EXPORT_TAG + ":")]
+    if not targets:
+        return None
+    if len(targets) > 1:
+        raise CourseError(f"{where}: more than one export tag {targets}")
+    tag = targets[0]
+    if tag == EXPORT_TAG:
+        if default is None:
+            raise CourseError(f"{where}: tagged '{EXPORT_TAG}' but the chapter has no module")
+        return default
+    module = tag.split(":", 1)[1]
+    if not module.isidentifier():
+        raise CourseError(f"{where}: '{tag}' does not name a Python module")
+    return module

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import nbformat
 
+from gpt2lib.course import mine
 from gpt2lib.course.format import (
     Challenge,
     CourseError,
@@ -106,6 +107,7 @@ class Run:
 
     def __init__(self, nb: nbformat.NotebookNode, stopped_at: int | None = None, problem: str = ""):
         self.nb, self.stopped_at, self.problem = nb, stopped_at, problem
+        self.package: dict = {}  # the run's record of the learner's package (mygpt2/parts.json)
 
 
 def torch_threads() -> int:
@@ -369,6 +371,8 @@ def execute_copy(
             worker.join(timeout=60)  # nbclient notices the dead kernel within a second or two
             raise
         finally:
+            if result:
+                result[0].package = mine.read_record(course)
             shutil.rmtree(course, ignore_errors=True)  # cells may leave read-only files
         if live is not None:
             live.draw(final=True)
@@ -390,6 +394,7 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
     totals = {PASSED: 0, FAILED: 0, NOT_STARTED: 0, NOT_RUN: 0}
     challenge_totals = [0, 0]  # done, listed
     trouble = False
+    package = mine.read_record(root)  # the learner's package as the runs below leave it
     for path in paths:
         print(f"{path.stem} (running notebooks/{path.name} ...)", file=out, flush=True)
         try:
@@ -440,7 +445,13 @@ def report(root: Path, chapters: list[str], out=None, timeout: int | None = None
             print(f"  {_challenge_summary(done, len(open_tasks))}", file=out)
         for key in totals:
             totals[key] += counts[key]
+        number = str(int(path.stem[:2]))
+        chapter = {n: e for n, e in run.package["exercises"].items() if n.split(".")[0] == number}
+        package["exercises"] = {
+            n: e for n, e in package["exercises"].items() if n.split(".")[0] != number
+        } | chapter
         print(file=out)
+    print(mine.parts_line(root, package, mine.ALL_PARTS), file=out)
     total_line = f"Total: {_summary(totals)}"
     if challenge_totals[1]:
         total_line += f"; {_challenge_summary(*challenge_totals)}"

@@ -182,7 +182,11 @@ def reveal(prediction: Any, measured: Any, *, what: str, unit: str = "") -> None
 
 
 def passed(exercise: str, detail: str = "") -> None:
-    """Print the line learners look for after a correct answer."""
+    """Print the line learners look for after a correct answer; in a learner notebook the
+    exercise's code goes into the learner's package (gpt2lib.course.mine)."""
+    from gpt2lib.course import mine
+
+    mine.record_pass(exercise)
     print(f"✅ {exercise} passed" + (f": {detail}" if detail else ""))
 
 
@@ -293,6 +297,9 @@ def _show_in_notebook(shell, etype, value, tb, tb_offset=None):
     gets IPython's usual traceback, without the frames of gpt2lib/course/checks/, so the learner's
     own code is what they see."""
     if isinstance(value, CheckFailed):
+        from gpt2lib.course import mine
+
+        mine.record_failure(value.exercise, str(value))  # its part of mygpt2/ is the reference's
         line = f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"
         shell._showtraceback(etype, value, [line])
         return [line]
