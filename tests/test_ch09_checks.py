@@ -247,30 +247,6 @@ def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
 
 
-# --------------------------------------------------------------------------- the chapter's fallback
-
-
-def test_yours_or_reference_keeps_a_working_answer_and_replaces_a_stub(capsys):
-    assert C.yours_or_reference("sample_token", sample_by_inverse_cdf) is sample_by_inverse_cdf
-    assert capsys.readouterr().out == ""
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 9.9: replace this line with your code")
-
-    for name in ("sample_token", "SimpleKVCache", "cache_gap", "generate_cached"):
-        assert C.yours_or_reference(name, stub) is getattr(D, name)
-        assert f"your {name} (or a function it calls) is not done yet" in capsys.readouterr().out
-
-
-def test_yours_or_reference_replaces_an_answer_that_raises_and_says_why(capsys):
-    class Broken(D.SimpleKVCache):
-        def __getitem__(self, i):
-            raise RuntimeError("boom")
-
-    assert C.yours_or_reference("SimpleKVCache", Broken) is D.SimpleKVCache
-    assert "raised RuntimeError: boom" in capsys.readouterr().out
-
-
 # --------------------------------------------------------------------------- measured, and the challenge
 
 

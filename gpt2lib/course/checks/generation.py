@@ -1,8 +1,6 @@
 """Checks for chapter 9's exercises: temperature, top-k, top-p, the sampling step, attention at
 an offset, the cache's memory, its buffers, the cached decode loop (a planted off-by-one), the
-cache's measured gain, the bytes a decode step reads, and the beam-search challenge; and
-`yours_or_reference`, which lets the chapter run on the learner's code, or on the reference
-with a note while an exercise is unfinished.
+cache's measured gain, the bytes a decode step reads, and the beam-search challenge.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
 the planted wrong answers in the module-level `Mistake` lists below (the tests are parametrised
@@ -25,7 +23,6 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
-from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.1 (top_k_filter)"
@@ -655,74 +652,6 @@ def check_attend_with_offset(attend_with_offset) -> None:
 
 
 # Each check with the planted mistakes it names (the tests run every one through its check).
-
-
-# --------------------------------------------------------------------------- the learner's or the reference
-
-
-def _tiny_config():
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=8, vocab_size=7)
-
-
-def _try_sample_token(fn):
-    fn(
-        torch.arange(6.0).view(2, 3),
-        temperature=0.7,
-        top_k=2,
-        top_p=0.9,
-        generator=torch.Generator().manual_seed(0),
-    )
-
-
-def _try_cache(cls):
-    cache = cls(_tiny_config(), 1, 4)
-    cache[0].update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
-
-
-def _try_loop(fn):
-    from gpt2lib.kvcache import KVCache
-
-    model = _tiny_model()
-    fn(
-        model,
-        torch.zeros(1, 2, dtype=torch.long),
-        2,
-        lambda logits: logits.argmax(-1),
-        KVCache.for_model(model, 1, 4),
-    )
-
-
-def _try_gap(fn):
-    from gpt2lib.chapters.decoding import SimpleKVCache
-
-    fn(_tiny_model(), SimpleKVCache, torch.zeros(1, 3, dtype=torch.long), 2)
-
-
-_TRIALS = {
-    "sample_token": _try_sample_token,
-    "SimpleKVCache": _try_cache,
-    "generate_cached": _try_loop,
-    "cache_gap": _try_gap,
-}
-
-
-def yours_or_reference(name: str, yours):
-    """`yours` if it runs on a small case, else gpt2lib.decoding's `name`, with a printed note.
-
-    name: "sample_token", "SimpleKVCache", "cache_gap" or "generate_cached" (each has its probe in
-    `_TRIALS`); the fallback itself is the course's shared `_core.yours_or_reference`.
-    """
-    from gpt2lib.chapters import decoding
-
-    return _yours_or_reference(
-        yours,
-        getattr(decoding, name),
-        _TRIALS[name],
-        what=f"your {name}",
-        instead="gpt2lib.decoding's",
-    )
 
 
 # --------------------------------------------------------------------------- 9.4 sample_token
