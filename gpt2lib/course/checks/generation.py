@@ -657,12 +657,6 @@ def check_attend_with_offset(attend_with_offset) -> None:
 # --------------------------------------------------------------------------- 9.4 sample_token
 
 
-def _sample_right(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    from gpt2lib.chapters.decoding import sample_token
-
-    return sample_token(logits, temperature, top_k, top_p, generator)
-
-
 def _sample_wrong(
     *,
     greedy_at_zero=True,
