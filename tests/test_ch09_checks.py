@@ -247,30 +247,6 @@ def test_other_wrong_answers_are_named(check, answer, message):
     cases.assert_named(check, answer, message)
 
 
-# --------------------------------------------------------------------------- the chapter's fallback
-
-
-def test_yours_or_reference_keeps_a_working_answer_and_replaces_a_stub(capsys):
-    assert C.yours_or_reference("sample_token", sample_by_inverse_cdf) is sample_by_inverse_cdf
-    assert capsys.readouterr().out == ""
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError("Exercise 9.9: replace this line with your code")
-
-    for name in ("sample_token", "SimpleKVCache", "cache_gap", "generate_cached"):
-        assert C.yours_or_reference(name, stub) is getattr(D, name)
-        assert f"your {name} (or a function it calls) is not done yet" in capsys.readouterr().out
-
-
-def test_yours_or_reference_replaces_an_answer_that_raises_and_says_why(capsys):
-    class Broken(D.SimpleKVCache):
-        def __getitem__(self, i):
-            raise RuntimeError("boom")
-
-    assert C.yours_or_reference("SimpleKVCache", Broken) is D.SimpleKVCache
-    assert "raised RuntimeError: boom" in capsys.readouterr().out
-
-
 # --------------------------------------------------------------------------- measured, and the challenge
 
 
@@ -321,3 +297,14 @@ def test_the_beam_search_challenge_passes_a_beam_search_and_refuses_greedy(capsy
         C.check_beam_search_challenge(greedy, model, tokenizer)
     with pytest.raises(CheckFailed, match="less likely than greedy"):
         C.check_beam_search_challenge(worst, model, tokenizer)
+
+
+def test_an_exercise_of_two_parts_passes_once_after_both(capsys):
+    C.check_kv_cache(D.write_kv, D.SimpleKVCache)
+    C.check_temperature_and_top_k(D.apply_temperature, D.top_k_filter)
+    assert capsys.readouterr().out.count("✅") == 2
+    with pytest.raises(CheckFailed, match="copies"):
+        C.check_kv_cache(C.named(C.WRITE_KV_MISTAKES, "copies").fn, D.SimpleKVCache)
+    with pytest.raises(CheckFailed, match="changed the logits"):
+        C.check_temperature_and_top_k(D.apply_temperature, C.named(C.TOP_K_MISTAKES, "in place").fn)
+    assert "✅" not in capsys.readouterr().out

@@ -676,9 +676,9 @@ def _chapter_cell(starts_with):
 @pytest.mark.parametrize("planted", [False, True])
 def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(planted, capsys):
     """Issue 21: chapter 9's generation cell runs the learner's decode loop, cache class and
-    sampling step (through yours_or_reference); a planted wrong sampling step changes its text."""
+    sampling step (through mine.yours); a planted wrong sampling step changes its text."""
     from gpt2lib.chapters import decoding
-    from gpt2lib.course.checks.generation import yours_or_reference
+    from gpt2lib.course.mine import PASSED, yours
     from gpt2lib.tokenizer import get_encoding
 
     tokenizer = get_encoding()
@@ -696,13 +696,17 @@ def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(plant
         tokenizer=tokenizer,
         NEW_TOKENS=6,
         generate=generate,
-        yours_or_reference=yours_or_reference,
+        yours=yours,
         generate_cached=decoding.generate_cached,
         Cache=decoding.SimpleKVCache,
         greedy=lambda logits: logits.argmax(-1),
         sample=always_seven if planted else decoding.sample_token,
     )
-    exec(_chapter_cell('loop = yours_or_reference("generate_cached"'), namespace)
+    PASSED.add("9.9")  # as if the loop's check had passed in this kernel
+    try:
+        exec(_chapter_cell('loop = yours("9.9"'), namespace)
+    finally:
+        PASSED.discard("9.9")
     printed = capsys.readouterr().out
     sevens = tokenizer.decode([7] * 6)
     assert (printed.count(sevens) == 3) is planted  # the three sampled texts

@@ -439,7 +439,14 @@ REFERENCE = {
     checks.check_lora_linear: lambda: (LoRALinear,),
     checks.check_add_adapters: lambda: (add_adapters, LoRALinear),
     checks.check_merged_weight: lambda: (merged_weight, LoRALinear),
-    checks.check_training_memory: lambda: (checks.reference_training_memory_mib,),
+    checks.check_exercise_10_1: lambda: (
+        speaker_batch,
+        hidden_states,
+        pool_mean,
+        GPT2Classifier,
+        classification_loss,
+    ),
+    checks.check_exercise_10_3: lambda: (masked_lm_loss, response_loss),
     checks.check_rank_sweep: lambda: ([(1, 0.0011, 0.33), (4, 0.0045, 0.39), (16, 0.0178, 0.41)],),
 }
 
@@ -571,11 +578,20 @@ def test_batch_check_names_left_padding():
         checks.check_speaker_batch(left)
 
 
-@pytest.mark.parametrize("mistake", checks.MEMORY_MISTAKES, ids=lambda m: m.name)
-def test_memory_check_names_each_mistake(mistake):
+@pytest.mark.parametrize("mistake", checks.LORA_INIT_MISTAKES, ids=lambda m: m.name)
+def test_lora_check_names_each_mistake_of_the_starting_values(mistake):
     with pytest.raises(CheckFailed) as info:
-        checks.check_training_memory(mistake.fn)
+        checks.check_lora_linear(mistake.fn)
     assert mistake.message in str(info.value)
+
+
+def test_one_exercise_passes_once_after_all_its_parts(capsys):
+    checks.check_exercise_10_3(masked_lm_loss, response_loss)
+    out = capsys.readouterr().out
+    assert out.count("✅") == 1 and "Exercise 10.3" in out
+    with pytest.raises(CheckFailed):
+        checks.check_exercise_10_3(masked_lm_loss, checks.RESPONSE_MISTAKES[0].fn)
+    assert "✅" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mistake", checks.RANK_MISTAKES, ids=lambda m: m.name)
@@ -597,8 +613,7 @@ def test_learner_or_reference_falls_back_on_an_unfinished_exercise(capsys):
 
     assert checks.learner_or_reference(stub, len, "Exercise 10.9", 10, 1) is len
     assert "Exercise 10.9 is not done yet" in capsys.readouterr().out
-    mine = checks.reference_training_memory_mib
-    assert checks.learner_or_reference(mine, len, "Exercise 10.9", 10, 1) is mine
+    assert checks.learner_or_reference(max, len, "Exercise 10.9", 10, 1) is max
 
 
 # --------------------------------------------------------------------------- 10.9b the frozen table

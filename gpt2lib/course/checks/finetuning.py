@@ -1,6 +1,6 @@
 """Checks for chapter 10's exercises: pooling a classifier's input, the collate function with
 its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight, the
-adapter's parameter count, the memory of training, full fine-tuning with a frozen token table,
+adapter's parameter count, full fine-tuning with a frozen token table,
 and the measurement of LoRA's rank.
 
 Each check runs the learner's answer on small random cases (more than one shape), compares it
@@ -9,8 +9,10 @@ with the right answer and with the planted wrong answers below, and names the mi
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -27,6 +29,7 @@ from gpt2lib.course.checks._core import (
     passed,
     seeded_call,
 )
+from gpt2lib.course.checks._core import named as _named
 
 EX_POOL = "Exercise 10.1 (pool_mean)"
 EX_COLLATE = "Exercise 10.2 (collate)"
@@ -37,9 +40,33 @@ EX_LORA = "Exercise 10.5 (LoRALinear)"
 EX_ADD = "Exercise 10.6 (add_adapters)"
 EX_MERGE = "Exercise 10.7 (merged_weight)"
 EX_COUNT = "Exercise 10.8 (lora_parameter_count)"
-EX_MEMORY = "Exercise 10.9 (training_memory_mib)"
 EX_RANK = "Exercise 10.10 (the effect of rank)"
 IGNORE = -100
+
+
+@contextlib.contextmanager
+def _one_pass(exercise):
+    """Run several checks of one exercise with their own passed() lines silenced; the exercise
+    passes once, after all of them (so that no part is recorded as passed alone)."""
+    with mock.patch(f"{__name__}.passed", lambda *args, **kwargs: None):
+        yield
+    passed(exercise)
+
+
+def check_exercise_10_1(speaker_batch, hidden_states, pool_mean, GPT2Classifier, loss) -> None:
+    """Exercise 10.1's five parts: the batch, the pooling, the classifier and its loss."""
+    with _one_pass("Exercise 10.1 (the classifier)"):
+        check_pool_mean(pool_mean)
+        check_speaker_batch(speaker_batch)
+        check_classifier(GPT2Classifier, hidden_states)
+        check_classification_loss(loss)
+
+
+def check_exercise_10_3(masked_lm_loss, response_loss) -> None:
+    """Exercise 10.3's two losses."""
+    with _one_pass("Exercise 10.3 (the masked loss)"):
+        check_masked_lm_loss(masked_lm_loss)
+        check_response_loss(response_loss)
 
 
 def _fail_with(exercise, mistakes, matches, default):
@@ -389,6 +416,12 @@ LORA_MISTAKES = [
         lambda layer, x: _lora_out(layer, x, 1.0),
     ),
     Mistake(
+        "alpha, not alpha / rank",
+        "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another "
+        "rank keeps the update's size",
+        lambda layer, x: _lora_out(layer, x, layer.alpha),
+    ),
+    Mistake(
         "scale inverted",
         "you scale by rank / alpha; LoRA's scale is alpha / rank",
         lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha),
@@ -412,6 +445,59 @@ LORA_MISTAKES = [
 ]
 
 
+def _lora_init(a_zero=False, b_random=False, dropout_kept=True):
+    """A LoRALinear class with one planted mistake in __init__ (the defaults are right)."""
+    from gpt2lib.chapters.tuning import LoRALinear
+
+    class Wrong(LoRALinear):
+        def __init__(self, base, rank, alpha, dropout=0.0):
+            super().__init__(base, rank, alpha, dropout if dropout_kept else 0.0)
+            with torch.no_grad():
+                if a_zero:
+                    self.lora_A.weight.zero_()
+                if b_random:
+                    self.lora_B.weight.normal_()
+
+    return Wrong
+
+
+# LoRALinear classes with a planted mistake in __init__
+LORA_INIT_MISTAKES = [
+    Mistake(
+        "both zero",
+        "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is "
+        "multiplied by the other) and the adapter never learns. Only B starts at zero; A starts "
+        "random, as nn.Linear initialises it",
+        _lora_init(a_zero=True),
+    ),
+    Mistake(
+        "A and B swapped",
+        "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as "
+        "peft does); swap the two initialisations",
+        _lora_init(a_zero=True, b_random=True),
+    ),
+    Mistake(
+        "dropout dropped",
+        "the dropout argument is not used: lora_dropout must drop with the probability given",
+        _lora_init(dropout_kept=False),
+    ),
+]
+
+
+def _check_lora_init(layer, dropout) -> None:
+    a, b = layer.lora_A.weight, layer.lora_B.weight
+    a_zero, b_zero = not bool(a.any()), not bool(b.any())
+    if a_zero and b_zero:
+        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "both zero").message)
+    if a_zero:
+        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "A and B swapped").message)
+    if not b_zero:
+        raise CheckFailed(EX_LORA, "lora_B must start at zero, so that training starts at base(x)")
+    p = getattr(layer.lora_dropout, "p", 0.0)  # nn.Identity stands for no dropout
+    if p != dropout:
+        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "dropout dropped").message)
+
+
 def check_lora_linear(LoRALinear) -> None:
     """`LoRALinear(base, rank, alpha, dropout)` computes base(x) + B(A(dropout(x))) * alpha / rank."""
     gen = torch.Generator().manual_seed(3)
@@ -421,12 +507,13 @@ def check_lora_linear(LoRALinear) -> None:
         for part in ("lora_A", "lora_B", "lora_dropout", "base"):
             if not hasattr(layer, part):
                 raise CheckFailed(EX_LORA, f"your layer has no {part}; keep the names of __init__")
+        _check_lora_init(layer, dropout)
         x = torch.randn(2, 3, n_in, generator=gen)
         with torch.no_grad():
             start = call_learner(EX_LORA, layer, x)
         if not close(start, base(x), atol=1e-6):
             if close(start, torch.zeros_like(start), atol=1e-6):
-                raise CheckFailed(EX_LORA, LORA_MISTAKES[2].message)
+                raise CheckFailed(EX_LORA, _named(LORA_MISTAKES, "base missing").message)
             raise CheckFailed(
                 EX_LORA,
                 "with lora_B at zero your layer should compute exactly "
@@ -602,89 +689,20 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
                 f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
                 f"targets={targets} the adapters add {want:,} parameters; you said {got!r}",
             )
-    passed(EX_COUNT, f"GPT-2 small, rank 8 on c_attn: {_count(GPT2Config(), 8, ('c_attn',)):,}")
+    from gpt2lib.chapters.model import count_gpt2_parameters  # chapter 6's count (6.5)
+
+    small = GPT2Config()
+    added = _count(small, 8, ("c_attn",))
+    passed(
+        EX_COUNT,
+        f"GPT-2 small, rank 8 on c_attn: {added:,} parameters, "
+        f"{added / count_gpt2_parameters(small):.3%} of the model's",
+    )
 
 
 def reference_lora_parameter_count(config, rank, targets):
     """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block."""
     return _count(config, rank, targets)
-
-
-# --------------------------------------------------------------------------- 10.9 memory
-
-
-def _memory(n_params, n_trained, bytes_per_number=4):
-    return (n_params + 3 * n_trained) * bytes_per_number / 2**20
-
-
-def reference_training_memory_mib(n_params, n_trained, bytes_per_number=4):
-    """MiB for the weights, and a gradient and two AdamW moments per trained parameter."""
-    return _memory(n_params, n_trained, bytes_per_number)
-
-
-MEMORY_MISTAKES = [
-    Mistake(
-        "no weights",
-        "you count the gradient and the moments but not the weights "
-        "themselves: every parameter, trained or frozen, is held in memory",
-        lambda n, t, b: 3 * t * b / 2**20,
-    ),
-    Mistake(
-        "one moment",
-        "AdamW keeps two moments per trained parameter (the mean of the "
-        "gradient and of its square), plus the gradient: three numbers, not two",
-        lambda n, t, b: (n + 2 * t) * b / 2**20,
-    ),
-    Mistake(
-        "frozen ones too",
-        "the frozen parameters get no gradient and no moments; only "
-        "the trained ones carry three more numbers",
-        lambda n, t, b: 4 * n * b / 2**20,
-    ),
-    Mistake(
-        "bytes", "your answer is in bytes; divide by 2**20 for MiB", lambda n, t, b: (n + 3 * t) * b
-    ),
-    Mistake(
-        "megabytes",
-        "you divided by 10**6 (megabytes); a MiB is 2**20 bytes",
-        lambda n, t, b: (n + 3 * t) * b / 1e6,
-    ),
-    Mistake(
-        "four bytes always",
-        "you ignore bytes_per_number: 2 for bfloat16, 4 for float32",
-        lambda n, t, b: (n + 3 * t) * 4 / 2**20,
-    ),
-]
-
-
-def check_training_memory(training_memory_mib) -> None:
-    """`training_memory_mib(n_params, n_trained, bytes_per_number=4)` -> MiB while training."""
-    cases = [
-        (124_439_808, 294_912, 4),
-        (124_439_808, 124_439_808, 4),
-        (7_000_000, 60_000, 2),
-        (1_000, 0, 4),
-    ]
-    for n, t, b in cases:
-        got = call_learner(EX_MEMORY, training_memory_mib, n, t, b)
-        want = _memory(n, t, b)
-        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * max(1.0, want):
-            _fail_with(
-                EX_MEMORY,
-                MEMORY_MISTAKES,
-                lambda m: (
-                    isinstance(got, (int, float))
-                    and abs(got - m.fn(n, t, b)) <= 1e-6 * max(1.0, want)
-                ),
-                f"{n:,} parameters, {t:,} of them trained, {b} bytes each: "
-                f"{want:.4f} MiB; you said {got!r}",
-            )
-    full, lora = _memory(124_439_808, 124_439_808), _memory(124_439_808, 294_912)
-    passed(
-        EX_MEMORY,
-        f"GPT-2 small in float32: {full:,.0f} MiB fully trained, "
-        f"{lora:,.0f} MiB with LoRA rank 8 on c_attn",
-    )
 
 
 def learner_or_reference(fn, reference, exercise, *example):
@@ -879,7 +897,6 @@ MISTAKES_BY_CHECK = {
     check_lora_linear: LORA_MISTAKES,
     check_merged_weight: MERGE_MISTAKES,
     check_lora_parameter_count: COUNT_MISTAKES,
-    check_training_memory: MEMORY_MISTAKES,
     check_rank_sweep: RANK_MISTAKES,
     check_frozen_table: FROZEN_MISTAKES,
 }

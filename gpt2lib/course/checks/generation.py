@@ -1,8 +1,6 @@
 """Checks for chapter 9's exercises: temperature, top-k, top-p, the sampling step, attention at
 an offset, the cache's memory, its buffers, the cached decode loop (a planted off-by-one), the
-cache's measured gain, the bytes a decode step reads, and the beam-search challenge; and
-`yours_or_reference`, which lets the chapter run on the learner's code, or on the reference
-with a note while an exercise is unfinished.
+cache's measured gain, the bytes a decode step reads, and the beam-search challenge.
 
 Each check runs the learner's answer on small cases, compares it with the right answer and with
 the planted wrong answers in the module-level `Mistake` lists below (the tests are parametrised
@@ -25,10 +23,10 @@ from gpt2lib.course.checks._core import (
     named,
     passed,
 )
-from gpt2lib.course.checks._core import yours_or_reference as _yours_or_reference
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
-EX_TOP_K = "Exercise 9.2 (top_k_filter)"
+EX_TOP_K = "Exercise 9.1 (top_k_filter)"
+EX_FILTERS = "Exercise 9.1 (apply_temperature, top_k_filter)"
 EX_TOP_P = "Exercise 9.3 (top_p_filter)"
 EX_SAMPLE = "Exercise 9.4 (sample_token)"
 EX_OFFSET = "Exercise 9.5 (attend_with_offset)"
@@ -42,6 +40,10 @@ EX_WEIGHT_BYTES = "Exercise 9.11 (weight_bytes_per_token)"
 CHALLENGE = "Challenge (beam search)"
 
 NEG_INF = float("-inf")
+IN_PLACE = (
+    "your function changed the logits it was given (masked_fill_, div_, or an assignment into "
+    "them): the caller's logits must stay as they were; build a new tensor"
+)
 
 
 def _tiny_model():
@@ -127,6 +129,12 @@ WRITE_KV_MISTAKES = [
         "buffers (k_buf[:, :, start:end] = k)",
         _past_and_new_unstored,
     ),
+    Mistake(
+        "copies",
+        "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
+        "...): return views, k_buf[:, :, :start + T], so that a step copies nothing",
+        lambda *args: tuple(t.clone() for t in _write_kv_right(*args)),
+    ),
 ]
 
 
@@ -143,18 +151,22 @@ def _write_twice(write_kv, exercise):
         result = call_learner(exercise, write_kv, k_buf, v_buf, k, v, start)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise CheckFailed(exercise, "return two tensors: (keys so far, values so far)")
+    views = all(  # views of the buffers share their storage; a copy has its own
+        isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == buf.data_ptr()
+        for t, buf in zip(result, (k_buf, v_buf))
+    )
     keys, values = (expect_tensor(exercise, t, what="each returned item") for t in result)
-    return keys, values, k_buf, v_buf
+    return keys, values, k_buf, v_buf, views
 
 
 def _same_writes(got, want) -> bool:
-    return all(close(a, b) for a, b in zip(got, want))
+    return all(close(a, b) for a, b in zip(got[:4], want[:4])) and got[4] == want[4]
 
 
 def _write_kv_symptom(got, want) -> Mistake | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
-    keys, values, k_buf, v_buf = got
-    want_keys, want_values, _, _ = want
+    keys, values, k_buf, v_buf, views = got
+    want_keys, want_values = want[:2]
     k2, v2 = want_keys[:, :, 3:5], want_values[:, :, 3:5]  # the second call's new tokens
     if close(keys, want_values) and close(values, want_keys):
         return named(WRITE_KV_MISTAKES, "keys and values swapped")
@@ -168,7 +180,21 @@ def _write_kv_symptom(got, want) -> Mistake | None:
     returned_right = close(keys, want_keys) and close(values, want_values)
     if not stored and (returned_right or not bool(k_buf.any())):
         return named(WRITE_KV_MISTAKES, "not stored")
+    if stored and returned_right and not views:
+        return named(WRITE_KV_MISTAKES, "copies")
     return None
+
+
+def check_kv_cache(write_kv, SimpleKVCache) -> None:
+    """Exercise 9.7's two parts, each checked in full before the exercise passes once."""
+    from unittest import mock
+
+    with mock.patch(f"{__name__}.passed", lambda *args, **kwargs: None):
+        check_write_kv(write_kv)
+        check_simple_kv_cache(SimpleKVCache)
+    passed(
+        "Exercise 9.7 (write_kv, SimpleKVCache)", "a tiny model's cached logits equal its full pass"
+    )
 
 
 def check_write_kv(write_kv) -> None:
@@ -251,27 +277,55 @@ TEMPERATURE_MISTAKES = [
         "the temperature has no effect: divide the logits by it",
         lambda logits, t: logits.clone(),
     ),
+    Mistake(
+        "in place",
+        IN_PLACE,
+        lambda logits, t: logits.div_(t),
+    ),
 ]
 
 
+def check_temperature_and_top_k(apply_temperature, top_k_filter) -> None:
+    """Exercise 9.1's two functions, each checked in full before the exercise passes."""
+    _check_temperature(apply_temperature)
+    _check_top_k(top_k_filter)
+    passed(EX_FILTERS)
+
+
 def check_apply_temperature(apply_temperature) -> None:
+    """Exercise 9.1 with the reference top_k_filter: the temperature alone."""
+    from gpt2lib.chapters.decoding import top_k_filter
+
+    check_temperature_and_top_k(apply_temperature, top_k_filter)
+
+
+def check_top_k_filter(top_k_filter) -> None:
+    """Exercise 9.1 with the reference apply_temperature: top-k alone."""
+    from gpt2lib.chapters.decoding import apply_temperature
+
+    check_temperature_and_top_k(apply_temperature, top_k_filter)
+
+
+def _check_temperature(apply_temperature) -> None:
     """apply_temperature(logits, temperature) -> logits for softmax."""
     ex = EX_TEMPERATURE
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0], [0.0, 0.3, -0.2, 1.5, 0.1]])
     for t in (0.5, 2.0, 1.0):
-        got = call_learner(ex, apply_temperature, logits.clone(), t)
+        given = logits.clone()
+        got = call_learner(ex, apply_temperature, given, t)
+        if not torch.equal(given, logits):
+            raise CheckFailed(ex, IN_PLACE)
         got = expect_tensor(ex, got, tuple(logits.shape), what="your result")
         if close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
             continue  # any logits with the right softmax are right (a shift changes nothing)
         mistake = first_mistake(
-            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: close(got, m.fn(logits, t))
+            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: close(got, m.fn(logits.clone(), t))
         )
         if mistake is not None:
             raise CheckFailed(ex, f"{mistake.message} (temperature {t})")
         raise CheckFailed(
             ex, f"softmax of your result at temperature {t} should equal softmax(logits / {t})"
         )
-    passed(ex)
 
 
 # --------------------------------------------------------------------------- 9.2 top-k
@@ -287,6 +341,15 @@ POSINF_FILL = (
 ZERO_FILL = (
     "removed logits were set to 0, but exp(0) = 1 is still a probability: set them to float('-inf')"
 )
+
+
+def _in_place(filter_fn):
+    """A filter that writes -inf into the caller's logits and returns them."""
+
+    def filtered(logits, knob):
+        return logits.copy_(filter_fn(logits, knob))
+
+    return filtered
 
 
 def _kept(x):
@@ -309,7 +372,10 @@ def _refuse_bad_fill(exercise, got):
 
 def _filtered(exercise, filter_fn, logits, knob):
     """filter_fn(logits, knob) as float64 logits of logits' shape, NaN and +inf refused."""
-    got = call_learner(exercise, filter_fn, logits.clone(), knob)
+    given = logits.clone()
+    got = call_learner(exercise, filter_fn, given, knob)
+    if not torch.equal(given, logits):
+        raise CheckFailed(exercise, IN_PLACE)
     got = expect_tensor(exercise, got, tuple(logits.shape), what="your result", finite=False)
     _refuse_bad_fill(exercise, got)
     return got
@@ -350,6 +416,7 @@ TOP_K_MISTAKES = [
         "k-th largest, not > it)",
         lambda logits, k: _keep_ranked(logits, k - 1),
     ),
+    Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
 ]
 
 
@@ -368,7 +435,7 @@ def _top_k_symptom(got, logits, k) -> Mistake | None:
     return None
 
 
-def check_top_k_filter(top_k_filter) -> None:
+def _check_top_k(top_k_filter) -> None:
     """top_k_filter(logits, k) -> logits with all but the k largest per row set to -inf."""
     ex = EX_TOP_K
     gen = torch.Generator().manual_seed(0)
@@ -381,7 +448,7 @@ def check_top_k_filter(top_k_filter) -> None:
                 raise CheckFailed(ex, "the kept logits must stay unchanged")
             continue
         mistake = first_mistake(
-            TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits, k))
+            TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits.clone(), k))
         )
         mistake = mistake or _top_k_symptom(got, logits, k)
         if mistake is not None:
@@ -391,7 +458,6 @@ def check_top_k_filter(top_k_filter) -> None:
             f"with k={k} keep exactly the {k} largest logits of each row "
             f"(you kept {_kept(got).sum(-1).tolist()})",
         )
-    passed(ex)
 
 
 # --------------------------------------------------------------------------- 9.3 top-p
@@ -450,6 +516,7 @@ TOP_P_MISTAKES = [
     Mistake("zero fill", ZERO_FILL, _top_p(fill=0.0)),
     Mistake("NaN fill", NAN_FILL, _top_p(fill=float("nan"))),
     Mistake("+inf fill", POSINF_FILL, _top_p(fill=float("inf"))),
+    Mistake("in place", IN_PLACE, _in_place(_top_p())),
 ]
 
 
@@ -587,81 +654,7 @@ def check_attend_with_offset(attend_with_offset) -> None:
 # Each check with the planted mistakes it names (the tests run every one through its check).
 
 
-# --------------------------------------------------------------------------- the learner's or the reference
-
-
-def _tiny_config():
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(n_layer=1, n_head=1, n_embd=4, n_positions=8, vocab_size=7)
-
-
-def _try_sample_token(fn):
-    fn(
-        torch.arange(6.0).view(2, 3),
-        temperature=0.7,
-        top_k=2,
-        top_p=0.9,
-        generator=torch.Generator().manual_seed(0),
-    )
-
-
-def _try_cache(cls):
-    cache = cls(_tiny_config(), 1, 4)
-    cache[0].update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
-
-
-def _try_loop(fn):
-    from gpt2lib.kvcache import KVCache
-
-    model = _tiny_model()
-    fn(
-        model,
-        torch.zeros(1, 2, dtype=torch.long),
-        2,
-        lambda logits: logits.argmax(-1),
-        KVCache.for_model(model, 1, 4),
-    )
-
-
-def _try_gap(fn):
-    from gpt2lib.chapters.decoding import SimpleKVCache
-
-    fn(_tiny_model(), SimpleKVCache, torch.zeros(1, 3, dtype=torch.long), 2)
-
-
-_TRIALS = {
-    "sample_token": _try_sample_token,
-    "SimpleKVCache": _try_cache,
-    "generate_cached": _try_loop,
-    "cache_gap": _try_gap,
-}
-
-
-def yours_or_reference(name: str, yours):
-    """`yours` if it runs on a small case, else gpt2lib.decoding's `name`, with a printed note.
-
-    name: "sample_token", "SimpleKVCache", "cache_gap" or "generate_cached" (each has its probe in
-    `_TRIALS`); the fallback itself is the course's shared `_core.yours_or_reference`.
-    """
-    from gpt2lib.chapters import decoding
-
-    return _yours_or_reference(
-        yours,
-        getattr(decoding, name),
-        _TRIALS[name],
-        what=f"your {name}",
-        instead="gpt2lib.decoding's",
-    )
-
-
 # --------------------------------------------------------------------------- 9.4 sample_token
-
-
-def _sample_right(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    from gpt2lib.chapters.decoding import sample_token
-
-    return sample_token(logits, temperature, top_k, top_p, generator)
 
 
 def _sample_wrong(
@@ -686,9 +679,11 @@ def _sample_wrong(
             scaled = top_p_filter(scaled, top_p)
         if use_temperature:
             scaled = scaled / temperature
+        if order == "top-p before top-k" and top_p is not None:
+            scaled, top_p = top_p_filter(scaled, top_p), None
         if use_top_k and top_k is not None:
             scaled = top_k_filter(scaled, top_k)
-        if use_top_p and order == "temperature first" and top_p is not None:
+        if use_top_p and order != "top-p first" and top_p is not None:
             scaled = top_p_filter(scaled, top_p)
         ids = torch.multinomial(
             torch.softmax(scaled, -1), 1, generator=generator if use_generator else None
@@ -748,6 +743,12 @@ SAMPLE_MISTAKES = [
         "is chosen from the distribution the temperature made, so scale first, then filter",
         _sample_wrong(order="top-p first"),
     ),
+    Mistake(
+        "top-p before top-k",
+        "top-p was applied before top-k: the nucleus is chosen from what top-k left "
+        "(renormalised), so apply top-k first, then top-p",
+        _sample_wrong(order="top-p before top-k"),
+    ),
 ]
 
 
@@ -798,9 +799,11 @@ def check_sample_token(sample_token) -> None:
         (dict(temperature=1.0, top_k=2), [0.625, 0.375, 0.0], "top-k ignored"),
         (dict(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0], "top-p ignored"),
         (dict(temperature=2.0, top_p=0.75), None, "top-p before temperature"),
+        (dict(temperature=1.0, top_k=3, top_p=0.75), [4 / 7, 3 / 7, 0, 0], "top-p before top-k"),
     ]
     for settings, want, name in cases:
-        seen = _frequencies(_draws(ex, sample_token, probs, **settings), 3)
+        case = [0.4, 0.3, 0.2, 0.1] if name == "top-p before top-k" else probs
+        seen = _frequencies(_draws(ex, sample_token, case, **settings), len(case))
         if want is None:  # at T=2 the nucleus of 0.75 holds all three tokens
             scaled = torch.tensor(probs).sqrt()
             want = (scaled / scaled.sum()).tolist()
@@ -1254,7 +1257,7 @@ def check_cache_gap(cache_gap) -> None:
 # --------------------------------------------------------------------------- 9.9 generate_cached
 
 
-def _loop(feed="new", sample_used=True, whole=False, new_only=False):
+def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True):
     """generate_cached with one planted mistake (the defaults are right)."""
 
     def generate_cached(model, idx, max_new_tokens, sample, cache):
@@ -1267,6 +1270,9 @@ def _loop(feed="new", sample_used=True, whole=False, new_only=False):
                 out[:, pos] = sample(logits) if sample_used else logits.argmax(-1)
                 if pos + 1 < T + max_new_tokens:
                     first = 0 if whole else (pos if feed == "new" else pos - 1)
+                    if not cached:  # the whole sequence again, the cache never used
+                        logits = model(out[:, : pos + 1])[:, -1]
+                        continue
                     logits = model(
                         out[:, first : first + (pos + 1 if whole else 1)], kv_cache=cache
                     )[:, -1]
@@ -1302,6 +1308,13 @@ LOOP_MISTAKES = [
         "them, (B, T + max_new_tokens)",
         _loop(new_only=True),
     ),
+    Mistake(
+        "cache ignored",
+        "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
+        "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
+        "token only",
+        _loop(cached=False),
+    ),
 ]
 
 
@@ -1325,20 +1338,14 @@ def _recomputed(model, idx, n, sample):
 def _run_loop(exercise, fn, model, idx, n, sample):
     from gpt2lib.kvcache import KVCache
 
+    cache = KVCache.for_model(model, idx.shape[0], idx.shape[1] + n)
     try:
-        return call_learner(
-            exercise,
-            fn,
-            model,
-            idx,
-            n,
-            sample,
-            KVCache.for_model(model, idx.shape[0], idx.shape[1] + n),
-        )
+        out = call_learner(exercise, fn, model, idx, n, sample, cache)
     except ValueError as error:
         if "KV cache is full" in str(error):
             raise CheckFailed(exercise, named(LOOP_MISTAKES, "whole sequence").message) from None
         raise
+    return out, cache.length
 
 
 def check_generate_cached(generate_cached) -> None:
@@ -1353,7 +1360,7 @@ def check_generate_cached(generate_cached) -> None:
         (2, 4, 5, _third_most_likely),
     ]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
-        got = _run_loop(ex, generate_cached, model, idx, n, sample)
+        got, held = _run_loop(ex, generate_cached, model, idx, n, sample)
         got = expect_tensor(
             ex,
             got,
@@ -1361,12 +1368,14 @@ def check_generate_cached(generate_cached) -> None:
             what="your tokens",
             hints={(B, n): named(LOOP_MISTAKES, "new tokens only").message},
         )
+        if held < T + n - 1:  # every token but the last one goes through the cache
+            raise CheckFailed(ex, named(LOOP_MISTAKES, "cache ignored").message)
         want = _recomputed(model, idx, n, sample)
         if torch.equal(got.long(), want):
             continue
 
         def same(mistake, idx=idx, n=n, sample=sample, got=got):
-            return torch.equal(got.long(), _run_loop(ex, mistake.fn, model, idx, n, sample))
+            return torch.equal(got.long(), _run_loop(ex, mistake.fn, model, idx, n, sample)[0])
 
         mistake = first_mistake(LOOP_MISTAKES, same)
         if mistake is not None:
