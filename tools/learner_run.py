@@ -9,7 +9,9 @@ answer from solutions/NN_*.ipynb, and the filled notebook is run top to bottom b
 machinery as `python -m gpt2lib.course progress` (a scratch copy of the course folder, the
 short CI setting). It prints each exercise's grade and every cell that raised, and exits 1
 when an exercise did not pass, a challenge was not done, or any cell raised: a finished
-learner notebook must run clean. This is issue #21's "verified by running the chapters as a
+learner notebook must run clean. With --one-course the chapters run in order in one scratch
+course, as a learner works: what each chapter's passed checks put into mygpt2/ is what the later
+chapters run, and the lines saying whose parts ran are printed. This is issue #21's "verified by running the chapters as a
 learner would, with the learner notebooks filled in"; the course's tests run the solutions and
 the unfinished notebooks, not this.
 """
@@ -17,17 +19,23 @@ the unfinished notebooks, not this.
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpt2lib.course import STUB, exported_code  # noqa: E402
+from gpt2lib.course import mine as package  # noqa: E402
 from gpt2lib.course.format import challenges, exercises, read_notebook, solution_regions  # noqa: E402
 from gpt2lib.course.progress import (  # noqa: E402
     DONE,
     PASSED,
+    _ignored,
     cell_timeout,
     execute_copy,
     grade,
@@ -69,13 +77,45 @@ def filled(learner, solution, where: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("chapters", nargs="*", help="chapter numbers (default: all)")
+    parser.add_argument(
+        "--one-course",
+        action="store_true",
+        help="run the chapters in order in one scratch course, as a learner does: what each "
+        "chapter's passed checks write into mygpt2/ is what the later chapters run; prints "
+        "each chapter's lines about whose parts ran",
+    )
     args = parser.parse_args(argv)
+    if args.one_course:
+        with tempfile.TemporaryDirectory(prefix="gpt2lib-learner-run-") as scratch:
+            course = Path(scratch) / "course"
+            shutil.copytree(ROOT, course, ignore=_ignored, symlinks=True)
+            shutil.rmtree(course / package.PACKAGE, ignore_errors=True)  # start as a new learner
+            os.environ["GPT2LIB_LEARNER_PACKAGE"] = "1"
+            return run_chapters(course, args.chapters)
+    return run_chapters(ROOT, args.chapters)
+
+
+WHOSE = re.compile(r"^(Your GPT-2|note: Exercise .* has not passed|.*logit.*(differ|distance))")
+
+
+def run_chapters(root: Path, chapters: list[str]) -> int:
+    """Run the filled learner notebooks of `root`; in a scratch course (--one-course), each
+    chapter's package record is carried into the next."""
     failed = False
-    for path in learner_notebooks(ROOT, args.chapters):
-        solution = read_notebook(ROOT / "solutions" / path.name)
+    for path in learner_notebooks(root, chapters):
+        solution = read_notebook(root / "solutions" / path.name)
         nb = filled(read_notebook(path), solution, f"notebooks/{path.name}")
-        run = execute_copy(nb, path, ROOT, cell_timeout())
+        run = execute_copy(nb, path, root, cell_timeout())
         print(f"{path.stem}" + (f": {run.problem} at cell {run.stopped_at}" if run.problem else ""))
+        if root != ROOT:  # carry this chapter's part of the learner's package to the next
+            number = str(int(path.stem[:2]))
+            ran = {n: e for n, e in run.package["exercises"].items() if n.split(".")[0] == number}
+            package.put_back_chapter_part(root, int(number), ran)
+            for cell in run.nb.cells:
+                for output in cell.get("outputs", []):
+                    for line in str(output.get("text", "")).splitlines():
+                        if WHOSE.match(line):
+                            print(f"  | {line}")
         failed |= bool(run.problem)
         for outcome in [grade(e, run) for e in exercises(run.nb)] + [
             grade_challenge(c, run) for c in challenges(run.nb)

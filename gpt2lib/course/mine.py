@@ -5,13 +5,13 @@ chapters run.
 `mygpt2/` (at the course root, ignored by git) has the same modules, written from the learner's
 export cells. It is written in the learner's kernel, with no step of their own:
 
-- when a check passes (`checks.passed`), the exercise's export cells, as the kernel last ran
-  them, go into `mygpt2/` (only the statements a module holds: imports, definitions,
+- when a check passes (`checks.passed`), the exercise's export cells that hold the learner's
+  answers, as the kernel last ran them, go into `mygpt2/` (only the statements a module holds: imports, definitions,
   assignments; a call or a print left in the cell is not run on import);
 - when a check fails (the one-line CheckFailed in the notebook), that exercise's cells go back
   to the reference's, and `mygpt2/parts.json` says why.
 
-Every other cell of a module is the reference's, so `mygpt2` is always a whole package whose
+Every other cell of a module (given code, and exercises not passed) is the reference's, so `mygpt2` is always a whole package whose
 modules import each other (`mygpt2.model` builds the learner's block from the learner's
 attention). `mygpt2/parts.json` records, per exercise, whose code is there and why.
 
@@ -134,17 +134,24 @@ def _export_cells(root: Path) -> list[dict]:
 
 @functools.lru_cache(maxsize=4)  # read once per change of solutions/, not once per check
 def _read_export_cells(stamped: tuple[tuple[Path, int], ...]) -> list[dict]:
-    from gpt2lib.course.format import CHAPTER_MODULES, exercises, export_cells, read_notebook
+    from gpt2lib.course.format import (
+        BEGIN,
+        CHAPTER_MODULES,
+        exercises,
+        export_cells,
+        read_notebook,
+    )
 
     cells = []
     for path, _ in stamped:
         if path.stem not in CHAPTER_MODULES:
             continue
         nb = read_notebook(path)
-        owner = {}
+        owner = {}  # an answer cell (it holds a solution region): the exercise it answers
         for exercise in exercises(nb):
             for index in exercise.cells:
-                owner[index] = exercise_number(exercise.title)
+                if BEGIN in nb.cells[index].source:
+                    owner[index] = exercise_number(exercise.title)
         for index, module, code in export_cells(nb, path.stem, f"solutions/{path.name}"):
             cells.append(
                 dict(
