@@ -38,7 +38,7 @@ EX_LR = "Exercise 7.6 (find what is wrong with the schedule)"
 EX_EVAL = "Exercise 7.7 (the evaluation and the loop)"
 EX_LOOP = EX_EVAL
 EX_DIAGNOSIS = "Exercise 7.8 (which bug made which curve?)"
-EX_RATES = "Exercise 7.9 (how large a learning rate?)"
+EX_RATES = "Exercise 7.9 (measure the learning rate)"
 CHALLENGE = "Challenge (beat the bigram line in half the steps)"
 
 
