@@ -114,38 +114,26 @@ LOSS_MISTAKES = [
 ]
 
 
-def _log_of_softmax(logits, targets):
-    return -logits.float().softmax(dim=-1).log().gather(-1, targets.unsqueeze(-1)).mean()
-
-
-def _loss_in_input_dtype(logits, targets):
-    return _nll(logits.log_softmax(dim=-1), targets).mean()
-
-
-def _loss_by_cross_entropy(logits, targets):
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
 # The three rules the exercise states; each has its own case in the check, not a value to match.
 LOSS_RULES = [
     Mistake(
         "uses_cross_entropy",
         "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls "
         "it), which this exercise does not allow: write it from log-probabilities",
-        _loss_by_cross_entropy,
+        lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()),
     ),
     Mistake(
         "log_of_softmax",
         "with a logit of 100 and a target 220 below it your loss is not finite: in float32 "
         "softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the "
         "log-softmax in one step (log_softmax), which never forms either number",
-        _log_of_softmax,
+        lambda logits, targets: _nll(logits.float().softmax(dim=-1).log(), targets).mean(),
     ),
     Mistake(
         "not_float32",
         "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): "
         "cast the logits to float32 (logits.float()) before the log-softmax",
-        _loss_in_input_dtype,
+        lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).mean(),
     ),
 ]
 _RULE = {m.name: m for m in LOSS_RULES}
@@ -243,7 +231,7 @@ def _windows_ok(ids, x, y, block_size):
     return starts
 
 
-def _batch(start_range, shift=1, rows="random"):
+def _batch(start_range, shift=1, rows="random", dtype=torch.long):
     """A batch function; the arguments plant one mistake each (the defaults are right)."""
 
     def run(ids, batch_size, block_size, generator=None, device=None):
@@ -254,8 +242,9 @@ def _batch(start_range, shift=1, rows="random"):
             starts = [int(torch.randint(high, (1,), generator=generator))] * batch_size
         else:
             starts = torch.randint(high, (batch_size,), generator=generator).tolist()
-        x = torch.stack([ids[s : s + block_size] for s in starts]).long()
-        y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts]).long()
+        x = torch.stack([ids[s : s + block_size] for s in starts])
+        y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
+        x, y = (x, y) if dtype is None else (x.to(dtype), y.to(dtype))
         return (x, y) if device is None else (x.to(device), y.to(device))
 
     return run
@@ -305,18 +294,6 @@ def _batch_on_cpu(ids, batch_size, block_size, generator=None, device=None):
     return _batch_right(ids, batch_size, block_size, generator)
 
 
-def _batch_as(dtype):
-    """A right batch that returns the ids as `dtype` (None: as they came)."""
-
-    def get_batch(ids, batch_size, block_size, generator=None, device=None):
-        starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-        rows = starts[:, None] + torch.arange(block_size)
-        x, y = ids[rows], ids[rows + 1]
-        return (x, y) if dtype is None else (x.to(dtype), y.to(dtype))
-
-    return get_batch
-
-
 DEVICE_MISTAKES = [
     Mistake(
         "device_ignored",
@@ -328,13 +305,13 @@ DEVICE_MISTAKES = [
         "int32_kept",
         "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: "
         "nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
-        _batch_as(None),
+        _batch(0, dtype=None),
     ),
     Mistake(
         "float_ids",
         "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. "
         "Return them as torch.long",
-        _batch_as(torch.float32),
+        _batch(0, dtype=torch.float32),
     ),
 ]
 
