@@ -53,6 +53,29 @@ def test_each_planted_accumulation_mistake_is_named(mistake):
     cases.assert_named(checks.check_accumulate_gradients, planted, mistake.message)
 
 
+@pytest.mark.parametrize("mistake", checks.BF16_MISTAKES, ids=lambda m: m.name)
+def test_each_planted_bfloat16_mistake_is_named(mistake):
+    cases.assert_named(checks.check_to_bfloat16, mistake.fn, mistake.message)
+
+
+@pytest.mark.parametrize(
+    "answer", [lambda x: x.bfloat16().float(), lambda x: x.to(dtype=torch.bfloat16).float()]
+)
+def test_other_ways_to_let_pytorch_round_are_named(answer):
+    cases.assert_named(checks.check_to_bfloat16, answer, "rounding done by hand")
+
+
+def _bf16_by_bits(x):
+    bits = x.view(torch.int32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return ((rounded >> 16) << 16).view(torch.float32)
+
+
+def test_rounding_by_the_bits_passes(capsys):
+    checks.check_to_bfloat16(_bf16_by_bits)
+    assert "✅" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("mistake", checks.SHARD_MISTAKES, ids=lambda m: m.name)
 def test_each_planted_shard_mistake_is_named(mistake):
     cases.assert_named(checks.check_shard_gradients, mistake.fn, mistake.message)

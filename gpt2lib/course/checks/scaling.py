@@ -246,6 +246,30 @@ def _bf16_truncate(x):
     return ((x.view(torch.int32) >> 16) << 16).view(torch.float32)
 
 
+BF16_MISTAKES = [
+    Mistake(
+        "uses_to_bfloat16",
+        "your function lets PyTorch round (.to(torch.bfloat16), .bfloat16() or .type): this "
+        "exercise asks for the rounding done by hand, with integer operations on the bits",
+        lambda x: x.to(torch.bfloat16).float(),
+    ),
+]
+
+
+class _NoBfloat16(torch.overrides.TorchFunctionMode):
+    """While active, a conversion to bfloat16 raises with BF16_MISTAKES' message."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_bf16 = func is torch.Tensor.bfloat16 or (
+            func in (torch.Tensor.to, torch.Tensor.type)
+            and torch.bfloat16 in (*args[1:], *kwargs.values())
+        )
+        if to_bf16:
+            raise CheckFailed(EX_BF16, BF16_MISTAKES[0].message)
+        return func(*args, **kwargs)
+
+
 def check_to_bfloat16(fn):
     g = torch.Generator().manual_seed(0)
     cases = [
@@ -256,7 +280,8 @@ def check_to_bfloat16(fn):
     ]
     for x in cases:
         before = x.clone()
-        got = call_learner(EX_BF16, fn, x)
+        with _NoBfloat16():
+            got = call_learner(EX_BF16, fn, x)
         if not torch.equal(x, before):
             raise CheckFailed(
                 EX_BF16, "your function changed its input in place; return a new tensor"
