@@ -18,7 +18,14 @@ from gpt2lib.training import lr_schedule
 
 
 def _loss_right(logits, targets):
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    log_probs = logits.float().log_softmax(-1)
+    return -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
+
+
+def _loss_in_place(logits, targets):
+    """Right value, but it normalises the caller's logits in place."""
+    logits.data -= logits.data.logsumexp(-1, keepdim=True)
+    return -logits.float().gather(-1, targets.unsqueeze(-1)).mean()
 
 
 def _loss_float64_einsum(logits, targets):
@@ -30,7 +37,7 @@ def _loss_float64_einsum(logits, targets):
 def _batch_vectorised(ids, batch_size, block_size, generator=None, device=None):
     starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
     offsets = starts[:, None] + torch.arange(block_size)
-    return ids[offsets].to(device), ids[offsets + 1].to(device)
+    return ids[offsets].to(device, torch.long), ids[offsets + 1].to(device, torch.long)
 
 
 def _bigram_with_a_dict(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
@@ -202,6 +209,17 @@ def _loop_that_records_nothing(model, train_ids, val_ids, steps, **kwargs):
                 checks.check_cross_entropy,
                 lambda lg, t: _loss_right(lg, t).detach(),
                 "carries no gradient",
+            ),
+            (checks.check_cross_entropy, _loss_in_place, "changed its inputs in place"),
+            (
+                checks.check_cross_entropy,
+                lambda lg, t: torch.nn.CrossEntropyLoss()(lg.float().flatten(0, 1), t.flatten()),
+                "does not allow",
+            ),
+            (
+                checks.check_uniform_loss,
+                lambda v: torch.tensor(float(v)).log(),
+                "return a Python float (.item()",
             ),
             (checks.check_random_batch, _unseeded_batch, "same seed gave different batches"),
             (checks.check_decay_groups, _a_parameter_in_two_groups, "is in two groups"),

@@ -755,6 +755,7 @@ _NEEDED = (
     "def ",
     "train_ids, val_ids =",
     "yours_or_reference(",
+    "your_pieces(",
     "setting = dict",
     "history = train(model",
 )
@@ -810,9 +811,7 @@ def training_step(model, optimizer, x, y, max_grad_norm=1.0):
     return loss.item()  # the planted bug: no optimizer.step()
 """
     exercise = next(i for i, (src, _) in enumerate(cells) if src.startswith("def decay_groups"))
-    start = next(
-        i for i, (src, _) in enumerate(cells) if "my_get_batch = yours_or_reference(" in src
-    )
+    start = next(i for i, (src, _) in enumerate(cells) if "= your_pieces(" in src)
     _run_cells([(cells[exercise][0] + planted, [])] + cells[start:], namespace)
     assert "exercise 7.5: using your training_step" in capsys.readouterr().out
     wrong = namespace["history"]

@@ -556,7 +556,7 @@ def test_the_run_speed_check_reads_a_stub_as_not_done_yet():
     from gpt2lib.course.checks._core import NotDoneYet
 
     def run_speed(folder):
-        raise NotImplementedError("Exercise 11.8: replace this line with your code")
+        raise NotImplementedError("Exercise 11.7: replace this line with your code")
 
     with pytest.raises(NotDoneYet):
         scaling_checks.check_run_speed(run_speed)
@@ -605,7 +605,7 @@ def test_run_speed_reads_a_real_runs_files_as_the_log_wrote_them(tmp_path, token
 
 
 def _recipe_price(**mistakes):
-    """Exercise 11.7's four numbers, right unless a mistake is planted."""
+    """Exercise 11.6's four numbers, right unless a mistake is planted."""
     from gpt2lib.chapters.config import GPT2Config
 
     _, per_token = scaling_checks.reference_flops_per_token(GPT2Config(), 1024)
@@ -620,7 +620,7 @@ def _recipe_price(**mistakes):
 
 def test_the_recipe_price_check_passes_the_right_numbers(capsys):
     scaling_checks.check_recipe_price(*_recipe_price())
-    assert "Exercise 11.7" in capsys.readouterr().out
+    assert "Exercise 11.6" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -187,6 +187,22 @@ def residual_stream(results):
 # --------------------------------------------------------------------------- chapter 7
 
 
+def training_curve(history, baselines):
+    """Chapter 7: every batch's loss and the validation estimates, against the counting lines."""
+    plt = _plt()
+    _, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot(
+        history.step, history.train_loss, color="tab:blue", alpha=0.3, label="train (each batch)"
+    )
+    ax.plot(history.eval_step, history.eval_val_loss, "o-", color="tab:orange", label="validation")
+    for name, style in (("unigram", ":"), ("bigram", "--")):
+        value = baselines[name]
+        ax.axhline(value, color="grey", ls=style, label=f"{name} line {value:.2f}")
+    ax.set(xlabel="step", ylabel="loss (nats per token)", title="your pieces training GPT-2")
+    ax.legend(fontsize=8)
+    plt.show()
+
+
 # --------------------------------------------------------------------------- chapter 8
 
 

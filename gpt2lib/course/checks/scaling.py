@@ -32,10 +32,10 @@ EX_SHARDS = "Exercise 11.1 (the gradient DDP gives every rank)"
 EX_ACCUM = "Exercise 11.2 (fix the accumulation)"
 EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
 EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
-EX_FLOPS = "Exercise 11.5 (parameters and FLOPs from the config)"
-EX_COST = "Exercise 11.6 (what a run costs)"
-EX_PRICE = "Exercise 11.7 (price the recipe)"
-EX_SPEED = "Exercise 11.8 (the throughput and MFU of a run)"
+EX_FLOPS = "Exercise 11.5 (FLOPs per token)"
+EX_COST = "Exercise 11.6 (price the recipe)"
+EX_PRICE = EX_COST
+EX_SPEED = "Exercise 11.7 (the throughput and MFU of a run)"
 CHALLENGE = "Challenge 11 (the most from a token budget)"
 
 
@@ -149,6 +149,20 @@ def _accum_zeroed_inside(model, x, y, micro_steps):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _accum_never_zeroed(model, x, y, micro_steps):
+    for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
+        (F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()) / micro_steps).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _model_with_stale_grads(seed):
+    """tiny_model(seed) whose .grad still holds a gradient from an earlier step."""
+    model = tiny_model(seed)
+    for name, grad in full_batch_gradients(model, *_batch(seed + 50, 2, 8)).items():
+        model.get_parameter(name).grad = grad
+    return model
+
+
 ACCUM_MISTAKES = [
     Mistake(
         "not_divided",
@@ -162,19 +176,26 @@ ACCUM_MISTAKES = [
         "gradients are cleared inside the loop, so the earlier micro-steps are lost",
         _accum_zeroed_inside,
     ),
+    Mistake(
+        "zero_grad_deleted",
+        "your .grad still holds the previous step's gradient added to this one: the "
+        "zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
+        _accum_never_zeroed,
+    ),
 ]
 
 
 def check_accumulate_gradients(fn):
     for seed, batch, micro in ((0, 8, 2), (3, 6, 3), (4, 4, 1)):
-        model = tiny_model(seed)
+        model = _model_with_stale_grads(seed)
         x, y = _batch(seed, batch, 8)
-        want = full_batch_gradients(model, x, y)
+        want = full_batch_gradients(tiny_model(seed), x, y)
         call_learner(EX_ACCUM, fn, model, x, y, micro)
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         if not _compare_grads(got, want):
             wrong = first_mistake(
-                ACCUM_MISTAKES, lambda m: _compare_grads(got, m.fn(tiny_model(seed), x, y, micro))
+                ACCUM_MISTAKES,
+                lambda m: _compare_grads(got, m.fn(_model_with_stale_grads(seed), x, y, micro)),
             )
             detail = (
                 wrong.message
@@ -225,6 +246,30 @@ def _bf16_truncate(x):
     return ((x.view(torch.int32) >> 16) << 16).view(torch.float32)
 
 
+BF16_MISTAKES = [
+    Mistake(
+        "uses_to_bfloat16",
+        "your function lets PyTorch round (.to(torch.bfloat16), .bfloat16() or .type): this "
+        "exercise asks for the rounding done by hand, with integer operations on the bits",
+        lambda x: x.to(torch.bfloat16).float(),
+    ),
+]
+
+
+class _NoBfloat16(torch.overrides.TorchFunctionMode):
+    """While active, a conversion to bfloat16 raises with BF16_MISTAKES' message."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_bf16 = func is torch.Tensor.bfloat16 or (
+            func in (torch.Tensor.to, torch.Tensor.type)
+            and torch.bfloat16 in (*args[1:], *kwargs.values())
+        )
+        if to_bf16:
+            raise CheckFailed(EX_BF16, BF16_MISTAKES[0].message)
+        return func(*args, **kwargs)
+
+
 def check_to_bfloat16(fn):
     g = torch.Generator().manual_seed(0)
     cases = [
@@ -235,7 +280,8 @@ def check_to_bfloat16(fn):
     ]
     for x in cases:
         before = x.clone()
-        got = call_learner(EX_BF16, fn, x)
+        with _NoBfloat16():
+            got = call_learner(EX_BF16, fn, x)
         if not torch.equal(x, before):
             raise CheckFailed(
                 EX_BF16, "your function changed its input in place; return a new tensor"
@@ -388,13 +434,21 @@ def check_flops_per_token(fn):
                 f"multiplying ones are {want_params:,}{hint}",
             )
         if not math.isclose(flops, want_flops, rel_tol=1e-9):
-            hint = (
-                ": the attention scores are missing" if math.isclose(flops, 6 * want_params) else ""
-            )
+            attention = 4 * config.n_layer * block * config.n_embd  # forward, per token
+            hint = {
+                6 * want_params: ": attention's scores and weighted sum are missing",
+                2 * want_params + attention: ": that is the forward pass only; backward "
+                "computes two gradients, each as costly as the forward",
+                6 * want_params + attention: ": attention's FLOPs need the backward pass too",
+            }.get(flops, "")
             raise CheckFailed(
                 EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{hint}"
             )
-    passed(EX_FLOPS, "parameters and FLOPs per token for three sizes, GPT-2 small included")
+    passed(
+        EX_FLOPS,
+        "about 6 FLOPs per parameter per token (2 forward, 4 backward) plus attention's "
+        "12 · n_layer · block_size · n_embd, for three sizes",
+    )
 
 
 def reference_run_cost(flops, gpus, peak_flops, mfu, dollars_per_gpu_hour):
@@ -454,14 +508,15 @@ def check_recipe_price(
     ):
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
             raise CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
-    if not math.isclose(steps, want_steps, rel_tol=1e-6):
+    whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
+    if not (whole or math.isclose(steps, want_steps, rel_tol=1e-6)):
         hint = (
             ": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens "
             "of a step, not by the windows"
             if math.isclose(steps, tokens / 512, rel_tol=1e-6)
             else ""
         )
-        raise CheckFailed(EX_PRICE, f"{steps:,.0f} steps, expected {want_steps:,.0f}{hint}")
+        raise CheckFailed(EX_PRICE, f"{steps:,.1f} steps, expected {want_steps:,.1f}{hint}")
     if not math.isclose(total_flops, want_total, rel_tol=1e-6):
         hint = (
             ": that is FLOPs per token times steps; every token of every step costs them"

@@ -38,7 +38,7 @@ EX_LR = "Exercise 7.6 (find what is wrong with the schedule)"
 EX_EVAL = "Exercise 7.7 (the evaluation and the loop)"
 EX_LOOP = EX_EVAL
 EX_DIAGNOSIS = "Exercise 7.8 (which bug made which curve?)"
-EX_RATES = "Exercise 7.9 (how large a learning rate?)"
+EX_RATES = "Exercise 7.9 (measure the learning rate)"
 CHALLENGE = "Challenge (beat the bigram line in half the steps)"
 
 
@@ -102,8 +102,7 @@ LOSS_MISTAKES = [
     ),
     Mistake(
         "softmax_not_log",
-        "you gathered probabilities, not log-probabilities: use log_softmax (taking "
-        "softmax then .log() also works, but is less stable)",
+        "you gathered probabilities, not log-probabilities: use log_softmax",
         lambda logits, targets: _nll(logits.softmax(dim=-1), targets).mean(),
     ),
     Mistake(
@@ -115,14 +114,56 @@ LOSS_MISTAKES = [
 ]
 
 
+# The three rules the exercise states; each has its own case in the check, not a value to match.
+LOSS_RULES = [
+    Mistake(
+        "uses_cross_entropy",
+        "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls "
+        "it), which this exercise does not allow: write it from log-probabilities",
+        lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()),
+    ),
+    Mistake(
+        "log_of_softmax",
+        "with a logit of 100 and a target 220 below it your loss is not finite: in float32 "
+        "softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the "
+        "log-softmax in one step (log_softmax), which never forms either number",
+        lambda logits, targets: _nll(logits.float().softmax(dim=-1).log(), targets).mean(),
+    ),
+    Mistake(
+        "not_float32",
+        "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): "
+        "cast the logits to float32 (logits.float()) before the log-softmax",
+        lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).mean(),
+    ),
+]
+_RULE = {m.name: m for m in LOSS_RULES}
+
+
+def _call_loss(fn, logits, targets):
+    """The learner's loss with F.cross_entropy and F.nll_loss made to raise; inputs unchanged."""
+    from unittest import mock
+
+    def forbidden(*args, **kwargs):
+        raise CheckFailed(EX_LOSS, _RULE["uses_cross_entropy"].message)
+
+    kept = logits.detach().clone(), targets.clone()
+    with (
+        mock.patch.object(F, "cross_entropy", forbidden),
+        mock.patch.object(F, "nll_loss", forbidden),
+    ):
+        got = call_learner(EX_LOSS, fn, logits, targets)
+    if not (torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1])):
+        raise CheckFailed(EX_LOSS, "your loss changed its inputs in place: work on new tensors")
+    return got
+
+
 def check_cross_entropy(fn):
     gen = torch.Generator().manual_seed(0)
-    cases = [(2, 5, 11), (3, 4, 7)]
-    for B, T, V in cases:
+    for B, T, V in ((2, 5, 11), (3, 4, 7)):
         logits = 3 * torch.randn(B, T, V, generator=gen)
         targets = torch.randint(0, V, (B, T), generator=gen)
         want = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        got = call_learner(EX_LOSS, fn, logits.clone(), targets.clone())
+        got = _call_loss(fn, logits, targets)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and close(got.reshape(()), want):
             continue
 
@@ -134,7 +175,7 @@ def check_cross_entropy(fn):
         mistake = first_mistake(LOSS_MISTAKES, matches)
         if mistake is not None:
             raise CheckFailed(EX_LOSS, mistake.message)
-        got = expect_tensor(EX_LOSS, got, what="your loss")
+        got = expect_tensor(EX_LOSS, got, what="your loss", finite=False)
         if got.numel() != 1:
             raise CheckFailed(
                 EX_LOSS,
@@ -143,20 +184,30 @@ def check_cross_entropy(fn):
             )
         raise CheckFailed(
             EX_LOSS,
-            f"your loss is {float(got):.4f}, F.cross_entropy gives "
+            f"your loss is {float(got):.4f}, the cross-entropy is "
             f"{float(want):.4f} (logits of shape {(B, T, V)})",
         )
+    unlikely = torch.zeros(1, 2, 5)
+    unlikely[0, 0, 3], unlikely[0, 0, 1] = -120.0, 100.0  # e^-220 is 0 in float32, e^100 inf
+    got = _call_loss(fn, unlikely, torch.tensor([[3, 0]]))
+    if not (isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all())):
+        raise CheckFailed(EX_LOSS, _RULE["log_of_softmax"].message)
+    coarse = (3 * torch.randn(2, 8, 50, generator=gen)).bfloat16()
+    targets = torch.randint(0, 50, (2, 8), generator=gen)
+    got = _call_loss(fn, coarse, targets)
+    want = F.cross_entropy(coarse.float().flatten(0, 1), targets.flatten())
+    if got.dtype not in (torch.float32, torch.float64) or not close(got.float(), want):
+        raise CheckFailed(EX_LOSS, _RULE["not_float32"].message)
     # gradients must flow: a loss computed from a detached copy cannot train anything
     logits = torch.randn(2, 3, 5, generator=gen, requires_grad=True)
-    targets = torch.randint(0, 5, (2, 3), generator=gen)
-    got = call_learner(EX_LOSS, fn, logits, targets)
+    got = _call_loss(fn, logits, torch.randint(0, 5, (2, 3), generator=gen))
     if not got.requires_grad:
         raise CheckFailed(
             EX_LOSS,
             "your loss carries no gradient (.detach(), .item() or numpy "
             "inside?): return a tensor computed from the logits",
         )
-    passed(EX_LOSS, "equal to F.cross_entropy")
+    passed(EX_LOSS, "the cross-entropy, finite for a very unlikely target, in float32")
 
 
 # --------------------------------------------------------------------------- Exercise 7.3
@@ -180,7 +231,7 @@ def _windows_ok(ids, x, y, block_size):
     return starts
 
 
-def _batch(start_range, shift=1, rows="random"):
+def _batch(start_range, shift=1, rows="random", dtype=torch.long):
     """A batch function; the arguments plant one mistake each (the defaults are right)."""
 
     def run(ids, batch_size, block_size, generator=None, device=None):
@@ -193,6 +244,7 @@ def _batch(start_range, shift=1, rows="random"):
             starts = torch.randint(high, (batch_size,), generator=generator).tolist()
         x = torch.stack([ids[s : s + block_size] for s in starts])
         y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
+        x, y = (x, y) if dtype is None else (x.to(dtype), y.to(dtype))
         return (x, y) if device is None else (x.to(device), y.to(device))
 
     return run
@@ -249,6 +301,18 @@ DEVICE_MISTAKES = [
         "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
         _batch_on_cpu,
     ),
+    Mistake(
+        "int32_kept",
+        "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: "
+        "nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
+        _batch(0, dtype=None),
+    ),
+    Mistake(
+        "float_ids",
+        "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. "
+        "Return them as torch.long",
+        _batch(0, dtype=torch.float32),
+    ),
 ]
 
 
@@ -262,7 +326,11 @@ def _call_batch(fn, ids, batch_size, block_size, seed):
     x, y = _as_pair(EX_BATCH, got)
     x = expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
     y = expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
-    return x.long(), y.long()
+    if x.dtype.is_floating_point or y.dtype.is_floating_point:
+        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[2].message)
+    if x.dtype != torch.long or y.dtype != torch.long:
+        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[1].message)
+    return x, y
 
 
 def check_random_batch(fn):
@@ -309,10 +377,12 @@ def check_random_batch(fn):
             EX_BATCH,
             "the same seed gave different batches: pass generator=generator to torch.randint",
         )
+    _call_batch(fn, ids.int(), 4, T, seed=0)  # int32 ids in, torch.long out
     _check_batch_device(fn, ids)
     passed(
         EX_BATCH,
-        "random windows, y one token later, every start possible, repeatable, on the device",
+        "random windows of torch.long ids, y one token later, every start possible, "
+        "repeatable, on the device",
     )
 
 
@@ -600,59 +670,28 @@ def check_training_step(fn):
 # --------------------------------------------------------------------------- Exercise 7.6
 
 
-def _lr_right(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= total_steps:
-        return min_lr
-    progress = (step - warmup_steps) / (total_steps - warmup_steps)
-    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+def _lr(first=1, late=False, floor=True, to_zero=False, warmup=True, origin=True, cosine=True):
+    """A schedule; the arguments plant one mistake each (the defaults are right): the warm-up's
+    first step counts `first`, `late` warms up one step more, no `floor` after total_steps, a
+    cosine `to_zero`, no `warmup`, progress from step 0 (`origin` False), a straight line."""
+
+    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
+        warmup_steps = warmup_steps if warmup else 0
+        min_lr = 0.0 if to_zero else min_lr
+        if step < warmup_steps + late:
+            return max_lr * (step + first) / warmup_steps
+        if floor and step >= total_steps:
+            return min_lr
+        start = warmup_steps if origin else 0
+        progress = (step - start) / (total_steps - start)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cosine else 1 - progress
+        return min_lr + (max_lr - min_lr) * shape
+
+    return lr_schedule
 
 
-def _lr_warmup_from_zero(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step < warmup_steps:
-        return max_lr * step / warmup_steps
-    return _lr_right(step, max_lr, warmup_steps, total_steps, min_lr)
-
-
-def _lr_cosine_to_zero(step, max_lr, warmup_steps, total_steps, min_lr):
-    return _lr_right(step, max_lr, warmup_steps, total_steps, 0.0)
-
-
-def _lr_no_floor_after_end(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / (total_steps - warmup_steps)
-    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _lr_no_warmup(step, max_lr, warmup_steps, total_steps, min_lr):
-    return _lr_right(step, max_lr, 0, total_steps, min_lr)
-
-
-def _lr_progress_from_zero(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= total_steps:
-        return min_lr
-    progress = step / total_steps
-    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _lr_linear(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= total_steps:
-        return min_lr
-    progress = (step - warmup_steps) / (total_steps - warmup_steps)
-    return max_lr - (max_lr - min_lr) * progress
-
-
-def _lr_colleague(step, max_lr, warmup_steps, total_steps, min_lr):
-    if step <= warmup_steps:
-        return max_lr * step / warmup_steps
-    progress = (step - warmup_steps) / (total_steps - warmup_steps)
-    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+_lr_right = _lr()
+_lr_colleague = _lr(first=0, late=True, floor=False)
 
 
 LR_MISTAKES = [
@@ -667,37 +706,42 @@ LR_MISTAKES = [
         "warmup_off_by_one",
         "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
         "nothing. Use max_lr * (step + 1) / warmup_steps",
-        _lr_warmup_from_zero,
+        _lr(first=0),
     ),
     Mistake(
         "cosine_to_zero",
         "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
         "0.5 * (1 + cos(pi * progress))",
-        _lr_cosine_to_zero,
+        _lr(to_zero=True),
     ),
     Mistake(
         "no_floor_after_end",
         "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
         "for every step >= total_steps",
-        _lr_no_floor_after_end,
+        _lr(floor=False),
     ),
     Mistake(
         "no_warmup",
         "there is no warm-up: for step < warmup_steps the rate rises linearly, "
         "max_lr * (step + 1) / warmup_steps",
-        _lr_no_warmup,
+        _lr(warmup=False),
     ),
     Mistake(
         "progress_from_zero",
         "your cosine starts counting at step 0 instead of at the end of the warm-up: "
         "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
-        _lr_progress_from_zero,
+        _lr(origin=False),
     ),
     Mistake(
         "linear_decay",
         "your rate falls in a straight line: after the warm-up it follows half a cosine, "
         "0.5 * (1 + cos(pi * progress))",
-        _lr_linear,
+        _lr(cosine=False),
+    ),
+    Mistake(
+        "tensor_not_float",
+        "return a Python float (.item() or float(...))",
+        lambda *args: torch.tensor(_lr_right(*args)),
     ),
 ]
 
@@ -722,14 +766,7 @@ def _lr_curve(fn, case, exercise=None):
                 case["total_steps"],
                 case["min_lr"],
             )
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = float(value)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise CheckFailed(
-                    exercise,
-                    f"return the rate as a float, got {type(value).__name__} at step {step}",
-                )
-            out.append(float(value))
+            out.append(_as_float(exercise, value, f"your rate at step {step}"))
     return out
 
 
@@ -759,12 +796,21 @@ def check_cosine_lr(fn):
             EX_LR,
             f"with {case}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
         )
-    passed(EX_LR, "warm-up from the first step, cosine down to min_lr, then flat")
+    passed(
+        EX_LR,
+        "warm-up from the first step, cosine down to min_lr, then flat. The colleague's "
+        "warm-up started at 0 (its first step did nothing) and reached max_lr one step late, "
+        "and past total_steps its cosine climbed back up. A schedule bug never raises an "
+        "error: it shows only in the numbers",
+    )
 
 
 def _as_float(exercise, value, what):
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = float(value)
+    if isinstance(value, torch.Tensor):
+        raise CheckFailed(
+            exercise,
+            f"{what} is a tensor ({value!r:.40}): return a Python float (.item() or float(...))",
+        )
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckFailed(
             exercise, f"{what} should be a number (a float), got {type(value).__name__}"
@@ -868,6 +914,11 @@ UNIGRAM_MISTAKES = [
         "bits",
         "your loss is in bits (log base 2): use the natural logarithm, as the model's loss does",
         _unigram(log=torch.log2),
+    ),
+    Mistake(
+        "tensor_not_float",
+        "return a Python float (.item() or float(...))",
+        lambda *args: torch.tensor(_unigram_right(*args)),
     ),
 ]
 
@@ -1082,7 +1133,7 @@ class _Recorder(torch.nn.Module):
         return self.inner(idx)
 
 
-def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True):
+def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True, seed_used=True):
     """An estimate_loss; the arguments plant one mistake each (the defaults are right)."""
 
     def estimate_loss(model, ids, batch_size, block_size, batches=10, seed=0):
@@ -1090,7 +1141,7 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
         if eval_mode:
             model.eval()
         generator = (
-            torch.Generator().manual_seed(seed)
+            torch.Generator().manual_seed(seed if seed_used else 0)
             if seeded
             else torch.Generator().manual_seed(int(torch.randint(2**31, (1,))))
         )
@@ -1140,6 +1191,18 @@ ESTIMATE_MISTAKES = [
         "their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
         _estimate(seeded=False),
     ),
+    Mistake(
+        "seed_hard_coded",
+        "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` "
+        "argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
+        _estimate(seed_used=False),
+    ),
+    Mistake(
+        "tensor_not_float",
+        "your estimate is a tensor: return a Python float (.item() or float(...)), so that "
+        "the history holds numbers, not tensors tied to the model",
+        lambda *args: torch.tensor(_estimate()(*args)),
+    ),
 ]
 
 
@@ -1148,9 +1211,10 @@ def check_estimate_loss(fn):
     for start_in_train_mode, batches in ((True, 4), (False, 3)):
         model = _Recorder(_tiny_model(seed=2, n_positions=16, vocab_size=41, dropout=0.3))
         model.train(start_in_train_mode)
-        value = _as_float(
-            EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
-        )
+        got = call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
+        if isinstance(got, torch.Tensor):
+            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "tensor_not_float").message)
+        value = _as_float(EX_EVAL, got, "your estimate")
         calls = list(model.calls)
         if model.training != start_in_train_mode:
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "mode_not_restored").message)
@@ -1181,6 +1245,10 @@ def check_estimate_loss(fn):
         )
         if again != value:
             raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "unseeded").message)
+    model.calls.clear()
+    call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
+    if torch.equal(model.calls[0][0], calls[0][0]):
+        raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "seed_hard_coded").message)
     passed(EX_EVAL, "eval mode, no gradients, the same seeded batches every call, mode put back")
 
 
@@ -1198,7 +1266,13 @@ def _reference_pieces():
 
 
 def _loop(
-    set_rate=True, final_eval=True, eval_offset=1, eval_at_end_mode=True, pass_generator=True
+    set_rate=True,
+    final_eval=True,
+    eval_offset=1,
+    eval_at_end_mode=True,
+    pass_generator=True,
+    seed_used=True,
+    eval_batches_used=True,
 ):
     """The chapter's train_loop; the arguments plant one mistake each (the defaults are right)."""
 
@@ -1231,18 +1305,20 @@ def _loop(
         warmup_steps = max(1, steps // 20) if warmup_steps is None else warmup_steps
         eval_every = eval_every or max(1, steps // 10)
         device = next(model.parameters()).device
+        seed = seed if seed_used else 0
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         optimizer = training.make_optimizer(model, max_lr, weight_decay)
         history = training.History() if history is None else history
+        batches = eval_batches if eval_batches_used else 10
 
         def evaluate(step):
             history.eval_step.append(step)
             history.eval_train_loss.append(
-                training.estimate_loss(model, train_ids, batch_size, block_size, eval_batches)
+                training.estimate_loss(model, train_ids, batch_size, block_size, batches)
             )
             history.eval_val_loss.append(
-                training.estimate_loss(model, val_ids, batch_size, block_size, eval_batches)
+                training.estimate_loss(model, val_ids, batch_size, block_size, batches)
             )
 
         model.train()
@@ -1302,6 +1378,18 @@ LOOP_MISTAKES = [
         "with the same seed would train differently. Pass `generator` to get_batch",
         _loop(pass_generator=False),
     ),
+    Mistake(
+        "seed_hard_coded",
+        "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and "
+        "the run's generator with the `seed` argument, not a number of your own",
+        _loop(seed_used=False),
+    ),
+    Mistake(
+        "eval_batches_ignored",
+        "your estimates do not use eval_batches batches: pass eval_batches to "
+        "estimate_loss (its default, 10, is not the run's setting)",
+        _loop(eval_batches_used=False),
+    ),
 ]
 
 
@@ -1320,7 +1408,7 @@ def _run_loop(fn, exercise=None):
         warmup_steps=3,
         eval_every=4,
         eval_batches=1,
-        seed=0,
+        seed=3,
         history=training.History(),
         **_reference_pieces(),
     )
@@ -1338,6 +1426,7 @@ def _loop_signature(history, training):
         tuple(history.eval_step),
         tuple(history.lr),
         training,
+        tuple(round(v, 3) for v in history.eval_train_loss + history.eval_val_loss),
     )
 
 
@@ -1369,7 +1458,7 @@ def check_train_loop(fn):
         EX_LOOP,
         "your run's batch losses differ from the reference loop's with the "
         "same pieces and seed: each step sets the rate, draws a batch with "
-        "the run's generator and calls train_step",
+        "the run's generator and calls train_step; the estimates use eval_batches",
     )
 
 
@@ -1519,7 +1608,12 @@ def check_diagnosis(fn):
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
         return passed(
-            EX_DIAGNOSIS, "A learned to copy its input, B never moved, C's rate kept rising"
+            EX_DIAGNOSIS,
+            "A's training loss dives below the healthy run's while its validation loss does "
+            "not: with targets equal to inputs it learns to copy the token it is given, useless "
+            "on real next tokens (too good to be true is a symptom). B stays at ln 1000: its "
+            "gradients are gone before the step, so AdamW has nothing to follow. C's rate ends "
+            "many times max_lr, as its warm-up never stops rising",
         )
     message = {1: "a_and_b_swapped", 0: "none_right"}.get(right)
     if message is None:  # two right and one wrong cannot happen with three different names
@@ -1657,9 +1751,29 @@ def yours_or_reference(exercise, fn):
     return fn
 
 
+def your_pieces(get_batch, training_step, lr_schedule, estimate_loss, train_loop):
+    """Chapter 7's run with your pieces -> (train, pieces, estimate).
+
+    Each piece is yours if its exercise is done, else the reference (with a note). `train` is
+    your train_loop behind gpt2lib.training's entry point (every argument checked, a NaN loss
+    stops the run naming the step, a progress bar); `pieces` are the keyword arguments that
+    plug your get_batch, training_step and lr_schedule into it.
+    """
+    from gpt2lib.chapters.training import History
+    from gpt2lib.training import guarded_train
+
+    pieces = dict(
+        get_batch=yours_or_reference("7.3", get_batch),
+        train_step=yours_or_reference("7.5", training_step),
+        lr_at=yours_or_reference("7.6", lr_schedule),
+    )
+    estimate = yours_or_reference("7.7", estimate_loss)
+    return guarded_train(yours_or_reference("7.7", train_loop), History), pieces, estimate
+
+
 # Each check with the planted mistakes it names (the tests run every one through its check).
 MISTAKES_BY_CHECK = {
-    check_cross_entropy: LOSS_MISTAKES,
+    check_cross_entropy: LOSS_MISTAKES + LOSS_RULES,
     check_uniform_loss: UNIFORM_MISTAKES,
     check_unigram_loss: UNIGRAM_MISTAKES,
     check_random_batch: BATCH_MISTAKES + DEVICE_MISTAKES,
