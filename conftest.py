@@ -130,6 +130,16 @@ def random_checkpoint_dir() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def no_passes_carried_over():
+    """Each test starts with no exercise passed: a check that passed in an earlier test of the
+    same worker must not make `mine.yours` pick a later test's learner code."""
+    mine = sys.modules.get("gpt2lib.course.mine")
+    if mine is not None:
+        mine.PASSED.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def torch_threads_restored():
     """Each test leaves PyTorch's thread count as it found it. The benchmarks' main() sets
     its own (2 by default), and a worker that kept it oversubscribed the cores for every later

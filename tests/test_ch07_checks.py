@@ -292,23 +292,21 @@ def test_the_broken_runs_show_their_symptoms(shakespeare_splits):
     assert c.lr[-1] > 10 * max(healthy.lr) and c.val_loss > healthy.val_loss
 
 
-def test_yours_or_reference_falls_back_on_a_stub_and_says_so(capsys):
+def test_your_pieces_are_yours_once_their_checks_passed_else_the_references(monkeypatch, capsys):
+    from gpt2lib.course import mine
+
     def get_batch(ids, batch_size, block_size, generator=None, device=None):
         raise NotImplementedError("Exercise 7.3: random batches: replace this line with your code")
 
-    chosen = checks.yours_or_reference("7.3", get_batch)
-    assert chosen is training.get_batch
-    assert "exercise 7.3 unfinished: using gpt2lib's reference get_batch" in capsys.readouterr().out
-
-
-def test_yours_or_reference_keeps_a_finished_piece_and_the_random_state(capsys):
     def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
         return max_lr
 
-    before = torch.random.get_rng_state()
-    assert checks.yours_or_reference("7.6", lr_schedule) is lr_schedule
-    assert torch.equal(torch.random.get_rng_state(), before)
-    assert "exercise 7.6: using your lr_schedule" in capsys.readouterr().out
+    monkeypatch.setattr(mine, "PASSED", {"7.6"})
+    _, pieces, estimate = checks.your_pieces(
+        get_batch, training.training_step, lr_schedule, training.estimate_loss, training.train_loop
+    )
+    assert pieces["get_batch"] is training.get_batch and pieces["lr_at"] is lr_schedule
+    assert "Exercise 7.3 has not passed yet" in capsys.readouterr().out
 
 
 def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits):

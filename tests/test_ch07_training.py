@@ -754,7 +754,7 @@ _NEEDED = (
     "from dataclasses",
     "def ",
     "train_ids, val_ids =",
-    "yours_or_reference(",
+    'yours("7.4"',
     "your_pieces(",
     "setting = dict",
     "history = train(model",
@@ -786,10 +786,13 @@ def _run_cells(cells, namespace):
 def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve(
     capsys, monkeypatch
 ):
-    """Issue 21: the curve comes from the learner's code. The learner notebook as shipped
-    (every exercise a stub) trains with the reference pieces and says so; with a training step
-    that forgets optimizer.step() planted in it, the same cells draw a flat curve."""
+    """The curve comes from the learner's code. The learner notebook as shipped (every exercise
+    a stub) trains with the reference pieces and says so; once 7.5 counts as passed, the
+    learner's training step is what runs: one that forgets optimizer.step() draws a flat curve
+    (in a notebook its check would refuse it; here it shows whose step the cells run)."""
     import matplotlib
+
+    from gpt2lib.course import mine
 
     matplotlib.use("Agg")
     monkeypatch.setenv("GPT2LIB_QUICK", "1")
@@ -797,8 +800,13 @@ def test_a_planted_wrong_training_step_in_the_learner_notebook_changes_the_curve
     namespace = {"__name__": "__chapter7__"}
     _run_cells(cells, namespace)
     out = capsys.readouterr().out
-    assert "exercise 7.5 unfinished: using gpt2lib's reference training_step" in out
-    assert "exercise 7.6 unfinished: using gpt2lib's reference lr_schedule" in out
+    assert (
+        "Exercise 7.5 has not passed yet, so the cells below use the reference's training_step"
+        in out
+    )
+    assert (
+        "Exercise 7.6 has not passed yet, so the cells below use the reference's lr_schedule" in out
+    )
     reference = namespace["history"]
     assert reference.train_loss[-1] < reference.train_loss[0] - 2  # the reference learns
 
@@ -812,8 +820,9 @@ def training_step(model, optimizer, x, y, max_grad_norm=1.0):
 """
     exercise = next(i for i, (src, _) in enumerate(cells) if src.startswith("def decay_groups"))
     start = next(i for i, (src, _) in enumerate(cells) if "= your_pieces(" in src)
+    monkeypatch.setattr(mine, "PASSED", {"7.5"})
     _run_cells([(cells[exercise][0] + planted, [])] + cells[start:], namespace)
-    assert "exercise 7.5: using your training_step" in capsys.readouterr().out
+    assert "the reference's training_step" not in capsys.readouterr().out
     wrong = namespace["history"]
     assert len(wrong.train_loss) == len(reference.train_loss)
     assert max(wrong.train_loss) - min(wrong.train_loss) < 0.2  # flat: no weight ever moved

@@ -428,14 +428,18 @@ def your_gpt2(*extra: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{n: importlib.import_module(f"{PACKAGE}.{n}") for n in names})
 
 
-def yours(exercise: str, obj: Any) -> Any:
+def yours(exercise: str, obj: Any, reference: Any = None) -> Any:
     """`obj` (the learner's function or class) when exercise `exercise` ("8.4") passed its
-    check in this kernel, else the reference's object of the same name, with a printed note."""
+    check in this kernel, else the reference, with a printed note: `reference` if given (for a
+    piece the package does not export), else the object of the same name in the generated
+    modules, the exercise's chapter's first. The course's one switch between the learner's
+    code and the reference's."""
     number = exercise_number(f"Exercise {exercise}") or exercise
     if number in PASSED:
         return obj
-    name = getattr(obj, "__name__", None)
-    reference = _reference_object(name) if name else None
+    name = getattr(obj, "__name__", None) or type(obj).__name__
+    if reference is None:
+        reference = _reference_object(name, number) if name else None
     if reference is None:
         raise LookupError(f"the reference has no {name!r} to use in place of yours")
     print(
@@ -444,13 +448,17 @@ def yours(exercise: str, obj: Any) -> Any:
     return reference
 
 
-def _reference_object(name: str) -> Any:
+def _reference_object(name: str, number: str) -> Any:
     import pkgutil
 
     import gpt2lib.chapters as chapters
+    from gpt2lib.course.format import CHAPTER_MODULES
 
-    for info in pkgutil.iter_modules(chapters.__path__):
-        module = importlib.import_module(f"gpt2lib.chapters.{info.name}")
+    chapter = number.split(".")[0].zfill(2)
+    own = [m for stem, m in CHAPTER_MODULES.items() if stem.startswith(chapter + "_") and m]
+    modules = own + [info.name for info in pkgutil.iter_modules(chapters.__path__)]
+    for module_name in modules:
+        module = importlib.import_module(f"gpt2lib.chapters.{module_name}")
         if hasattr(module, name):
             return getattr(module, name)
     return None

@@ -81,40 +81,6 @@ def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
     )
 
 
-def yours_or_reference(
-    yours: Any,
-    reference: Any,
-    probe: Callable[[Any], Any],
-    *,
-    what: str,
-    instead: str = "the package's reference",
-) -> Any:
-    """`yours` if `probe(yours)` runs, else `reference`, with a printed note: the chapter's fallback.
-
-    A chapter calls this (through its checks module, which supplies the probe: a small case that
-    exercises the learner's piece) before cells that run the learner's code, so that an
-    unfinished exercise (its stub raises NotImplementedError) or an answer that raises on the
-    small case never blocks the rest of the chapter. Whether the answer is *right* is the
-    check's business, not this helper's. The probe runs without gradients and leaves torch's
-    global random state as it was. `what` names the piece in the note ("your sample_token"),
-    `instead` what the cells below use in its place ("gpt2lib.decoding's").
-    """
-    import torch
-
-    try:
-        with torch.random.fork_rng(), torch.no_grad():
-            probe(yours)
-    except NotImplementedError:
-        print(
-            f"note: {what} (or a function it calls) is not done yet; the cells below use {instead}"
-        )
-        return reference
-    except Exception as error:  # noqa: BLE001 - any failure: say which, and carry on
-        print(f"note: {what} raised {type(error).__name__}: {error}; the cells below use {instead}")
-        return reference
-    return yours
-
-
 CHECK_SEED = 1234  # the seed seeded_call uses, so that a check's dropout masks line up
 
 
@@ -181,9 +147,15 @@ def reveal(prediction: Any, measured: Any, *, what: str, unit: str = "") -> None
     print(f"{what}\n  your prediction: {guess}\n  measured:        {shown(measured)}")
 
 
-def passed(exercise: str, detail: str = "") -> None:
+def passed(exercise: str, detail: str = "", *, part: str = "") -> None:
     """Print the line learners look for after a correct answer; in a learner notebook the
-    exercise's code goes into the learner's package (gpt2lib.course.mine)."""
+    exercise's code goes into the learner's package (gpt2lib.course.mine).
+
+    part: for an exercise with several checks, which one this is ("the unigram line"): its
+    line says so, and the exercise's code waits for the last check (called without `part`)."""
+    if part:
+        print(f"✅ {exercise}, {part}, passed" + (f": {detail}" if detail else ""))
+        return
     from gpt2lib.course import mine
 
     mine.record_pass(exercise)

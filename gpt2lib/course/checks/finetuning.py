@@ -705,16 +705,6 @@ def reference_lora_parameter_count(config, rank, targets):
     return _count(config, rank, targets)
 
 
-def learner_or_reference(fn, reference, exercise, *example):
-    """The learner's function if it runs on `example`, else the reference, with a note."""
-    try:
-        fn(*example)
-        return fn
-    except NotImplementedError:
-        print(f"note: {exercise} is not done yet; the cells below use the reference answer")
-        return reference
-
-
 # --------------------------------------------------------------------------- 10.9b frozen table
 
 

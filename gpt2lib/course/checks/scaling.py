@@ -547,16 +547,6 @@ def check_recipe_price(
     )
 
 
-def learner_or_reference(fn, reference, exercise, *example):
-    """The learner's function if it runs on `example`, else the reference, with a note."""
-    try:
-        fn(*example)
-        return fn
-    except NotImplementedError:
-        print(f"note: {exercise} is not done yet; the cells below use the reference answer")
-        return reference
-
-
 # --------------------------------------------------------------------------- Exercise 11.8
 
 

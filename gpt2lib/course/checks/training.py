@@ -1,7 +1,7 @@
 """Checks for chapter 7 (training): the loss and its starting value, batches, the unigram line,
 weight decay and one training step, the learning-rate schedule, the evaluation and the loop,
 three broken runs to diagnose, a learning-rate sweep and the challenge; and the helpers the
-chapter runs (`yours_or_reference`, `tiny_run`, `broken_runs`).
+chapter runs (`your_pieces`, `tiny_run`, `broken_runs`).
 
 Each check runs the learner's code on small cases and compares it with the right answer;
 when they differ, it compares with the planted mistakes below (the usual wrong versions)
@@ -501,6 +501,7 @@ def check_decay_groups(fn):
         EX_DECAY,
         f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
         "gains and biases not, for two models and two rates",
+        part="which weights decay",
     )
 
 
@@ -968,7 +969,11 @@ def check_unigram_loss(fn):
             f"with vocab_size={vocab_size} and smoothing={smoothing} your "
             f"loss is {value:.4f}, the unigram line is {want:.4f}",
         )
-    passed(EX_UNIGRAM, "counts plus smoothing, normalised, scored on the validation part")
+    passed(
+        EX_UNIGRAM,
+        "counts plus smoothing, normalised, scored on the validation part",
+        part="the unigram line",
+    )
 
 
 def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_counts="prev"):
@@ -1249,7 +1254,11 @@ def check_estimate_loss(fn):
     call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
     if torch.equal(model.calls[0][0], calls[0][0]):
         raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "seed_hard_coded").message)
-    passed(EX_EVAL, "eval mode, no gradients, the same seeded batches every call, mode put back")
+    passed(
+        EX_EVAL,
+        "eval mode, no gradients, the same seeded batches every call, mode put back",
+        part="the evaluation",
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 7.7: the loop
@@ -1732,25 +1741,6 @@ def _probe(name, fn):
         raise ValueError(f"no probe for {name!r}")
 
 
-def yours_or_reference(exercise, fn):
-    """Your function if its exercise is done, else gpt2lib.training's, with a printed note."""
-    from gpt2lib.chapters import training
-
-    name = getattr(fn, "__name__", "")
-    reference = getattr(training, name)
-    reference = getattr(reference, "unchecked", reference)
-    state = torch.random.get_rng_state()
-    try:
-        _probe(name, fn)
-    except NotImplementedError:
-        print(f"exercise {exercise} unfinished: using gpt2lib's reference {name}")
-        return reference
-    finally:
-        torch.random.set_rng_state(state)  # the probe leaves the notebook's random state alone
-    print(f"exercise {exercise}: using your {name}")
-    return fn
-
-
 def your_pieces(get_batch, training_step, lr_schedule, estimate_loss, train_loop):
     """Chapter 7's run with your pieces -> (train, pieces, estimate).
 
@@ -1760,15 +1750,16 @@ def your_pieces(get_batch, training_step, lr_schedule, estimate_loss, train_loop
     plug your get_batch, training_step and lr_schedule into it.
     """
     from gpt2lib.chapters.training import History
+    from gpt2lib.course.mine import yours
     from gpt2lib.training import guarded_train
 
     pieces = dict(
-        get_batch=yours_or_reference("7.3", get_batch),
-        train_step=yours_or_reference("7.5", training_step),
-        lr_at=yours_or_reference("7.6", lr_schedule),
+        get_batch=yours("7.3", get_batch),
+        train_step=yours("7.5", training_step),
+        lr_at=yours("7.6", lr_schedule),
     )
-    estimate = yours_or_reference("7.7", estimate_loss)
-    return guarded_train(yours_or_reference("7.7", train_loop), History), pieces, estimate
+    estimate = yours("7.7", estimate_loss)
+    return guarded_train(yours("7.7", train_loop), History), pieces, estimate
 
 
 # Each check with the planted mistakes it names (the tests run every one through its check).
