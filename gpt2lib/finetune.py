@@ -61,7 +61,6 @@ __all__ = [
     "classifier",
     "collate",
     "confusion_matrix",
-    "describe",
     "encode_pairs",
     "encode_speeches",
     "fine_tune",
@@ -550,17 +549,6 @@ def model_name(checkpoint: str | os.PathLike) -> str:
         return checkpoint
     name = released_name(read_config_dict(checkpoint))
     return name if name is not None else os.path.basename(checkpoint.rstrip("/\\"))
-
-
-def describe(model: nn.Module, checkpoint: str | os.PathLike, quick: bool) -> str:
-    """Print which model is tuned (size, layers, width, context) and the setting; return its name."""
-    name, config = model_name(checkpoint), model.config
-    print(
-        f"tuning {name}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{config.n_layer} layers of width {config.n_embd}, context {config.n_positions}; "
-        f"setting: {'quick' if quick else 'full'}"
-    )
-    return name
 
 
 # --------------------------------------------------------------------------- figures

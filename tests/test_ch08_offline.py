@@ -118,11 +118,11 @@ def test_chapter_10_loads_the_stand_in_offline_with_the_banner(monkeypatch):
     # rest trains, and the notebook runs whole under nbval with GPT2LIB_CHECKPOINT set.
     path = REPO / "notebooks" / "10_finetuning.ipynb"
     cells = nbformat.read(path, as_version=4).cells
-    last = next(i for i, cell in enumerate(cells) if "describe(base_model" in cell.source)
+    last = next(i for i, cell in enumerate(cells) if "base_model = from_pretrained(" in cell.source)
     out, errors = _run_offline(path, monkeypatch, cells=last + 1)
     assert errors == []
     assert "OFFLINE" in out and "Loading the STAND-IN instead" in out
-    assert "tuning standin:" in out
+    assert "tuning standin:" in out and "setting: quick" in out
 
 
 def _chapter_8_text():
