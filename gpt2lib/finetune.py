@@ -89,13 +89,14 @@ _PEFT_PREFIX = "base_model.model.transformer."  # peft's key prefix on transform
 
 def _or_the_learners(cls: type) -> type:
     """A stand-in for `cls` in isinstance: `cls`, or the class of the same name in the
-    learner's package (mygpt2/, gpt2lib.course.mine), so that chapter 10 adapts and tunes the
-    learner's own model, whose layers are the learner's classes."""
+    learner's package (mygpt2/, gpt2lib.course.mine) or notebook (`__main__`), so that chapter
+    10 adapts and tunes the learner's own model with the learner's own layers."""
 
     class Kind(type):
         def __instancecheck__(self, obj: object) -> bool:
             return isinstance(obj, cls) or any(
-                k.__name__ == cls.__name__ and k.__module__.startswith("mygpt2.")
+                k.__name__ == cls.__name__
+                and (k.__module__.startswith("mygpt2.") or k.__module__ == "__main__")
                 for k in type(obj).__mro__
             )
 
@@ -689,6 +690,7 @@ def apply_lora(
     dropout: float = 0.0,
     rank_pattern: dict[str, int] | None = None,
     alpha_pattern: dict[str, float] | None = None,
+    add_adapters: Callable[..., object] | None = None,
 ) -> _Model:
     """Add LoRA adapters in place to every layer whose name ends with a target; freeze the rest.
 
@@ -699,8 +701,12 @@ def apply_lora(
     adapters only (peft applies none on a table). rank_pattern and alpha_pattern (peft's names):
     {target: value} for the layers that take another rank or alpha than `rank` and `alpha`, a
     target named as in `targets` (rank=4, rank_pattern={"wte": 2}: rank 2 on the table, 4 on
-    the rest). Returns the model."""
+    the rest). add_adapters: chapter 10's function that wraps the linear layers
+    (`add_adapters(model, names, rank, alpha, dropout)`; the reference's by default), so that a
+    learner's own LoRALinear does the work. Returns the model."""
     _check_plain(model, "apply_lora")
+    if add_adapters is not None and not callable(add_adapters):
+        raise TypeError(f"add_adapters must be a function, got {type(add_adapters).__name__}")
     rank = _rank(rank)
     alpha = _alpha(alpha)
     dropout = _dropout(dropout)
@@ -725,7 +731,7 @@ def apply_lora(
         for layer in lora_layers(model).values():
             layer.to(device=layer.base.weight.device, dtype=layer.base.weight.dtype)
 
-    return _install(model, list(chosen), ranks, alphas, dropout, move)
+    return _install(model, list(chosen), ranks, alphas, dropout, move, add_adapters)
 
 
 def _rank(rank, what="rank"):
@@ -760,14 +766,14 @@ def _check_scale(name, layer, rank, alpha, where="", what="alpha"):
         )
 
 
-def _install(model, names, ranks, alphas, dropout, then):
+def _install(model, names, ranks, alphas, dropout, then, adder=None):
     """Freeze the model, add the adapters and run then(model); on any failure put the model
     back as it was (its layers and which parameters train), so a refusal changes nothing."""
     trains = {n: p.requires_grad for n, p in model.named_parameters()}
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        _add(model, names, ranks, alphas, dropout)
+        _add(model, names, ranks, alphas, dropout, adder or add_adapters)
         then(model)
     except BaseException:
         for name, layer in lora_layers(model).items():
@@ -799,13 +805,18 @@ def _per_layer(chosen, default, pattern, what, check):
     }
 
 
-def _add(model, names, ranks, alphas, dropout):
-    """add_adapters (the chapter's) for the linear layers, a LoRAEmbedding for each table; ranks
-    and alphas: {name: value}."""
+def _add(model, names, ranks, alphas, dropout, adder):
+    """adder (chapter 10's add_adapters) for the linear layers, a LoRAEmbedding for each table;
+    ranks and alphas: {name: value}."""
     tables = [n for n in names if isinstance(model.get_submodule(n), nn.Embedding)]
     for name in names:  # one call per layer, in order: each may take its own rank and alpha
         if name not in tables:
-            add_adapters(model, [name], ranks[name], alphas[name], dropout)
+            adder(model, [name], ranks[name], alphas[name], dropout)
+            if not isinstance(model.get_submodule(name), _ADAPTERS):
+                raise AdapterError(
+                    f"add_adapters left {name} without a LoRALinear around it "
+                    f"({type(model.get_submodule(name)).__name__})"
+                )
     for name in tables:
         model.set_submodule(
             name, LoRAEmbedding(model.get_submodule(name), ranks[name], alphas[name], dropout)

@@ -353,3 +353,51 @@ def test_an_empty_split_is_named_not_a_zero_division(tiny):
         ft.mean_response_loss(load(tiny), [], 50256, progress=False)
     with pytest.raises(ValueError, match="the split is empty"):
         ft.accuracy(ft.classifier(load(tiny), 2), [], 50256, progress=False)
+
+
+def _notebook_lora_class():
+    """Chapter 10's LoRALinear as a learner's notebook defines it: the same code, in `__main__`."""
+    import inspect
+
+    from gpt2lib.chapters import tuning
+
+    namespace = {**vars(tuning), "__name__": "__main__"}
+    exec(inspect.getsource(tuning.LoRALinear), namespace)  # noqa: S102 - the course's own code
+    return namespace["LoRALinear"]
+
+
+def test_apply_lora_adds_the_learners_adapters_with_the_learners_function(tiny):
+    mine = _notebook_lora_class()
+    assert mine.__module__ == "__main__" and not issubclass(mine, ft.LoRALinear)
+    calls = []
+
+    def add_adapters(model, names, rank, alpha, dropout=0.0):
+        calls.append(list(names))
+        for name in names:
+            model.set_submodule(name, mine(model.get_submodule(name), rank, alpha, dropout))
+        return model
+
+    model, reference = load(tiny).eval(), load(tiny).eval()
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)
+    )
+    ft.apply_lora(model, rank=2, alpha=4, targets=("c_attn",), add_adapters=add_adapters)
+    layers = ft.lora_layers(model)
+    assert len(calls) == len(layers) == model.config.n_layer
+    assert all(type(layer) is mine for layer in layers.values())
+    with torch.no_grad():  # B starts at zero: the model computes what it did
+        assert torch.allclose(model(ids), reference(ids), atol=1e-6)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n for n in trained)
+
+
+def test_an_add_adapters_that_adds_nothing_is_refused_and_changes_nothing(tiny):
+    model = load(tiny)
+    state = copy.deepcopy(model.state_dict())
+
+    def does_nothing(model, names, rank, alpha, dropout=0.0):
+        return model
+
+    with pytest.raises(ft.AdapterError, match="without a LoRALinear"):
+        ft.apply_lora(model, targets=("c_attn",), add_adapters=does_nothing)
+    assert untouched(model, state)
