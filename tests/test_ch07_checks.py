@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from gpt2lib.chapters import training
 from gpt2lib.chapters.training import decay_groups
 from gpt2lib.course.checks import training as checks
+from gpt2lib.course.checks._core import CheckFailed
 from gpt2lib.training import lr_schedule
 
 
@@ -314,11 +315,11 @@ def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits)
     history = checks.tiny_run(train_ids, val_ids, steps=6)
     compact_val = checks._compact(train_ids, val_ids)[1]
     kwargs = {"max_tokens": 256, "block_size": 32}
-    with pytest.raises(checks.CheckFailed, match="took 6 steps; the limit is 5"):
+    with pytest.raises(CheckFailed, match="took 6 steps; the limit is 5"):
         checks.check_challenge(
             history.model, history, compact_val, goal=100.0, max_steps=5, **kwargs
         )
-    with pytest.raises(checks.CheckFailed, match="held 256 tokens a step; the limit is 128"):
+    with pytest.raises(CheckFailed, match="held 256 tokens a step; the limit is 128"):
         checks.check_challenge(
             history.model,
             history,
@@ -328,6 +329,6 @@ def test_the_challenge_check_reads_steps_tokens_and_the_loss(shakespeare_splits)
             max_tokens=128,
             block_size=32,
         )
-    with pytest.raises(checks.CheckFailed, match="above the goal 1.0000"):
+    with pytest.raises(CheckFailed, match="above the goal 1.0000"):
         checks.check_challenge(history.model, history, compact_val, goal=1.0, max_steps=6, **kwargs)
     checks.check_challenge(history.model, history, compact_val, goal=100.0, max_steps=6, **kwargs)

@@ -13,7 +13,7 @@ from gpt2lib import generation as G
 from gpt2lib import kvcache as K
 from gpt2lib.chapters import decoding as D
 from gpt2lib.course.checks import generation as C
-from gpt2lib.course.checks._core import CheckFailed
+from gpt2lib.course.checks._core import CheckFailed, named
 from gpt2lib.speed.measure import decode_bytes_per_token
 
 # --------------------------------------------------------------------------- other right answers
@@ -304,7 +304,7 @@ def test_an_exercise_of_two_parts_passes_once_after_both(capsys):
     C.check_temperature_and_top_k(D.apply_temperature, D.top_k_filter)
     assert capsys.readouterr().out.count("✅") == 2
     with pytest.raises(CheckFailed, match="copies"):
-        C.check_kv_cache(C.named(C.WRITE_KV_MISTAKES, "copies").fn, D.SimpleKVCache)
+        C.check_kv_cache(named(C.WRITE_KV_MISTAKES, "copies").fn, D.SimpleKVCache)
     with pytest.raises(CheckFailed, match="changed the logits"):
-        C.check_temperature_and_top_k(D.apply_temperature, C.named(C.TOP_K_MISTAKES, "in place").fn)
+        C.check_temperature_and_top_k(D.apply_temperature, named(C.TOP_K_MISTAKES, "in place").fn)
     assert "✅" not in capsys.readouterr().out

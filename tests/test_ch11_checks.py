@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from gpt2lib.chapters.model import count_gpt2_parameters
 from gpt2lib.course.checks import scaling as checks
+from gpt2lib.course.checks._core import CheckFailed
 
 
 def _shards_right(model, x, y, world):
@@ -113,7 +114,7 @@ def test_the_recipe_price_takes_a_whole_number_of_steps(capsys):
     for steps in (19_073, 19_074, 10e9 / 524_288):  # rounded down, up, or not at all
         checks.check_recipe_price(steps, total, hours, dollars)
         assert "✅" in capsys.readouterr().out
-    with pytest.raises(checks.CheckFailed, match="19,072.0 steps, expected 19,073.5"):
+    with pytest.raises(CheckFailed, match="19,072.0 steps, expected 19,073.5"):
         checks.check_recipe_price(19_072, total, hours, dollars)
 
 

@@ -9,10 +9,11 @@ over exactly the variants the check knows.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,14 @@ def first_mistake(
         except Exception:  # a wrong version that cannot run on this input is simply no match
             continue
     return None
+
+
+def fail_with(
+    exercise: str, mistakes: Iterable[Mistake], matches: Callable[[Mistake], bool], otherwise: str
+) -> None:
+    """Raise CheckFailed naming the first planted mistake that `matches`, or with `otherwise`."""
+    mistake = first_mistake(mistakes, matches)
+    raise CheckFailed(exercise, mistake.message if mistake else otherwise)
 
 
 def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
@@ -147,12 +156,29 @@ def reveal(prediction: Any, measured: Any, *, what: str, unit: str = "") -> None
     print(f"{what}\n  your prediction: {guess}\n  measured:        {shown(measured)}")
 
 
+_SILENCED = [0]  # > 0 while one_pass runs several checks that make up one exercise
+
+
+@contextlib.contextmanager
+def one_pass(exercise: str, detail: str = "") -> Iterator[None]:
+    """Run several checks of one exercise with their own pass lines silenced; the exercise
+    passes once, after all of them (so that no part is recorded as passed alone)."""
+    _SILENCED[0] += 1
+    try:
+        yield
+    finally:
+        _SILENCED[0] -= 1
+    passed(exercise, detail)
+
+
 def passed(exercise: str, detail: str = "", *, part: str = "") -> None:
     """Print the line learners look for after a correct answer; in a learner notebook the
     exercise's code goes into the learner's package (gpt2lib.course.mine).
 
     part: for an exercise with several checks, which one this is ("the unigram line"): its
     line says so, and the exercise's code waits for the last check (called without `part`)."""
+    if _SILENCED[0]:
+        return
     if part:
         print(f"✅ {exercise}, {part}, passed" + (f": {detail}" if detail else ""))
         return

@@ -20,16 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    passed,
-    seeded_call,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_LOOPS = "Exercise 3.1 (attention_with_loops)"
 EX_MATRICES = "Exercise 3.2 (causal_attention)"
@@ -49,7 +40,7 @@ def forbidding(exercise: str, *paths: str, instead: str):
 
     def refuse(path):
         def refused(*args, **kwargs):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise, f"your code calls {path}, which is not allowed here: {instead}"
             )
 
@@ -168,26 +159,26 @@ def _shift(T, offset):
 
 # fn(T) -> a wrong (w_q, w_k); the check names them by what the head does, not by the numbers
 PREVIOUS_TOKEN_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "reads_itself",
         "every token puts its largest weight on ITSELF: query i matches key i. "
         "Shift by one, so that row i of w_q lines up with row i - 1 of w_k",
         lambda T: (_BIG * math.sqrt(T) * torch.eye(T), torch.eye(T)),
     ),
-    Mistake(
+    core.Mistake(
         "reads_the_future",
         "query i matches key i + 1, a FUTURE token that the causal mask hides, so "
         "the weights are spread over the past. Shift the other way: i - 1",
         lambda T: (_BIG * math.sqrt(T) * _shift(T, 1), torch.eye(T)),
     ),
-    Mistake(
+    core.Mistake(
         "not_peaked",
         "each token's largest weight is on the previous token, but it is below 0.9: the "
         "scores are too close together for the softmax. Scale w_q (or w_k) up; remember the scores "
         "are divided by sqrt(T), and the gap must beat up to T - 1 other tokens",
         lambda T: (_shift(T, -1), torch.eye(T)),
     ),
-    Mistake(
+    core.Mistake(
         "reads_the_first_token",
         "every token puts its largest weight on token 0, the first one: query "
         "i must match key i - 1, which moves with i",
@@ -231,18 +222,18 @@ def check_previous_token_head(previous_token_head) -> None:
     """`previous_token_head(T)` -> (w_q, w_k), (T, T) each: every token i >= 1 puts >= 0.9 of its
     causal attention weight on token i - 1, with one-hot positions as the input."""
     for T in (4, 7, 12):
-        got = call_learner(EX_PREVIOUS, previous_token_head, T)
+        got = core.call_learner(EX_PREVIOUS, previous_token_head, T)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PREVIOUS, f"return two matrices, (w_q, w_k); got {type(got).__name__}"
             )
         w_q, w_k = (
-            expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
+            core.expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
             for m, name in zip(got, ("w_q", "w_k"))
         )
         scores, weights = _head_weights(w_q, w_k)
         if not bool(torch.isfinite(weights).all()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PREVIOUS,
                 f"for T={T} the softmax gives NaN: the scores are too large (or "
                 "infinite); a gap of about 10 after the scaling is plenty",
@@ -251,18 +242,20 @@ def check_previous_token_head(previous_token_head) -> None:
         if bool((on_previous >= 0.9).all()):
             continue
         behaviour = _previous_token_behaviour(scores, weights)
-        found = first_mistake(PREVIOUS_TOKEN_MISTAKES, lambda m, seen=behaviour: m.name == seen)
+        found = core.first_mistake(
+            PREVIOUS_TOKEN_MISTAKES, lambda m, seen=behaviour: m.name == seen
+        )
         if found:
-            raise CheckFailed(EX_PREVIOUS, f"for T={T}: {found.message}")
+            raise core.CheckFailed(EX_PREVIOUS, f"for T={T}: {found.message}")
         worst = int(on_previous.argmin()) + 1
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_PREVIOUS,
             f"for T={T}, token {worst} puts only {on_previous[worst - 1].item():.4f} of "
             f"its weight on token {worst - 1} (its largest is on token "
             f"{int(weights[worst, : worst + 1].argmax())}); row i of w_q dotted with row j of "
             "w_k must be large only for j = i - 1",
         )
-    passed(EX_PREVIOUS, "every token reads the token before it")
+    core.passed(EX_PREVIOUS, "every token reads the token before it")
 
 
 # --------------------------------------------------------------------------- Exercise 3.5
@@ -327,104 +320,104 @@ def _scaled_by(factor):
 
 # fn(q, k, v, n_head) -> (y, weights) of that wrong answer
 MULTI_HEAD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_mask",
         "your output matches attention WITHOUT the causal mask: future tokens leak in. Set "
         "the scores above the diagonal to -inf before the softmax",
         _heads_with(mask="none"),
     ),
-    Mistake(
+    core.Mistake(
         "no_scale",
         "your scores are not divided by sqrt(hd): divide each head's q @ k^T by "
         "math.sqrt(hd), hd = C // n_head",
         _scaled_by(lambda C, hd: 1.0),
     ),
-    Mistake(
+    core.Mistake(
         "scale_by_sqrt_C",
         "you divided the scores by sqrt(C); each head's scores are divided by "
         "sqrt(hd), the size of ONE head's q and k (hd = C // n_head)",
         _scaled_by(lambda C, hd: 1 / math.sqrt(C)),
     ),
-    Mistake(
+    core.Mistake(
         "divide_by_hd",
         "you divided the scores by hd; divide by sqrt(hd) (math.sqrt(hd))",
         _scaled_by(lambda C, hd: 1 / hd),
     ),
-    Mistake(
+    core.Mistake(
         "multiply_by_sqrt_hd",
         "you multiplied the scores by sqrt(hd); divide by it instead",
         _scaled_by(lambda C, hd: math.sqrt(hd)),
     ),
-    Mistake(
+    core.Mistake(
         "softmax_over_queries",
         "your softmax runs over the wrong dimension (over the queries, dim=-2); "
         "each query's weights over the keys must sum to 1: softmax(dim=-1)",
         _heads_with(softmax_dim=-2),
     ),
-    Mistake(
+    core.Mistake(
         "mask_after_softmax",
         "you zeroed the future weights AFTER the softmax, so each row no longer "
         "sums to 1; mask the scores with -inf BEFORE the softmax",
         _heads_with(mask="after_softmax"),
     ),
-    Mistake(
+    core.Mistake(
         "mask_with_zero",
         "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
         "weight; set them to -inf (float('-inf'))",
         _heads_with(mask="zero"),
     ),
-    Mistake(
+    core.Mistake(
         "mask_off_by_one",
         "your mask is off by one: each token also sees the NEXT token. Hide every "
         "key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
         _heads_with(mask="off_by_one"),
     ),
-    Mistake(
+    core.Mistake(
         "anti_causal_mask",
         "your mask is upside down: each token sees the future and not the past. "
         "Keep the lower triangle (torch.tril), hide the upper one",
         _heads_with(mask="anti"),
     ),
-    Mistake(
+    core.Mistake(
         "keys_times_queries",
         "you computed k @ q^T, the scores transposed; row i of the scores must be "
         "query i against every key: q @ k.transpose(-2, -1)",
         _heads_with(keys_first=True),
     ),
-    Mistake(
+    core.Mistake(
         "split_without_transpose",
         "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right "
         "but that cuts the sequence, not each token's features, into heads. Use "
         ".view(B, T, nh, hd).transpose(1, 2)",
         _heads_with(split_fn=_split_without_transpose),
     ),
-    Mistake(
+    core.Mistake(
         "split_interleaved",
         "your heads take every nh-th feature (interleaved); head h must get the "
         "consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
         _heads_with(split_fn=_split_interleaved),
     ),
-    Mistake(
+    core.Mistake(
         "merge_without_transpose",
         "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together "
         "different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
         _heads_with(merge_fn=_merge_without_transpose),
     ),
-    Mistake(
+    core.Mistake(
         "merge_interleaved",
         "your features come out interleaved (feature 0 of every head, then feature "
         "1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then "
         "reshape(B, T, C)",
         _heads_with(merge_fn=_merge_interleaved),
     ),
-    Mistake("transpose_1_3", TRANSPOSE_1_3, _transpose_1_3),
-    Mistake("no_heads", NO_HEADS, lambda q, k, v, n: attend(q, k, v)),
+    core.Mistake("transpose_1_3", TRANSPOSE_1_3, _transpose_1_3),
+    core.Mistake("no_heads", NO_HEADS, lambda q, k, v, n: attend(q, k, v)),
 ]
 
 
 def _view_hint(exercise: str, exc: RuntimeError):
     if "view size is not compatible" in str(exc):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             "`.view` failed: after a transpose (and for slices of a bigger tensor, as in the model) the "
             "tensor is not contiguous in memory. Use `.reshape(...)`, or `.contiguous().view(...)`",
@@ -434,7 +427,7 @@ def _view_hint(exercise: str, exc: RuntimeError):
 
 def _no_nan(exercise: str, got, what: str) -> None:
     if isinstance(got, torch.Tensor) and got.is_floating_point() and bool(torch.isnan(got).any()):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"{what} contains NaN: some row of scores is entirely -inf, so the softmax "
             "divides 0 by 0. Each token must see at least itself: keep the diagonal visible "
@@ -450,16 +443,16 @@ def check_multi_head_attention(multi_head_attention) -> None:
         qkv = torch.randn(B, T, 3 * C, generator=gen)
         q, k, v = qkv.split(C, dim=2)  # slices of one tensor, as in the model: not contiguous
         try:
-            got = call_learner(EX_MULTI, multi_head_attention, q, k, v, nh)
+            got = core.call_learner(EX_MULTI, multi_head_attention, q, k, v, nh)
         except RuntimeError as exc:
             _view_hint(EX_MULTI, exc)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MULTI, f"return two tensors, (y, weights); got {type(got).__name__}"
             )
         y, weights = got
         _no_nan(EX_MULTI, y, "your output")
-        y = expect_tensor(
+        y = core.expect_tensor(
             EX_MULTI,
             y,
             (B, T, C),
@@ -470,7 +463,7 @@ def check_multi_head_attention(multi_head_attention) -> None:
             },
         )
         _no_nan(EX_MULTI, weights, "your weights")
-        weights = expect_tensor(
+        weights = core.expect_tensor(
             EX_MULTI,
             weights,
             (B, nh, T, T),
@@ -487,32 +480,33 @@ def check_multi_head_attention(multi_head_attention) -> None:
             },
         )
         want_y, want_w = _heads(q, k, v, nh)
-        if close(y, want_y) and close(weights, want_w):
+        if core.close(y, want_y) and core.close(weights, want_w):
             continue
-        found = first_mistake(
-            MULTI_HEAD_MISTAKES, lambda m, y=y, q=q, k=k, v=v, nh=nh: close(y, m.fn(q, k, v, nh)[0])
+        found = core.first_mistake(
+            MULTI_HEAD_MISTAKES,
+            lambda m, y=y, q=q, k=k, v=v, nh=nh: core.close(y, m.fn(q, k, v, nh)[0]),
         )
         if found:
-            raise CheckFailed(EX_MULTI, found.message)
-        if close(y, want_y):
+            raise core.CheckFailed(EX_MULTI, found.message)
+        if core.close(y, want_y):
             if torch.allclose(weights.sum(-1), torch.ones(()).double(), atol=1e-5):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MULTI,
                     "y is right, but the weights you return are not the ones that "
                     "made it: return the softmax of the masked, scaled scores",
                 )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MULTI,
                 "y is right, but the rows of your weights do not sum to 1: return "
                 "the weights after the softmax, not the scores",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MULTI,
             f"the shapes are right but y differs from causal multi-head attention "
             f"(B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) "
             "with the future masked) @ v per head, merge",
         )
-    passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
+    core.passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
 
 
 # --------------------------------------------------------------------------- Exercise 3.6
@@ -541,42 +535,42 @@ def _gpt2_attention(
 # fn(x, weights by parameter name, n_head, resid_p) -> output of that wrong answer; resid_p is
 # the residual dropout of the mode the check runs in (0 in eval)
 MODULE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "qkv_order_kqv",
         "you took k, q, v from c_attn's output; it holds q, then k, then v "
         "(split(n_embd, dim=2) returns them in that order)",
         lambda x, w, n, p: _gpt2_attention(x, w, n, order="kqv", resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "qkv_order_qvk",
         "you swapped k and v; c_attn's output holds q, then k, then v",
         lambda x, w, n, p: _gpt2_attention(x, w, n, order="qvk", resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "qkv_order_vkq",
         "you took v, k, q from c_attn's output; it holds q, then k, then v",
         lambda x, w, n, p: _gpt2_attention(x, w, n, order="vkq", resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "qkv_split_wrong_dim",
         "you split c_attn's output the wrong way; q, k and v are the three "
         "n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
         lambda x, w, n, p: _gpt2_attention(x, w, n, split_dim_wrong=True, resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "shared_qkv",
         "you used the same slice for q, k and v; c_attn makes three different ones",
         lambda x, w, n, p: _gpt2_attention(x, w, n, order="qqq", resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "no_c_proj",
         "your output skips c_proj: after merging the heads, apply self.c_proj",
         lambda x, w, n, p: _gpt2_attention(x, w, n, c_proj=False, resid_p=p),
     ),
-    Mistake(
+    core.Mistake(
         "no_heads", NO_HEADS, lambda x, w, n, p: _gpt2_attention(x, w, n, heads=False, resid_p=p)
     ),
-    Mistake(
+    core.Mistake(
         "no_resid_dropout",
         "in train() mode your output has no residual dropout: return "
         "self.resid_dropout(self.c_proj(...)); it acts in training only",
@@ -586,9 +580,9 @@ MODULE_MISTAKES = [
 
 
 def _build(attention_cls, config):
-    module = call_learner(EX_MODULE, attention_cls, config)
+    module = core.call_learner(EX_MODULE, attention_cls, config)
     if not isinstance(module, nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"calling it with a config should build an nn.Module, got {type(module).__name__}",
         )
@@ -602,7 +596,7 @@ def _build(attention_cls, config):
     params = dict(module.named_parameters())
     for name, shape in expected.items():
         if name not in params:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"no parameter named {name}; keep self.c_attn = Conv1D(n_embd, "
                 f"3 * n_embd) and self.c_proj = Conv1D(n_embd, n_embd) (found: {', '.join(params) or 'none'})",
@@ -613,7 +607,7 @@ def _build(attention_cls, config):
                 if tuple(params[name].shape) == shape[::-1]
                 else ""
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"{name} has shape {tuple(params[name].shape)}, expected {shape}{flipped}",
             )
@@ -623,7 +617,7 @@ def _build(attention_cls, config):
 def _run(module, x, **kwargs):
     try:
         # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
-        return seeded_call(call_learner, EX_MODULE, module.forward, x, **kwargs)
+        return core.seeded_call(core.call_learner, EX_MODULE, module.forward, x, **kwargs)
     except RuntimeError as exc:
         _view_hint(EX_MODULE, exc)
 
@@ -664,16 +658,20 @@ def _check_causal_self_attention(attention_cls) -> None:
     module.eval()
     for B, T in ((2, 5), (1, 7)):
         x = torch.randn(B, T, config.n_embd, generator=gen)
-        got = expect_tensor(EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output")
-        if close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
+        got = core.expect_tensor(
+            EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output"
+        )
+        if core.close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
             continue
-        found = first_mistake(
+        found = core.first_mistake(
             MODULE_MISTAKES,
-            lambda m, got=got, x=x: close(got, seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4),
+            lambda m, got=got, x=x: core.close(
+                got, core.seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4
+            ),
         )
         if found:
-            raise CheckFailed(EX_MODULE, found.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_MODULE, found.message)
+        raise core.CheckFailed(
             EX_MODULE,
             f"the shape is right but the output differs from GPT-2's attention "
             f"(B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> "
@@ -685,15 +683,15 @@ def _check_causal_self_attention(attention_cls) -> None:
     cache = ListCache()
     pieces = [_run(module, x[:, a:b], kv_cache=cache) for a, b in ((0, 4), (4, 6), (6, 7))]
     pieces = [
-        expect_tensor(
+        core.expect_tensor(
             EX_MODULE, piece, (2, b - a, config.n_embd), what="your output with a kv_cache"
         )
         for piece, (a, b) in zip(pieces, ((0, 4), (4, 6), (6, 7)))
     ]
-    if cache.position != 7 or not close(
+    if cache.position != 7 or not core.close(
         torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4
     ):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer "
             "does not give the output of the whole sequence; pass the heads' k and v, "
@@ -703,23 +701,25 @@ def _check_causal_self_attention(attention_cls) -> None:
     # train mode: residual dropout after c_proj, drawn with the check's seed
     module.train()
     x = torch.randn(4, 6, config.n_embd, generator=gen)
-    got = expect_tensor(
+    got = core.expect_tensor(
         EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
     )
-    if not close(got, seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
+    if not core.close(got, core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
         no_dropout = _gpt2_attention(x, w, nh)
         kept = got != 0
         fraction_zeroed = 1 - kept.double().mean().item()
         # dropout drawn another way (its own random numbers) is still right
         if not (
-            0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4)
+            0.3 < fraction_zeroed < 0.7
+            and core.close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4)
         ):
-            found = first_mistake(
-                MODULE_MISTAKES, lambda m: close(got, seeded_call(m.fn, x, w, nh, p), rtol=1e-4)
+            found = core.first_mistake(
+                MODULE_MISTAKES,
+                lambda m: core.close(got, core.seeded_call(m.fn, x, w, nh, p), rtol=1e-4),
             )
             if found:
-                raise CheckFailed(EX_MODULE, found.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_MODULE, found.message)
+            raise core.CheckFailed(
                 EX_MODULE,
                 "in eval() mode your layer is right, but in train() mode it is not the layer "
                 "followed by residual dropout: return self.resid_dropout(self.c_proj(...))",
@@ -730,7 +730,7 @@ def _check_causal_self_attention(attention_cls) -> None:
     # a hook listening at hook_pattern (chapter 8): the pattern goes through it, the output stays
     hook_point = getattr(module, "hook_pattern", None)
     if not isinstance(hook_point, torch.nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             "the layer has no hook point `hook_pattern`: keep the given line "
             "`self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
@@ -742,16 +742,16 @@ def _check_causal_self_attention(attention_cls) -> None:
     finally:
         handle.remove()
     want = _gpt2_attention(x, w, nh)
-    if len(seen) != 1 or not close(got, want, rtol=1e-4):
-        raise CheckFailed(
+    if len(seen) != 1 or not core.close(got, want, rtol=1e-4):
+        raise core.CheckFailed(
             EX_MODULE,
             "with a hook listening at hook_pattern the layer gives another output than without "
             "one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
         )
     qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(config.n_embd, dim=2)
     pattern = attend(*(split(t, nh) for t in qkv))[1]  # (B, nh, T, T)
-    if not isinstance(seen[0], torch.Tensor) or not close(seen[0], pattern, rtol=1e-4):
-        raise CheckFailed(
+    if not isinstance(seen[0], torch.Tensor) or not core.close(seen[0], pattern, rtol=1e-4):
+        raise core.CheckFailed(
             EX_MODULE,
             "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass "
             "attention_pattern(q, k, visible) through it, with q and k split into heads",
@@ -762,14 +762,14 @@ def _check_causal_self_attention(attention_cls) -> None:
         got = _run(module, x)
     finally:
         handle.remove()
-    if not close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
-        raise CheckFailed(
+    if not core.close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
+        raise core.CheckFailed(
             EX_MODULE,
             "a hook that replaces the pattern does not change your output: use what "
             "self.hook_pattern(...) returns, times v",
         )
 
-    passed(
+    core.passed(
         EX_MODULE,
         "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the "
         "pattern through its hook point",
@@ -778,33 +778,33 @@ def _check_causal_self_attention(attention_cls) -> None:
 
 # split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
 SPLIT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "split_without_transpose",
         "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the "
         "shape is right but that cuts the sequence, not each token's features, into heads. View as "
         "(B, T, nh, hd), then transpose(1, 2)",
         _split_without_transpose,
     ),
-    Mistake(
+    core.Mistake(
         "split_interleaved",
         "your split_heads gives head h every nh-th feature (interleaved); head h "
         "must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
         _split_interleaved,
     ),
-    Mistake(
+    core.Mistake(
         "split_transpose_1_3",
         TRANSPOSE_1_3,
         lambda x, n: x.reshape(*x.shape[:2], n, x.shape[2] // n).transpose(1, 3),
     ),
 ]
 MERGE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "merge_without_transpose",
         "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that "
         "glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
         _merge_without_transpose,
     ),
-    Mistake(
+    core.Mistake(
         "merge_interleaved",
         "your merge_heads interleaves the heads (feature 0 of every head, then "
         "feature 1, ...); head 0's hd features come first, then head 1's",
@@ -822,10 +822,10 @@ def check_split_merge(split_heads, merge_heads) -> None:
             ..., C : 2 * C
         ]  # a slice, as c_attn's split gives
         try:
-            got = call_learner(EX_MODULE, split_heads, x, nh)
+            got = core.call_learner(EX_MODULE, split_heads, x, nh)
         except RuntimeError as exc:
             _view_hint(EX_MODULE, exc)
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_MODULE,
             got,
             (B, nh, T, C // nh),
@@ -836,9 +836,9 @@ def check_split_merge(split_heads, merge_heads) -> None:
                 (B, C // nh, nh, T): TRANSPOSE_1_3,
             },
         )
-        if not close(got, split(x, nh)):
-            found = first_mistake(SPLIT_MISTAKES, lambda m: close(got, m.fn(x, nh)))
-            raise CheckFailed(
+        if not core.close(got, split(x, nh)):
+            found = core.first_mistake(SPLIT_MISTAKES, lambda m: core.close(got, m.fn(x, nh)))
+            raise core.CheckFailed(
                 EX_MODULE,
                 found.message
                 if found
@@ -847,19 +847,19 @@ def check_split_merge(split_heads, merge_heads) -> None:
             )
         heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
         try:
-            back = call_learner(EX_MODULE, merge_heads, heads)
+            back = core.call_learner(EX_MODULE, merge_heads, heads)
         except RuntimeError as exc:
             _view_hint(EX_MODULE, exc)
-        back = expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
-        if not close(back, x):
-            found = first_mistake(MERGE_MISTAKES, lambda m: close(back, m.fn(heads)))
-            raise CheckFailed(
+        back = core.expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
+        if not core.close(back, x):
+            found = core.first_mistake(MERGE_MISTAKES, lambda m: core.close(back, m.fn(heads)))
+            raise core.CheckFailed(
                 EX_MODULE,
                 found.message
                 if found
                 else "merge_heads(split_heads(x)) is not x: merge must undo the split exactly",
             )
-    passed(
+    core.passed(
         EX_MODULE + ", split_heads and merge_heads",
         "consecutive features per head, merged back in order",
     )
@@ -892,53 +892,53 @@ OVERFLOW = (
 
 # fn(q, k, v) -> (out, weights), for Exercise 3.1 and Exercise 3.2 alike
 ONE_HEAD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_scale",
         "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
         _attend_with(scale=1.0),
     ),
-    Mistake(
+    core.Mistake(
         "divide_by_d",
         "you divided the scores by d; divide by sqrt(d)",
         lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]),
     ),
-    Mistake(
+    core.Mistake(
         "no_mask",
         "your output matches attention WITHOUT the causal mask: token i also reads the tokens "
         "after it. Only j <= i may be read",
         _attend_with(mask="none"),
     ),
-    Mistake(
+    core.Mistake(
         "mask_off_by_one",
         "your mask is off by one: each token also sees the NEXT token. Only keys "
         "j <= i may be read",
         _attend_with(mask="off_by_one"),
     ),
-    Mistake(
+    core.Mistake(
         "mask_with_zero",
         "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
         "weight; set them to -inf (float('-inf'))",
         _attend_with(mask="zero"),
     ),
-    Mistake(
+    core.Mistake(
         "mask_after_softmax",
         "you zeroed the future weights AFTER the softmax, so each row no longer "
         "sums to 1; mask the scores with -inf BEFORE the softmax",
         _attend_with(mask="after_softmax"),
     ),
-    Mistake(
+    core.Mistake(
         "softmax_over_queries",
         "your softmax runs over the wrong dimension (over the queries, dim=-2); "
         "each query's weights over the keys must sum to 1: softmax(dim=-1)",
         _attend_with(softmax_dim=-2),
     ),
-    Mistake(
+    core.Mistake(
         "keys_times_queries",
         "you computed k @ q^T, the scores transposed; row i of the scores must be "
         "query i against every key",
         _attend_with(keys_first=True),
     ),
-    Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
+    core.Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
 ]
 
 
@@ -956,13 +956,13 @@ def _check_one_head(exercise, fn, cases, large):
             q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
         kept = [t.clone() for t in (q, k, v)]
         try:
-            got = call_learner(exercise, fn, q, k, v)
+            got = core.call_learner(exercise, fn, q, k, v)
         except OverflowError:
-            raise CheckFailed(exercise, OVERFLOW) from None
+            raise core.CheckFailed(exercise, OVERFLOW) from None
         if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
-            raise CheckFailed(exercise, _CHANGED)
+            raise core.CheckFailed(exercise, _CHANGED)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise, f"return two tensors, (out, weights); got {type(got).__name__}"
             )
         out, weights = got
@@ -973,30 +973,32 @@ def _check_one_head(exercise, fn, cases, large):
                 and not bool(torch.isfinite(value).all())
             ):
                 if large:
-                    raise CheckFailed(exercise, OVERFLOW)
+                    raise core.CheckFailed(exercise, OVERFLOW)
                 _no_nan(exercise, value, "your result")
         what = f"(q, k, v of shape {(*lead, T, d)})"
-        out = expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
-        weights = expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
+        out = core.expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
+        weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
         want_out, want_w = attend(q.double(), k.double(), v.double())
         tol = 1e-3 if large else 1e-4  # float32 rounding of scores near 750
-        if close(out, want_out, atol=tol, rtol=tol) and close(weights, want_w, atol=tol, rtol=tol):
+        if core.close(out, want_out, atol=tol, rtol=tol) and core.close(
+            weights, want_w, atol=tol, rtol=tol
+        ):
             continue
-        found = first_mistake(
+        found = core.first_mistake(
             ONE_HEAD_MISTAKES[:-1],
-            lambda m, q=q, k=k, v=v, out=out: close(
+            lambda m, q=q, k=k, v=v, out=out: core.close(
                 out, m.fn(q.double(), k.double(), v.double())[0], atol=tol, rtol=tol
             ),
         )
         if found:
-            raise CheckFailed(exercise, found.message)
-        if close(out, want_out, atol=tol, rtol=tol):
-            raise CheckFailed(
+            raise core.CheckFailed(exercise, found.message)
+        if core.close(out, want_out, atol=tol, rtol=tol):
+            raise core.CheckFailed(
                 exercise,
                 "out is right, but the weights you return are not the softmax weights "
                 "that made it (row i: token i's weights over keys 0..i, zeros after)",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"your out differs from causal attention {what}: weights = softmax over "
             "j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]",
@@ -1008,7 +1010,7 @@ def check_attention_with_loops(attention_with_loops) -> None:
     of one head, also on scores near 750."""
     _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
     _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
-    passed(
+    core.passed(
         EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
     )
 
@@ -1019,7 +1021,7 @@ def check_causal_attention(causal_attention) -> None:
         EX_MATRICES, causal_attention, [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)], large=False
     )
     _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
-    passed(
+    core.passed(
         EX_MATRICES,
         "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys",
     )
@@ -1041,25 +1043,25 @@ def _saturation(
 
 
 SATURATION_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "scaled_by_d",
         "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance "
         "of the scaled scores should come out near 1)",
         lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d),
     ),
-    Mistake(
+    core.Mistake(
         "largest_score_not_weight",
         "your second number is the largest SCORE; it should be the largest "
         "softmax WEIGHT of a row (softmax over the keys, then max)",
         lambda dim, scaled: _saturation(dim, scaled, what="score"),
     ),
-    Mistake(
+    core.Mistake(
         "softmax_over_queries",
         "your softmax runs over the queries (dim=-2); each query's row of "
         "weights over the keys sums to 1: softmax(dim=-1)",
         lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2),
     ),
-    Mistake(
+    core.Mistake(
         "scaling_ignored",
         "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when "
         "scaled is true",
@@ -1073,39 +1075,39 @@ def check_saturation(saturation) -> None:
     queries and keys; compared with the course's numbers within a tolerance (random draws differ)."""
     for dim in (4, 64, 256):
         for scaled in (False, True):
-            got = seeded_call(call_learner, EX_SATURATION, saturation, dim, scaled)
+            got = core.seeded_call(core.call_learner, EX_SATURATION, saturation, dim, scaled)
             if not isinstance(got, (tuple, list)) or len(got) != 2:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_SATURATION,
                     f"return two numbers, (variance, largest weight); got {type(got).__name__}",
                 )
             try:
                 var, top = (float(g) for g in got)
             except (TypeError, ValueError):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_SATURATION, "return two numbers (Python floats, `.item()`)"
                 ) from None
-            want_var, want_top = seeded_call(_saturation, dim, scaled, trials=512)
+            want_var, want_top = core.seeded_call(_saturation, dim, scaled, trials=512)
 
             def near(a, b):
                 return abs(a - b) <= 0.15 * abs(b) + 0.03
 
             if near(var, want_var) and near(top, want_top):
                 continue
-            found = first_mistake(
+            found = core.first_mistake(
                 SATURATION_MISTAKES,
                 lambda m: all(
-                    near(g, w) for g, w in zip((var, top), seeded_call(m.fn, dim, scaled))
+                    near(g, w) for g, w in zip((var, top), core.seeded_call(m.fn, dim, scaled))
                 ),
             )
             if found:
-                raise CheckFailed(EX_SATURATION, found.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_SATURATION, found.message)
+            raise core.CheckFailed(
                 EX_SATURATION,
                 f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and "
                 f"largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}",
             )
-    passed(EX_SATURATION, "variances and largest weights as expected")
+    core.passed(EX_SATURATION, "variances and largest weights as expected")
 
 
 # --------------------------------------------------------------------------- Exercise 3.7
@@ -1144,42 +1146,42 @@ def attention_by_hand_reference(layer, x: torch.Tensor) -> torch.Tensor:
 
 
 BY_HAND_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_biases",
         "you left out the biases: c_attn and c_proj are x @ weight + bias",
         lambda layer, x: _by_hand(layer, x, biases=False),
     ),
-    Mistake(
+    core.Mistake(
         "no_c_proj",
         "you return the merged heads; the layer then mixes them with c_proj (its weight "
         "and its bias)",
         lambda layer, x: _by_hand(layer, x, c_proj=False),
     ),
-    Mistake(
+    core.Mistake(
         "one_head",
         "you ran one head over all C features; cut q, k and v into layer.n_head heads "
         "before the attention, and merge the heads back after it",
         lambda layer, x: _by_hand(layer, x, heads=False),
     ),
-    Mistake(
+    core.Mistake(
         "q_k_swapped",
         "you took q and k in the wrong order: c_attn's output is q, then k, then v, "
         "C features each",
         lambda layer, x: _by_hand(layer, x, order=(1, 0, 2)),
     ),
-    Mistake(
+    core.Mistake(
         "v_not_last",
         "your q, k, v are not the three thirds of c_attn's output in the order q, k, v "
         "(the first C features are q, the next C are k, the last C are v)",
         lambda layer, x: _by_hand(layer, x, order=(2, 1, 0)),
     ),
-    Mistake(
+    core.Mistake(
         "no_mask",
         "your attention reads future tokens: each token may only see itself and the "
         "tokens before it (the causal mask)",
         lambda layer, x: _by_hand(layer, x, mask="none"),
     ),
-    Mistake(
+    core.Mistake(
         "scaled_by_C",
         "your scores are divided by √C; each head divides by the square root of its "
         "own width, hd = C / n_head",
@@ -1196,7 +1198,7 @@ def _layer_refused(layer):
     """Calling `layer` or one of its submodules raises CheckFailed while the block runs."""
 
     def refuse(module, args):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BY_HAND,
             "your code calls the layer or one of its submodules (layer(x), layer.c_attn(x), "
             "...), which is not allowed here: use their tensors, layer.c_attn.weight and .bias",
@@ -1248,26 +1250,26 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             ),
         ):
             kept = x.clone()
-            got = call_learner(EX_BY_HAND, attention_by_hand, layer, x)
+            got = core.call_learner(EX_BY_HAND, attention_by_hand, layer, x)
             if not torch.equal(x, kept):
-                raise CheckFailed(EX_BY_HAND, _CHANGED)
-            got = expect_tensor(
+                raise core.CheckFailed(EX_BY_HAND, _CHANGED)
+            got = core.expect_tensor(
                 EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
             )
             want = attention_by_hand_reference(layer, x)
-        if close(got, want, rtol=1e-4, atol=1e-4):
+        if core.close(got, want, rtol=1e-4, atol=1e-4):
             continue
-        found = first_mistake(
-            BY_HAND_MISTAKES, lambda m: close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4)
+        found = core.first_mistake(
+            BY_HAND_MISTAKES, lambda m: core.close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4)
         )
         if found:
-            raise CheckFailed(EX_BY_HAND, found.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_BY_HAND, found.message)
+        raise core.CheckFailed(
             EX_BY_HAND,
             f"for C={C} with {nh} heads your output differs from the layer's; "
             "follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj",
         )
-    passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
+    core.passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 
 # --------------------------------------------------------------------------- Exercise 3.8
@@ -1280,31 +1282,31 @@ def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mi
 
 
 COST_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "flops_times_heads",
         "your FLOPs multiply the attention part by n_head, but each head works on "
         "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one "
         "head of width C would",
         lambda T, C, n: _cost(T, C, n, heads_multiply=True),
     ),
-    Mistake(
+    core.Mistake(
         "multiply_adds",
         "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) "
         "product costs 2·m·k·n",
         lambda T, C, n: _cost(T, C, n, flop_per_mac=1),
     ),
-    Mistake(
+    core.Mistake(
         "flops_without_c_proj",
         "your FLOPs leave out c_proj: 2·T·C·C more",
         lambda T, C, n: _cost(T, C, n, c_proj=False),
     ),
-    Mistake(
+    core.Mistake(
         "flops_without_attention",
         "your FLOPs count only the projections: the scores q @ k^T and the "
         "weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
         lambda T, C, n: _cost(T, C, n, mixing=0),
     ),
-    Mistake(
+    core.Mistake(
         "flops_half_the_attention",
         "your FLOPs count only one of the two attention products: q @ k^T "
         "and weights @ v cost 2·T·T·C each",
@@ -1317,16 +1319,16 @@ def check_attention_cost(attention_cost) -> None:
     """`attention_cost(T, n_embd, n_head)` -> the FLOPs of one CausalSelfAttention on T tokens,
     a whole number, for three sizes."""
     for T, C, nh in ((16, 64, 4), (100, 48, 3), (7, 768, 12)):
-        got = call_learner(EX_COST, attention_cost, T, C, nh)
+        got = core.call_learner(EX_COST, attention_cost, T, C, nh)
         if isinstance(got, torch.Tensor):
-            raise CheckFailed(EX_COST, "you return a tensor: return a Python int (.item())")
+            raise core.CheckFailed(EX_COST, "you return a tensor: return a Python int (.item())")
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or got != int(got):
-            raise CheckFailed(EX_COST, f"return a whole number of FLOPs, got {got!r}")
+            raise core.CheckFailed(EX_COST, f"return a whole number of FLOPs, got {got!r}")
         want = _cost(T, C, nh)
         if got == want:
             continue
-        found = first_mistake(COST_MISTAKES, lambda m: m.fn(T, C, nh) == got)
-        raise CheckFailed(
+        found = core.first_mistake(COST_MISTAKES, lambda m: m.fn(T, C, nh) == got)
+        raise core.CheckFailed(
             EX_COST,
             found.message
             if found
@@ -1334,7 +1336,9 @@ def check_attention_cost(attention_cost) -> None:
             f"{want:,}: c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and "
             "weights @ v",
         )
-    passed(EX_COST, f"{_cost(1024, 768, 12):,} FLOPs for GPT-2 small's attention on 1,024 tokens")
+    core.passed(
+        EX_COST, f"{_cost(1024, 768, 12):,} FLOPs for GPT-2 small's attention on 1,024 tokens"
+    )
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -1351,23 +1355,25 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
     output's largest entry in row i >= 2 is at token i - 2's id, in at least `goal` of the rows."""
     gen = torch.Generator().manual_seed(4)
     for V, T in ((5, 8), (10, 16), (3, 12)):
-        got = call_learner(CH_COPY, copy_two_back_head, V, T)
+        got = core.call_learner(CH_COPY, copy_two_back_head, V, T)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 CH_COPY, f"return three matrices, (w_q, w_k, w_v); got {type(got).__name__}"
             )
-        w_q = expect_tensor(CH_COPY, got[0], what=f"w_q (V={V}, T={T})")
+        w_q = core.expect_tensor(CH_COPY, got[0], what=f"w_q (V={V}, T={T})")
         d = w_q.shape[-1] if w_q.dim() == 2 else 0
-        w_q = expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q (V={V}, T={T})")
-        w_k = expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k (V={V}, T={T}), like w_q")
-        w_v = expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v (V={V}, T={T})")
+        w_q = core.expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q (V={V}, T={T})")
+        w_k = core.expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k (V={V}, T={T}), like w_q")
+        w_v = core.expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v (V={V}, T={T})")
         right, total, offsets = 0, 0, torch.zeros(T, dtype=torch.long)
         for _ in range(100):
             tokens = torch.randint(V, (T,), generator=gen)
             x = copy_two_back_inputs(tokens, V)
             out, weights = attend(x @ w_q, x @ w_k, x @ w_v)
             if not bool(torch.isfinite(out).all()):
-                raise CheckFailed(CH_COPY, "the output has NaN or inf: the scores are too large")
+                raise core.CheckFailed(
+                    CH_COPY, "the output has NaN or inf: the scores are too large"
+                )
             rows = torch.arange(2, T)
             right += int((out[2:].argmax(dim=-1) == tokens[rows - 2]).sum())
             total += T - 2
@@ -1375,9 +1381,9 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
         accuracy = right / total
         if accuracy < goal:
             most = int(offsets.argmax())
-            raise CheckFailed(
+            raise core.CheckFailed(
                 CH_COPY,
                 f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal "
                 f"{goal}); most rows put their largest weight on token i - {most}",
             )
-    passed(CH_COPY, "every row copies the token two places back")
+    core.passed(CH_COPY, "every row copies the token two places back")

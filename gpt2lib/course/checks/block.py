@@ -16,16 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    NotDoneYet,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 from gpt2lib.course.checks.attention import refusing
 
 EX_LN = "Exercise 5.1 (layer_norm)"
@@ -72,88 +63,88 @@ def _m(**switches):
 
 # fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
 LAYER_NORM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "unbiased variance",
         "the variance is unbiased (divided by C - 1): torch.var and "
         "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
         "keepdim=True, unbiased=False) (or correction=0)",
         _m(unbiased=True),
     ),
-    Mistake(
+    core.Mistake(
         "eps outside",
         "eps is added outside the square root: divide by sqrt(var + eps), not sqrt(var) + eps",
         _m(eps_outside=True),
     ),
-    Mistake(
+    core.Mistake(
         "unbiased, eps outside",
         "the variance is unbiased (torch.var's default: use "
         "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
         _m(unbiased=True, eps_outside=True),
     ),
-    Mistake(
+    core.Mistake(
         "variance not std",
         "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
         _m(power=1.0),
     ),
-    Mistake(
+    core.Mistake(
         "rmsnorm",
         "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
         "vector first, (x - mean) / sqrt(var + eps)",
         _m(center=False),
     ),
-    Mistake(
+    core.Mistake(
         "over the batch",
         "you normalised over the wrong dimension: LayerNorm works on each "
         "token's own C features, the last dimension (dim=-1, keepdim=True)",
         _m(dim=0),
     ),
-    Mistake(
+    core.Mistake(
         "over the sequence",
         "you normalised over the wrong dimension (the sequence): use the "
         "last dimension (dim=-1, keepdim=True)",
         _m(dim=1),
     ),
-    Mistake(
+    core.Mistake(
         "whole tensor",
         "you normalised with one mean and variance for the whole tensor: each "
         "token gets its own, over the last dimension (dim=-1, keepdim=True)",
         _m(dim=None),
     ),
-    Mistake(
+    core.Mistake(
         "no gain, no bias",
         "the gain and bias are missing: end with `* weight + bias`",
         lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps),
     ),
-    Mistake(
+    core.Mistake(
         "no bias",
         "the bias is missing: end with `* weight + bias`",
         lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps),
     ),
-    Mistake(
+    core.Mistake(
         "no gain",
         "the gain is missing: end with `* weight + bias`",
         lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps),
     ),
-    Mistake(
+    core.Mistake(
         "swapped",
         "weight and bias are swapped: multiply by weight, then add bias",
         lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps),
     ),
-    Mistake(
+    core.Mistake(
         "x.std",
         "you divide by x.std(): that is the unbiased standard deviation (divides by "
         "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
         "keepdim=True, unbiased=False)",
         lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0),
     ),
-    Mistake(
+    core.Mistake(
         "bias first",
         "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
         "order is x̂ * weight + bias",
         lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps),
     ),
 ] + [
-    Mistake(
+    core.Mistake(
         f"eps {name}",
         f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
         "inside the square root: sqrt(var + eps)",
@@ -170,13 +161,13 @@ LAYER_NORM_MISTAKES = [
 
 
 def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
-    mistake = first_mistake(
-        LAYER_NORM_MISTAKES, lambda m: close(got, m.fn(x, weight, bias), atol=1e-7)
+    mistake = core.first_mistake(
+        LAYER_NORM_MISTAKES, lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7)
     )
     if mistake is not None:
-        raise CheckFailed(exercise, mistake.message)
+        raise core.CheckFailed(exercise, mistake.message)
     worst = (got.double() - want).abs().max().item()
-    raise CheckFailed(
+    raise core.CheckFailed(
         exercise,
         f"{what} differs from F.layer_norm by up to {worst:.3g}. LayerNorm: mean and biased "
         "variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
@@ -199,53 +190,53 @@ def check_layer_norm(layer_norm) -> None:
     C = x.shape[-1]
     x_in = x.clone()
     try:
-        got = call_learner(EX_LN, layer_norm, x_in, weight, bias)
+        got = core.call_learner(EX_LN, layer_norm, x_in, weight, bias)
     except RuntimeError as exc:
         if "must match the size" not in str(exc):
             raise
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN,
             f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
             "variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) "
             "has shape (..., 1), which broadcasts against x (..., C)",
         ) from None
     if not torch.equal(x_in, x):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN, "your function changed x in place (x -= mean, x.sub_, ...): compute new tensors"
         )
     if not isinstance(got, torch.Tensor):
-        raise CheckFailed(EX_LN, f"should return a torch.Tensor, got {type(got).__name__}")
+        raise core.CheckFailed(EX_LN, f"should return a torch.Tensor, got {type(got).__name__}")
     if got.shape != x.shape:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN,
             f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
             "shape (did you forget keepdim=True on the mean or the variance?)",
         )
     want = F.layer_norm(x, (C,), weight, bias, EPS)
-    if not close(got, want, atol=1e-7):
+    if not core.close(got, want, atol=1e-7):
         _explain_layer_norm(EX_LN, got, x, weight, bias, want, "your output")
 
     for eps in (1e-3, 1e-12):
-        got_eps = call_learner(EX_LN, layer_norm, x.clone(), weight, bias, eps=eps)
-        if not close(got_eps, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
-            raise CheckFailed(
+        got_eps = core.call_learner(EX_LN, layer_norm, x.clone(), weight, bias, eps=eps)
+        if not core.close(got_eps, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
+            raise core.CheckFailed(
                 EX_LN,
                 f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the "
                 "square root) instead of a fixed number",
             )
     try:
-        tokens = call_learner(EX_LN, layer_norm, x[0].float(), weight.float(), bias.float())
+        tokens = core.call_learner(EX_LN, layer_norm, x[0].float(), weight.float(), bias.float())
     except (IndexError, RuntimeError) as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN,
             f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), "
             "not dim=2, so any number of leading dimensions works",
         ) from None
     if not isinstance(tokens, torch.Tensor) or tokens.shape != x[0].shape:
-        raise CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
+        raise core.CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
     if tokens.dtype != torch.float32:
-        raise CheckFailed(EX_LN, f"float32 input gave {tokens.dtype} output: keep x's dtype")
-    passed(EX_LN, "mean and biased variance over the last dimension, eps inside the root")
+        raise core.CheckFailed(EX_LN, f"float32 input gave {tokens.dtype} output: keep x's dtype")
+    core.passed(EX_LN, "mean and biased variance over the last dimension, eps inside the root")
 
 
 # --------------------------------------------------------------------------- Exercise 5.2
@@ -255,66 +246,66 @@ def check_layer_norm_module(LayerNorm) -> None:
     """`LayerNorm(n_embd, eps=1e-5)` with parameters `weight` (ones) and `bias` (zeros)."""
     x, weight, bias = _ln_inputs()
     C = x.shape[-1]
-    ln = call_learner(EX_LN_MODULE, LayerNorm, C)
+    ln = core.call_learner(EX_LN_MODULE, LayerNorm, C)
     if not isinstance(ln, nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN_MODULE, f"LayerNorm(n) should make an nn.Module, got {type(ln).__name__}"
         )
     params = dict(ln.named_parameters())
     if not params:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN_MODULE,
             "the module has no parameters: wrap weight and bias in nn.Parameter, so that they "
             "are trained and saved in state_dict (and GPT-2's weights can load into them)",
         )
     if set(params) != {"weight", "bias"}:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN_MODULE,
             f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's "
             "checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
         )
     for name in ("weight", "bias"):
         if tuple(params[name].shape) != (C,):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_LN_MODULE,
                 f"`{name}` has shape {tuple(params[name].shape)}; it should be (n_embd,) = ({C},)",
             )
     if not torch.equal(params["weight"].detach(), torch.ones(C, dtype=params["weight"].dtype)):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LN_MODULE,
             "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only "
             "normalises; with zeros its output would be all zeros (bias) and nothing would flow",
         )
     if not torch.equal(params["bias"].detach(), torch.zeros(C, dtype=params["bias"].dtype)):
-        raise CheckFailed(EX_LN_MODULE, "`bias` should start as zeros (torch.zeros(n_embd))")
+        raise core.CheckFailed(EX_LN_MODULE, "`bias` should start as zeros (torch.zeros(n_embd))")
 
     ln = ln.double()
     with torch.no_grad():
         ln.weight.copy_(weight)
         ln.bias.copy_(bias)
-        got = call_learner(
+        got = core.call_learner(
             EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1)
         )  # strided, as the model passes it
         want = F.layer_norm(x, (C,), weight, bias, EPS)
-        if not close(got, want, atol=1e-7):
+        if not core.close(got, want, atol=1e-7):
             if isinstance(got, torch.Tensor) and got.shape == x.shape:
                 _explain_layer_norm(
                     EX_LN_MODULE, got, x, weight, bias, want, "LayerNorm(n_embd)(x)"
                 )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
             )
 
-        ln_eps = call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
+        ln_eps = core.call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
         ln_eps.weight.copy_(weight)
         ln_eps.bias.copy_(bias)
-        if not close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3), atol=1e-7):
-            raise CheckFailed(
+        if not core.close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3), atol=1e-7):
+            raise core.CheckFailed(
                 EX_LN_MODULE,
                 "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument "
                 "(self.eps = eps) and use it in forward",
             )
-    passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
+    core.passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
 
 
 # --------------------------------------------------------------------------- Exercise 5.2
@@ -367,22 +358,22 @@ def _post_norm(b, x):
 # fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
 # Shared by both blocks of Exercise 5.2 (the right answer of one is a mistake for the other).
 _ORDER_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no residuals",
         "both residual connections are missing: add each sublayer's output to its input",
         lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x)))),
     ),
-    Mistake(
+    core.Mistake(
         "swapped norms",
         "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
         lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_2(x))),
     ),
-    Mistake(
+    core.Mistake(
         "MLP first",
         "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
         lambda b, x: (lambda h: h + b.attn(b.ln_1(h)))(x + b.mlp(b.ln_2(x))),
     ),
-    Mistake(
+    core.Mistake(
         "no norms",
         "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
         lambda b, x: (lambda h: h + b.mlp(h))(x + b.attn(x)),
@@ -390,29 +381,29 @@ _ORDER_MISTAKES = [
 ]
 
 BLOCK_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "post-norm",
         "this is the post-norm block of the original Transformer, "
         "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
         "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
         _post_norm,
     ),
-    Mistake(
+    core.Mistake(
         "no attention residual",
         "the residual connection around attention is missing: x = x + attn(ln_1(x))",
         lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
     ),
-    Mistake(
+    core.Mistake(
         "no MLP residual",
         "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
         lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
     ),
-    Mistake(
+    core.Mistake(
         "ln_1 twice",
         "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
         lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_1(x))),
     ),
-    Mistake(
+    core.Mistake(
         "normalised stream",
         "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
         "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
@@ -420,7 +411,7 @@ BLOCK_MISTAKES = [
             (lambda n: n + b.attn(n))(b.ln_1(x))
         ),
     ),
-    Mistake(
+    core.Mistake(
         "parallel",
         "the MLP reads x instead of the stream after attention: first "
         "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
@@ -429,24 +420,24 @@ BLOCK_MISTAKES = [
 ] + _ORDER_MISTAKES
 
 POST_NORM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "pre-norm",
         "this is GPT-2's pre-norm block again: post-norm adds first and then "
         "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
         _pre_norm,
     ),
-    Mistake(
+    core.Mistake(
         "no final norm",
         "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
         lambda b, x: (lambda h: h + b.mlp(h))(b.ln_1(x + b.attn(x))),
     ),
-    Mistake(
+    core.Mistake(
         "norm inside",
         "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
         "post-norm normalises the SUM, ln(x + sublayer(x))",
         lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
     ),
-    Mistake(
+    core.Mistake(
         "sublayer reads normalised",
         "the sublayers read a normalised copy, ln(x + "
         "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
@@ -459,11 +450,11 @@ POST_NORM_MISTAKES = [
 def _make_block(exercise, Block, *args, **kwargs):
     """call_learner, but a stub in an earlier exercise (say LayerNorm) is named in the message."""
     try:
-        return call_learner(exercise, Block, *args, **kwargs)
-    except CheckFailed as failure:
+        return core.call_learner(exercise, Block, *args, **kwargs)
+    except core.CheckFailed as failure:
         cause = failure.__context__
         if isinstance(cause, NotImplementedError) and str(cause):
-            raise NotDoneYet(
+            raise core.NotDoneYet(
                 exercise,
                 f"not done yet: building the block raised NotImplementedError('{cause}'). "
                 "Finish that exercise, run its cell and the Block cell, then run this check again.",
@@ -476,20 +467,20 @@ def _block_case(exercise, Block, config):
     ln_1 and ln_2 differ), in eval mode, and a non-contiguous input (B, T, C) with an offset."""
     block = _make_block(exercise, Block, config)
     if not isinstance(block, nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"{getattr(Block, '__name__', 'Block')}(config) should make an "
             f"nn.Module, got {type(block).__name__}",
         )
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, "
                 "which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
             )
     if block.ln_1 is block.ln_2:
-        raise CheckFailed(exercise, "ln_1 and ln_2 are the same module: make two LayerNorms")
+        raise core.CheckFailed(exercise, "ln_1 and ln_2 are the same module: make two LayerNorms")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
@@ -506,8 +497,10 @@ def _block_case(exercise, Block, config):
 
 def _check_block_output(exercise, block, x, right, mistakes, what):
     with torch.no_grad():
-        got = call_learner(exercise, block.forward, x)  # forward: so a wrong signature is named
-        got = expect_tensor(
+        got = core.call_learner(
+            exercise, block.forward, x
+        )  # forward: so a wrong signature is named
+        got = core.expect_tensor(
             exercise,
             got,
             tuple(x.shape),
@@ -515,11 +508,13 @@ def _check_block_output(exercise, block, x, right, mistakes, what):
             hints={},
         )
         want = right(block, x)
-        if not close(got, want, atol=1e-6):
-            mistake = first_mistake(mistakes, lambda m: close(got, m.fn(block, x), atol=1e-6))
+        if not core.close(got, want, atol=1e-6):
+            mistake = core.first_mistake(
+                mistakes, lambda m: core.close(got, m.fn(block, x), atol=1e-6)
+            )
             if mistake is not None:
-                raise CheckFailed(exercise, mistake.message)
-            raise CheckFailed(
+                raise core.CheckFailed(exercise, mistake.message)
+            raise core.CheckFailed(
                 exercise,
                 f"the output is not the {what} (largest difference "
                 f"{(got - want).abs().max().item():.3g})",
@@ -535,7 +530,7 @@ def _check_train_mode(exercise, Block):
         block.eval()
         first, second = block(x), block(x)
         if not torch.equal(first, second):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 "in eval mode two calls gave different outputs: something "
                 "random runs outside the sublayers' dropout",
@@ -543,7 +538,7 @@ def _check_train_mode(exercise, Block):
         block.train()
         torch.manual_seed(0)
         if torch.equal(block(x), first):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 "in training mode the output equals eval mode's, though "
                 "the sublayers have dropout: do not switch modes (.eval()) inside forward",
@@ -569,7 +564,7 @@ def check_block(Block) -> None:
     try:
         plain(x.float())
     except TypeError as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BLOCK,
             f"with an attention whose forward takes only x, block(x) failed ({exc}). When "
             "kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
@@ -579,16 +574,16 @@ def check_block(Block) -> None:
     try:
         recording(x.float(), kv_cache=marker)
     except TypeError as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BLOCK, f"block(x, kv_cache=cache) failed ({exc}): forward(self, x, kv_cache=None)"
         ) from None
     if marker not in getattr(recording.attn, "seen", []):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BLOCK,
             "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not "
             "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
         )
-    passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")
+    core.passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")
 
 
 def check_post_norm_block(PostNormBlock) -> None:
@@ -603,7 +598,7 @@ def check_post_norm_block(PostNormBlock) -> None:
         "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))",
     )
     _check_train_mode(EX_POST, PostNormBlock)
-    passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
+    core.passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
 
 
 def _no_residual(b, x):
@@ -612,38 +607,38 @@ def _no_residual(b, x):
 
 # fn(block, x) -> a wrong output of the block without residual connections
 NO_RESIDUAL_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "residuals kept",
         "this is GPT-2's pre-norm block with both residual connections: "
         "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
         "then x = mlp(ln_2(x))",
         _pre_norm,
     ),
-    Mistake(
+    core.Mistake(
         "attention residual kept",
         "the residual connection around attention is still there: "
         "x = attn(ln_1(x)), not x + attn(ln_1(x))",
         lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
     ),
-    Mistake(
+    core.Mistake(
         "MLP residual kept",
         "the residual connection around the MLP is still there: "
         "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
         lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
     ),
-    Mistake(
+    core.Mistake(
         "MLP reads the input",
         "the MLP reads the block's input: without residuals the MLP "
         "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
         lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
     ),
-    Mistake(
+    core.Mistake(
         "no norms",
         "the LayerNorms are gone too: only the residual connections go, each "
         "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
         lambda b, x: b.mlp(b.attn(x)),
     ),
-    Mistake(
+    core.Mistake(
         "swapped norms",
         "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
         lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
@@ -663,7 +658,7 @@ def check_no_residual_block(NoResidualBlock) -> None:
         "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))",
     )
     _check_train_mode(EX_NO_RESIDUAL, NoResidualBlock)
-    passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
+    core.passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
 # --------------------------------------------------------------------------- Exercise 5.4
@@ -690,31 +685,31 @@ def _stream(
 
 # fn(blocks, x0) -> (norms, cosines) of a wrong measurement
 STREAM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "not chained",
         "every block was applied to x0: the blocks run one after another, "
         "each on the output of the one before (x = block(x))",
         lambda blocks, x0: _stream(blocks, x0, chain=False),
     ),
-    Mistake(
+    core.Mistake(
         "norm of the whole tensor",
         "your sizes are the norm of the whole (B, T, C) tensor: "
         "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
     ),
-    Mistake(
+    core.Mistake(
         "rms",
         "your sizes are the root mean square of the numbers (norm / √C): the size here "
         "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
     ),
-    Mistake(
+    core.Mistake(
         "squared norm",
         "your sizes are squared norms: take x.norm(dim=-1) (the square root "
         "of the sum of squares), then the mean",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
     ),
-    Mistake(
+    core.Mistake(
         "cosine of the flattened tensors",
         "your cosines compare the whole flattened tensors: "
         "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
@@ -723,7 +718,7 @@ STREAM_MISTAKES = [
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
         ),
     ),
-    Mistake(
+    core.Mistake(
         "cosine over the wrong dimension",
         "your cosines are taken over the wrong dimension: "
         "each token's C features are its vector, so use dim=-1",
@@ -731,13 +726,13 @@ STREAM_MISTAKES = [
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
         ),
     ),
-    Mistake(
+    core.Mistake(
         "dot product",
         "your 'cosines' are dot products: divide by both norms, or use "
         "F.cosine_similarity(x, x0, dim=-1)",
         lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean()),
     ),
-    Mistake(
+    core.Mistake(
         "no input entry",
         "entry 0 must be the input itself (its norm, and cosine 1), so each "
         "list has len(blocks) + 1 entries: start the lists before the loop",
@@ -762,10 +757,10 @@ _FLOATS = "norms and cosines should be lists of Python floats: use .item() on a 
 
 def _as_floats(got, n):
     if not isinstance(got, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in got):
-        raise CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
+        raise core.CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
     values = [float(v) for v in got]
     if len(values) != n:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_STREAM,
             f"with {n - 1} blocks each list should have {n} entries "
             f"(the input, then one per block), got {len(values)}",
@@ -781,27 +776,27 @@ def check_follow_stream(follow_stream) -> None:
         blocks = nn.ModuleList(_Scale(f, torch.randn(C, generator=gen)) for f in factors)
         x0 = torch.randn(*shape, C, generator=gen) + 0.3  # (B, T, C)
         _check_stream_case(follow_stream, blocks, x0)
-    passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
+    core.passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
 def _check_stream_case(follow_stream, blocks, x0) -> None:
     x0_before = x0.clone()
-    got = call_learner(EX_STREAM, follow_stream, blocks, x0)
+    got = core.call_learner(EX_STREAM, follow_stream, blocks, x0)
     if not torch.equal(x0, x0_before):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_STREAM,
             "your function changed x0 in place (x += ..., x0.mul_): keep "
             "x0 unchanged, you compare with it at every step",
         )
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
         )
     n = len(blocks) + 1
     if not all(isinstance(part, (list, tuple)) for part in got) or any(
         isinstance(v, torch.Tensor) for part in got for v in part
     ):
-        raise CheckFailed(EX_STREAM, _FLOATS)
+        raise core.CheckFailed(EX_STREAM, _FLOATS)
 
     def matches(candidate):
         norms, cosines = candidate
@@ -819,16 +814,16 @@ def _check_stream_case(follow_stream, blocks, x0) -> None:
 
     want = _stream(blocks, x0)
     if not matches(want):
-        mistake = first_mistake(STREAM_MISTAKES, lambda m: matches(m.fn(blocks, x0)))
+        mistake = core.first_mistake(STREAM_MISTAKES, lambda m: matches(m.fn(blocks, x0)))
         if mistake is not None:
-            raise CheckFailed(EX_STREAM, mistake.message)
+            raise core.CheckFailed(EX_STREAM, mistake.message)
     norms, cosines = _as_floats(got[0], n), _as_floats(got[1], n)
     if not matches(want):
         for values, right, what in ((norms, want[0], "norms"), (cosines, want[1], "cosines")):
             for i, (a, b) in enumerate(zip(values, right)):
                 if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6):
                     where = "the input" if i == 0 else f"block {i}"
-                    raise CheckFailed(
+                    raise core.CheckFailed(
                         EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
                     )
 
@@ -850,13 +845,13 @@ def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=Tru
 
 
 GRAD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "whole_norm",
         "you return the norm of the whole gradient; the question is each token's norm "
         "(g.norm(dim=-1)), averaged over the B · T tokens",
         lambda b, x, d: _input_gradient(b, x, d, per_token=False),
     ),
-    Mistake(
+    core.Mistake(
         "no_direction",
         "you took the gradient of out.sum(); the loss is (out * direction).sum()",
         lambda b, x, d: _input_gradient(b, x, d, with_direction=False),
@@ -883,18 +878,18 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
     ]
     for blocks, x0 in cases:
         direction, kept = torch.randn(x0.shape, generator=gen).to(x0.dtype), x0.clone()
-        got = call_learner(EX_GRAD, input_gradient_norm, blocks, x0, direction)
+        got = core.call_learner(EX_GRAD, input_gradient_norm, blocks, x0, direction)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             what = "a tensor: use .item()" if isinstance(got, torch.Tensor) else type(got).__name__
-            raise CheckFailed(EX_GRAD, f"return a Python float, got {what}")
+            raise core.CheckFailed(EX_GRAD, f"return a Python float, got {what}")
         if not torch.equal(x0, kept) or x0.requires_grad or x0.grad is not None:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GRAD,
                 "x0 is not as it was (changed, or left with requires_grad or a .grad): take a "
                 "copy, x0.detach().clone().requires_grad_(True)",
             )
         if any(p.grad is not None for b in blocks for p in b.parameters()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GRAD,
                 "the blocks' parameters now carry a .grad (loss.backward() fills them): use "
                 "torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
@@ -902,17 +897,17 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
         want = _input_gradient(blocks, x0, direction)
         if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
             continue
-        found = first_mistake(
+        found = core.first_mistake(
             GRAD_MISTAKES, lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4)
         )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GRAD,
             found.message
             if found
             else f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
             f"expected {want:.4g}",
         )
-    passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
+    core.passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -949,13 +944,13 @@ def deep_stack_scores(block_cls) -> dict:
         for block in blocks:
             new = block(x)
             if not isinstance(new, torch.Tensor) or new.shape != x.shape:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     CHALLENGE_DEEP,
                     f"your block should return a tensor of shape "
                     f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
                 )
             if not bool(torch.isfinite(new).all()):
-                raise CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
+                raise core.CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
             updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
             x = new
     cosine = F.cosine_similarity(x, x0, dim=-1).mean().item()
@@ -967,19 +962,19 @@ def check_deep_stack(block_cls) -> dict:
     block still changes it by at least 2% of its size."""
     scores = deep_stack_scores(block_cls)
     if scores["min_update"] < DEEP_GOALS["min_update"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_DEEP,
             f"one block changes the stream by only {scores['min_update']:.4f} "
             f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
             "does nothing keeps the input trivially",
         )
     if scores["cosine"] < DEEP_GOALS["min_cosine"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_DEEP,
             f"after 48 blocks the cosine with the input is "
             f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
         )
-    passed(
+    core.passed(
         CHALLENGE_DEEP,
         f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
         f"update {scores['min_update']:.4f}",

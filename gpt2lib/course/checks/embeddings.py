@@ -17,17 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    named,
-    passed,
-    seeded_call,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
@@ -40,7 +30,7 @@ CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 def _require_float(exercise: str, got, what: str) -> None:
     if isinstance(got, torch.Tensor) and not (got.is_floating_point() or got.is_complex()):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"{what} has dtype {got.dtype}; embeddings are floating point like the table "
             "(if you built one-hot vectors, convert them with .to(table.dtype) before the matmul)",
@@ -52,7 +42,7 @@ def _not_allowed(exercise: str, targets, why: str):
     """Make each (owner, name) in `targets` raise CheckFailed(why) while the learner's code runs."""
 
     def refuse(*args, **kwargs):
-        raise CheckFailed(exercise, why)
+        raise core.CheckFailed(exercise, why)
 
     with contextlib.ExitStack() as stack:
         for owner, name in targets:
@@ -79,13 +69,13 @@ _AUTOGRAD = [(torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.au
 
 # fn(token_ids, table) -> what that wrong answer returns
 ONE_HOT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "rows_shifted_down",
         "your rows are shifted by one: the row for id i is row i of the table "
         "(ids count from 0, so id 0 is row 0)",
         lambda ids, table: table[(ids - 1) % table.shape[0]],
     ),
-    Mistake(
+    core.Mistake(
         "rows_shifted_up",
         "your rows are shifted by one the other way: the row for id i is row i "
         "of the table, not row i + 1",
@@ -98,19 +88,19 @@ def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
     """Turn the usual errors of a one-hot matmul into a message that names the mistake."""
     text = str(exc)
     if "dtype" in text or "Long" in text or "long" in text:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             f"the matmul fails ({text}): F.one_hot returns integers (torch.long) and the table "
             "holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float()).",
         ) from None
     if "num_classes" in text:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             f"F.one_hot fails ({text}): num_classes is the vocabulary size, the number of ROWS of "
             f"the table (table.shape[0] = {V} here), not its width C = {C}.",
         ) from None
     if "size" in text or "shape" in text:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             f"the matmul fails ({text}). The one-hot vectors (..., V) go on the left: "
             "one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit.",
@@ -126,7 +116,7 @@ def check_one_hot_embed(one_hot_embed) -> None:
     ids = torch.tensor([[0, 3, 6, 3, 1, 2], [5, 4, 4, 0, 6, 2]])  # (B=2, T=6), uses ids 0 and V-1
 
     try:
-        got = call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
+        got = core.call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
     except RuntimeError as exc:
         _explain_one_hot_error(exc, V, C)
     _require_float(EX_ONE_HOT, got, "your output")
@@ -134,13 +124,13 @@ def check_one_hot_embed(one_hot_embed) -> None:
         (2, 6, V): "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it "
         "by the table: (B, T, V) @ (V, C) -> (B, T, C)"
     }
-    got = expect_tensor(EX_ONE_HOT, got, (2, 6, C), what="your output", hints=hints)
+    got = core.expect_tensor(EX_ONE_HOT, got, (2, 6, C), what="your output", hints=hints)
     want = table[ids]  # (B, T, C)
-    if not close(got, want):
-        found = first_mistake(ONE_HOT_MISTAKES, lambda m: close(got, m.fn(ids, table)))
+    if not core.close(got, want):
+        found = core.first_mistake(ONE_HOT_MISTAKES, lambda m: core.close(got, m.fn(ids, table)))
         if found:
-            raise CheckFailed(EX_ONE_HOT, found.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_ONE_HOT, found.message)
+        raise core.CheckFailed(
             EX_ONE_HOT,
             "the shape is right but the values are not the table rows of the "
             "ids: row b, t of the output must equal table[token_ids[b, t]]",
@@ -149,22 +139,22 @@ def check_one_hot_embed(one_hot_embed) -> None:
     # ids that do not reach the last row: catches F.one_hot without num_classes
     small_ids = torch.tensor([0, 2, 1, 2])  # (T=4,), largest id 2 < V - 1
     try:
-        got_small = call_learner(EX_ONE_HOT, one_hot_embed, small_ids, table.clone())
+        got_small = core.call_learner(EX_ONE_HOT, one_hot_embed, small_ids, table.clone())
     except RuntimeError as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             f"works when the ids include {V - 1} (the last id) but fails on ids whose largest "
             f"value is 2 ({exc}). F.one_hot(ids) alone makes vectors only max(ids) + 1 long; "
             "pass num_classes=table.shape[0].",
         ) from None
     _require_float(EX_ONE_HOT, got_small, "your output for 1-D ids")
-    if not close(got_small, table[small_ids]):
+    if not core.close(got_small, table[small_ids]):
         shape = (
             tuple(got_small.shape)
             if isinstance(got_small, torch.Tensor)
             else type(got_small).__name__
         )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows "
             f"table[ids], got {shape}; make it work for ids of any shape",
@@ -172,16 +162,16 @@ def check_one_hot_embed(one_hot_embed) -> None:
 
     # the table must stay in the autograd graph: training updates exactly the rows used
     leaf = table.clone().requires_grad_(True)
-    out = call_learner(EX_ONE_HOT, one_hot_embed, ids, leaf)
+    out = core.call_learner(EX_ONE_HOT, one_hot_embed, ids, leaf)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             "no gradient reaches the table through your output; keep the "
             "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
         )
     lookups = {"IndexBackward0", "EmbeddingBackward0", "IndexSelectBackward0", "GatherBackward0"}
     if _backward_ops(out) & lookups:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT,
             "your output reads rows of the table (table[ids], F.embedding, index_select or "
             "gather): the exercise asks for one-hot vectors times the table",
@@ -189,10 +179,10 @@ def check_one_hot_embed(one_hot_embed) -> None:
     out.sum().backward()
     counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
     if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_ONE_HOT, "the gradient reaching the table is not the number of uses of each row"
         )
-    passed(EX_ONE_HOT, "one-hot @ table picks the same rows as table[ids], gradients included")
+    core.passed(EX_ONE_HOT, "one-hot @ table picks the same rows as table[ids], gradients included")
 
 
 # --------------------------------------------------------------------------- Exercise 2.2
@@ -233,14 +223,14 @@ REPEATED_IDS_MESSAGE = (
 
 # fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
 BACKWARD_MISTAKES = [
-    Mistake("repeated_ids_overwritten", REPEATED_IDS_MESSAGE, _overwritten),
-    Mistake(
+    core.Mistake("repeated_ids_overwritten", REPEATED_IDS_MESSAGE, _overwritten),
+    core.Mistake(
         "averaged_uses",
         "you averaged the gradients of a repeated id; they add up: a token used "
         "3 times gets the SUM of its 3 gradients",
         _averaged,
     ),
-    Mistake(
+    core.Mistake(
         "counted_uses",
         "you returned how often each id is used and ignored grad_out's values; that "
         "is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row "
@@ -249,7 +239,7 @@ BACKWARD_MISTAKES = [
             torch.bincount(ids.reshape(-1), minlength=V)[:, None].to(g.dtype).expand(V, g.shape[-1])
         ),
     ),
-    Mistake(
+    core.Mistake(
         "total_to_every_used_row",
         "every used row got the gradient summed over ALL positions; row v "
         "gets only the gradients of the positions where id v stands",
@@ -270,7 +260,7 @@ def check_lookup_backward(lookup_backward) -> None:
         grad_out = torch.randn(*ids.shape, C, generator=gen)
         why = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
         with _not_allowed(EX_BACKWARD, _AUTOGRAD, why):
-            got = call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
+            got = core.call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
         uses, unique = (ids.numel(), C), (int(ids.unique().numel()), C)
         hints = {  # fmt: skip
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
@@ -278,7 +268,7 @@ def check_lookup_backward(lookup_backward) -> None:
             unique: "one row per id that appears; return all V rows (unused ids get zeros)",
             tuple(grad_out.shape): "that is grad_out's shape; the gradient is (V, C), the table's",
         }
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_BACKWARD,
             got,
             (V, C),
@@ -286,28 +276,31 @@ def check_lookup_backward(lookup_backward) -> None:
             hints=hints,
         )
         want = lookup_backward_reference(ids, grad_out, V)
-        if close(got, want):
+        if core.close(got, want):
             continue
-        found = first_mistake(
-            BACKWARD_MISTAKES, lambda m, got=got, ids=ids, g=grad_out: close(got, m.fn(ids, g, V))
+        found = core.first_mistake(
+            BACKWARD_MISTAKES,
+            lambda m, got=got, ids=ids, g=grad_out: core.close(got, m.fn(ids, g, V)),
         )
         if found:
-            raise CheckFailed(EX_BACKWARD, found.message)
+            raise core.CheckFailed(EX_BACKWARD, found.message)
         counts = torch.bincount(ids.reshape(-1), minlength=V)
         once = counts <= 1
-        if close(got[once], want[once]):  # single uses and unused rows right: repeats are wrong
-            raise CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
-        if not close(got[counts == 0], want[counts == 0]):
-            raise CheckFailed(
+        if core.close(
+            got[once], want[once]
+        ):  # single uses and unused rows right: repeats are wrong
+            raise core.CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
+        if not core.close(got[counts == 0], want[counts == 0]):
+            raise core.CheckFailed(
                 EX_BACKWARD, "rows of ids that never appear must be zero: no use, no gradient"
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BACKWARD,
             f"for ids of shape {tuple(ids.shape)} the shape is right but the values "
             "are not: row v must be the sum of grad_out[b, t] over every place where "
             "token_ids[b, t] == v",
         )
-    passed(
+    core.passed(
         EX_BACKWARD,
         "each row gets the sum of the gradients of its uses, unused rows zero: in product form "
         "one_hotᵀ @ grad_out, (V, B·T) @ (B·T, C)",
@@ -328,36 +321,36 @@ def _divided_in_place(t):
 
 # fn(table (N, C)) -> what that wrong answer returns
 COSINE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "dot_products_not_cosines",
         "your entries are plain dot products: divide each row by its "
         "length (its norm) first, so that every entry is a cosine between -1 and 1",
         lambda t: t @ t.T,
     ),
-    Mistake(
+    core.Mistake(
         "normalised_columns",
         "you normalised the columns (features), not the rows: each row is one "
         "vector, so scale every row to length 1 (norm over dim=1)",
         lambda t: (t / t.norm(dim=0, keepdim=True)) @ (t / t.norm(dim=0, keepdim=True)).T,
     ),
-    Mistake(
+    core.Mistake(
         "feature_by_feature",
         "your matrix is (C, C), feature against feature: the cosines are between "
         "rows, unit @ unit.T, which is (N, N)",
         lambda t: _unit_rows(t).T @ _unit_rows(t),
     ),
-    Mistake(
+    core.Mistake(
         "divided_by_squared_norms",
         "you divided by the squared lengths: the cosine is a.b / (|a| |b|), "
         "with the norms, not their squares",
         lambda t: (t @ t.T) / (t.norm(dim=1)[:, None] ** 2 * t.norm(dim=1)[None, :] ** 2),
     ),
-    Mistake(
+    core.Mistake(
         "absolute_values",
         "your cosines are never negative: keep the sign, opposite vectors have cosine -1",
         lambda t: (_unit_rows(t) @ _unit_rows(t).T).abs(),
     ),
-    Mistake(
+    core.Mistake(
         "table_changed_in_place",
         "your function changed the table it was given (an in-place "
         "division such as table /= ...): compute on a new tensor and leave the input alone",
@@ -376,30 +369,34 @@ def check_cosine_matrix(cosine_matrix) -> None:
     ]  # (4, 3): large, not contiguous
     for table in cases:
         before = table.clone()
-        got = call_learner(EX_COSINE, cosine_matrix, table)
+        got = core.call_learner(EX_COSINE, cosine_matrix, table)
         if not torch.equal(table, before):
-            raise CheckFailed(EX_COSINE, named(COSINE_MISTAKES, "table_changed_in_place").message)
+            raise core.CheckFailed(
+                EX_COSINE, core.named(COSINE_MISTAKES, "table_changed_in_place").message
+            )
         N = table.shape[0]
         want = _unit_rows(before.double()) @ _unit_rows(before.double()).T
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_COSINE,
             got,
             (N, N),
             what="your matrix",
-            hints={(table.shape[1],) * 2: named(COSINE_MISTAKES, "feature_by_feature").message},
+            hints={
+                (table.shape[1],) * 2: core.named(COSINE_MISTAKES, "feature_by_feature").message
+            },
         )
-        if not close(got, want, atol=1e-4):
-            found = first_mistake(
-                COSINE_MISTAKES[:-1], lambda m: close(got, m.fn(before.double()), atol=1e-4)
+        if not core.close(got, want, atol=1e-4):
+            found = core.first_mistake(
+                COSINE_MISTAKES[:-1], lambda m: core.close(got, m.fn(before.double()), atol=1e-4)
             )
             if found:
-                raise CheckFailed(EX_COSINE, found.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_COSINE, found.message)
+            raise core.CheckFailed(
                 EX_COSINE,
                 f"for a table of shape {tuple(table.shape)} the values are wrong: entry "
                 "[i, j] must be the cosine of rows i and j (1 on the diagonal)",
             )
-    passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
+    core.passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
 MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
@@ -408,9 +405,13 @@ MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
 def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
     """The learner's mean |cosine| over pairs of different rows of `table`, a float."""
     if isinstance(mean_abs_cosine, torch.Tensor):
-        raise CheckFailed(MEAN_ABS, "mean_abs_cosine is a tensor: make it a float with .item()")
+        raise core.CheckFailed(
+            MEAN_ABS, "mean_abs_cosine is a tensor: make it a float with .item()"
+        )
     if isinstance(mean_abs_cosine, bool) or not isinstance(mean_abs_cosine, (int, float)):
-        raise CheckFailed(MEAN_ABS, f"mean_abs_cosine should be a float, not {mean_abs_cosine!r}")
+        raise core.CheckFailed(
+            MEAN_ABS, f"mean_abs_cosine should be a float, not {mean_abs_cosine!r}"
+        )
     cosine = _unit_rows(table.double()) @ _unit_rows(table.double()).T
     different = ~torch.eye(len(table), dtype=torch.bool)
     want = cosine[different].abs().mean().item()
@@ -427,13 +428,13 @@ def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
     }
     for value, message in wrong.values():
         if abs(mean_abs_cosine - value) < 1e-4 and abs(value - want) > 1e-4:
-            raise CheckFailed(MEAN_ABS, message)
+            raise core.CheckFailed(MEAN_ABS, message)
     if abs(mean_abs_cosine - want) > 1e-4:
-        raise CheckFailed(
+        raise core.CheckFailed(
             MEAN_ABS,
             f"you gave {mean_abs_cosine:.4f}; the mean |cosine| off the diagonal is not that",
         )
-    passed(
+    core.passed(
         MEAN_ABS,
         f"{want:.4f} over {int(different.sum())} pairs of different positions; random directions "
         f"in C = {table.shape[1]} dimensions give sqrt(2 / (pi C)) = "
@@ -450,59 +451,59 @@ def _positions(past, T):
 
 # fn(reference module in the same mode as the learner's, idx (B, T), past_length) -> wrong output
 EMBEDDINGS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "positions_start_at_past_plus_one",
         "your positions start at past_length + 1; the first new token sits at position past_length "
         "(0 with no cache): positions past_length .. past_length + T - 1",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past + 1, idx.shape[1]))),
     ),
-    Mistake(
+    core.Mistake(
         "ignored_past_length",
         "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions "
         "past_length, past_length + 1, ..., not 0, 1, ...",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(0, idx.shape[1]))),
     ),
-    Mistake(
+    core.Mistake(
         "past_length_added_twice",
         "you added past_length twice: torch.arange(past_length, past_length + T) already starts at "
         "past_length",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(2 * past, idx.shape[1]))),
     ),
-    Mistake(
+    core.Mistake(
         "token_ids_as_positions",
         "you looked up the token ids in the position table; wpe is indexed by where a token sits "
         "(past_length, past_length + 1, ...), not by which token it is",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx)),
     ),
-    Mistake(
+    core.Mistake(
         "no_position_embeddings",
         "there are no position embeddings in your output: add wpe at the tokens' positions",
         lambda m, idx, past: m.drop(m.wte(idx)),
     ),
-    Mistake(
+    core.Mistake(
         "batch_index_as_position",
         "you used the batch index as the position; the position is the index along T (dim 1), "
         "the same for every sequence in the batch",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past, idx.shape[0]))[:, None, :]),
     ),
-    Mistake(
+    core.Mistake(
         "only_position_embeddings",
         "your output holds only the position embeddings; add the token embeddings too",
         lambda m, idx, past: m.drop(m.wpe(_positions(past, idx.shape[1])).expand(*idx.shape, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "no_dropout",
         "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings "
         "(it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
         lambda m, idx, past: m.wte(idx) + m.wpe(_positions(past, idx.shape[1])),
     ),
-    Mistake(
+    core.Mistake(
         "dropout_on_tokens_only",
         "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token "
         "and position embeddings: self.drop(tok + pos)",
         lambda m, idx, past: m.drop(m.wte(idx)) + m.wpe(_positions(past, idx.shape[1])),
     ),
-    Mistake(
+    core.Mistake(
         "dropout_in_eval",
         "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use "
         "self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
@@ -514,12 +515,12 @@ EMBEDDINGS_MISTAKES = [
 
 
 def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
-    found = first_mistake(
-        EMBEDDINGS_MISTAKES, lambda m: close(got, seeded_call(m.fn, ref, idx, past))
+    found = core.first_mistake(
+        EMBEDDINGS_MISTAKES, lambda m: core.close(got, core.seeded_call(m.fn, ref, idx, past))
     )
     if found:
-        raise CheckFailed(EX_MODULE, found.message)
-    raise CheckFailed(
+        raise core.CheckFailed(EX_MODULE, found.message)
+    raise core.CheckFailed(
         EX_MODULE,
         f"{what} has the right shape but wrong values: out[b, t] must be "
         "wte(idx[b, t]) + wpe(past_length + t), then dropout",
@@ -529,17 +530,17 @@ def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
 def _call_embeddings(module, idx, kwargs, label):
     try:
         # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
-        return seeded_call(call_learner, EX_MODULE, module.forward, idx, **kwargs)
+        return core.seeded_call(core.call_learner, EX_MODULE, module.forward, idx, **kwargs)
     except RuntimeError as exc:
         if "must match the size" in str(exc):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
                 "You need one position per token of a sequence: T = idx.shape[1] positions "
                 "(idx.shape[0] is the batch size B).",
             ) from None
         if "view size is not compatible" in str(exc):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view "
                 "refuses it; use .reshape, or index without reshaping",
@@ -559,17 +560,17 @@ def check_gpt2_embeddings(embeddings_cls, position_ids=None) -> None:
 
 def _check_position_ids(position_ids) -> None:
     for length, past in [(5, 0), (3, 4), (1, 9)]:
-        got = call_learner(EX_MODULE, position_ids, length, past)
+        got = core.call_learner(EX_MODULE, position_ids, length, past)
         want = torch.arange(past, past + length)
         if isinstance(got, torch.Tensor) and got.is_floating_point():
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"position_ids gives {got.dtype} numbers: positions index a table, so they must "
                 "be integers (torch.arange of ints, or .long())",
             )
-        got = expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
+        got = core.expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
         if not torch.equal(got.long(), want):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"position_ids({length}, past_length={past}) gave {got.tolist()}, "
                 f"expected {want.tolist()}",
@@ -582,9 +583,9 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
 
     V, P, C, p = 11, 16, 6, 0.5  # P > V, so a wrong wpe(idx) still runs
     config = GPT2Config(vocab_size=V, n_positions=P, n_embd=C, n_layer=1, n_head=2, embd_pdrop=p)
-    module = call_learner(EX_MODULE, embeddings_cls, config)
+    module = core.call_learner(EX_MODULE, embeddings_cls, config)
     if not isinstance(module, nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"calling it with a config should build an nn.Module, got {type(module).__name__}",
         )
@@ -592,7 +593,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         table = getattr(module, name, None)
         weight = getattr(table, "weight", None)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"self.{name} should be an nn.Embedding with a weight of shape "
                 f"{shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)",
@@ -614,8 +615,10 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         label = "your forward" + (f" with past_length={past}" if past else "")
         got = _call_embeddings(module, idx, kwargs, label)
         hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}  # fmt: skip
-        got = expect_tensor(EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints)
-        if not close(got, seeded_call(ref, idx, past)):
+        got = core.expect_tensor(
+            EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints
+        )
+        if not core.close(got, core.seeded_call(ref, idx, past)):
             _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
 
     # a sequence in two pieces, the second after a cache of 4, gives the vectors of the whole
@@ -625,11 +628,11 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         _call_embeddings(module, idx[:, 4:], {"past_length": 4}, "your forward with past_length=4"),
     ]
     pieces = [
-        expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece")
+        core.expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece")
         for piece, n in zip(pieces, (4, T - 4))
     ]
-    if not close(torch.cat(pieces, dim=1), whole):
-        raise CheckFailed(
+    if not core.close(torch.cat(pieces, dim=1), whole):
+        raise core.CheckFailed(
             EX_MODULE,
             "the sequence fed in two pieces (the second with past_length=4) does not "
             "give the vectors of the whole sequence at once",
@@ -638,25 +641,25 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
     # train mode: dropout on the sum, scaled by 1 / (1 - p); a longer batch for a fair count of zeros
     module.train(), ref.train()
     idx = torch.randint(0, V, (4, 8), generator=gen)
-    got = expect_tensor(
+    got = core.expect_tensor(
         EX_MODULE,
         _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
         (4, 8, C),
         what="the output in train() mode",
     )
-    if close(got, seeded_call(ref, idx, 2)):
-        passed(
+    if core.close(got, core.seeded_call(ref, idx, 2)):
+        core.passed(
             EX_MODULE,
             "token + position embeddings, positions after a cache, dropout in training only",
         )
         return
     ref.eval()
-    no_dropout = seeded_call(ref, idx, 2)
+    no_dropout = core.seeded_call(ref, idx, 2)
     ref.train()
     kept = got != 0
     fraction_zeroed = 1 - kept.double().mean().item()
-    if 0.3 < fraction_zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p)):
-        passed(
+    if 0.3 < fraction_zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p)):
+        core.passed(
             EX_MODULE,
             "token + position embeddings, positions after a cache, dropout in training only",
         )
@@ -684,28 +687,28 @@ def position_table_scores(table: torch.Tensor) -> dict:
 def check_position_table(table) -> dict:
     """The challenge: a (1024, 768) position table with distinct rows whose neighbours are more
     alike than rows 64 apart, by at least 0.3 in mean cosine. Returns the scores."""
-    table = expect_tensor(CHALLENGE_TABLE, table, (1024, 768), what="your table")
+    table = core.expect_tensor(CHALLENGE_TABLE, table, (1024, 768), what="your table")
     if bool((table.abs().sum(dim=1) == 0).any()):
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_TABLE,
             "a row of your table is all zeros: it has no direction, so its "
             "position cannot be told apart by angle",
         )
     scores = position_table_scores(table)
     if scores["max_cosine"] >= TABLE_GOALS["max_cosine"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_TABLE,
             f"two different positions have cosine {scores['max_cosine']:.4f} "
             f">= {TABLE_GOALS['max_cosine']}: the model could not tell them apart",
         )
     if scores["gap"] < TABLE_GOALS["min_gap"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_TABLE,
             f"neighbours have mean cosine {scores['near']:.4f}, positions 64 "
             f"apart {scores['far']:.4f}: a gap of {scores['gap']:.4f}, the goal is "
             f"{TABLE_GOALS['min_gap']}. Make nearby rows point the same way",
         )
-    passed(
+    core.passed(
         CHALLENGE_TABLE,
         f"largest cosine {scores['max_cosine']:.4f}, neighbours {scores['near']:.4f}, "
         f"64 apart {scores['far']:.4f}, gap {scores['gap']:.4f}",
@@ -732,31 +735,31 @@ def _pieces(embeddings, idx, n, past_of):
 
 # fn(embeddings, idx, piece_length) -> what that wrong version returns
 PIECES_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "counted_pieces",
         "you passed the number of pieces so far as past_length; it is the number of "
         "TOKENS before the piece, `start`",
         lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k),
     ),
-    Mistake(
+    core.Mistake(
         "off_by_one",
         "your past_length is one too many: the piece starting at token `start` has exactly "
         "`start` tokens before it",
         lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1),
     ),
-    Mistake(
+    core.Mistake(
         "no_past_length",
         "every piece starts again at position 0: pass past_length=start, the tokens "
         "before the piece",
         lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0),
     ),
-    Mistake(
+    core.Mistake(
         "end_of_piece",
         "you passed the position of the piece's end; past_length is where it starts "
         "(the tokens before it)",
         lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1),
     ),
-    Mistake(
+    core.Mistake(
         "last_piece_dropped",
         "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
         lambda e, idx, n: (
@@ -783,25 +786,29 @@ def check_embed_in_pieces(embed_in_pieces) -> None:
     with torch.no_grad():
         whole = embeddings(idx)
         for n in (4, 1, 11, 3):
-            got = call_learner(EX_PIECES, embed_in_pieces, embeddings, idx, n)
-            got = expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
-            if close(got, whole):
+            got = core.call_learner(EX_PIECES, embed_in_pieces, embeddings, idx, n)
+            got = core.expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
+            if core.close(got, whole):
                 continue
-            found = first_mistake(PIECES_MISTAKES, lambda m: close(got, m.fn(embeddings, idx, n)))
+            found = core.first_mistake(
+                PIECES_MISTAKES, lambda m: core.close(got, m.fn(embeddings, idx, n))
+            )
             if found:
-                raise CheckFailed(EX_PIECES, found.message)
+                raise core.CheckFailed(EX_PIECES, found.message)
             if tuple(got.shape) != tuple(whole.shape):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_PIECES,
                     f"for piece_length={n} your output has shape {tuple(got.shape)}, "
                     f"expected {tuple(whole.shape)}: join the pieces along dim 1",
                 )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PIECES,
                 f"for piece_length={n} the pieces do not give the vectors of the whole "
                 "sequence at once",
             )
-    passed(EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried")
+    core.passed(
+        EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried"
+    )
 
 
 MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
@@ -827,37 +834,37 @@ def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
 
 # fn(x, p, training) -> what that wrong version returns
 DROPOUT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_rescale",
         "the survivors are not rescaled: zeroing a fraction p lowers the expected value to "
         "(1 - p) x; divide the survivors by (1 - p)",
         _dropout_with(scale=lambda p: 1.0),
     ),
-    Mistake(
+    core.Mistake(
         "times_one_minus_p",
         "you multiplied the survivors by (1 - p); that lowers the expected value "
         "further. Divide by (1 - p) instead",
         _dropout_with(scale=lambda p: 1 - p),
     ),
-    Mistake(
+    core.Mistake(
         "divide_by_p",
         "you divided the survivors by p; a number survives with probability 1 - p, so "
         "divide by (1 - p)",
         _dropout_with(scale=lambda p: 1 / p),
     ),
-    Mistake(
+    core.Mistake(
         "drops_one_minus_p",
         "you zeroed each number with probability 1 - p (kept it with probability "
         "p): p is the probability to DROP",
         _dropout_with(keep_p=lambda p: 1 - p),
     ),
-    Mistake(
+    core.Mistake(
         "active_in_eval",
         "with training=False your dropout still zeroes numbers; outside training return "
         "x unchanged",
         _dropout_with(in_eval=True),
     ),
-    Mistake(
+    core.Mistake(
         "in_place",
         "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), "
         "the caller's x must stay as it was",
@@ -875,10 +882,10 @@ def check_dropout(dropout) -> None:
         torch_dropout = [(F, "dropout"), (torch, "dropout"), (nn.Dropout, "forward")]
         why = "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
         with _not_allowed(EX_DROPOUT, torch_dropout, why):
-            got = seeded_call(call_learner, EX_DROPOUT, dropout, x, p, True)
+            got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, p, True)
         if not torch.equal(x, before):
-            raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "in_place").message)
-        got = expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
+            raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "in_place").message)
+        got = core.expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
         zeroed = (got == 0).double().mean().item()
         survivors = got[got != 0]
         if (
@@ -887,22 +894,22 @@ def check_dropout(dropout) -> None:
             and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double())
         ):
             continue
-        found = first_mistake(
+        found = core.first_mistake(
             DROPOUT_MISTAKES[:-2],
-            lambda m: _same_statistics(got, seeded_call(m.fn, x.clone(), p, True)),
+            lambda m: _same_statistics(got, core.seeded_call(m.fn, x.clone(), p, True)),
         )
         if found:
-            raise CheckFailed(EX_DROPOUT, found.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_DROPOUT, found.message)
+        raise core.CheckFailed(
             EX_DROPOUT,
             f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about "
             f"{p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}",
         )
     x = torch.randn(8, 16)
-    got = seeded_call(call_learner, EX_DROPOUT, dropout, x, 0.5, False)
+    got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, 0.5, False)
     if not isinstance(got, torch.Tensor) or not torch.equal(got, x):
-        raise CheckFailed(EX_DROPOUT, named(DROPOUT_MISTAKES, "active_in_eval").message)
-    passed(
+        raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "active_in_eval").message)
+    core.passed(
         EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training"
     )
 
@@ -943,31 +950,31 @@ def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval")
 
 # fn(drop, x) -> what that wrong measurement returns
 MEASURE_DROPOUT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "measured_in_eval",
         "nothing was zeroed in your train-mode measurement: the module was in eval() "
         "mode; switch it with drop.train() before the first call",
         _measure_with(mode="eval"),
     ),
-    Mistake(
+    core.Mistake(
         "counted_survivors",
         "your fraction is the share of numbers that SURVIVED (about 1 - p); "
         "measure the share that train mode set to zero",
         _measure_with(zeros=False),
     ),
-    Mistake(
+    core.Mistake(
         "factor_with_zeros",
         "your factor averages y / x over every number, zeros included (that gives "
         "about 1: dropout keeps the mean); average over the survivors only",
         _measure_with(factor="all"),
     ),
-    Mistake(
+    core.Mistake(
         "survivor_values",
         "your factor is the survivors' values, not what they were multiplied by: "
         "divide each survivor by the number of x it came from",
         _measure_with(factor="values"),
     ),
-    Mistake(
+    core.Mistake(
         "eval_in_train_mode",
         "your eval-mode answer is False: the second call ran in train() mode; "
         "switch the module with drop.eval() first",
@@ -982,23 +989,23 @@ def check_measure_dropout(measure_dropout) -> None:
     gen = torch.Generator().manual_seed(2)
     for p in (0.1, 0.5):
         x = torch.rand(64, 256, generator=gen) + 0.5  # no zeros, not all equal
-        got = seeded_call(
-            call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
+        got = core.seeded_call(
+            core.call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
         )
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEASURE_DROPOUT,
                 "return three things: (fraction zeroed, factor of the "
                 f"survivors, eval unchanged); got {type(got).__name__}",
             )
         if any(isinstance(value, torch.Tensor) for value in got):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"
             )
         try:
             fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])
         except (TypeError, ValueError, RuntimeError):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)"
             ) from None
 
@@ -1012,18 +1019,19 @@ def check_measure_dropout(measure_dropout) -> None:
 
         if matches((p, 1 / (1 - p), True)):
             continue
-        found = first_mistake(
-            MEASURE_DROPOUT_MISTAKES, lambda m: matches(seeded_call(m.fn, nn.Dropout(p), x.clone()))
+        found = core.first_mistake(
+            MEASURE_DROPOUT_MISTAKES,
+            lambda m: matches(core.seeded_call(m.fn, nn.Dropout(p), x.clone())),
         )
         if found:
-            raise CheckFailed(EX_MEASURE_DROPOUT, found.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_MEASURE_DROPOUT, found.message)
+        raise core.CheckFailed(
             EX_MEASURE_DROPOUT,
             f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor "
             f"{factor:.4f} and eval unchanged {unchanged}; expected about {p}, "
             f"{1 / (1 - p):.4f} and True",
         )
-    passed(
+    core.passed(
         EX_MEASURE_DROPOUT,
         "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5",
     )

@@ -9,27 +9,14 @@ with the right answer and with the planted wrong answers below, and names the mi
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import types
-from unittest import mock
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    NotDoneYet,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    passed,
-    seeded_call,
-)
-from gpt2lib.course.checks._core import named as _named
+from gpt2lib.course.checks import _core as core
 
 EX_POOL = "Exercise 10.1 (pool_mean)"
 EX_COLLATE = "Exercise 10.2 (collate)"
@@ -44,18 +31,9 @@ EX_RANK = "Exercise 10.10 (the effect of rank)"
 IGNORE = -100
 
 
-@contextlib.contextmanager
-def _one_pass(exercise):
-    """Run several checks of one exercise with their own passed() lines silenced; the exercise
-    passes once, after all of them (so that no part is recorded as passed alone)."""
-    with mock.patch(f"{__name__}.passed", lambda *args, **kwargs: None):
-        yield
-    passed(exercise)
-
-
 def check_exercise_10_1(speaker_batch, hidden_states, pool_mean, GPT2Classifier, loss) -> None:
     """Exercise 10.1's five parts: the batch, the pooling, the classifier and its loss."""
-    with _one_pass("Exercise 10.1 (the classifier)"):
+    with core.one_pass("Exercise 10.1 (the classifier)"):
         check_pool_mean(pool_mean)
         check_speaker_batch(speaker_batch)
         check_classifier(GPT2Classifier, hidden_states)
@@ -64,14 +42,9 @@ def check_exercise_10_1(speaker_batch, hidden_states, pool_mean, GPT2Classifier,
 
 def check_exercise_10_3(masked_lm_loss, response_loss) -> None:
     """Exercise 10.3's two losses."""
-    with _one_pass("Exercise 10.3 (the masked loss)"):
+    with core.one_pass("Exercise 10.3 (the masked loss)"):
         check_masked_lm_loss(masked_lm_loss)
         check_response_loss(response_loss)
-
-
-def _fail_with(exercise, mistakes, matches, default):
-    mistake = first_mistake(mistakes, matches)
-    raise CheckFailed(exercise, mistake.message if mistake else default)
 
 
 # --------------------------------------------------------------------------- 10.1 pooling
@@ -83,25 +56,25 @@ def _pool_right(hidden, lengths):
 
 
 POOL_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "padding averaged",
         "your mean includes the padding positions: average only the "
         "first lengths[b] positions of row b",
         lambda h, n: h.mean(1),
     ),
-    Mistake(
+    core.Mistake(
         "divided by T",
         "you sum only the real tokens but divide by the padded length T; "
         "divide by each row's own length",
         lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1],
     ),
-    Mistake(
+    core.Mistake(
         "last token",
         "you return the last real token's state; this exercise asks for the "
         "mean over the real tokens",
         lambda h, n: h[torch.arange(h.shape[0]), n - 1],
     ),
-    Mistake(
+    core.Mistake(
         "off by one",
         "your mask keeps one position too many or too few: row b's real "
         "tokens are positions 0 .. lengths[b] - 1",
@@ -117,9 +90,9 @@ def check_pool_mean(pool_mean) -> None:
         hidden = torch.randn(B, T, C, generator=gen)
         lengths = torch.randint(1, T, (B,), generator=gen)
         lengths[0] = T  # one full row
-        got = call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone())
+        got = core.call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone())
         want = _pool_right(hidden, lengths)
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_POOL,
             got,
             (B, C),
@@ -129,46 +102,48 @@ def check_pool_mean(pool_mean) -> None:
                 (C,): "you averaged over the batch too",
             },
         )
-        if not close(got, want, atol=1e-5):
-            _fail_with(
+        if not core.close(got, want, atol=1e-5):
+            core.fail_with(
                 EX_POOL,
                 POOL_MISTAKES,
-                lambda m: close(got, m.fn(hidden, lengths)),
+                lambda m: core.close(got, m.fn(hidden, lengths)),
                 "your pooled states differ from the mean over each row's real tokens",
             )
-    passed(EX_POOL, "padding does not reach the pooled state")
+    core.passed(EX_POOL, "padding does not reach the pooled state")
 
 
 def check_speaker_batch(speaker_batch) -> None:
     """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
     for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
-        got = call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
+        got = core.call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise CheckFailed(EX_BATCH, "return three tensors: idx, lengths, labels")
+            raise core.CheckFailed(EX_BATCH, "return three tensors: idx, lengths, labels")
         T = max(len(i) for i, _ in rows)
         want = torch.full((len(rows), T), 99)
         for b, (ids, _) in enumerate(rows):
             want[b, : len(ids)] = torch.tensor(ids)
-        idx = expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx")
+        idx = core.expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx")
         if not torch.equal(idx.long(), want):
             flipped = torch.full_like(want, 99)
             for b, (ids, _) in enumerate(rows):
                 flipped[b, T - len(ids) :] = torch.tensor(ids)
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BATCH,
                 "your padding is on the left: pad on the right, so that "
                 "every row's real tokens start at position 0"
                 if torch.equal(idx.long(), flipped)
                 else "your idx differs: each row's ids, then pad_id up to the longest row",
             )
-        lengths = expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
+        lengths = core.expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
         if lengths.tolist() != [len(i) for i, _ in rows]:
-            raise CheckFailed(EX_BATCH, "lengths must count each row's real tokens (no padding)")
-        if expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [
+            raise core.CheckFailed(
+                EX_BATCH, "lengths must count each row's real tokens (no padding)"
+            )
+        if core.expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [
             y for _, y in rows
         ]:
-            raise CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
-    passed(EX_BATCH)
+            raise core.CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
+    core.passed(EX_BATCH)
 
 
 # --------------------------------------------------------------------------- 10.2 collate
@@ -195,25 +170,25 @@ def _pad_targets(pairs, pad_id):
 
 
 COLLATE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "prompt kept",
         "your targets keep the prompt's tokens: the loss would train the "
         "model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
         lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False),
     ),
-    Mistake(
+    core.Mistake(
         "mask one too far",
         "you ignore one target too many: the target at position "
         "len(prompt) - 1 is the response's first token, which must be kept",
         lambda pairs, pad: _collate_right(pairs, pad, shift=1),
     ),
-    Mistake(
+    core.Mistake(
         "mask one short",
         "you keep the target of the prompt's last token: target t is "
         "token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
         lambda pairs, pad: _collate_right(pairs, pad, shift=-1),
     ),
-    Mistake(
+    core.Mistake(
         "padding as target",
         "the padding positions have pad_id as their target: the loss "
         "would teach the model to write padding; they must be IGNORE_INDEX",
@@ -242,9 +217,9 @@ def check_collate(collate) -> None:
     """`collate(pairs, pad_id)` -> inputs (B, T), targets (B, T), as the exercise says."""
     pad_id = 99
     for pairs in _pairs_cases():
-        got = call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
+        got = core.call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COLLATE, f"return two tensors, (inputs, targets); got {type(got).__name__}"
             )
         want = _collate_right(pairs, pad_id)
@@ -253,37 +228,37 @@ def check_collate(collate) -> None:
             (shape[0], shape[1] + 1): "rows are one token too long: the inputs drop each "
             "row's last token and the targets its first"
         }
-        inputs = expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
-        targets = expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
+        inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
+        targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
         if inputs.dtype.is_floating_point or targets.dtype.is_floating_point:
-            raise CheckFailed(EX_COLLATE, "token ids must be an integer tensor (torch.long)")
+            raise core.CheckFailed(EX_COLLATE, "token ids must be an integer tensor (torch.long)")
         if not torch.equal(inputs, want[0]):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COLLATE,
                 "your inputs differ: each row is prompt + response "
                 "without its last token, then pad_id up to the longest row",
             )
         if not torch.equal(targets, want[1]):
-            _fail_with(
+            core.fail_with(
                 EX_COLLATE,
                 COLLATE_MISTAKES,
                 lambda m: torch.equal(targets, m.fn(pairs, pad_id)[1]),
                 "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX "
                 "for prompt tokens and padding",
             )
-    passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
+    core.passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
 
 
 # --------------------------------------------------------------------------- 10.3 the loss
 
 
 LOSS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "sum",
         "your loss is a sum; take the mean over the kept targets",
         lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum"),
     ),
-    Mistake(
+    core.Mistake(
         "mean over all",
         "you average over every position, ignored ones included (as zeros): "
         "divide by the number of kept targets",
@@ -300,8 +275,8 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
         targets = torch.randint(0, V, (B, T), generator=gen)
         targets[0, :2] = IGNORE
         targets[-1, -1] = IGNORE
-        got = call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone())
-        got = expect_tensor(
+        got = core.call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone())
+        got = core.expect_tensor(
             EX_LOSS,
             got,
             (),
@@ -310,15 +285,15 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
         )
         keep = targets != IGNORE
         want = F.cross_entropy(logits[keep], targets[keep])
-        if not close(got, want, atol=1e-5):
-            _fail_with(
+        if not core.close(got, want, atol=1e-5):
+            core.fail_with(
                 EX_LOSS,
                 LOSS_MISTAKES,
-                lambda m: close(got, m.fn(logits, targets)),
+                lambda m: core.close(got, m.fn(logits, targets)),
                 "your loss differs from the mean cross-entropy over the targets that are "
                 "not IGNORE_INDEX",
             )
-    passed(EX_LOSS)
+    core.passed(EX_LOSS)
 
 
 # --------------------------------------------------------------------------- 10.4 by position
@@ -338,7 +313,7 @@ def _by_position(gpt, pairs, pad_id, positions, shift=0):
 
 
 POSITION_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "one late",
         "your position 0 is the reply's second token: the first reply token is "
         "the target of the prompt's last token, at len(prompt) - 1",
@@ -356,7 +331,7 @@ def check_loss_by_position(loss_by_position) -> None:
     gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
     pad = 99
     for pairs, positions in ((_pairs_cases()[0], 4), (_pairs_cases()[1], 8)):
-        got = call_learner(
+        got = core.call_learner(
             EX_POSITION,
             loss_by_position,
             gpt,
@@ -365,26 +340,26 @@ def check_loss_by_position(loss_by_position) -> None:
             positions,
         )
         want = _by_position(gpt, pairs, pad, positions)
-        got = expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
-        same = torch.equal(torch.isnan(got), torch.isnan(want)) and close(
+        got = core.expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
+        same = torch.equal(torch.isnan(got), torch.isnan(want)) and core.close(
             torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5
         )
         if not same:
 
             def matches(m):
                 other = m.fn(gpt, pairs, pad, positions)
-                return torch.equal(torch.isnan(got), torch.isnan(other)) and close(
+                return torch.equal(torch.isnan(got), torch.isnan(other)) and core.close(
                     torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5
                 )
 
-            _fail_with(
+            core.fail_with(
                 EX_POSITION,
                 POSITION_MISTAKES,
                 matches,
                 "your losses differ from the mean over the pairs of the loss at each reply "
                 "position (NaN where no reply is that long)",
             )
-    passed(EX_POSITION)
+    core.passed(EX_POSITION)
 
 
 # --------------------------------------------------------------------------- 10.5 LoRA
@@ -410,34 +385,34 @@ def _lora_out(layer, x, scale, drop_out=False, no_dropout=False):
 
 
 LORA_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no scale",
         "the update is not multiplied by alpha / rank (self.scale)",
         lambda layer, x: _lora_out(layer, x, 1.0),
     ),
-    Mistake(
+    core.Mistake(
         "alpha, not alpha / rank",
         "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another "
         "rank keeps the update's size",
         lambda layer, x: _lora_out(layer, x, layer.alpha),
     ),
-    Mistake(
+    core.Mistake(
         "scale inverted",
         "you scale by rank / alpha; LoRA's scale is alpha / rank",
         lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha),
     ),
-    Mistake(
+    core.Mistake(
         "base missing",
         "the frozen layer's output base(x) is missing: LoRA adds the update to it",
         lambda layer, x: _lora_out(layer, x, layer.scale) - layer.base(x),
     ),
-    Mistake(
+    core.Mistake(
         "dropout on output",
         "dropout acts on the update's output; LoRA drops the input of "
         "lora_A, x, and never touches base(x)",
         lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True),
     ),
-    Mistake(
+    core.Mistake(
         "no dropout",
         "in training mode the adapter's input must go through self.lora_dropout",
         lambda layer, x: _lora_out(layer, x, layer.scale, no_dropout=True),
@@ -463,20 +438,20 @@ def _lora_init(a_zero=False, b_random=False, dropout_kept=True):
 
 # LoRALinear classes with a planted mistake in __init__
 LORA_INIT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "both zero",
         "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is "
         "multiplied by the other) and the adapter never learns. Only B starts at zero; A starts "
         "random, as nn.Linear initialises it",
         _lora_init(a_zero=True),
     ),
-    Mistake(
+    core.Mistake(
         "A and B swapped",
         "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as "
         "peft does); swap the two initialisations",
         _lora_init(a_zero=True, b_random=True),
     ),
-    Mistake(
+    core.Mistake(
         "dropout dropped",
         "the dropout argument is not used: lora_dropout must drop with the probability given",
         _lora_init(dropout_kept=False),
@@ -488,14 +463,16 @@ def _check_lora_init(layer, dropout) -> None:
     a, b = layer.lora_A.weight, layer.lora_B.weight
     a_zero, b_zero = not bool(a.any()), not bool(b.any())
     if a_zero and b_zero:
-        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "both zero").message)
+        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "both zero").message)
     if a_zero:
-        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "A and B swapped").message)
+        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "A and B swapped").message)
     if not b_zero:
-        raise CheckFailed(EX_LORA, "lora_B must start at zero, so that training starts at base(x)")
+        raise core.CheckFailed(
+            EX_LORA, "lora_B must start at zero, so that training starts at base(x)"
+        )
     p = getattr(layer.lora_dropout, "p", 0.0)  # nn.Identity stands for no dropout
     if p != dropout:
-        raise CheckFailed(EX_LORA, _named(LORA_INIT_MISTAKES, "dropout dropped").message)
+        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "dropout dropped").message)
 
 
 def check_lora_linear(LoRALinear) -> None:
@@ -503,18 +480,20 @@ def check_lora_linear(LoRALinear) -> None:
     gen = torch.Generator().manual_seed(3)
     for n_in, n_out, rank, alpha, dropout in ((6, 10, 2, 4.0, 0.0), (8, 5, 3, 6.0, 0.5)):
         base = _Conv1D(n_in, n_out, gen)
-        layer = call_learner(EX_LORA, LoRALinear, base, rank, alpha, dropout)
+        layer = core.call_learner(EX_LORA, LoRALinear, base, rank, alpha, dropout)
         for part in ("lora_A", "lora_B", "lora_dropout", "base"):
             if not hasattr(layer, part):
-                raise CheckFailed(EX_LORA, f"your layer has no {part}; keep the names of __init__")
+                raise core.CheckFailed(
+                    EX_LORA, f"your layer has no {part}; keep the names of __init__"
+                )
         _check_lora_init(layer, dropout)
         x = torch.randn(2, 3, n_in, generator=gen)
         with torch.no_grad():
-            start = call_learner(EX_LORA, layer, x)
-        if not close(start, base(x), atol=1e-6):
-            if close(start, torch.zeros_like(start), atol=1e-6):
-                raise CheckFailed(EX_LORA, _named(LORA_MISTAKES, "base missing").message)
-            raise CheckFailed(
+            start = core.call_learner(EX_LORA, layer, x)
+        if not core.close(start, base(x), atol=1e-6):
+            if core.close(start, torch.zeros_like(start), atol=1e-6):
+                raise core.CheckFailed(EX_LORA, core.named(LORA_MISTAKES, "base missing").message)
+            raise core.CheckFailed(
                 EX_LORA,
                 "with lora_B at zero your layer should compute exactly "
                 "base(x); the update must be B(A(x)), which starts at zero",
@@ -523,19 +502,19 @@ def check_lora_linear(LoRALinear) -> None:
             layer.lora_B.weight.normal_(generator=gen)
         for mode in ("eval", "train") if dropout else ("eval",):
             layer.train(mode == "train")
-            got = seeded_call(layer, x)
-            got = expect_tensor(EX_LORA, got, (2, 3, n_out), what=f"your output ({mode} mode)")
-            want = seeded_call(lambda: _lora_out(layer, x, alpha / rank))
-            if not close(got, want, atol=1e-5):
-                _fail_with(
+            got = core.seeded_call(layer, x)
+            got = core.expect_tensor(EX_LORA, got, (2, 3, n_out), what=f"your output ({mode} mode)")
+            want = core.seeded_call(lambda: _lora_out(layer, x, alpha / rank))
+            if not core.close(got, want, atol=1e-5):
+                core.fail_with(
                     EX_LORA,
                     LORA_MISTAKES,
-                    lambda m: close(got, seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
+                    lambda m: core.close(got, core.seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
                     f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
                     f"alpha / rank ({mode} mode)",
                 )
         layer.eval()
-    passed(EX_LORA, "zero at the start, scaled by alpha / rank, dropout on the input only")
+    core.passed(EX_LORA, "zero at the start, scaled by alpha / rank, dropout on the input only")
 
 
 def check_add_adapters(add_adapters, LoRALinear) -> None:
@@ -549,41 +528,43 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
     bases = {n: model.get_submodule(n) for n in names}
     idx = torch.randint(0, 50, (2, 6))
     before = model(idx)
-    got = call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
+    got = core.call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
     if got is not model:
-        raise CheckFailed(EX_ADD, "change the model in place and return it")
+        raise core.CheckFailed(EX_ADD, "change the model in place and return it")
     for name in names:
         layer = model.get_submodule(name)
         if not isinstance(layer, LoRALinear):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_ADD,
                 f"model.{name} is a {type(layer).__name__}, not a "
                 "LoRALinear: use model.set_submodule(name, ...)",
             )
         if layer.base is not bases[name]:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_ADD,
                 f"the LoRALinear at {name} must wrap the layer that was "
                 "there (its trained weights), not a new one",
             )
     others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
     if others:
-        raise CheckFailed(EX_ADD, f"only the named layers get adapters; you also changed {others}")
-    if not close(model(idx), before, atol=1e-6):
-        raise CheckFailed(EX_ADD, "the model's logits changed: new adapters start at zero")
-    passed(EX_ADD)
+        raise core.CheckFailed(
+            EX_ADD, f"only the named layers get adapters; you also changed {others}"
+        )
+    if not core.close(model(idx), before, atol=1e-6):
+        raise core.CheckFailed(EX_ADD, "the model's logits changed: new adapters start at zero")
+    core.passed(EX_ADD)
 
 
 # --------------------------------------------------------------------------- 10.6 merge
 
 
 MERGE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no scale",
         "the merged update is not multiplied by layer.scale (alpha / rank)",
         lambda layer: layer.base.weight + layer.lora_A.weight.T @ layer.lora_B.weight.T,
     ),
-    Mistake(
+    core.Mistake(
         "B A",
         "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; "
         "the Conv1D weight is [in, out], so take its transpose",
@@ -605,8 +586,8 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
         layer = Reference(_Conv1D(n_in, n_out, gen), rank, 2.0 * rank + 1)
         with torch.no_grad():
             layer.lora_B.weight.normal_(generator=gen)
-        got = call_learner(EX_MERGE, merged_weight, layer)
-        got = expect_tensor(
+        got = core.call_learner(EX_MERGE, merged_weight, layer)
+        got = core.expect_tensor(
             EX_MERGE,
             got,
             (n_in, n_out),
@@ -619,14 +600,14 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
         x = torch.randn(3, n_in, generator=gen)
         with torch.no_grad():
             want = layer(x)
-        if not close(x.double() @ got + layer.base.bias.double(), want, atol=1e-5):
-            _fail_with(
+        if not core.close(x.double() @ got + layer.base.bias.double(), want, atol=1e-5):
+            core.fail_with(
                 EX_MERGE,
                 MERGE_MISTAKES,
-                lambda m: close(got, m.fn(layer), atol=1e-5),
+                lambda m: core.close(got, m.fn(layer), atol=1e-5),
                 "x @ your weight + bias differs from the layer's output",
             )
-    passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
+    core.passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
 
 
 # --------------------------------------------------------------------------- 10.7 count
@@ -646,12 +627,12 @@ def _count(config, rank, targets):
 
 
 COUNT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "one layer",
         "you counted one block; every block has these layers (n_layer of them)",
         lambda c, r, t: _count(c, r, t) // c.n_layer,
     ),
-    Mistake(
+    core.Mistake(
         "full matrix",
         "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) "
         "and B (n_out x rank)",
@@ -659,7 +640,7 @@ COUNT_MISTAKES = [
             c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd**2 for x in t)
         ),
     ),
-    Mistake(
+    core.Mistake(
         "c_attn as C x C",
         "c_attn maps C to 3C (queries, keys and values at once)",
         lambda c, r, t: _count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t),
@@ -677,10 +658,10 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
         (GPT2Config(n_layer=2, n_head=2, n_embd=16), 2, ("c_attn", "c_proj", "c_fc")),
     ]
     for config, rank, targets in cases:
-        got = call_learner(EX_COUNT, lora_parameter_count, config, rank, targets)
+        got = core.call_learner(EX_COUNT, lora_parameter_count, config, rank, targets)
         want = _count(config, rank, targets)
         if not isinstance(got, (int, torch.Tensor)) or int(got) != want:
-            _fail_with(
+            core.fail_with(
                 EX_COUNT,
                 COUNT_MISTAKES,
                 lambda m: (
@@ -693,7 +674,7 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
 
     small = GPT2Config()
     added = _count(small, 8, ("c_attn",))
-    passed(
+    core.passed(
         EX_COUNT,
         f"GPT-2 small, rank 8 on c_attn: {added:,} parameters, "
         f"{added / count_gpt2_parameters(small):.3%} of the model's",
@@ -749,25 +730,25 @@ def _trained_copy(base, moved=lambda name: True, in_place=False):
 
 
 FROZEN_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "table trained",
         "the token table moved: call requires_grad_(False) on the copy's "
         "wte.weight before training (the optimizer gets what requires grad)",
         lambda base: _trained_copy(base),
     ),
-    Mistake(
+    core.Mistake(
         "base trained",
         "you trained base_model itself: train a copy.deepcopy of it, so that "
         "the cells below still start from the pretrained weights",
         lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True),
     ),
-    Mistake(
+    core.Mistake(
         "only the head",
         "nothing but the head trained: freeze only the token table; the "
         "blocks, the position table and ln_f train as in full fine-tuning",
         lambda base: _trained_copy(base, lambda n: False),
     ),
-    Mistake(
+    core.Mistake(
         "positions frozen",
         "more than the token table is frozen: only wte.weight should stay as pretrained",
         lambda base: _trained_copy(base, lambda n: n not in ("wte.weight", "wpe.weight")),
@@ -778,35 +759,35 @@ FROZEN_MISTAKES = [
 def check_frozen_table(model, base) -> None:
     """`model`: a classifier trained from a copy of `base` (a GPT2) with only wte frozen."""
     if model is NOT_ANSWERED:
-        raise NotDoneYet(
+        raise core.NotDoneYet(
             EX_FROZEN,
             "not done yet: replace the `raise NotImplementedError(...)` "
             "line with your code, run that cell, then run this check again.",
         )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
     if gpt is None or not isinstance(head, nn.Linear):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_FROZEN,
             "frozen should be a classifier (classifier(gpt, n_classes)) "
             f"after training; got {type(model).__name__}",
         )
     if gpt is base:
-        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[1].message)
+        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[1].message)
     reference = dict(base.named_parameters())
     still = [
         n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])
     ]
     if "wte.weight" not in still:
-        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[0].message)
+        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[0].message)
     if len(still) == len(reference):
-        raise CheckFailed(EX_FROZEN, FROZEN_MISTAKES[2].message)
+        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[2].message)
     if len(still) > 1:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_FROZEN,
             f"{FROZEN_MISTAKES[3].message}; these did not move: "
             f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
         )
-    passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
+    core.passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
 
 
 # --------------------------------------------------------------------------- 10.10 rank
@@ -817,24 +798,24 @@ def _rank_right(ranks):
 
 
 RANK_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "drop sign",
         "your loss drops are negative: the drop is the loss before tuning "
         "minus the loss after (or training raised the loss; look at its printout)",
         lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)],
     ),
-    Mistake(
+    core.Mistake(
         "count not share",
         "the second entry should be the share of the parameters trained "
         "(trained / total), not a count",
         lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)],
     ),
-    Mistake(
+    core.Mistake(
         "one rank",
         "measure every rank in RANKS, one result each, in that order",
         lambda ranks: _rank_right(ranks)[:1],
     ),
-    Mistake(
+    core.Mistake(
         "same adapter",
         "the share trained is the same at every rank: build a fresh copy of "
         "the base model with apply_lora(..., rank=rank) for each rank",
@@ -852,7 +833,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
         or len(rows) != len(ranks)
         or any(not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows)
     ):
-        _fail_with(
+        core.fail_with(
             EX_RANK,
             RANK_MISTAKES,
             lambda m: False,
@@ -860,19 +841,19 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
             f"{len(ranks)} tuples (rank, share, drop); got {results!r}",
         )
     if tuple(r for r, _, _ in rows) != ranks:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_RANK,
             f"the ranks measured are {[r for r, _, _ in rows]}; "
             f"measure RANKS = {list(ranks)}, in that order",
         )
     shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
     if any(not 0 < s < 1 for s in shares):
-        raise CheckFailed(EX_RANK, RANK_MISTAKES[1].message)
+        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[1].message)
     if any(b <= a for a, b in zip(shares, shares[1:])):
-        raise CheckFailed(EX_RANK, RANK_MISTAKES[3].message)
+        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[3].message)
     if any(d != d for d in drops) or any(d <= 0 for d in drops):
-        raise CheckFailed(EX_RANK, RANK_MISTAKES[0].message)
-    passed(
+        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[0].message)
+    core.passed(
         EX_RANK,
         f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
         f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop",
@@ -900,16 +881,16 @@ def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
     the validation response loss by at least `goal_nats`."""
     name = "Challenge 10"
     if trainable_fraction >= 0.02:
-        raise CheckFailed(
+        raise core.CheckFailed(
             name,
             f"{100 * trainable_fraction:.2f}% of the parameters are "
             "trained; the goal allows under 2%",
         )
     if loss_drop < goal_nats:
-        raise CheckFailed(
+        raise core.CheckFailed(
             name, f"the response loss fell by {loss_drop:.3f} nats; the goal is {goal_nats} nats"
         )
-    passed(
+    core.passed(
         name,
         f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
         "parameters trained",
@@ -941,14 +922,14 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
     gen = torch.Generator().manual_seed(4)
     for n_classes in (3, 5):
         gpt = _tiny_gpt()
-        model = call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
+        model = core.call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
         head = getattr(model, "head", None)
         if getattr(model, "gpt", None) is not gpt or not isinstance(head, nn.Linear):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_CLASSIFIER, "keep the body as self.gpt and the head as self.head, an nn.Linear"
             )
         if (head.in_features, head.out_features) != (gpt.config.n_embd, n_classes):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_CLASSIFIER,
                 f"your head maps {head.in_features} -> {head.out_features}: "
                 f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
@@ -957,20 +938,20 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
         idx = torch.randint(0, 60, (3, 7), generator=gen)
         lengths = torch.tensor([7, 4, 2])
         with torch.no_grad():
-            got = call_learner(EX_CLASSIFIER, model, idx, lengths)
-            got = expect_tensor(EX_CLASSIFIER, got, (3, n_classes), what="your scores")
+            got = core.call_learner(EX_CLASSIFIER, model, idx, lengths)
+            got = core.expect_tensor(EX_CLASSIFIER, got, (3, n_classes), what="your scores")
             want = head(_pool_right(reference_states(gpt, idx), lengths))
-            if not close(got, want, atol=1e-5):
+            if not core.close(got, want, atol=1e-5):
                 last = head(reference_states(gpt, idx)[torch.arange(3), lengths - 1])
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_CLASSIFIER,
                     "your forward reads the last real token: pool "
                     "with pool_mean over the real tokens"
-                    if close(got, last, atol=1e-5)
+                    if core.close(got, last, atol=1e-5)
                     else "your scores differ from head(pool_mean(hidden_states(gpt, "
                     "idx), lengths))",
                 )
-    passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
+    core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
 
 
 def _class_loss_right(model, rows, pad_id):
@@ -1002,19 +983,19 @@ def _class_loss_padding_pooled(model, rows, pad_id):
 
 
 CLASS_LOSS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "softmax first",
         "you applied softmax before F.cross_entropy, which takes raw scores "
         "(logits) and does the log-softmax itself",
         _class_loss_softmaxed,
     ),
-    Mistake(
+    core.Mistake(
         "sum",
         "your loss is a sum over the batch: take the mean, so that the step size does "
         "not grow with the batch",
         _class_loss_summed,
     ),
-    Mistake(
+    core.Mistake(
         "padding pooled",
         "your model read the padding: pass each row's real lengths, not the "
         "padded length, to the classifier",
@@ -1033,20 +1014,20 @@ def check_classification_loss(classification_loss) -> None:
     ):
         model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
         with torch.no_grad():
-            got = call_learner(
+            got = core.call_learner(
                 EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59
             )
-            got = expect_tensor(EX_CLASS_LOSS, got, (), what="your loss")
+            got = core.expect_tensor(EX_CLASS_LOSS, got, (), what="your loss")
             want = _class_loss_right(model, rows, 59)
-            if not close(got, want, atol=1e-5):
-                _fail_with(
+            if not core.close(got, want, atol=1e-5):
+                core.fail_with(
                     EX_CLASS_LOSS,
                     CLASS_LOSS_MISTAKES,
-                    lambda m: close(got, m.fn(model, rows, 59), atol=1e-5),
+                    lambda m: core.close(got, m.fn(model, rows, 59), atol=1e-5),
                     "your loss differs from F.cross_entropy of the classifier's scores "
                     "on speaker_batch(rows, pad_id) and the labels",
                 )
-    passed(EX_CLASS_LOSS)
+    core.passed(EX_CLASS_LOSS)
 
 
 def _confusion_right(labels, predictions, n_classes):
@@ -1063,19 +1044,19 @@ def _confusion_no_accumulate(labels, predictions, n_classes):
 
 
 CONFUSION_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no accumulate",
         "two speeches in the same cell were counted once: "
         "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
         "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
         _confusion_no_accumulate,
     ),
-    Mistake(
+    core.Mistake(
         "transposed",
         "your rows are the predictions: row = the true class, column = the classifier's answer",
         lambda t, p, n: _confusion_right(t, p, n).T,
     ),
-    Mistake(
+    core.Mistake(
         "hits only",
         "you counted only the right answers (the diagonal): every speech "
         "counts once, in row t and column p",
@@ -1090,17 +1071,19 @@ def check_confusion_counts(confusion_counts) -> None:
     for n, N in ((3, 20), (5, 40)):
         labels = torch.randint(0, n, (N,), generator=gen)
         predictions = torch.randint(0, n, (N,), generator=gen)
-        got = call_learner(EX_CONFUSION, confusion_counts, labels.clone(), predictions.clone(), n)
-        got = expect_tensor(EX_CONFUSION, got, (n, n), what="your counts")
+        got = core.call_learner(
+            EX_CONFUSION, confusion_counts, labels.clone(), predictions.clone(), n
+        )
+        got = core.expect_tensor(EX_CONFUSION, got, (n, n), what="your counts")
         want = _confusion_right(labels, predictions, n)
         if not torch.equal(got.long(), want):
-            _fail_with(
+            core.fail_with(
                 EX_CONFUSION,
                 CONFUSION_MISTAKES,
                 lambda m: torch.equal(got.long(), m.fn(labels, predictions, n)),
                 "your counts differ: entry [t, p] is the number of speeches of class t answered p",
             )
-    passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
+    core.passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
 
 
 MISTAKES_BY_CHECK.update(
@@ -1122,10 +1105,10 @@ def _response_loss_over_all(gpt, inputs, targets):
 
 
 RESPONSE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "sum", "your loss is a sum; take the mean over the kept targets", _response_loss_summed
     ),
-    Mistake(
+    core.Mistake(
         "mean over all",
         "you divided by every position, ignored ones included: divide by "
         "the number of kept targets",
@@ -1144,19 +1127,21 @@ def check_response_loss(response_loss) -> None:
         targets[0, :3] = IGNORE
         targets[-1, -2:] = IGNORE
         with torch.no_grad():
-            got = call_learner(EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone())
-            got = expect_tensor(EX_RESPONSE, got, (), what="your loss")
+            got = core.call_learner(
+                EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone()
+            )
+            got = core.expect_tensor(EX_RESPONSE, got, (), what="your loss")
             keep = targets != IGNORE
             want = F.cross_entropy(gpt(inputs)[keep], targets[keep])
-            if not close(got, want, atol=1e-5):
-                _fail_with(
+            if not core.close(got, want, atol=1e-5):
+                core.fail_with(
                     EX_RESPONSE,
                     RESPONSE_MISTAKES,
-                    lambda m: close(got, m.fn(gpt, inputs, targets), atol=1e-5),
+                    lambda m: core.close(got, m.fn(gpt, inputs, targets), atol=1e-5),
                     "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
                     "of hidden_states at the kept positions, scored against their targets",
                 )
-    passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
+    core.passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
 
 
 MISTAKES_BY_CHECK[check_response_loss] = RESPONSE_MISTAKES
@@ -1191,13 +1176,13 @@ def _reply(keep_prompt=False, cut=True, crop=True):
 reference_write_reply = _reply()
 
 REPLY_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "prompt kept",
         "your reply starts with the prompt: return only the new tokens, those "
         "after the prompt's length",
         _reply(keep_prompt=True),
     ),
-    Mistake(
+    core.Mistake(
         "not cut",
         "your reply runs past <|endoftext|>: cut the new tokens before the first "
         "PAD, where the model ended its reply",
@@ -1227,26 +1212,26 @@ def check_write_reply(write_reply) -> None:
     ]
     for gpt, new_tokens in cases:
         try:
-            got = call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
+            got = core.call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
         except ValueError:  # generate refuses a prompt and new tokens longer than the context
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_REPLY,
                 "with a prompt near the end of the context, ask generate for "
                 "no more tokens than fit: n_positions - the prompt's length",
             ) from None
         if not isinstance(got, str):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}"
             )
         want = reference_write_reply(gpt, prompt, new_tokens)
         if got != want:
-            _fail_with(
+            core.fail_with(
                 EX_REPLY,
                 REPLY_MISTAKES,
                 lambda m: got == m.fn(gpt, prompt, new_tokens),
                 f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}",
             )
-    passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
+    core.passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
 
 
 MISTAKES_BY_CHECK[check_write_reply] = REPLY_MISTAKES

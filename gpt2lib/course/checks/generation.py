@@ -13,16 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    named,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.1 (top_k_filter)"
@@ -98,38 +89,38 @@ def _store_then(returned):
 
 # fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
 WRITE_KV_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "keys and values swapped",
         "keys and values are swapped: return (keys, values)",
         _write_kv_swapped,
     ),
-    Mistake(
+    core.Mistake(
         "whole buffer",
         "you returned the whole buffer (all max_len positions), but only "
         "start + T are filled: attention would also see the empty slots. Return "
         "k_buf[:, :, :start + T]",
         _store_then(lambda k_buf, v_buf, k, v: (k_buf, v_buf)),
     ),
-    Mistake(
+    core.Mistake(
         "only the new tokens",
         "you returned only the new keys and values: the cached past "
         "must come too, (B, nh, start + T, hd)",
         _store_then(lambda k_buf, v_buf, k, v: (k, v)),
     ),
-    Mistake(
+    core.Mistake(
         "written at 0",
         "the new keys went to positions 0.. instead of start..: the cache "
         "position is not used, so every step overwrites the first tokens",
         _write_at_zero,
     ),
-    Mistake(
+    core.Mistake(
         "not stored",
         "the returned tensors are right, but the new keys/values were not "
         "written into k_buf / v_buf: the next step will not find them. Assign into the "
         "buffers (k_buf[:, :, start:end] = k)",
         _past_and_new_unstored,
     ),
-    Mistake(
+    core.Mistake(
         "copies",
         "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
         "...): return views, k_buf[:, :, :start + T], so that a step copies nothing",
@@ -148,53 +139,51 @@ def _write_twice(write_kv, exercise):
     k1, v1 = torch.randn(B, nh, 3, hd, generator=gen), torch.randn(B, nh, 3, hd, generator=gen)
     k2, v2 = torch.randn(B, nh, 2, hd, generator=gen), torch.randn(B, nh, 2, hd, generator=gen)
     for k, v, start in ((k1, v1, 0), (k2, v2, 3)):  # 3 tokens already cached at the second
-        result = call_learner(exercise, write_kv, k_buf, v_buf, k, v, start)
+        result = core.call_learner(exercise, write_kv, k_buf, v_buf, k, v, start)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise CheckFailed(exercise, "return two tensors: (keys so far, values so far)")
+            raise core.CheckFailed(exercise, "return two tensors: (keys so far, values so far)")
     views = all(  # views of the buffers share their storage; a copy has its own
         isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == buf.data_ptr()
         for t, buf in zip(result, (k_buf, v_buf))
     )
-    keys, values = (expect_tensor(exercise, t, what="each returned item") for t in result)
+    keys, values = (core.expect_tensor(exercise, t, what="each returned item") for t in result)
     return keys, values, k_buf, v_buf, views
 
 
 def _same_writes(got, want) -> bool:
-    return all(close(a, b) for a, b in zip(got[:4], want[:4])) and got[4] == want[4]
+    return all(core.close(a, b) for a, b in zip(got[:4], want[:4])) and got[4] == want[4]
 
 
-def _write_kv_symptom(got, want) -> Mistake | None:
+def _write_kv_symptom(got, want) -> core.Mistake | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
     keys, values, k_buf, v_buf, views = got
     want_keys, want_values = want[:2]
     k2, v2 = want_keys[:, :, 3:5], want_values[:, :, 3:5]  # the second call's new tokens
-    if close(keys, want_values) and close(values, want_keys):
-        return named(WRITE_KV_MISTAKES, "keys and values swapped")
+    if core.close(keys, want_values) and core.close(values, want_keys):
+        return core.named(WRITE_KV_MISTAKES, "keys and values swapped")
     if keys.shape[2] == k_buf.shape[2]:
-        return named(WRITE_KV_MISTAKES, "whole buffer")
+        return core.named(WRITE_KV_MISTAKES, "whole buffer")
     if keys.shape[2] == 2:
-        return named(WRITE_KV_MISTAKES, "only the new tokens")
-    stored = close(k_buf[:, :, 3:5], k2) and close(v_buf[:, :, 3:5], v2)
-    if close(k_buf[:, :, :2], k2) and not close(k_buf[:, :, 3:5], k2):
-        return named(WRITE_KV_MISTAKES, "written at 0")
-    returned_right = close(keys, want_keys) and close(values, want_values)
+        return core.named(WRITE_KV_MISTAKES, "only the new tokens")
+    stored = core.close(k_buf[:, :, 3:5], k2) and core.close(v_buf[:, :, 3:5], v2)
+    if core.close(k_buf[:, :, :2], k2) and not core.close(k_buf[:, :, 3:5], k2):
+        return core.named(WRITE_KV_MISTAKES, "written at 0")
+    returned_right = core.close(keys, want_keys) and core.close(values, want_values)
     if not stored and (returned_right or not bool(k_buf.any())):
-        return named(WRITE_KV_MISTAKES, "not stored")
+        return core.named(WRITE_KV_MISTAKES, "not stored")
     if stored and returned_right and not views:
-        return named(WRITE_KV_MISTAKES, "copies")
+        return core.named(WRITE_KV_MISTAKES, "copies")
     return None
 
 
 def check_kv_cache(write_kv, SimpleKVCache) -> None:
     """Exercise 9.7's two parts, each checked in full before the exercise passes once."""
-    from unittest import mock
 
-    with mock.patch(f"{__name__}.passed", lambda *args, **kwargs: None):
+    with core.one_pass(
+        "Exercise 9.7 (write_kv, SimpleKVCache)", "a tiny model's cached logits equal its full pass"
+    ):
         check_write_kv(write_kv)
         check_simple_kv_cache(SimpleKVCache)
-    passed(
-        "Exercise 9.7 (write_kv, SimpleKVCache)", "a tiny model's cached logits equal its full pass"
-    )
 
 
 def check_write_kv(write_kv) -> None:
@@ -203,19 +192,19 @@ def check_write_kv(write_kv) -> None:
     got = _write_twice(write_kv, ex)
     want = _write_twice(_write_kv_right, ex)
     if not _same_writes(got, want):
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             WRITE_KV_MISTAKES, lambda m: _same_writes(got, _write_twice(m.fn, ex))
         )
         mistake = mistake or _write_kv_symptom(got, want)
         if mistake is not None:
-            raise CheckFailed(ex, mistake.message)
-        if not (close(got[2], want[2]) and close(got[3], want[3])):
-            raise CheckFailed(
+            raise core.CheckFailed(ex, mistake.message)
+        if not (core.close(got[2], want[2]) and core.close(got[3], want[3])):
+            raise core.CheckFailed(
                 ex,
                 "k_buf[:, :, start:start + T] should hold the new keys after "
                 "the call (and v_buf the values)",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex,
             f"expected keys/values of shape {tuple(want[0].shape)} holding "
             f"the 3 cached then the 2 new tokens; got {tuple(got[0].shape)}",
@@ -236,12 +225,12 @@ def check_write_kv(write_kv) -> None:
             logits = model(token, kv_cache=cache)[:, -1]
         want_seq = generate(model, idx, 8, temperature=0, use_cache=False)
     if not torch.equal(seq[:, :12], want_seq):
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex,
             "on its own cases it looks right, but a model using it decodes "
             "differently from the uncached model",
         )
-    passed(ex, "cached greedy decoding equals the uncached model")
+    core.passed(ex, "cached greedy decoding equals the uncached model")
 
 
 # --------------------------------------------------------------------------- 9.1 temperature
@@ -249,35 +238,35 @@ def check_write_kv(write_kv) -> None:
 
 # fn(logits, temperature) -> what that wrong apply_temperature returns
 TEMPERATURE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "probabilities",
         "you returned probabilities; return logits (the caller applies softmax)",
         lambda logits, t: torch.softmax(logits / t, -1),
     ),
-    Mistake(
+    core.Mistake(
         "after softmax",
         "temperature was applied after softmax: divide the logits by the "
         "temperature before softmax",
         lambda logits, t: torch.softmax(logits, -1) / t,
     ),
-    Mistake(
+    core.Mistake(
         "after softmax, softmax again",
         "temperature was applied after softmax: divide the "
         "logits by the temperature before softmax",
         lambda logits, t: torch.softmax(torch.softmax(logits, -1) / t, -1),
     ),
-    Mistake(
+    core.Mistake(
         "multiplied",
         "you multiplied by the temperature: divide by it (a low temperature "
         "must sharpen the distribution)",
         lambda logits, t: logits * t,
     ),
-    Mistake(
+    core.Mistake(
         "no effect",
         "the temperature has no effect: divide the logits by it",
         lambda logits, t: logits.clone(),
     ),
-    Mistake(
+    core.Mistake(
         "in place",
         IN_PLACE,
         lambda logits, t: logits.div_(t),
@@ -289,7 +278,7 @@ def check_temperature_and_top_k(apply_temperature, top_k_filter) -> None:
     """Exercise 9.1's two functions, each checked in full before the exercise passes."""
     _check_temperature(apply_temperature)
     _check_top_k(top_k_filter)
-    passed(EX_FILTERS)
+    core.passed(EX_FILTERS)
 
 
 def check_apply_temperature(apply_temperature) -> None:
@@ -312,18 +301,18 @@ def _check_temperature(apply_temperature) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0], [0.0, 0.3, -0.2, 1.5, 0.1]])
     for t in (0.5, 2.0, 1.0):
         given = logits.clone()
-        got = call_learner(ex, apply_temperature, given, t)
+        got = core.call_learner(ex, apply_temperature, given, t)
         if not torch.equal(given, logits):
-            raise CheckFailed(ex, IN_PLACE)
-        got = expect_tensor(ex, got, tuple(logits.shape), what="your result")
-        if close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
+            raise core.CheckFailed(ex, IN_PLACE)
+        got = core.expect_tensor(ex, got, tuple(logits.shape), what="your result")
+        if core.close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
             continue  # any logits with the right softmax are right (a shift changes nothing)
-        mistake = first_mistake(
-            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: close(got, m.fn(logits.clone(), t))
+        mistake = core.first_mistake(
+            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: core.close(got, m.fn(logits.clone(), t))
         )
         if mistake is not None:
-            raise CheckFailed(ex, f"{mistake.message} (temperature {t})")
-        raise CheckFailed(
+            raise core.CheckFailed(ex, f"{mistake.message} (temperature {t})")
+        raise core.CheckFailed(
             ex, f"softmax of your result at temperature {t} should equal softmax(logits / {t})"
         )
 
@@ -365,18 +354,18 @@ def _same_filter(got, wrong) -> bool:
 def _refuse_bad_fill(exercise, got):
     """A filtered row must still give a valid softmax: only -inf may mark a removed token."""
     if bool(torch.isnan(got).any()):
-        raise CheckFailed(exercise, NAN_FILL)
+        raise core.CheckFailed(exercise, NAN_FILL)
     if bool(torch.isposinf(got).any()):
-        raise CheckFailed(exercise, POSINF_FILL)
+        raise core.CheckFailed(exercise, POSINF_FILL)
 
 
 def _filtered(exercise, filter_fn, logits, knob):
     """filter_fn(logits, knob) as float64 logits of logits' shape, NaN and +inf refused."""
     given = logits.clone()
-    got = call_learner(exercise, filter_fn, given, knob)
+    got = core.call_learner(exercise, filter_fn, given, knob)
     if not torch.equal(given, logits):
-        raise CheckFailed(exercise, IN_PLACE)
-    got = expect_tensor(exercise, got, tuple(logits.shape), what="your result", finite=False)
+        raise core.CheckFailed(exercise, IN_PLACE)
+    got = core.expect_tensor(exercise, got, tuple(logits.shape), what="your result", finite=False)
     _refuse_bad_fill(exercise, got)
     return got
 
@@ -390,48 +379,54 @@ def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
 
 # fn(logits, k) -> what that wrong top_k_filter returns
 TOP_K_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "smallest",
         "you kept the k SMALLEST logits: keep the largest (torch.topk gives the "
         "largest by default)",
         lambda logits, k: _keep_ranked(logits, k, largest=False),
     ),
-    Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
-    Mistake("NaN fill", NAN_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("nan"))),
-    Mistake("+inf fill", POSINF_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("inf"))),
-    Mistake(
+    core.Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
+    core.Mistake(
+        "NaN fill", NAN_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("nan"))
+    ),
+    core.Mistake(
+        "+inf fill", POSINF_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("inf"))
+    ),
+    core.Mistake(
         "nothing removed",
         "every token was kept: set all but the k largest logits to -inf",
         lambda logits, k: logits.clone(),
     ),
-    Mistake(
+    core.Mistake(
         "one too many",
         "off by one: you kept k + 1 tokens per row (values[..., k] is the "
         "(k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
         lambda logits, k: _keep_ranked(logits, k + 1),
     ),
-    Mistake(
+    core.Mistake(
         "one too few",
         "off by one: you kept only k - 1 tokens per row (keep logits >= the "
         "k-th largest, not > it)",
         lambda logits, k: _keep_ranked(logits, k - 1),
     ),
-    Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
+    core.Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
 ]
 
 
-def _top_k_symptom(got, logits, k) -> Mistake | None:
+def _top_k_symptom(got, logits, k) -> core.Mistake | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
     kept, vocab = _kept(got), logits.shape[-1]
     counts = kept.sum(-1)
     if torch.equal(kept, _kept(_keep_ranked(logits, k, largest=False))) and k < vocab:
-        return named(TOP_K_MISTAKES, "smallest")
+        return core.named(TOP_K_MISTAKES, "smallest")
     if bool((counts == vocab).all()) and k < vocab and not bool(torch.isinf(got).any()):
-        return named(TOP_K_MISTAKES, "zero fill" if bool((got == 0).any()) else "nothing removed")
+        return core.named(
+            TOP_K_MISTAKES, "zero fill" if bool((got == 0).any()) else "nothing removed"
+        )
     if bool((counts == k + 1).all()):
-        return named(TOP_K_MISTAKES, "one too many")
+        return core.named(TOP_K_MISTAKES, "one too many")
     if bool((counts == k - 1).all()):
-        return named(TOP_K_MISTAKES, "one too few")
+        return core.named(TOP_K_MISTAKES, "one too few")
     return None
 
 
@@ -445,15 +440,15 @@ def _check_top_k(top_k_filter) -> None:
         want_kept = _kept(_keep_ranked(logits, k))
         if torch.equal(_kept(got), want_kept):
             if not torch.equal(got[want_kept], logits.double()[want_kept]):
-                raise CheckFailed(ex, "the kept logits must stay unchanged")
+                raise core.CheckFailed(ex, "the kept logits must stay unchanged")
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits.clone(), k))
         )
         mistake = mistake or _top_k_symptom(got, logits, k)
         if mistake is not None:
-            raise CheckFailed(ex, f"with k={k}: {mistake.message}")
-        raise CheckFailed(
+            raise core.CheckFailed(ex, f"with k={k}: {mistake.message}")
+        raise core.CheckFailed(
             ex,
             f"with k={k} keep exactly the {k} largest logits of each row "
             f"(you kept {_kept(got).sum(-1).tolist()})",
@@ -490,33 +485,33 @@ _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely token
 
 # fn(logits, p) -> what that wrong top_p_filter returns
 TOP_P_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "crossing token dropped",
         "the token that carries the running total past p is missing: keep it too (drop a "
         "token only when the probability BEFORE it already reaches p), else a small p keeps "
         "nothing",
         _top_p(include_crossing=False),
     ),
-    Mistake("ascending", _ASCENDING, _top_p(descending=False)),
-    Mistake(
+    core.Mistake("ascending", _ASCENDING, _top_p(descending=False)),
+    core.Mistake(
         "ascending, crossing token dropped",
         _ASCENDING,
         _top_p(descending=False, include_crossing=False),
     ),
-    Mistake(
+    core.Mistake(
         "sorted order",
         "the mask is still in sorted order: scatter it back to vocabulary order before using it",
         _top_p(scatter_back=False),
     ),
-    Mistake(
+    core.Mistake(
         "inverted",
         "the mask is inverted: you kept the tail and dropped the nucleus",
         _top_p(invert=True),
     ),
-    Mistake("zero fill", ZERO_FILL, _top_p(fill=0.0)),
-    Mistake("NaN fill", NAN_FILL, _top_p(fill=float("nan"))),
-    Mistake("+inf fill", POSINF_FILL, _top_p(fill=float("inf"))),
-    Mistake("in place", IN_PLACE, _in_place(_top_p())),
+    core.Mistake("zero fill", ZERO_FILL, _top_p(fill=0.0)),
+    core.Mistake("NaN fill", NAN_FILL, _top_p(fill=float("nan"))),
+    core.Mistake("+inf fill", POSINF_FILL, _top_p(fill=float("inf"))),
+    core.Mistake("in place", IN_PLACE, _in_place(_top_p())),
 ]
 
 
@@ -532,24 +527,24 @@ def check_top_p_filter(top_p_filter) -> None:
         for p in ps:
             kept = _kept(got[p])
             if not torch.equal(got[p][kept], logits.double()[kept]):
-                raise CheckFailed(ex, "the kept logits must stay unchanged")
-        passed(ex)
+                raise core.CheckFailed(ex, "the kept logits must stay unchanged")
+        core.passed(ex)
         return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         TOP_P_MISTAKES, lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps)
     )
     if mistake is None and all(
         torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1
     ):
-        mistake = named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
+        mistake = core.named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
     if mistake is None and any(
         bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any()) for p in ps[:3]
     ):
-        mistake = named(TOP_P_MISTAKES, "zero fill")
+        mistake = core.named(TOP_P_MISTAKES, "zero fill")
     if mistake is not None:
-        raise CheckFailed(ex, mistake.message)
+        raise core.CheckFailed(ex, mistake.message)
     p = next(p for p in ps if not torch.equal(_kept(got[p]), _nucleus_mask(probs, p)))
-    raise CheckFailed(
+    raise core.CheckFailed(
         ex,
         f"with p={p} keep the {_nucleus_mask(probs, p).sum(-1).tolist()} most "
         f"likely tokens of each row (the fewest whose probabilities add up to "
@@ -580,32 +575,32 @@ _attend_with_offset_right = _attention_masked_by(lambda T, past: _tril(T, past, 
 
 # fn(q, k, v, past) -> what that wrong attend_with_offset returns
 OFFSET_MASK_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "offset ignored",
         "the offset is ignored: query i sits at position past + i, not i, so it sees keys "
         "0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see "
         "most of the cache. Shift the diagonal by past",
         _attention_masked_by(lambda T, past: _tril(T, past, 0)),
     ),
-    Mistake(
+    core.Mistake(
         "one too many",
         "off by one: each query also sees the key right after it, its own future. Query i "
         "may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
         _attention_masked_by(lambda T, past: _tril(T, past, past + 1)),
     ),
-    Mistake(
+    core.Mistake(
         "one too few",
         "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, "
         "included: tril(diagonal=past), not past - 1",
         _attention_masked_by(lambda T, past: _tril(T, past, past - 1)),
     ),
-    Mistake(
+    core.Mistake(
         "wrong side",
         "the mask is on the wrong side: you hid the past and kept the future. Keep the "
         "lower triangle (keys at or before the query), hide the keys after it",
         _attention_masked_by(lambda T, past: ~_tril(T, past, past - 1)),
     ),
-    Mistake(
+    core.Mistake(
         "no mask",
         "nothing is masked: a new query may not look at the new tokens after it. Hide the "
         "keys at positions after past + i with -inf before softmax",
@@ -624,31 +619,31 @@ def check_attend_with_offset(attend_with_offset) -> None:
         q = torch.randn(B, nh, T, hd, generator=gen)
         k = torch.randn(B, nh, past + T, hd, generator=gen)
         v = torch.randn(B, nh, past + T, hd, generator=gen)
-        got = call_learner(ex, attend_with_offset, q.clone(), k.clone(), v.clone(), past)
-        got = expect_tensor(ex, got, (B, nh, T, hd), what="the attention output", finite=False)
+        got = core.call_learner(ex, attend_with_offset, q.clone(), k.clone(), v.clone(), past)
+        got = core.expect_tensor(ex, got, (B, nh, T, hd), what="the attention output", finite=False)
         if bool(torch.isnan(got).any()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex,
                 "the output has NaN: some query had every key hidden, so softmax "
                 "had nothing to share out. That happens when the mask is on "
                 "the wrong side (masked_fill where a query MAY look): hide the "
                 "keys after position past + i, keep the rest",
             )
-        if close(got, _attend_with_offset_right(q, k, v, past)):
+        if core.close(got, _attend_with_offset_right(q, k, v, past)):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             OFFSET_MASK_MISTAKES,
-            lambda m, got=got, q=q, k=k, v=v, past=past: close(got, m.fn(q, k, v, past)),
+            lambda m, got=got, q=q, k=k, v=v, past=past: core.close(got, m.fn(q, k, v, past)),
         )
         if mistake is not None:
-            raise CheckFailed(ex, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(ex, mistake.message)
+        raise core.CheckFailed(
             ex,
             f"with {T} new queries after {past} cached tokens the output "
             "differs from causal attention at offset past: query i sees keys "
             "0 .. past + i",
         )
-    passed(ex, "new queries see the whole cache and the new keys up to their own position")
+    core.passed(ex, "new queries see the whole cache and the new keys up to their own position")
 
 
 # Each check with the planted mistakes it names (the tests run every one through its check).
@@ -695,55 +690,55 @@ def _sample_wrong(
 
 # fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
 SAMPLE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "not squeezed",
         "your ids have shape (B, 1): torch.multinomial gives one column; "
         "return one id per row, shape (B,)",
         _sample_wrong(squeeze=False),
     ),
-    Mistake(
+    core.Mistake(
         "no greedy",
         "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
         "Temperature 0 means greedy: return the argmax",
         _sample_wrong(greedy_at_zero=False),
     ),
-    Mistake(
+    core.Mistake(
         "generator ignored",
         "two calls with generators seeded alike gave different tokens: "
         "pass `generator` to torch.multinomial",
         _sample_wrong(use_generator=False),
     ),
-    Mistake(
+    core.Mistake(
         "always greedy",
         "you always take the most likely token: at temperature 1 the "
         "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
         _sample_wrong(draw=False),
     ),
-    Mistake(
+    core.Mistake(
         "temperature ignored",
         "the temperature has no effect on your draws: divide the "
         "logits by it before the filters and softmax",
         _sample_wrong(use_temperature=False),
     ),
-    Mistake(
+    core.Mistake(
         "top-k ignored",
         "with top_k=2 you drew tokens outside the two most likely: apply "
         "top_k_filter when top_k is given",
         _sample_wrong(use_top_k=False),
     ),
-    Mistake(
+    core.Mistake(
         "top-p ignored",
         "with top_p=0.6 you drew a token outside the nucleus: apply "
         "top_p_filter when top_p is given",
         _sample_wrong(use_top_p=False),
     ),
-    Mistake(
+    core.Mistake(
         "top-p before temperature",
         "top-p was applied before the temperature: the nucleus "
         "is chosen from the distribution the temperature made, so scale first, then filter",
         _sample_wrong(order="top-p first"),
     ),
-    Mistake(
+    core.Mistake(
         "top-p before top-k",
         "top-p was applied before top-k: the nucleus is chosen from what top-k left "
         "(renormalised), so apply top-k first, then top-p",
@@ -757,15 +752,15 @@ def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
     restore torch's global random state afterwards (False: let a sampler that uses it move it)."""
     logits = torch.log(torch.tensor(probs)).expand(rows, -1).contiguous()
     with torch.random.fork_rng(enabled=fork):
-        ids = call_learner(
+        ids = core.call_learner(
             exercise, fn, logits, generator=torch.Generator().manual_seed(seed), **settings
         )
-    return expect_tensor(
+    return core.expect_tensor(
         exercise,
         ids,
         (rows,),
         what="your ids",
-        hints={(rows, 1): named(SAMPLE_MISTAKES, "not squeezed").message},
+        hints={(rows, 1): core.named(SAMPLE_MISTAKES, "not squeezed").message},
     )
 
 
@@ -780,18 +775,18 @@ def check_sample_token(sample_token) -> None:
     _draws(ex, sample_token, probs, temperature=1.0)  # the shape first
     logits = torch.randn(3, 9, generator=torch.Generator().manual_seed(0))
     try:
-        greedy = call_learner(ex, sample_token, logits.clone(), temperature=0)
+        greedy = core.call_learner(ex, sample_token, logits.clone(), temperature=0)
     except (RuntimeError, ValueError, ZeroDivisionError):
-        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "no greedy").message) from None
-    greedy = expect_tensor(ex, greedy, (3,), what="your greedy ids")
+        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "no greedy").message) from None
+    greedy = core.expect_tensor(ex, greedy, (3,), what="your greedy ids")
     if not torch.equal(greedy.long(), logits.argmax(-1)):
-        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "no greedy").message)
+        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "no greedy").message)
     with torch.random.fork_rng():
         again = [
             _draws(ex, sample_token, probs, seed=7, fork=False, temperature=1.0) for _ in range(2)
         ]
     if not torch.equal(again[0], again[1]):
-        raise CheckFailed(ex, named(SAMPLE_MISTAKES, "generator ignored").message)
+        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "generator ignored").message)
     # (settings, probabilities that the draws must show, mistake named when they do not)
     cases = [
         (dict(temperature=1.0), [0.5, 0.3, 0.2], "always greedy"),
@@ -808,13 +803,13 @@ def check_sample_token(sample_token) -> None:
             scaled = torch.tensor(probs).sqrt()
             want = (scaled / scaled.sum()).tolist()
         if (seen - torch.tensor(want, dtype=torch.float64)).abs().max() > 0.04:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex,
-                f"with {settings}: {named(SAMPLE_MISTAKES, name).message} "
+                f"with {settings}: {core.named(SAMPLE_MISTAKES, name).message} "
                 f"(you drew {[round(f, 3) for f in seen.tolist()]}, expected "
                 f"about {[round(f, 3) for f in want]})",
             )
-    passed(ex, "greedy at 0, repeatable with a generator, and draws in the right proportions")
+    core.passed(ex, "greedy at 0, repeatable with a generator, and draws in the right proportions")
 
 
 # --------------------------------------------------------------------------- 9.6 the cache's memory
@@ -826,34 +821,34 @@ def _kv_bytes_right(config, bytes_per_number):
 
 # fn(config, bytes_per_number) -> bytes, a wrong kv_bytes_per_token
 KV_BYTES_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "keys only",
         "you counted the keys only: every layer stores a key AND a value vector per token",
         lambda c, b: c.n_layer * c.n_embd * b,
     ),
-    Mistake(
+    core.Mistake(
         "one layer",
         "you counted one layer: each of the n_layer layers has its own cache",
         lambda c, b: 2 * c.n_embd * b,
     ),
-    Mistake(
+    core.Mistake(
         "one head",
         "you counted one head's width (n_embd // n_head): a layer stores all "
         "n_head heads, n_embd numbers for the keys and n_embd for the values",
         lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b,
     ),
-    Mistake(
+    core.Mistake(
         "times heads",
         "you multiplied by n_head as well: the heads split the n_embd "
         "numbers between them, they do not add to them",
         lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b,
     ),
-    Mistake(
+    core.Mistake(
         "numbers",
         "you counted numbers, not bytes: multiply by bytes_per_number",
         lambda c, b: c.n_layer * 2 * c.n_embd,
     ),
-    Mistake(
+    core.Mistake(
         "bits",
         "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
         lambda c, b: c.n_layer * 2 * c.n_embd * b * 8,
@@ -873,18 +868,20 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
     ]
     got = []
     for config, size in cases:
-        value = call_learner(ex, kv_bytes_per_token, config, size)
+        value = core.call_learner(ex, kv_bytes_per_token, config, size)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
+            raise core.CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
         got.append(value)
     want = [_kv_bytes_right(c, b) for c, b in cases]
     if got == want:
-        passed(ex, f"GPT-2 small in float32: {want[0]:,} bytes ({want[0] // 1024} KiB) a token")
+        core.passed(
+            ex, f"GPT-2 small in float32: {want[0]:,} bytes ({want[0] // 1024} KiB) a token"
+        )
         return
-    mistake = first_mistake(KV_BYTES_MISTAKES, lambda m: got == [m.fn(c, b) for c, b in cases])
+    mistake = core.first_mistake(KV_BYTES_MISTAKES, lambda m: got == [m.fn(c, b) for c, b in cases])
     if mistake is not None:
-        raise CheckFailed(ex, mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(ex, mistake.message)
+    raise core.CheckFailed(
         ex,
         f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per "
         "token, what every layer stores for its keys and for its values",
@@ -951,41 +948,41 @@ def _cache_class(layout="right", shared=None, keep_dtype=True, moves=True, masks
 
 # cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
 CACHE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "heads last",
         "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
         "keys have after the transpose; yours has max_len before n_head",
         _cache_class(layout="heads last"),
     ),
-    Mistake(
+    core.Mistake(
         "full width",
         "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
         _cache_class(layout="full width"),
     ),
-    Mistake(
+    core.Mistake(
         "dtype ignored",
         "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
         "buffers (torch.zeros(shape, device=device, dtype=dtype))",
         _cache_class(keep_dtype=False),
     ),
-    Mistake(
+    core.Mistake(
         "one buffer for all layers",
         "all layers share one pair of buffers: each layer "
         "writes its own keys, so each needs its own buffers (make them inside the loop)",
         _cache_class(shared="layers"),
     ),
-    Mistake(
+    core.Mistake(
         "k and v share",
         "a layer's keys and values share one buffer: the values overwrite the keys; make two",
         _cache_class(shared="k and v"),
     ),
-    Mistake(
+    core.Mistake(
         "position stays",
         "update does not move the layer's position on: the next call writes over this one's "
         "keys and values; add T to self.position",
         _cache_class(moves=False),
     ),
-    Mistake(
+    core.Mistake(
         "no mask",
         "update returns visible=None after the first call too: then attention masks the new "
         "queries as if they were the first tokens; with earlier tokens held, return "
@@ -1002,70 +999,74 @@ def check_simple_kv_cache(cls) -> None:
 
     ex = EX_CACHE
     config = GPT2Config(n_layer=3, n_head=2, n_embd=8, n_positions=16, vocab_size=11)
-    cache = call_learner(ex, cls, config, 2, 10)
+    cache = core.call_learner(ex, cls, config, 2, 10)
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, (list, tuple)) or len(layers) != config.n_layer:
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex, f"cache.layers should be a list of {config.n_layer} layer caches, one per block"
         )
     shape = (2, config.n_head, 10, config.n_embd // config.n_head)
     hints = {
-        (2, 10, config.n_head, shape[3]): named(CACHE_MISTAKES, "heads last").message,
-        (2, config.n_head, 10, config.n_embd): named(CACHE_MISTAKES, "full width").message,
+        (2, 10, config.n_head, shape[3]): core.named(CACHE_MISTAKES, "heads last").message,
+        (2, config.n_head, 10, config.n_embd): core.named(CACHE_MISTAKES, "full width").message,
     }
     for layer in layers:
-        expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
-        expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
+        core.expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
+        core.expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
     if cache.position != 0:
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex, f"a new cache holds no tokens: its position should be 0, not {cache.position}"
         )
-    wide = call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
+    wide = core.call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
     if wide.layers[0].k.dtype != torch.float64:
-        raise CheckFailed(ex, named(CACHE_MISTAKES, "dtype ignored").message)
+        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "dtype ignored").message)
     pointers = [t.data_ptr() for layer in layers for t in (layer.k, layer.v)]
     if layers[0].k.data_ptr() == layers[0].v.data_ptr():
-        raise CheckFailed(ex, named(CACHE_MISTAKES, "k and v share").message)
+        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "k and v share").message)
     if len(set(pointers)) < len(pointers):
-        raise CheckFailed(ex, named(CACHE_MISTAKES, "one buffer for all layers").message)
+        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "one buffer for all layers").message)
     # one layer's updates: 3 tokens, then 1
     gen = torch.Generator().manual_seed(2)
     new = [torch.randn(2, config.n_head, T, shape[3], generator=gen) for T in (3, 1)]
-    first = call_learner(ex, layers[0].update, new[0], new[0] + 1)
-    second = call_learner(ex, layers[0].update, new[1], new[1] + 1)
+    first = core.call_learner(ex, layers[0].update, new[0], new[0] + 1)
+    second = core.call_learner(ex, layers[0].update, new[1], new[1] + 1)
     if layers[0].position != 4:
         if layers[0].position in (0, 1, 3) and layers[1].position == 0:
-            raise CheckFailed(ex, named(CACHE_MISTAKES, "position stays").message)
-        raise CheckFailed(
+            raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "position stays").message)
+        raise core.CheckFailed(
             ex, f"after updates of 3 tokens and 1 the layer should hold 4, not {layers[0].position}"
         )
     for got, T, past in ((first, 3, 0), (second, 1, 3)):
         if not (isinstance(got, tuple) and len(got) == 3):
-            raise CheckFailed(ex, "update should return three things: keys, values, visible")
-        keys = expect_tensor(ex, got[0], (2, config.n_head, past + T, shape[3]), what="the keys")
-        if past == 3 and not close(keys, torch.cat(new, dim=2)):
-            raise CheckFailed(
+            raise core.CheckFailed(ex, "update should return three things: keys, values, visible")
+        keys = core.expect_tensor(
+            ex, got[0], (2, config.n_head, past + T, shape[3]), what="the keys"
+        )
+        if past == 3 and not core.close(keys, torch.cat(new, dim=2)):
+            raise core.CheckFailed(
                 ex, "the keys update returns are not every key so far, in order (write_kv)"
             )
         if past == 0 and got[2] is not None and not torch.equal(got[2], _causal_mask(T, 0)):
-            raise CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
+            raise core.CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
         if past == 3 and (got[2] is None or not torch.equal(got[2], _causal_mask(T, past))):
-            raise CheckFailed(ex, named(CACHE_MISTAKES, "no mask").message)
+            raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "no mask").message)
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        cache = call_learner(ex, cls, model.config, 2, 7)
+        cache = core.call_learner(ex, cls, model.config, 2, 7)
         steps = [model(ids[:, :4], kv_cache=cache)] + [
             model(ids[:, t : t + 1], kv_cache=cache) for t in range(4, 7)
         ]
-        if not close(torch.cat(steps, 1), model(ids), atol=1e-4):
-            raise CheckFailed(
+        if not core.close(torch.cat(steps, 1), model(ids), atol=1e-4):
+            raise core.CheckFailed(
                 ex,
                 "in a model, the cached logits differ from one full pass: "
                 "check that update writes at the layer's position and returns "
                 "every key and value so far, with the mask",
             )
-    passed(ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass")
+    core.passed(
+        ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass"
+    )
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
@@ -1157,7 +1158,7 @@ def _gap_wrong(kind):
 
 
 GAP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "after the prefill",
         "your gap misses wrong logits inside the prefill: a cache that "
         "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
@@ -1165,7 +1166,7 @@ GAP_MISTAKES = [
         "call's last",
         _gap_wrong("after the prefill"),
     ),
-    Mistake(
+    core.Mistake(
         "last of each call",
         "your gap misses wrong logits inside the prefill: a cache that "
         "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
@@ -1173,25 +1174,25 @@ GAP_MISTAKES = [
         "call's last",
         _gap_wrong("last of each call"),
     ),
-    Mistake(
+    core.Mistake(
         "one at a time",
         "you fed every token on its own: the first `prefill` tokens go in one "
         "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
         _gap_wrong("one at a time"),
     ),
-    Mistake(
+    core.Mistake(
         "mean",
         "that is the mean difference; return the largest absolute difference (a cache "
         "wrong at one position would hide in a mean)",
         _gap_wrong("mean"),
     ),
-    Mistake(
+    core.Mistake(
         "signed",
         "that is the largest signed difference; a logit can be off either way: take "
         "the absolute value before the maximum",
         _gap_wrong("signed"),
     ),
-    Mistake(
+    core.Mistake(
         "misaligned",
         "with a right cache your gap is large: after the prefill, feed the token "
         "at the cache's position (the first one not yet fed), not the last prompt token again",
@@ -1216,11 +1217,11 @@ def check_cache_gap(cache_gap) -> None:
         idx = torch.randint(0, 50, (B, T), generator=gen)
         for name, cls in caches.items():
             with torch.no_grad():
-                got = call_learner(ex, cache_gap, model, cls, idx, prefill)
+                got = core.call_learner(ex, cache_gap, model, cls, idx, prefill)
             if isinstance(got, torch.Tensor) and got.numel() == 1:
-                raise CheckFailed(ex, "return a Python float (tensor.item()), not a tensor")
+                raise core.CheckFailed(ex, "return a Python float (tensor.item()), not a tensor")
             if not isinstance(got, (float, int)) or got != got:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     ex, f"return one Python float, the largest difference; got {got!r}"
                 )
             want = _gap_right(model, cls, idx, prefill)
@@ -1231,24 +1232,24 @@ def check_cache_gap(cache_gap) -> None:
                 return abs(mistake.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got)
 
             if name == "shuffled prefill" and got < 1e-4:
-                raise CheckFailed(ex, named(GAP_MISTAKES, "after the prefill").message)
-            mistake = first_mistake(GAP_MISTAKES, same)
+                raise core.CheckFailed(ex, core.named(GAP_MISTAKES, "after the prefill").message)
+            mistake = core.first_mistake(GAP_MISTAKES, same)
             if mistake is not None:
-                raise CheckFailed(ex, mistake.message)
+                raise core.CheckFailed(ex, mistake.message)
             if name == "right":
-                raise CheckFailed(
+                raise core.CheckFailed(
                     ex,
                     f"with a right cache (batch {B}, {T} tokens, prefill {prefill}) "
                     f"your gap is {got:.3g}: the cached logits equal one pass's to "
                     "float32 rounding; check which tokens each call feeds",
                 )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex,
                 f"with a broken cache ({name}; batch {B}, {T} tokens, prefill "
                 f"{prefill}) your gap is {got:.3g}, the largest absolute difference "
                 f"of the logits is {want:.3g}",
             )
-    passed(
+    core.passed(
         ex,
         "a right cache passes; one that never advances and one that garbles a prefill are caught",
     )
@@ -1283,32 +1284,32 @@ def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True
 
 # fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
 LOOP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "previous token",
         "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
         "the cache slot at position pos then holds the keys and values of token pos - 1, "
         "and every later step sees a shifted past. Feed the token just made, at position pos",
         _loop(feed="previous"),
     ),
-    Mistake(
+    core.Mistake(
         "sample ignored",
         "your tokens are the argmax even with a sampler that is not "
         "greedy: choose each token with sample(logits)",
         _loop(sample_used=False),
     ),
-    Mistake(
+    core.Mistake(
         "whole sequence",
         "you feed the whole sequence again through the cache, which "
         "already holds the past: the cache overflows. Feed only the new token",
         _loop(whole=True),
     ),
-    Mistake(
+    core.Mistake(
         "new tokens only",
         "you returned only the new tokens: return the prompt followed by "
         "them, (B, T + max_new_tokens)",
         _loop(new_only=True),
     ),
-    Mistake(
+    core.Mistake(
         "cache ignored",
         "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
         "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
@@ -1340,10 +1341,12 @@ def _run_loop(exercise, fn, model, idx, n, sample):
 
     cache = KVCache.for_model(model, idx.shape[0], idx.shape[1] + n)
     try:
-        out = call_learner(exercise, fn, model, idx, n, sample, cache)
+        out = core.call_learner(exercise, fn, model, idx, n, sample, cache)
     except ValueError as error:
         if "KV cache is full" in str(error):
-            raise CheckFailed(exercise, named(LOOP_MISTAKES, "whole sequence").message) from None
+            raise core.CheckFailed(
+                exercise, core.named(LOOP_MISTAKES, "whole sequence").message
+            ) from None
         raise
     return out, cache.length
 
@@ -1361,15 +1364,15 @@ def check_generate_cached(generate_cached) -> None:
     ]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
         got, held = _run_loop(ex, generate_cached, model, idx, n, sample)
-        got = expect_tensor(
+        got = core.expect_tensor(
             ex,
             got,
             (B, T + n),
             what="your tokens",
-            hints={(B, n): named(LOOP_MISTAKES, "new tokens only").message},
+            hints={(B, n): core.named(LOOP_MISTAKES, "new tokens only").message},
         )
         if held < T + n - 1:  # every token but the last one goes through the cache
-            raise CheckFailed(ex, named(LOOP_MISTAKES, "cache ignored").message)
+            raise core.CheckFailed(ex, core.named(LOOP_MISTAKES, "cache ignored").message)
         want = _recomputed(model, idx, n, sample)
         if torch.equal(got.long(), want):
             continue
@@ -1377,25 +1380,25 @@ def check_generate_cached(generate_cached) -> None:
         def same(mistake, idx=idx, n=n, sample=sample, got=got):
             return torch.equal(got.long(), _run_loop(ex, mistake.fn, model, idx, n, sample)[0])
 
-        mistake = first_mistake(LOOP_MISTAKES, same)
+        mistake = core.first_mistake(LOOP_MISTAKES, same)
         if mistake is not None:
-            raise CheckFailed(ex, mistake.message)
+            raise core.CheckFailed(ex, mistake.message)
         if not torch.equal(got[:, :T].long(), idx):
-            raise CheckFailed(ex, "the result must start with the prompt, unchanged")
+            raise core.CheckFailed(ex, "the result must start with the prompt, unchanged")
         first = int((got.long() != want)[:, T:].any(0).nonzero()[0, 0])
         if first == 0:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex,
                 "the first new token already differs from a full pass: it "
                 "comes from the prefill, the whole prompt in one call, and "
                 "the logits at the prompt's last position",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex,
             f"with a prompt of {T} tokens, new token {first} differs from a "
             "full recomputation: check what the cache holds at each position",
         )
-    passed(
+    core.passed(
         ex,
         "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
         "full recomputation",
@@ -1410,7 +1413,7 @@ def check_cache_gains(lengths, gains) -> None:
     longest (without the cache, the longest run repeats the most work)."""
     ex = EX_GAIN
     if not isinstance(gains, (list, tuple)) or len(gains) != len(lengths):
-        raise CheckFailed(ex, f"expected one gain per length ({len(lengths)}), got {gains!r}")
+        raise core.CheckFailed(ex, f"expected one gain per length ({len(lengths)}), got {gains!r}")
     for n, gain in zip(lengths, gains):
         if (
             isinstance(gain, bool)
@@ -1419,17 +1422,17 @@ def check_cache_gains(lengths, gains) -> None:
             or gain != gain
             or gain == float("inf")
         ):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex, f"the gain at {n} tokens should be a positive number of times, got {gain!r}"
             )
     if gains[-1] < 1 and all(g < 1 for g in gains):
-        raise CheckFailed(
+        raise core.CheckFailed(
             ex,
             "every gain is below 1, so the cache would be slower at every "
             "length: you probably return cached / uncached time; the gain is "
             "uncached / cached",
         )
-    passed(ex, f"{len(gains)} lengths measured")
+    core.passed(ex, f"{len(gains)} lengths measured")
 
 
 # --------------------------------------------------------------------------- 9.11 bytes per token
@@ -1447,20 +1450,20 @@ def _all_bytes(model):
 
 # fn(model) -> bytes, a wrong weight_bytes_per_token
 WEIGHT_BYTES_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "whole wpe",
         "you counted the whole position table: a decode step looks up one "
         "position, so it reads one row of wpe",
         _all_bytes,
     ),
-    Mistake(
+    core.Mistake(
         "numbers",
         "you counted numbers, not bytes: multiply each tensor's numel() by its element_size()",
         lambda m: (
             sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel() + m.wpe.weight.shape[1]
         ),
     ),
-    Mistake(
+    core.Mistake(
         "float32 assumed",
         "you assumed 4 bytes a number: use each tensor's element_size() (a bfloat16 model has 2)",
         lambda m: (
@@ -1472,13 +1475,13 @@ WEIGHT_BYTES_MISTAKES = [
             )
         ),
     ),
-    Mistake(
+    core.Mistake(
         "no wpe row",
         "you left out the position table entirely: a step still reads the "
         "one row of wpe for its position",
         lambda m: _all_bytes(m) - m.wpe.weight.nbytes,
     ),
-    Mistake(
+    core.Mistake(
         "wte twice",
         "you counted the token table twice: the lookup reads one row of it and "
         "the readout reads it all, so the whole table once",
@@ -1499,17 +1502,17 @@ def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
             torch.bfloat16
         ),
     ]
-    got = [call_learner(ex, weight_bytes_per_token, m) for m in models]
+    got = [core.call_learner(ex, weight_bytes_per_token, m) for m in models]
     for value in got:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
+            raise core.CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
     if got == [_weight_bytes_right(m) for m in models]:
-        passed(ex, "a float32 and a bfloat16 model")
+        core.passed(ex, "a float32 and a bfloat16 model")
         return
-    mistake = first_mistake(WEIGHT_BYTES_MISTAKES, lambda m: got == [m.fn(x) for x in models])
+    mistake = core.first_mistake(WEIGHT_BYTES_MISTAKES, lambda m: got == [m.fn(x) for x in models])
     if mistake is not None:
-        raise CheckFailed(ex, mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(ex, mistake.message)
+    raise core.CheckFailed(
         ex,
         f"for a tiny float32 model you give {got[0]:,} bytes, expected "
         f"{_weight_bytes_right(models[0]):,}: every weight in full, once, "
@@ -1541,10 +1544,10 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
     for prompt in BEAM_PROMPTS:
         idx = torch.tensor([tokenizer.encode(prompt)], device=device)
         T = idx.shape[1]
-        got = call_learner(CHALLENGE, beam_search, model, idx, BEAM_TOKENS, BEAMS)
-        got = expect_tensor(CHALLENGE, got, (1, T + BEAM_TOKENS), what="your sequence")
+        got = core.call_learner(CHALLENGE, beam_search, model, idx, BEAM_TOKENS, BEAMS)
+        got = core.expect_tensor(CHALLENGE, got, (1, T + BEAM_TOKENS), what="your sequence")
         if not torch.equal(got[:, :T].long(), idx):
-            raise CheckFailed(CHALLENGE, "the result must start with the prompt, unchanged")
+            raise core.CheckFailed(CHALLENGE, "the result must start with the prompt, unchanged")
         greedy = generate(model, idx, BEAM_TOKENS, temperature=0)
         yours, theirs = _log_prob(model, got.long(), T), _log_prob(model, greedy, T)
         rows.append((prompt, theirs, yours))
@@ -1553,7 +1556,7 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
             f"-> {tokenizer.decode(got[0, T:].tolist())!r}"
         )
         if yours < theirs - 1e-3:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 CHALLENGE,
                 f"on {prompt!r} your continuation is less likely than "
                 f"greedy's ({yours:.4f} < {theirs:.4f} nats): keep "
@@ -1561,12 +1564,12 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
             )
         better += yours > theirs + 1e-3
     if better == 0:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE,
             "on every prompt your continuation is only as likely as "
             "greedy's: keep several candidates per step, not one",
         )
-    passed(CHALLENGE, f"more likely than greedy on {better} of {len(BEAM_PROMPTS)} prompts")
+    core.passed(CHALLENGE, f"more likely than greedy on {better} of {len(BEAM_PROMPTS)} prompts")
 
 
 # Each check with the planted mistakes it names (the tests run every one through its check).

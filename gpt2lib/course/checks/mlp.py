@@ -17,16 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    named,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 from gpt2lib.course.checks.attention import forbidding
 
 EX_MOVED = "Exercise 4.1 (outputs_that_change)"
@@ -63,32 +54,32 @@ def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
 
 # fn(f, x, position) -> what that wrong answer returns
 MOVED_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "signed sum",
         "you test the SIGNED sum of the differences: an output that moved down "
         "sums to less than 0 and is missed. Take the absolute value first, "
         "(f(edited) - f(x)).abs().sum(dim=-1) > 0",
         lambda f, x, p: _moved(f, x, p, signed=True),
     ),
-    Mistake(
+    core.Mistake(
         "in place",
         "you changed x itself: the caller's tensor must stay as it was. Edit a "
         "copy, edited = x.clone()",
         lambda f, x, p: _moved(f, x, p, in_place=True),
     ),
-    Mistake(
+    core.Mistake(
         "first sequence",
         "you changed the token in the first sequence only: change it in "
         "every sequence of the batch, edited[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
     ),
-    Mistake(
+    core.Mistake(
         "feature",
         "you changed feature number `position` of every token (x[..., position]): "
         "change the whole token at that position, x[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
     ),
-    Mistake(
+    core.Mistake(
         "over time",
         "you added up over the positions (dim 1): add up over each output's "
         "vector (the last dim), one answer per (sequence, position)",
@@ -115,22 +106,22 @@ def check_outputs_that_change(outputs_that_change) -> None:
     for name, f in _moved_cases():
         for position in (0, 2):
             before = x.clone()
-            got = call_learner(EX_MOVED, outputs_that_change, f, x, position)
+            got = core.call_learner(EX_MOVED, outputs_that_change, f, x, position)
             if not torch.equal(x, before):
-                raise CheckFailed(EX_MOVED, named(MOVED_MISTAKES, "in place").message)
+                raise core.CheckFailed(EX_MOVED, core.named(MOVED_MISTAKES, "in place").message)
             want = _moved(f, x, position)
             try:
                 got = torch.as_tensor(got)
             except (TypeError, ValueError, RuntimeError):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MOVED, f"return a (B, T) tensor of booleans, got {type(got).__name__}"
                 ) from None
             if tuple(got.shape) != tuple(want.shape):
-                shaped = first_mistake(
+                shaped = core.first_mistake(
                     MOVED_MISTAKES,
                     lambda m: tuple(m.fn(f, x.clone(), position).shape) == tuple(got.shape),
                 )
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MOVED,
                     shaped.message
                     if shaped
@@ -139,36 +130,36 @@ def check_outputs_that_change(outputs_that_change) -> None:
                 )
             if torch.equal(got.bool(), want):
                 continue
-            mistake = first_mistake(
+            mistake = core.first_mistake(
                 MOVED_MISTAKES, lambda m: torch.equal(got.bool(), m.fn(f, x.clone(), position))
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MOVED,
                 mistake.message
                 if mistake
                 else f"for f = {name}, changing token {position}: expected "
                 f"{want.tolist()}, got {got.bool().tolist()}",
             )
-    passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
+    core.passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
 
 
 # --------------------------------------------------------------------------- Exercise 4.2
 
 # fn(W1, b1, W2, b2) -> (W, b), a wrong merge
 MERGE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "b2 missing",
         "your bias leaves out b2: the second layer adds its own bias after "
         "the product, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2),
     ),
-    Mistake(
+    core.Mistake(
         "b1 missing",
         "your bias is only b2: the first layer's bias b1 also goes through the "
         "second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b2),
     ),
-    Mistake(
+    core.Mistake(
         "W transposed",
         "your W is transposed: x @ W needs W of shape (C, D), which is "
         "W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
@@ -183,18 +174,20 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
     for C, H, D in ((3, 5, 2), (4, 16, 4)):
         W1, b1 = torch.randn(C, H, generator=gen), torch.randn(H, generator=gen)
         W2, b2 = torch.randn(H, D, generator=gen), torch.randn(D, generator=gen)
-        got = call_learner(
+        got = core.call_learner(
             EX_MERGE, merge_linear_layers, W1.clone(), b1.clone(), W2.clone(), b2.clone()
         )
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise CheckFailed(EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}")
+            raise core.CheckFailed(
+                EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}"
+            )
         want_W, want_b = W1 @ W2, b1 @ W2 + b2
         sizes = f"with C={C}, H={H}, D={D}"
         for got_part, want_part, what in ((got[0], want_W, "W"), (got[1], want_b, "b")):
             if isinstance(got_part, torch.Tensor) and tuple(got_part.shape) != tuple(
                 want_part.shape
             ):
-                mistake = first_mistake(
+                mistake = core.first_mistake(
                     MERGE_MISTAKES,
                     lambda m: all(
                         isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(w.shape)
@@ -202,23 +195,23 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
                     ),
                 )
                 if mistake is not None:
-                    raise CheckFailed(EX_MERGE, mistake.message)
-            expect_tensor(EX_MERGE, got_part, tuple(want_part.shape), what=f"{what} ({sizes})")
-        if close(got[0], want_W, atol=1e-4) and close(got[1], want_b, atol=1e-4):
+                    raise core.CheckFailed(EX_MERGE, mistake.message)
+            core.expect_tensor(EX_MERGE, got_part, tuple(want_part.shape), what=f"{what} ({sizes})")
+        if core.close(got[0], want_W, atol=1e-4) and core.close(got[1], want_b, atol=1e-4):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             MERGE_MISTAKES,
-            lambda m: all(close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))),
+            lambda m: all(core.close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))),
         )
         if mistake is not None:
-            raise CheckFailed(EX_MERGE, mistake.message)
-        which = "W" if not close(got[0], want_W, atol=1e-4) else "b"
-        raise CheckFailed(
+            raise core.CheckFailed(EX_MERGE, mistake.message)
+        which = "W" if not core.close(got[0], want_W, atol=1e-4) else "b"
+        raise core.CheckFailed(
             EX_MERGE,
             f"{sizes}, your {which} is wrong: expand (x @ W1 + b1) @ W2 + b2 "
             "and collect the part that multiplies x (W) and the part that does not (b)",
         )
-    passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
+    core.passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
 
 
 # --------------------------------------------------------------------------- Exercise 4.3
@@ -236,42 +229,42 @@ def _fit(x, y, W1, b1, activation, bias=True):
 
 # fn(x, y, W1, b1, activation) -> the float a wrong answer returns
 FIT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no activation",
         "your error does not depend on the activation: apply "
         "`activation` to x @ W1 + b1 before the least-squares fit (with no activation the best "
         "fit is a straight line whatever the width)",
         lambda x, y, W1, b1, act: _fit(x, y, W1, b1, lambda h: h).pow(2).mean().item(),
     ),
-    Mistake(
+    core.Mistake(
         "no b1",
         "the first layer's bias b1 is missing: the hidden layer is "
         "activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
         lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act, bias=False).pow(2).mean().item(),
     ),
-    Mistake(
+    core.Mistake(
         "sum",
         "you return the SUM of the squared errors: take the mean, over all N · D numbers",
         lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).sum().item(),
     ),
-    Mistake(
+    core.Mistake(
         "root",
         "you return the root of the mean squared error (RMSE): return the mean "
         "squared error itself, without the square root",
         lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).mean().sqrt().item(),
     ),
-    Mistake(
+    core.Mistake(
         "absolute",
         "you return the mean ABSOLUTE error: square the residuals, ((hidden @ W2 - y) ** 2).mean()",
         lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).abs().mean().item(),
     ),
-    Mistake(
+    core.Mistake(
         "fit on x",
         "you fitted y from x directly, not from the hidden layer: solve the least "
         "squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
         lambda x, y, W1, b1, act: (x @ torch.linalg.lstsq(x, y).solution - y).pow(2).mean().item(),
     ),
-    Mistake(
+    core.Mistake(
         "relu",
         "your error is ReLU's, not that of the `activation` you were given: call "
         "activation(x @ W1 + b1) (its default is GELU)",
@@ -284,7 +277,7 @@ def _as_number(exercise, got):
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"return the error as one number (a Python float; "
             f"`.item()` turns a 1-element tensor into one), got {type(got).__name__}",
@@ -302,27 +295,28 @@ def check_best_fit_error(best_fit_error) -> None:
         b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2  # (H,)
         for activation in (_gelu, torch.tanh):
             got = _as_number(
-                EX_FIT, call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation)
+                EX_FIT,
+                core.call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation),
             )
             want = _fit(x, y, W1, b1, activation).pow(2).mean().item()
             if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
                 continue
-            mistake = first_mistake(
+            mistake = core.first_mistake(
                 FIT_MISTAKES,
                 lambda m: math.isclose(
                     got, m.fn(x, y, W1, b1, activation), rel_tol=1e-4, abs_tol=1e-9
                 ),
             )
             if mistake is not None:
-                raise CheckFailed(EX_FIT, mistake.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_FIT, mistake.message)
+            raise core.CheckFailed(
                 EX_FIT,
                 f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the "
                 f"best fit's mean squared error is {want:.6g}, you return {got:.6g}. "
                 "Steps: hidden = activation(x @ W1 + b1); W2 = least squares of "
                 "hidden against y; mean of (hidden @ W2 - y) ** 2",
             )
-    passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
+    core.passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
 
 # --------------------------------------------------------------------------- Exercise 4.4: GELU
@@ -339,7 +333,7 @@ def _no_gelu(exercise: str):
 
 # fn(x) -> a wrong activation
 GELU_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "erf",
         "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute "
         "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
@@ -347,54 +341,54 @@ GELU_MISTAKES = [
         "outputs",
         lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
     ),
-    Mistake(
+    core.Mistake(
         "relu",
         "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
         lambda x: torch.relu(x),
     ),
-    Mistake(
+    core.Mistake(
         "typo 0.0044715",
         "the constant is 0.044715 (one zero after the point), not 0.0044715: a classic typo",
         _tanh_form(cubic=0.0044715),
     ),
-    Mistake(
+    core.Mistake(
         "typo 0.04715",
         "the constant is 0.044715, not 0.04715: a digit is missing",
         _tanh_form(cubic=0.04715),
     ),
-    Mistake(
+    core.Mistake(
         "typo 0.44715",
         "the constant is 0.044715, not 0.44715: a zero is missing after the point",
         _tanh_form(cubic=0.44715),
     ),
-    Mistake(
+    core.Mistake(
         "no cubic",
         "the 0.044715·x³ term is missing: the tanh's argument is "
         "√(2/π)·(x + 0.044715·x³), not √(2/π)·x",
         _tanh_form(cubic=0.0),
     ),
-    Mistake(
+    core.Mistake(
         "square",
         "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not 0.044715·x²",
         _tanh_form(power=2),
     ),
-    Mistake(
+    core.Mistake(
         "2/pi",
         "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), not 2/π ≈ 0.6366",
         _tanh_form(scale=2.0 / math.pi),
     ),
-    Mistake(
+    core.Mistake(
         "no sqrt scale",
         "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: tanh(√(2/π)·(x + 0.044715·x³))",
         _tanh_form(scale=1.0),
     ),
-    Mistake(
+    core.Mistake(
         "no half",
         "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so "
         "that it tends to x (not 2x) for large x",
         _tanh_form(half=1.0),
     ),
-    Mistake(
+    core.Mistake(
         "sigmoid",
         "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
         lambda x: x * torch.sigmoid(1.702 * x),
@@ -415,23 +409,23 @@ def check_gelu_tanh(gelu_tanh) -> None:
     x = points.clone()
     try:
         with _no_gelu(EX_GELU):
-            got = call_learner(EX_GELU, gelu_tanh, x)
+            got = core.call_learner(EX_GELU, gelu_tanh, x)
     except (TypeError, ValueError, RuntimeError) as exc:
         if "Python scalar" not in str(exc) and "must be real number" not in str(exc):
             raise
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU,
             f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, "
             "math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt "
             "and math.pi are fine for the constant √(2/π)",
         ) from None
     if not torch.equal(x, points):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU,
             "your function changed its input tensor in place (an operation ending in _, like "
             "x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
         )
-    got = expect_tensor(
+    got = core.expect_tensor(
         EX_GELU,
         got,
         tuple(points.shape),
@@ -439,12 +433,12 @@ def check_gelu_tanh(gelu_tanh) -> None:
         hints={(points.numel(),): "GELU works element by element: keep the input's shape"},
     )
     want = _gelu_tanh(points)
-    if not close(got, want):
-        mistake = first_mistake(GELU_MISTAKES, lambda m: close(got, m.fn(points)))
+    if not core.close(got, want):
+        mistake = core.first_mistake(GELU_MISTAKES, lambda m: core.close(got, m.fn(points)))
         if mistake is not None:
-            raise CheckFailed(EX_GELU, mistake.message)
+            raise core.CheckFailed(EX_GELU, mistake.message)
         worst = (got - want).abs().argmax()
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU,
             f"wrong value at x = {points.flatten()[worst].item():g}: expected "
             f"{want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. "
@@ -453,61 +447,63 @@ def check_gelu_tanh(gelu_tanh) -> None:
     # float32 in, float32 out, same numbers: the model runs in float32; and a strided input
     x32 = points.float().reshape(4, 4).T  # (4, 4), not contiguous: another shape and dtype
     with _no_gelu(EX_GELU):
-        got32 = call_learner(EX_GELU, gelu_tanh, x32)
+        got32 = core.call_learner(EX_GELU, gelu_tanh, x32)
     if not torch.equal(x32, points.float().reshape(4, 4).T):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU, "your function changed its float32 input in place: return a new tensor"
         )
     if not isinstance(got32, torch.Tensor) or got32.dtype != torch.float32:
         dtype = got32.dtype if isinstance(got32, torch.Tensor) else type(got32).__name__
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU,
             f"a float32 input should give a float32 output, got {dtype}: build the result "
             "from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
         )
     if not isinstance(got32, torch.Tensor) or got32.shape != x32.shape:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GELU,
             f"a (4, 4) input should give a (4, 4) output, got {getattr(got32, 'shape', got32)!r}",
         )
-    if not close(got32, want.reshape(4, 4).T, atol=1e-4):
-        raise CheckFailed(EX_GELU, "right in float64 but wrong in float32: check your constants")
-    passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
+    if not core.close(got32, want.reshape(4, 4).T, atol=1e-4):
+        raise core.CheckFailed(
+            EX_GELU, "right in float64 but wrong in float32: check your constants"
+        )
+    core.passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
 # --------------------------------------------------------------------------- Exercise 4.6: MLP
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
 MLP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "activation after c_proj",
         "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
         lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x))),
     ),
-    Mistake(
+    core.Mistake(
         "no activation",
         "there is no activation between c_fc and c_proj, so the two linear "
         "layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
         lambda m, x: m.c_proj(m.c_fc(x)),
     ),
-    Mistake(
+    core.Mistake(
         "activation twice",
         "GELU is applied twice (also after c_proj): apply it only between the layers",
         lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x)))),
     ),
-    Mistake(
+    core.Mistake(
         "activation on the input",
         "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
         lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x))),
     ),
-    Mistake(
+    core.Mistake(
         "residual inside",
         "your MLP adds its input to its output (x + ...): the residual "
         "connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
         lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
     ),
 ] + [
-    Mistake(
+    core.Mistake(
         f"activation: {g.name}",
         "your activation is wrong: " + g.message,
         lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))),
@@ -532,12 +528,14 @@ def _small_config(pdrop: float):
 
 
 def _build_mlp(MLP, config) -> nn.Module:
-    mlp = call_learner(EX_MLP, MLP, config)
+    mlp = core.call_learner(EX_MLP, MLP, config)
     if not isinstance(mlp, nn.Module):
-        raise CheckFailed(EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}")
+        raise core.CheckFailed(
+            EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}"
+        )
     for name in ("c_fc", "c_proj"):
         if not isinstance(getattr(mlp, name, None), nn.Module):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 f"your MLP has no layer called `{name}`: keep the names c_fc and c_proj, "
                 "because GPT-2's checkpoint stores the weights under them",
@@ -548,11 +546,11 @@ def _build_mlp(MLP, config) -> nn.Module:
 def _call(mlp, x):
     """The learner's forward on x, with a `.view` of a strided input named."""
     try:
-        return call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
+        return core.call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
     except RuntimeError as exc:
         if "view size is not compatible" not in str(exc):
             raise
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MLP,
             "your forward fails on a non-contiguous input (as the model "
             f"gives it, after a transpose): {exc}. Use .reshape instead of .view, "
@@ -576,13 +574,13 @@ def check_mlp(MLP) -> None:
                 "weights (chapter 8) use Conv1D or transpose them"
             )
         elif sorted(weight.shape) == sorted((C, H)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as "
                 f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it is ({C}, {H})",
             )
         else:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to "
                 f"{H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
@@ -601,7 +599,7 @@ def check_mlp(MLP) -> None:
     with torch.no_grad():
         got = _call(mlp, x)
         again = mlp(x)
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_MLP,
             got,
             tuple(x.shape),
@@ -609,7 +607,7 @@ def check_mlp(MLP) -> None:
             hints={(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"},
         )
         if not torch.equal(got, again.double()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 "in eval mode two calls on the same input gave different outputs: dropout is "
                 "still on. Use nn.Dropout (it switches off in .eval()), or "
@@ -617,15 +615,17 @@ def check_mlp(MLP) -> None:
             )
         h = mlp.c_fc(x)  # (B, T, hidden)
         if h.shape[-1] != H:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make 4·n_embd = {H}"
             )
         want = mlp.c_proj(_gelu_tanh(h))
-        if not close(got, want, atol=1e-7):
-            mistake = first_mistake(MLP_MISTAKES, lambda m: close(got, m.fn(mlp, x), atol=1e-7))
+        if not core.close(got, want, atol=1e-7):
+            mistake = core.first_mistake(
+                MLP_MISTAKES, lambda m: core.close(got, m.fn(mlp, x), atol=1e-7)
+            )
             if mistake is not None:
-                raise CheckFailed(EX_MLP, mistake.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_MLP, mistake.message)
+            raise core.CheckFailed(
                 EX_MLP,
                 "the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference "
                 f"{(got - want).abs().max().item():.3g})",
@@ -636,7 +636,7 @@ def check_mlp(MLP) -> None:
         torch.manual_seed(0)
         trained = _call(mlp, x)
         if torch.equal(trained.double(), got):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the "
                 "MLP's output",
@@ -645,13 +645,15 @@ def check_mlp(MLP) -> None:
         torch.manual_seed(0)
         zeros = (heavy(torch.randn(4, 16, C, dtype=torch.float64)) == 0).double().mean().item()
         if not 0.35 < zeros < 0.65:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MLP,
                 f"with resid_pdrop = 0.5 about half of the outputs should be dropped (zero) in "
                 f"training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the "
                 "output of c_proj (not to the hidden layer, not with a fixed rate)",
             )
-    passed(EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note)
+    core.passed(
+        EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note
+    )
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -671,26 +673,26 @@ def challenge_fit_error(W1, b1) -> float:
 def check_fit_challenge(W1, b1) -> float:
     """The challenge: a first layer (W1 (1, H), b1 (H,)) of at most 8 units whose best fit
     has a mean squared error below 0.01. Returns the error."""
-    W1 = expect_tensor(CHALLENGE_FIT, W1, what="W1")
-    b1 = expect_tensor(CHALLENGE_FIT, b1, what="b1")
+    W1 = core.expect_tensor(CHALLENGE_FIT, W1, what="W1")
+    b1 = core.expect_tensor(CHALLENGE_FIT, b1, what="b1")
     if W1.dim() != 2 or W1.shape[0] != 1 or b1.shape != (W1.shape[1],):
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_FIT,
             f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and {tuple(b1.shape)}",
         )
     H = W1.shape[1]
     if H > FIT_GOALS["max_units"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}"
         )
     error = challenge_fit_error(W1, b1)
     if not error < FIT_GOALS["max_error"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_FIT,
             f"with {H} units the best fit has error {error:.4f}; the goal is "
             f"below {FIT_GOALS['max_error']}. Spread the bends over [-3, 3]",
         )
-    passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
+    core.passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
     return error
 
 
@@ -700,28 +702,28 @@ EX_GELU_ERF = "Exercise 4.4 (gelu_erf)"
 
 # fn(x) -> what that wrong exact GELU gives
 GELU_ERF_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "tanh_form",
         "this is the tanh approximation; gelu_erf is the exact form "
         "0.5·x·(1 + erf(x / √2)) with torch.erf",
         _gelu_tanh,
     ),
-    Mistake(
+    core.Mistake(
         "no_sqrt2",
         "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
         lambda x: 0.5 * x * (1 + torch.erf(x)),
     ),
-    Mistake(
+    core.Mistake(
         "divided_by_2",
         "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
         lambda x: 0.5 * x * (1 + torch.erf(x / 2)),
     ),
-    Mistake(
+    core.Mistake(
         "no_half",
         "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
         lambda x: x * (1 + torch.erf(x / math.sqrt(2))),
     ),
-    Mistake(
+    core.Mistake(
         "phi_only",
         "this is Φ(x) alone: GELU multiplies it by x",
         lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2))),
@@ -735,31 +737,33 @@ def check_gelu_erf(gelu_erf) -> None:
     for x in (points.clone(), points.float().T):  # float64; float32 and not contiguous
         before = x.clone()
         with _no_gelu(EX_GELU_ERF):
-            got = call_learner(EX_GELU_ERF, gelu_erf, x)
+            got = core.call_learner(EX_GELU_ERF, gelu_erf, x)
         if not torch.equal(x, before):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor"
             )
         if not isinstance(got, torch.Tensor) or got.dtype != x.dtype:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GELU_ERF,
                 f"a {x.dtype} input should give a {x.dtype} tensor, got "
                 f"{getattr(got, 'dtype', type(got).__name__)}",
             )
-        got = expect_tensor(EX_GELU_ERF, got, tuple(x.shape), what="the output")
+        got = core.expect_tensor(EX_GELU_ERF, got, tuple(x.shape), what="the output")
         want = F.gelu(before.double())
-        if not close(got, want, atol=1e-5 if x.dtype == torch.float64 else 1e-4):
-            found = first_mistake(
-                GELU_ERF_MISTAKES, lambda m: close(got, m.fn(before.double()), atol=1e-4)
+        if not core.close(got, want, atol=1e-5 if x.dtype == torch.float64 else 1e-4):
+            found = core.first_mistake(
+                GELU_ERF_MISTAKES, lambda m: core.close(got, m.fn(before.double()), atol=1e-4)
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GELU_ERF,
                 found.message
                 if found
                 else "wrong values: the exact GELU is 0.5·x·(1 + erf(x / √2))",
             )
     gap = (_gelu_tanh(points) - F.gelu(points)).abs().max().item()
-    passed(EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}")
+    core.passed(
+        EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}"
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 4.5: gaps
@@ -789,13 +793,13 @@ def _right_gaps(fc, proj, x):
 
 # fn(fc, proj, x) -> the two floats that wrong answer returns
 GAPS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "swapped",
         "your two numbers are the right ones the other way round: return first the "
         "change that the erf GELU makes, then the change that float32 rounding makes",
         lambda fc, proj, x: _right_gaps(fc, proj, x)[::-1],
     ),
-    Mistake(
+    core.Mistake(
         "hidden",
         "your first number is the largest change of the hidden values after GELU; "
         "the question is how far the MLP's OUTPUT moves, so run both activations through proj "
@@ -805,7 +809,7 @@ GAPS_MISTAKES = [
             _right_gaps(fc, proj, x)[1],
         ),
     ),
-    Mistake(
+    core.Mistake(
         "mean",
         "you return the MEAN change of the output numbers; the question is the largest "
         "change of any one of them (the absolute difference's maximum)",
@@ -823,19 +827,19 @@ GAPS_MISTAKES = [
             .item(),
         ),
     ),
-    Mistake(
+    core.Mistake(
         "same activation",
         "your first number is 0: both outputs used the same GELU. F.gelu(h) "
         'is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
         lambda fc, proj, x: (0.0, _right_gaps(fc, proj, x)[1]),
     ),
-    Mistake(
+    core.Mistake(
         "float32 reference",
         "your rounding gap is 0: both sides ran in float32, so they round "
         "alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
         lambda fc, proj, x: (_right_gaps(fc, proj, x)[0], 0.0),
     ),
-    Mistake(
+    core.Mistake(
         "erf reference",
         "your rounding gap is as large as the activation's: your float64 "
         "reference used the other GELU. Rounding alone is the float32 tanh MLP against the "
@@ -875,7 +879,7 @@ def _gap_cases():
 
 def _two_numbers(got):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_GAPS,
             "return two numbers, `gap_activation, gap_rounding` (a tuple), "
             f"got {type(got).__name__}",
@@ -901,7 +905,7 @@ def check_approximation_gaps(approximation_gaps) -> None:
             ]
         }
         x_before = x.clone()
-        got = _two_numbers(call_learner(EX_GAPS, approximation_gaps, fc, proj, x))
+        got = _two_numbers(core.call_learner(EX_GAPS, approximation_gaps, fc, proj, x))
         after = {
             name: t
             for name, t in [
@@ -913,29 +917,33 @@ def check_approximation_gaps(approximation_gaps) -> None:
             t.dtype != before[name].dtype or not torch.equal(t, before[name])
             for name, t in after.items()
         ):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_GAPS,
                 "your function changed the layers it was given (their dtype or "
                 "values): Module.double() and .to() convert a module IN PLACE. Work on "
                 "copies (copy.deepcopy(fc).double()), or compute from the weights",
             )
         if not torch.equal(x, x_before):
-            raise CheckFailed(EX_GAPS, "your function changed its input x in place: leave it alone")
+            raise core.CheckFailed(
+                EX_GAPS, "your function changed its input x in place: leave it alone"
+            )
         want = _right_gaps(fc, proj, x)
         if _gaps_match(got, want):
             continue
-        mistake = first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
+        mistake = core.first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
         if mistake is None and got[0] == 0.0:
-            mistake = named(GAPS_MISTAKES, "same activation")
+            mistake = core.named(GAPS_MISTAKES, "same activation")
         elif mistake is None and got[1] == 0.0:
-            mistake = named(GAPS_MISTAKES, "float32 reference")
+            mistake = core.named(GAPS_MISTAKES, "float32 reference")
         if mistake is not None:
-            raise CheckFailed(EX_GAPS, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_GAPS, mistake.message)
+        raise core.CheckFailed(
             EX_GAPS,
             f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> "
             f"{proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about "
             f"{want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you "
             f"return {got[0]:.3g} and {got[1]:.2g}",
         )
-    passed(EX_GAPS, "the output's largest change from the activation, and from float32 rounding")
+    core.passed(
+        EX_GAPS, "the output's largest change from the activation, and from float32 rounding"
+    )

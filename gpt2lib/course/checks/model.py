@@ -15,15 +15,7 @@ import numbers
 import torch
 import torch.nn as nn
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
 EX_INIT = "Exercise 6.3 (GPT-2's initialisation)"
@@ -99,64 +91,64 @@ DOUBLE_RESIDUAL = (
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
 MODULE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "double residual", DOUBLE_RESIDUAL, lambda m, idx: _by_hand(m, idx, residual_twice=True)
     ),
-    Mistake(
+    core.Mistake(
         "no ln_f",
         "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
         "the output of the last block, before the readout",
         lambda m, idx: _readout(m, _blocks(m, m.wte(idx) + _positions(m, idx))),
     ),
-    Mistake(
+    core.Mistake(
         "no positions",
         "your logits match the model WITHOUT position embeddings: add "
         "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
         lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx)))),
     ),
-    Mistake(
+    core.Mistake(
         "positions from 1",
         "your positions start at 1: the first token's position is 0, so use "
         "torch.arange(T) (0, 1, ..., T-1)",
         lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx, start=1)))),
     ),
-    Mistake(
+    core.Mistake(
         "ids as positions",
         "you looked up the token ids in the position table (self.wpe(idx)): "
         "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
         lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + m.wpe(idx)))),
     ),
-    Mistake(
+    core.Mistake(
         "blocks discarded",
         "your logits match the model with NO blocks: a block returns the new "
         "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
         lambda m, idx: _readout(m, m.ln_f(m.wte(idx) + _positions(m, idx))),
     ),
-    Mistake(
+    core.Mistake(
         "last block only",
         "your logits match the model with only the LAST block applied to the "
         "embeddings: each block takes the previous block's output, x = block(x) in the loop",
         lambda m, idx: _readout(m, m.ln_f(m.h[-1](m.wte(idx) + _positions(m, idx)))),
     ),
-    Mistake(
+    core.Mistake(
         "ln_f in every block",
         "the final LayerNorm ln_f is applied after every block: it comes "
         "once, after the last block",
         lambda m, idx: _readout(m, _ln_f_after_each(m, m.wte(idx) + _positions(m, idx))),
     ),
-    Mistake(
+    core.Mistake(
         "softmax",
         "your output is probabilities (each row sums to 1): return the raw logits; "
         "softmax belongs to the loss and to sampling",
         lambda m, idx: _right(m, idx).softmax(dim=-1),
     ),
-    Mistake(
+    core.Mistake(
         "log-softmax",
         "your output is log-probabilities (log_softmax): return the raw logits; "
         "the loss (F.cross_entropy) applies log_softmax itself",
         lambda m, idx: _right(m, idx).log_softmax(dim=-1),
     ),
-    Mistake(
+    core.Mistake(
         "readout with wpe",
         "the readout multiplies by the position table: the tied readout uses "
         "the TOKEN table, x @ self.wte.weight.T",
@@ -177,13 +169,13 @@ def _check_dropout(model_cls) -> None:
         attn_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = call_learner(EX_MODULE, model_cls, config)
+    model = core.call_learner(EX_MODULE, model_cls, config)
     model.load_state_dict(_reference(config).state_dict(), strict=False)
     idx = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         model.eval()
         if not torch.equal(model(idx), model(idx)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 "in eval mode two calls gave different logits: use "
                 "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
@@ -192,7 +184,7 @@ def _check_dropout(model_cls) -> None:
         model.train()
         torch.manual_seed(0)
         if torch.equal(model(idx), evaluated):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 "with embd_pdrop = 0.5, training mode gives the same logits "
                 "as eval mode: self.drop is never applied. Apply it to the sum of the "
@@ -205,28 +197,28 @@ def check_gpt2_module(model_cls) -> None:
     """Exercise 6.1: `model_cls(config)` builds GPT-2 and `forward(idx)` returns logits."""
     config = _config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
     ref = _reference(config)
-    model = call_learner(EX_MODULE, model_cls, config)
+    model = core.call_learner(EX_MODULE, model_cls, config)
     if not isinstance(model, nn.Module):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"{getattr(model_cls, '__name__', model_cls)}(config) "
             f"should make an nn.Module, got {type(model).__name__}",
         )
     missing = [n for n in _NAMES if not hasattr(model, n)]
     if "ln_f" in missing:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             "your model has no `ln_f`: the final LayerNorm is missing; "
             "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)",
         )
     if missing:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"your model has no attribute(s) {', '.join(missing)}; "
             f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)",
         )
     if isinstance(model.h, (list, tuple)):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"self.h is a plain {type(model.h).__name__}: PyTorch does "
             "not see the blocks inside it, so their parameters are missing from "
@@ -234,7 +226,7 @@ def check_gpt2_module(model_cls) -> None:
             "self.h = nn.ModuleList([...])",
         )
     if not isinstance(model.h, nn.ModuleList) or len(model.h) != config.n_layer:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"self.h should be an nn.ModuleList of config.n_layer "
             f"({config.n_layer}) blocks, got {type(model.h).__name__}"
@@ -242,7 +234,7 @@ def check_gpt2_module(model_cls) -> None:
         )
 
     if len({id(block) for block in model.h}) < len(model.h):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             "self.h holds the same Block object more than once "
             "([Block(config)] * n_layer repeats one block, so all layers share "
@@ -258,7 +250,7 @@ def check_gpt2_module(model_cls) -> None:
         if p is not wte_weight and tuple(p.shape) in ((V, C), (C, V))
     ]
     if untied:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"your model has a separate readout ({', '.join(untied)}, "
             f"{V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's "
@@ -267,7 +259,7 @@ def check_gpt2_module(model_cls) -> None:
     n_learner = sum(p.numel() for p in model.parameters())
     n_ref = sum(p.numel() for p in ref.parameters())
     if n_learner != n_ref:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"your model has {n_learner:,} parameters, the reference "
             f"{n_ref:,} for this config; compare your layers with the list above",
@@ -277,7 +269,7 @@ def check_gpt2_module(model_cls) -> None:
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE, f"the reference weights do not fit your model: {exc}"
         ) from None
     loaded = {id(p) for n, p in model.named_parameters() if n in state}
@@ -287,7 +279,7 @@ def check_gpt2_module(model_cls) -> None:
         if n in dict(model.named_parameters()) and id(model.get_parameter(n)) not in loaded
     ]
     if result.unexpected_keys or not_loaded:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             "parameter names differ from GPT-2's: your model lacks "
             f"{result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) "
@@ -303,12 +295,12 @@ def check_gpt2_module(model_cls) -> None:
     ]
     for idx in cases:
         with torch.no_grad():
-            got = call_learner(
+            got = core.call_learner(
                 EX_MODULE, model.forward, idx
             )  # forward: so a wrong signature is named
             want = _right(ref, idx)
         if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(idx.shape) + (C,):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MODULE,
                 f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
                 "the readout is missing; multiply by self.wte.weight.T to get "
@@ -317,37 +309,37 @@ def check_gpt2_module(model_cls) -> None:
         with torch.no_grad():
             mistake = (
                 None
-                if close(got, want, atol=1e-4, rtol=1e-4)
-                else first_mistake(
-                    MODULE_MISTAKES, lambda m: close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4)
+                if core.close(got, want, atol=1e-4, rtol=1e-4)
+                else core.first_mistake(
+                    MODULE_MISTAKES, lambda m: core.close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4)
                 )
             )
         if mistake is not None:
-            raise CheckFailed(EX_MODULE, mistake.message)
-        got = expect_tensor(
+            raise core.CheckFailed(EX_MODULE, mistake.message)
+        got = core.expect_tensor(
             EX_MODULE,
             got,
             tuple(want.shape),
             what=f"for idx of shape {tuple(idx.shape)} your output",
         )
         with torch.no_grad():
-            if not torch.equal(got, call_learner(EX_MODULE, model.forward, idx).double()):
-                raise CheckFailed(
+            if not torch.equal(got, core.call_learner(EX_MODULE, model.forward, idx).double()):
+                raise core.CheckFailed(
                     EX_MODULE,
                     "in eval mode two calls gave different logits: use "
                     "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
                 )
-        if close(got, want, atol=1e-4, rtol=1e-4):
+        if core.close(got, want, atol=1e-4, rtol=1e-4):
             continue
         worst = (got - want.double()).abs().max().item()
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MODULE,
             f"for idx of shape {tuple(idx.shape)} your logits differ "
             f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
             "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
         )
     _check_dropout(model_cls)
-    passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
+    core.passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
 
 # --------------------------------------------------------------------------- Exercise 6.3
@@ -360,24 +352,24 @@ def _std_of(params):
 
 # fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
 INIT_SCALE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "1/sqrt(n_layer)",
         "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block "
         "adds TWO updates to the residual stream (attention and MLP)",
         lambda n_layer: 0.02 / math.sqrt(n_layer),
     ),
-    Mistake(
+    core.Mistake(
         "1/(2 n_layer)",
         "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · "
         "n_layer) (random updates add up as √count)",
         lambda n_layer: 0.02 / (2 * n_layer),
     ),
-    Mistake(
+    core.Mistake(
         "GPT-2 small's depth",
         "look scaled for GPT-2 small's 12 layers: use the model's own depth, model.config.n_layer",
         lambda n_layer: 0.02 / math.sqrt(2 * 12),
     ),
-    Mistake(
+    core.Mistake(
         "1/sqrt(2) only",
         "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of "
         "updates the residual stream sums over the whole model",
@@ -400,13 +392,13 @@ def check_init_gpt2_weights(init_fn) -> None:
             p.fill_(fill)
     torch.manual_seed(0)
     with torch.no_grad():
-        returned = call_learner(EX_INIT, init_fn, model)
+        returned = core.call_learner(EX_INIT, init_fn, model)
     if (
         isinstance(returned, nn.Module)
         and returned is not model
         and all((p == fill).all() for p in model.parameters())
     ):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_INIT,
             "your function returned a new model and left the one it was "
             "given unchanged; set the weights of `model` itself, in place "
@@ -422,7 +414,7 @@ def check_init_gpt2_weights(init_fn) -> None:
 
     for n, p in named.items():
         if is_layer_norm(n) and not torch.all(p == (1.0 if n.endswith(".weight") else 0.0)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INIT,
                 f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: "
                 "a LayerNorm starts with gain (weight) 1 and bias 0, a plain "
@@ -430,10 +422,10 @@ def check_init_gpt2_weights(init_fn) -> None:
             )
     for n, p in named.items():
         if n.endswith(".bias") and not torch.all(p == 0):
-            raise CheckFailed(EX_INIT, f"{n} is not zero: the layers' biases start at 0")
+            raise core.CheckFailed(EX_INIT, f"{n} is not zero: the layers' biases start at 0")
     for n, p in named.items():
         if torch.all(p == fill):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INIT,
                 f"{n} still holds the value it had before your function "
                 "ran: every parameter must be set (see the list in the exercise)",
@@ -449,15 +441,17 @@ def check_init_gpt2_weights(init_fn) -> None:
     for label, params in groups.items():
         std, mean = _std_of(params)
         if abs(std - math.sqrt(expected)) < 0.1 * math.sqrt(expected):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INIT,
                 f"{label} have std {std:.4f} = √0.02: 0.02 is the standard "
                 "deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
             )
         if abs(std - expected) > 0.1 * expected:
-            raise CheckFailed(EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them")
+            raise core.CheckFailed(
+                EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them"
+            )
         if abs(mean) > 0.2 * expected:
-            raise CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
+            raise core.CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
 
     resid = expected / math.sqrt(2 * n_layer)
 
@@ -470,13 +464,13 @@ def check_init_gpt2_weights(init_fn) -> None:
     }
     right = {w: near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
     if all(right.values()):
-        passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
+        core.passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
         return
     if sum(right.values()) == 1:
         good = next(w for w, ok in right.items() if ok)
         bad = next(w for w, ok in right.items() if not ok)
         if near(stds[bad][0], expected):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INIT,
                 f"only {good} is scaled, {bad} is not: both write into the "
                 "residual stream, so both use std 0.02 / √(2 · n_layer)",
@@ -484,16 +478,18 @@ def check_init_gpt2_weights(init_fn) -> None:
     where = next(w for w, ok in right.items() if not ok)
     std, mean = stds[where]
     if near(std, expected):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_INIT,
             "the residual projections (attn.c_proj, mlp.c_proj) are not "
             f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
             "residual stream adds up 2 · n_layer of their outputs",
         )
-    mistake = first_mistake(INIT_SCALE_MISTAKES, lambda m: near(std, m.fn(n_layer)))
+    mistake = core.first_mistake(INIT_SCALE_MISTAKES, lambda m: near(std, m.fn(n_layer)))
     if mistake is not None:
-        raise CheckFailed(EX_INIT, f"{where} weights have std {std:.4f}: they " + mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(
+            EX_INIT, f"{where} weights have std {std:.4f}: they " + mistake.message
+        )
+    raise core.CheckFailed(
         EX_INIT,
         f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
         f"0.02 / √(2 · {n_layer}) = {resid:.4f}",
@@ -510,7 +506,7 @@ def _right_count(config):
 
 def _count_mistake(name, message, delta):
     """A wrong count: the right one plus delta(V, P, C, L)."""
-    return Mistake(
+    return core.Mistake(
         name,
         message,
         lambda config: (
@@ -622,9 +618,9 @@ def check_count_gpt2_parameters(count_fn) -> None:
     ]
     for config in configs:
         want = _meta_count(tuple(sorted(vars(config).items())))
-        got = call_learner(EX_COUNT, count_fn, config)
+        got = core.call_learner(EX_COUNT, count_fn, config)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            raise CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
+            raise core.CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
         if got == want:
             continue
         sizes = (
@@ -632,23 +628,23 @@ def check_count_gpt2_parameters(count_fn) -> None:
             f"n_embd={config.n_embd}, n_layer={config.n_layer}"
         )
         if config is not configs[0] and got == _meta_count(tuple(sorted(vars(configs[0]).items()))):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COUNT,
                 f"for {sizes} you return GPT-2 small's count, 124,439,808; "
                 "compute it from the config's fields (config.n_embd, config.n_layer, ...)",
             )
         assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
-        mistake = first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
+        mistake = core.first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
         if mistake is not None:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: " + mistake.message
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_COUNT,
             f"for {sizes} you get {got:,}, the model has {want:,} "
             f"(off by {got - want:+,}); go through the parts listed in the exercise",
         )
-    passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
+    core.passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
 
 
 # --------------------------------------------------------------------------- Exercise 6.6
@@ -662,30 +658,30 @@ def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
 
 # fn(n_params, bytes_per_number) -> the dict a wrong answer returns
 MEMORY_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "one optimizer state",
         "your optimizer state is one number per parameter: AdamW keeps "
         "TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
         lambda n, b: _memory(n, b, optimizer=1),
     ),
-    Mistake(
+    core.Mistake(
         "no gradients",
         "the gradients are missing: loss.backward() stores one gradient per "
         "parameter, as big as the weights",
         lambda n, b: _memory(n, b, gradients=0),
     ),
-    Mistake(
+    core.Mistake(
         "optimizer with gradients",
         "your optimizer state is three numbers per parameter: AdamW "
         "keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
         lambda n, b: _memory(n, b, optimizer=3),
     ),
-    Mistake(
+    core.Mistake(
         "bits",
         "your counts are in bits (×8): the answer is in bytes, n_params × bytes_per_number",
         lambda n, b: _memory(n, b, scale=8),
     ),
-    Mistake(
+    core.Mistake(
         "fixed 4 bytes",
         "your counts ignore bytes_per_number (they assume 4, float32): use the "
         "argument, 2 for bfloat16, 8 for float64",
@@ -712,19 +708,21 @@ def _check_measured(measured, model, optimizer) -> None:
         "optimizer": sum(t.numel() * t.element_size() for t in state) - steps,
     }
     if not isinstance(measured, dict) or set(measured) != set(want):
-        raise CheckFailed(EX_MEMORY, f"`measured` should be a dict with the keys {', '.join(want)}")
+        raise core.CheckFailed(
+            EX_MEMORY, f"`measured` should be a dict with the keys {', '.join(want)}"
+        )
     for key, value in want.items():
         if measured[key] == value:
             continue
         if key == "optimizer" and measured[key] == value + steps:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY, "measured['optimizer'] counts AdamW's `step` counters: leave them out"
             )
         if measured[key] * 8 == value or measured[key] == sum(t.numel() for t in params):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY, f"measured[{key!r}] counts numbers, not bytes: times element_size()"
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MEMORY, f"measured[{key!r}] is {measured[key]:,} bytes; the tensors hold {value:,}"
         )
 
@@ -736,15 +734,17 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         _check_measured(measured, model, optimizer)
     keys = ("weights", "gradients", "optimizer", "total")
     for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
-        got = call_learner(EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number)
+        got = core.call_learner(
+            EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number
+        )
         if not isinstance(got, dict):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY,
                 f"return a dict with the keys {', '.join(keys)}; got {type(got).__name__}",
             )
         missing = [k for k in keys if k not in got]
         if missing:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY,
                 f"your dict lacks the key(s) {', '.join(map(repr, missing))}: "
                 f"use exactly {', '.join(map(repr, keys))}",
@@ -752,7 +752,7 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         for key in keys:
             value = got[key]
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MEMORY,
                     f"got[{key!r}] should be a number of bytes, got {type(value).__name__}",
                 )
@@ -763,28 +763,28 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         if got["total"] != got["weights"] + got["gradients"] + got["optimizer"] and all(
             got[k] == want[k] for k in keys[:3]
         ):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY,
                 f"{case}, 'total' is {got['total']:,}, but it should be the "
                 "sum of the other three, weights + gradients + optimizer",
             )
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             MEMORY_MISTAKES,
             lambda m: all(got[k] == m.fn(n_params, bytes_per_number)[k] for k in keys),
         )
         if mistake is not None:
-            raise CheckFailed(EX_MEMORY, f"{case}: " + mistake.message)
+            raise core.CheckFailed(EX_MEMORY, f"{case}: " + mistake.message)
         wrong = next(k for k in keys if got[k] != want[k])
         if got[wrong] * 2**20 == want[wrong] or got[wrong] * 2**30 == want[wrong]:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MEMORY,
                 f"{case}, your {wrong!r} looks converted to MiB or GiB: "
                 "return bytes (divide by 2**20 only to print)",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got {got[wrong]:,}"
         )
-    passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
+    core.passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -801,15 +801,15 @@ def check_budget_config(config) -> int:
     from gpt2lib.chapters.model import GPT2
 
     if not isinstance(config, GPT2Config):
-        raise CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
+        raise core.CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
     for name in ("vocab_size", "n_positions"):
         if getattr(config, name) != BUDGET[name]:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 CHALLENGE_BUDGET,
                 f"keep GPT-2's {name} = {BUDGET[name]:,}; got {getattr(config, name):,}",
             )
     if config.n_layer < BUDGET["min_layers"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_BUDGET,
             f"n_layer = {config.n_layer}: the goal asks for at least {BUDGET['min_layers']} blocks",
         )
@@ -818,18 +818,18 @@ def check_budget_config(config) -> int:
     state = 16 * n  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
     share = config.vocab_size * config.n_embd / n
     if state > BUDGET["bytes"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_BUDGET,
             f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
             "state, more than 1 GiB: make the model narrower or shallower",
         )
     if n < BUDGET["min_params"]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE_BUDGET,
             f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
             f"at least {BUDGET['min_params']:,}: there is room for more",
         )
-    passed(
+    core.passed(
         CHALLENGE_BUDGET,
         f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
         f"token table {share:.1%} of the model",
@@ -841,7 +841,7 @@ def check_budget_config(config) -> int:
 
 # fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
 FORWARD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "both_planted_bugs",
         "both planted bugs are still there: the positions start at 1 and each "
         "block's output is added to the stream a second time",
@@ -864,28 +864,33 @@ def check_forward_by_hand(forward_by_hand) -> None:
             with torch.no_grad():
                 want = model(idx)
                 try:
-                    got = call_learner(EX_DEBUG, forward_by_hand, model, idx)
+                    got = core.call_learner(EX_DEBUG, forward_by_hand, model, idx)
                 except IndexError:
-                    raise CheckFailed(
+                    raise core.CheckFailed(
                         EX_DEBUG,
                         f"for T={T} = n_positions your forward reads a position the "
                         "table does not have: positions are 0 .. T-1, torch.arange(T)",
                     ) from None
-            got = expect_tensor(EX_DEBUG, got, tuple(want.shape), what=f"your logits for T={T}")
-            if close(got, want, atol=1e-4, rtol=1e-4):
+            got = core.expect_tensor(
+                EX_DEBUG, got, tuple(want.shape), what=f"your logits for T={T}"
+            )
+            if core.close(got, want, atol=1e-4, rtol=1e-4):
                 continue
             with torch.no_grad():
-                found = first_mistake(
-                    FORWARD_MISTAKES, lambda m: close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4)
+                found = core.first_mistake(
+                    FORWARD_MISTAKES,
+                    lambda m: core.close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4),
                 )
             if found:
-                raise CheckFailed(EX_DEBUG, found.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_DEBUG, found.message)
+            raise core.CheckFailed(
                 EX_DEBUG,
                 f"for T={T} your logits differ from model(idx) by up to "
                 f"{(got - want.double()).abs().max().item():.4g}",
             )
-    passed(EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream")
+    core.passed(
+        EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream"
+    )
 
 
 # checks whose planted mistakes have the exercise's own signature (tests/check_cases.planted)

@@ -14,17 +14,7 @@ import math
 
 import torch
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    NotDoneYet,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    named,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
@@ -77,25 +67,25 @@ def _read_planted(
 
 
 READ_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "offsets from the file's start",
         "the values are wrong although names, dtypes and shapes are right: data_offsets "
         "count from the end of the header, so a tensor starts at byte 8 + header length + "
         "its first offset",
         lambda path, keep=None: _read_planted(path, keep, from_file_start=True),
     ),
-    Mistake(
+    core.Mistake(
         "keep ignored",
         "with keep=... you still yielded tensors that keep(name) refused; "
         "test each name before reading its bytes",
         lambda path, keep=None: _read_planted(path, keep, ignore_keep=True),
     ),
-    Mistake(
+    core.Mistake(
         "flat",
         "every tensor came back flat (1-D): view it with the shape from its header entry",
         lambda path, keep=None: _read_planted(path, keep, flat=True),
     ),
-    Mistake(
+    core.Mistake(
         "memory map",
         "your tensors changed when the file was rewritten after reading: they "
         "are views of the file (a memory map), not tensors of their own; copy the bytes into "
@@ -109,9 +99,9 @@ READ_MISTAKES = [
 def _read_all(iter_safetensors, path, keep=None):
     """{name: tensor} from the learner's reader, its stub turned into NotDoneYet."""
     try:
-        return dict(call_learner(EX_READ, iter_safetensors, path, keep=keep))
+        return dict(core.call_learner(EX_READ, iter_safetensors, path, keep=keep))
     except NotImplementedError:
-        raise NotDoneYet(
+        raise core.NotDoneYet(
             EX_READ,
             "not done yet: replace the `raise NotImplementedError(...)` "
             "line with your code, run that cell, then run this check "
@@ -141,25 +131,27 @@ def check_iter_safetensors(iter_safetensors) -> None:
         want = load_file(str(path))
         got = _read_all(iter_safetensors, path)
         if "__metadata__" in got:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_READ,
                 "you yielded the header's __metadata__ entry: it describes "
                 "the file and holds no tensor; leave it out",
             )
         if set(got) != set(want):
-            raise CheckFailed(EX_READ, f"names read: {sorted(got)}; the file holds {sorted(want)}")
+            raise core.CheckFailed(
+                EX_READ, f"names read: {sorted(got)}; the file holds {sorted(want)}"
+            )
         for name, tensor in got.items():
             if not isinstance(tensor, torch.Tensor):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_READ, f"{name}: yield (name, tensor) pairs, not {type(tensor).__name__}"
                 )
             if tensor.dtype != want[name].dtype:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_READ,
                     f"{name} came back as {tensor.dtype}, the file stores "
                     f"{want[name].dtype}: take the dtype from its header entry",
                 )
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             READ_MISTAKES,
             lambda m: all(
                 torch.equal(got[n].view(-1), t.view(-1)) and got[n].shape == t.shape
@@ -171,17 +163,17 @@ def check_iter_safetensors(iter_safetensors) -> None:
                 tensor, want[name]
             ):
                 if mistake is not None:
-                    raise CheckFailed(EX_READ, mistake.message)
-                raise CheckFailed(
+                    raise core.CheckFailed(EX_READ, mistake.message)
+                raise core.CheckFailed(
                     EX_READ,
                     f"{name}: the shape or values differ from the file's "
                     f"(shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})",
                 )
         kept = _read_all(iter_safetensors, path, keep=lambda n: n.startswith("h."))
         if set(kept) != {"h.0.attn.c_attn.weight"}:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_READ,
-                named(READ_MISTAKES, "keep ignored").message
+                core.named(READ_MISTAKES, "keep ignored").message
                 + f" (with keep, you yielded {sorted(kept)})",
             )
         before = {n: t.clone() for n, t in got.items()}
@@ -190,8 +182,10 @@ def check_iter_safetensors(iter_safetensors) -> None:
             f.seek(8 + int.from_bytes(path.read_bytes()[:8], "little"))
             f.write(bytes(size - f.tell()))
         if any(not torch.equal(got[n], before[n]) for n in got):
-            raise CheckFailed(EX_READ, named(READ_MISTAKES, "memory map").message)
-    passed(EX_READ, "four dtypes, the metadata left out, keep honoured, and tensors of their own")
+            raise core.CheckFailed(EX_READ, core.named(READ_MISTAKES, "memory map").message)
+    core.passed(
+        EX_READ, "four dtypes, the metadata left out, keep honoured, and tensors of their own"
+    )
 
 
 # --------------------------------------------------------------------------- 8.1 induction score
@@ -209,45 +203,45 @@ def _second_copy(pattern, L, offset):
 
 
 INDUCTION_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "same_token",
         "you score the attention to the earlier copy of the *same* token "
         "(key q - seq_len). An induction head attends to the token *after* it: key "
         "q - seq_len + 1",
         lambda p, L: _second_copy(p, L, L).mean(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "two_after",
         "off by one the other way: key q - seq_len + 2 is two tokens after the "
         "earlier copy; the induction key is q - seq_len + 1",
         lambda p, L: _second_copy(p, L, L - 2).mean(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "previous_token",
         "this is the attention to the previous token (key q - 1), the "
         "previous-token score; the induction key is q - seq_len + 1",
         lambda p, L: _second_copy(p, L, 1).mean(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "whole_stripe",
         "you average the whole stripe key = q - seq_len + 1, including "
         "queries of the first copy (where there is nothing to repeat yet); average over the "
         "seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
         lambda p, L: p.diagonal(offset=-(L - 1), dim1=-2, dim2=-1).mean(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "transposed",
         "rows are queries and columns keys: pattern[..., q, k]. You read "
         "pattern[..., k, q], which the causal mask makes 0 above the diagonal",
         lambda p, L: _induction_right(p.transpose(-1, -2), L),
     ),
-    Mistake(
+    core.Mistake(
         "sum",
         "you add the attention up instead of averaging it: a perfect induction head "
         "should score 1, so take the mean over the batch and the queries",
         lambda p, L: _second_copy(p, L, L - 1).sum(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "first_example",
         "you use only the first sequence of the batch; average over the batch dimension too",
         lambda p, L: _second_copy(p, L, L - 1)[0].mean(dim=-1),
@@ -274,13 +268,13 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
         pattern = _patterns(B, nh, L, seed)
         given = pattern.clone()
-        got = call_learner(EX_INDUCTION, induction_score, pattern, L)
+        got = core.call_learner(EX_INDUCTION, induction_score, pattern, L)
         if not torch.equal(pattern, given):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "your function changed the pattern it was given; read it without writing to it",
             )
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_INDUCTION,
             got,
             (nh,),
@@ -294,14 +288,15 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
             },
         )
         want = _induction_right(pattern, L)
-        if close(got, want, atol=1e-6):
+        if core.close(got, want, atol=1e-6):
             continue
-        mistake = first_mistake(
-            INDUCTION_MISTAKES, lambda m, got=got, p=pattern, L=L: close(got, m.fn(p, L), atol=1e-6)
+        mistake = core.first_mistake(
+            INDUCTION_MISTAKES,
+            lambda m, got=got, p=pattern, L=L: core.close(got, m.fn(p, L), atol=1e-6),
         )
         if mistake:
-            raise CheckFailed(EX_INDUCTION, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_INDUCTION, mistake.message)
+        raise core.CheckFailed(
             EX_INDUCTION,
             f"for seq_len={L} the scores should be "
             f"{[round(v, 4) for v in want.tolist()]}, got "
@@ -312,7 +307,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
         _check_repeated_tokens(repeated_tokens)
     if induction_scores is not None:
         _check_induction_scores(induction_scores, repeated_tokens)
-    passed(
+    core.passed(
         EX_INDUCTION,
         "head 0 of the test pattern (an induction head) scores highest"
         + ("; the repeated input and the model's scores are right" if induction_scores else ""),
@@ -324,8 +319,8 @@ def _check_repeated_tokens(repeated_tokens):
         (3, 5, 50, 0, None, None),
         (2, 7, 40, 1, 7, torch.tensor([3, 11, 30])),
     ]:
-        got = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
-        got = expect_tensor(
+        got = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        got = core.expect_tensor(
             EX_INDUCTION,
             got,
             (batch, 2 * L + 1),
@@ -336,37 +331,39 @@ def _check_repeated_tokens(repeated_tokens):
             },
         )
         if got.dtype.is_floating_point:
-            raise CheckFailed(EX_INDUCTION, "repeated_tokens must return integer ids (torch.long)")
+            raise core.CheckFailed(
+                EX_INDUCTION, "repeated_tokens must return integer ids (torch.long)"
+            )
         want_bos = V - 1 if bos is None else bos
         if not bool((got[:, 0] == want_bos).all()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 f"every row must start with bos_token_id ({want_bos}; "
                 "by default vocab_size - 1, <|endoftext|> in GPT-2)",
             )
         if not torch.equal(got[:, 1 : L + 1], got[:, L + 1 :]):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "the second half must repeat the first: ids 1 .. L and L + 1 .. 2L are the same",
             )
         allowed = torch.arange(V) if pool is None else pool
         if not bool(torch.isin(got[:, 1:], allowed).all()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "draw the ids from `tokens` when it is given (else from 0 .. vocab_size - 1)",
             )
-        again = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        again = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
         if not torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "two calls with the same seed give different ids: "
                 "draw with the generator seeded from `seed`",
             )
-        other = call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
+        other = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
         if pool is None and torch.equal(torch.as_tensor(other), torch.as_tensor(got).long()):
-            raise CheckFailed(EX_INDUCTION, "another seed gives the same ids: use `seed`")
+            raise core.CheckFailed(EX_INDUCTION, "another seed gives the same ids: use `seed`")
         if pool is None and len(set(got[0, 1 : L + 1].tolist())) < 2:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION, "the ids of a row should be random, not one id repeated"
             )
 
@@ -383,8 +380,8 @@ def _check_induction_scores(induction_scores, repeated_tokens):
         _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
         want = torch.stack([_induction_right(p, L) for p in cache.attn])
         want_prev = torch.stack([previous_token_score(p) for p in cache.attn])
-        got = call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
-        got = expect_tensor(
+        got = core.call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
+        got = core.expect_tensor(
             EX_INDUCTION,
             got,
             tuple(want.shape),
@@ -393,20 +390,20 @@ def _check_induction_scores(induction_scores, repeated_tokens):
                 tuple(want.shape[1:]): "one row per layer: stack the scores of every layer",
             },
         )
-        if not close(got, want, atol=1e-5):
-            raise CheckFailed(
+        if not core.close(got, want, atol=1e-5):
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "induction_scores(model) differs from your induction_score "
                 "applied to each layer's attention on repeated_tokens(batch, seq_len, "
                 "vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
             )
-        both = call_learner(
+        both = core.call_learner(
             EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True
         )
         if not (
-            isinstance(both, tuple) and len(both) == 2 and close(both[1], want_prev, atol=1e-5)
+            isinstance(both, tuple) and len(both) == 2 and core.close(both[1], want_prev, atol=1e-5)
         ):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_INDUCTION,
                 "with previous=True return (induction scores, previous-"
                 "token scores), each (n_layer, n_head)",
@@ -441,13 +438,13 @@ def _lens_right(model, resid):
 
 
 LENS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_ln_f",
         "the final LayerNorm is missing: apply model.ln_f to each stream before "
         "the readout, as the model does before its logits",
         lambda model, resid: torch.stack(resid) @ model.wte.weight.T,
     ),
-    Mistake(
+    core.Mistake(
         "plain_norm",
         "you normalise without ln_f's learned gain and shift; call "
         "model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
@@ -458,17 +455,17 @@ LENS_MISTAKES = [
             @ model.wte.weight.T
         ),
     ),
-    Mistake(
+    core.Mistake(
         "ln_f_twice",
         "ln_f is applied twice; once, right before the readout, is enough",
         lambda model, resid: model.ln_f(model.ln_f(torch.stack(resid))) @ model.wte.weight.T,
     ),
-    Mistake(
+    core.Mistake(
         "probabilities",
         "you return probabilities (softmax); return the logits, as the model does",
         lambda model, resid: _lens_right(model, resid).softmax(-1),
     ),
-    Mistake(
+    core.Mistake(
         "log_probabilities",
         "you return log-probabilities (log_softmax); return the logits, as the model does",
         lambda model, resid: _lens_right(model, resid).log_softmax(-1),
@@ -487,18 +484,18 @@ def check_logit_lens(logit_lens) -> None:
     cache = _Cache(resid)
     given = [r.clone() for r in resid]
     with torch.no_grad():
-        got = call_learner(EX_LENS, logit_lens, model, cache)
+        got = core.call_learner(EX_LENS, logit_lens, model, cache)
         want = _lens_right(model, resid)
     if isinstance(got, tuple) and len(got) == 2:  # torch.topk's (values, indices)
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LENS,
             "you return top-k values and indices; return the full logits (n_layer + 1, B, T, V)",
         )
     if not all(torch.equal(a, b) for a, b in zip(resid, given)):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LENS, "your function changed cache.resid; read it without writing to it"
         )
-    got = expect_tensor(
+    got = core.expect_tensor(
         EX_LENS,
         got,
         (L + 1, B, T, V),
@@ -518,13 +515,15 @@ def check_logit_lens(logit_lens) -> None:
             (B, T, L + 1, V): "stack along a new first dimension: (n_layer + 1, B, T, V)",
         },
     )
-    if close(got, want, atol=1e-4):
-        passed(EX_LENS, "the last layer's lens equals the model's logits")
+    if core.close(got, want, atol=1e-4):
+        core.passed(EX_LENS, "the last layer's lens equals the model's logits")
         return
-    mistake = first_mistake(LENS_MISTAKES, lambda m: close(got, m.fn(model, resid), atol=1e-4))
+    mistake = core.first_mistake(
+        LENS_MISTAKES, lambda m: core.close(got, m.fn(model, resid), atol=1e-4)
+    )
     if mistake:
-        raise CheckFailed(EX_LENS, mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(EX_LENS, mistake.message)
+    raise core.CheckFailed(
         EX_LENS,
         "the logits differ from model.ln_f(stream) @ model.wte.weight.T "
         "for each stream in cache.resid",
@@ -556,30 +555,30 @@ def _next_from(transform):
 
 
 NEXT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "unshifted",
         "you scored each position's logits against its own token; the logits at "
         "position t predict the token at t + 1 (and the last position has nothing to predict)",
         _next_unshifted,
     ),
-    Mistake(
+    core.Mistake(
         "backwards",
         "you scored position t + 1's logits against token t: the shift runs the "
         "other way, the logits at t predict the token at t + 1",
         _next_backwards,
     ),
-    Mistake(
+    core.Mistake(
         "raw logits",
         "these are raw logits, not log-probabilities: apply log_softmax over the vocabulary first",
         _next_from(lambda x: x),
     ),
-    Mistake(
+    core.Mistake(
         "probabilities",
         "these are probabilities; the exercise asks for log-probabilities "
         "(log_softmax, not softmax)",
         _next_from(lambda x: x.softmax(-1)),
     ),
-    Mistake(
+    core.Mistake(
         "softmax over positions",
         "your log_softmax runs over the wrong dimension: normalise "
         "over the vocabulary (the last one), not over the positions",
@@ -596,13 +595,13 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
         lens = torch.randn(layers, B, T, V, generator=gen) * 3
         idx = torch.randint(0, V, (B, T), generator=gen)
         given = lens.clone()
-        got = call_learner(ex, next_token_logprobs, lens, idx)
+        got = core.call_learner(ex, next_token_logprobs, lens, idx)
         if not torch.equal(lens, given):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 ex,
                 "your function changed the lens logits in place; read them without writing to them",
             )
-        got = expect_tensor(
+        got = core.expect_tensor(
             ex,
             got,
             (layers, B, T - 1),
@@ -630,19 +629,25 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
                 "log-probability of the token that comes next, at T - 1 positions",
             },
         )
-        if close(got, _next_right(lens, idx), atol=1e-4):
+        if core.close(got, _next_right(lens, idx), atol=1e-4):
             continue
-        mistake = first_mistake(NEXT_MISTAKES, lambda m: close(got, m.fn(lens, idx), atol=1e-4))
+        mistake = core.first_mistake(
+            NEXT_MISTAKES, lambda m: core.close(got, m.fn(lens, idx), atol=1e-4)
+        )
         if mistake:
-            raise CheckFailed(ex, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(ex, mistake.message)
+        raise core.CheckFailed(
             ex,
             f"with {layers} layers, batch {B}, {T} tokens, your values differ from "
             "the log-probability, under each layer's lens, of the token that comes next",
         )
     if not (got <= 1e-6).all():
-        raise CheckFailed(ex, "a log-probability above 0: apply log_softmax over the vocabulary")
-    passed(ex, "each layer's log-probability of the next token, for several batches and lengths")
+        raise core.CheckFailed(
+            ex, "a log-probability above 0: apply log_softmax over the vocabulary"
+        )
+    core.passed(
+        ex, "each layer's log-probability of the next token, for several batches and lengths"
+    )
 
 
 # --------------------------------------------------------------------------- 8.3 zero heads
@@ -681,30 +686,30 @@ def _zero_positions(y, heads, n_head):
 
 
 ZERO_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "kept_instead",
         "you zero every head except the listed ones; zero the listed heads and keep the others",
         _zero_keep,
     ),
-    Mistake(
+    core.Mistake(
         "n_head_width",
         "you zero n_head channels per head; each head owns head_dim = C // "
         "n_head channels: h * head_dim to (h + 1) * head_dim",
         lambda y, heads, n_head: _zero_slices(y, heads, n_head),
     ),
-    Mistake(
+    core.Mistake(
         "head_fastest",
         "the channels of head h are one block, h * head_dim .. (h + 1) * "
         "head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
         _zero_head_last,
     ),
-    Mistake(
+    core.Mistake(
         "positions",
         "you zero time positions (dimension 1); a head is a group of channels "
         "in the last dimension",
         _zero_positions,
     ),
-    Mistake(
+    core.Mistake(
         "first_only",
         "only the first listed head is zeroed; zero all of them",
         lambda y, heads, n_head: _zero_right(y, list(heads)[:1], n_head),
@@ -719,17 +724,17 @@ def check_zero_heads(zero_heads) -> None:
     for B, T, C, n_head, heads in [(2, 4, 12, 3, [1]), (2, 3, 12, 3, [0, 2]), (1, 5, 8, 4, [3, 1])]:
         y = torch.randn(B, T, C, generator=gen) + 0.5  # no zeros of its own
         given = y.clone()
-        got = call_learner(EX_ZERO, zero_heads, y, list(heads), n_head)
+        got = core.call_learner(EX_ZERO, zero_heads, y, list(heads), n_head)
         want = _zero_right(given, heads, n_head)
         if not torch.equal(y, given):
-            if close(y, want, atol=0):
-                raise CheckFailed(
+            if core.close(y, want, atol=0):
+                raise core.CheckFailed(
                     EX_ZERO,
                     "you zeroed y in place; work on a copy (y.clone()) "
                     "and return it, so that the caller's tensor is unchanged",
                 )
-            raise CheckFailed(EX_ZERO, "your function changed y; work on a copy (y.clone())")
-        got = expect_tensor(
+            raise core.CheckFailed(EX_ZERO, "your function changed y; work on a copy (y.clone())")
+        got = core.expect_tensor(
             EX_ZERO,
             got,
             (B, T, C),
@@ -738,21 +743,21 @@ def check_zero_heads(zero_heads) -> None:
                 (B, T, n_head, C // n_head): "reshape the result back to (B, T, C)",
             },
         )
-        if close(got, want, atol=0):
+        if core.close(got, want, atol=0):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             ZERO_MISTAKES,
-            lambda m, got=got, y=given, hs=heads, n=n_head: close(got, m.fn(y, hs, n), atol=0),
+            lambda m, got=got, y=given, hs=heads, n=n_head: core.close(got, m.fn(y, hs, n), atol=0),
         )
         if mistake:
-            raise CheckFailed(EX_ZERO, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_ZERO, mistake.message)
+        raise core.CheckFailed(
             EX_ZERO,
             f"with n_head={n_head} and heads={heads}, channels "
             f"h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head "
             "must be 0 and every other value unchanged",
         )
-    passed(EX_ZERO, "the listed heads' channels are 0, the rest untouched, y unchanged")
+    core.passed(EX_ZERO, "the listed heads' channels are 0, the rest untouched, y unchanged")
 
 
 # --------------------------------------------------------------------------- 8.1 checkpoint -> model
@@ -805,7 +810,7 @@ def _conv_weight(name, tensor):
 
 
 MAPPING_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "kept_masks",
         "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal "
         "masks (n_positions x n_positions of ones below the diagonal), which our attention "
@@ -814,7 +819,7 @@ MAPPING_MISTAKES = [
             k.removeprefix("transformer."): v for k, v in t.items() if k != "lm_head.weight"
         },
     ),
-    Mistake(
+    core.Mistake(
         "kept_lm_head",
         "you kept lm_head.weight: GPT-2's readout is tied to wte (the same "
         "tensor), so our model has no separate lm_head; leave it out",
@@ -823,7 +828,7 @@ MAPPING_MISTAKES = [
             **({"lm_head.weight": t["lm_head.weight"]} if "lm_head.weight" in t else {}),
         },
     ),
-    Mistake(
+    core.Mistake(
         "kept_prefix",
         "names written by save_pretrained start with `transformer.`; drop that "
         "prefix, our modules are named without it",
@@ -833,7 +838,7 @@ MAPPING_MISTAKES = [
             if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))
         },
     ),
-    Mistake(
+    core.Mistake(
         "dropped_c_attn_bias",
         "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a "
         "name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself "
@@ -844,7 +849,7 @@ MAPPING_MISTAKES = [
             if not k.endswith(("c_attn.bias", "attn.c_proj.bias"))
         },
     ),
-    Mistake(
+    core.Mistake(
         "transposed",
         "you transposed the Conv1D weights: the file stores them [in, out], "
         "and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape "
@@ -872,26 +877,26 @@ def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
     for prefixed in (False, True):
         tensors = _checkpoint_file(model, prefixed)
         given = {k: v.clone() for k, v in tensors.items()}
-        got = call_learner(EX_MAPPING, checkpoint_to_model, tensors)
+        got = core.call_learner(EX_MAPPING, checkpoint_to_model, tensors)
         if not isinstance(got, dict):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MAPPING, f"return a dict {{name: tensor}}, got {type(got).__name__}"
             )
         if not _same_state(tensors, given):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MAPPING, "your function changed the dict it was given; build a new dict instead"
             )
         want = _mapping_right(given)
         if _same_state(got, want):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             MAPPING_MISTAKES, lambda m, got=got, t=given: _same_state(got, m.fn(t))
         )
         if mistake:
-            raise CheckFailed(EX_MAPPING, mistake.message)
+            raise core.CheckFailed(EX_MAPPING, mistake.message)
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         layout = "save_pretrained's layout" if prefixed else "the hub's layout"
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_MAPPING,
             f"on a checkpoint in {layout}: "
             + (f"missing {missing[:4]}; " if missing else "")
@@ -907,7 +912,7 @@ def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
     probe.load_state_dict(got, strict=True, assign=True)  # the mapping loads strictly
     if load_weights is not None:
         _check_load_weights(load_weights, model)
-    passed(
+    core.passed(
         EX_MAPPING,
         "both layouts load into GPT2 with strict=True"
         + ("; load_weights gives the same model" if load_weights else ""),
@@ -930,7 +935,7 @@ def _check_load_weights(load_weights, model):
         )
         idx = torch.tensor([[1, 5, 7, 2]])
         for dtype in (torch.float32, torch.float64):
-            got = call_learner(
+            got = core.call_learner(
                 EX_MAPPING,
                 load_weights,
                 path,
@@ -940,30 +945,30 @@ def _check_load_weights(load_weights, model):
                 model_cls=GPT2,
             )
             if not isinstance(got, torch.nn.Module):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MAPPING, f"load_weights must return the model, got {type(got).__name__}"
                 )
             left = [n for n, t in [*got.named_parameters(), *got.named_buffers()] if t.is_meta]
             if left:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MAPPING,
                     f"after load_weights, {left[:3]} are still on the meta "
                     "device: pass assign=True to load_state_dict, so the file's tensors "
                     "become the parameters",
                 )
             if got.training:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MAPPING, "return the model in eval mode (model.eval()): dropout off"
                 )
             if got.wte.weight.dtype != dtype:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MAPPING,
                     f"asked for dtype={dtype}, the weights are "
                     f"{got.wte.weight.dtype}: convert each tensor as it is read",
                 )
             with torch.no_grad():
-                if not close(got(idx), model(idx).to(dtype), atol=1e-4):
-                    raise CheckFailed(
+                if not core.close(got(idx), model(idx).to(dtype), atol=1e-4):
+                    raise core.CheckFailed(
                         EX_MAPPING,
                         "the loaded model computes other logits than the "
                         "model the checkpoint was written from",
@@ -984,37 +989,37 @@ def _diagonal_mean(pattern, offset):
 
 
 PREVIOUS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "itself",
         "you score the attention of each token to *itself* (the main diagonal); "
         "the previous token is key q - 1, one below it",
         lambda p: _diagonal_mean(p, 0),
     ),
-    Mistake(
+    core.Mistake(
         "two_back",
         "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
         lambda p: _diagonal_mean(p, -2),
     ),
-    Mistake(
+    core.Mistake(
         "transposed",
         "rows are queries and columns keys: the previous token of query q is "
         "pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask "
         "leaves zeros)",
         lambda p: _diagonal_mean(p, 1),
     ),
-    Mistake(
+    core.Mistake(
         "counts_position_0",
         "you average over all T queries, counting position 0 (which has "
         "no previous token) as a zero; average over the T - 1 queries that have one",
         lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-1],
     ),
-    Mistake(
+    core.Mistake(
         "sum",
         "you add the attention up instead of averaging it: a perfect previous-token "
         "head should score 1",
         lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, -1)),
     ),
-    Mistake(
+    core.Mistake(
         "first_example",
         "you use only the first sequence of the batch; average over the batch too",
         lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1)[0].mean(-1),
@@ -1027,11 +1032,11 @@ def check_previous_token_score(previous_token_score) -> None:
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
         pattern = _patterns(B, nh, L, seed)
         given = pattern.clone()
-        got = call_learner(EX_PREVIOUS, previous_token_score, pattern)
+        got = core.call_learner(EX_PREVIOUS, previous_token_score, pattern)
         if not torch.equal(pattern, given):
-            raise CheckFailed(EX_PREVIOUS, "your function changed the pattern it was given")
+            raise core.CheckFailed(EX_PREVIOUS, "your function changed the pattern it was given")
         T = pattern.shape[-1]
-        got = expect_tensor(
+        got = core.expect_tensor(
             EX_PREVIOUS,
             got,
             (nh,),
@@ -1044,19 +1049,19 @@ def check_previous_token_score(previous_token_score) -> None:
             },
         )
         want = _previous_right(pattern)
-        if close(got, want, atol=1e-6):
+        if core.close(got, want, atol=1e-6):
             continue
-        mistake = first_mistake(
-            PREVIOUS_MISTAKES, lambda m, got=got, p=pattern: close(got, m.fn(p), atol=1e-6)
+        mistake = core.first_mistake(
+            PREVIOUS_MISTAKES, lambda m, got=got, p=pattern: core.close(got, m.fn(p), atol=1e-6)
         )
         if mistake:
-            raise CheckFailed(EX_PREVIOUS, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_PREVIOUS, mistake.message)
+        raise core.CheckFailed(
             EX_PREVIOUS,
             f"the scores should be {[round(v, 4) for v in want.tolist()]}, "
             f"got {[round(v, 4) for v in got.tolist()]}",
         )
-    passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
+    core.passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
 
 
 # --------------------------------------------------------------------------- 8.5 the two copies' losses
@@ -1074,7 +1079,7 @@ def _copies_right(logits, idx, L):
 
 
 COPY_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "first_tokens_counted",
         "you count the first token of each copy too; it follows "
         "<|endoftext|> or the end of the first copy, and nothing can predict it: count the "
@@ -1084,7 +1089,7 @@ COPY_MISTAKES = [
             _per_token(lg, idx)[:, L:].mean().item(),
         ),
     ),
-    Mistake(
+    core.Mistake(
         "no_shift",
         "the logits at position t predict the token at t + 1: compare "
         "logits[:, :-1] with idx[:, 1:], not the same positions",
@@ -1094,12 +1099,12 @@ COPY_MISTAKES = [
             )
         ),
     ),
-    Mistake(
+    core.Mistake(
         "swapped",
         "you return (second, first); return the first copy's loss first",
         lambda lg, idx, L: _copies_right(lg, idx, L)[::-1],
     ),
-    Mistake(
+    core.Mistake(
         "split_late",
         "the second copy starts one prediction late: after the start token and "
         "the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and "
@@ -1109,7 +1114,7 @@ COPY_MISTAKES = [
             _per_token(lg, idx)[:, L + 2 :].mean().item(),
         ),
     ),
-    Mistake(
+    core.Mistake(
         "bits",
         "you measure in bits (log base 2); the loss of the course is in nats (natural "
         "log, as F.cross_entropy gives)",
@@ -1126,34 +1131,34 @@ def check_copy_losses(copy_losses) -> None:
         idx = repeated_tokens(B, L, V, seed=seed)
         gen = torch.Generator().manual_seed(seed)
         logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
-        got = call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
+        got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COPY, "return two numbers, (first copy's loss, second copy's loss)"
             )
         try:
             got = tuple(float(v) for v in got)
         except (TypeError, ValueError, RuntimeError):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COPY, "each of the two values must be one number (use .item())"
             ) from None
         want = _copies_right(logits, idx, L)
         if all(math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, want)):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             COPY_MISTAKES,
             lambda m, got=got, lg=logits, idx=idx, L=L: all(
                 math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, m.fn(lg, idx, L))
             ),
         )
         if mistake:
-            raise CheckFailed(EX_COPY, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_COPY, mistake.message)
+        raise core.CheckFailed(
             EX_COPY,
             f"for seq_len={L} the losses should be ({want[0]:.4f}, "
             f"{want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})",
         )
-    passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
+    core.passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
 
 
 # --------------------------------------------------------------------------- 8.7 ablation effects
@@ -1192,13 +1197,13 @@ def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False,
 
 
 EFFECTS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "sign",
         "your effects have the wrong sign: report the ablated loss minus the normal "
         "loss, so that a head the model needs shows a rise (a positive number)",
         lambda model, idx, L, head_means=None: _effects_right(model, idx, L, head_means, sign=-1.0),
     ),
-    Mistake(
+    core.Mistake(
         "whole_sequence",
         "you measure the loss over the whole sequence; measure the second "
         "copy only (copy_losses' second value), where copying is what helps",
@@ -1206,13 +1211,13 @@ EFFECTS_MISTAKES = [
             model, idx, L, head_means, whole=True
         ),
     ),
-    Mistake(
+    core.Mistake(
         "means_ignored",
         "with head_means given, your function still zeroes the head: set its "
         "channels to head_means[layer][head] (a (head_dim,) vector) instead",
         lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None),
     ),
-    Mistake(
+    core.Mistake(
         "whole_layer",
         "you ablate every head of the layer at once; ablate one head at a "
         "time, leaving the others as they are",
@@ -1251,15 +1256,15 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
             _, cache = run_with_cache(model, idx, capture="head_out")
         means = [h.mean(dim=(0, 2)) for h in cache.head_out]  # per layer (nh, hd)
         if mean_head_outputs is not None:
-            got_means = call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
+            got_means = core.call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
             if not (isinstance(got_means, (list, tuple)) and len(got_means) == n_layer):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_EFFECTS,
                     f"mean_head_outputs must return a list of n_layer = "
                     f"{n_layer} tensors, one per layer",
                 )
             for layer, (g, w) in enumerate(zip(got_means, means)):
-                g = expect_tensor(
+                g = core.expect_tensor(
                     EX_EFFECTS,
                     g,
                     (n_head, hd),
@@ -1271,8 +1276,8 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                         ): "keep the head_dim channels: average over the batch and positions only",
                     },
                 )
-                if not close(g, w, atol=1e-5):
-                    raise CheckFailed(
+                if not core.close(g, w, atol=1e-5):
+                    raise core.CheckFailed(
                         EX_EFFECTS,
                         f"layer {layer}'s means differ: average "
                         "cache.head_out[layer], (B, n_head, T, head_dim), over the "
@@ -1281,7 +1286,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
         for head_means in (None, means):
             how = "zeroed" if head_means is None else "set to their means"
             try:
-                got = call_learner(
+                got = core.call_learner(
                     EX_EFFECTS, ablation_effects, model, idx, L, head_means=head_means
                 )
             finally:
@@ -1290,30 +1295,30 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                     m._forward_pre_hooks.clear()
                     m._forward_hooks.clear()
             if left:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_EFFECTS,
                     f"your function left hooks on {left[:3]}: remove "
                     "each hook after its forward pass (handle.remove(), in a finally)",
                 )
-            got = expect_tensor(EX_EFFECTS, got, (n_layer, n_head), what="the effects")
+            got = core.expect_tensor(EX_EFFECTS, got, (n_layer, n_head), what="the effects")
             want = _effects_right(model, idx, L, head_means)
-            if close(got, want, atol=1e-4, rtol=1e-4):
+            if core.close(got, want, atol=1e-4, rtol=1e-4):
                 continue
-            mistake = first_mistake(
+            mistake = core.first_mistake(
                 EFFECTS_MISTAKES,
-                lambda m, got=got, idx=idx, L=L, hm=head_means: close(
+                lambda m, got=got, idx=idx, L=L, hm=head_means: core.close(
                     got, m.fn(model, idx, L, head_means=hm), atol=1e-4, rtol=1e-4
                 ),
             )
             if mistake:
-                raise CheckFailed(EX_EFFECTS, mistake.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_EFFECTS, mistake.message)
+            raise core.CheckFailed(
                 EX_EFFECTS,
                 f"with the heads {how}, seq_len={L}: the effects should "
                 f"be {want.round(decimals=4).tolist()}, got "
                 f"{got.round(decimals=4).tolist()}",
             )
-    passed(
+    core.passed(
         EX_EFFECTS,
         "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
         "printout: a head whose loss rises both ways computes from this input something the "
@@ -1333,18 +1338,18 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     """Challenge: `head` = (layer, head) raises the second copy's loss by >= share of the best head's."""
     n_layer, n_head = model.config.n_layer, model.config.n_head
     if head is None:
-        raise NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
+        raise core.NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
     if (
         not isinstance(head, (tuple, list))
         or len(head) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in head)
     ):
-        raise CheckFailed(
+        raise core.CheckFailed(
             CH_HEAD, f"CHOSEN_HEAD must be a pair of whole numbers (layer, head), got {head!r}"
         )
     layer, h = head
     if not (0 <= layer < n_layer and 0 <= h < n_head):
-        raise CheckFailed(
+        raise core.CheckFailed(
             CH_HEAD,
             f"({layer}, {h}) is not a head of this model: layers 0 .. "
             f"{n_layer - 1}, heads 0 .. {n_head - 1}",
@@ -1354,7 +1359,7 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     where = divmod(int(effects.argmax()), n_head)
     mine = effects[layer, h].item()
     if best < floor:
-        passed(
+        core.passed(
             CH_HEAD,
             f"no head of this model raises the second copy's loss by {floor} nats or "
             f"more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours "
@@ -1362,13 +1367,13 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
         )
         return
     if mine < share * best:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CH_HEAD,
             f"zeroing head {layer}.{h} raises the second copy's loss by "
             f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
             f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
         )
-    passed(
+    core.passed(
         CH_HEAD,
         f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, "
         f"{mine / best:.0%} of the best head's ({best:+.4f})",
@@ -1401,19 +1406,19 @@ def _record_right(model, idx):
 
 
 RECORD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_embeddings",
         "cache.resid has n_layer entries: the stream entering block 0 (token "
         "plus position embeddings) is missing; record it once, in the first block's pre-hook",
         lambda r, a, h: (r[1:], a, h),
     ),
-    Mistake(
+    core.Mistake(
         "inputs_twice",
         "cache.resid holds each block's input *and* output, so every stream "
         "between two blocks is there twice: record the input only for the first block",
         lambda r, a, h: ([t for x in zip(r[:-1], r[1:]) for t in x], a, h),
     ),
-    Mistake(
+    core.Mistake(
         "head_out_layout",
         "cache.head_out must be (B, n_head, T, head_dim): reshape c_proj's "
         "input (B, T, C) to (B, T, n_head, head_dim), then transpose(1, 2)",
@@ -1431,48 +1436,60 @@ def check_run_with_cache(run_with_cache) -> None:
         )
         want_r, want_a, want_h = _record_right(model, idx)
         with torch.enable_grad():  # recorded tensors must be cut off from autograd
-            logits, cache = call_learner(
+            logits, cache = core.call_learner(
                 EX_RECORD, run_with_cache, model, idx, capture=("resid", "attn", "head_out")
             )
         if _hooks_left(model):
-            raise CheckFailed(EX_RECORD, "hooks are left on the model after run_with_cache")
+            raise core.CheckFailed(EX_RECORD, "hooks are left on the model after run_with_cache")
         r, a, h = list(cache.resid), list(cache.attn), list(cache.head_out)
         if any(t.requires_grad for t in r + a + h):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_RECORD, "the recorded tensors still carry autograd history: record t.detach()"
             )
-        if not (len(r) == len(want_r) and all(close(x, y, atol=1e-5) for x, y in zip(r, want_r))):
-            mistake = first_mistake(
+        if not (
+            len(r) == len(want_r) and all(core.close(x, y, atol=1e-5) for x, y in zip(r, want_r))
+        ):
+            mistake = core.first_mistake(
                 RECORD_MISTAKES[:2],
                 lambda m: (
-                    lambda w: len(r) == len(w) and all(close(x, y, atol=1e-5) for x, y in zip(r, w))
+                    lambda w: (
+                        len(r) == len(w) and all(core.close(x, y, atol=1e-5) for x, y in zip(r, w))
+                    )
                 )(m.fn(want_r, want_a, want_h)[0]),
             )
             if mistake:
-                raise CheckFailed(EX_RECORD, mistake.message)
-            raise CheckFailed(
+                raise core.CheckFailed(EX_RECORD, mistake.message)
+            raise core.CheckFailed(
                 EX_RECORD,
                 f"cache.resid should be n_layer + 1 = {len(want_r)} streams "
                 f"(B, T, C): the embeddings, then the stream after each block; got "
                 f"{len(r)} tensors",
             )
-        if not (len(a) == len(want_a) and all(close(x, y, atol=1e-5) for x, y in zip(a, want_a))):
-            raise CheckFailed(
+        if not (
+            len(a) == len(want_a) and all(core.close(x, y, atol=1e-5) for x, y in zip(a, want_a))
+        ):
+            raise core.CheckFailed(
                 EX_RECORD,
                 f"cache.attn should hold n_layer = {len(want_a)} patterns "
                 f"(B, n_head, T, T), one per block: the tensor that passes the block's "
                 "attn.hook_pattern, recorded once per forward pass",
             )
-        if not (len(h) == len(want_h) and all(close(x, y, atol=1e-5) for x, y in zip(h, want_h))):
-            raise CheckFailed(EX_RECORD, named(RECORD_MISTAKES, "head_out_layout").message)
-        _, only = call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
+        if not (
+            len(h) == len(want_h) and all(core.close(x, y, atol=1e-5) for x, y in zip(h, want_h))
+        ):
+            raise core.CheckFailed(
+                EX_RECORD, core.named(RECORD_MISTAKES, "head_out_layout").message
+            )
+        _, only = core.call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
         if only.attn or only.head_out:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_RECORD,
                 "with capture='resid' only the stream is asked for: record "
                 "attn and head_out only when they are in `wanted`",
             )
-    passed(EX_RECORD, "the stream, the patterns and the heads' outputs, detached, hooks removed")
+    core.passed(
+        EX_RECORD, "the stream, the patterns and the heads' outputs, detached, hooks removed"
+    )
 
 
 MISTAKES_BY_CHECK = {

@@ -19,14 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    first_mistake,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_SHARDS = "Exercise 11.1 (the gradient DDP gives every rank)"
 EX_ACCUM = "Exercise 11.2 (fix the accumulation)"
@@ -82,13 +75,13 @@ def _shard_sum(model, x, y, world):
 
 
 SHARD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "summed",
         "your gradients are `world` times too large: DDP averages the ranks' "
         "gradients (all-reduce, then divide by the world size), it does not add them",
         _shard_sum,
     ),
-    Mistake(
+    core.Mistake(
         "first_shard_only",
         "your gradients are those of the first shard alone: every rank's shard must count",
         lambda model, x, y, world: full_batch_gradients(
@@ -104,7 +97,7 @@ def _compare_grads(got, want):
     return all(
         isinstance(got[n], torch.Tensor)
         and got[n].shape == want[n].shape
-        and close(got[n], want[n], atol=1e-6, rtol=1e-4)
+        and core.close(got[n], want[n], atol=1e-6, rtol=1e-4)
         for n in want
     )
 
@@ -114,25 +107,25 @@ def check_shard_gradients(fn):
         model = tiny_model(seed)
         x, y = _batch(seed, batch, 8)
         want = full_batch_gradients(model, x, y)
-        got = call_learner(EX_SHARDS, fn, model, x, y, world)
+        got = core.call_learner(EX_SHARDS, fn, model, x, y, world)
         if not isinstance(got, dict):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_SHARDS, f"return a dict name -> gradient tensor, got {type(got).__name__}"
             )
         if not _compare_grads(got, want):
-            wrong = first_mistake(
+            wrong = core.first_mistake(
                 SHARD_MISTAKES, lambda m: _compare_grads(got, m.fn(model, x, y, world))
             )
             detail = (
                 wrong.message if wrong else ("your averaged gradients differ from the full batch's")
             )
-            raise CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
+            raise core.CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
         if any(
             p.grad is not None and p.grad.abs().sum() > 0 and n not in got
             for n, p in model.named_parameters()
         ):
-            raise CheckFailed(EX_SHARDS, "a gradient is missing from your dict")
-    passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
+            raise core.CheckFailed(EX_SHARDS, "a gradient is missing from your dict")
+    core.passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
 
 
 def _accum_unscaled(model, x, y, micro_steps):
@@ -164,19 +157,19 @@ def _model_with_stale_grads(seed):
 
 
 ACCUM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "not_divided",
         "your gradients are micro_steps times too large: divide each "
         "micro-batch's loss by micro_steps before backward",
         _accum_unscaled,
     ),
-    Mistake(
+    core.Mistake(
         "zeroed_each_micro_step",
         "only the last micro-batch's gradient is left: the "
         "gradients are cleared inside the loop, so the earlier micro-steps are lost",
         _accum_zeroed_inside,
     ),
-    Mistake(
+    core.Mistake(
         "zero_grad_deleted",
         "your .grad still holds the previous step's gradient added to this one: the "
         "zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
@@ -190,10 +183,10 @@ def check_accumulate_gradients(fn):
         model = _model_with_stale_grads(seed)
         x, y = _batch(seed, batch, 8)
         want = full_batch_gradients(tiny_model(seed), x, y)
-        call_learner(EX_ACCUM, fn, model, x, y, micro)
+        core.call_learner(EX_ACCUM, fn, model, x, y, micro)
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         if not _compare_grads(got, want):
-            wrong = first_mistake(
+            wrong = core.first_mistake(
                 ACCUM_MISTAKES,
                 lambda m: _compare_grads(got, m.fn(_model_with_stale_grads(seed), x, y, micro)),
             )
@@ -202,8 +195,8 @@ def check_accumulate_gradients(fn):
                 if wrong
                 else ("the accumulated .grad differs from the gradient of the whole batch")
             )
-            raise CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
-    passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
+            raise core.CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
+    core.passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
 
 
 def check_micro_batches(fn):
@@ -211,9 +204,9 @@ def check_micro_batches(fn):
         rows = torch.arange(100, 100 + world * batch * micro)  # stand-ins for window starts
         seen = []
         for rank in range(world):
-            got = call_learner(EX_SPLIT, fn, rows, rank, world, batch, micro)
+            got = core.call_learner(EX_SPLIT, fn, rows, rank, world, batch, micro)
             if not isinstance(got, (list, tuple)) or len(got) != micro:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_SPLIT,
                     f"return a list of micro_steps={micro} tensors, got "
                     f"{type(got).__name__} of length "
@@ -221,7 +214,7 @@ def check_micro_batches(fn):
                 )
             for k, part in enumerate(got):
                 if not isinstance(part, torch.Tensor) or part.shape != (batch,):
-                    raise CheckFailed(
+                    raise core.CheckFailed(
                         EX_SPLIT,
                         f"world {world}, rank {rank}, micro-step {k}: "
                         f"expected batch_size={batch} rows, got "
@@ -233,13 +226,13 @@ def check_micro_batches(fn):
             detail = (
                 f"rows {twice[:4]} are read more than once" if twice else "some rows are never read"
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_SPLIT,
                 f"world {world}, batch {batch}, {micro} micro-steps: "
                 f"{detail}; every row of the step must be read once, "
                 "by exactly one rank",
             )
-    passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
+    core.passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
 
 
 def _bf16_truncate(x):
@@ -247,7 +240,7 @@ def _bf16_truncate(x):
 
 
 BF16_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "uses_to_bfloat16",
         "your function lets PyTorch round (.to(torch.bfloat16), .bfloat16() or .type): this "
         "exercise asks for the rounding done by hand, with integer operations on the bits",
@@ -266,7 +259,7 @@ class _NoBfloat16(torch.overrides.TorchFunctionMode):
             and torch.bfloat16 in (*args[1:], *kwargs.values())
         )
         if to_bf16:
-            raise CheckFailed(EX_BF16, BF16_MISTAKES[0].message)
+            raise core.CheckFailed(EX_BF16, BF16_MISTAKES[0].message)
         return func(*args, **kwargs)
 
 
@@ -281,13 +274,13 @@ def check_to_bfloat16(fn):
     for x in cases:
         before = x.clone()
         with _NoBfloat16():
-            got = call_learner(EX_BF16, fn, x)
+            got = core.call_learner(EX_BF16, fn, x)
         if not torch.equal(x, before):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BF16, "your function changed its input in place; return a new tensor"
             )
         if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or got.shape != x.shape:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BF16,
                 "return a float32 tensor of the input's shape (the "
                 "bfloat16 value, stored in float32)",
@@ -295,19 +288,19 @@ def check_to_bfloat16(fn):
         want = x.to(torch.bfloat16).float()
         if not torch.equal(got, want):
             if torch.equal(got, _bf16_truncate(x)):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_BF16,
                     "you cut the low 16 bits off: that rounds toward "
                     "zero. Round to the nearest (ties to even): add 0x7FFF plus "
                     "the lowest kept bit before cutting",
                 )
             bad = int((got != want).nonzero()[0])
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BF16,
                 f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
                 f"bfloat16 is {float(want[bad])!r}",
             )
-    passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
+    core.passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
 
 
 def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_of="all"):
@@ -321,20 +314,20 @@ def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_
 
 
 FORMAT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "out of range kept",
         "a value the format cannot hold came back as inf (or as 0, an "
         "error of 100%) and took the maximum: take the maximum over the values the format "
         "holds only (finite and not 0)",
         lambda v, d: _format_error(v, d, keep_out_of_range=True),
     ),
-    Mistake(
+    core.Mistake(
         "absolute",
         "your error is absolute, |kept - value|, which large values dominate: "
         "divide by |value| for the relative error",
         lambda v, d: _format_error(v, d, absolute=True),
     ),
-    Mistake(
+    core.Mistake(
         "count not share",
         "the second number is a count: return the share of the values held, between 0 and 1",
         lambda v, d: _format_error(v, d, share_of="count"),
@@ -346,9 +339,9 @@ def check_format_error(fn):
     """`format_error(values, dtype)` -> (largest relative error where held, share held)."""
     for values in (torch.logspace(-9, 9, 3001), -torch.logspace(-3, 6, 500)):
         for dtype in (torch.bfloat16, torch.float16):
-            got = call_learner(EX_BF16, fn, values.clone(), dtype)
+            got = core.call_learner(EX_BF16, fn, values.clone(), dtype)
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_BF16,
                     "return two numbers: the largest relative error and the share of values held",
                 )
@@ -356,20 +349,20 @@ def check_format_error(fn):
             want = _format_error(values, dtype)
             if all(math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, want)):
                 continue
-            wrong = first_mistake(
+            wrong = core.first_mistake(
                 FORMAT_MISTAKES,
                 lambda m, v=values, d=dtype: all(
                     math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, m.fn(v, d))
                 ),
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BF16,
                 wrong.message
                 if wrong
                 else f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's "
                 f"largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
             )
-    passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
+    core.passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
 
 
 def cli(*args, processes=1):
@@ -412,10 +405,10 @@ def check_flops_per_token(fn):
     ):
         config = GPT2Config(**sizes)
         block = config.n_positions // 2
-        got = call_learner(EX_FLOPS, fn, config, block)
+        got = core.call_learner(EX_FLOPS, fn, config, block)
         want_params, want_flops = reference_flops_per_token(config, block)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise CheckFailed(EX_FLOPS, "return two numbers: (parameters, FLOPs per token)")
+            raise core.CheckFailed(EX_FLOPS, "return two numbers: (parameters, FLOPs per token)")
         params, flops = got
         if params != want_params:
             with torch.device("meta"):
@@ -428,7 +421,7 @@ def check_flops_per_token(fn):
                 hint = ": you counted the position table, which is a lookup, no multiply"
             elif params == want_params + config.vocab_size * config.n_embd:
                 hint = ": you counted the readout apart from wte, but it is the same matrix"
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_FLOPS,
                 f"{sizes}: you count {params:,} parameters, the "
                 f"multiplying ones are {want_params:,}{hint}",
@@ -441,10 +434,10 @@ def check_flops_per_token(fn):
                 "computes two gradients, each as costly as the forward",
                 6 * want_params + attention: ": attention's FLOPs need the backward pass too",
             }.get(flops, "")
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{hint}"
             )
-    passed(
+    core.passed(
         EX_FLOPS,
         "about 6 FLOPs per parameter per token (2 forward, 4 backward) plus attention's "
         "12 · n_layer · block_size · n_embd, for three sizes",
@@ -462,10 +455,10 @@ def check_run_cost(fn):
         (3e20, 1, 312e12, 0.5, 1.2),
         (5e21, 64, 989e12, 0.3, 2.0),
     ):
-        got = call_learner(EX_COST, fn, *case)
+        got = core.call_learner(EX_COST, fn, *case)
         want = reference_run_cost(*case)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise CheckFailed(EX_COST, "return two numbers: (hours, dollars)")
+            raise core.CheckFailed(EX_COST, "return two numbers: (hours, dollars)")
         if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, want)):
             hours, dollars = got
             hint = ""
@@ -473,11 +466,11 @@ def check_run_cost(fn):
                 hint = ": you pay for one GPU, but all of them are rented for those hours"
             elif math.isclose(hours, want[0] * case[1], rel_tol=1e-6):
                 hint = ": the GPUs work in parallel: divide the work by their number"
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_COST,
                 f"for {case}: you give {got}, expected ({want[0]:.4g} h, ${want[1]:.4g}){hint}",
             )
-    passed(EX_COST, "hours and dollars for three runs")
+    core.passed(EX_COST, "hours and dollars for three runs")
 
 
 def check_recipe_price(
@@ -507,7 +500,7 @@ def check_recipe_price(
         ("dollars", dollars),
     ):
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
-            raise CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
+            raise core.CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
     whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
     if not (whole or math.isclose(steps, want_steps, rel_tol=1e-6)):
         hint = (
@@ -516,14 +509,14 @@ def check_recipe_price(
             if math.isclose(steps, tokens / 512, rel_tol=1e-6)
             else ""
         )
-        raise CheckFailed(EX_PRICE, f"{steps:,.1f} steps, expected {want_steps:,.1f}{hint}")
+        raise core.CheckFailed(EX_PRICE, f"{steps:,.1f} steps, expected {want_steps:,.1f}{hint}")
     if not math.isclose(total_flops, want_total, rel_tol=1e-6):
         hint = (
             ": that is FLOPs per token times steps; every token of every step costs them"
             if math.isclose(total_flops, per_token * want_steps, rel_tol=1e-6)
             else ""
         )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_PRICE, f"total {total_flops:.3e} FLOPs, expected {want_total:.3e}{hint}"
         )
     if not math.isclose(hours, want_hours, rel_tol=1e-6):
@@ -532,15 +525,15 @@ def check_recipe_price(
             hint = ": the GPUs reach only the MFU share of their peak: divide by it"
         elif math.isclose(hours, want_hours * gpus, rel_tol=1e-6):
             hint = ": the work is shared by all the GPUs of the node"
-        raise CheckFailed(EX_PRICE, f"{hours:.3g} hours, expected {want_hours:.3g}{hint}")
+        raise core.CheckFailed(EX_PRICE, f"{hours:.3g} hours, expected {want_hours:.3g}{hint}")
     if not math.isclose(dollars, want_dollars, rel_tol=1e-6):
         hint = (
             ": every GPU of the node is paid for those hours"
             if math.isclose(dollars, want_dollars / gpus, rel_tol=1e-6)
             else ""
         )
-        raise CheckFailed(EX_PRICE, f"${dollars:,.2f}, expected ${want_dollars:,.2f}{hint}")
-    passed(
+        raise core.CheckFailed(EX_PRICE, f"${dollars:,.2f}, expected ${want_dollars:,.2f}{hint}")
+    core.passed(
         EX_PRICE,
         f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
         f"${want_dollars:,.0f}",
@@ -570,21 +563,21 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
 
 
 SPEED_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "first step kept",
         "your throughput counts the first step, which also pays for "
         "start-up (allocating memory, setting up the processes' communication, compiling): "
         "leave it out",
         lambda folder: _run_speed(folder, skip_first=False),
     ),
-    Mistake(
+    core.Mistake(
         "mean of rates",
         "you averaged the steps' tokens per second, but a step twice as "
         "long counts no more in that mean than a short one: the run's rate is all its tokens "
         "over all its seconds (each step's seconds are its tokens over its rate)",
         lambda folder: _run_speed(folder, mean_of_rates=True),
     ),
-    Mistake(
+    core.Mistake(
         "one device",
         "your MFU compares the FLOPs of every process with the peak of one "
         "device: the run had world_size devices, and the peak is theirs together",
@@ -633,20 +626,20 @@ def check_run_speed(fn):
     with tempfile.TemporaryDirectory() as work:
         for k, (world, *rest) in enumerate(_SPEED_RUNS):
             folder = _write_run(Path(work) / f"run{k}", world, *rest)
-            got = call_learner(EX_SPEED, fn, folder)
+            got = core.call_learner(EX_SPEED, fn, folder)
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise CheckFailed(EX_SPEED, "return two numbers: (tokens per second, MFU)")
+                raise core.CheckFailed(EX_SPEED, "return two numbers: (tokens per second, MFU)")
             got = tuple(float(g) for g in got)
             want = _run_speed(folder)
             same = lambda a, b: all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b))  # noqa: E731
             if same(got, want):
                 continue
-            wrong = first_mistake(SPEED_MISTAKES, lambda m, f=folder: same(got, m.fn(f)))
+            wrong = core.first_mistake(SPEED_MISTAKES, lambda m, f=folder: same(got, m.fn(f)))
             if wrong is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_SPEED, "your MFU is a percentage: return the share, between 0 and 1"
                 )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_SPEED,
                 wrong.message
                 if wrong
@@ -654,7 +647,7 @@ def check_run_speed(fn):
                 f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
                 f"{want[0]:,.1f} and {want[1]:.4g}",
             )
-    passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
+    core.passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
 
 
 TOKEN_BUDGET = 32 * 8 * 32  # tokens the challenge's run may read: 32 steps x 8 windows x 32
@@ -670,16 +663,16 @@ def check_token_budget_challenge(run_folder):
     ]
     s = run["settings"]
     if (s["n_layer"], s["n_embd"], s["n_head"]) != (2, 32, 2):
-        raise CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")
+        raise core.CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")
     tokens = run["tokens_per_step"] * len(log)
     if tokens > TOKEN_BUDGET:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE, f"the run read {tokens:,} tokens, over the budget of {TOKEN_BUDGET:,}"
         )
     val = log[-1].get("val_loss")
     if val is None or not val <= TARGET_VAL_LOSS:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE,
             f"validation loss {val} after {tokens:,} tokens; the goal is {TARGET_VAL_LOSS} or less",
         )
-    passed(CHALLENGE, f"validation loss {val:.4f} after {tokens:,} tokens")
+    core.passed(CHALLENGE, f"validation loss {val:.4f} after {tokens:,} tokens")

@@ -21,14 +21,7 @@ from collections import Counter
 
 import regex
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    first_mistake,
-    named,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unicode"
 EX_LOAD = "Exercise 1.1 (the byte table, and reading the files): load_gpt2_vocab"
@@ -72,45 +65,45 @@ def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str
 
 
 BYTES_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "every byte its own character",
         "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which "
         "are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get "
         "chr(256), chr(257), ... in byte order",
         lambda: {b: chr(b) for b in range(256)},
     ),
-    Mistake(
+    core.Mistake(
         "offset by the byte",
         "a byte without a visible character should get the next unused character: chr(256), "
         "chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters "
         "(keep a counter of how many new characters you have handed out)",
         lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b)),
     ),
-    Mistake(
+    core.Mistake(
         "ascii only",
         "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are "
         "visible characters too and keep their own character; you gave them new ones",
         lambda: _byte_table(set(range(ord("!"), ord("~") + 1))),
     ),
-    Mistake(
+    core.Mistake(
         "soft hyphen kept",
         "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other "
         "67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
         lambda: _byte_table(_VISIBLE | {173}),
     ),
-    Mistake(
+    core.Mistake(
         "space kept",
         "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character "
         "(that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
         lambda: _byte_table(_VISIBLE | {32}),
     ),
-    Mistake(
+    core.Mistake(
         "ends left out",
         "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): "
         "range(ord('!'), ord('~')) stops one short; add 1 to each end",
         lambda: _byte_table(set(range(33, 126)) | set(range(161, 172)) | set(range(174, 255))),
     ),
-    Mistake(
+    core.Mistake(
         "one new character",
         "several bytes map to the same character, so the vocabulary files could not be read back: "
         "each byte without a visible character needs its own, chr(256), chr(257), ... (advance "
@@ -120,23 +113,23 @@ BYTES_MISTAKES = [
 ]
 
 
-def _byte_table_symptom(got: dict[int, str]) -> Mistake | None:
+def _byte_table_symptom(got: dict[int, str]) -> core.Mistake | None:
     """The planted mistake whose symptom a table shows, when it holds several mistakes at once:
     first the visible bytes, then the invisible ones kept, then the new characters."""
     wrong_visible = {b for b in _VISIBLE if got[b] != chr(b)}
     if wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}:
-        return named(BYTES_MISTAKES, "ends left out")
+        return core.named(BYTES_MISTAKES, "ends left out")
     if wrong_visible and wrong_visible <= set(range(161, 256)):
-        return named(BYTES_MISTAKES, "ascii only")
+        return core.named(BYTES_MISTAKES, "ascii only")
     kept = {b for b in range(256) if b not in _VISIBLE and got[b] == chr(b)}
     for byte, name in [(32, "space kept"), (173, "soft hyphen kept")]:
         if byte in kept:
-            return named(BYTES_MISTAKES, name)
+            return core.named(BYTES_MISTAKES, name)
     if len(set(got.values())) < 256:
-        return named(BYTES_MISTAKES, "one new character")
+        return core.named(BYTES_MISTAKES, "one new character")
     new = [got[b] for b in range(256) if b not in _VISIBLE]
     if not wrong_visible and new != [chr(256 + k) for k in range(len(new))]:
-        return named(BYTES_MISTAKES, "offset by the byte")
+        return core.named(BYTES_MISTAKES, "offset by the byte")
     return None
 
 
@@ -144,9 +137,9 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
     """Exercise 1.1: `bytes_to_unicode()` is GPT-2's table from each byte to a printable character."""
     from gpt2lib.tokenizer import bytes_to_unicode as reference
 
-    got = call_learner(EX_BYTES, bytes_to_unicode)
+    got = core.call_learner(EX_BYTES, bytes_to_unicode)
     if not isinstance(got, dict):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BYTES,
             f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}",
         )
@@ -154,22 +147,24 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
         missing = sorted(set(range(256)) - set(got))
         extra = sorted((k for k in got if type(k) is not int or not 0 <= k < 256), key=repr)
         where = f"byte {missing[0]} is missing" if missing else f"you have {_short(extra)} too"
-        raise CheckFailed(EX_BYTES, f"the keys should be the 256 ints 0..255; {where}")
+        raise core.CheckFailed(EX_BYTES, f"the keys should be the 256 ints 0..255; {where}")
     odd = [b for b in range(256) if not (isinstance(got[b], str) and len(got[b]) == 1)]
     if odd:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BYTES,
             f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}",
         )
     want = reference()
     if got == want:
-        passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
+        core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
         return
-    mistake = first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(got)
+    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(
+        got
+    )
     if mistake is not None:
-        raise CheckFailed(EX_BYTES, mistake.message)
+        raise core.CheckFailed(EX_BYTES, mistake.message)
     wrong = [b for b in range(256) if got[b] != want[b]]
-    raise CheckFailed(
+    raise core.CheckFailed(
         EX_BYTES,
         f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
         f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}",
@@ -203,25 +198,25 @@ def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, sk
 
 
 LOAD_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "header kept",
         "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a "
         "merge: start from the second line",
         lambda folder: _load_wrongly(folder, skip_header=False),
     ),
-    Mistake(
+    core.Mistake(
         "empty line kept",
         "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a "
         "newline, so split('\\n') gives '' last); skip empty lines",
         lambda folder: _load_wrongly(folder, skip_empty=False),
     ),
-    Mistake(
+    core.Mistake(
         "special kept",
         "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out "
         "(section 5 adds it)",
         lambda folder: _load_wrongly(folder, drop_special=False),
     ),
-    Mistake(
+    core.Mistake(
         "text not bytes",
         "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back "
         "into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
@@ -254,9 +249,9 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
         folders = [gpt2_data_dir(), Path(scratch)]
         results = []
         for folder in folders:
-            got = _as_comparable(call_learner(EX_LOAD, load_gpt2_vocab, folder))
+            got = _as_comparable(core.call_learner(EX_LOAD, load_gpt2_vocab, folder))
             if got is None:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_LOAD,
                     "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
                     "token bytes to id, and a list of (bytes, bytes) pairs",
@@ -264,23 +259,23 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
             results.append(got)
         want = [reference(folder) for folder in folders]
         if results == want:
-            passed(
+            core.passed(
                 EX_LOAD,
                 f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
             )
             return
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             LOAD_MISTAKES,
             lambda m: all(r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)),
         )
         if mistake is not None:
-            raise CheckFailed(EX_LOAD, mistake.message)
+            raise core.CheckFailed(EX_LOAD, mistake.message)
         for (vocab, merges), (want_vocab, want_merges), folder in zip(
             results, want, ["data/", "a small tokenizer's folder"]
         ):
             if vocab != want_vocab:
                 wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_LOAD,
                     f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
                     f"{'yours only' if wrong in vocab.items() else 'the files only'}",
@@ -290,7 +285,7 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
                     (i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b),
                     min(len(merges), len(want_merges)),
                 )
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_LOAD,
                     f"for {folder} merge {i} should be "
                     f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
@@ -324,33 +319,33 @@ def _four_given() -> str:
 # Each mistake's function returns a pattern written with that mistake; the check recognises the
 # mistake by how the learner's pattern splits a probe text.
 SPLIT_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no whitespace",
         "characters are lost: whitespace is matched by none of your alternatives. A tokenizer "
         "must keep every character; add alternatives that match whitespace after the four given ones.",
         _four_given,
     ),
-    Mistake(
+    core.Mistake(
         "lookahead only",
         "characters are lost: some whitespace is matched but not all. A lookahead alone "
         "cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
         lambda: _four_given() + r"|\s+(?!\S)",
     ),
-    Mistake(
+    core.Mistake(
         "whitespace first",
         "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its "
         "own. The regex tries alternatives from left to right, so keep the four given ones first and add the "
         "whitespace alternatives after them.",
         lambda: r"\s+(?!\S)|\s+|" + _four_given(),
     ),
-    Mistake(
+    core.Mistake(
         "no lookahead",
         "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' "
         "loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
         "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
         lambda: _four_given() + r"|\s+",
     ),
-    Mistake(
+    core.Mistake(
         "single whitespace",
         "runs of whitespace are cut into single characters (for 'x  \\n' you get "
         "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
@@ -368,21 +363,21 @@ def check_split_pattern(gpt2_split_pattern) -> None:
     """Exercise 1.2: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
 
-    pattern = call_learner(EX_SPLIT, gpt2_split_pattern)
+    pattern = core.call_learner(EX_SPLIT, gpt2_split_pattern)
     if not isinstance(pattern, str):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_SPLIT,
             f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}",
         )
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_SPLIT, f"your pattern is not a valid regular expression: {exc}"
         ) from None
     reference = regex.compile(GPT2_SPLIT_PATTERN)
     if compiled.groups:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_SPLIT,
             "your pattern has a capturing group ( ... ), so findall returns the group instead of the "
             "whole match. Write groups as (?: ... ) or leave them out.",
@@ -391,17 +386,17 @@ def check_split_pattern(gpt2_split_pattern) -> None:
     for text in SPLIT_SAMPLES:
         pieces = compiled.findall(text)
         if "" in pieces:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_SPLIT,
                 f"your pattern matches empty strings (for {text!r}: {pieces}). Every piece must hold at "
                 "least one character: use + (one or more), not * (zero or more).",
             )
         joined = "".join(pieces)
         if joined != text:
-            mistake = named(
+            mistake = core.named(
                 SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace"
             )
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_SPLIT,
                 f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})",
             )
@@ -411,11 +406,11 @@ def check_split_pattern(gpt2_split_pattern) -> None:
             continue
         for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
             if compiled.findall(probe) == wrong_pieces:
-                raise CheckFailed(EX_SPLIT, named(SPLIT_MISTAKES, name).message)
-        raise CheckFailed(
+                raise core.CheckFailed(EX_SPLIT, core.named(SPLIT_MISTAKES, name).message)
+        raise core.CheckFailed(
             EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}."
         )
-    passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
+    core.passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
 # --------------------------------------------------------------------------- 1.3 by hand
@@ -435,16 +430,16 @@ def _merge_sequence(word: str, ranks, leftmost: bool = False) -> list[tuple[byte
 def check_lowering_merges(lowering_merges) -> None:
     """Exercise 1.3: the merges GPT-2 applies to " lowering", in order, worked out by hand."""
     ranks = _gpt2_ranks()
-    got = call_learner(EX_HAND, lowering_merges)
+    got = core.call_learner(EX_HAND, lowering_merges)
     if not isinstance(got, (list, tuple)) or not all(
         isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, bytes) for x in p) for p in got
     ):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_HAND, f"return a list of pairs of bytes, like [(b'i', b'n'), ...], not {_short(got)}"
         )
     got, want = list(got), _merge_sequence(" lowering", ranks)
     if got == want:
-        passed(
+        core.passed(
             EX_HAND,
             f"{len(want)} merges, lowest rank first, until ' lowering' is one token: a rank is "
             "the order in which merges were learned, and each assumes the earlier ones",
@@ -452,19 +447,21 @@ def check_lowering_merges(lowering_merges) -> None:
         return
     unknown = [p for p in got if p not in ranks]
     if unknown:
-        raise CheckFailed(EX_HAND, f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks")
+        raise core.CheckFailed(
+            EX_HAND, f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks"
+        )
     if got == want[: len(got)]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_HAND, f"right so far, but after your {len(got)} merges a pair with a rank is left"
         )
     if got == _merge_sequence(" lowering", ranks, leftmost=True):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_HAND,
             "you merged the leftmost pair that has a rank each time; take the pair with the "
             "lowest rank among all neighbouring pairs",
         )
     step = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), len(want))
-    raise CheckFailed(
+    raise core.CheckFailed(
         EX_HAND,
         f"merge {step + 1} is not GPT-2's: at that point, list every neighbouring pair with its "
         "rank and take the lowest",
@@ -543,50 +540,50 @@ def _one_merge(symbols, ranks):
 
 
 MERGE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no merges",
         "your function returns the symbols without merging anything: merge pairs that have a rank.",
         lambda symbols, ranks: list(symbols),
     ),
-    Mistake(
+    core.Mistake(
         "one merge",
         "you stop after the first merge. Keep going: after each merge look at the new neighbouring "
         "pairs again, until no pair has a rank.",
         _one_merge,
     ),
-    Mistake(
+    core.Mistake(
         "highest rank first",
         "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest "
         "line of vocab.bpe, learned first) must go first.",
         _highest_rank_first,
     ),
-    Mistake(
+    core.Mistake(
         "leftmost pair",
         "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. "
         "Merges must follow rank order wherever the pair is in the word.",
         _leftmost_first,
     ),
-    Mistake(
+    core.Mistake(
         "leftmost pair, one at a time",
         "you merge the leftmost pair that has a rank, not the pair with the "
         "LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
         _leftmost_one_at_a_time,
     ),
-    Mistake(
+    core.Mistake(
         "rightmost occurrence",
         "when the lowest-ranked pair occurs more than once, you merge the rightmost "
         "occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
         "the left 'a a' must merge first.",
         _lowest_rank_rightmost_occurrence,
     ),
-    Mistake(
+    core.Mistake(
         "rank 0 is no rank",
         "the pair with rank 0 is never merged: a test like `if rank:` or "
         "`ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` "
         "or `is None`.",
         _rank_zero_never_merged,
     ),
-    Mistake(
+    core.Mistake(
         "one pass",
         "you make one pass over the word, merging ranked pairs as you meet them. Merges must "
         "follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is "
@@ -643,20 +640,20 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
     results = []
     for symbols, table in cases:
         given = list(symbols)
-        got = call_learner(exercise, bpe_merge, given, table)
+        got = core.call_learner(exercise, bpe_merge, given, table)
         if given != list(symbols):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 f"your function changed the caller's list (it was {_short(list(symbols))}, afterwards "
                 f"{_short(given)}). Work on a copy: start with symbols = list(symbols).",
             )
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}",
             )
         if b"".join(got) != b"".join(symbols):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. "
                 "When you merge a pair, the two halves become one symbol: skip both before looking further.",
@@ -664,17 +661,17 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
         results.append(list(got))
     expected = [reference(list(symbols), table) for symbols, table in cases]
     if results == expected:
-        passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
+        core.passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
         return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         MERGE_MISTAKES,
         lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)),
     )
     if mistake is not None:
-        raise CheckFailed(exercise, mistake.message)
+        raise core.CheckFailed(exercise, mistake.message)
     for got, want, (symbols, _) in zip(results, expected, cases):
         if got != want:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 exercise,
                 f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
             )
@@ -698,19 +695,19 @@ def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int])
 
 
 DEBUG_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "agrees",
         "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word "
         "where the order of the merges matters. Compare the ranks of the pairs in a word "
         "(`ranks[pair]`) with the order in which the colleague's loop merges them",
         lambda: " dog",
     ),
-    Mistake(
+    core.Mistake(
         "one byte",
         "a word of one byte has no pair to merge, so every encoder agrees on it",
         lambda: "a",
     ),
-    Mistake(
+    core.Mistake(
         "several pieces",
         "the tokenizer cuts that text into several pieces and merges each piece on its own; give one "
         "piece (one word, with at most one space in front)",
@@ -725,27 +722,27 @@ def check_disagreeing_word(disagreeing_word) -> None:
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
     from gpt2lib.tokenizer import bpe_merge as reference
 
-    word = call_learner(EX_DEBUG, disagreeing_word)
+    word = core.call_learner(EX_DEBUG, disagreeing_word)
     if not isinstance(word, str) or not word:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_DEBUG, f"disagreeing_word() should return a non-empty str, got {_short(word)}"
         )
     pieces = regex.findall(GPT2_SPLIT_PATTERN, word)
     if pieces != [word]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_DEBUG,
-            f"{named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})",
+            f"{core.named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})",
         )
     symbols = [bytes([b]) for b in word.encode("utf-8")]
     if len(symbols) < 2:
-        raise CheckFailed(EX_DEBUG, named(DEBUG_MISTAKES, "one byte").message)
+        raise core.CheckFailed(EX_DEBUG, core.named(DEBUG_MISTAKES, "one byte").message)
     ranks = _gpt2_ranks()
     theirs, right = colleague_merge(symbols, ranks), reference(symbols, ranks)
     if theirs == right:
-        raise CheckFailed(
-            EX_DEBUG, f"{named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
+        raise core.CheckFailed(
+            EX_DEBUG, f"{core.named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
         )
-    passed(
+    core.passed(
         EX_DEBUG,
         f"on {word!r} the colleague's encoder gives {_short(theirs)}, GPT-2's gives "
         f"{_short(right)}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
@@ -758,24 +755,24 @@ def check_fixed_merge(fixed_merge) -> None:
 
     ranks = _gpt2_ranks()
     words = [[bytes([b]) for b in word.encode("utf-8")] for word in _GPT2_WORDS]
-    results = [call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
+    results = [core.call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
     if results != [reference(w, ranks) for w in words]:
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words))
         )
         if mistake is not None:
-            raise CheckFailed(EX_DEBUG, mistake.message)
+            raise core.CheckFailed(EX_DEBUG, mistake.message)
     _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
 
 
 FIXED_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "unfixed",
         "fixed_merge still gives the colleague's tokens: it merges the first pair from the left "
         "that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
         colleague_merge,
     ),
-    Mistake(
+    core.Mistake(
         "rightmost",
         "your fix merges the ranked pair furthest to the right; the rank, not the position, "
         "decides which pair goes first",
@@ -830,13 +827,13 @@ def _joined_bytes(ids, token_texts) -> bytes:
 
 
 DECODE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no byte map",
         "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each "
         "character back to its byte with the inverse of bytes_to_unicode() first.",
         lambda ids, token_texts: "".join(token_texts[i] for i in ids),
     ),
-    Mistake(
+    core.Mistake(
         "per token",
         "you decode each token on its own, so a character whose bytes are spread over two "
         "tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
@@ -844,13 +841,13 @@ DECODE_MISTAKES = [
             _joined_bytes([i], token_texts).decode("utf-8", errors="replace") for i in ids
         ),
     ),
-    Mistake(
+    core.Mistake(
         "errors=ignore",
         "you drop the bytes of an incomplete character; GPT-2's decoder shows them as "
         "'\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
         lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("utf-8", errors="ignore"),
     ),
-    Mistake(
+    core.Mistake(
         "latin-1",
         "decode the bytes as UTF-8, not latin-1.",
         lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("latin-1"),
@@ -865,33 +862,35 @@ def check_decode_ids(decode_ids) -> None:
     for ids in cases:
         expected = tok.decode(ids)
         try:
-            got = call_learner(EX_DECODE, decode_ids, list(ids), token_texts)
+            got = core.call_learner(EX_DECODE, decode_ids, list(ids), token_texts)
         except UnicodeDecodeError:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_DECODE,
                 f"decoding {ids} raised UnicodeDecodeError: these ids end in the middle of a character. "
                 "Decode with errors='replace' so the broken bytes become '\\ufffd' instead of an exception.",
             ) from None
         if isinstance(got, (bytes, bytearray)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_DECODE, "you return bytes; decode the joined bytes with UTF-8 and return a str."
             )
         if not isinstance(got, str):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}"
             )
         if got == expected:
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got
         )
         detail = f"for {ids} you return {got!r}, expected {expected!r}"
         if mistake is not None:
-            raise CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
-        raise CheckFailed(
+            raise core.CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
+        raise core.CheckFailed(
             EX_DECODE, f"for ids {ids} the text is {expected!r}, but yours gives {got!r}."
         )
-    passed(EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>")
+    core.passed(
+        EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>"
+    )
 
 
 # --------------------------------------------------------------------------- 1.7 a tie
@@ -911,25 +910,25 @@ def _tie_choices(text: str):
 
 
 TIE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no tie",
         "the most frequent pair of your text occurs more often than every other pair, so there is "
         "no tie to decide; make two pairs occur equally often",
         lambda: "abab",
     ),
-    Mistake(
+    core.Mistake(
         "same choice",
         "your text has a tie, but both rules pick the same pair: the pair seen first is also the "
         "greater one. Put the smaller pair first",
         lambda: "xy ab",
     ),
-    Mistake(
+    core.Mistake(
         "no pair",
         "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters "
         "from punctuation and digits, and a pair only counts inside one piece",
         lambda: "a.b,c",
     ),
-    Mistake(
+    core.Mistake(
         "too long",
         "your text is longer than 40 characters; a short one shows the tie better",
         lambda: "the quick brown fox jumps over the lazy dog and the cat",
@@ -939,25 +938,25 @@ TIE_MISTAKES = [
 
 def check_tie_text(tie_text) -> None:
     """Exercise 1.7: `tie_text()` is a short text whose top pair is a tie the two rules decide differently."""
-    text = call_learner(EX_TIE, tie_text)
+    text = core.call_learner(EX_TIE, tie_text)
     if not isinstance(text, str):
-        raise CheckFailed(EX_TIE, f"tie_text() should return a str, got {type(text).__name__}")
+        raise core.CheckFailed(EX_TIE, f"tie_text() should return a str, got {type(text).__name__}")
     if len(text) > 40:
-        raise CheckFailed(EX_TIE, named(TIE_MISTAKES, "too long").message)
+        raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "too long").message)
     counts, tied = _tie_choices(text)
     if not counts:
-        raise CheckFailed(EX_TIE, named(TIE_MISTAKES, "no pair").message)
+        raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "no pair").message)
     if len(tied) < 2:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_TIE,
-            f"{named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)",
+            f"{core.named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)",
         )
     first_seen, greater = tied[0], max(tied)
     if first_seen == greater:
-        raise CheckFailed(
-            EX_TIE, f"{named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})"
+        raise core.CheckFailed(
+            EX_TIE, f"{core.named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})"
         )
-    passed(
+    core.passed(
         EX_TIE,
         f"{len(tied)} pairs tie at {counts[greater]}: first seen picks {first_seen}, the greater "
         f"pair picks {greater}",
@@ -994,26 +993,26 @@ def _training_word_counts() -> dict[tuple[bytes, ...], int]:
 # Each mistake gives the scores that the wrong counting assigns to every pair; a learner's answer
 # shows the mistake when it is a best pair under those scores in every case (any tie accepted).
 PAIR_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "skips the last pair",
         "your loop stops one pair early: the last pair of each word is never "
         "counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives "
         "them all).",
         lambda word_counts: _pair_counts(word_counts, skip_last=True),
     ),
-    Mistake(
+    core.Mistake(
         "unweighted",
         "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: "
         "multiply by the word's count from word_counts.",
         lambda word_counts: _pair_counts(word_counts, weighted=False),
     ),
-    Mistake(
+    core.Mistake(
         "once per word",
         "a pair that appears twice inside one word counts twice (like (b'a', b'a') in "
         "b'aaaa', three times); you count it once per word.",
         lambda word_counts: _pair_counts(word_counts, once_per_word=True),
     ),
-    Mistake(
+    core.Mistake(
         "least frequent",
         "you return the LEAST frequent pair; return the most frequent one.",
         lambda word_counts: Counter({p: -c for p, c in _pair_counts(word_counts).items()}),
@@ -1042,16 +1041,16 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
     answers = []
     for word_counts in cases:
         counts = _pair_counts(word_counts)
-        got = call_learner(EX_PAIR, most_frequent_pair, dict(word_counts))
+        got = core.call_learner(EX_PAIR, most_frequent_pair, dict(word_counts))
         if not (
             isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, bytes) for s in got)
         ):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PAIR,
                 f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}",
             )
         if got not in counts:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PAIR,
                 f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}",
             )
@@ -1060,7 +1059,7 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
         counts = _pair_counts(word_counts)
         if _is_best(got, counts):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(wc)) for wc, g in zip(cases, answers))
         )
         best = max(counts.values())
@@ -1071,24 +1070,26 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
                 f"{got} occurs {counts[got]} times, but {max(counts, key=counts.__getitem__)} occurs {best} times."
             )
         )
-        raise CheckFailed(EX_PAIR, message + f" (words: {_short(word_counts)}; you returned {got})")
+        raise core.CheckFailed(
+            EX_PAIR, message + f" (words: {_short(word_counts)}; you returned {got})"
+        )
     for empty in ({(b"a",): 3, (b"b",): 1}, {}):
         try:
-            got = call_learner(EX_PAIR, most_frequent_pair, dict(empty))
-        except CheckFailed:
+            got = core.call_learner(EX_PAIR, most_frequent_pair, dict(empty))
+        except core.CheckFailed:
             raise
         except Exception as exc:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PAIR,
                 f"when no word has two symbols left (word_counts={empty}) return None; your function raised "
                 f"{type(exc).__name__}: {exc}",
             ) from None
         if got is not None:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_PAIR,
                 f"when no word has two symbols left (word_counts={empty}) return None, not {_short(got)}",
             )
-    passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
+    core.passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
 
 
 # --------------------------------------------------------------------------- 1.8 merge a pair
@@ -1125,25 +1126,25 @@ def _merge_all_words(word_counts, pair, overwrite=False, **how):
 
 
 MERGE_PAIR_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "nothing merged",
         "your result still holds the words unmerged: replace every occurrence of the pair "
         "by the one symbol first + second.",
         lambda word_counts, pair: dict(word_counts),
     ),
-    Mistake(
+    core.Mistake(
         "counts overwritten",
         "two words that become the same word after the merge must add their counts; "
         "you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
         lambda word_counts, pair: _merge_all_words(word_counts, pair, overwrite=True),
     ),
-    Mistake(
+    core.Mistake(
         "first occurrence only",
         "you merge only the first occurrence of the pair in each word; merge every "
         "occurrence, from left to right.",
         lambda word_counts, pair: _merge_all_words(word_counts, pair, first_only=True),
     ),
-    Mistake(
+    core.Mistake(
         "from the right",
         "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). "
         "Walk through each word from the left.",
@@ -1168,25 +1169,25 @@ def check_merge_pair(merge_pair) -> None:
     results = []
     for word_counts, pair in _MERGE_PAIR_CASES:
         given = dict(word_counts)
-        got = call_learner(EX_MERGE_PAIR, merge_pair, given, pair)
+        got = core.call_learner(EX_MERGE_PAIR, merge_pair, given, pair)
         if given != word_counts:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MERGE_PAIR,
                 "your function changed the caller's dict; build a new dict and return it.",
             )
         if not isinstance(got, dict):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MERGE_PAIR,
                 f"merge_pair should return a dict of word -> count, got {type(got).__name__}",
             )
         for word in got:
             if not (isinstance(word, tuple) and all(isinstance(s, bytes) for s in word)):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MERGE_PAIR,
                     f"each word must stay a tuple of bytes symbols; you have {_short(word)}",
                 )
         if sum(got.values()) != sum(word_counts.values()):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MERGE_PAIR,
                 f"the counts add up to {sum(got.values())} instead of {sum(word_counts.values())}: two words that "
                 "become the same word must add their counts (merged.get(key, 0) + count), never overwrite or drop "
@@ -1194,7 +1195,7 @@ def check_merge_pair(merge_pair) -> None:
             )
         for word in got:
             if b"".join(word) not in {b"".join(w) for w in word_counts}:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_MERGE_PAIR,
                     f"{_short(word)} spells bytes that no input word spells: after a merge, skip both halves before "
                     "looking at the next pair, and join them as first + second.",
@@ -1202,17 +1203,19 @@ def check_merge_pair(merge_pair) -> None:
         results.append(got)
     expected = [reference(dict(wc), pair) for wc, pair in _MERGE_PAIR_CASES]
     if results == expected:
-        passed(EX_MERGE_PAIR, f"{len(results)} word tables merged, including words that become one")
+        core.passed(
+            EX_MERGE_PAIR, f"{len(results)} word tables merged, including words that become one"
+        )
         return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         MERGE_PAIR_MISTAKES,
         lambda m: all(got == m.fn(dict(wc), p) for got, (wc, p) in zip(results, _MERGE_PAIR_CASES)),
     )
     if mistake is not None:
-        raise CheckFailed(EX_MERGE_PAIR, mistake.message)
+        raise core.CheckFailed(EX_MERGE_PAIR, mistake.message)
     for got, want, (word_counts, pair) in zip(results, expected, _MERGE_PAIR_CASES):
         if got != want:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_MERGE_PAIR,
                 f"merging {pair} in {_short(word_counts)} gives {_short(want)}, "
                 f"but yours gives {_short(got)}.",
@@ -1237,23 +1240,23 @@ def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
 
 
 TRAIN_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "merge not applied",
         "you record the pair but the words never change, so the same pair wins every "
         "time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
         lambda word_counts, num_merges: _loop(word_counts, num_merges, apply=False),
     ),
-    Mistake(
+    core.Mistake(
         "one too few",
         "you learn one merge too few: the loop must run num_merges times (range(num_merges)).",
         lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=-1),
     ),
-    Mistake(
+    core.Mistake(
         "one too many",
         "you learn one merge too many: the loop must run num_merges times (range(num_merges)).",
         lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=1),
     ),
-    Mistake(
+    core.Mistake(
         "no stop",
         "when no pair is left, most_frequent_pair returns None: stop there instead of "
         "recording None as a merge.",
@@ -1313,33 +1316,33 @@ def check_train_merges(train_merges) -> None:
     results = []
     for word_counts, num_merges in cases:
         try:
-            got = call_learner(EX_TRAIN, train_merges, dict(word_counts), num_merges)
+            got = core.call_learner(EX_TRAIN, train_merges, dict(word_counts), num_merges)
         except TypeError as exc:
             if "NoneType" not in str(exc):
                 raise
             # merge_pair(word_counts, None): the loop went on after most_frequent_pair found no pair
             no_stop = next(m for m in TRAIN_MISTAKES if m.name == "no stop")
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_TRAIN, f"{no_stop.message} (your code raised TypeError: {exc})"
             ) from None
         if not isinstance(got, (list, tuple)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_TRAIN, f"train_merges should return a list of pairs, got {type(got).__name__}"
             )
         results.append(list(got))
     problems = [_replay_problem(dict(wc), n, got) for (wc, n), got in zip(cases, results)]
     if not any(problems):
-        passed(
+        core.passed(
             EX_TRAIN,
             f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left",
         )
         return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         TRAIN_MISTAKES,
         lambda m: all(got == m.fn(dict(wc), n) for got, (wc, n) in zip(results, cases)),
     )
     if mistake is not None:
-        raise CheckFailed(EX_TRAIN, mistake.message)
+        raise core.CheckFailed(EX_TRAIN, mistake.message)
     for got in results:
         for pair in got:
             if not (
@@ -1347,13 +1350,13 @@ def check_train_merges(train_merges) -> None:
                 and len(pair) == 2
                 and all(isinstance(s, bytes) for s in pair)
             ):
-                raise CheckFailed(
+                raise core.CheckFailed(
                     EX_TRAIN,
                     f"each merge should be a pair (bytes, bytes), like (b't', b'h'); "
                     f"you have {_short(pair)}",
                 )
     (word_counts, _), problem = next(((case, p) for case, p in zip(cases, problems) if p))
-    raise CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
+    raise core.CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
 
 
 # --------------------------------------------------------------------------- 1.10 bytes per token
@@ -1370,23 +1373,23 @@ def _ratio(
 
 
 RATIO_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "characters",
         "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes "
         "2 and 3 bytes; count len(text.encode('utf-8'))",
         lambda tokenizer, text: _ratio(tokenizer, text, size=len),
     ),
-    Mistake(
+    core.Mistake(
         "inverted",
         "your number is tokens per byte, the inverse: divide the bytes by the tokens",
         lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: b / a),
     ),
-    Mistake(
+    core.Mistake(
         "integer division",
         "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
         lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b),
     ),
-    Mistake(
+    core.Mistake(
         "distinct tokens",
         "you count distinct token ids; every token costs a position in the window, repeats included",
         lambda tokenizer, text: _ratio(tokenizer, text, count=lambda ids: len(set(ids))),
@@ -1418,24 +1421,26 @@ def check_bytes_per_token(bytes_per_token) -> None:
     cases = _ratio_cases()
     results = []
     for tokenizer, text in cases:
-        got = call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
+        got = core.call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}"
             )
         results.append(float(got))
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
     if all(abs(g - w) < 1e-9 for g, w in zip(results, want)):
-        passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
+        core.passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
         return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         RATIO_MISTAKES,
         lambda m: all(abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)),
     )
     if mistake is not None:
-        raise CheckFailed(EX_RATIO, mistake.message)
+        raise core.CheckFailed(EX_RATIO, mistake.message)
     g, w, (_, text) = next((g, w, c) for g, w, c in zip(results, want, cases) if abs(g - w) >= 1e-9)
-    raise CheckFailed(EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}")
+    raise core.CheckFailed(
+        EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}"
+    )
 
 
 # --------------------------------------------------------------------------- 1.10 the measurement
@@ -1455,19 +1460,19 @@ def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train",
 
 # fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
 SWEEP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "measured_on_training_text",
         "your tokenizers were measured on the text they were trained on; "
         "measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
         lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train"),
     ),
-    Mistake(
+    core.Mistake(
         "trained_on_held_out",
         "your tokenizers were trained on held_out, the text they are measured on; "
         "train them on train_part",
         lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test"),
     ),
-    Mistake(
+    core.Mistake(
         "gpt2_on_training_text",
         "your GPT-2 number is measured on train_part; measure it on held_out, like "
         "the others, or the comparison mixes two texts",
@@ -1482,11 +1487,11 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
     try:
         got = [float(r) for r in ratios], float(gpt2_ratio)
     except (TypeError, ValueError):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number"
         ) from None
     if len(got[0]) != len(sizes):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_SWEEP,
             f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})",
         )
@@ -1495,12 +1500,14 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
         return all(abs(a - b) < 1e-9 for a, b in zip([*got[0], got[1]], [*values[0], values[1]]))
 
     if same(_sweep(train_text, test_text, sizes)):
-        passed(EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text")
+        core.passed(
+            EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text"
+        )
         return
-    mistake = first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
+    mistake = core.first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
     if mistake is not None:
-        raise CheckFailed(EX_SWEEP, mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(EX_SWEEP, mistake.message)
+    raise core.CheckFailed(
         EX_SWEEP,
         "your numbers are not the bytes per token on held_out of tokenizers trained on "
         "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())",
@@ -1546,13 +1553,13 @@ def _first_seen_train(text, vocab_size):
 
 
 FAST_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "other tie rule",
         "the merges are not the reference's: on a tie the reference takes the greater pair, "
         "max(counts, key=lambda pair: (counts[pair], pair))",
         _first_seen_train,
     ),
-    Mistake(
+    core.Mistake(
         "merges only",
         "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
         lambda text, vocab_size: _first_seen_train(text, vocab_size)[1],
@@ -1575,14 +1582,15 @@ def check_fast_training(
     from gpt2lib.chapters.bpe import train_merges_simple
 
     text = _shakespeare(n_chars)
-    call_learner(
+    core.call_learner(
         CH_FAST, fast_train, text[:100], 260
     )  # the stub and a wrong signature, named first
     yours_s, got = _seconds(fast_train, text, vocab_size)
     reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
     if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
-        raise CheckFailed(
-            CH_FAST, named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})"
+        raise core.CheckFailed(
+            CH_FAST,
+            core.named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})",
         )
     got_vocab, got_merges = got
     got_merges = [tuple(m) for m in got_merges]
@@ -1595,7 +1603,7 @@ def check_fast_training(
             detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
         else:
             detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
-        named_mistake = first_mistake(
+        named_mistake = core.first_mistake(
             FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges
         )
         hint = (
@@ -1603,9 +1611,9 @@ def check_fast_training(
             if named_mistake
             else "the merges must be the reference's, in the same order"
         )
-        raise CheckFailed(CH_FAST, f"{hint} ({detail})")
+        raise core.CheckFailed(CH_FAST, f"{hint} ({detail})")
     if dict(got_vocab) != vocab:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CH_FAST,
             "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and "
             "each new token takes the next free id (a token spelled twice keeps its first)",
@@ -1613,12 +1621,12 @@ def check_fast_training(
     speedup = reference_s / max(yours_s, 1e-9)
     timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
     if speedup < goal:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CH_FAST,
             f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the "
             f"reference ({timing}); the goal is {goal:g} times",
         )
-    passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
+    core.passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
     return speedup
 
 

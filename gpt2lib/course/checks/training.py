@@ -16,16 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt2lib.course.checks._core import (
-    CheckFailed,
-    Mistake,
-    call_learner,
-    close,
-    expect_tensor,
-    first_mistake,
-    named,
-    passed,
-)
+from gpt2lib.course.checks import _core as core
 
 EX_LOSS = "Exercise 7.1 (the loss)"
 EX_UNIFORM = "Exercise 7.2 (the loss before any training)"
@@ -62,7 +53,7 @@ def _tiny_model(seed=0, n_positions=16, vocab_size=37, dropout=0.0):
 
 def _as_pair(exercise, got, what="your function"):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise, f"{what} should return two tensors (x, y), got {type(got).__name__}"
         )
     return got
@@ -76,36 +67,36 @@ def _nll(log_probs, targets):
 
 
 LOSS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "log_softmax_over_time",
         "your log-softmax normalises over the wrong dimension (the positions, dim=1): "
         "probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
         lambda logits, targets: _nll(logits.log_softmax(dim=1), targets).mean(),
     ),
-    Mistake(
+    core.Mistake(
         "log_softmax_over_batch",
         "your log-softmax normalises over the batch (dim=0): normalise over the "
         "vocabulary, the last dimension (dim=-1)",
         lambda logits, targets: _nll(logits.log_softmax(dim=0), targets).mean(),
     ),
-    Mistake(
+    core.Mistake(
         "sum_not_mean",
         "your loss is the SUM over positions: take the mean, so that the loss does not "
         "grow with the batch size or the context length",
         lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).sum(),
     ),
-    Mistake(
+    core.Mistake(
         "sign",
         "your loss has the wrong sign: it is MINUS the mean log-probability of the targets "
         "(a loss is positive and falls as the model improves)",
         lambda logits, targets: -_nll(logits.log_softmax(dim=-1), targets).mean(),
     ),
-    Mistake(
+    core.Mistake(
         "softmax_not_log",
         "you gathered probabilities, not log-probabilities: use log_softmax",
         lambda logits, targets: _nll(logits.softmax(dim=-1), targets).mean(),
     ),
-    Mistake(
+    core.Mistake(
         "no_normalisation",
         "you gathered the raw logits without log_softmax: the loss must use "
         "log-probabilities, which depend on every logit of the row",
@@ -116,20 +107,20 @@ LOSS_MISTAKES = [
 
 # The three rules the exercise states; each has its own case in the check, not a value to match.
 LOSS_RULES = [
-    Mistake(
+    core.Mistake(
         "uses_cross_entropy",
         "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls "
         "it), which this exercise does not allow: write it from log-probabilities",
         lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()),
     ),
-    Mistake(
+    core.Mistake(
         "log_of_softmax",
         "with a logit of 100 and a target 220 below it your loss is not finite: in float32 "
         "softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the "
         "log-softmax in one step (log_softmax), which never forms either number",
         lambda logits, targets: _nll(logits.float().softmax(dim=-1).log(), targets).mean(),
     ),
-    Mistake(
+    core.Mistake(
         "not_float32",
         "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): "
         "cast the logits to float32 (logits.float()) before the log-softmax",
@@ -144,16 +135,18 @@ def _call_loss(fn, logits, targets):
     from unittest import mock
 
     def forbidden(*args, **kwargs):
-        raise CheckFailed(EX_LOSS, _RULE["uses_cross_entropy"].message)
+        raise core.CheckFailed(EX_LOSS, _RULE["uses_cross_entropy"].message)
 
     kept = logits.detach().clone(), targets.clone()
     with (
         mock.patch.object(F, "cross_entropy", forbidden),
         mock.patch.object(F, "nll_loss", forbidden),
     ):
-        got = call_learner(EX_LOSS, fn, logits, targets)
+        got = core.call_learner(EX_LOSS, fn, logits, targets)
     if not (torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1])):
-        raise CheckFailed(EX_LOSS, "your loss changed its inputs in place: work on new tensors")
+        raise core.CheckFailed(
+            EX_LOSS, "your loss changed its inputs in place: work on new tensors"
+        )
     return got
 
 
@@ -164,25 +157,25 @@ def check_cross_entropy(fn):
         targets = torch.randint(0, V, (B, T), generator=gen)
         want = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         got = _call_loss(fn, logits, targets)
-        if isinstance(got, torch.Tensor) and got.numel() == 1 and close(got.reshape(()), want):
+        if isinstance(got, torch.Tensor) and got.numel() == 1 and core.close(got.reshape(()), want):
             continue
 
         def matches(m, got=got, logits=logits, targets=targets):
-            return isinstance(got, torch.Tensor) and close(
+            return isinstance(got, torch.Tensor) and core.close(
                 got.reshape(()) if got.numel() == 1 else got, m.fn(logits, targets)
             )
 
-        mistake = first_mistake(LOSS_MISTAKES, matches)
+        mistake = core.first_mistake(LOSS_MISTAKES, matches)
         if mistake is not None:
-            raise CheckFailed(EX_LOSS, mistake.message)
-        got = expect_tensor(EX_LOSS, got, what="your loss", finite=False)
+            raise core.CheckFailed(EX_LOSS, mistake.message)
+        got = core.expect_tensor(EX_LOSS, got, what="your loss", finite=False)
         if got.numel() != 1:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_LOSS,
                 f"your loss has shape {tuple(got.shape)}: return ONE number, "
                 "the mean over every position of every sequence",
             )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LOSS,
             f"your loss is {float(got):.4f}, the cross-entropy is "
             f"{float(want):.4f} (logits of shape {(B, T, V)})",
@@ -191,23 +184,23 @@ def check_cross_entropy(fn):
     unlikely[0, 0, 3], unlikely[0, 0, 1] = -120.0, 100.0  # e^-220 is 0 in float32, e^100 inf
     got = _call_loss(fn, unlikely, torch.tensor([[3, 0]]))
     if not (isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all())):
-        raise CheckFailed(EX_LOSS, _RULE["log_of_softmax"].message)
+        raise core.CheckFailed(EX_LOSS, _RULE["log_of_softmax"].message)
     coarse = (3 * torch.randn(2, 8, 50, generator=gen)).bfloat16()
     targets = torch.randint(0, 50, (2, 8), generator=gen)
     got = _call_loss(fn, coarse, targets)
     want = F.cross_entropy(coarse.float().flatten(0, 1), targets.flatten())
-    if got.dtype not in (torch.float32, torch.float64) or not close(got.float(), want):
-        raise CheckFailed(EX_LOSS, _RULE["not_float32"].message)
+    if got.dtype not in (torch.float32, torch.float64) or not core.close(got.float(), want):
+        raise core.CheckFailed(EX_LOSS, _RULE["not_float32"].message)
     # gradients must flow: a loss computed from a detached copy cannot train anything
     logits = torch.randn(2, 3, 5, generator=gen, requires_grad=True)
     got = _call_loss(fn, logits, torch.randint(0, 5, (2, 3), generator=gen))
     if not got.requires_grad:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LOSS,
             "your loss carries no gradient (.detach(), .item() or numpy "
             "inside?): return a tensor computed from the logits",
         )
-    passed(EX_LOSS, "the cross-entropy, finite for a very unlikely target, in float32")
+    core.passed(EX_LOSS, "the cross-entropy, finite for a very unlikely target, in float32")
 
 
 # --------------------------------------------------------------------------- Exercise 7.3
@@ -253,32 +246,32 @@ def _batch(start_range, shift=1, rows="random", dtype=torch.long):
 _batch_right = _batch(0)
 
 BATCH_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "not_shifted",
         "your y equals your x: y must be the same window one token later "
         "(ids[s + 1 : s + block_size + 1])",
         _batch(0, shift=0),
     ),
-    Mistake(
+    core.Mistake(
         "one_window",
         "every row of your batch is the same window: draw one random start "
         "per row (torch.randint(..., (batch_size,)))",
         _batch(0, rows="one"),
     ),
-    Mistake(
+    core.Mistake(
         "not_random",
         "your windows always start at the beginning of ids: draw random "
         "starts with torch.randint(..., generator=generator)",
         _batch(0, rows="first"),
     ),
-    Mistake(
+    core.Mistake(
         "range_too_long",
         "a window ran past the end of ids: the last possible start is "
         "len(ids) - block_size - 1 (the targets need one more token), and torch.randint's "
         "upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
         _batch(1),
     ),
-    Mistake(
+    core.Mistake(
         "range_too_short",
         "with 8 ids and block_size 5 the starts 0, 1 and 2 are all "
         "possible, but 2 never came up, so the very last token is never a target: "
@@ -295,19 +288,19 @@ def _batch_on_cpu(ids, batch_size, block_size, generator=None, device=None):
 
 
 DEVICE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "device_ignored",
         "your batch stays where ids are: when a device is given, move x "
         "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
         _batch_on_cpu,
     ),
-    Mistake(
+    core.Mistake(
         "int32_kept",
         "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: "
         "nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
         _batch(0, dtype=None),
     ),
-    Mistake(
+    core.Mistake(
         "float_ids",
         "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. "
         "Return them as torch.long",
@@ -318,18 +311,18 @@ DEVICE_MISTAKES = [
 
 def _call_batch(fn, ids, batch_size, block_size, seed):
     try:
-        got = call_learner(
+        got = core.call_learner(
             EX_BATCH, fn, ids, batch_size, block_size, torch.Generator().manual_seed(seed)
         )
     except (IndexError, RuntimeError):  # a window past the end: a short row or a bad index
-        raise CheckFailed(EX_BATCH, _BATCH["range_too_long"].message) from None
+        raise core.CheckFailed(EX_BATCH, _BATCH["range_too_long"].message) from None
     x, y = _as_pair(EX_BATCH, got)
-    x = expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
-    y = expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
+    x = core.expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
+    y = core.expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
     if x.dtype.is_floating_point or y.dtype.is_floating_point:
-        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[2].message)
+        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[2].message)
     if x.dtype != torch.long or y.dtype != torch.long:
-        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[1].message)
+        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[1].message)
     return x, y
 
 
@@ -340,25 +333,27 @@ def check_random_batch(fn):
     for name in ("not_shifted", "one_window", "not_random"):
         wrong = _BATCH[name].fn(ids, B, T, torch.Generator().manual_seed(0))
         if torch.equal(x, wrong[0]) and torch.equal(y, wrong[1]):
-            raise CheckFailed(EX_BATCH, _BATCH[name].message)
+            raise core.CheckFailed(EX_BATCH, _BATCH[name].message)
     if torch.equal(x, y):
-        raise CheckFailed(EX_BATCH, _BATCH["not_shifted"].message)
+        raise core.CheckFailed(EX_BATCH, _BATCH["not_shifted"].message)
     if torch.equal(y[:, 1:], x[:, :-1]):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BATCH,
             "your y is x shifted the wrong way (one token EARLIER): y "
             "is the window starting one token later",
         )
     starts = _windows_ok(ids, x, y, T)
     if starts is None:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BATCH,
             "each row of x must be a stretch of ids, ids[s : s + "
             "block_size], and the same row of y must be ids[s + 1 : s + "
             "block_size + 1]",
         )
     if len(set(starts)) == 1:
-        raise CheckFailed(EX_BATCH, _BATCH["one_window" if starts[0] else "not_random"].message)
+        raise core.CheckFailed(
+            EX_BATCH, _BATCH["one_window" if starts[0] else "not_random"].message
+        )
     # many draws from 8 ids with block_size 5: every start 0, 1, 2 must come up, and no other
     small = torch.arange(200, 208)
     seen = set()
@@ -366,20 +361,20 @@ def check_random_batch(fn):
         bx, by = _call_batch(fn, small, 16, 5, seed=100 + seed)
         rows = _windows_ok(small, bx, by, 5)
         if rows is None:
-            raise CheckFailed(EX_BATCH, _BATCH["range_too_long"].message)
+            raise core.CheckFailed(EX_BATCH, _BATCH["range_too_long"].message)
         seen.update(rows)
     if seen != {0, 1, 2}:
-        raise CheckFailed(EX_BATCH, _BATCH["range_too_short"].message)
+        raise core.CheckFailed(EX_BATCH, _BATCH["range_too_short"].message)
     first = _call_batch(fn, ids, 8, T, seed=5)
     again = _call_batch(fn, ids, 8, T, seed=5)
     if not (torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BATCH,
             "the same seed gave different batches: pass generator=generator to torch.randint",
         )
     _call_batch(fn, ids.int(), 4, T, seed=0)  # int32 ids in, torch.long out
     _check_batch_device(fn, ids)
-    passed(
+    core.passed(
         EX_BATCH,
         "random windows of torch.long ids, y one token later, every start possible, "
         "repeatable, on the device",
@@ -389,18 +384,18 @@ def check_random_batch(fn):
 def _check_batch_device(fn, ids):
     """With device='meta' (a device that holds shapes only) both tensors must land there."""
     try:
-        got = call_learner(
+        got = core.call_learner(
             EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), torch.device("meta")
         )
     except RuntimeError:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BATCH,
             "with device given, your function failed: draw the starts on the "
             "CPU with the generator, then move x and y to the device",
         ) from None
     x, y = _as_pair(EX_BATCH, got)
     if x.device.type != "meta" or y.device.type != "meta":
-        raise CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
+        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
 
 
 # --------------------------------------------------------------------------- Exercise 7.5: weight decay
@@ -411,19 +406,19 @@ def _groups(decay, no_decay, wd):
 
 
 DECAY_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "decay_everything",
         "your groups put weight decay on the LayerNorm gains and the biases too: those "
         "are 1-D (p.dim() == 1) and get weight_decay 0.0",
         lambda model, wd: _groups(list(model.parameters()), [], wd),
     ),
-    Mistake(
+    core.Mistake(
         "decay_nothing",
         "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
         "the group with weight_decay=weight_decay",
         lambda model, wd: _groups([], list(model.parameters()), wd),
     ),
-    Mistake(
+    core.Mistake(
         "swapped",
         "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
         "and biases get 0.0",
@@ -433,7 +428,7 @@ DECAY_MISTAKES = [
             wd,
         ),
     ),
-    Mistake(
+    core.Mistake(
         "by_name_weight",
         "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
         "gain is also called weight. Choose by shape instead: p.dim() >= 2",
@@ -443,7 +438,7 @@ DECAY_MISTAKES = [
             wd,
         ),
     ),
-    Mistake(
+    core.Mistake(
         "fixed_rate",
         "your decayed group's weight decay stays 0.1 when decay_groups is given another "
         "weight_decay: use the argument, so that make_optimizer and train can set it",
@@ -459,29 +454,33 @@ DECAY_MISTAKES = [
 def _decay_of_each(exercise, groups, model):
     """{parameter index: weight decay} from the learner's groups; refuses duplicates and gaps."""
     if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
-        raise CheckFailed(exercise, "return a list of dicts, each with 'params' and 'weight_decay'")
+        raise core.CheckFailed(
+            exercise, "return a list of dicts, each with 'params' and 'weight_decay'"
+        )
     index = {id(p): i for i, p in enumerate(model.parameters())}
     names = [n for n, _ in model.named_parameters()]
     decay = {}
     for group in groups:
         if "params" not in group or "weight_decay" not in group:
-            raise CheckFailed(exercise, "each group needs the keys 'params' and 'weight_decay'")
+            raise core.CheckFailed(
+                exercise, "each group needs the keys 'params' and 'weight_decay'"
+            )
         for p in list(group["params"]):
             i = index.get(id(p))
             if i is None:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     exercise,
                     "a group holds something that is not a parameter of the "
                     "model (a copy? use the tensors from model.parameters())",
                 )
             if i in decay:
-                raise CheckFailed(
+                raise core.CheckFailed(
                     exercise, f"{names[i]} is in two groups: each parameter goes into exactly one"
                 )
             decay[i] = float(group["weight_decay"])
     missing = [names[i] for i in range(len(names)) if i not in decay]
     if missing:
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"{len(missing)} parameters are in no group (first: {missing[0]}): "
             "AdamW would never train them",
@@ -497,7 +496,7 @@ def check_decay_groups(fn):
     ):
         _check_decay_once(fn, model, wd)
     n_decay = sum(1 for p in model.parameters() if p.dim() >= 2)
-    passed(
+    core.passed(
         EX_DECAY,
         f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
         "gains and biases not, for two models and two rates",
@@ -506,26 +505,26 @@ def check_decay_groups(fn):
 
 
 def _check_decay_once(fn, model, wd):
-    groups = call_learner(EX_DECAY, fn, model, wd)
+    groups = core.call_learner(EX_DECAY, fn, model, wd)
     try:
         got = _decay_of_each(EX_DECAY, groups, model)
-    except CheckFailed:
+    except core.CheckFailed:
         got = None
     if got is not None:
         want = {i: (wd if p.dim() >= 2 else 0.0) for i, p in enumerate(model.parameters())}
         if got == want:
             torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
             return
-    mistake = first_mistake(
+    mistake = core.first_mistake(
         DECAY_MISTAKES, lambda m: got == _decay_of_each(EX_DECAY, m.fn(model, wd), model)
     )
     if mistake is not None:
-        raise CheckFailed(EX_DECAY, mistake.message)
+        raise core.CheckFailed(EX_DECAY, mistake.message)
     _decay_of_each(EX_DECAY, groups, model)  # raises with the structural problem, if any
     names = [n for n, _ in model.named_parameters()]
     params = list(model.parameters())
     wrong = [names[i] for i, v in got.items() if v != (wd if params[i].dim() >= 2 else 0.0)]
-    raise CheckFailed(
+    raise core.CheckFailed(
         EX_DECAY,
         f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
         f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
@@ -569,31 +568,31 @@ def _training_step(*operations):
 _step_right = _training_step("zero_grad", "backward", "clip", "step")
 
 STEP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_zero_grad",
         "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
         "of each step (PyTorch ADDS each backward pass into .grad)",
         _training_step("backward", "clip", "step"),
     ),
-    Mistake(
+    core.Mistake(
         "clip_after_step",
         "you clip the gradients after optimizer.step(): the step has already used the "
         "unclipped gradients. Clip between loss.backward() and optimizer.step()",
         _training_step("zero_grad", "backward", "step", "clip"),
     ),
-    Mistake(
+    core.Mistake(
         "no_clip",
         "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
         "model.parameters(), max_grad_norm) before optimizer.step()",
         _training_step("zero_grad", "backward", "step"),
     ),
-    Mistake(
+    core.Mistake(
         "zero_grad_before_step",
         "you call optimizer.zero_grad() between backward and step: the step then sees no "
         "gradients. Clear them at the START of the step",
         _training_step("backward", "clip", "zero_grad", "step"),
     ),
-    Mistake(
+    core.Mistake(
         "no_step",
         "your step never changes the weights: call optimizer.step() after clipping",
         _training_step("zero_grad", "backward", "clip"),
@@ -613,7 +612,9 @@ def _run_steps(step_fn, exercise=None, steps=2, max_grad_norm=0.05):
         if exercise is None:
             losses.append(step_fn(model, optimizer, x, y, max_grad_norm))
         else:
-            losses.append(call_learner(exercise, step_fn, model, optimizer, x, y, max_grad_norm))
+            losses.append(
+                core.call_learner(exercise, step_fn, model, optimizer, x, y, max_grad_norm)
+            )
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     # after the step, .grad still holds the last gradients: clipped or not tells clipping
     # after the step apart from no clipping (both update the weights with unclipped gradients)
@@ -635,32 +636,32 @@ def check_training_step(fn):
     for loss in losses:
         if isinstance(loss, torch.Tensor):
             if loss.numel() != 1:
-                raise CheckFailed(EX_STEP, "return the loss as one number (loss.item())")
+                raise core.CheckFailed(EX_STEP, "return the loss as one number (loss.item())")
             loss = float(loss)
         if not isinstance(loss, (int, float)) or isinstance(loss, bool):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_STEP, f"return the loss as a float (loss.item()), got {type(loss).__name__}"
             )
         if not math.isfinite(loss):
-            raise CheckFailed(EX_STEP, f"your step returned a loss of {loss}")
+            raise core.CheckFailed(EX_STEP, f"your step returned a loss of {loss}")
     if _same_params(params, want):
         if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_STEP,
                 f"the weights are right but the returned loss is "
                 f"{float(losses[0]):.4f}, not {want_losses[0]:.4f}: return "
                 "the loss of this step's batch, computed before the update",
             )
-        return passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
+        return core.passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
 
     def matches(m):
         _, wrong_params, wrong_clipped = _run_steps(m.fn)
         return _same_params(params, wrong_params) and clipped == wrong_clipped
 
-    mistake = first_mistake(STEP_MISTAKES, matches)
+    mistake = core.first_mistake(STEP_MISTAKES, matches)
     if mistake is not None:
-        raise CheckFailed(EX_STEP, mistake.message)
-    raise CheckFailed(
+        raise core.CheckFailed(EX_STEP, mistake.message)
+    raise core.CheckFailed(
         EX_STEP,
         "after two steps your weights differ from the expected ones: "
         "zero_grad, forward with F.cross_entropy, backward, clip_grad_norm_"
@@ -696,50 +697,50 @@ _lr_colleague = _lr(first=0, late=True, floor=False)
 
 
 LR_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "colleagues_schedule",
         "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
         "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
         "the cosine climbs back up instead of staying at min_lr",
         _lr_colleague,
     ),
-    Mistake(
+    core.Mistake(
         "warmup_off_by_one",
         "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
         "nothing. Use max_lr * (step + 1) / warmup_steps",
         _lr(first=0),
     ),
-    Mistake(
+    core.Mistake(
         "cosine_to_zero",
         "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
         "0.5 * (1 + cos(pi * progress))",
         _lr(to_zero=True),
     ),
-    Mistake(
+    core.Mistake(
         "no_floor_after_end",
         "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
         "for every step >= total_steps",
         _lr(floor=False),
     ),
-    Mistake(
+    core.Mistake(
         "no_warmup",
         "there is no warm-up: for step < warmup_steps the rate rises linearly, "
         "max_lr * (step + 1) / warmup_steps",
         _lr(warmup=False),
     ),
-    Mistake(
+    core.Mistake(
         "progress_from_zero",
         "your cosine starts counting at step 0 instead of at the end of the warm-up: "
         "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
         _lr(origin=False),
     ),
-    Mistake(
+    core.Mistake(
         "linear_decay",
         "your rate falls in a straight line: after the warm-up it follows half a cosine, "
         "0.5 * (1 + cos(pi * progress))",
         _lr(cosine=False),
     ),
-    Mistake(
+    core.Mistake(
         "tensor_not_float",
         "return a Python float (.item() or float(...))",
         lambda *args: torch.tensor(_lr_right(*args)),
@@ -758,7 +759,7 @@ def _lr_curve(fn, case, exercise=None):
         if exercise is None:
             out.append(fn(step, **case))
         else:
-            value = call_learner(
+            value = core.call_learner(
                 exercise,
                 fn,
                 step,
@@ -783,21 +784,21 @@ def check_cosine_lr(fn):
         want = _lr_curve(_lr_right, case)
         if _same_curve(got, want):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             LR_MISTAKES, lambda m, got=got, case=case: _same_curve(got, _lr_curve(m.fn, case))
         )
         if mistake is not None:
-            raise CheckFailed(EX_LR, mistake.message)
+            raise core.CheckFailed(EX_LR, mistake.message)
         step = next(
             i
             for i, (g, w) in enumerate(zip(got, want))
             if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12)
         )
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LR,
             f"with {case}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
         )
-    passed(
+    core.passed(
         EX_LR,
         "warm-up from the first step, cosine down to min_lr, then flat. The colleague's "
         "warm-up started at 0 (its first step did nothing) and reached max_lr one step late, "
@@ -808,12 +809,12 @@ def check_cosine_lr(fn):
 
 def _as_float(exercise, value, what):
     if isinstance(value, torch.Tensor):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise,
             f"{what} is a tensor ({value!r:.40}): return a Python float (.item() or float(...))",
         )
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CheckFailed(
+        raise core.CheckFailed(
             exercise, f"{what} should be a number (a float), got {type(value).__name__}"
         )
     return float(value)
@@ -822,29 +823,29 @@ def _as_float(exercise, value, what):
 # --------------------------------------------------------------------------- Exercise 7.2
 
 UNIFORM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "probability",
         "you returned the probability of each token, 1 / V: the loss is MINUS "
         "the logarithm of that probability",
         lambda v: 1 / v,
     ),
-    Mistake(
+    core.Mistake(
         "sign",
         "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
         lambda v: -math.log(v),
     ),
-    Mistake(
+    core.Mistake(
         "bits",
         "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
         "course, is in nats, the natural logarithm (math.log)",
         math.log2,
     ),
-    Mistake(
+    core.Mistake(
         "base_10",
         "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
         math.log10,
     ),
-    Mistake(
+    core.Mistake(
         "perplexity",
         "you returned V itself: that is e^loss, the perplexity of the uniform "
         "guess. The loss is its natural logarithm",
@@ -855,21 +856,21 @@ UNIFORM_MISTAKES = [
 
 def check_uniform_loss(fn):
     for vocab_size in (2, 7, 50257):
-        value = _as_float(EX_UNIFORM, call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
+        value = _as_float(EX_UNIFORM, core.call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
         if math.isclose(value, math.log(vocab_size), rel_tol=1e-6):
             continue
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             UNIFORM_MISTAKES,
             lambda m, v=vocab_size, got=value: math.isclose(got, m.fn(v), rel_tol=1e-6),
         )
         if mistake is not None:
-            raise CheckFailed(EX_UNIFORM, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_UNIFORM, mistake.message)
+        raise core.CheckFailed(
             EX_UNIFORM,
             f"with {vocab_size} equally likely tokens your loss is "
             f"{value:.4f}: work out -ln p for p = 1 / {vocab_size}",
         )
-    passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
+    core.passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
 
 
 # --------------------------------------------------------------------------- Exercise 7.4
@@ -892,31 +893,31 @@ def _unigram(scored="val", smoothing_on=True, normalise=True, log=torch.log):
 _unigram_right = _unigram()
 
 UNIGRAM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_smoothing",
         "a validation token that never occurs in the training part got "
         "probability 0, so its loss, and the mean, is infinite: add `smoothing` to every "
         "count before you turn the counts into probabilities",
         _unigram(smoothing_on=False),
     ),
-    Mistake(
+    core.Mistake(
         "scored_on_train",
         "you scored the training tokens: the line is measured on val_ids, "
         "text the counts never saw",
         _unigram(scored="train"),
     ),
-    Mistake(
+    core.Mistake(
         "not_normalised",
         "your counts are not probabilities: divide them by their sum, so "
         "that they add up to 1 over the vocabulary",
         _unigram(normalise=False),
     ),
-    Mistake(
+    core.Mistake(
         "bits",
         "your loss is in bits (log base 2): use the natural logarithm, as the model's loss does",
         _unigram(log=torch.log2),
     ),
-    Mistake(
+    core.Mistake(
         "tensor_not_float",
         "return a Python float (.item() or float(...))",
         lambda *args: torch.tensor(_unigram_right(*args)),
@@ -942,11 +943,11 @@ def check_unigram_loss(fn):
     ]
     for train_ids, val_ids, vocab_size, smoothing in cases:
         try:
-            got = call_learner(
+            got = core.call_learner(
                 EX_UNIGRAM, fn, train_ids.clone(), val_ids.clone(), vocab_size, smoothing
             )
         except (IndexError, RuntimeError):  # a count table shorter than the vocabulary
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_UNIGRAM,
                 "torch.bincount counts only up to the largest id it "
                 "sees: pass minlength=vocab_size, so that every id of "
@@ -957,19 +958,19 @@ def check_unigram_loss(fn):
         if math.isclose(value, want, rel_tol=1e-6):
             continue
         if not math.isfinite(value):
-            raise CheckFailed(EX_UNIGRAM, named(UNIGRAM_MISTAKES, "no_smoothing").message)
+            raise core.CheckFailed(EX_UNIGRAM, core.named(UNIGRAM_MISTAKES, "no_smoothing").message)
         args = (train_ids, val_ids, vocab_size, smoothing)
-        mistake = first_mistake(
+        mistake = core.first_mistake(
             UNIGRAM_MISTAKES, lambda m, a=args, got=value: math.isclose(got, m.fn(*a), rel_tol=1e-6)
         )
         if mistake is not None:
-            raise CheckFailed(EX_UNIGRAM, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_UNIGRAM, mistake.message)
+        raise core.CheckFailed(
             EX_UNIGRAM,
             f"with vocab_size={vocab_size} and smoothing={smoothing} your "
             f"loss is {value:.4f}, the unigram line is {want:.4f}",
         )
-    passed(
+    core.passed(
         EX_UNIGRAM,
         "counts plus smoothing, normalised, scored on the validation part",
         part="the unigram line",
@@ -1012,33 +1013,33 @@ def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_cou
 _bigram_right = _bigram()
 
 BIGRAM_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "no_mix",
         "your bigram ignores bigram_weight: a validation pair never seen in training "
         "gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with "
         "(1 - bigram_weight) * the unigram probability of the next token",
         _bigram(mix=False),
     ),
-    Mistake(
+    core.Mistake(
         "joint",
         "you divided a pair's count by the number of all pairs: that is how common the "
         "pair is, not how often b follows a. Divide by the number of times a is followed by "
         "anything",
         _bigram(conditional=False),
     ),
-    Mistake(
+    core.Mistake(
         "reversed",
         "your pairs are read backwards: you scored how often a follows b. The key "
         "of a pair (previous a, next b) must be the same when you count and when you look up",
         _bigram(order="ba"),
     ),
-    Mistake(
+    core.Mistake(
         "counted_on_val",
         "you counted the pairs of val_ids: the line measures counts from "
         "train_ids on text they never saw",
         _bigram(pairs_from="val"),
     ),
-    Mistake(
+    core.Mistake(
         "prev_counts_all",
         "you divided by how often a occurs anywhere in train_ids, the last "
         "token included, which is followed by nothing: count a only among the first N - 1 "
@@ -1069,9 +1070,11 @@ def check_bigram(fn):
     ]
     for train_ids, val_ids, vocab_size, smoothing, weight in cases:
         args = (train_ids, val_ids, vocab_size, smoothing, weight)
-        got = call_learner(EX_BIGRAM, fn, *(a.clone() if torch.is_tensor(a) else a for a in args))
+        got = core.call_learner(
+            EX_BIGRAM, fn, *(a.clone() if torch.is_tensor(a) else a for a in args)
+        )
         if not isinstance(got, dict) or "bigram" not in got:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'"
             )
         value = _as_float(EX_BIGRAM, got["bigram"], "your bigram loss")
@@ -1079,21 +1082,21 @@ def check_bigram(fn):
         if math.isclose(value, want, rel_tol=1e-6):
             continue
         if math.isnan(value):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_BIGRAM,
                 "your bigram loss is NaN: a previous token that never occurs "
                 "in train_ids has count 0, and 0 / 0 is NaN. Its bigram "
                 "probability is 0 (clamp the count to at least 1)",
             )
         if not math.isfinite(value):
-            raise CheckFailed(EX_BIGRAM, named(BIGRAM_MISTAKES, "no_mix").message)
-        mistake = first_mistake(
+            raise core.CheckFailed(EX_BIGRAM, core.named(BIGRAM_MISTAKES, "no_mix").message)
+        mistake = core.first_mistake(
             BIGRAM_MISTAKES,
             lambda m, a=args, v=value: math.isclose(v, m.fn(*a)["bigram"], rel_tol=1e-6),
         )
         if mistake is not None:
-            raise CheckFailed(EX_BIGRAM, mistake.message)
-        raise CheckFailed(
+            raise core.CheckFailed(EX_BIGRAM, mistake.message)
+        raise core.CheckFailed(
             EX_BIGRAM,
             f"with vocab_size={vocab_size} and bigram_weight={weight} your "
             f"bigram loss is {value:.4f}, the line is {want:.4f}",
@@ -1102,9 +1105,9 @@ def check_bigram(fn):
     big = 2_000_000
     train_ids, val_ids = cases[0][0] * 300_000, cases[0][1] * 300_000
     try:
-        got = call_learner(EX_BIGRAM, fn, train_ids, val_ids, big, 0.01, 0.6)
+        got = core.call_learner(EX_BIGRAM, fn, train_ids, val_ids, big, 0.01, 0.6)
     except (RuntimeError, MemoryError):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BIGRAM,
             "with a vocabulary of 2 million your function ran out of memory: "
             "a table of all pairs is too large. Count only the pairs that "
@@ -1113,10 +1116,10 @@ def check_bigram(fn):
     if not math.isfinite(
         _as_float(EX_BIGRAM, got["bigram"] if isinstance(got, dict) else got, "your loss")
     ):
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite"
         )
-    passed(
+    core.passed(
         EX_BIGRAM,
         "pairs counted from the training part, conditional on the previous token, "
         "mixed with the unigram, without a table of all pairs",
@@ -1165,44 +1168,44 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
 
 
 ESTIMATE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "mode_not_restored",
         "after your estimate the model is left in eval mode: the training "
         "that follows would run without dropout. Put back the mode it came in "
         "(model.train(was_training))",
         _estimate(restore=False),
     ),
-    Mistake(
+    core.Mistake(
         "dropout_on",
         "your estimate ran the model in train mode, with dropout on: call "
         "model.eval() first, so that it measures the model, not the noise",
         _estimate(eval_mode=False),
     ),
-    Mistake(
+    core.Mistake(
         "grad_on",
         "gradients were on during your estimate's forward passes: it builds a graph "
         "for a backward that never comes. Decorate it with @torch.no_grad() or use "
         "`with torch.no_grad():`",
         _estimate(no_grad=False),
     ),
-    Mistake(
+    core.Mistake(
         "sum_not_mean",
         "your estimate is the SUM of the batch losses: divide by the number of batches",
         _estimate(mean=False),
     ),
-    Mistake(
+    core.Mistake(
         "unseeded",
         "two calls on the same model gave different numbers: draw the batches from "
         "their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
         _estimate(seeded=False),
     ),
-    Mistake(
+    core.Mistake(
         "seed_hard_coded",
         "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` "
         "argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
         _estimate(seed_used=False),
     ),
-    Mistake(
+    core.Mistake(
         "tensor_not_float",
         "your estimate is a tensor: return a Python float (.item() or float(...)), so that "
         "the history holds numbers, not tensors tied to the model",
@@ -1216,19 +1219,23 @@ def check_estimate_loss(fn):
     for start_in_train_mode, batches in ((True, 4), (False, 3)):
         model = _Recorder(_tiny_model(seed=2, n_positions=16, vocab_size=41, dropout=0.3))
         model.train(start_in_train_mode)
-        got = call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
+        got = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
         if isinstance(got, torch.Tensor):
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "tensor_not_float").message)
+            raise core.CheckFailed(
+                EX_EVAL, core.named(ESTIMATE_MISTAKES, "tensor_not_float").message
+            )
         value = _as_float(EX_EVAL, got, "your estimate")
         calls = list(model.calls)
         if model.training != start_in_train_mode:
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "mode_not_restored").message)
+            raise core.CheckFailed(
+                EX_EVAL, core.named(ESTIMATE_MISTAKES, "mode_not_restored").message
+            )
         if any(training for _, training, _ in calls):
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "dropout_on").message)
+            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "dropout_on").message)
         if any(grad for _, _, grad in calls):
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "grad_on").message)
+            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "grad_on").message)
         if len(calls) != batches:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_EVAL,
                 f"with batches={batches} your estimate ran the model "
                 f"{len(calls)} times: one forward pass per batch",
@@ -1238,23 +1245,23 @@ def check_estimate_loss(fn):
             want = sum(float(_loss(model.inner, x, x + 1)) for x, _, _ in calls) / batches
             model.inner.train(start_in_train_mode)
         if math.isclose(value, want * batches, rel_tol=1e-4):
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "sum_not_mean").message)
+            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "sum_not_mean").message)
         if not math.isclose(value, want, rel_tol=1e-4):
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_EVAL,
                 f"your estimate is {value:.4f}, but the mean loss of the "
                 f"batches it ran is {want:.4f}",
             )
         again = _as_float(
-            EX_EVAL, call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
+            EX_EVAL, core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
         )
         if again != value:
-            raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "unseeded").message)
+            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "unseeded").message)
     model.calls.clear()
-    call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
+    core.call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
     if torch.equal(model.calls[0][0], calls[0][0]):
-        raise CheckFailed(EX_EVAL, named(ESTIMATE_MISTAKES, "seed_hard_coded").message)
-    passed(
+        raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "seed_hard_coded").message)
+    core.passed(
         EX_EVAL,
         "eval mode, no gradients, the same seeded batches every call, mode put back",
         part="the evaluation",
@@ -1355,45 +1362,45 @@ def _loop(
 
 
 LOOP_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "rate_not_set",
         "your loop asks the schedule for a rate but never gives it to the "
         "optimizer, so every step ran at max_lr: set group['lr'] for every group of "
         "optimizer.param_groups before the step",
         _loop(set_rate=False),
     ),
-    Mistake(
+    core.Mistake(
         "no_final_eval",
         "your loop does not estimate the loss after the last step: the "
         "history must end with an estimate at step `steps`",
         _loop(final_eval=False),
     ),
-    Mistake(
+    core.Mistake(
         "eval_off_by_one",
         "your estimates come one step early: after the update of step s "
         "the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a "
         "multiple of eval_every",
         _loop(eval_offset=0),
     ),
-    Mistake(
+    core.Mistake(
         "left_in_train_mode",
         "after the run the model is still in train mode: end with "
         "model.eval(), as the reference does",
         _loop(eval_at_end_mode=False),
     ),
-    Mistake(
+    core.Mistake(
         "generator_not_passed",
         "your batches do not come from the run's generator: two runs "
         "with the same seed would train differently. Pass `generator` to get_batch",
         _loop(pass_generator=False),
     ),
-    Mistake(
+    core.Mistake(
         "seed_hard_coded",
         "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and "
         "the run's generator with the `seed` argument, not a number of your own",
         _loop(seed_used=False),
     ),
-    Mistake(
+    core.Mistake(
         "eval_batches_ignored",
         "your estimates do not use eval_batches batches: pass eval_batches to "
         "estimate_loss (its default, 10, is not the run's setting)",
@@ -1425,7 +1432,7 @@ def _run_loop(fn, exercise=None):
     if exercise is None:
         history = fn(model, ids[:240], ids[240:], 10, **kwargs)
     else:
-        history = call_learner(exercise, fn, model, ids[:240], ids[240:], 10, **kwargs)
+        history = core.call_learner(exercise, fn, model, ids[:240], ids[240:], 10, **kwargs)
     return history, model.training
 
 
@@ -1442,28 +1449,28 @@ def _loop_signature(history, training):
 def check_train_loop(fn):
     got_history, got_training = _run_loop(fn, EX_LOOP)
     if got_history is None or not hasattr(got_history, "train_loss"):
-        raise CheckFailed(EX_LOOP, "return the history (the History the loop filled)")
+        raise core.CheckFailed(EX_LOOP, "return the history (the History the loop filled)")
     got = _loop_signature(got_history, got_training)
     want = _loop_signature(*_run_loop(_loop()))
     if got == want:
-        return passed(
+        return core.passed(
             EX_LOOP,
             "the rate set, your pieces called, estimates every eval_every steps and at the end",
         )
-    mistake = first_mistake(LOOP_MISTAKES, lambda m: got == _loop_signature(*_run_loop(m.fn)))
+    mistake = core.first_mistake(LOOP_MISTAKES, lambda m: got == _loop_signature(*_run_loop(m.fn)))
     if mistake is not None:
-        raise CheckFailed(EX_LOOP, mistake.message)
+        raise core.CheckFailed(EX_LOOP, mistake.message)
     if len(got[0]) != 10:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LOOP, f"10 steps recorded {len(got[0])} batch losses: record one per step"
         )
     if got[1] != want[1]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_LOOP,
             f"with 10 steps and eval_every=4 the estimates belong at steps "
             f"{list(want[1])}, yours are at {list(got[1])}",
         )
-    raise CheckFailed(
+    raise core.CheckFailed(
         EX_LOOP,
         "your run's batch losses differ from the reference loop's with the "
         "same pieces and seed: each step sets the rate, draws a batch with "
@@ -1574,7 +1581,7 @@ def _diagnosis(*suspects):
 
 
 DIAGNOSIS_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "a_and_b_swapped",
         "1 of the 3 runs is named right. Think about what each bug does "
         "to one step, then to 60 of them; the History also records each step's rate (.lr)",
@@ -1582,7 +1589,7 @@ DIAGNOSIS_MISTAKES = [
             "gradients cleared before the step", "targets not shifted", "warm-up never ends"
         ),
     ),
-    Mistake(
+    core.Mistake(
         "none_right",
         "none of the 3 runs is named right. Which run's training loss is too "
         "good to be true, and what does its validation loss say?",
@@ -1590,7 +1597,7 @@ DIAGNOSIS_MISTAKES = [
             "warm-up never ends", "targets not shifted", "gradients cleared before the step"
         ),
     ),
-    Mistake(
+    core.Mistake(
         "unused_suspect",
         "'gradients never cleared' broke none of these runs. With AdamW "
         "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
@@ -1603,20 +1610,22 @@ DIAGNOSIS_MISTAKES = [
 
 
 def check_diagnosis(fn):
-    got = call_learner(EX_DIAGNOSIS, fn)
+    got = core.call_learner(EX_DIAGNOSIS, fn)
     if not isinstance(got, dict) or set(got) != {"A", "B", "C"}:
-        raise CheckFailed(EX_DIAGNOSIS, 'return a dict with the keys "A", "B" and "C"')
+        raise core.CheckFailed(EX_DIAGNOSIS, 'return a dict with the keys "A", "B" and "C"')
     for label, suspect in got.items():
         if suspect not in SUSPECTS:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_DIAGNOSIS,
                 f"{suspect!r} (run {label}) is not one of the suspects: {', '.join(SUSPECTS)}",
             )
     if "gradients never cleared" in got.values():
-        raise CheckFailed(EX_DIAGNOSIS, named(DIAGNOSIS_MISTAKES, "unused_suspect").message)
+        raise core.CheckFailed(
+            EX_DIAGNOSIS, core.named(DIAGNOSIS_MISTAKES, "unused_suspect").message
+        )
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
-        return passed(
+        return core.passed(
             EX_DIAGNOSIS,
             "A's training loss dives below the healthy run's while its validation loss does "
             "not: with targets equal to inputs it learns to copy the token it is given, useless "
@@ -1626,8 +1635,8 @@ def check_diagnosis(fn):
         )
     message = {1: "a_and_b_swapped", 0: "none_right"}.get(right)
     if message is None:  # two right and one wrong cannot happen with three different names
-        raise CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
-    raise CheckFailed(EX_DIAGNOSIS, named(DIAGNOSIS_MISTAKES, message).message)
+        raise core.CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
+    raise core.CheckFailed(EX_DIAGNOSIS, core.named(DIAGNOSIS_MISTAKES, message).message)
 
 
 def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, block_size):
@@ -1636,22 +1645,22 @@ def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, blo
 
     steps = len(history.step)
     if steps > max_steps:
-        raise CheckFailed(CHALLENGE, f"your run took {steps} steps; the limit is {max_steps}")
+        raise core.CheckFailed(CHALLENGE, f"your run took {steps} steps; the limit is {max_steps}")
     tokens = getattr(history, "largest_batch", 0)
     if tokens > max_tokens:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE,
             f"your batches held {tokens} tokens a step; the limit is "
             f"{max_tokens} (batch_size x block_size)",
         )
     loss = estimate_loss(model, val_ids, 8, block_size, batches=8)
     if not loss < goal:
-        raise CheckFailed(
+        raise core.CheckFailed(
             CHALLENGE,
             f"validation loss {loss:.4f} after {steps} steps: "
             f"{loss - goal:.4f} above the goal {goal:.4f}",
         )
-    passed(
+    core.passed(
         CHALLENGE,
         f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below "
         f"the goal {goal:.4f}",
@@ -1668,7 +1677,7 @@ def _sweep(read=lambda history: history.val_loss):
 
 
 RATE_MISTAKES = [
-    Mistake(
+    core.Mistake(
         "first_loss",
         "your numbers are far from the final validation loss of a fresh run: "
         "they look like the loss at the START of each run. Read the end, history.val_loss",
@@ -1680,7 +1689,7 @@ RATE_MISTAKES = [
 def check_rate_sweep(sweep, train_ids, val_ids):
     """The learner's {rate: final validation loss}; two of its numbers are remeasured."""
     if not isinstance(sweep, dict) or len(sweep) < 3:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_RATES,
             "measure_rates should return a dict {rate: loss} with one entry per rate (at least 3)",
         )
@@ -1690,7 +1699,7 @@ def check_rate_sweep(sweep, train_ids, val_ids):
     }
     rates = sorted(losses)
     if rates[-1] < 100 * rates[0]:
-        raise CheckFailed(
+        raise core.CheckFailed(
             EX_RATES,
             "your rates should span at least a factor of 100 (say 3e-4 to "
             "3e-2): close rates give close losses",
@@ -1698,13 +1707,14 @@ def check_rate_sweep(sweep, train_ids, val_ids):
     for rate in (rates[0], rates[-1]):
         want = tiny_run(train_ids, val_ids, max_lr=rate).val_loss
         if not abs(losses[rate] - want) < 0.3:
-            raise CheckFailed(
+            raise core.CheckFailed(
                 EX_RATES,
                 f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a "
-                f"fresh tiny_run ends at {want:.4f}. " + named(RATE_MISTAKES, "first_loss").message,
+                f"fresh tiny_run ends at {want:.4f}. "
+                + core.named(RATE_MISTAKES, "first_loss").message,
             )
     best = min(losses, key=losses.get)
-    passed(EX_RATES, f"the lowest validation loss came at max_lr {best:g}")
+    core.passed(EX_RATES, f"the lowest validation loss came at max_lr {best:g}")
 
 
 # --------------------------------------------------------------------------- your pieces, or ours
