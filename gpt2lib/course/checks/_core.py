@@ -10,6 +10,7 @@ over exactly the variants the check knows.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 import types
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 
 class CheckFailed(AssertionError):
@@ -186,6 +188,58 @@ def passed(exercise: str, detail: str = "", *, part: str = "") -> None:
 
     mine.record_pass(exercise)
     print(f"✅ {exercise} passed" + (f": {detail}" if detail else ""))
+
+
+@contextlib.contextmanager
+def forbidding(exercise: str, *paths: str, instead: str) -> Iterator[None]:
+    """While the block runs, each function in `paths` (e.g. "torch.nn.functional.gelu") raises
+    CheckFailed naming it: an exercise that says "not allowed" checks it."""
+
+    def refuse(path):
+        def refused(*args, **kwargs):
+            raise CheckFailed(
+                exercise, f"your code calls {path}, which is not allowed here: {instead}"
+            )
+
+        return refused
+
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            stack.enter_context(mock.patch(path, refuse(path)))
+        yield
+
+
+def refusing(
+    exercise: str, fn: Callable[..., Any], *paths: str, instead: str
+) -> Callable[..., Any]:
+    """`fn` with `forbidding(exercise, *paths)` around each call (its signature kept)."""
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        with forbidding(exercise, *paths, instead=instead):
+            return fn(*args, **kwargs)
+
+    return guarded
+
+
+def tiny_config(*, pdrop: float = 0.0, **sizes: Any) -> Any:
+    """A small GPT2Config for a check: 1 layer, 2 heads, width 16, 16 positions, 50 token ids
+    and dropout `pdrop` everywhere (none by default); `sizes` sets any other field."""
+    from gpt2lib.chapters.config import GPT2Config
+
+    fields = dict(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=50)
+    fields.update(embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
+    return GPT2Config(**{**fields, **sizes})
+
+
+def tiny_gpt2(seed: int = 0, **sizes: Any) -> Any:
+    """The reference GPT2 on `tiny_config(**sizes)`, its weights drawn from `seed`, in eval mode."""
+    import torch
+
+    from gpt2lib.chapters.model import GPT2
+
+    torch.manual_seed(seed)
+    return GPT2(tiny_config(**sizes)).eval()
 
 
 def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -11,10 +11,8 @@ one), so that a wrong answer gets a message that names its mistake.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import numbers
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -31,36 +29,6 @@ EX_MODULE = "Exercise 3.6 (CausalSelfAttention)"
 EX_BY_HAND = "Exercise 3.7 (attention_by_hand)"
 EX_COST = "Exercise 3.8 (attention_cost)"
 CH_COPY = "Challenge (copy_two_back_head)"
-
-
-@contextlib.contextmanager
-def forbidding(exercise: str, *paths: str, instead: str):
-    """While the block runs, each function in `paths` (e.g. "torch.nn.functional.gelu") raises
-    CheckFailed naming it: an exercise that says "not allowed" checks it."""
-
-    def refuse(path):
-        def refused(*args, **kwargs):
-            raise core.CheckFailed(
-                exercise, f"your code calls {path}, which is not allowed here: {instead}"
-            )
-
-        return refused
-
-    with contextlib.ExitStack() as stack:
-        for path in paths:
-            stack.enter_context(mock.patch(path, refuse(path)))
-        yield
-
-
-def refusing(exercise: str, fn, *paths: str, instead: str):
-    """`fn` with `forbidding(exercise, *paths)` around each call (its signature kept)."""
-
-    @functools.wraps(fn)
-    def guarded(*args, **kwargs):
-        with forbidding(exercise, *paths, instead=instead):
-            return fn(*args, **kwargs)
-
-    return guarded
 
 
 # --------------------------------------------------------------------------- reference pieces
@@ -1245,7 +1213,7 @@ def _check_attention_by_hand(attention_by_hand) -> None:
         with (
             torch.no_grad(),
             _layer_refused(layer),
-            forbidding(
+            core.forbidding(
                 EX_BY_HAND, "torch.nn.functional.scaled_dot_product_attention", instead=_NO_SDPA
             ),
         ):

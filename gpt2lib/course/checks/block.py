@@ -17,7 +17,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2lib.course.checks import _core as core
-from gpt2lib.course.checks.attention import refusing
 
 EX_LN = "Exercise 5.1 (layer_norm)"
 EX_LN_MODULE = "Exercise 5.1 (LayerNorm)"
@@ -179,7 +178,7 @@ def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
 
 def check_layer_norm(layer_norm) -> None:
     """`layer_norm(x, weight, bias, eps=1e-5)`: (..., C) -> (..., C)."""
-    layer_norm = refusing(
+    layer_norm = core.refusing(
         EX_LN,
         layer_norm,
         "torch.nn.functional.layer_norm",

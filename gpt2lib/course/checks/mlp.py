@@ -18,7 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2lib.course.checks import _core as core
-from gpt2lib.course.checks.attention import forbidding
 
 EX_MOVED = "Exercise 4.1 (outputs_that_change)"
 EX_MERGE = "Exercise 4.2 (merge_linear_layers)"
@@ -324,7 +323,7 @@ def check_best_fit_error(best_fit_error) -> None:
 
 def _no_gelu(exercise: str):
     """F.gelu (nn.GELU calls it) refused while the learner's GELU runs: the formula is the task."""
-    return forbidding(
+    return core.forbidding(
         exercise,
         "torch.nn.functional.gelu",
         instead="write the formula with torch operations (torch.tanh, torch.erf, x**3)",
