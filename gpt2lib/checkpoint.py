@@ -50,6 +50,7 @@ from gpt2lib.validation import (
     GPT2_SIZES,
     HUB_ORG,
     SAFETENSORS_DTYPES,
+    check_path,
     check_real,
     check_whole,
     released_name,
@@ -813,17 +814,6 @@ def _hub_tensors(model, dtype) -> dict:
     return tensors
 
 
-def _as_folder(folder) -> Path:
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
-    text = os.fspath(folder)
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"folder must be a non-empty text path, got {text!r}")
-    if "\0" in text:
-        raise ValueError(f"folder {text!r} holds a NUL character")
-    return Path(text).expanduser()
-
-
 def save_pretrained(
     model: nn.Module,
     folder: str | os.PathLike,
@@ -852,7 +842,7 @@ def save_pretrained(
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
     dtype = _storage_dtype(dtype)
-    folder = _as_folder(folder)
+    folder = check_path(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file; give a folder to save the model in")
 

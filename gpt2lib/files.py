@@ -40,6 +40,7 @@ __all__ = [
     "folder_lock",
     "fsync_dir",
     "fsync_file",
+    "read_small_file",
     "recover_saves",
     "save_files",
     "stale_saves",
@@ -78,6 +79,22 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
         raise
     fsync_dir(path.parent)
     return path
+
+
+def read_small_file(
+    path: str | os.PathLike, limit: int, error: type[Exception], where: str, what_it_is: str
+) -> bytes:
+    """The bytes of a file that is only ever small (a settings file, a config), never reading
+    more than `limit` + 1 bytes of it. Raises `error` when the file cannot be read or is over
+    `limit`: "{where} is over N KiB; {what_it_is}, so this is not one"."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{where} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise error(f"{where} is over {limit // 1024} KiB; {what_it_is}, so this is not one")
+    return data
 
 
 def _write_into(file: BinaryIO, data) -> None:

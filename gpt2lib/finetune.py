@@ -45,8 +45,15 @@ from gpt2lib.chapters.tuning import (
     speaker_batch,
 )
 from gpt2lib.checkpoint import CheckpointError, check_values, read_config_dict, read_safetensors
-from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
-from gpt2lib.validation import DATA_DIR, ENDOFTEXT_ID, check_real, check_whole, released_name
+from gpt2lib.files import folder_lock, read_small_file, recover_saves, save_files, stale_saves
+from gpt2lib.validation import (
+    DATA_DIR,
+    ENDOFTEXT_ID,
+    check_path,
+    check_real,
+    check_whole,
+    released_name,
+)
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -903,7 +910,7 @@ def save_adapter(
         "modules_to_save": None,
         "init_lora_weights": True,
     }
-    folder = _adapter_folder(folder)
+    folder = check_path(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the adapter")
     # the base model's sizes ride in the file's metadata (peft ignores it), so that a misfit
@@ -928,15 +935,6 @@ def save_adapter(
         },
     )
     return folder
-
-
-def _adapter_folder(folder) -> Path:
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
-    text = os.fspath(folder)
-    if not isinstance(text, str) or not text.strip() or "\0" in text:
-        raise ValueError(f"folder must be a non-empty text path, got {text!r}")
-    return Path(text).expanduser()
 
 
 def _pattern(model, values):
@@ -994,7 +992,7 @@ def _read_adapter(folder):
     truncated or damaged files refused), AdapterError naming the file otherwise. A save into
     the folder that was killed is finished or undone first, and both files are read under the
     folder's lock, so they are always the pair one save wrote."""
-    folder = _adapter_folder(folder)
+    folder = check_path(folder)
     if stale_saves(folder):
         with folder_lock(folder, exclusive=True):
             recover_saves(folder)
@@ -1021,16 +1019,9 @@ def _read_adapter(folder):
 
 def _read_adapter_config(path: Path) -> dict:
     where = repr(str(path))
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_ADAPTER_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise AdapterError(f"{where} cannot be read ({exc.strerror or exc})") from None
-    if len(data) > MAX_ADAPTER_CONFIG_BYTES:
-        raise AdapterError(
-            f"{where} is over {MAX_ADAPTER_CONFIG_BYTES // 1024} KiB; an adapter's config is "
-            "about 1 KiB, so this is not one"
-        )
+    data = read_small_file(
+        path, MAX_ADAPTER_CONFIG_BYTES, AdapterError, where, "an adapter's config is about 1 KiB"
+    )
     try:
         config = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -1231,7 +1222,7 @@ def load_adapter(model: _Model, folder: str | os.PathLike) -> _Model:
     nothing is loaded. Returns the model (adapters trainable, everything else frozen)."""
     _check_plain(model, "load_adapter")
     config, tensors, base = _read_adapter(folder)
-    folder = _adapter_folder(folder)
+    folder = check_path(folder)
     where = repr(str(folder / ADAPTER_CONFIG))
     settings = _adapter_settings(config, where)
     weights: dict[str, dict[str, torch.Tensor]] = {}

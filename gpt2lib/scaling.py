@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt2lib.files import atomic_write, save_files
+from gpt2lib.files import atomic_write, read_small_file, save_files
 from gpt2lib.validation import check_real, check_whole
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
@@ -251,16 +251,13 @@ def load_config_file(path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no config file at {str(path)!r}")
     kind = "TOML" if path.suffix == ".toml" else "JSON"
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise TrainingSetupError(f"{str(path)!r} cannot be read ({exc.strerror or exc})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise TrainingSetupError(
-            f"{str(path)!r} is over {MAX_CONFIG_BYTES // 1024} KiB; a settings file is a few "
-            "lines, so this is not one"
-        )
+    data = read_small_file(
+        path,
+        MAX_CONFIG_BYTES,
+        TrainingSetupError,
+        repr(str(path)),
+        "a settings file is a few lines",
+    )
     try:
         text = data.decode("utf-8")
         if kind == "TOML":
@@ -803,8 +800,7 @@ def pretrain(**settings) -> dict:
     out = Path(s.out)
     if out.exists() and not out.is_dir():
         raise TrainingSetupError(f"--out {s.out!r} is a file; give a folder for the run")
-    checkpoint_path = out / CHECKPOINT_FILE
-    log_path = Path(s.log_file) if s.log_file else out / LOG_FILE
+    checkpoint_path, log_path = _run_paths(s)
     refuse_inputs_among_outputs(s, {"--data": s.data, "--val-data": s.val_data})
     if s.resume and not checkpoint_path.exists():
         legacy = out / LEGACY_CHECKPOINT_FILE
@@ -838,19 +834,7 @@ def pretrain(**settings) -> dict:
             lock.release(undo_folder=True)
         raise
     try:
-        return _run(
-            s,
-            ranks,
-            device,
-            config,
-            train_ids,
-            val_ids,
-            state,
-            global_batch,
-            checkpoint_path,
-            log_path,
-            data,
-        )
+        return _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, data)
     finally:
         if lock is not None:
             lock.release()
@@ -975,19 +959,13 @@ class _RunLock:
                 pass
 
 
-def _run(
-    s,
-    ranks,
-    device,
-    config,
-    train_ids,
-    val_ids,
-    state,
-    global_batch,
-    checkpoint_path,
-    log_path,
-    data=None,
-):
+def _run_paths(s) -> tuple[Path, Path]:
+    """Where a run with settings `s` keeps its checkpoint and its log."""
+    out = Path(s.out)
+    return out / CHECKPOINT_FILE, Path(s.log_file) if s.log_file else out / LOG_FILE
+
+
+def _run(s, ranks, device, config, train_ids, val_ids, state, global_batch, data=None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -996,6 +974,7 @@ def _run(
     from gpt2lib.tokenfile import windows
     from gpt2lib.training import lm_loss, lr_schedule
 
+    checkpoint_path, log_path = _run_paths(s)
     distributed = ranks.world > 1
     if distributed:
         if device.type == "cuda":

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2lib.files import atomic_write, save_files
-from gpt2lib.validation import ENDOFTEXT_ID, check_real, check_whole
+from gpt2lib.validation import ENDOFTEXT_ID, check_path, check_real, check_whole
 
 MAGIC = b"GPT2TOK1"
 HEADER_BYTES = 1024
@@ -75,7 +75,7 @@ def write_token_file(
     The file is written beside the target and renamed into place, so an interrupted write
     never leaves half a file under the real name.
     """
-    path = _path("token file", path)
+    path = check_path(path, "token file")
     vocab_size = check_whole("vocab_size", vocab_size, 1)
     ids = _checked_ids(ids, vocab_size)
     meta = _meta(ids, source_sha256, source, vocabulary, vocab_size)
@@ -133,7 +133,7 @@ def _checked_ids(ids, vocab_size: int):
 def read_header(path: str | Path) -> dict:
     """The JSON header of a token file, every field checked; TokenFileError naming the file if
     it is not one, is damaged, or is cut short."""
-    path = _path("token file", path)
+    path = check_path(path, "token file")
     if not path.is_file():
         if path.exists():
             raise TokenFileError(f"{str(path)!r} is not a regular file, so not a token file")
@@ -184,15 +184,6 @@ def read_header(path: str | Path) -> dict:
 
 
 _MAX_COUNT = 1 << 50  # ids: 2 PiB of them, far past any corpus, and no overflow in the sizes
-
-
-def _path(what: str, path) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"the {what} must be a path, got {type(path).__name__}")
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text.strip() or "\0" in text:
-        raise ValueError(f"the {what} must be a non-empty text path, got {text!r}")
-    return Path(text).expanduser()
 
 
 def is_token_file(path) -> bool:
@@ -361,7 +352,7 @@ def prepare(
     """
     from concurrent.futures import ProcessPoolExecutor
 
-    source, out = _path("input", source), _path("output", out)
+    source, out = check_path(source, "input"), check_path(out, "output")
     val_fraction = check_real("--val-fraction", val_fraction, 0, 1, high_inclusive=False)
     if processes is not None:
         processes = check_whole("--processes", processes, 1, 1024)

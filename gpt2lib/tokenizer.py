@@ -59,7 +59,7 @@ from gpt2lib.chapters.bpe import (
     train_merges_simple,
 )
 from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
-from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID, check_whole
+from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID, check_path, check_whole
 
 if TYPE_CHECKING:  # get_encoding imports tiktoken when called, not at import time
     import tiktoken
@@ -661,11 +661,9 @@ def save_gpt2_files(tokenizer: BPETokenizer, folder: str | Path, overwrite: bool
     The two files are one unit (gpt2lib.files.save_files): after a crash at any point the
     folder holds the old pair or the new one, never one of each. A folder that already holds
     either file is refused unless overwrite=True."""
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
+    folder = check_path(folder)
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
-    folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file; give a folder for the tokenizer")
     names = (ENCODER_FILE, MERGES_FILE)
@@ -712,9 +710,7 @@ def read_gpt2_files(
 
     A save into the folder that was killed is finished or undone first (gpt2lib.files), and
     the two files are read under the folder's lock, so they are always a pair one save wrote."""
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a path (str or pathlib.Path), got {type(folder).__name__}")
-    folder = Path(folder)
+    folder = check_path(folder)
     if stale_saves(folder):
         with folder_lock(folder, exclusive=True):
             recover_saves(folder)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -184,6 +185,19 @@ def _bounds(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
     if low is not None:
         return f"{'>=' if low_inclusive else '>'} {low:g}"
     return f"{'<=' if high_inclusive else '<'} {high:g}"
+
+
+def check_path(value: Any, what: str = "folder") -> Path:
+    """`value` as a Path (a leading ~ expanded): TypeError unless it is a str or os.PathLike,
+    ValueError if it is empty, blank or holds a NUL character."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (str or pathlib.Path), got {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{what} must be a non-empty text path, got {text!r}")
+    if "\0" in text:
+        raise ValueError(f"{what} {text!r} holds a NUL character")
+    return Path(text).expanduser()
 
 
 def require_count(name: str, value) -> None:
