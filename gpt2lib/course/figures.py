@@ -7,6 +7,7 @@ the chapter's cells. Each function draws one figure with matplotlib and shows it
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,15 @@ def _plt():
     import matplotlib.pyplot as plt  # here: importing the course tooling needs no matplotlib
 
     return plt
+
+
+@contextlib.contextmanager
+def _axes(figsize: tuple[float, float]):
+    """One figure with one set of axes, shown when the block ends."""
+    plt = _plt()
+    _, ax = plt.subplots(figsize=figsize)
+    yield ax
+    plt.show()
 
 
 # --------------------------------------------------------------------------- chapter 0
@@ -95,14 +105,12 @@ def attention_weights(weights, title, labels=None):
 
 def saturation(dims, largest, tokens=16):
     """The average largest softmax weight against the width d; largest: label -> values."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for name, values in largest.items():
-        ax.plot(dims, values, "o-", label=name)
-    ax.axhline(1 / tokens, ls=":", c="gray", label=f"uniform over {tokens} tokens")
-    ax.set(xscale="log", xlabel="d", ylabel="average largest weight", ylim=(0, 1.05))
-    ax.legend()
-    plt.show()
+    with _axes(figsize=(5, 3)) as ax:
+        for name, values in largest.items():
+            ax.plot(dims, values, "o-", label=name)
+        ax.axhline(1 / tokens, ls=":", c="gray", label=f"uniform over {tokens} tokens")
+        ax.set(xscale="log", xlabel="d", ylabel="average largest weight", ylim=(0, 1.05))
+        ax.legend()
 
 
 # --------------------------------------------------------------------------- chapter 4
@@ -110,58 +118,48 @@ def saturation(dims, largest, tokens=16):
 
 def width_fit(widths, with_gelu, without):
     """The best fit's error against the hidden width, with GELU and with no activation."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.loglog(widths, with_gelu, marker="o", label="GELU")
-    ax.loglog(widths, without, marker="o", label="no activation")
-    ax.set(xlabel="hidden width H", ylabel="mean squared error of the best fit")
-    ax.legend()
-    plt.show()
+    with _axes(figsize=(6, 3.5)) as ax:
+        ax.loglog(widths, with_gelu, marker="o", label="GELU")
+        ax.loglog(widths, without, marker="o", label="no activation")
+        ax.set(xlabel="hidden width H", ylabel="mean squared error of the best fit")
+        ax.legend()
 
 
 def relu_gelu(xs, relu, gelu):
     """ReLU and GELU drawn over xs."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(xs, relu, label="ReLU: max(0, x)", linestyle="--")
-    ax.plot(xs, gelu, label="GELU: x·Φ(x)")
-    ax.axhline(0, color="grey", linewidth=0.5)
-    ax.set(xlabel="x", ylabel="activation", title="ReLU and GELU")
-    ax.legend()
-    plt.show()
+    with _axes(figsize=(6, 3.5)) as ax:
+        ax.plot(xs, relu, label="ReLU: max(0, x)", linestyle="--")
+        ax.plot(xs, gelu, label="GELU: x·Φ(x)")
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set(xlabel="x", ylabel="activation", title="ReLU and GELU")
+        ax.legend()
 
 
 def gelu_difference(xs, difference):
     """The tanh GELU minus the erf GELU over xs."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot(xs, difference)
-    ax.axhline(0, color="grey", linewidth=0.5)
-    ax.set(title="GELU: tanh form minus erf form", xlabel="x", ylabel="difference")
-    plt.show()
+    with _axes(figsize=(6, 3.2)) as ax:
+        ax.plot(xs, difference)
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set(title="GELU: tanh form minus erf form", xlabel="x", ylabel="difference")
 
 
 def hidden_histogram(before, after):
     """Histograms of an MLP's hidden values before and after GELU (1-D tensors)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    bins = [-2.5 + 0.05 * i for i in range(101)]
-    ax.hist(before.numpy(), bins=bins, alpha=0.6, label="before GELU (c_fc output)")
-    ax.hist(after.numpy(), bins=bins, alpha=0.6, label="after GELU")
-    ax.set(xlabel="hidden value", ylabel="count", title=f"{before.numel():,} hidden values")
-    ax.legend()
-    plt.show()
+    with _axes(figsize=(7, 3.5)) as ax:
+        bins = [-2.5 + 0.05 * i for i in range(101)]
+        ax.hist(before.numpy(), bins=bins, alpha=0.6, label="before GELU (c_fc output)")
+        ax.hist(after.numpy(), bins=bins, alpha=0.6, label="after GELU")
+        ax.set(xlabel="hidden value", ylabel="count", title=f"{before.numel():,} hidden values")
+        ax.legend()
 
 
 def curve_fit(x, y, fit, units):
     """The target curve and the best fit with `units` hidden units."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot(x, y, color="black", label="target")
-    ax.plot(x, fit, linestyle="--", label=f"your {units} units")
-    ax.set(xlabel="x", ylabel="y", title="the best fit with your first layer")
-    ax.legend()
-    plt.show()
+    with _axes(figsize=(6, 3.2)) as ax:
+        ax.plot(x, y, color="black", label="target")
+        ax.plot(x, fit, linestyle="--", label=f"your {units} units")
+        ax.set(xlabel="x", ylabel="y", title="the best fit with your first layer")
+        ax.legend()
 
 
 # --------------------------------------------------------------------------- chapter 5
@@ -324,16 +322,14 @@ def training_log(log_file, model_name):
 
 def loss_by_position(per_position, seq_len, model_name):
     """The mean loss at each predicted position of the repeated sequences: per_position (2L,)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3))
-    ax.plot(range(1, len(per_position) + 1), per_position.float().cpu())
-    ax.axvline(seq_len + 0.5, color="grey", linestyle="--")
-    ax.set(
-        xlabel="position of the predicted token (dashed: the second copy starts)",
-        ylabel="loss (nats)",
-        title=f"loss on random common tokens repeated twice ({model_name})",
-    )
-    plt.show()
+    with _axes(figsize=(9, 3)) as ax:
+        ax.plot(range(1, len(per_position) + 1), per_position.float().cpu())
+        ax.axvline(seq_len + 0.5, color="grey", linestyle="--")
+        ax.set(
+            xlabel="position of the predicted token (dashed: the second copy starts)",
+            ylabel="loss (nats)",
+            title=f"loss on random common tokens repeated twice ({model_name})",
+        )
 
 
 # --------------------------------------------------------------------------- chapter 9

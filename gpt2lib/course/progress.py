@@ -195,38 +195,44 @@ def _first_problem(cells: list[int], checks: list[int], run: Run) -> tuple[str, 
     return None
 
 
+# What each kind of problem `_first_problem` finds makes of an exercise and of a challenge:
+# kind -> (status, message); a message of None keeps the walk's own.
+_EXERCISE_OUTCOMES = {
+    "not done": (NOT_STARTED, ""),
+    "not run": (NOT_RUN, None),
+    "check not run": (FAILED, "the check cell did not run"),
+}
+_CHALLENGE_OUTCOMES = {
+    "not done": (NOT_DONE, "not done"),
+    "not run": (NOT_RUN, None),
+    "check not run": (NOT_RUN, "the challenge cell did not run"),
+}
+
+
+def _outcome(item, run: Run, ok: str, outcomes: dict, otherwise: str) -> Outcome:
+    problem = _first_problem(item.cells, item.checks, run)
+    if problem is None:
+        return Outcome(item, ok)
+    kind, message = problem
+    status, fixed = outcomes.get(kind, (otherwise, None))
+    return Outcome(item, status, message if fixed is None else fixed)
+
+
 def grade(exercise: Exercise, run: Run) -> Outcome:
     """An exercise's outcome, read from the outputs of the executed copy."""
     if not exercise.checks:
         return Outcome(exercise, FAILED, "no check cell follows this exercise")
-    problem = _first_problem(exercise.cells, exercise.checks, run)
-    if problem is None:
-        return Outcome(exercise, PASSED)
-    kind, message = problem
-    if kind == "not done":
-        return Outcome(exercise, NOT_STARTED)
-    if kind == "not run":
-        return Outcome(exercise, NOT_RUN, message)
-    if kind == "check not run":
-        return Outcome(exercise, FAILED, "the check cell did not run")
-    return Outcome(exercise, FAILED, message)
+    return _outcome(exercise, run, PASSED, _EXERCISE_OUTCOMES, FAILED)
 
 
 def grade_challenge(challenge: Challenge, run: Run) -> Outcome:
     """An open challenge's outcome, read from its `challenge` cells in the executed copy."""
     if not challenge.checks:
         return Outcome(challenge, NO_CHECK, "open: no cell confirms a goal")
-    problem = _first_problem(challenge.cells, challenge.checks, run)
-    if problem is None:
-        return Outcome(challenge, DONE)
-    kind, message = problem
-    if kind == "not done":
-        return Outcome(challenge, NOT_DONE, "not done")
-    if kind == "not run":
-        return Outcome(challenge, NOT_RUN, message)
-    if kind == "check not run":
-        return Outcome(challenge, NOT_RUN, "the challenge cell did not run")
-    return Outcome(challenge, NOT_REACHED, message or NOT_REACHED)
+    outcome = _outcome(challenge, run, DONE, _CHALLENGE_OUTCOMES, NOT_REACHED)
+    if outcome.status == NOT_REACHED and not outcome.detail:
+        return Outcome(challenge, NOT_REACHED, NOT_REACHED)
+    return outcome
 
 
 def _ignored(folder: str, names: list[str]) -> set[str]:
