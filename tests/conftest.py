@@ -1,4 +1,10 @@
-"""Hooks for tests/ only (the shared set-up is the root conftest.py).
+"""Fixtures and hooks for tests/ (the set-up shared with the notebooks is the root conftest.py).
+
+The shared fixtures build the small models the tests run on: `tiny_config(**sizes)` and
+`tiny_model(seed=0, model_cls=..., **sizes)` are factories (2 layers, 2 heads, width 16, 64
+positions, 97 token ids and no dropout unless a test says otherwise), and `tiny_checkpoint` is
+one small checkpoint folder in the Hugging Face hub's layout, written once per session (GPT-2's
+vocabulary, 2 layers, 4 heads, width 64, 64 positions).
 
 A skipped browser test says why in the run's summary, without `-rs`: the browser tests skip
 on a machine without Chromium or Playwright, and a dozen bare "s" gave a learner no way to
@@ -6,6 +12,53 @@ know that a browser was missing, or how to install one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TINY_SIZES = dict(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
+NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+
+
+def make_tiny_config(**sizes: Any):
+    """A GPT2Config of TINY_SIZES without dropout; `sizes` sets any field."""
+    from gpt2lib.chapters.config import GPT2Config
+
+    return GPT2Config(**{**TINY_SIZES, **NO_DROPOUT, **sizes})
+
+
+def make_tiny_model(seed: int = 0, model_cls: type | None = None, **sizes: Any):
+    """`model_cls` (the chapters' GPT2 by default) on make_tiny_config(**sizes), weights drawn
+    from `seed`, in eval mode."""
+    import torch
+
+    from gpt2lib.chapters.model import GPT2
+
+    torch.manual_seed(seed)
+    return (model_cls or GPT2)(make_tiny_config(**sizes)).eval()
+
+
+@pytest.fixture(scope="session")  # a factory, stateless: one for the whole run
+def tiny_config() -> Callable[..., Any]:
+    return make_tiny_config
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., Any]:
+    return make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A read-only-by-convention checkpoint folder: tests that change files copy it first."""
+    from checkpoints import write_hub_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny-checkpoint")
+    return write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=64, seed=0)
+
 
 BROWSER_SKIP_PREFIX = "browser test skipped: "  # what tests/test_browser.py puts in front
 

@@ -150,7 +150,7 @@ _REWRITE_AFTER_LOADING = textwrap.dedent("""
 
 
 def test_a_loaded_model_does_not_depend_on_its_file(tmp_path):
-    """Issue 14, defect 3: a memory-mapped model died with SIGBUS when its file was rewritten.
+    """A loaded model keeps working when its file is rewritten (a memory-mapped one died of SIGBUS).
 
     Run in a subprocess, so that a regression (a crash) fails this test instead of the run."""
     folder = write_hub_checkpoint(tmp_path, **SMALL)

@@ -142,7 +142,7 @@ def test_the_phase_change_the_chapter_states_is_the_circuits_models():
 
 
 def test_the_ablation_cell_prints_numbers_and_leaves_the_reading_to_the_learner():
-    """Issue 37: 8.8's printout gives both rises per head, and no reading of its own."""
+    """8.8's printout gives both rises per head, and no reading of its own."""
     cells, _ = _chapter_8_text()
     printout = next(c.source for c in cells if "mean-ablated {" in c.source)
     assert "->" not in printout and "constant output" not in printout

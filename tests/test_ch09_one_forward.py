@@ -1,4 +1,4 @@
-"""Issue 22 (one forward) and issue 24 item 4: generation runs through the model's own modules,
+"""Generation runs through the model's own modules,
 so hooks, ablations, replaced modules and a learner's classes apply with and without the
 cache; the GPT2 methods are thin calls of the functions; two threads share one eval model."""
 
@@ -70,7 +70,7 @@ def test_a_forward_hook_on_an_mlp_applies_while_generating(untouched):
 
 
 def test_generate_honours_ablated_heads():
-    """Issue 24 item 4: inside ablated_heads, cached generation equals the ablated forward."""
+    """Inside ablated_heads, cached generation equals the ablated forward."""
     model = make_model()
     with torch.no_grad():  # heads that matter: the ablation then changes the greedy tokens
         for block in model.h:

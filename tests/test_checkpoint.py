@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -21,11 +21,6 @@ from gpt2lib.model import from_pretrained
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
-
-
-def small(n_layer=2, seed=0):
-    torch.manual_seed(seed)
-    return GPT2(GPT2Config(**{**SMALL, "n_layer": n_layer})).eval()
 
 
 def temps(folder):
@@ -77,9 +72,9 @@ _CRASH = textwrap.dedent("""
     ],
 )
 def test_a_save_killed_at_any_point_leaves_a_loadable_model_and_no_temp_file(
-    tmp_path, where, survivor
+    tmp_path, where, survivor, tiny_model
 ):
-    old = small(n_layer=2)
+    old = tiny_model(n_layer=2)
     save_pretrained(old, tmp_path)
     out = subprocess.run(
         [sys.executable, "-c", _CRASH, str(tmp_path), where],
@@ -138,7 +133,7 @@ _KILL_LOOP = textwrap.dedent("""
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_kill_9_during_save_pretrained_always_leaves_the_old_or_the_new_model(tmp_path):
-    """BAD 2 of issue 24: 3 of 30 kills made the folder unloadable, each left a temp file."""
+    """A save killed at any moment leaves a loadable folder (old or new) and no temp file."""
     out = subprocess.run(
         [sys.executable, "-c", _KILL_LOOP, str(tmp_path), "25"],
         cwd=REPO,
@@ -151,8 +146,8 @@ def test_kill_9_during_save_pretrained_always_leaves_the_old_or_the_new_model(tm
     assert results == ["ok"] * 25, [r for r in results if r != "ok"]
 
 
-def test_stale_temp_files_of_a_dead_writer_are_removed_by_the_next_save(tmp_path):
-    save_pretrained(small(), tmp_path)
+def test_stale_temp_files_of_a_dead_writer_are_removed_by_the_next_save(tmp_path, tiny_model):
+    save_pretrained(tiny_model(), tmp_path)
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -167,7 +162,7 @@ def test_stale_temp_files_of_a_dead_writer_are_removed_by_the_next_save(tmp_path
     legacy.write_bytes(b"x" * 100)
     mine = tmp_path / ".model.safetensors.notes"  # not ours: kept
     mine.write_text("mine", encoding="utf-8")
-    save_pretrained(small(seed=1), tmp_path, overwrite=True)
+    save_pretrained(tiny_model(seed=1), tmp_path, overwrite=True)
     assert not stale.exists() and not legacy.exists() and mine.exists()
 
 
@@ -179,22 +174,22 @@ class _ConfigWithADtype(GPT2Config):
     dtype: object = torch.float16  # json cannot write a torch.dtype
 
 
-def test_a_config_that_cannot_be_serialised_leaves_the_old_model_untouched(tmp_path):
-    """BAD 3 of issue 24: the weights were replaced before the config failed."""
-    save_pretrained(small(), tmp_path)
+def test_a_config_that_cannot_be_serialised_leaves_the_old_model_untouched(tmp_path, tiny_model):
+    """A config that JSON cannot write is refused before any file of the old model changes."""
+    save_pretrained(tiny_model(), tmp_path)
     before = files_of(tmp_path)
-    model = small(seed=1)
-    model.config = _ConfigWithADtype(**SMALL)
+    model = tiny_model(seed=1)
+    model.config = _ConfigWithADtype(**asdict(model.config))
     with pytest.raises(ValueError, match="config cannot be written as JSON.*nothing was written"):
         save_pretrained(model, tmp_path, overwrite=True)
     assert files_of(tmp_path) == before
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_weights_are_not_saved(tmp_path, bad):
-    save_pretrained(small(), tmp_path)
+def test_non_finite_weights_are_not_saved(tmp_path, bad, tiny_model):
+    save_pretrained(tiny_model(), tmp_path)
     before = files_of(tmp_path)
-    model = small(seed=1)
+    model = tiny_model(seed=1)
     with torch.no_grad():
         model.h[1].mlp.c_fc.weight[0, 0] = bad
     with pytest.raises(
@@ -206,8 +201,8 @@ def test_non_finite_weights_are_not_saved(tmp_path, bad):
     assert files_of(tmp_path) == before
 
 
-def test_float16_overflow_is_refused_with_advice(tmp_path):
-    model = small()
+def test_float16_overflow_is_refused_with_advice(tmp_path, tiny_model):
+    model = tiny_model()
     with torch.no_grad():
         model.wpe.weight[0, 0] = 1e6  # fine in float32, infinite in float16
     with pytest.raises(ValueError, match="in torch.float16.*try dtype=torch.bfloat16"):
@@ -223,9 +218,9 @@ def test_float16_overflow_is_refused_with_advice(tmp_path):
         (3, ValueError, "dtype must be float32"),
     ],
 )
-def test_integer_storage_dtypes_are_refused(tmp_path, dtype, error, match):
+def test_integer_storage_dtypes_are_refused(tmp_path, dtype, error, match, tiny_model):
     with pytest.raises(error, match=match):
-        save_pretrained(small(), tmp_path / "m", dtype=dtype)
+        save_pretrained(tiny_model(), tmp_path / "m", dtype=dtype)
     assert not (tmp_path / "m").exists()
 
 
@@ -233,10 +228,10 @@ def test_integer_storage_dtypes_are_refused(tmp_path, dtype, error, match):
     "name,stored",
     [("float16", torch.float16), ("bf16", torch.bfloat16), ("torch.float32", torch.float32)],
 )
-def test_storage_dtype_by_name(tmp_path, name, stored):
+def test_storage_dtype_by_name(tmp_path, name, stored, tiny_model):
     from safetensors import safe_open
 
-    model = small()
+    model = tiny_model()
     save_pretrained(model, tmp_path, dtype=name)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
         assert f.get_tensor("wte.weight").dtype == stored
@@ -253,8 +248,8 @@ def test_storage_dtype_by_name(tmp_path, name, stored):
         (dict(overwrite="yes"), TypeError, "overwrite must be True or False"),
     ],
 )
-def test_save_pretrained_checks_its_arguments_first(tmp_path, kwargs, error, match):
-    args = {"model": small(), "folder": tmp_path / "m", **kwargs}
+def test_save_pretrained_checks_its_arguments_first(tmp_path, kwargs, error, match, tiny_model):
+    args = {"model": tiny_model(), "folder": tmp_path / "m", **kwargs}
     with pytest.raises(error, match=match):
         save_pretrained(args.pop("model"), args.pop("folder"), **args)
     assert not (tmp_path / "m").exists()
@@ -419,10 +414,10 @@ def test_one_loader_and_one_saver():
     assert checkpoint.HUB_MODELS == tuple(GPT2Config.SIZES)
 
 
-def test_two_threads_saving_into_one_folder_leave_one_whole_model(tmp_path):
+def test_two_threads_saving_into_one_folder_leave_one_whole_model(tmp_path, tiny_model):
     import threading
 
-    models = [small(n_layer=2, seed=0), small(n_layer=3, seed=1)]
+    models = [tiny_model(n_layer=2, seed=0), tiny_model(n_layer=3, seed=1)]
     save_pretrained(models[0], tmp_path)
     errors = []
 

@@ -1,4 +1,4 @@
-"""The shipped circuits model (data/circuits, issue #23) has the circuits chapter 8 looks for.
+"""The shipped circuits model (data/circuits) has the circuits chapter 8 looks for.
 
 Measured with plain tensor code, not gpt2lib.inspection: the attention of each head is
 recomputed from its queries and keys. On repeated sequences of the 2,000 commonest Tiny

@@ -225,7 +225,7 @@ def test_download_without_network_does_not_say_run_download(tmp_path):
     assert "Connect to the internet and run this command again" in lines[0]
 
 
-# --------------------------------------------------------------------------- issue 24: one clear line
+# --------------------------------------------------------------------------- bad input: one clear line
 
 
 def _one_error_line(out):
@@ -235,7 +235,7 @@ def _one_error_line(out):
 
 
 def test_a_config_nested_100000_levels_deep_is_one_line(tmp_path, checkpoint_dir):
-    """BAD 10 of issue 24: a 28-line RecursionError traceback."""
+    """A config nested too deeply gives one error line, not a RecursionError traceback."""
     folder = tmp_path / "deep"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes((checkpoint_dir / "model.safetensors").read_bytes())
@@ -248,7 +248,7 @@ def test_a_config_nested_100000_levels_deep_is_one_line(tmp_path, checkpoint_dir
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_output_to_a_full_disk_is_one_line_and_a_failure(checkpoint_dir):
-    """BAD 13 of issue 24: `> /dev/full` gave an OSError traceback."""
+    """Output to a full disk (`> /dev/full`) is one error line and a failing exit status."""
     with open("/dev/full", "w", encoding="utf-8") as full:
         out = subprocess.run(
             [
@@ -278,7 +278,7 @@ def test_output_to_a_full_disk_is_one_line_and_a_failure(checkpoint_dir):
 
 
 def test_a_closed_stdout_is_one_line_and_a_failure(checkpoint_dir):
-    """BAD 13 of issue 24: with stdout closed, an AttributeError traceback."""
+    """With stdout closed the command says so in one line and fails, with no traceback."""
     command = (
         f"exec {sys.executable} -m gpt2lib generate --model '{checkpoint_dir}' "
         "--prompt Hi --max-new-tokens 3 >&-"
@@ -307,7 +307,7 @@ def test_a_model_whose_vocabulary_is_smaller_than_the_tokenizers_says_so(tmp_pat
 
 
 def test_a_relative_gpt2lib_checkpoint_works_from_the_notebooks_folder():
-    """Issue 27, item 1: GPT2LIB_CHECKPOINT=data/standin, set in the course folder, failed in
+    """GPT2LIB_CHECKPOINT=data/standin, relative to the course folder, also works from
     notebooks/ (the kernels' working folder)."""
     if not (REPO / "data" / "standin" / "model.safetensors").is_file():
         pytest.skip("data/standin is not in this checkout")

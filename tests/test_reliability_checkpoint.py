@@ -1,4 +1,4 @@
-"""Issue 36, loading: the offline model pickers name a damaged config.json, a config whose
+"""Loading: the offline model pickers name a damaged config.json, a config whose
 n_layer does not fit its weights is refused before a model is built, sizes past any GPT-2 are
 refused at once, the offline error says what GPT2LIB_CHECKPOINT does, a tiny top_p works."""
 

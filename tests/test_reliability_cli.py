@@ -1,4 +1,4 @@
-"""Issue 36, the command line: every subcommand answers every bad argument with one `error:`
+"""The command line: every subcommand answers every bad argument with one `error:`
 line and exit status 2, no traceback; a bad argument is answered before PyTorch is imported;
 --help carries no maintainer's note; any other error is one line too."""
 

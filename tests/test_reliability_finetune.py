@@ -1,6 +1,6 @@
-"""Issue 36, fine-tuning: adapter files checked before use (BAD 10, 11 and the WEAK config
-items), saved as one unit (BAD 12), read as peft reads them (layers_to_transform,
-exclude_modules), and runs that diverge stopped (BAD 14), empty splits named."""
+"""Fine-tuning's entry points: adapter files checked before use (truncated or damaged files,
+bad config values), saved as one unit, read as peft reads them (layers_to_transform,
+exclude_modules), runs that diverge stopped, and empty splits named."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def edit_config(folder, **changes):
     path.write_text(json.dumps(config), encoding="utf-8")  # NaN and Infinity as Python writes them
 
 
-# --------------------------------------------------------------------------- BAD 10
+# --------------------------------------------------------------------------- adapter files checked before use
 
 
 @pytest.mark.parametrize("keep", [4, 8, 12, 200, -4, -1])
@@ -96,7 +96,7 @@ def test_a_header_that_claims_terabytes_is_refused_without_allocating(tiny, save
         ft.load_adapter(load(tiny), saved)
 
 
-# --------------------------------------------------------------------------- BAD 11
+# --------------------------------------------------------------------------- bad adapter values
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_nan_adapter_weights_are_refused_when_loading_and_saving(tiny, tmp_path)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
-# --------------------------------------------------------------------------- WEAK: the config
+# --------------------------------------------------------------------------- the config checked before the model is touched
 
 
 @pytest.mark.parametrize(
@@ -196,7 +196,7 @@ def test_a_damaged_adapter_config_is_named(tiny, saved):
         ft.load_adapter(load(tiny), saved)
 
 
-# --------------------------------------------------------------------------- WEAK: peft's layouts
+# --------------------------------------------------------------------------- peft's layouts
 
 
 def _peft_adapter(tiny, folder, **settings):
@@ -251,7 +251,7 @@ def test_weights_for_a_layer_the_config_does_not_adapt_are_refused(tiny, saved):
         ft.load_adapter(load(tiny), saved)
 
 
-# --------------------------------------------------------------------------- BAD 12
+# --------------------------------------------------------------------------- an adapter save is one unit
 
 
 _KILL_BETWEEN_RENAMES = textwrap.dedent("""
@@ -293,7 +293,7 @@ def test_a_save_killed_between_the_two_files_leaves_one_whole_adapter(tiny, tmp_
     assert sorted(p.name for p in folder.iterdir()) == [ft.ADAPTER_CONFIG, ft.ADAPTER_WEIGHTS]
 
 
-# --------------------------------------------------------------------------- BAD 14
+# --------------------------------------------------------------------------- a run that diverges stops
 
 
 def test_fine_tune_that_diverges_stops_naming_the_step_and_the_learning_rate(checkpoint_dir):
@@ -342,7 +342,7 @@ def test_weights_that_are_no_longer_finite_after_the_last_step_are_named():
     assert not math.isfinite(float(model.weight.detach()))
 
 
-# --------------------------------------------------------------------------- WEAK: empty splits
+# --------------------------------------------------------------------------- empty splits
 
 
 def test_an_empty_split_is_named_not_a_zero_division(tiny):

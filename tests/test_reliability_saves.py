@@ -1,6 +1,5 @@
-"""Issue 36, saves: every multi-file save is atomic as a unit (gpt2lib.files.save_files: the
-tokenizer's two files, BAD 13; the adapter's and the model's use it too), and every file gets
-the umask's mode (WEAK: 0600 notebooks and model.safetensors)."""
+"""Saves: every multi-file save is atomic as a unit (gpt2lib.files.save_files: the tokenizer's
+two files, the adapter's and the model's), and every file gets the umask's mode (never 0600)."""
 
 from __future__ import annotations
 
@@ -154,7 +153,7 @@ def test_save_files_refuses_names_that_are_not_plain(tmp_path):
             files.save_files(tmp_path, names)
 
 
-# --------------------------------------------------------------------------- BAD 13: the tokenizer
+# --------------------------------------------------------------------------- the tokenizer
 
 
 _KILL_TOKENIZER = textwrap.dedent("""

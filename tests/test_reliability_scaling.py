@@ -1,8 +1,7 @@
-"""Issue 36, chapter 11: training checkpoints read without unpickling and checked (BAD 1, 2),
-settings checked before any work (BAD 4 and the WEAK ones), a run that diverges is one line
-(BAD 3), the run folder locked (BAD 5), no writer replaces what it did not write (BAD 6, 7,
-8), token files checked (BAD 9, the int32 WEAK), resuming on other data refused, and a rank
-whose peer never starts gives up in time."""
+"""Chapter 11's training entry point: checkpoints read without unpickling and checked,
+settings checked before any work, a run that diverges is one line, the run folder locked, no
+writer replaces what it did not write, token files checked (int32 ones too), resuming on other
+data refused, and a rank whose peer never starts gives up in time."""
 
 from __future__ import annotations
 
@@ -60,7 +59,7 @@ def finished_run(tmp_path, token_file):  # noqa: F811
     return out
 
 
-# --------------------------------------------------------------------------- BAD 1, 2
+# --------------------------------------------------------------------------- checkpoints: never unpickled, always checked
 
 
 class _Payload:
@@ -131,7 +130,7 @@ def test_nan_weights_in_a_checkpoint_are_refused(finished_run):
         load_checkpoint(path)
 
 
-# --------------------------------------------------------------------------- BAD 3, 4
+# --------------------------------------------------------------------------- settings checked first; a diverging run is one line
 
 
 def test_a_run_that_diverges_is_one_line_with_sensible_advice(tmp_path, token_file):  # noqa: F811
@@ -211,7 +210,7 @@ def test_bad_flags_are_refused_by_the_parser(tmp_path, capsys, flags, phrase):
     assert code == 2 and out == "" and phrase in one_error_line(err)
 
 
-# --------------------------------------------------------------------------- BAD 5
+# --------------------------------------------------------------------------- the run folder is locked
 
 
 def test_a_second_run_in_a_locked_folder_is_refused_at_once(tmp_path, token_file):  # noqa: F811
@@ -243,7 +242,7 @@ def test_a_second_run_in_a_locked_folder_is_refused_at_once(tmp_path, token_file
         first.wait()
 
 
-# --------------------------------------------------------------------------- BAD 6, 7
+# --------------------------------------------------------------------------- no writer replaces what it did not write
 
 
 def test_a_log_file_that_is_not_the_runs_own_is_never_replaced(tmp_path, token_file, capsys):  # noqa: F811
@@ -317,7 +316,7 @@ def test_a_folder_holding_someone_elses_run_json_is_refused(tmp_path, token_file
     assert (out / "run.json").read_text(encoding="utf-8") == "my own notes"
 
 
-# --------------------------------------------------------------------------- BAD 8
+# --------------------------------------------------------------------------- prepare never writes over its input
 
 
 def test_prepare_never_writes_over_its_input_or_a_file_it_did_not_make(tmp_path, capsys):
@@ -350,7 +349,7 @@ def test_prepare_never_writes_over_its_input_or_a_file_it_did_not_make(tmp_path,
     ] == len(tokenfile._encode(notes.read_text(encoding="utf-8")))
 
 
-# --------------------------------------------------------------------------- BAD 9 and int32
+# --------------------------------------------------------------------------- token files checked, int32 ones too
 
 
 def _token_file_with_header(path: Path, header: bytes, ids: int = 2000) -> Path:
@@ -387,7 +386,7 @@ def test_a_token_file_header_of_the_wrong_shape_is_named(tmp_path, header, phras
     assert "bad.bin" in str(info.value)
 
 
-# --------------------------------------------------------------------------- WEAK: resume, torchrun
+# --------------------------------------------------------------------------- resume, torchrun
 
 
 def test_resuming_on_other_data_is_refused(finished_run, tmp_path, shakespeare_ids):  # noqa: F811

@@ -1,4 +1,4 @@
-"""Issue 26: token files, the training run in one process and under torchrun, checkpoints
+"""Token files, the training run in one process and under torchrun, checkpoints
 that resume exactly, and the errors bad input gets before any step (gpt2lib.scaling,
 gpt2lib.tokenfile, `python -m gpt2lib prepare|train`)."""
 

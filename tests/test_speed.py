@@ -230,7 +230,7 @@ def test_split_modules_are_the_chapters_with_the_split_and_the_model_keeps_its_o
     assert torch.equal(generate(model, ids, 12, temperature=0), tokens_off)
 
 
-def test_generate_takes_the_plain_model_where_no_split_was_measured_faster(monkeypatch):
+def test_generate_takes_the_plain_model_where_no_split_was_measured_faster(monkeypatch, tiny_model):
     from gpt2lib import generation
 
     model = tiny_model()
@@ -242,7 +242,9 @@ def test_generate_takes_the_plain_model_where_no_split_was_measured_faster(monke
     assert generation._decoding_model(model, torch.device("cpu")) is not model
 
 
-def test_generate_never_measures_and_leaves_every_module_as_it_was(monkeypatch, tmp_path):
+def test_generate_never_measures_and_leaves_every_module_as_it_was(
+    monkeypatch, tmp_path, tiny_model
+):
     """With two threads and no measurement kept, the first generate times nothing; with one
     kept, it decodes through a view: either way every module keeps its class and parameters."""
     monkeypatch.undo()
@@ -296,12 +298,6 @@ def test_measurements_return_plausible_numbers():
 # --------------------------------------------------------------------------- the engine
 
 
-def tiny_model(seed=0, **sizes):
-    sizes = {**dict(n_layer=2, n_head=2, n_embd=16, n_positions=48, vocab_size=61), **sizes}
-    torch.manual_seed(seed)
-    return GPT2(GPT2Config(**sizes)).eval()
-
-
 @settings(max_examples=20, deadline=None)
 @given(
     n_layer=st.integers(1, 3),
@@ -313,7 +309,7 @@ def tiny_model(seed=0, **sizes):
     seed=st.integers(0, 999),
 )
 def test_static_cache_gives_the_tokens_of_the_growing_slices(
-    n_layer, n_head, head_dim, B, T, new, seed
+    n_layer, n_head, head_dim, B, T, new, seed, tiny_model
 ):
     """Whole buffer + validity mask + position tensor == growing slices == no cache."""
     from gpt2lib.generation import decode_all
@@ -334,7 +330,7 @@ def static_step_setup(model, B=2, T=3, max_len=16):
     return cache
 
 
-def test_a_static_step_of_the_layers_reads_nothing_on_the_host():
+def test_a_static_step_of_the_layers_reads_nothing_on_the_host(tiny_model):
     """Under a mode that fails on any tensor-to-Python read, the blocks and ln_f of a static
     step still run: attention and the cache write and read at the position tensor."""
     model = tiny_model()
@@ -363,7 +359,7 @@ def test_a_static_step_of_the_layers_reads_nothing_on_the_host():
     assert torch.equal(cache.layers[0].k[:, :, 4:], torch.zeros_like(cache.layers[0].k[:, :, 4:]))
 
 
-def test_a_static_step_of_the_model_compiles_in_one_graph():
+def test_a_static_step_of_the_model_compiles_in_one_graph(tiny_model):
     """torch.compile(fullgraph=True) raises on any graph break, such as a host read."""
     model = tiny_model(n_layer=1, n_embd=8, n_head=2, vocab_size=17, n_positions=8)
     cache = static_step_setup(model, B=1, T=2, max_len=8)
@@ -378,7 +374,7 @@ def test_a_static_step_of_the_model_compiles_in_one_graph():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_state_dict_to_and_deepcopy_work_after_a_compiled_generation():
+def test_state_dict_to_and_deepcopy_work_after_a_compiled_generation(tiny_model):
     import copy
 
     model = tiny_model()
@@ -517,7 +513,7 @@ def greedy_by_full_forwards(model, idx, n):
     return idx
 
 
-def sharp_tiny_model():
+def sharp_tiny_model(tiny_model):
     """tiny_model with larger weights: its greedy tokens depend on every layer and head."""
     model = tiny_model(n_embd=32, n_head=4, n_layer=3, vocab_size=97, seed=3)
     with torch.no_grad():
@@ -530,7 +526,7 @@ def sharp_tiny_model():
 @pytest.mark.parametrize(
     "change", ["nothing", "hook on a block", "hook on a swapped layer", "ablated heads"]
 )
-def test_a_swapped_model_generates_what_the_plain_model_computes(change):
+def test_a_swapped_model_generates_what_the_plain_model_computes(change, tiny_model):
     """SplitConv1D is the same function: generating with the swapped layers (split on) gives the
     tokens of full forward passes of the untouched model, also under hooks and ablations
     (a hook registered before the swap keeps firing after it)."""
@@ -541,7 +537,7 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
     from gpt2lib.chapters.layers import Conv1D
     from gpt2lib.inspection import ablated_heads
 
-    plain = sharp_tiny_model()
+    plain = sharp_tiny_model(tiny_model)
     swapped = copy.deepcopy(plain)
     ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(4))
     handles, scopes = [], []
@@ -568,10 +564,10 @@ def test_a_swapped_model_generates_what_the_plain_model_computes(change):
         handle.remove()
     assert torch.equal(got, want)
     if change != "nothing":  # the change mattered: without it the tokens differ
-        assert not torch.equal(want, greedy_by_full_forwards(sharp_tiny_model(), ids, 10))
+        assert not torch.equal(want, greedy_by_full_forwards(sharp_tiny_model(tiny_model), ids, 10))
 
 
-def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeypatch):
+def test_the_swap_leaves_a_learners_subclass_and_replaced_forwards_alone(monkeypatch, tiny_model):
     from gpt2lib import speed
     from gpt2lib.chapters.layers import Conv1D
 
@@ -619,7 +615,7 @@ def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
     )
 
 
-def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone():
+def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone(tiny_model):
     from gpt2lib import speed
 
     model = tiny_model()
@@ -630,7 +626,9 @@ def test_the_readout_swap_keeps_its_hooks_and_leaves_a_learners_subclass_alone()
     seen.clear()
     assert torch.equal(generate(model, ids, 4, temperature=0), want)
     assert type(model.readout) is TiedReadout  # the model keeps its class: the view swapped
-    assert seen == [(2, 1, 61)] * 4  # the prompt's pass and three steps, each seen by the hook
+    assert (
+        seen == [(2, 1, model.config.vocab_size)] * 4
+    )  # the prompt's pass and three steps, each seen by the hook
 
     class MyReadout(TiedReadout):  # a learner's own readout keeps its class
         pass

@@ -1,4 +1,4 @@
-"""Issue #21's teaching numbers hold for every chapter: size, longest cell, the learner's share,
+"""The course's teaching numbers hold for every chapter: size, longest cell, the learner's share,
 exercises with difficulty and time, half of them more than transcription, a prediction and a
 challenge (tools/teaching_stats.py measures them; this test keeps them from slipping)."""
 
@@ -46,7 +46,7 @@ def test_the_measure_sees_a_chapter_that_misses(monkeypatch):
 
 
 def test_the_learner_writes_a_quarter_of_the_course():
-    # Issue #21: at least 25% overall, over chapters 01 on, marker lines counted as code.
+    # At least 25% overall, over chapters 01 on, marker lines counted as code.
     code, inside = teaching_stats.course_share([teaching_stats.stats(p) for p in CHAPTERS])
     assert inside / code >= teaching_stats.LIMITS["overall_share"], f"{inside}/{code}"
 

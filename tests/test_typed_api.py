@@ -1,4 +1,4 @@
-"""The public callables of the package's entry points are typed (issue 35).
+"""The public callables of the package's entry points are typed.
 
 The callables are the names of `gpt2lib.__all__` and the `__all__` of the entry-point modules
 below (a class counts through its `__init__`, which needs no return annotation). A callable is
