@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_hub_checkpoint
 
 from gpt2lib import finetune as ft
 from gpt2lib.chapters.tuning import classification_loss
@@ -24,20 +23,13 @@ REPO = Path(__file__).resolve().parent.parent
 IDS = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]])
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_hub_checkpoint(
-        tmp_path_factory.mktemp("tiny"), n_layer=2, n_head=4, n_embd=64, n_positions=64, seed=0
-    )
-
-
 def load(folder):
     return from_pretrained(folder, device="cpu").eval()
 
 
-def with_adapter(tiny, seed=1, **lora):
+def with_adapter(tiny_checkpoint, seed=1, **lora):
     torch.manual_seed(seed)  # lora_A's initial values
-    model = ft.apply_lora(load(tiny), **{"rank": 4, "alpha": 8, **lora})
+    model = ft.apply_lora(load(tiny_checkpoint), **{"rank": 4, "alpha": 8, **lora})
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in ft.lora_layers(model).values():
@@ -62,8 +54,8 @@ def untouched(model, state):
 
 
 @pytest.fixture
-def saved(tiny, tmp_path):
-    return ft.save_adapter(with_adapter(tiny), tmp_path / "adapter")
+def saved(tiny_checkpoint, tmp_path):
+    return ft.save_adapter(with_adapter(tiny_checkpoint), tmp_path / "adapter")
 
 
 def edit_config(folder, **changes):
@@ -77,11 +69,11 @@ def edit_config(folder, **changes):
 
 
 @pytest.mark.parametrize("keep", [4, 8, 12, 200, -4, -1])
-def test_a_truncated_adapter_file_is_one_adapter_error_naming_it(tiny, saved, keep):
+def test_a_truncated_adapter_file_is_one_adapter_error_naming_it(tiny_checkpoint, saved, keep):
     weights = saved / ft.ADAPTER_WEIGHTS
     data = weights.read_bytes()
     weights.write_bytes(data[:keep])
-    model = load(tiny)
+    model = load(tiny_checkpoint)
     state = copy.deepcopy(model.state_dict())
     with pytest.raises(
         ft.AdapterError, match="adapter_model.safetensors' is not a valid safetensors"
@@ -90,10 +82,10 @@ def test_a_truncated_adapter_file_is_one_adapter_error_naming_it(tiny, saved, ke
     assert untouched(model, state)
 
 
-def test_a_header_that_claims_terabytes_is_refused_without_allocating(tiny, saved):
+def test_a_header_that_claims_terabytes_is_refused_without_allocating(tiny_checkpoint, saved):
     (saved / ft.ADAPTER_WEIGHTS).write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
     with pytest.raises(ft.AdapterError, match="not a valid safetensors file"):
-        ft.load_adapter(load(tiny), saved)
+        ft.load_adapter(load(tiny_checkpoint), saved)
 
 
 # --------------------------------------------------------------------------- bad adapter values
@@ -107,9 +99,9 @@ def test_a_header_that_claims_terabytes_is_refused_without_allocating(tiny, save
         (1e308, "beyond the largest float32"),
     ],
 )
-def test_a_lora_alpha_that_is_not_a_usable_number_is_refused(tiny, saved, alpha, phrase):
+def test_a_lora_alpha_that_is_not_a_usable_number_is_refused(tiny_checkpoint, saved, alpha, phrase):
     edit_config(saved, lora_alpha=alpha)
-    model = load(tiny)
+    model = load(tiny_checkpoint)
     state = copy.deepcopy(model.state_dict())
     with pytest.raises(ft.AdapterError, match=phrase) as info:
         ft.load_adapter(model, saved)
@@ -117,16 +109,16 @@ def test_a_lora_alpha_that_is_not_a_usable_number_is_refused(tiny, saved, alpha,
     assert untouched(model, state)
 
 
-def test_nan_adapter_weights_are_refused_when_loading_and_saving(tiny, tmp_path):
+def test_nan_adapter_weights_are_refused_when_loading_and_saving(tiny_checkpoint, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    model = with_adapter(tiny)
+    model = with_adapter(tiny_checkpoint)
     folder = ft.save_adapter(model, tmp_path / "adapter")
     tensors = load_file(str(folder / ft.ADAPTER_WEIGHTS))
     key = next(k for k in tensors if k.endswith("lora_B.weight"))
     tensors[key][0, 0] = float("nan")
     save_file(tensors, str(folder / ft.ADAPTER_WEIGHTS))
-    fresh = load(tiny)
+    fresh = load(tiny_checkpoint)
     with pytest.raises(ft.AdapterError, match="NaN or infinite"):
         ft.load_adapter(fresh, folder)
     assert not ft.lora_layers(fresh)
@@ -158,10 +150,10 @@ def test_nan_adapter_weights_are_refused_when_loading_and_saving(tiny, tmp_path)
     ],
 )
 def test_every_value_of_adapter_config_is_checked_before_the_model_is_touched(
-    tiny, saved, changes, phrase
+    tiny_checkpoint, saved, changes, phrase
 ):
     edit_config(saved, **changes)
-    model = load(tiny)
+    model = load(tiny_checkpoint)
     state = copy.deepcopy(model.state_dict())
     with pytest.raises(ft.AdapterError, match=phrase) as info:
         ft.load_adapter(model, saved)
@@ -169,8 +161,10 @@ def test_every_value_of_adapter_config_is_checked_before_the_model_is_touched(
     assert untouched(model, state)  # r=4.0 and lora_dropout=1.5 used to leave it frozen
 
 
-def test_a_failure_while_adding_the_adapters_leaves_the_model_as_it_was(tiny, monkeypatch):
-    model = load(tiny)
+def test_a_failure_while_adding_the_adapters_leaves_the_model_as_it_was(
+    tiny_checkpoint, monkeypatch
+):
+    model = load(tiny_checkpoint)
     state = copy.deepcopy(model.state_dict())
     calls = []
 
@@ -187,22 +181,22 @@ def test_a_failure_while_adding_the_adapters_leaves_the_model_as_it_was(tiny, mo
     assert untouched(model, state)
 
 
-def test_a_damaged_adapter_config_is_named(tiny, saved):
+def test_a_damaged_adapter_config_is_named(tiny_checkpoint, saved):
     (saved / ft.ADAPTER_CONFIG).write_bytes(b"[" * 100_000)
     with pytest.raises(ft.AdapterError, match="adapter_config.json' is not readable JSON"):
-        ft.load_adapter(load(tiny), saved)
+        ft.load_adapter(load(tiny_checkpoint), saved)
     (saved / ft.ADAPTER_CONFIG).write_bytes(b" " * (2 << 20))
     with pytest.raises(ft.AdapterError, match="is over 1024 KiB"):
-        ft.load_adapter(load(tiny), saved)
+        ft.load_adapter(load(tiny_checkpoint), saved)
 
 
 # --------------------------------------------------------------------------- peft's layouts
 
 
-def _peft_adapter(tiny, folder, **settings):
+def _peft_adapter(tiny_checkpoint, folder, **settings):
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
-    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny), dtype=torch.float32)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
     config = peft.LoraConfig(
         r=4, lora_alpha=8, fan_in_fan_out=True, task_type="CAUSAL_LM", **settings
     )
@@ -236,19 +230,19 @@ def _peft_adapter(tiny, folder, **settings):
     ids=["layers_to_transform", "layers_pattern", "exclude_modules", "regex"],
 )
 def test_an_adapter_peft_saved_with_layer_choices_loads_with_peft_s_logits(
-    tiny, tmp_path, settings, adapted
+    tiny_checkpoint, tmp_path, settings, adapted
 ):
-    wrapped = _peft_adapter(tiny, tmp_path / "peft", **settings)
-    ours = ft.load_adapter(load(tiny), tmp_path / "peft")
+    wrapped = _peft_adapter(tiny_checkpoint, tmp_path / "peft", **settings)
+    ours = ft.load_adapter(load(tiny_checkpoint), tmp_path / "peft")
     assert set(ft.lora_layers(ours)) == adapted
     with torch.no_grad():
         assert (wrapped(IDS).logits - ours(IDS)).abs().max() < 1e-4
 
 
-def test_weights_for_a_layer_the_config_does_not_adapt_are_refused(tiny, saved):
+def test_weights_for_a_layer_the_config_does_not_adapt_are_refused(tiny_checkpoint, saved):
     edit_config(saved, layers_to_transform=[0])  # the weights cover layers 0 and 1
     with pytest.raises(ft.AdapterError, match="holds weights for h.1.attn.c_attn.*do not belong"):
-        ft.load_adapter(load(tiny), saved)
+        ft.load_adapter(load(tiny_checkpoint), saved)
 
 
 # --------------------------------------------------------------------------- an adapter save is one unit
@@ -274,19 +268,26 @@ _KILL_BETWEEN_RENAMES = textwrap.dedent("""
 """)
 
 
-def test_a_save_killed_between_the_two_files_leaves_one_whole_adapter(tiny, tmp_path):
-    old = with_adapter(tiny, seed=1)  # rank 4 on c_attn
+def test_a_save_killed_between_the_two_files_leaves_one_whole_adapter(tiny_checkpoint, tmp_path):
+    old = with_adapter(tiny_checkpoint, seed=1)  # rank 4 on c_attn
     folder = ft.save_adapter(old, tmp_path / "adapter")
-    new = with_adapter(tiny, seed=2, rank=2, alpha=4, targets=("c_fc",))
+    new = with_adapter(tiny_checkpoint, seed=2, rank=2, alpha=4, targets=("c_fc",))
     out = subprocess.run(
-        [sys.executable, "-c", _KILL_BETWEEN_RENAMES, str(tiny), str(folder), str(REPO / "tests")],
+        [
+            sys.executable,
+            "-c",
+            _KILL_BETWEEN_RENAMES,
+            str(tiny_checkpoint),
+            str(folder),
+            str(REPO / "tests"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 9, out.stderr[-2000:]
-    loaded = ft.load_adapter(load(tiny), folder)  # finishes the killed save
+    loaded = ft.load_adapter(load(tiny_checkpoint), folder)  # finishes the killed save
     with torch.no_grad():
         got = loaded(IDS)
         assert torch.allclose(got, new(IDS), atol=1e-6) or torch.allclose(got, old(IDS), atol=1e-6)
@@ -345,14 +346,14 @@ def test_weights_that_are_no_longer_finite_after_the_last_step_are_named():
 # --------------------------------------------------------------------------- empty splits
 
 
-def test_an_empty_split_is_named_not_a_zero_division(tiny):
+def test_an_empty_split_is_named_not_a_zero_division(tiny_checkpoint):
     data = ft.SpeakerData(speakers=["A", "B"], splits={"train": [("x", 0)], "val": [], "test": []})
     with pytest.raises(ValueError, match="the test split holds no speech"):
         data.majority_baseline("test")
     with pytest.raises(ValueError, match="the split is empty"):
-        ft.mean_response_loss(load(tiny), [], 50256, progress=False)
+        ft.mean_response_loss(load(tiny_checkpoint), [], 50256, progress=False)
     with pytest.raises(ValueError, match="the split is empty"):
-        ft.accuracy(ft.classifier(load(tiny), 2), [], 50256, progress=False)
+        ft.accuracy(ft.classifier(load(tiny_checkpoint), 2), [], 50256, progress=False)
 
 
 def _notebook_lora_class():
@@ -366,7 +367,7 @@ def _notebook_lora_class():
     return namespace["LoRALinear"]
 
 
-def test_apply_lora_adds_the_learners_adapters_with_the_learners_function(tiny):
+def test_apply_lora_adds_the_learners_adapters_with_the_learners_function(tiny_checkpoint):
     mine = _notebook_lora_class()
     assert mine.__module__ == "__main__" and not issubclass(mine, ft.LoRALinear)
     calls = []
@@ -377,7 +378,7 @@ def test_apply_lora_adds_the_learners_adapters_with_the_learners_function(tiny):
             model.set_submodule(name, mine(model.get_submodule(name), rank, alpha, dropout))
         return model
 
-    model, reference = load(tiny).eval(), load(tiny).eval()
+    model, reference = load(tiny_checkpoint).eval(), load(tiny_checkpoint).eval()
     ids = torch.randint(
         0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)
     )
@@ -391,8 +392,8 @@ def test_apply_lora_adds_the_learners_adapters_with_the_learners_function(tiny):
     assert trained and all(".lora_" in n for n in trained)
 
 
-def test_an_add_adapters_that_adds_nothing_is_refused_and_changes_nothing(tiny):
-    model = load(tiny)
+def test_an_add_adapters_that_adds_nothing_is_refused_and_changes_nothing(tiny_checkpoint):
+    model = load(tiny_checkpoint)
     state = copy.deepcopy(model.state_dict())
 
     def does_nothing(model, names, rank, alpha, dropout=0.0):
