@@ -59,11 +59,11 @@ def pytest_configure(config):
 # left chapter 10's one browser test for last, a 3-minute tail on one worker while the other
 # waited.
 SLOW_FIRST = (
-    "tests/test_browser_heavy.py",
+    "tests/course/test_browser_heavy.py",
     "notebooks/10_finetuning.ipynb",
     "solutions/10_finetuning.ipynb",
-    "tests/test_setup.py",  # builds a learner's .venv from nothing: minutes, mostly pip's disk work
-    "tests/test_browser.py",
+    "tests/course/test_setup.py",  # builds a learner's .venv from nothing: minutes, mostly pip's disk work
+    "tests/course/test_browser.py",
 )
 
 
@@ -92,7 +92,7 @@ def pytest_report_header(config):
 
 
 def run_once_in_lab(config, items):
-    """A solution notebook that this run executes in JupyterLab (tests/test_browser.py, when a
+    """A solution notebook that this run executes in JupyterLab (tests/course/test_browser.py, when a
     browser is here) is not executed a second time, cell by cell, by nbval. Both runs fail on
     any cell that raises (nbval with --nbval-lax compares no outputs, and the solutions carry
     none); the JupyterLab run also checks the widgets. Chapter 10 alone took about 95 s a run.

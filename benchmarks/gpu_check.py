@@ -204,7 +204,7 @@ def training_check(args, record, steps=30) -> bool:
     torch.compile and the padded vocabulary, GPT-2 small's shapes, on Tiny Shakespeare.
 
     Records tokens/s and MFU (median of the last steps) and whether the loss fell and the saved
-    model loads. CUDA only: the CPU path (gloo) is tested in tests/test_scaling.py.
+    model loads. CUDA only: the CPU path (gloo) is tested in tests/library/test_scaling.py.
     """
     import statistics
 

@@ -36,7 +36,7 @@ Generate text with GPT-2, fetch its weights, make token files and train.
     python -m gpt2lib train --data OUT.bin --out run ...   # also under torchrun (see train --help)
 """
 
-# the released GPT-2s (gpt2lib.checkpoint.HUB_MODELS; tests/test_cli.py holds them equal): named
+# the released GPT-2s (gpt2lib.checkpoint.HUB_MODELS; tests/library/test_cli.py holds them equal): named
 # here so that the parser does not import PyTorch
 HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

@@ -1,4 +1,4 @@
-"""JupyterLab in headless Chromium, for tests/test_browser.py.
+"""JupyterLab in headless Chromium, for tests/course/test_browser.py.
 
 A throw-away JupyterLab server (temp config/data/runtime folders, random token, free port,
 serving a temp copy of the notebooks) and helpers that drive one notebook through Playwright:

@@ -60,7 +60,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=64, seed=0)
 
 
-BROWSER_SKIP_PREFIX = "browser test skipped: "  # what tests/test_browser.py puts in front
+BROWSER_SKIP_PREFIX = "browser test skipped: "  # what tests/course/test_browser.py puts in front
 
 
 def skip_reason(report) -> str:

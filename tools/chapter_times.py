@@ -5,7 +5,7 @@
     python tools/chapter_times.py --progress      # `course progress` only
 
 Run it with the tests' environment (`.venv-test/bin/python`: it drives JupyterLab in headless
-Chromium through tests/browser_support.py, as tests/test_browser.py does).
+Chromium through tests/browser_support.py, as tests/course/test_browser.py does).
 
 lab: each solution notebook (a learner who has done every exercise) runs top to bottom in a
 fresh JupyterLab, as "Run All" does, at the chapter's default setting (GPT2LIB_QUICK unset)

@@ -68,7 +68,7 @@ about 1.2 s a step on the shared machine, so 3,000 steps would pass the 30-minut
 
 History. Until this version the pool was the 64 commonest ids (3,000 steps, 199 s): induction
 0.91 and the copies 9.68 / 5.35 nats on its own 64 ids, but on repeats of the 2,000 commonest
-(tests/test_circuits.py's 16 rows) only 0.20, and the second copy cost more than the first
+(tests/library/test_circuits.py's 16 rows) only 0.20, and the second copy cost more than the first
 (10.39 against 9.79 nats). The same
 recipe with `--common 2000` and nothing else changed gave the model above: the token pool, not
 the recipe, was what confined the head to 64 ids.

@@ -378,4 +378,14 @@ def cache_slots(starts, counts, max_len, labels):
 # --------------------------------------------------------------------------- chapter 10
 
 
+def rank_sweep(results, title):
+    """The response loss's drop against the share of parameters trained, one point per LoRA
+    rank; `results` holds (rank, share trained, drop) tuples."""
+    with _axes(figsize=(5, 3)) as ax:
+        ax.plot([100 * s for _, s, _ in results], [d for _, _, d in results], "o-")
+        for rank, share, drop in results:
+            ax.annotate(f"rank {rank}", (100 * share, drop))
+        ax.set(xlabel="parameters trained (%)", ylabel="response loss drop (nats)", title=title)
+
+
 # --------------------------------------------------------------------------- chapter 11

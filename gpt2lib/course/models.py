@@ -15,7 +15,7 @@ The order, first match wins:
 
 The stand-in writes Shakespeare-shaped text but has no induction head (a few minutes of Tiny
 Shakespeare do not reward copying), so chapter 8 looks for circuits in `data/circuits`, a small
-attention-only GPT-2 trained to have them (tools/make_circuits.py; tests/test_circuits.py
+attention-only GPT-2 trained to have them (tools/make_circuits.py; tests/library/test_circuits.py
 measures them), unless OpenAI's weights are in use; without data/circuits it looks in the model
 loaded, and says so.
 """

@@ -30,7 +30,7 @@ from gpt2lib.scaling import (
 )
 from gpt2lib.tokenfile import TokenFileError, open_tokens, write_token_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
 TINY = dict(
     n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, steps=6, lr=3e-3, progress=False

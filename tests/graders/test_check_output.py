@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 CELLS = {
     "wrong": "from gpt2lib.course.checks.start_here import check_token_means\n"

@@ -22,7 +22,7 @@ from gpt2lib.cli import main
 from gpt2lib.scaling import CHECKPOINT_FILE, TrainingSetupError, load_checkpoint, pretrain
 from gpt2lib.tokenfile import TokenFileError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args, timeout=240, env=None):

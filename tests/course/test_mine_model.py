@@ -17,7 +17,7 @@ import torch
 import gpt2lib
 from gpt2lib.course import mine
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN = REPO_ROOT / "data" / "standin"
 
 # Chapter 3's attention with an einsum and a softmax by hand, and a mark of its own; the same

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FOLDER = Path(os.environ.get("CIRCUITS_FOLDER", REPO / "data" / "circuits"))  # to try another model
 BOS = 50256
 # Repeats are drawn from the 2,000 commonest tokens of Tiny Shakespeare's training split (90% of

@@ -904,7 +904,7 @@ def test_the_chapter_runs_on_the_learners_model_and_functions_after_each_exercis
     (`yours`), never with the package's entry points."""
     import nbformat
 
-    path = Path(__file__).resolve().parent.parent / "solutions" / "08_real_weights.ipynb"
+    path = Path(__file__).resolve().parents[2] / "solutions" / "08_real_weights.ipynb"
     code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     lesson = "\n".join(code)
     assert "parts = your_gpt2()" in lesson and "from gpt2lib.inspection" not in lesson

@@ -19,7 +19,7 @@ import pytest
 from gpt2lib.course.checks import NotDoneYet
 from gpt2lib.course.checks import finetuning as checks
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LEARNER = REPO_ROOT / "notebooks" / "10_finetuning.ipynb"
 
 

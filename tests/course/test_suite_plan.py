@@ -9,14 +9,16 @@ from pathlib import Path
 import browser_support as bs
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_solution_chapter_names_only_solution_notebooks():
     assert bs.solution_chapter("solutions/10_finetuning.ipynb::Cell 3") == "10_finetuning"
     assert bs.solution_chapter("notebooks/10_finetuning.ipynb::Cell 3") is None
     assert (
-        bs.solution_chapter("tests/test_browser.py::test_chapter_runs_in_jupyterlab[10_finetuning]")
+        bs.solution_chapter(
+            "tests/course/test_browser.py::test_chapter_runs_in_jupyterlab[10_finetuning]"
+        )
         is None
     )
     assert bs.solution_chapter("solutions/old/10_finetuning.ipynb::Cell 3") is None
@@ -59,7 +61,7 @@ def planned(items: list[Item], monkeypatch, chromium: str) -> tuple[list[str], l
 
 def test_a_solution_run_in_jupyterlab_is_not_run_again_by_nbval(monkeypatch):
     pytest.importorskip("playwright.sync_api")
-    lab_test = "tests/test_browser.py::test_chapter_runs_in_jupyterlab[00_start_here]"
+    lab_test = "tests/course/test_browser.py::test_chapter_runs_in_jupyterlab[00_start_here]"
     cells = [f"solutions/00_start_here.ipynb::Cell {i}" for i in range(6)]
     other = ["solutions/01_tokenizer.ipynb::Cell 0", "notebooks/00_start_here.ipynb::Cell 0"]
 

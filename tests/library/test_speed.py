@@ -602,7 +602,7 @@ def test_the_cpu_time_benchmark_pairs_models_with_the_same_weights():
     from pathlib import Path
 
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import decode_cpu_time
 
     ours, hf = decode_cpu_time.paired_models(n_embd=24, vocab_size=50)

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from readme_commands import readme_commands
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
 DOCUMENTS = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # A fenced block opened by ```python (possibly indented, inside a list item) up to its fence.

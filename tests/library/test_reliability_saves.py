@@ -15,7 +15,7 @@ import pytest
 
 from gpt2lib import files
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def mode(path) -> int:

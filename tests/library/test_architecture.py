@@ -15,7 +15,7 @@ import pytest
 
 from gpt2lib.course import CHAPTERS_DIR, module_state
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpt2lib"
 CHAPTERS = ROOT / CHAPTERS_DIR
 LEAF = "gpt2lib.validation"  # the one hand-written module generated code may import

@@ -1070,7 +1070,7 @@ def test_the_readmes_launch_shows_the_whole_course_with_chapter_00_open(tmp_path
 
 def test_every_chapter_names_its_kernel_so_jupyterlab_does_not_ask():
     # Without a kernelspec, JupyterLab opens a "Select kernel" dialog over the notebook.
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     for path in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         kernelspec = nbformat.read(str(path), as_version=4).metadata.get("kernelspec", {})
         assert kernelspec.get("name") == "python3", f"{path.name} has no python3 kernelspec"

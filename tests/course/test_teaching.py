@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 _spec = importlib.util.spec_from_file_location(

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from readme_commands import readme_commands
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COURSE_PY = REPO_ROOT / "course.py"
 sys.path.insert(0, str(REPO_ROOT))
 import course  # noqa: E402
@@ -632,7 +632,14 @@ def test_the_test_command_runs_its_steps():
     words = readme_commands()["test"].split()
     assert words[:2] == ["python3", "course.py"]
     result = subprocess.run(
-        [sys.executable, *words[1:], "-n", "0", "-q", "tests/test_setup.py::test_help_and_parsing"],
+        [
+            sys.executable,
+            *words[1:],
+            "-n",
+            "0",
+            "-q",
+            "tests/course/test_setup.py::test_help_and_parsing",
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

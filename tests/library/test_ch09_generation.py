@@ -630,7 +630,7 @@ def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path,
     import nbformat
     from nbclient import NotebookClient
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     chapter = json.loads((root / "solutions" / "09_generation.ipynb").read_text(encoding="utf-8"))
     playground = next(c for c in chapter["cells"] if c.get("id") == "94411265")
     setup = (
@@ -664,7 +664,7 @@ def _chapter_cell(starts_with):
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     chapter = json.loads((root / "solutions" / "09_generation.ipynb").read_text(encoding="utf-8"))
     return next(
         "".join(c["source"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ["gpt2lib", "tests", "benchmarks", "conftest.py"]
 # `<module>.open(...)` of these is not a text-file open, or is binary by default.
 _NOT_FILE_OPENS = {"os", "gzip", "bz2", "lzma", "tarfile", "zipfile", "webbrowser", "Image"}

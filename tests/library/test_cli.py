@@ -10,7 +10,7 @@ import torch
 
 from gpt2lib.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args, env=None, timeout=180):

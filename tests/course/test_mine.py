@@ -73,7 +73,7 @@ def course(tmp_path, monkeypatch):
         'from gpt2lib.course.checks import passed\n\nassert block_mask(2).sum() == 3\npassed("Exercise 5.1")',
     )
     (root / "pyproject.toml").write_bytes(
-        (Path(__file__).parent.parent / "pyproject.toml").read_bytes()
+        (Path(__file__).parents[2] / "pyproject.toml").read_bytes()
     )
     build(root, out=io.StringIO())
     monkeypatch.chdir(root / "notebooks")

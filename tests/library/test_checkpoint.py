@@ -19,7 +19,7 @@ from gpt2lib.chapters.model import GPT2
 from gpt2lib.checkpoint import CheckpointError, save_pretrained
 from gpt2lib.model import from_pretrained
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
 
 

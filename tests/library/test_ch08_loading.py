@@ -22,7 +22,7 @@ from gpt2lib.checkpoint import CheckpointError, HubUnreachable
 from gpt2lib.device import pick_device, resolve_dtype
 from gpt2lib.model import from_pretrained
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=101)
 
 

@@ -18,7 +18,7 @@ from gpt2lib.checkpoint import save_pretrained
 from gpt2lib.model import from_pretrained
 from gpt2lib.training import get_batch, lm_loss, lr_schedule, ngram_baselines, sample, train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_model(seed=0, **sizes):

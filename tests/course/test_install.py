@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_setup_cfg_sends_the_egg_info_to_a_hidden_folder_that_a_clone_has():

@@ -19,7 +19,7 @@ from gpt2lib import finetune as ft
 from gpt2lib.chapters.tuning import classification_loss
 from gpt2lib.model import from_pretrained
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IDS = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]])
 
 
@@ -250,7 +250,7 @@ def test_weights_for_a_layer_the_config_does_not_adapt_are_refused(tiny_checkpoi
 
 _KILL_BETWEEN_RENAMES = textwrap.dedent("""
     import os, sys, torch
-    sys.path.insert(0, sys.argv[3])
+    sys.path[:0] = sys.argv[3:5]  # this file's folder, and tests/ for what it imports
     from test_reliability_finetune import load, with_adapter
     from gpt2lib import finetune as ft
     tiny, folder = sys.argv[1], sys.argv[2]
@@ -279,6 +279,7 @@ def test_a_save_killed_between_the_two_files_leaves_one_whole_adapter(tiny_check
             _KILL_BETWEEN_RENAMES,
             str(tiny_checkpoint),
             str(folder),
+            str(Path(__file__).resolve().parent),
             str(REPO / "tests"),
         ],
         cwd=REPO,

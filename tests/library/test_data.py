@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 # OpenAI's published hashes (tiktoken checks the same ones when it downloads these files).
 EXPECTED_SHA256 = {

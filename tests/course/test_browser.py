@@ -23,14 +23,14 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Seconds a whole notebook may take after "Run All" (chapters 8 and 9 run a model on CPU).
 RUN_TIMEOUT = float(os.environ.get("BROWSER_RUN_TIMEOUT", "300"))
 CHAPTERS = sorted(p.stem for p in (REPO_ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 # Chapters whose notebook must show at least one working slider.
 MUST_HAVE_SLIDER = {"03_attention"}
 # Chapters that take minutes in the browser (chapter 10 trains eight classifiers). They run from
-# tests/test_browser_heavy.py, a module of its own: pytest-xdist's `--dist loadscope` gives each
+# tests/course/test_browser_heavy.py, a module of its own: pytest-xdist's `--dist loadscope` gives each
 # module to one worker, so the two workers share the browser runs instead of one doing them all.
 HEAVY = ("10_finetuning",)
 TIMINGS: dict[str, float] = {}

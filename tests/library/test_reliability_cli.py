@@ -13,7 +13,7 @@ import pytest
 
 from gpt2lib import cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def subcommands() -> set[str]:
