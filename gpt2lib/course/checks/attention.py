@@ -32,11 +32,18 @@ _CHANGED = (
 # --------------------------------------------------------------------------- shared pieces
 
 
-def _fail_unless_close(exercise, got, want, mistakes, wrong, otherwise, **tol) -> None:
-    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake m with
-    `got` close to wrong(m), or with `otherwise`."""
-    if not core.close(got, want, **tol):
-        core.fail_with(exercise, mistakes, lambda m: core.close(got, wrong(m), **tol), otherwise)
+def _fail_unless_close(exercise, got, want, mistakes, args, otherwise, *, part=None, **tol):
+    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
+    seeded fn(*args) (its item `part`, when it returns a tuple) `got` is close to, or with
+    `otherwise`."""
+    if core.close(got, want, **tol):
+        return
+
+    def matches(mistake):
+        wrong = core.seeded_call(mistake.fn, *args)
+        return core.close(got, wrong if part is None else wrong[part], **tol)
+
+    core.fail_with(exercise, mistakes, matches, otherwise)
 
 
 def _unpack(exercise, got, n: int, what: str):
@@ -203,7 +210,7 @@ ONE_HEAD_MISTAKES = [
 def _check_one_head(exercise, fn, cases, large):
     """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
     gen = torch.Generator().manual_seed(1)
-    tol = 1e-3 if large else 1e-4  # float32 rounding of scores near 750
+    tol = dict(atol=1e-3, rtol=1e-3) if large else dict(atol=1e-4, rtol=1e-4)  # rounding near 750
     for lead, T, d in cases:
         q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
         if large:  # every score 750 more (a shared first feature): exp overflows without the max
@@ -226,19 +233,14 @@ def _check_one_head(exercise, fn, cases, large):
         weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
         q, k, v = q.double(), k.double(), v.double()
         want_out, want_w = attend(q, k, v)
-        out_right = core.close(out, want_out, atol=tol, rtol=tol)
-        if out_right and core.close(weights, want_w, atol=tol, rtol=tol):
-            continue
-        if out_right:
-            otherwise = "out is right, but the weights you return are not the softmax weights that made it (row i: token i's weights over keys 0..i, zeros after)"
-        else:
-            otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
-        core.fail_with(
-            exercise,
-            ONE_HEAD_MISTAKES[:-1],
-            lambda m: core.close(out, m.fn(q, k, v)[0], atol=tol, rtol=tol),
-            otherwise,
-        )
+        if core.close(out, want_out, **tol) and not core.close(weights, want_w, **tol):
+            raise core.CheckFailed(
+                exercise,
+                "out is right, but the weights you return are not the softmax weights that made it (row i: token i's weights over keys 0..i, zeros after)",
+            )
+        otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
+        mistakes = ONE_HEAD_MISTAKES[:-1]  # the overflow is caught on large scores, above
+        _fail_unless_close(exercise, out, want_out, mistakes, (q, k, v), otherwise, part=0, **tol)
 
 
 def check_attention_with_loops(attention_with_loops) -> None:
@@ -573,33 +575,21 @@ def check_multi_head_attention(multi_head_attention) -> None:
         what = f"your y (B={B}, T={T}, C={C}, n_head={nh})"
         y = core.expect_tensor(EX_MULTI, y, (B, T, C), what=what, hints={(B, nh, T, hd): hint})
         _no_nan(EX_MULTI, weights, "your weights")
-        hints = {
-            (B, hd, nh, nh): TRANSPOSE_1_3,
-            (B, T, T): NO_HEADS,
-            (
-                B,
-                nh,
-                T,
-                hd,
-            ): "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)",
-        }
+        output = "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)"
+        hints = {(B, hd, nh, nh): TRANSPOSE_1_3, (B, T, T): NO_HEADS, (B, nh, T, hd): output}
         weights = core.expect_tensor(
             EX_MULTI, weights, (B, nh, T, T), what="your weights", hints=hints
         )
         want_y, want_w = _heads(q, k, v, nh)
-        if core.close(y, want_y) and core.close(weights, want_w):
-            continue
-        if not core.close(y, want_y):
-            otherwise = f"the shapes are right but y differs from causal multi-head attention (B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) with the future masked) @ v per head, merge"
-        elif torch.allclose(weights.sum(-1), torch.ones(()).double(), atol=1e-5):
-            otherwise = "y is right, but the weights you return are not the ones that made it: return the softmax of the masked, scaled scores"
-        else:
-            otherwise = "y is right, but the rows of your weights do not sum to 1: return the weights after the softmax, not the scores"
-        core.fail_with(
-            EX_MULTI,
-            MULTI_HEAD_MISTAKES,
-            lambda m: core.close(y, m.fn(q, k, v, nh)[0]),
-            otherwise,
+        if core.close(y, want_y) and not core.close(weights, want_w):
+            if torch.allclose(weights.sum(-1), torch.ones(()).double(), atol=1e-5):
+                why = "y is right, but the weights you return are not the ones that made it: return the softmax of the masked, scaled scores"
+            else:
+                why = "y is right, but the rows of your weights do not sum to 1: return the weights after the softmax, not the scores"
+            raise core.CheckFailed(EX_MULTI, why)
+        otherwise = f"the shapes are right but y differs from causal multi-head attention (B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) with the future masked) @ v per head, merge"
+        _fail_unless_close(
+            EX_MULTI, y, want_y, MULTI_HEAD_MISTAKES, (q, k, v, nh), otherwise, part=0
         )
     core.passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
 
@@ -741,14 +731,9 @@ def _check_causal_self_attention(attention_cls) -> None:
         x = torch.randn(B, T, C, generator=gen)
         got = core.expect_tensor(EX_MODULE, _run(module, x), (B, T, C), what="your output")
         otherwise = f"the shape is right but the output differs from GPT-2's attention (B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> merge -> c_proj -> resid_dropout"
+        want = _gpt2_attention(x, w, nh)
         _fail_unless_close(
-            EX_MODULE,
-            got,
-            _gpt2_attention(x, w, nh),
-            MODULE_MISTAKES,
-            lambda m: core.seeded_call(m.fn, x, w, nh, 0.0),
-            otherwise,
-            rtol=1e-4,
+            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, 0.0), otherwise, rtol=1e-4
         )
 
     # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
@@ -780,13 +765,7 @@ def _check_causal_self_attention(attention_cls) -> None:
         otherwise = "in eval() mode your layer is right, but in train() mode it is not the layer followed by residual dropout: return self.resid_dropout(self.c_proj(...))"
         want = core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p)
         _fail_unless_close(
-            EX_MODULE,
-            got,
-            want,
-            MODULE_MISTAKES,
-            lambda m: core.seeded_call(m.fn, x, w, nh, p),
-            otherwise,
-            rtol=1e-4,
+            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, p), otherwise, rtol=1e-4
         )
 
     # a hook listening at hook_pattern (chapter 8): the pattern goes through it, the output stays
@@ -879,14 +858,12 @@ def check_split_merge(split_heads, merge_heads) -> None:
         what = f"split_heads(x (B={B}, T={T}, C={C}), {nh})"
         got = core.expect_tensor(EX_MODULE, got, (B, nh, T, hd), what=what, hints=hints)
         otherwise = "split_heads puts the wrong numbers in the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]"
-        _fail_unless_close(
-            EX_MODULE, got, split(x, nh), SPLIT_MISTAKES, lambda m: m.fn(x, nh), otherwise
-        )
+        _fail_unless_close(EX_MODULE, got, split(x, nh), SPLIT_MISTAKES, (x, nh), otherwise)
         heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
         back = _call(EX_MODULE, merge_heads, heads)
         back = core.expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
         otherwise = "merge_heads(split_heads(x)) is not x: merge must undo the split exactly"
-        _fail_unless_close(EX_MODULE, back, x, MERGE_MISTAKES, lambda m: m.fn(heads), otherwise)
+        _fail_unless_close(EX_MODULE, back, x, MERGE_MISTAKES, (heads,), otherwise)
     core.passed(
         EX_MODULE + ", split_heads and merge_heads",
         "consecutive features per head, merged back in order",
@@ -1005,16 +982,8 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             )
             want = attention_by_hand_reference(layer, x)
             otherwise = f"for C={C} with {nh} heads your output differs from the layer's; follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj"
-        _fail_unless_close(
-            EX_BY_HAND,
-            got,
-            want,
-            BY_HAND_MISTAKES,
-            lambda m: m.fn(layer, x),
-            otherwise,
-            rtol=1e-4,
-            atol=1e-4,
-        )
+        tol = dict(rtol=1e-4, atol=1e-4)
+        _fail_unless_close(EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, **tol)
     core.passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 
