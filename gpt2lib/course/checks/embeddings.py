@@ -180,6 +180,9 @@ def _uses(ids, V, dtype):
 
 REPEATED_IDS_MESSAGE = "ids used once get the right row, but a repeated id keeps only ONE of its gradients. Uses add up: a token used twice gets the sum of both. Note that `grad[ids] = g` and even `grad[ids] += g` keep one value per repeated index in PyTorch; use grad.index_add_(0, ids, g), a loop with +=, or one_hot.T @ g"
 
+_AUTOGRAD = ("torch.Tensor.backward", "torch.autograd.backward", "torch.autograd.grad")
+_NO_AUTOGRAD = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
+
 # fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
 BACKWARD_MISTAKES = [
     core.Mistake(
@@ -216,13 +219,7 @@ def check_lookup_backward(lookup_backward) -> None:
     # (B=2, T=5): 1, 3 and 5 repeat, 0, 7, 8 unused; (T=4,): the last id 3 times
     for ids in (torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]), torch.tensor([8, 0, 8, 8])):
         grad_out = torch.randn(*ids.shape, C, generator=gen)
-        with core.forbidding(
-            EX_BACKWARD,
-            "torch.Tensor.backward",
-            "torch.autograd.backward",
-            "torch.autograd.grad",
-            instead="derive the gradient yourself: autograd is blocked while your lookup_backward runs",
-        ):
+        with core.forbidding(EX_BACKWARD, *_AUTOGRAD, instead=_NO_AUTOGRAD):
             got = core.call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
         hints = {
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
@@ -325,15 +322,9 @@ def check_cosine_matrix(cosine_matrix) -> None:
         hints = {(C, C): core.named(COSINE_MISTAKES, "feature_by_feature").message}
         got = core.expect_tensor(EX_COSINE, got, (N, N), what="your matrix", hints=hints)
         otherwise = f"for a table of shape {(N, C)} the values are wrong: entry [i, j] must be the cosine of rows i and j (1 on the diagonal)"
-        _fail_unless_close(
-            EX_COSINE,
-            got,
-            _cosines(before.double()),
-            COSINE_MISTAKES[:-1],
-            (before.double(),),
-            otherwise,
-            atol=1e-4,
-        )
+        mistakes = COSINE_MISTAKES[:-1]  # the last one is caught by comparing the input, above
+        want = _cosines(before.double())
+        _fail_unless_close(EX_COSINE, got, want, mistakes, (before.double(),), otherwise, atol=1e-4)
     core.passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
@@ -350,17 +341,12 @@ def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
     cosine = _cosines(table.double())
     different = ~torch.eye(len(table), dtype=torch.bool)
     want = cosine[different].abs().mean().item()
-    wrong = [
-        (
-            cosine.abs().mean().item(),
-            "you averaged the diagonal too: each position with itself has cosine 1; take only pairs of different positions",
-        ),
-        (
-            cosine[different].mean().item(),
-            "you averaged the signed cosines, which cancel out: take the absolute values first",
-        ),
-    ]
-    for value, message in wrong:
+    diagonal = "you averaged the diagonal too: each position with itself has cosine 1; take only pairs of different positions"
+    signed = "you averaged the signed cosines, which cancel out: take the absolute values first"
+    for value, message in [
+        (cosine.abs().mean().item(), diagonal),
+        (cosine[different].mean().item(), signed),
+    ]:
         if abs(mean_abs_cosine - value) < 1e-4 and abs(value - want) > 1e-4:
             raise core.CheckFailed(MEAN_ABS, message)
     if abs(mean_abs_cosine - want) > 1e-4:
@@ -390,6 +376,11 @@ def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
 
     return fn
 
+
+_TORCH_DROPOUT = ("torch.nn.functional.dropout", "torch.dropout", "torch.nn.Dropout.forward")
+_NO_TORCH_DROPOUT = (
+    "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
+)
 
 # fn(x, p, training) -> what that wrong version returns
 DROPOUT_MISTAKES = [
@@ -431,12 +422,8 @@ def _same_statistics(got, want) -> bool:
     if (want == 0).all():
         return bool((got == 0).all())
     zeros = abs((got == 0).double().mean().item() - (want == 0).double().mean().item()) < 0.03
-    survivors = got[got != 0].unique()
-    return (
-        zeros
-        and bool(survivors.numel())
-        and torch.allclose(survivors, want[want != 0].double().unique())
-    )
+    survivors, wanted = got[got != 0].unique(), want[want != 0].double().unique()
+    return zeros and bool(survivors.numel()) and torch.allclose(survivors, wanted)
 
 
 def check_dropout(dropout) -> None:
@@ -444,24 +431,17 @@ def check_dropout(dropout) -> None:
     divided by 1 - p; outside training x itself. Tried for p = 0.1, 0.5 and 0, on large tensors."""
     for p in (0.1, 0.5, 0.0):
         x = torch.full((64, 256), 2.0)
-        with core.forbidding(
-            EX_DROPOUT,
-            "torch.nn.functional.dropout",
-            "torch.dropout",
-            "torch.nn.Dropout.forward",
-            instead="write dropout yourself, with torch.rand: torch's dropout is blocked in this check",
-        ):
+        with core.forbidding(EX_DROPOUT, *_TORCH_DROPOUT, instead=_NO_TORCH_DROPOUT):
             got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, p, True)
         if not torch.equal(x, torch.full((64, 256), 2.0)):
             raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "in_place").message)
         got = core.expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
         zeroed = (got == 0).double().mean().item()
         survivors = got[got != 0]
-        if (
-            abs(zeroed - p) < 0.03
-            and survivors.numel()
-            and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double())
-        ):
+        rescaled = survivors.numel() and torch.allclose(
+            survivors, torch.tensor(2.0 / (1 - p)).double()
+        )
+        if abs(zeroed - p) < 0.03 and rescaled:
             continue
         core.fail_with(
             EX_DROPOUT,
