@@ -737,19 +737,13 @@ def _check_causal_self_attention(attention_cls) -> None:
         )
 
     # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
-    x, cache = torch.randn(2, 7, C, generator=gen), ListCache()
-    pieces = [
-        core.expect_tensor(
-            EX_MODULE,
-            _run(module, x[:, a:b], kv_cache=cache),
-            (2, b - a, C),
-            what="your output with a kv_cache",
-        )
-        for a, b in ((0, 4), (4, 6), (6, 7))
-    ]
-    if cache.position != 7 or not core.close(
-        torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4
-    ):
+    x, cache, pieces = torch.randn(2, 7, C, generator=gen), ListCache(), []
+    for a, b in ((0, 4), (4, 6), (6, 7)):
+        got = _run(module, x[:, a:b], kv_cache=cache)
+        what = "your output with a kv_cache"
+        pieces.append(core.expect_tensor(EX_MODULE, got, (2, b - a, C), what=what))
+    whole = _gpt2_attention(x, w, nh)
+    if cache.position != 7 or not core.close(torch.cat(pieces, dim=1), whole, rtol=1e-4):
         raise core.CheckFailed(
             EX_MODULE,
             "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer does not give the output of the whole sequence; pass the heads' k and v, (B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
@@ -804,7 +798,6 @@ def _check_causal_self_attention(attention_cls) -> None:
 
 
 # split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
-# split mistakes: fn(x, n_head); merge mistakes: fn(y). The check names them by comparing.
 SPLIT_MISTAKES = [
     core.Mistake(
         "split_without_transpose",
@@ -842,18 +835,9 @@ def check_split_merge(split_heads, merge_heads) -> None:
     gen = torch.Generator().manual_seed(3)
     for B, T, C, nh in ((2, 5, 12, 3), (1, 4, 8, 4)):
         hd = C // nh
-        x = torch.randn(B, T, 3 * C, generator=gen)[
-            ..., C : 2 * C
-        ]  # a slice, as c_attn's split gives
-        hints = {
-            (
-                B,
-                T,
-                nh,
-                hd,
-            ): "that is (B, T, nh, hd): transpose(1, 2) to put the heads before the time steps",
-            (B, hd, nh, T): TRANSPOSE_1_3,
-        }
+        x = torch.randn(B, T, 3 * C, generator=gen)[..., C : 2 * C]  # as c_attn's split gives
+        swapped = "that is (B, T, nh, hd): transpose(1, 2) to put the heads before the time steps"
+        hints = {(B, T, nh, hd): swapped, (B, hd, nh, T): TRANSPOSE_1_3}
         got = _call(EX_MODULE, split_heads, x, nh)
         what = f"split_heads(x (B={B}, T={T}, C={C}), {nh})"
         got = core.expect_tensor(EX_MODULE, got, (B, nh, T, hd), what=what, hints=hints)
