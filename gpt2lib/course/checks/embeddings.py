@@ -79,15 +79,15 @@ ONE_HOT_MISTAKES = [
 def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
     """Turn the usual errors of a one-hot matmul into a message that names the mistake."""
     text = str(exc)
-    if "dtype" in text or "long" in text.lower():
-        why = "F.one_hot returns integers (torch.long) and the table holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float())."
+    if "dtype" in text or "Long" in text or "long" in text:
+        why = f"the matmul fails ({text}): F.one_hot returns integers (torch.long) and the table holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float())."
     elif "num_classes" in text:
-        why = f"num_classes is the vocabulary size, the number of ROWS of the table (table.shape[0] = {V} here), not its width C = {C}."
+        why = f"F.one_hot fails ({text}): num_classes is the vocabulary size, the number of ROWS of the table (table.shape[0] = {V} here), not its width C = {C}."
     elif "size" in text or "shape" in text:
-        why = "The one-hot vectors (..., V) go on the left: one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit."
+        why = f"the matmul fails ({text}). The one-hot vectors (..., V) go on the left: one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit."
     else:
         raise exc
-    raise core.CheckFailed(EX_ONE_HOT, f"the computation fails ({text}): {why}") from None
+    raise core.CheckFailed(EX_ONE_HOT, why) from None
 
 
 def _backward_ops(tensor) -> set[str]:
