@@ -1,12 +1,6 @@
-"""Checks for chapter 3's exercises: one head with loops and with matrices, the saturation of
-the softmax measured, a previous-token head designed by hand, multi-head attention debugged,
-GPT-2's attention module (with split_heads and merge_heads), the module taken apart by hand,
-the FLOPs of attention derived, and the challenge's head that copies the token two places back.
-
-Each check runs the learner's answer on small random inputs and compares it with the right
-answer and with the planted `Mistake`s below (module-level lists, so the tests cover every
-one), so that a wrong answer gets a message that names its mistake.
-"""
+"""Checks for chapter 3's exercises: one head with loops and with matrices, the softmax's
+saturation, a previous-token head, multi-head attention, GPT-2's attention module (with
+split_heads and merge_heads), the module by hand, its FLOPs, and the copy-two-back challenge."""
 
 from __future__ import annotations
 
@@ -30,8 +24,62 @@ EX_BY_HAND = "Exercise 3.7 (attention_by_hand)"
 EX_COST = "Exercise 3.8 (attention_cost)"
 CH_COPY = "Challenge (copy_two_back_head)"
 
+_CHANGED = (
+    "your function changed its input tensors in place (masked_fill_, +=, ...): compute new ones"
+)
 
-# --------------------------------------------------------------------------- reference pieces
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def _fail_unless_close(exercise, got, want, mistakes, args, otherwise, *, part=None, **tol):
+    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
+    seeded fn(*args) (its item `part`, when it returns a tuple) `got` is close to, or with
+    `otherwise`."""
+    if core.close(got, want, **tol):
+        return
+
+    def matches(mistake):
+        wrong = core.seeded_call(mistake.fn, *args)
+        return core.close(got, wrong if part is None else wrong[part], **tol)
+
+    core.fail_with(exercise, mistakes, matches, otherwise)
+
+
+def _unpack(exercise, got, n: int, what: str):
+    """`got` when it is a tuple or list of n things, else CheckFailed asking to return `what`."""
+    if not isinstance(got, (tuple, list)) or len(got) != n:
+        raise core.CheckFailed(exercise, f"return {what}; got {type(got).__name__}")
+    return got
+
+
+def _dropout_of(got, no_dropout, p, **tol) -> bool:
+    """Whether `got` is `no_dropout` after a dropout of p with other random numbers: about half
+    (0.3 to 0.7) of it zeroed, the rest divided by 1 - p."""
+    kept = got != 0
+    zeroed = 1 - kept.double().mean().item()
+    return 0.3 < zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p), **tol)
+
+
+def _call(exercise, fn, *args, **kwargs):
+    """core.call_learner, with `.view` on a tensor that is not contiguous explained."""
+    try:
+        return core.call_learner(exercise, fn, *args, **kwargs)
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+        raise core.CheckFailed(
+            exercise,
+            "`.view` failed: after a transpose (and for slices of a bigger tensor, as in the model) the tensor is not contiguous in memory. Use `.reshape(...)`, or `.contiguous().view(...)`",
+        ) from None
+
+
+def _no_nan(exercise: str, got, what: str) -> None:
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and bool(torch.isnan(got).any()):
+        raise core.CheckFailed(
+            exercise,
+            f"{what} contains NaN: some row of scores is entirely -inf, so the softmax divides 0 by 0. Each token must see at least itself: keep the diagonal visible (hide only j > i: torch.triu(..., diagonal=1))",
+        )
 
 
 def split(x: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -46,40 +94,23 @@ def merge(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(B, T, nh * hd)
 
 
-def attend(
-    q,
-    k,
-    v,
-    *,
-    scale: float | None = None,
-    mask: str = "causal",
-    softmax_dim: int = -1,
-    keys_first: bool = False,
-):
+def attend(q, k, v, *, scale=None, mask="causal", softmax_dim=-1, keys_first=False):
     """Attention over the last two dims of (..., T, d) tensors: (output, weights).
 
     scale: what the scores are multiplied by (default 1/sqrt(d)). mask: "causal" (future scores
     -inf), "none", "zero" (future scores 0), "after_softmax" (future weights zeroed after the
     softmax), "off_by_one" (the next token visible too), "anti" (the past hidden instead).
-    keys_first: k @ q^T instead of q @ k^T.
-    The arguments other than the defaults describe known wrong versions.
-    """
+    keys_first: k @ q^T instead of q @ k^T. Arguments other than the defaults are mistakes."""
     T, S = q.shape[-2], k.shape[-2]
     scores = (k @ q.transpose(-2, -1)) if keys_first else (q @ k.transpose(-2, -1))  # (..., T, S)
     scores = scores * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    visible = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)  # (T, S)
-    if mask == "causal":
-        scores = scores.masked_fill(~visible, float("-inf"))
+    ones = torch.ones(T, S, dtype=torch.bool)
+    visible = ones.tril(diagonal=S - T)  # (T, S)
+    hidden = {"causal": ~visible, "off_by_one": ~ones.tril(S - T + 1), "anti": ~ones.triu(S - T)}
+    if mask in hidden:
+        scores = scores.masked_fill(hidden[mask], float("-inf"))
     elif mask == "zero":
         scores = scores.masked_fill(~visible, 0.0)
-    elif mask == "off_by_one":  # the next token is visible too
-        scores = scores.masked_fill(
-            ~torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T + 1), float("-inf")
-        )
-    elif mask == "anti":
-        scores = scores.masked_fill(
-            ~torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T), float("-inf")
-        )
     weights = scores.softmax(dim=softmax_dim)
     if mask == "after_softmax":
         weights = weights.masked_fill(~visible, 0.0)
@@ -109,6 +140,197 @@ def causal_mask_reference(T: int, past: int = 0) -> torch.Tensor:
     return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
 
 
+# --------------------------------------------------------------------------- Exercises 3.1, 3.2
+
+
+def _loops_without_max(q, k, v):
+    """A loops answer whose softmax takes exp of the raw scores: it overflows on large scores."""
+    T, d = q.shape
+    out, weights = torch.zeros(T, v.shape[1]), torch.zeros(T, T)
+    for i in range(T):
+        exps = [math.exp(float(q[i] @ k[j]) / math.sqrt(d)) for j in range(i + 1)]
+        for j in range(i + 1):
+            weights[i, j] = exps[j] / sum(exps)
+            out[i] += weights[i, j] * v[j]
+    return out, weights
+
+
+def _attend_with(**options):
+    return lambda q, k, v: attend(q, k, v, **options)
+
+
+OVERFLOW = "your softmax overflows on large scores: math.exp of a score above about 709 is too large for a float. Subtract the row's largest score from every score before exp: the weights stay the same, and every exp is at most 1"
+
+# fn(q, k, v) -> (out, weights), for Exercise 3.1 and Exercise 3.2 alike
+ONE_HEAD_MISTAKES = [
+    core.Mistake(
+        "no_scale",
+        "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
+        _attend_with(scale=1.0),
+    ),
+    core.Mistake(
+        "divide_by_d",
+        "you divided the scores by d; divide by sqrt(d)",
+        lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]),
+    ),
+    core.Mistake(
+        "no_mask",
+        "your output matches attention WITHOUT the causal mask: token i also reads the tokens after it. Only j <= i may be read",
+        _attend_with(mask="none"),
+    ),
+    core.Mistake(
+        "mask_off_by_one",
+        "your mask is off by one: each token also sees the NEXT token. Only keys j <= i may be read",
+        _attend_with(mask="off_by_one"),
+    ),
+    core.Mistake(
+        "mask_with_zero",
+        "you set the masked scores to 0, but exp(0) = 1 still gives the future a weight; set them to -inf (float('-inf'))",
+        _attend_with(mask="zero"),
+    ),
+    core.Mistake(
+        "mask_after_softmax",
+        "you zeroed the future weights AFTER the softmax, so each row no longer sums to 1; mask the scores with -inf BEFORE the softmax",
+        _attend_with(mask="after_softmax"),
+    ),
+    core.Mistake(
+        "softmax_over_queries",
+        "your softmax runs over the wrong dimension (over the queries, dim=-2); each query's weights over the keys must sum to 1: softmax(dim=-1)",
+        _attend_with(softmax_dim=-2),
+    ),
+    core.Mistake(
+        "keys_times_queries",
+        "you computed k @ q^T, the scores transposed; row i of the scores must be query i against every key",
+        _attend_with(keys_first=True),
+    ),
+    core.Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
+]
+
+
+def _check_one_head(exercise, fn, cases, large):
+    """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
+    gen = torch.Generator().manual_seed(1)
+    tol = dict(atol=1e-3, rtol=1e-3) if large else dict(atol=1e-4, rtol=1e-4)  # rounding near 750
+    for lead, T, d in cases:
+        q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
+        if large:  # every score 750 more (a shared first feature): exp overflows without the max
+            q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
+        kept = [t.clone() for t in (q, k, v)]
+        try:
+            got = core.call_learner(exercise, fn, q, k, v)
+        except OverflowError:
+            raise core.CheckFailed(exercise, OVERFLOW) from None
+        if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
+            raise core.CheckFailed(exercise, _CHANGED)
+        out, weights = _unpack(exercise, got, 2, "two tensors, (out, weights)")
+        for value in (out, weights):
+            if large and isinstance(value, torch.Tensor) and value.is_floating_point():
+                if not bool(torch.isfinite(value).all()):
+                    raise core.CheckFailed(exercise, OVERFLOW)
+            _no_nan(exercise, value, "your result")
+        what = f"(q, k, v of shape {(*lead, T, d)})"
+        out = core.expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
+        weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
+        q, k, v = q.double(), k.double(), v.double()
+        want_out, want_w = attend(q, k, v)
+        if core.close(out, want_out, **tol) and not core.close(weights, want_w, **tol):
+            raise core.CheckFailed(
+                exercise,
+                "out is right, but the weights you return are not the softmax weights that made it (row i: token i's weights over keys 0..i, zeros after)",
+            )
+        otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
+        mistakes = ONE_HEAD_MISTAKES[:-1]  # the overflow is caught on large scores, above
+        _fail_unless_close(exercise, out, want_out, mistakes, (q, k, v), otherwise, part=0, **tol)
+
+
+def check_attention_with_loops(attention_with_loops) -> None:
+    """`attention_with_loops(q, k, v)`, (T, d) each -> (out (T, d), weights (T, T)): causal attention
+    of one head, also on scores near 750."""
+    _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
+    _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
+    core.passed(
+        EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
+    )
+
+
+def check_causal_attention(causal_attention) -> None:
+    """`causal_attention(q, k, v)`, (..., T, d) each -> (out (..., T, d), weights (..., T, T))."""
+    cases = [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)]
+    _check_one_head(EX_MATRICES, causal_attention, cases, large=False)
+    _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
+    core.passed(
+        EX_MATRICES,
+        "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys",
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 3.3
+
+
+def _saturation(dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, what="weight"):
+    """(variance of the scores, average largest weight); the keyword arguments describe mistakes."""
+    qs, ks = torch.randn(trials, T, dim), torch.randn(trials, T, dim)
+    scores = qs @ ks.transpose(-2, -1)
+    if scaled:
+        scores = scores * (1 / math.sqrt(dim) if scale is None else scale(dim))
+    chosen = scores.softmax(dim=softmax_dim) if what == "weight" else scores
+    return scores.var().item(), chosen.max(dim=-1).values.mean().item()
+
+
+SATURATION_MISTAKES = [
+    core.Mistake(
+        "scaled_by_d",
+        "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance of the scaled scores should come out near 1)",
+        lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d),
+    ),
+    core.Mistake(
+        "largest_score_not_weight",
+        "your second number is the largest SCORE; it should be the largest softmax WEIGHT of a row (softmax over the keys, then max)",
+        lambda dim, scaled: _saturation(dim, scaled, what="score"),
+    ),
+    core.Mistake(
+        "softmax_over_queries",
+        "your softmax runs over the queries (dim=-2); each query's row of weights over the keys sums to 1: softmax(dim=-1)",
+        lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2),
+    ),
+    core.Mistake(
+        "scaling_ignored",
+        "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when scaled is true",
+        lambda dim, scaled: _saturation(dim, False),
+    ),
+]
+
+
+def _near(got, want) -> bool:
+    """Each number within 15% (plus 0.03) of the one wanted: random draws differ."""
+    return all(abs(g - w) <= 0.15 * abs(w) + 0.03 for g, w in zip(got, want))
+
+
+def check_saturation(saturation) -> None:
+    """`saturation(dim, scaled)` -> (variance of the scores, average largest softmax weight), for
+    random queries and keys; compared with the course's numbers within a tolerance."""
+    for dim in (4, 64, 256):
+        for scaled in (False, True):
+            got = core.seeded_call(core.call_learner, EX_SATURATION, saturation, dim, scaled)
+            got = _unpack(EX_SATURATION, got, 2, "two numbers, (variance, largest weight)")
+            try:
+                var, top = (float(g) for g in got)
+            except (TypeError, ValueError):
+                raise core.CheckFailed(
+                    EX_SATURATION, "return two numbers (Python floats, `.item()`)"
+                ) from None
+            want_var, want_top = core.seeded_call(_saturation, dim, scaled, trials=512)
+            if _near((var, top), (want_var, want_top)):
+                continue
+            core.fail_with(
+                EX_SATURATION,
+                SATURATION_MISTAKES,
+                lambda m: _near((var, top), core.seeded_call(m.fn, dim, scaled)),
+                f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}",
+            )
+    core.passed(EX_SATURATION, "variances and largest weights as expected")
+
+
 # --------------------------------------------------------------------------- Exercise 3.4
 
 _BIG = 10.0  # a score gap of 10 after the scaling: e^10 outweighs thousands of other tokens
@@ -129,27 +351,22 @@ def _shift(T, offset):
 PREVIOUS_TOKEN_MISTAKES = [
     core.Mistake(
         "reads_itself",
-        "every token puts its largest weight on ITSELF: query i matches key i. "
-        "Shift by one, so that row i of w_q lines up with row i - 1 of w_k",
+        "every token puts its largest weight on ITSELF: query i matches key i. Shift by one, so that row i of w_q lines up with row i - 1 of w_k",
         lambda T: (_BIG * math.sqrt(T) * torch.eye(T), torch.eye(T)),
     ),
     core.Mistake(
         "reads_the_future",
-        "query i matches key i + 1, a FUTURE token that the causal mask hides, so "
-        "the weights are spread over the past. Shift the other way: i - 1",
+        "query i matches key i + 1, a FUTURE token that the causal mask hides, so the weights are spread over the past. Shift the other way: i - 1",
         lambda T: (_BIG * math.sqrt(T) * _shift(T, 1), torch.eye(T)),
     ),
     core.Mistake(
         "not_peaked",
-        "each token's largest weight is on the previous token, but it is below 0.9: the "
-        "scores are too close together for the softmax. Scale w_q (or w_k) up; remember the scores "
-        "are divided by sqrt(T), and the gap must beat up to T - 1 other tokens",
+        "each token's largest weight is on the previous token, but it is below 0.9: the scores are too close together for the softmax. Scale w_q (or w_k) up; remember the scores are divided by sqrt(T), and the gap must beat up to T - 1 other tokens",
         lambda T: (_shift(T, -1), torch.eye(T)),
     ),
     core.Mistake(
         "reads_the_first_token",
-        "every token puts its largest weight on token 0, the first one: query "
-        "i must match key i - 1, which moves with i",
+        "every token puts its largest weight on token 0, the first one: query i must match key i - 1, which moves with i",
         lambda T: (
             _BIG * math.sqrt(T) * torch.zeros(T, T).index_fill_(1, torch.tensor([0]), 1.0),
             torch.eye(T),
@@ -159,31 +376,27 @@ PREVIOUS_TOKEN_MISTAKES = [
 
 
 def _head_weights(w_q, w_k):
+    """(scores before the mask, causal weights), (T, T) each, for one-hot inputs."""
     T = w_q.shape[0]
     x = torch.eye(T, dtype=torch.float64)
-    scores = (x @ w_q) @ (x @ w_k).T / math.sqrt(T)  # (T, T), before the mask
     weights = attend(x @ w_q, x @ w_k, x, scale=1 / math.sqrt(T))[1]
-    return scores, weights
+    return (x @ w_q) @ (x @ w_k).T / math.sqrt(T), weights
 
 
 def _previous_token_behaviour(scores, weights) -> str | None:
     """Which planted mistake the head behaves like (None: none of them)."""
     T = weights.shape[0]
-    rows = range(2, T)  # queries with a real choice (query 1 sees only 0 and 1)
-    if not rows:
-        return None
+    rows = list(range(2, T))  # queries with a real choice (query 1 sees only 0 and 1)
     best = [int(weights[i, : i + 1].argmax()) for i in rows]
-    if all(int(scores[i].argmax()) == i + 1 for i in range(1, T - 1)) and best != [
-        i - 1 for i in rows
-    ]:
+    previous = [i - 1 for i in rows]
+    if best != previous and all(int(scores[i].argmax()) == i + 1 for i in range(1, T - 1)):
         return "reads_the_future"
-    if best == list(rows):
-        return "reads_itself"
-    if best == [i - 1 for i in rows]:
-        return "not_peaked"
-    if best == [0] * len(best):
-        return "reads_the_first_token"
-    return None
+    behaviours = {
+        tuple(rows): "reads_itself",
+        tuple(previous): "not_peaked",
+        (0,) * len(rows): "reads_the_first_token",
+    }
+    return behaviours.get(tuple(best))
 
 
 def check_previous_token_head(previous_token_head) -> None:
@@ -191,10 +404,7 @@ def check_previous_token_head(previous_token_head) -> None:
     causal attention weight on token i - 1, with one-hot positions as the input."""
     for T in (4, 7, 12):
         got = core.call_learner(EX_PREVIOUS, previous_token_head, T)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                EX_PREVIOUS, f"return two matrices, (w_q, w_k); got {type(got).__name__}"
-            )
+        got = _unpack(EX_PREVIOUS, got, 2, "two matrices, (w_q, w_k)")
         w_q, w_k = (
             core.expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
             for m, name in zip(got, ("w_q", "w_k"))
@@ -203,39 +413,27 @@ def check_previous_token_head(previous_token_head) -> None:
         if not bool(torch.isfinite(weights).all()):
             raise core.CheckFailed(
                 EX_PREVIOUS,
-                f"for T={T} the softmax gives NaN: the scores are too large (or "
-                "infinite); a gap of about 10 after the scaling is plenty",
+                f"for T={T} the softmax gives NaN: the scores are too large (or infinite); a gap of about 10 after the scaling is plenty",
             )
         on_previous = weights.diagonal(offset=-1)  # weights[i, i - 1] for i >= 1
         if bool((on_previous >= 0.9).all()):
             continue
         behaviour = _previous_token_behaviour(scores, weights)
-        found = core.first_mistake(
-            PREVIOUS_TOKEN_MISTAKES, lambda m, seen=behaviour: m.name == seen
-        )
-        if found:
-            raise core.CheckFailed(EX_PREVIOUS, f"for T={T}: {found.message}")
+        if behaviour:
+            message = core.named(PREVIOUS_TOKEN_MISTAKES, behaviour).message
+            raise core.CheckFailed(EX_PREVIOUS, f"for T={T}: {message}")
         worst = int(on_previous.argmin()) + 1
         raise core.CheckFailed(
             EX_PREVIOUS,
-            f"for T={T}, token {worst} puts only {on_previous[worst - 1].item():.4f} of "
-            f"its weight on token {worst - 1} (its largest is on token "
-            f"{int(weights[worst, : worst + 1].argmax())}); row i of w_q dotted with row j of "
-            "w_k must be large only for j = i - 1",
+            f"for T={T}, token {worst} puts only {on_previous[worst - 1].item():.4f} of its weight on token {worst - 1} (its largest is on token {int(weights[worst, : worst + 1].argmax())}); row i of w_q dotted with row j of w_k must be large only for j = i - 1",
         )
     core.passed(EX_PREVIOUS, "every token reads the token before it")
 
 
 # --------------------------------------------------------------------------- Exercise 3.5
 
-TRANSPOSE_1_3 = (
-    "you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the "
-    "T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)"
-)
-NO_HEADS = (
-    "you ran ONE head over all C features: split q, k and v into n_head heads of "
-    "hd = C // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention"
-)
+TRANSPOSE_1_3 = "you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)"
+NO_HEADS = "you ran ONE head over all C features: split q, k and v into n_head heads of hd = C // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention"
 
 
 def _heads(q, k, v, n_head, *, split_fn=split, merge_fn=merge, **attend_kw):
@@ -245,9 +443,13 @@ def _heads(q, k, v, n_head, *, split_fn=split, merge_fn=merge, **attend_kw):
 
 
 def _heads_with(**options):
-    """fn(q, k, v, n_head): multi-head attention built by `_heads` with these options, one
-    planted mistake."""
+    """fn(q, k, v, n_head): `_heads` with these options, one planted mistake."""
     return lambda q, k, v, n_head: _heads(q, k, v, n_head, **options)
+
+
+def _scaled_by(factor):
+    """fn(q, k, v, n_head): `_heads` with the scale factor(C, hd), a wrong-scaling mistake."""
+    return lambda q, k, v, n: _heads(q, k, v, n, scale=factor(q.shape[-1], q.shape[-1] // n))
 
 
 def _split_without_transpose(x, n_head):
@@ -272,38 +474,26 @@ def _merge_interleaved(y):
 
 def _transpose_1_3(q, k, v, n_head):
     B, T, C = q.shape
-    parts = [
-        t.reshape(B, T, n_head, C // n_head).transpose(1, 3) for t in (q, k, v)
-    ]  # (B, hd, nh, T)
-    y, weights = attend(*parts, scale=1 / math.sqrt(C // n_head))
+    parts = [t.reshape(B, T, n_head, C // n_head).transpose(1, 3) for t in (q, k, v)]
+    y, weights = attend(*parts, scale=1 / math.sqrt(C // n_head))  # heads of (B, hd, nh, T)
     return y.transpose(1, 3).reshape(B, T, C), weights
-
-
-def _scaled_by(factor):
-    """A scale computed from q's (B, T, C) shape and n_head, for the wrong-scaling mistakes."""
-    return lambda q, k, v, n_head: _heads(
-        q, k, v, n_head, scale=factor(q.shape[-1], q.shape[-1] // n_head)
-    )
 
 
 # fn(q, k, v, n_head) -> (y, weights) of that wrong answer
 MULTI_HEAD_MISTAKES = [
     core.Mistake(
         "no_mask",
-        "your output matches attention WITHOUT the causal mask: future tokens leak in. Set "
-        "the scores above the diagonal to -inf before the softmax",
+        "your output matches attention WITHOUT the causal mask: future tokens leak in. Set the scores above the diagonal to -inf before the softmax",
         _heads_with(mask="none"),
     ),
     core.Mistake(
         "no_scale",
-        "your scores are not divided by sqrt(hd): divide each head's q @ k^T by "
-        "math.sqrt(hd), hd = C // n_head",
+        "your scores are not divided by sqrt(hd): divide each head's q @ k^T by math.sqrt(hd), hd = C // n_head",
         _scaled_by(lambda C, hd: 1.0),
     ),
     core.Mistake(
         "scale_by_sqrt_C",
-        "you divided the scores by sqrt(C); each head's scores are divided by "
-        "sqrt(hd), the size of ONE head's q and k (hd = C // n_head)",
+        "you divided the scores by sqrt(C); each head's scores are divided by sqrt(hd), the size of ONE head's q and k (hd = C // n_head)",
         _scaled_by(lambda C, hd: 1 / math.sqrt(C)),
     ),
     core.Mistake(
@@ -318,89 +508,57 @@ MULTI_HEAD_MISTAKES = [
     ),
     core.Mistake(
         "softmax_over_queries",
-        "your softmax runs over the wrong dimension (over the queries, dim=-2); "
-        "each query's weights over the keys must sum to 1: softmax(dim=-1)",
+        "your softmax runs over the wrong dimension (over the queries, dim=-2); each query's weights over the keys must sum to 1: softmax(dim=-1)",
         _heads_with(softmax_dim=-2),
     ),
     core.Mistake(
         "mask_after_softmax",
-        "you zeroed the future weights AFTER the softmax, so each row no longer "
-        "sums to 1; mask the scores with -inf BEFORE the softmax",
+        "you zeroed the future weights AFTER the softmax, so each row no longer sums to 1; mask the scores with -inf BEFORE the softmax",
         _heads_with(mask="after_softmax"),
     ),
     core.Mistake(
         "mask_with_zero",
-        "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
-        "weight; set them to -inf (float('-inf'))",
+        "you set the masked scores to 0, but exp(0) = 1 still gives the future a weight; set them to -inf (float('-inf'))",
         _heads_with(mask="zero"),
     ),
     core.Mistake(
         "mask_off_by_one",
-        "your mask is off by one: each token also sees the NEXT token. Hide every "
-        "key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
+        "your mask is off by one: each token also sees the NEXT token. Hide every key j > i (torch.triu(..., diagonal=1)); only j <= i stays visible",
         _heads_with(mask="off_by_one"),
     ),
     core.Mistake(
         "anti_causal_mask",
-        "your mask is upside down: each token sees the future and not the past. "
-        "Keep the lower triangle (torch.tril), hide the upper one",
+        "your mask is upside down: each token sees the future and not the past. Keep the lower triangle (torch.tril), hide the upper one",
         _heads_with(mask="anti"),
     ),
     core.Mistake(
         "keys_times_queries",
-        "you computed k @ q^T, the scores transposed; row i of the scores must be "
-        "query i against every key: q @ k.transpose(-2, -1)",
+        "you computed k @ q^T, the scores transposed; row i of the scores must be query i against every key: q @ k.transpose(-2, -1)",
         _heads_with(keys_first=True),
     ),
     core.Mistake(
         "split_without_transpose",
-        "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right "
-        "but that cuts the sequence, not each token's features, into heads. Use "
-        ".view(B, T, nh, hd).transpose(1, 2)",
+        "you reshaped (B, T, C) straight to (B, nh, T, hd): the shape is right but that cuts the sequence, not each token's features, into heads. Use .view(B, T, nh, hd).transpose(1, 2)",
         _heads_with(split_fn=_split_without_transpose),
     ),
     core.Mistake(
         "split_interleaved",
-        "your heads take every nh-th feature (interleaved); head h must get the "
-        "consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
+        "your heads take every nh-th feature (interleaved); head h must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
         _heads_with(split_fn=_split_interleaved),
     ),
     core.Mistake(
         "merge_without_transpose",
-        "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together "
-        "different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
+        "you reshaped (B, nh, T, hd) straight to (B, T, C): that glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first, then reshape",
         _heads_with(merge_fn=_merge_without_transpose),
     ),
     core.Mistake(
         "merge_interleaved",
-        "your features come out interleaved (feature 0 of every head, then feature "
-        "1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then "
-        "reshape(B, T, C)",
+        "your features come out interleaved (feature 0 of every head, then feature 1, ...); head 0's hd features come first, then head 1's: y.transpose(1, 2) then reshape(B, T, C)",
         _heads_with(merge_fn=_merge_interleaved),
     ),
     core.Mistake("transpose_1_3", TRANSPOSE_1_3, _transpose_1_3),
     core.Mistake("no_heads", NO_HEADS, lambda q, k, v, n: attend(q, k, v)),
 ]
-
-
-def _view_hint(exercise: str, exc: RuntimeError):
-    if "view size is not compatible" in str(exc):
-        raise core.CheckFailed(
-            exercise,
-            "`.view` failed: after a transpose (and for slices of a bigger tensor, as in the model) the "
-            "tensor is not contiguous in memory. Use `.reshape(...)`, or `.contiguous().view(...)`",
-        ) from None
-    raise exc
-
-
-def _no_nan(exercise: str, got, what: str) -> None:
-    if isinstance(got, torch.Tensor) and got.is_floating_point() and bool(torch.isnan(got).any()):
-        raise core.CheckFailed(
-            exercise,
-            f"{what} contains NaN: some row of scores is entirely -inf, so the softmax "
-            "divides 0 by 0. Each token must see at least itself: keep the diagonal visible "
-            "(hide only j > i: torch.triu(..., diagonal=1))",
-        )
 
 
 def check_multi_head_attention(multi_head_attention) -> None:
@@ -410,69 +568,28 @@ def check_multi_head_attention(multi_head_attention) -> None:
         hd = C // nh
         qkv = torch.randn(B, T, 3 * C, generator=gen)
         q, k, v = qkv.split(C, dim=2)  # slices of one tensor, as in the model: not contiguous
-        try:
-            got = core.call_learner(EX_MULTI, multi_head_attention, q, k, v, nh)
-        except RuntimeError as exc:
-            _view_hint(EX_MULTI, exc)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                EX_MULTI, f"return two tensors, (y, weights); got {type(got).__name__}"
-            )
-        y, weights = got
+        got = _call(EX_MULTI, multi_head_attention, q, k, v, nh)
+        y, weights = _unpack(EX_MULTI, got, 2, "two tensors, (y, weights)")
         _no_nan(EX_MULTI, y, "your output")
-        y = core.expect_tensor(
-            EX_MULTI,
-            y,
-            (B, T, C),
-            what=f"your y (B={B}, T={T}, C={C}, n_head={nh})",
-            hints={
-                (B, nh, T, hd): "that is (B, nh, T, hd): merge the heads back, "
-                "transpose(1, 2) then reshape(B, T, C)"
-            },
-        )
+        hint = "that is (B, nh, T, hd): merge the heads back, transpose(1, 2) then reshape(B, T, C)"
+        what = f"your y (B={B}, T={T}, C={C}, n_head={nh})"
+        y = core.expect_tensor(EX_MULTI, y, (B, T, C), what=what, hints={(B, nh, T, hd): hint})
         _no_nan(EX_MULTI, weights, "your weights")
+        output = "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)"
+        hints = {(B, hd, nh, nh): TRANSPOSE_1_3, (B, T, T): NO_HEADS, (B, nh, T, hd): output}
         weights = core.expect_tensor(
-            EX_MULTI,
-            weights,
-            (B, nh, T, T),
-            what="your weights",
-            hints={
-                (B, hd, nh, nh): TRANSPOSE_1_3,
-                (B, T, T): NO_HEADS,
-                (
-                    B,
-                    nh,
-                    T,
-                    hd,
-                ): "that is the shape of the heads' OUTPUT; return the softmax weights, (B, nh, T, T)",
-            },
+            EX_MULTI, weights, (B, nh, T, T), what="your weights", hints=hints
         )
         want_y, want_w = _heads(q, k, v, nh)
-        if core.close(y, want_y) and core.close(weights, want_w):
-            continue
-        found = core.first_mistake(
-            MULTI_HEAD_MISTAKES,
-            lambda m, y=y, q=q, k=k, v=v, nh=nh: core.close(y, m.fn(q, k, v, nh)[0]),
-        )
-        if found:
-            raise core.CheckFailed(EX_MULTI, found.message)
-        if core.close(y, want_y):
+        if core.close(y, want_y) and not core.close(weights, want_w):
             if torch.allclose(weights.sum(-1), torch.ones(()).double(), atol=1e-5):
-                raise core.CheckFailed(
-                    EX_MULTI,
-                    "y is right, but the weights you return are not the ones that "
-                    "made it: return the softmax of the masked, scaled scores",
-                )
-            raise core.CheckFailed(
-                EX_MULTI,
-                "y is right, but the rows of your weights do not sum to 1: return "
-                "the weights after the softmax, not the scores",
-            )
-        raise core.CheckFailed(
-            EX_MULTI,
-            f"the shapes are right but y differs from causal multi-head attention "
-            f"(B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) "
-            "with the future masked) @ v per head, merge",
+                why = "y is right, but the weights you return are not the ones that made it: return the softmax of the masked, scaled scores"
+            else:
+                why = "y is right, but the rows of your weights do not sum to 1: return the weights after the softmax, not the scores"
+            raise core.CheckFailed(EX_MULTI, why)
+        otherwise = f"the shapes are right but y differs from causal multi-head attention (B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) with the future masked) @ v per head, merge"
+        _fail_unless_close(
+            EX_MULTI, y, want_y, MULTI_HEAD_MISTAKES, (q, k, v, nh), otherwise, part=0
         )
     core.passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
 
@@ -484,15 +601,13 @@ def _gpt2_attention(
     x, w, n_head, *, order="qkv", split_dim_wrong=False, heads=True, c_proj=True, resid_p=0.0
 ):
     """GPT-2 attention from its four tensors (weights [in, out]), then resid dropout with resid_p.
-
     The arguments other than the defaults describe known wrong versions."""
     B, T, C = x.shape
     qkv = x @ w["c_attn.weight"] + w["c_attn.bias"]  # (B, T, 3C)
-    parts = (
-        [qkv.reshape(B, T, C, 3)[..., i] for i in range(3)]
-        if split_dim_wrong
-        else list(qkv.split(C, dim=2))
-    )
+    if split_dim_wrong:
+        parts = [qkv.reshape(B, T, C, 3)[..., i] for i in range(3)]
+    else:
+        parts = list(qkv.split(C, dim=2))
     q, k, v = (parts["qkv".index(name)] for name in order)
     y = _heads(q, k, v, n_head)[0] if heads else attend(q, k, v)[0]  # (B, T, C)
     if c_proj:
@@ -500,13 +615,11 @@ def _gpt2_attention(
     return F.dropout(y, resid_p) if resid_p else y
 
 
-# fn(x, weights by parameter name, n_head, resid_p) -> output of that wrong answer; resid_p is
 # the residual dropout of the mode the check runs in (0 in eval)
 MODULE_MISTAKES = [
     core.Mistake(
         "qkv_order_kqv",
-        "you took k, q, v from c_attn's output; it holds q, then k, then v "
-        "(split(n_embd, dim=2) returns them in that order)",
+        "you took k, q, v from c_attn's output; it holds q, then k, then v (split(n_embd, dim=2) returns them in that order)",
         lambda x, w, n, p: _gpt2_attention(x, w, n, order="kqv", resid_p=p),
     ),
     core.Mistake(
@@ -521,8 +634,7 @@ MODULE_MISTAKES = [
     ),
     core.Mistake(
         "qkv_split_wrong_dim",
-        "you split c_attn's output the wrong way; q, k and v are the three "
-        "n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
+        "you split c_attn's output the wrong way; q, k and v are the three n_embd-wide slices of the last dimension: split(n_embd, dim=2)",
         lambda x, w, n, p: _gpt2_attention(x, w, n, split_dim_wrong=True, resid_p=p),
     ),
     core.Mistake(
@@ -540,14 +652,14 @@ MODULE_MISTAKES = [
     ),
     core.Mistake(
         "no_resid_dropout",
-        "in train() mode your output has no residual dropout: return "
-        "self.resid_dropout(self.c_proj(...)); it acts in training only",
+        "in train() mode your output has no residual dropout: return self.resid_dropout(self.c_proj(...)); it acts in training only",
         lambda x, w, n, p: _gpt2_attention(x, w, n),
     ),
 ]
 
 
 def _build(attention_cls, config):
+    """The learner's module, its parameters by name and the shapes they must have."""
     module = core.call_learner(EX_MODULE, attention_cls, config)
     if not isinstance(module, nn.Module):
         raise core.CheckFailed(
@@ -566,28 +678,30 @@ def _build(attention_cls, config):
         if name not in params:
             raise core.CheckFailed(
                 EX_MODULE,
-                f"no parameter named {name}; keep self.c_attn = Conv1D(n_embd, "
-                f"3 * n_embd) and self.c_proj = Conv1D(n_embd, n_embd) (found: {', '.join(params) or 'none'})",
+                f"no parameter named {name}; keep self.c_attn = Conv1D(n_embd, 3 * n_embd) and self.c_proj = Conv1D(n_embd, n_embd) (found: {', '.join(params) or 'none'})",
             )
-        if tuple(params[name].shape) != shape:
-            flipped = (
-                " (that is [out, in], like nn.Linear; GPT-2 stores [in, out]: use Conv1D)"
-                if tuple(params[name].shape) == shape[::-1]
-                else ""
-            )
+        got = tuple(params[name].shape)
+        if got != shape:
+            flipped = " (that is [out, in], like nn.Linear; GPT-2 stores [in, out]: use Conv1D)"
             raise core.CheckFailed(
                 EX_MODULE,
-                f"{name} has shape {tuple(params[name].shape)}, expected {shape}{flipped}",
+                f"{name} has shape {got}, expected {shape}{flipped if got == shape[::-1] else ''}",
             )
     return module, params, expected
 
 
 def _run(module, x, **kwargs):
+    """module.forward(x, **kwargs), seeded (forward: its signature is the learner's)."""
+    return core.seeded_call(_call, EX_MODULE, module.forward, x, **kwargs)
+
+
+def _hooked(module, x, hook):
+    """_run(module, x) with `hook` listening at module.hook_pattern."""
+    handle = module.hook_pattern.register_forward_hook(hook)
     try:
-        # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
-        return core.seeded_call(core.call_learner, EX_MODULE, module.forward, x, **kwargs)
-    except RuntimeError as exc:
-        _view_hint(EX_MODULE, exc)
+        return _run(module, x)
+    finally:
+        handle.remove()
 
 
 def check_causal_self_attention(attention_cls) -> None:
@@ -599,148 +713,87 @@ def check_causal_self_attention(attention_cls) -> None:
 
 
 def _check_causal_self_attention(attention_cls) -> None:
-    from gpt2lib.chapters.config import GPT2Config
-
     p = 0.5  # residual dropout in the train-mode run
-    sizes = dict(
-        vocab_size=32,
-        n_positions=16,
-        n_embd=12,
-        n_head=3,
-        n_layer=1,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    config = GPT2Config(**sizes, resid_pdrop=p)
-    nh = config.n_head
+    config = core.tiny_config(vocab_size=32, n_embd=12, n_head=3, resid_pdrop=p)
+    C, nh = config.n_embd, config.n_head
     module, params, expected = _build(attention_cls, config)
     gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # weights large enough that attention is far from uniform
-        w = {
-            name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
-            for name, shape in expected.items()
-        }
+    w = {  # weights large enough that attention is far from uniform
+        name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
+        for name, shape in expected.items()
+    }
+    with torch.no_grad():
         for name, value in w.items():
             params[name].copy_(value)
 
     module.eval()
     for B, T in ((2, 5), (1, 7)):
-        x = torch.randn(B, T, config.n_embd, generator=gen)
-        got = core.expect_tensor(
-            EX_MODULE, _run(module, x), (B, T, config.n_embd), what="your output"
-        )
-        if core.close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
-            continue
-        found = core.first_mistake(
-            MODULE_MISTAKES,
-            lambda m, got=got, x=x: core.close(
-                got, core.seeded_call(m.fn, x, w, nh, 0.0), rtol=1e-4
-            ),
-        )
-        if found:
-            raise core.CheckFailed(EX_MODULE, found.message)
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"the shape is right but the output differs from GPT-2's attention "
-            f"(B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> "
-            "merge -> c_proj -> resid_dropout",
+        x = torch.randn(B, T, C, generator=gen)
+        got = core.expect_tensor(EX_MODULE, _run(module, x), (B, T, C), what="your output")
+        otherwise = f"the shape is right but the output differs from GPT-2's attention (B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> merge -> c_proj -> resid_dropout"
+        want = _gpt2_attention(x, w, nh)
+        _fail_unless_close(
+            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, 0.0), otherwise, rtol=1e-4
         )
 
     # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
-    x = torch.randn(2, 7, config.n_embd, generator=gen)
-    cache = ListCache()
-    pieces = [_run(module, x[:, a:b], kv_cache=cache) for a, b in ((0, 4), (4, 6), (6, 7))]
-    pieces = [
-        core.expect_tensor(
-            EX_MODULE, piece, (2, b - a, config.n_embd), what="your output with a kv_cache"
-        )
-        for piece, (a, b) in zip(pieces, ((0, 4), (4, 6), (6, 7)))
-    ]
-    if cache.position != 7 or not core.close(
-        torch.cat(pieces, dim=1), _gpt2_attention(x, w, nh), rtol=1e-4
-    ):
+    x, cache, pieces = torch.randn(2, 7, C, generator=gen), ListCache(), []
+    for a, b in ((0, 4), (4, 6), (6, 7)):
+        got = _run(module, x[:, a:b], kv_cache=cache)
+        what = "your output with a kv_cache"
+        pieces.append(core.expect_tensor(EX_MODULE, got, (2, b - a, C), what=what))
+    whole = _gpt2_attention(x, w, nh)
+    if cache.position != 7 or not core.close(torch.cat(pieces, dim=1), whole, rtol=1e-4):
         raise core.CheckFailed(
             EX_MODULE,
-            "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer "
-            "does not give the output of the whole sequence; pass the heads' k and v, "
-            "(B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
+            "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer does not give the output of the whole sequence; pass the heads' k and v, (B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
         )
 
-    # train mode: residual dropout after c_proj, drawn with the check's seed
+    # train mode: residual dropout after c_proj, drawn with the check's seed or with its own
     module.train()
-    x = torch.randn(4, 6, config.n_embd, generator=gen)
+    x = torch.randn(4, 6, C, generator=gen)
     got = core.expect_tensor(
         EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
     )
-    if not core.close(got, core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p), rtol=1e-4):
-        no_dropout = _gpt2_attention(x, w, nh)
-        kept = got != 0
-        fraction_zeroed = 1 - kept.double().mean().item()
-        # dropout drawn another way (its own random numbers) is still right
-        if not (
-            0.3 < fraction_zeroed < 0.7
-            and core.close(got[kept], no_dropout[kept] / (1 - p), rtol=1e-4)
-        ):
-            found = core.first_mistake(
-                MODULE_MISTAKES,
-                lambda m: core.close(got, core.seeded_call(m.fn, x, w, nh, p), rtol=1e-4),
-            )
-            if found:
-                raise core.CheckFailed(EX_MODULE, found.message)
-            raise core.CheckFailed(
-                EX_MODULE,
-                "in eval() mode your layer is right, but in train() mode it is not the layer "
-                "followed by residual dropout: return self.resid_dropout(self.c_proj(...))",
-            )
-    module.eval()
-    x = torch.randn(2, 5, config.n_embd, generator=gen)
+    if not _dropout_of(got, _gpt2_attention(x, w, nh), p, rtol=1e-4):
+        otherwise = "in eval() mode your layer is right, but in train() mode it is not the layer followed by residual dropout: return self.resid_dropout(self.c_proj(...))"
+        want = core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p)
+        _fail_unless_close(
+            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, p), otherwise, rtol=1e-4
+        )
 
     # a hook listening at hook_pattern (chapter 8): the pattern goes through it, the output stays
-    hook_point = getattr(module, "hook_pattern", None)
-    if not isinstance(hook_point, torch.nn.Module):
+    module.eval()
+    x = torch.randn(2, 5, C, generator=gen)
+    if not isinstance(getattr(module, "hook_pattern", None), nn.Module):
         raise core.CheckFailed(
             EX_MODULE,
-            "the layer has no hook point `hook_pattern`: keep the given line "
-            "`self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
+            "the layer has no hook point `hook_pattern`: keep the given line `self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
         )
     seen = []
-    handle = hook_point.register_forward_hook(lambda m, a, out: seen.append(out))
-    try:
-        got = _run(module, x)
-    finally:
-        handle.remove()
-    want = _gpt2_attention(x, w, nh)
-    if len(seen) != 1 or not core.close(got, want, rtol=1e-4):
+    got = _hooked(module, x, lambda m, a, out: seen.append(out))
+    if len(seen) != 1 or not core.close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
         raise core.CheckFailed(
             EX_MODULE,
-            "with a hook listening at hook_pattern the layer gives another output than without "
-            "one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
+            "with a hook listening at hook_pattern the layer gives another output than without one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
         )
-    qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(config.n_embd, dim=2)
+    qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(C, dim=2)
     pattern = attend(*(split(t, nh) for t in qkv))[1]  # (B, nh, T, T)
     if not isinstance(seen[0], torch.Tensor) or not core.close(seen[0], pattern, rtol=1e-4):
         raise core.CheckFailed(
             EX_MODULE,
-            "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass "
-            "attention_pattern(q, k, visible) through it, with q and k split into heads",
+            "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass attention_pattern(q, k, visible) through it, with q and k split into heads",
         )
     # a hook that replaces the pattern (chapter 8's ablations): the output must follow it
-    handle = hook_point.register_forward_hook(lambda m, a, out: torch.zeros_like(out))
-    try:
-        got = _run(module, x)
-    finally:
-        handle.remove()
+    got = _hooked(module, x, lambda m, a, out: torch.zeros_like(out))
     if not core.close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
         raise core.CheckFailed(
             EX_MODULE,
-            "a hook that replaces the pattern does not change your output: use what "
-            "self.hook_pattern(...) returns, times v",
+            "a hook that replaces the pattern does not change your output: use what self.hook_pattern(...) returns, times v",
         )
-
     core.passed(
         EX_MODULE,
-        "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the "
-        "pattern through its hook point",
+        "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the pattern through its hook point",
     )
 
 
@@ -748,15 +801,12 @@ def _check_causal_self_attention(attention_cls) -> None:
 SPLIT_MISTAKES = [
     core.Mistake(
         "split_without_transpose",
-        "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the "
-        "shape is right but that cuts the sequence, not each token's features, into heads. View as "
-        "(B, T, nh, hd), then transpose(1, 2)",
+        "your split_heads reshapes (B, T, C) straight to (B, nh, T, hd): the shape is right but that cuts the sequence, not each token's features, into heads. View as (B, T, nh, hd), then transpose(1, 2)",
         _split_without_transpose,
     ),
     core.Mistake(
         "split_interleaved",
-        "your split_heads gives head h every nh-th feature (interleaved); head h "
-        "must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
+        "your split_heads gives head h every nh-th feature (interleaved); head h must get the consecutive features h*hd ... (h+1)*hd - 1: view as (B, T, nh, hd), not (B, T, hd, nh)",
         _split_interleaved,
     ),
     core.Mistake(
@@ -768,14 +818,12 @@ SPLIT_MISTAKES = [
 MERGE_MISTAKES = [
     core.Mistake(
         "merge_without_transpose",
-        "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that "
-        "glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
+        "your merge_heads reshapes (B, nh, T, hd) straight to (B, T, C): that glues together different time steps of one head. transpose(1, 2) to (B, T, nh, hd) first",
         _merge_without_transpose,
     ),
     core.Mistake(
         "merge_interleaved",
-        "your merge_heads interleaves the heads (feature 0 of every head, then "
-        "feature 1, ...); head 0's hd features come first, then head 1's",
+        "your merge_heads interleaves the heads (feature 0 of every head, then feature 1, ...); head 0's hd features come first, then head 1's",
         _merge_interleaved,
     ),
 ]
@@ -786,325 +834,39 @@ def check_split_merge(split_heads, merge_heads) -> None:
     `merge_heads(y)`: its inverse. Tried on slices of a bigger tensor (not contiguous)."""
     gen = torch.Generator().manual_seed(3)
     for B, T, C, nh in ((2, 5, 12, 3), (1, 4, 8, 4)):
-        x = torch.randn(B, T, 3 * C, generator=gen)[
-            ..., C : 2 * C
-        ]  # a slice, as c_attn's split gives
-        try:
-            got = core.call_learner(EX_MODULE, split_heads, x, nh)
-        except RuntimeError as exc:
-            _view_hint(EX_MODULE, exc)
-        got = core.expect_tensor(
-            EX_MODULE,
-            got,
-            (B, nh, T, C // nh),
-            what=f"split_heads(x (B={B}, T={T}, C={C}), {nh})",
-            hints={
-                (B, T, nh, C // nh): "that is (B, T, nh, hd): transpose(1, 2) to put the "
-                "heads before the time steps",
-                (B, C // nh, nh, T): TRANSPOSE_1_3,
-            },
-        )
-        if not core.close(got, split(x, nh)):
-            found = core.first_mistake(SPLIT_MISTAKES, lambda m: core.close(got, m.fn(x, nh)))
-            raise core.CheckFailed(
-                EX_MODULE,
-                found.message
-                if found
-                else "split_heads puts the wrong numbers in "
-                "the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]",
-            )
+        hd = C // nh
+        x = torch.randn(B, T, 3 * C, generator=gen)[..., C : 2 * C]  # as c_attn's split gives
+        swapped = "that is (B, T, nh, hd): transpose(1, 2) to put the heads before the time steps"
+        hints = {(B, T, nh, hd): swapped, (B, hd, nh, T): TRANSPOSE_1_3}
+        got = _call(EX_MODULE, split_heads, x, nh)
+        what = f"split_heads(x (B={B}, T={T}, C={C}), {nh})"
+        got = core.expect_tensor(EX_MODULE, got, (B, nh, T, hd), what=what, hints=hints)
+        otherwise = "split_heads puts the wrong numbers in the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]"
+        _fail_unless_close(EX_MODULE, got, split(x, nh), SPLIT_MISTAKES, (x, nh), otherwise)
         heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
-        try:
-            back = core.call_learner(EX_MODULE, merge_heads, heads)
-        except RuntimeError as exc:
-            _view_hint(EX_MODULE, exc)
+        back = _call(EX_MODULE, merge_heads, heads)
         back = core.expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
-        if not core.close(back, x):
-            found = core.first_mistake(MERGE_MISTAKES, lambda m: core.close(back, m.fn(heads)))
-            raise core.CheckFailed(
-                EX_MODULE,
-                found.message
-                if found
-                else "merge_heads(split_heads(x)) is not x: merge must undo the split exactly",
-            )
+        otherwise = "merge_heads(split_heads(x)) is not x: merge must undo the split exactly"
+        _fail_unless_close(EX_MODULE, back, x, MERGE_MISTAKES, (heads,), otherwise)
     core.passed(
         EX_MODULE + ", split_heads and merge_heads",
         "consecutive features per head, merged back in order",
     )
 
 
-# --------------------------------------------------------------------------- Exercise 3.1
-
-
-def _loops_without_max(q, k, v):
-    """A loops answer whose softmax takes exp of the raw scores: it overflows on large scores."""
-    T, d = q.shape
-    out, weights = torch.zeros(T, v.shape[1]), torch.zeros(T, T)
-    for i in range(T):
-        exps = [math.exp(float(q[i] @ k[j]) / math.sqrt(d)) for j in range(i + 1)]
-        for j in range(i + 1):
-            weights[i, j] = exps[j] / sum(exps)
-            out[i] += weights[i, j] * v[j]
-    return out, weights
-
-
-def _attend_with(**options):
-    return lambda q, k, v: attend(q, k, v, **options)
-
-
-OVERFLOW = (
-    "your softmax overflows on large scores: math.exp of a score above about 709 is too large "
-    "for a float. Subtract the row's largest score from every score before exp: the weights "
-    "stay the same, and every exp is at most 1"
-)
-
-# fn(q, k, v) -> (out, weights), for Exercise 3.1 and Exercise 3.2 alike
-ONE_HEAD_MISTAKES = [
-    core.Mistake(
-        "no_scale",
-        "your scores are not divided by sqrt(d): divide q[i] . k[j] by math.sqrt(d)",
-        _attend_with(scale=1.0),
-    ),
-    core.Mistake(
-        "divide_by_d",
-        "you divided the scores by d; divide by sqrt(d)",
-        lambda q, k, v: attend(q, k, v, scale=1 / q.shape[-1]),
-    ),
-    core.Mistake(
-        "no_mask",
-        "your output matches attention WITHOUT the causal mask: token i also reads the tokens "
-        "after it. Only j <= i may be read",
-        _attend_with(mask="none"),
-    ),
-    core.Mistake(
-        "mask_off_by_one",
-        "your mask is off by one: each token also sees the NEXT token. Only keys "
-        "j <= i may be read",
-        _attend_with(mask="off_by_one"),
-    ),
-    core.Mistake(
-        "mask_with_zero",
-        "you set the masked scores to 0, but exp(0) = 1 still gives the future a "
-        "weight; set them to -inf (float('-inf'))",
-        _attend_with(mask="zero"),
-    ),
-    core.Mistake(
-        "mask_after_softmax",
-        "you zeroed the future weights AFTER the softmax, so each row no longer "
-        "sums to 1; mask the scores with -inf BEFORE the softmax",
-        _attend_with(mask="after_softmax"),
-    ),
-    core.Mistake(
-        "softmax_over_queries",
-        "your softmax runs over the wrong dimension (over the queries, dim=-2); "
-        "each query's weights over the keys must sum to 1: softmax(dim=-1)",
-        _attend_with(softmax_dim=-2),
-    ),
-    core.Mistake(
-        "keys_times_queries",
-        "you computed k @ q^T, the scores transposed; row i of the scores must be "
-        "query i against every key",
-        _attend_with(keys_first=True),
-    ),
-    core.Mistake("softmax_overflows", OVERFLOW, _loops_without_max),
-]
-
-
-_CHANGED = (
-    "your function changed its input tensors in place (masked_fill_, +=, ...): compute new ones"
-)
-
-
-def _check_one_head(exercise, fn, cases, large):
-    """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
-    gen = torch.Generator().manual_seed(1)
-    for lead, T, d in cases:
-        q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
-        if large:  # every score 750 more (a shared first feature): exp overflows unless the max is taken out
-            q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
-        kept = [t.clone() for t in (q, k, v)]
-        try:
-            got = core.call_learner(exercise, fn, q, k, v)
-        except OverflowError:
-            raise core.CheckFailed(exercise, OVERFLOW) from None
-        if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
-            raise core.CheckFailed(exercise, _CHANGED)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                exercise, f"return two tensors, (out, weights); got {type(got).__name__}"
-            )
-        out, weights = got
-        for value in (out, weights):
-            if (
-                isinstance(value, torch.Tensor)
-                and value.is_floating_point()
-                and not bool(torch.isfinite(value).all())
-            ):
-                if large:
-                    raise core.CheckFailed(exercise, OVERFLOW)
-                _no_nan(exercise, value, "your result")
-        what = f"(q, k, v of shape {(*lead, T, d)})"
-        out = core.expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
-        weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
-        want_out, want_w = attend(q.double(), k.double(), v.double())
-        tol = 1e-3 if large else 1e-4  # float32 rounding of scores near 750
-        if core.close(out, want_out, atol=tol, rtol=tol) and core.close(
-            weights, want_w, atol=tol, rtol=tol
-        ):
-            continue
-        found = core.first_mistake(
-            ONE_HEAD_MISTAKES[:-1],
-            lambda m, q=q, k=k, v=v, out=out: core.close(
-                out, m.fn(q.double(), k.double(), v.double())[0], atol=tol, rtol=tol
-            ),
-        )
-        if found:
-            raise core.CheckFailed(exercise, found.message)
-        if core.close(out, want_out, atol=tol, rtol=tol):
-            raise core.CheckFailed(
-                exercise,
-                "out is right, but the weights you return are not the softmax weights "
-                "that made it (row i: token i's weights over keys 0..i, zeros after)",
-            )
-        raise core.CheckFailed(
-            exercise,
-            f"your out differs from causal attention {what}: weights = softmax over "
-            "j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]",
-        )
-
-
-def check_attention_with_loops(attention_with_loops) -> None:
-    """`attention_with_loops(q, k, v)`, (T, d) each -> (out (T, d), weights (T, T)): causal attention
-    of one head, also on scores near 750."""
-    _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
-    _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
-    core.passed(
-        EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
-    )
-
-
-def check_causal_attention(causal_attention) -> None:
-    """`causal_attention(q, k, v)`, (..., T, d) each -> (out (..., T, d), weights (..., T, T))."""
-    _check_one_head(
-        EX_MATRICES, causal_attention, [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)], large=False
-    )
-    _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
-    core.passed(
-        EX_MATRICES,
-        "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys",
-    )
-
-
-# --------------------------------------------------------------------------- Exercise 3.3
-
-
-def _saturation(
-    dim, scaled, trials=128, T=16, *, scale=None, softmax_dim=-1, reduce_dim=-1, what="weight"
-):
-    """(variance of the scores, average largest weight); the keyword arguments describe mistakes."""
-    qs, ks = torch.randn(trials, T, dim), torch.randn(trials, T, dim)
-    scores = qs @ ks.transpose(-2, -1)
-    if scaled:
-        scores = scores * (1 / math.sqrt(dim) if scale is None else scale(dim))
-    chosen = scores.softmax(dim=softmax_dim) if what == "weight" else scores
-    return scores.var().item(), chosen.max(dim=reduce_dim).values.mean().item()
-
-
-SATURATION_MISTAKES = [
-    core.Mistake(
-        "scaled_by_d",
-        "with scaled=True you divided the scores by dim; divide by sqrt(dim) (the variance "
-        "of the scaled scores should come out near 1)",
-        lambda dim, scaled: _saturation(dim, scaled, scale=lambda d: 1 / d),
-    ),
-    core.Mistake(
-        "largest_score_not_weight",
-        "your second number is the largest SCORE; it should be the largest "
-        "softmax WEIGHT of a row (softmax over the keys, then max)",
-        lambda dim, scaled: _saturation(dim, scaled, what="score"),
-    ),
-    core.Mistake(
-        "softmax_over_queries",
-        "your softmax runs over the queries (dim=-2); each query's row of "
-        "weights over the keys sums to 1: softmax(dim=-1)",
-        lambda dim, scaled: _saturation(dim, scaled, softmax_dim=-2),
-    ),
-    core.Mistake(
-        "scaling_ignored",
-        "your numbers do not change with `scaled`: divide the scores by sqrt(dim) when "
-        "scaled is true",
-        lambda dim, scaled: _saturation(dim, False),
-    ),
-]
-
-
-def check_saturation(saturation) -> None:
-    """`saturation(dim, scaled)` -> (variance of the scores, average largest softmax weight), for random
-    queries and keys; compared with the course's numbers within a tolerance (random draws differ)."""
-    for dim in (4, 64, 256):
-        for scaled in (False, True):
-            got = core.seeded_call(core.call_learner, EX_SATURATION, saturation, dim, scaled)
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                raise core.CheckFailed(
-                    EX_SATURATION,
-                    f"return two numbers, (variance, largest weight); got {type(got).__name__}",
-                )
-            try:
-                var, top = (float(g) for g in got)
-            except (TypeError, ValueError):
-                raise core.CheckFailed(
-                    EX_SATURATION, "return two numbers (Python floats, `.item()`)"
-                ) from None
-            want_var, want_top = core.seeded_call(_saturation, dim, scaled, trials=512)
-
-            def near(a, b):
-                return abs(a - b) <= 0.15 * abs(b) + 0.03
-
-            if near(var, want_var) and near(top, want_top):
-                continue
-            found = core.first_mistake(
-                SATURATION_MISTAKES,
-                lambda m: all(
-                    near(g, w) for g, w in zip((var, top), core.seeded_call(m.fn, dim, scaled))
-                ),
-            )
-            if found:
-                raise core.CheckFailed(EX_SATURATION, found.message)
-            raise core.CheckFailed(
-                EX_SATURATION,
-                f"for dim={dim}, scaled={scaled} you give variance {var:.4f} and "
-                f"largest weight {top:.4f}; expected about {want_var:.4f} and {want_top:.4f}",
-            )
-    core.passed(EX_SATURATION, "variances and largest weights as expected")
-
-
 # --------------------------------------------------------------------------- Exercise 3.7
 
 
-def _by_hand(
-    layer,
-    x,
-    *,
-    biases=True,
-    c_proj=True,
-    heads=True,
-    order=(0, 1, 2),
-    mask="causal",
-    scale_width=None,
-):
+def _by_hand(layer, x, *, biases=True, c_proj=True, heads=True, order=(0, 1, 2), **attend_kw):
     """layer(x) in eval mode from the layer's tensors; the keyword arguments describe known wrong
     versions (order: which thirds of c_attn's output are taken as q, k, v)."""
-    B, T, C = x.shape
     W, b = layer.c_attn.weight, layer.c_attn.bias
-    qkv = (x @ W + b if biases else x @ W).split(C, dim=2)
-    q, k, v = (qkv[i] for i in order)
+    qkv = (x @ W + b if biases else x @ W).split(x.shape[-1], dim=2)
     nh = layer.n_head if heads else 1
-    q, k, v = (split(t, nh) for t in (q, k, v))
-    scale = None if scale_width is None else 1 / math.sqrt(scale_width)
-    y = merge(attend(q, k, v, mask=mask, scale=scale)[0])
+    y = merge(attend(*(split(qkv[i], nh) for i in order), **attend_kw)[0])
     if not c_proj:
         return y
-    return y @ layer.c_proj.weight + layer.c_proj.bias if biases else y @ layer.c_proj.weight
+    return y @ layer.c_proj.weight + (layer.c_proj.bias if biases else 0)
 
 
 def attention_by_hand_reference(layer, x: torch.Tensor) -> torch.Tensor:
@@ -1121,44 +883,35 @@ BY_HAND_MISTAKES = [
     ),
     core.Mistake(
         "no_c_proj",
-        "you return the merged heads; the layer then mixes them with c_proj (its weight "
-        "and its bias)",
+        "you return the merged heads; the layer then mixes them with c_proj (its weight and its bias)",
         lambda layer, x: _by_hand(layer, x, c_proj=False),
     ),
     core.Mistake(
         "one_head",
-        "you ran one head over all C features; cut q, k and v into layer.n_head heads "
-        "before the attention, and merge the heads back after it",
+        "you ran one head over all C features; cut q, k and v into layer.n_head heads before the attention, and merge the heads back after it",
         lambda layer, x: _by_hand(layer, x, heads=False),
     ),
     core.Mistake(
         "q_k_swapped",
-        "you took q and k in the wrong order: c_attn's output is q, then k, then v, "
-        "C features each",
+        "you took q and k in the wrong order: c_attn's output is q, then k, then v, C features each",
         lambda layer, x: _by_hand(layer, x, order=(1, 0, 2)),
     ),
     core.Mistake(
         "v_not_last",
-        "your q, k, v are not the three thirds of c_attn's output in the order q, k, v "
-        "(the first C features are q, the next C are k, the last C are v)",
+        "your q, k, v are not the three thirds of c_attn's output in the order q, k, v (the first C features are q, the next C are k, the last C are v)",
         lambda layer, x: _by_hand(layer, x, order=(2, 1, 0)),
     ),
     core.Mistake(
         "no_mask",
-        "your attention reads future tokens: each token may only see itself and the "
-        "tokens before it (the causal mask)",
+        "your attention reads future tokens: each token may only see itself and the tokens before it (the causal mask)",
         lambda layer, x: _by_hand(layer, x, mask="none"),
     ),
     core.Mistake(
         "scaled_by_C",
-        "your scores are divided by √C; each head divides by the square root of its "
-        "own width, hd = C / n_head",
-        lambda layer, x: _by_hand(layer, x, scale_width=x.shape[-1]),
+        "your scores are divided by √C; each head divides by the square root of its own width, hd = C / n_head",
+        lambda layer, x: _by_hand(layer, x, scale=1 / math.sqrt(x.shape[-1])),
     ),
 ]
-
-
-_NO_SDPA = "write the attention out with this chapter's pieces (causal_attention)"
 
 
 @contextlib.contextmanager
@@ -1168,8 +921,7 @@ def _layer_refused(layer):
     def refuse(module, args):
         raise core.CheckFailed(
             EX_BY_HAND,
-            "your code calls the layer or one of its submodules (layer(x), layer.c_attn(x), "
-            "...), which is not allowed here: use their tensors, layer.c_attn.weight and .bias",
+            "your code calls the layer or one of its submodules (layer(x), layer.c_attn(x), ...), which is not allowed here: use their tensors, layer.c_attn.weight and .bias",
         )
 
     handles = [m.register_forward_pre_hook(refuse) for m in layer.modules()]
@@ -1181,43 +933,31 @@ def _layer_refused(layer):
 
 
 def check_attention_by_hand(attention_by_hand) -> None:
-    """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths and
-    numbers of heads with weights and biases far from their initial values; SDPA and calling the
-    layer refused."""
+    """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths
+    and numbers of heads with weights and biases far from their initial values; SDPA and calling
+    the layer refused."""
     with torch.random.fork_rng():  # building layers draws random numbers: keep the notebook's
         _check_attention_by_hand(attention_by_hand)
 
 
 def _check_attention_by_hand(attention_by_hand) -> None:
     from gpt2lib.chapters.attention import CausalSelfAttention
-    from gpt2lib.chapters.config import GPT2Config
 
     gen = torch.Generator().manual_seed(5)
     for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
-        config = GPT2Config(
-            vocab_size=32,
-            n_positions=16,
-            n_embd=C,
-            n_head=nh,
-            n_layer=1,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            resid_pdrop=0.0,
-        )
-        layer = CausalSelfAttention(config).eval()
-        # large weights and biases: attention far from uniform, biases visible
-        with torch.no_grad():
+        layer = CausalSelfAttention(core.tiny_config(vocab_size=32, n_embd=C, n_head=nh)).eval()
+        with torch.no_grad():  # large weights and biases: attention far from uniform
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         x = torch.randn(B, T, C, generator=gen)
+        kept = x.clone()
+        sdpa = "torch.nn.functional.scaled_dot_product_attention"
+        instead = "write the attention out with this chapter's pieces (causal_attention)"
         with (
             torch.no_grad(),
             _layer_refused(layer),
-            core.forbidding(
-                EX_BY_HAND, "torch.nn.functional.scaled_dot_product_attention", instead=_NO_SDPA
-            ),
+            core.forbidding(EX_BY_HAND, sdpa, instead=instead),
         ):
-            kept = x.clone()
             got = core.call_learner(EX_BY_HAND, attention_by_hand, layer, x)
             if not torch.equal(x, kept):
                 raise core.CheckFailed(EX_BY_HAND, _CHANGED)
@@ -1225,18 +965,9 @@ def _check_attention_by_hand(attention_by_hand) -> None:
                 EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
             )
             want = attention_by_hand_reference(layer, x)
-        if core.close(got, want, rtol=1e-4, atol=1e-4):
-            continue
-        found = core.first_mistake(
-            BY_HAND_MISTAKES, lambda m: core.close(got, m.fn(layer, x), rtol=1e-4, atol=1e-4)
-        )
-        if found:
-            raise core.CheckFailed(EX_BY_HAND, found.message)
-        raise core.CheckFailed(
-            EX_BY_HAND,
-            f"for C={C} with {nh} heads your output differs from the layer's; "
-            "follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj",
-        )
+            otherwise = f"for C={C} with {nh} heads your output differs from the layer's; follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj"
+        tol = dict(rtol=1e-4, atol=1e-4)
+        _fail_unless_close(EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, **tol)
     core.passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 
@@ -1252,15 +983,12 @@ def _cost(T, C, n_head, *, heads_multiply=False, flop_per_mac=2, c_proj=True, mi
 COST_MISTAKES = [
     core.Mistake(
         "flops_times_heads",
-        "your FLOPs multiply the attention part by n_head, but each head works on "
-        "hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one "
-        "head of width C would",
+        "your FLOPs multiply the attention part by n_head, but each head works on hd = C / n_head features: all heads together cost 2·T·T·C for the scores, as one head of width C would",
         lambda T, C, n: _cost(T, C, n, heads_multiply=True),
     ),
     core.Mistake(
         "multiply_adds",
-        "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) "
-        "product costs 2·m·k·n",
+        "you counted multiply-adds; count 2 FLOPs per multiply-add: an (m, k) @ (k, n) product costs 2·m·k·n",
         lambda T, C, n: _cost(T, C, n, flop_per_mac=1),
     ),
     core.Mistake(
@@ -1270,14 +998,12 @@ COST_MISTAKES = [
     ),
     core.Mistake(
         "flops_without_attention",
-        "your FLOPs count only the projections: the scores q @ k^T and the "
-        "weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
+        "your FLOPs count only the projections: the scores q @ k^T and the weighted sum weights @ v cost 2·T·T·C each, summed over the heads",
         lambda T, C, n: _cost(T, C, n, mixing=0),
     ),
     core.Mistake(
         "flops_half_the_attention",
-        "your FLOPs count only one of the two attention products: q @ k^T "
-        "and weights @ v cost 2·T·T·C each",
+        "your FLOPs count only one of the two attention products: q @ k^T and weights @ v cost 2·T·T·C each",
         lambda T, C, n: _cost(T, C, n, mixing=1),
     ),
 ]
@@ -1293,17 +1019,13 @@ def check_attention_cost(attention_cost) -> None:
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or got != int(got):
             raise core.CheckFailed(EX_COST, f"return a whole number of FLOPs, got {got!r}")
         want = _cost(T, C, nh)
-        if got == want:
-            continue
-        found = core.first_mistake(COST_MISTAKES, lambda m: m.fn(T, C, nh) == got)
-        raise core.CheckFailed(
-            EX_COST,
-            found.message
-            if found
-            else f"for T={T}, n_embd={C}, n_head={nh} you count {got:,.0f} FLOPs, not "
-            f"{want:,}: c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and "
-            "weights @ v",
-        )
+        if got != want:
+            core.fail_with(
+                EX_COST,
+                COST_MISTAKES,
+                lambda m: m.fn(T, C, nh) == got,
+                f"for T={T}, n_embd={C}, n_head={nh} you count {got:,.0f} FLOPs, not {want:,}: c_attn (C -> 3C), c_proj (C -> C), the scores (T x T per head) and weights @ v",
+            )
     core.passed(
         EX_COST, f"{_cost(1024, 768, 12):,} FLOPs for GPT-2 small's attention on 1,024 tokens"
     )
@@ -1319,21 +1041,20 @@ def copy_two_back_inputs(tokens: torch.Tensor, V: int) -> torch.Tensor:
 
 
 def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
-    """`copy_two_back_head(V, T)` -> (w_q, w_k, w_v): on random token sequences, the causal attention
-    output's largest entry in row i >= 2 is at token i - 2's id, in at least `goal` of the rows."""
+    """`copy_two_back_head(V, T)` -> (w_q, w_k, w_v): on random token sequences, the causal
+    attention output's largest entry in row i >= 2 is at token i - 2's id, in at least `goal` of
+    the rows."""
     gen = torch.Generator().manual_seed(4)
     for V, T in ((5, 8), (10, 16), (3, 12)):
         got = core.call_learner(CH_COPY, copy_two_back_head, V, T)
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise core.CheckFailed(
-                CH_COPY, f"return three matrices, (w_q, w_k, w_v); got {type(got).__name__}"
-            )
-        w_q = core.expect_tensor(CH_COPY, got[0], what=f"w_q (V={V}, T={T})")
+        got = _unpack(CH_COPY, got, 3, "three matrices, (w_q, w_k, w_v)")
+        where = f"(V={V}, T={T})"
+        w_q = core.expect_tensor(CH_COPY, got[0], what=f"w_q {where}")
         d = w_q.shape[-1] if w_q.dim() == 2 else 0
-        w_q = core.expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q (V={V}, T={T})")
-        w_k = core.expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k (V={V}, T={T}), like w_q")
-        w_v = core.expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v (V={V}, T={T})")
-        right, total, offsets = 0, 0, torch.zeros(T, dtype=torch.long)
+        w_q = core.expect_tensor(CH_COPY, w_q, (V + T, d), what=f"w_q {where}")
+        w_k = core.expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k {where}, like w_q")
+        w_v = core.expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v {where}")
+        rows, right, offsets = torch.arange(2, T), 0, torch.zeros(T, dtype=torch.long)
         for _ in range(100):
             tokens = torch.randint(V, (T,), generator=gen)
             x = copy_two_back_inputs(tokens, V)
@@ -1342,16 +1063,12 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
                 raise core.CheckFailed(
                     CH_COPY, "the output has NaN or inf: the scores are too large"
                 )
-            rows = torch.arange(2, T)
             right += int((out[2:].argmax(dim=-1) == tokens[rows - 2]).sum())
-            total += T - 2
             offsets += torch.bincount(rows - weights[2:].argmax(dim=-1), minlength=T)[:T]
-        accuracy = right / total
+        accuracy = right / (100 * (T - 2))
         if accuracy < goal:
-            most = int(offsets.argmax())
             raise core.CheckFailed(
                 CH_COPY,
-                f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal "
-                f"{goal}); most rows put their largest weight on token i - {most}",
+                f"for V={V}, T={T}, {accuracy:.4f} of the rows copy token i - 2 (goal {goal}); most rows put their largest weight on token i - {int(offsets.argmax())}",
             )
     core.passed(CH_COPY, "every row copies the token two places back")

@@ -1,17 +1,10 @@
-"""Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, the cosine
-matrix of a table, dropout by hand, the tables' parameter count, the embedding module with positions that
-continue after a cache, and the challenge's hand-made position table.
-
-Each check runs the learner's answer on small random cases, compares it with the right answer
-and with the planted `Mistake`s below (module-level lists, so the tests cover every one), and
-names the mistake when one of them matches.
+"""Checks for chapter 2's exercises: the one-hot lookup, the gradient of a lookup, cosines between
+rows, dropout by hand and measured, GPT2Embeddings, embedding in pieces, and the challenge's table.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -22,63 +15,62 @@ from gpt2lib.course.checks import _core as core
 EX_ONE_HOT = "Exercise 2.1 (one_hot_embed)"
 EX_BACKWARD = "Exercise 2.2 (lookup_backward)"
 EX_COSINE = "Exercise 2.3 (cosine_matrix)"
+MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
 EX_DROPOUT = "Exercise 2.4 (dropout)"
 EX_MEASURE_DROPOUT = "Exercise 2.4 (measure_dropout)"
 EX_MODULE = "Exercise 2.5 (GPT2Embeddings)"
+EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
+
+
+def _fail_unless_close(exercise, got, want, mistakes, args, otherwise, **tol) -> None:
+    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
+    seeded fn(*args) `got` is close to, or with `otherwise`."""
+    if not core.close(got, want, **tol):
+        core.fail_with(
+            exercise,
+            mistakes,
+            lambda m: core.close(got, core.seeded_call(m.fn, *args), **tol),
+            otherwise,
+        )
+
+
+def _dropout_of(got, no_dropout, p, **tol) -> bool:
+    """Whether `got` is `no_dropout` after a dropout of p with other random numbers: about half
+    (0.3 to 0.7) of it zeroed, the rest divided by 1 - p."""
+    kept = got != 0
+    zeroed = 1 - kept.double().mean().item()
+    return 0.3 < zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p), **tol)
 
 
 def _require_float(exercise: str, got, what: str) -> None:
     if isinstance(got, torch.Tensor) and not (got.is_floating_point() or got.is_complex()):
         raise core.CheckFailed(
             exercise,
-            f"{what} has dtype {got.dtype}; embeddings are floating point like the table "
-            "(if you built one-hot vectors, convert them with .to(table.dtype) before the matmul)",
+            f"{what} has dtype {got.dtype}; embeddings are floating point like the table (if you built one-hot vectors, convert them with .to(table.dtype) before the matmul)",
         )
 
 
-@contextlib.contextmanager
-def _not_allowed(exercise: str, targets, why: str):
-    """Make each (owner, name) in `targets` raise CheckFailed(why) while the learner's code runs."""
-
-    def refuse(*args, **kwargs):
-        raise core.CheckFailed(exercise, why)
-
-    with contextlib.ExitStack() as stack:
-        for owner, name in targets:
-            stack.enter_context(mock.patch.object(owner, name, refuse))
-        yield
+def _unit_rows(t):
+    return t / t.norm(dim=1, keepdim=True)
 
 
-def _backward_ops(tensor) -> set[str]:
-    """The names of the autograd nodes behind `tensor`, e.g. {"MmBackward0", "IndexBackward0"}."""
-    names, stack, seen = set(), [tensor.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        names.add(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return names
+def _cosines(t):
+    return _unit_rows(t) @ _unit_rows(t).T
 
 
 # --------------------------------------------------------------------------- Exercise 2.1
-
-_AUTOGRAD = [(torch.Tensor, "backward"), (torch.autograd, "backward"), (torch.autograd, "grad")]
 
 # fn(token_ids, table) -> what that wrong answer returns
 ONE_HOT_MISTAKES = [
     core.Mistake(
         "rows_shifted_down",
-        "your rows are shifted by one: the row for id i is row i of the table "
-        "(ids count from 0, so id 0 is row 0)",
+        "your rows are shifted by one: the row for id i is row i of the table (ids count from 0, so id 0 is row 0)",
         lambda ids, table: table[(ids - 1) % table.shape[0]],
     ),
     core.Mistake(
         "rows_shifted_up",
-        "your rows are shifted by one the other way: the row for id i is row i "
-        "of the table, not row i + 1",
+        "your rows are shifted by one the other way: the row for id i is row i of the table, not row i + 1",
         lambda ids, table: table[(ids + 1) % table.shape[0]],
     ),
 ]
@@ -88,97 +80,81 @@ def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
     """Turn the usual errors of a one-hot matmul into a message that names the mistake."""
     text = str(exc)
     if "dtype" in text or "Long" in text or "long" in text:
-        raise core.CheckFailed(
-            EX_ONE_HOT,
-            f"the matmul fails ({text}): F.one_hot returns integers (torch.long) and the table "
-            "holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float()).",
-        ) from None
-    if "num_classes" in text:
-        raise core.CheckFailed(
-            EX_ONE_HOT,
-            f"F.one_hot fails ({text}): num_classes is the vocabulary size, the number of ROWS of "
-            f"the table (table.shape[0] = {V} here), not its width C = {C}.",
-        ) from None
-    if "size" in text or "shape" in text:
-        raise core.CheckFailed(
-            EX_ONE_HOT,
-            f"the matmul fails ({text}). The one-hot vectors (..., V) go on the left: "
-            "one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit.",
-        ) from None
-    raise exc
+        why = f"the matmul fails ({text}): F.one_hot returns integers (torch.long) and the table holds floats. Convert the one-hot vectors first: .to(table.dtype) (or .float())."
+    elif "num_classes" in text:
+        why = f"F.one_hot fails ({text}): num_classes is the vocabulary size, the number of ROWS of the table (table.shape[0] = {V} here), not its width C = {C}."
+    elif "size" in text or "shape" in text:
+        why = f"the matmul fails ({text}). The one-hot vectors (..., V) go on the left: one_hot @ table, (..., V) @ (V, C) -> (..., C); table @ one_hot does not fit."
+    else:
+        raise exc
+    raise core.CheckFailed(EX_ONE_HOT, why) from None
+
+
+def _backward_ops(tensor) -> set[str]:
+    """The names of the autograd nodes behind `tensor`, e.g. {"MmBackward0", "IndexBackward0"}."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            names.add(type(node).__name__)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
 
 
 def check_one_hot_embed(one_hot_embed) -> None:
     """`one_hot_embed(token_ids, table)`: ids of any shape (...), table (V, C) -> (..., C)."""
-    gen = torch.Generator().manual_seed(0)
     V, C = 7, 5
-    table = torch.randn(V, C, generator=gen)
-    ids = torch.tensor([[0, 3, 6, 3, 1, 2], [5, 4, 4, 0, 6, 2]])  # (B=2, T=6), uses ids 0 and V-1
-
+    table = torch.randn(V, C, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[0, 3, 6, 3, 1, 2], [5, 4, 4, 0, 6, 2]])  # (B=2, T=6), ids 0 and V - 1
     try:
         got = core.call_learner(EX_ONE_HOT, one_hot_embed, ids, table.clone())
     except RuntimeError as exc:
         _explain_one_hot_error(exc, V, C)
     _require_float(EX_ONE_HOT, got, "your output")
-    hints = {
-        (2, 6, V): "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it "
-        "by the table: (B, T, V) @ (V, C) -> (B, T, C)"
-    }
-    got = core.expect_tensor(EX_ONE_HOT, got, (2, 6, C), what="your output", hints=hints)
-    want = table[ids]  # (B, T, C)
-    if not core.close(got, want):
-        found = core.first_mistake(ONE_HOT_MISTAKES, lambda m: core.close(got, m.fn(ids, table)))
-        if found:
-            raise core.CheckFailed(EX_ONE_HOT, found.message)
-        raise core.CheckFailed(
-            EX_ONE_HOT,
-            "the shape is right but the values are not the table rows of the "
-            "ids: row b, t of the output must equal table[token_ids[b, t]]",
-        )
+    hint = "one entry per vocabulary id: that is the one-hot matrix itself. Multiply it by the table: (B, T, V) @ (V, C) -> (B, T, C)"
+    got = core.expect_tensor(
+        EX_ONE_HOT, got, (2, 6, C), what="your output", hints={(2, 6, V): hint}
+    )
+    otherwise = "the shape is right but the values are not the table rows of the ids: row b, t of the output must equal table[token_ids[b, t]]"
+    _fail_unless_close(EX_ONE_HOT, got, table[ids], ONE_HOT_MISTAKES, (ids, table), otherwise)
 
-    # ids that do not reach the last row: catches F.one_hot without num_classes
-    small_ids = torch.tensor([0, 2, 1, 2])  # (T=4,), largest id 2 < V - 1
+    small = torch.tensor([0, 2, 1, 2])  # largest id 2 < V - 1: F.one_hot needs num_classes
     try:
-        got_small = core.call_learner(EX_ONE_HOT, one_hot_embed, small_ids, table.clone())
+        got = core.call_learner(EX_ONE_HOT, one_hot_embed, small, table.clone())
     except RuntimeError as exc:
         raise core.CheckFailed(
             EX_ONE_HOT,
-            f"works when the ids include {V - 1} (the last id) but fails on ids whose largest "
-            f"value is 2 ({exc}). F.one_hot(ids) alone makes vectors only max(ids) + 1 long; "
-            "pass num_classes=table.shape[0].",
+            f"works when the ids include {V - 1} (the last id) but fails on ids whose largest value is 2 ({exc}). F.one_hot(ids) alone makes vectors only max(ids) + 1 long; pass num_classes=table.shape[0].",
         ) from None
-    _require_float(EX_ONE_HOT, got_small, "your output for 1-D ids")
-    if not core.close(got_small, table[small_ids]):
-        shape = (
-            tuple(got_small.shape)
-            if isinstance(got_small, torch.Tensor)
-            else type(got_small).__name__
-        )
+    _require_float(EX_ONE_HOT, got, "your output for 1-D ids")
+    if not core.close(got, table[small]):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         raise core.CheckFailed(
             EX_ONE_HOT,
-            f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows "
-            f"table[ids], got {shape}; make it work for ids of any shape",
+            f"for 1-D ids of shape (4,) expected shape (4, {C}) with rows table[ids], got {shape}; make it work for ids of any shape",
         )
 
-    # the table must stay in the autograd graph: training updates exactly the rows used
-    leaf = table.clone().requires_grad_(True)
+    leaf = table.clone().requires_grad_(True)  # training updates exactly the rows used
     out = core.call_learner(EX_ONE_HOT, one_hot_embed, ids, leaf)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise core.CheckFailed(
             EX_ONE_HOT,
-            "no gradient reaches the table through your output; keep the "
-            "computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
+            "no gradient reaches the table through your output; keep the computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
         )
-    lookups = {"IndexBackward0", "EmbeddingBackward0", "IndexSelectBackward0", "GatherBackward0"}
-    if _backward_ops(out) & lookups:
+    if _backward_ops(out) & {
+        "IndexBackward0",
+        "EmbeddingBackward0",
+        "IndexSelectBackward0",
+        "GatherBackward0",
+    }:
         raise core.CheckFailed(
             EX_ONE_HOT,
-            "your output reads rows of the table (table[ids], F.embedding, index_select or "
-            "gather): the exercise asks for one-hot vectors times the table",
+            "your output reads rows of the table (table[ids], F.embedding, index_select or gather): the exercise asks for one-hot vectors times the table",
         )
     out.sum().backward()
-    counts = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)  # uses per id
-    if leaf.grad is None or not torch.allclose(leaf.grad, counts[:, None].expand(V, C)):
+    uses = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)[:, None]  # (V, 1)
+    if leaf.grad is None or not torch.allclose(leaf.grad, uses.expand(V, C)):
         raise core.CheckFailed(
             EX_ONE_HOT, "the gradient reaching the table is not the number of uses of each row"
         )
@@ -197,53 +173,41 @@ def lookup_backward_reference(
     return grad.index_add_(0, token_ids.reshape(-1), grad_out.reshape(-1, C))
 
 
-def _overwritten(ids, grad_out, V):
-    grad = torch.zeros(V, grad_out.shape[-1], dtype=grad_out.dtype)
-    grad[ids.reshape(-1)] = grad_out.reshape(-1, grad_out.shape[-1])  # a repeated id keeps one use
-    return grad
+def _uses(ids, V, dtype):
+    """How often each id is used, (V, 1)."""
+    return torch.bincount(ids.reshape(-1), minlength=V).to(dtype)[:, None]
 
 
-def _averaged(ids, grad_out, V):
-    uses = torch.bincount(ids.reshape(-1), minlength=V).clamp(min=1).to(grad_out.dtype)
-    return lookup_backward_reference(ids, grad_out, V) / uses[:, None]
+REPEATED_IDS_MESSAGE = "ids used once get the right row, but a repeated id keeps only ONE of its gradients. Uses add up: a token used twice gets the sum of both. Note that `grad[ids] = g` and even `grad[ids] += g` keep one value per repeated index in PyTorch; use grad.index_add_(0, ids, g), a loop with +=, or one_hot.T @ g"
 
-
-def _total_to_used_rows(ids, grad_out, V):
-    used = torch.bincount(ids.reshape(-1), minlength=V) > 0  # (V,)
-    total = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)  # (C,)
-    return used[:, None].to(grad_out.dtype) * total
-
-
-REPEATED_IDS_MESSAGE = (
-    "ids used once get the right row, but a repeated id keeps only ONE of its gradients. Uses add "
-    "up: a token used twice gets the sum of both. Note that `grad[ids] = g` and even "
-    "`grad[ids] += g` keep one value per repeated index in PyTorch; use "
-    "grad.index_add_(0, ids, g), a loop with +=, or one_hot.T @ g"
-)
+_AUTOGRAD = ("torch.Tensor.backward", "torch.autograd.backward", "torch.autograd.grad")
+_NO_AUTOGRAD = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
 
 # fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
 BACKWARD_MISTAKES = [
-    core.Mistake("repeated_ids_overwritten", REPEATED_IDS_MESSAGE, _overwritten),
     core.Mistake(
-        "averaged_uses",
-        "you averaged the gradients of a repeated id; they add up: a token used "
-        "3 times gets the SUM of its 3 gradients",
-        _averaged,
-    ),
-    core.Mistake(
-        "counted_uses",
-        "you returned how often each id is used and ignored grad_out's values; that "
-        "is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row "
-        "token_ids[b, t]",
-        lambda ids, g, V: (
-            torch.bincount(ids.reshape(-1), minlength=V)[:, None].to(g.dtype).expand(V, g.shape[-1])
+        "repeated_ids_overwritten",
+        REPEATED_IDS_MESSAGE,
+        lambda ids, g, V: torch.zeros(V, g.shape[-1], dtype=g.dtype).index_put(
+            (ids.reshape(-1),), g.reshape(-1, g.shape[-1])
         ),
     ),
     core.Mistake(
+        "averaged_uses",
+        "you averaged the gradients of a repeated id; they add up: a token used 3 times gets the SUM of its 3 gradients",
+        lambda ids, g, V: (
+            lookup_backward_reference(ids, g, V) / _uses(ids, V, g.dtype).clamp(min=1)
+        ),
+    ),
+    core.Mistake(
+        "counted_uses",
+        "you returned how often each id is used and ignored grad_out's values; that is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row token_ids[b, t]",
+        lambda ids, g, V: _uses(ids, V, g.dtype).expand(V, g.shape[-1]),
+    ),
+    core.Mistake(
         "total_to_every_used_row",
-        "every used row got the gradient summed over ALL positions; row v "
-        "gets only the gradients of the positions where id v stands",
-        _total_to_used_rows,
+        "every used row got the gradient summed over ALL positions; row v gets only the gradients of the positions where id v stands",
+        lambda ids, g, V: (_uses(ids, V, g.dtype) > 0).to(g.dtype) * g.flatten(0, -2).sum(0),
     ),
 ]
 
@@ -252,66 +216,51 @@ def check_lookup_backward(lookup_backward) -> None:
     """`lookup_backward(token_ids, grad_out, vocab_size)`: ids (...), grad_out (..., C) -> (V, C)."""
     gen = torch.Generator().manual_seed(0)
     V, C = 9, 4
-    cases = [  # (B=2, T=5): 1, 3 and 5 repeat, 0, 7, 8 unused; (T=4,): the last id 3 times
-        torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]),
-        torch.tensor([8, 0, 8, 8]),
-    ]
-    for ids in cases:
+    # (B=2, T=5): 1, 3 and 5 repeat, 0, 7, 8 unused; (T=4,): the last id 3 times
+    for ids in (torch.tensor([[3, 1, 4, 1, 5], [2, 6, 5, 3, 5]]), torch.tensor([8, 0, 8, 8])):
         grad_out = torch.randn(*ids.shape, C, generator=gen)
-        why = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
-        with _not_allowed(EX_BACKWARD, _AUTOGRAD, why):
+        with core.forbidding(EX_BACKWARD, *_AUTOGRAD, instead=_NO_AUTOGRAD):
             got = core.call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
-        uses, unique = (ids.numel(), C), (int(ids.unique().numel()), C)
-        hints = {  # fmt: skip
+        hints = {
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
-            uses: "one row per use; add the rows of the same id together into a (V, C) table",
-            unique: "one row per id that appears; return all V rows (unused ids get zeros)",
+            (
+                ids.numel(),
+                C,
+            ): "one row per use; add the rows of the same id together into a (V, C) table",
+            (
+                int(ids.unique().numel()),
+                C,
+            ): "one row per id that appears; return all V rows (unused ids get zeros)",
             tuple(grad_out.shape): "that is grad_out's shape; the gradient is (V, C), the table's",
         }
-        got = core.expect_tensor(
-            EX_BACKWARD,
-            got,
-            (V, C),
-            what=f"your gradient for ids of shape {tuple(ids.shape)}",
-            hints=hints,
-        )
+        what = f"your gradient for ids of shape {tuple(ids.shape)}"
+        got = core.expect_tensor(EX_BACKWARD, got, (V, C), what=what, hints=hints)
         want = lookup_backward_reference(ids, grad_out, V)
         if core.close(got, want):
             continue
-        found = core.first_mistake(
-            BACKWARD_MISTAKES,
-            lambda m, got=got, ids=ids, g=grad_out: core.close(got, m.fn(ids, g, V)),
-        )
-        if found:
-            raise core.CheckFailed(EX_BACKWARD, found.message)
-        counts = torch.bincount(ids.reshape(-1), minlength=V)
-        once = counts <= 1
-        if core.close(
-            got[once], want[once]
-        ):  # single uses and unused rows right: repeats are wrong
-            raise core.CheckFailed(EX_BACKWARD, REPEATED_IDS_MESSAGE)
-        if not core.close(got[counts == 0], want[counts == 0]):
-            raise core.CheckFailed(
-                EX_BACKWARD, "rows of ids that never appear must be zero: no use, no gradient"
-            )
-        raise core.CheckFailed(
+        core.fail_with(
             EX_BACKWARD,
-            f"for ids of shape {tuple(ids.shape)} the shape is right but the values "
-            "are not: row v must be the sum of grad_out[b, t] over every place where "
-            "token_ids[b, t] == v",
+            BACKWARD_MISTAKES,
+            lambda m: core.close(got, m.fn(ids, grad_out, V)),
+            _backward_diagnosis(got, want, ids, V),
         )
     core.passed(
         EX_BACKWARD,
-        "each row gets the sum of the gradients of its uses, unused rows zero: in product form "
-        "one_hotᵀ @ grad_out, (V, B·T) @ (B·T, C)",
+        "each row gets the sum of the gradients of its uses, unused rows zero: in product form one_hotᵀ @ grad_out, (V, B·T) @ (B·T, C)",
     )
 
 
+def _backward_diagnosis(got, want, ids, V) -> str:
+    """What is wrong with a gradient that no planted mistake explains."""
+    counts = torch.bincount(ids.reshape(-1), minlength=V)
+    if core.close(got[counts <= 1], want[counts <= 1]):  # single uses right: repeats are wrong
+        return REPEATED_IDS_MESSAGE
+    if not core.close(got[counts == 0], want[counts == 0]):
+        return "rows of ids that never appear must be zero: no use, no gradient"
+    return f"for ids of shape {tuple(ids.shape)} the shape is right but the values are not: row v must be the sum of grad_out[b, t] over every place where token_ids[b, t] == v"
+
+
 # --------------------------------------------------------------------------- Exercise 2.3
-
-
-def _unit_rows(t):
-    return t / t.norm(dim=1, keepdim=True)
 
 
 def _divided_in_place(t):
@@ -323,39 +272,34 @@ def _divided_in_place(t):
 COSINE_MISTAKES = [
     core.Mistake(
         "dot_products_not_cosines",
-        "your entries are plain dot products: divide each row by its "
-        "length (its norm) first, so that every entry is a cosine between -1 and 1",
+        "your entries are plain dot products: divide each row by its length (its norm) first, so that every entry is a cosine between -1 and 1",
         lambda t: t @ t.T,
     ),
     core.Mistake(
         "normalised_columns",
-        "you normalised the columns (features), not the rows: each row is one "
-        "vector, so scale every row to length 1 (norm over dim=1)",
-        lambda t: (t / t.norm(dim=0, keepdim=True)) @ (t / t.norm(dim=0, keepdim=True)).T,
+        "you normalised the columns (features), not the rows: each row is one vector, so scale every row to length 1 (norm over dim=1)",
+        lambda t: _unit_rows(t.T).T @ _unit_rows(t.T),
     ),
     core.Mistake(
         "feature_by_feature",
-        "your matrix is (C, C), feature against feature: the cosines are between "
-        "rows, unit @ unit.T, which is (N, N)",
+        "your matrix is (C, C), feature against feature: the cosines are between rows, unit @ unit.T, which is (N, N)",
         lambda t: _unit_rows(t).T @ _unit_rows(t),
     ),
     core.Mistake(
         "divided_by_squared_norms",
-        "you divided by the squared lengths: the cosine is a.b / (|a| |b|), "
-        "with the norms, not their squares",
-        lambda t: (t @ t.T) / (t.norm(dim=1)[:, None] ** 2 * t.norm(dim=1)[None, :] ** 2),
+        "you divided by the squared lengths: the cosine is a.b / (|a| |b|), with the norms, not their squares",
+        lambda t: (t @ t.T) / torch.outer(t.norm(dim=1), t.norm(dim=1)) ** 2,
     ),
     core.Mistake(
         "absolute_values",
         "your cosines are never negative: keep the sign, opposite vectors have cosine -1",
-        lambda t: (_unit_rows(t) @ _unit_rows(t).T).abs(),
+        lambda t: _cosines(t).abs(),
     ),
-    core.Mistake(
+    core.Mistake(  # caught by comparing the input before and after
         "table_changed_in_place",
-        "your function changed the table it was given (an in-place "
-        "division such as table /= ...): compute on a new tensor and leave the input alone",
+        "your function changed the table it was given (an in-place division such as table /= ...): compute on a new tensor and leave the input alone",
         lambda t: _divided_in_place(t) @ t.T,
-    ),  # caught by comparing the input before and after
+    ),
 ]
 
 
@@ -365,8 +309,8 @@ def check_cosine_matrix(cosine_matrix) -> None:
     gen = torch.Generator().manual_seed(3)
     cases = [
         torch.randn(5, 7, generator=gen) * 3.0,  # N != C, rows of different lengths
-        (torch.randn(4, 6, generator=gen) * 50.0)[:, ::2],
-    ]  # (4, 3): large, not contiguous
+        (torch.randn(4, 6, generator=gen) * 50.0)[:, ::2],  # (4, 3): large, not contiguous
+    ]
     for table in cases:
         before = table.clone()
         got = core.call_learner(EX_COSINE, cosine_matrix, table)
@@ -374,32 +318,14 @@ def check_cosine_matrix(cosine_matrix) -> None:
             raise core.CheckFailed(
                 EX_COSINE, core.named(COSINE_MISTAKES, "table_changed_in_place").message
             )
-        N = table.shape[0]
-        want = _unit_rows(before.double()) @ _unit_rows(before.double()).T
-        got = core.expect_tensor(
-            EX_COSINE,
-            got,
-            (N, N),
-            what="your matrix",
-            hints={
-                (table.shape[1],) * 2: core.named(COSINE_MISTAKES, "feature_by_feature").message
-            },
-        )
-        if not core.close(got, want, atol=1e-4):
-            found = core.first_mistake(
-                COSINE_MISTAKES[:-1], lambda m: core.close(got, m.fn(before.double()), atol=1e-4)
-            )
-            if found:
-                raise core.CheckFailed(EX_COSINE, found.message)
-            raise core.CheckFailed(
-                EX_COSINE,
-                f"for a table of shape {tuple(table.shape)} the values are wrong: entry "
-                "[i, j] must be the cosine of rows i and j (1 on the diagonal)",
-            )
+        N, C = table.shape
+        hints = {(C, C): core.named(COSINE_MISTAKES, "feature_by_feature").message}
+        got = core.expect_tensor(EX_COSINE, got, (N, N), what="your matrix", hints=hints)
+        otherwise = f"for a table of shape {(N, C)} the values are wrong: entry [i, j] must be the cosine of rows i and j (1 on the diagonal)"
+        mistakes = COSINE_MISTAKES[:-1]  # the last one is caught by comparing the input, above
+        want = _cosines(before.double())
+        _fail_unless_close(EX_COSINE, got, want, mistakes, (before.double(),), otherwise, atol=1e-4)
     core.passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
-
-
-MEAN_ABS = "Exercise 2.3 (mean_abs_cosine)"
 
 
 def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
@@ -412,21 +338,15 @@ def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
         raise core.CheckFailed(
             MEAN_ABS, f"mean_abs_cosine should be a float, not {mean_abs_cosine!r}"
         )
-    cosine = _unit_rows(table.double()) @ _unit_rows(table.double()).T
+    cosine = _cosines(table.double())
     different = ~torch.eye(len(table), dtype=torch.bool)
     want = cosine[different].abs().mean().item()
-    wrong = {
-        "with the diagonal": (
-            cosine.abs().mean().item(),
-            "you averaged the diagonal too: "
-            "each position with itself has cosine 1; take only pairs of different positions",
-        ),
-        "signed": (
-            cosine[different].mean().item(),
-            "you averaged the signed cosines, which cancel out: take the absolute values first",
-        ),
-    }
-    for value, message in wrong.values():
+    diagonal = "you averaged the diagonal too: each position with itself has cosine 1; take only pairs of different positions"
+    signed = "you averaged the signed cosines, which cancel out: take the absolute values first"
+    for value, message in [
+        (cosine.abs().mean().item(), diagonal),
+        (cosine[different].mean().item(), signed),
+    ]:
         if abs(mean_abs_cosine - value) < 1e-4 and abs(value - want) > 1e-4:
             raise core.CheckFailed(MEAN_ABS, message)
     if abs(mean_abs_cosine - want) > 1e-4:
@@ -434,45 +354,229 @@ def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
             MEAN_ABS,
             f"you gave {mean_abs_cosine:.4f}; the mean |cosine| off the diagonal is not that",
         )
+    C = table.shape[1]
     core.passed(
         MEAN_ABS,
-        f"{want:.4f} over {int(different.sum())} pairs of different positions; random directions "
-        f"in C = {table.shape[1]} dimensions give sqrt(2 / (pi C)) = "
-        f"{math.sqrt(2 / (math.pi * table.shape[1])):.4f} on average",
+        f"{want:.4f} over {int(different.sum())} pairs of different positions; random directions in C = {C} dimensions give sqrt(2 / (pi C)) = {math.sqrt(2 / (math.pi * C)):.4f} on average",
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 2.4
+
+
+def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
+    """fn(x, p, training): dropout with one planted mistake, described by the arguments."""
+
+    def fn(x, p, training=True):
+        if not training and not in_eval:
+            return x
+        keep = torch.rand(x.shape) >= (p if keep_p is None else keep_p(p))
+        factor = 1 / (1 - p) if scale is None else scale(p)
+        return x.mul_(keep).mul_(factor) if in_place else x * keep * factor
+
+    return fn
+
+
+_TORCH_DROPOUT = ("torch.nn.functional.dropout", "torch.dropout", "torch.nn.Dropout.forward")
+_NO_TORCH_DROPOUT = (
+    "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
+)
+
+# fn(x, p, training) -> what that wrong version returns
+DROPOUT_MISTAKES = [
+    core.Mistake(
+        "no_rescale",
+        "the survivors are not rescaled: zeroing a fraction p lowers the expected value to (1 - p) x; divide the survivors by (1 - p)",
+        _dropout_with(scale=lambda p: 1.0),
+    ),
+    core.Mistake(
+        "times_one_minus_p",
+        "you multiplied the survivors by (1 - p); that lowers the expected value further. Divide by (1 - p) instead",
+        _dropout_with(scale=lambda p: 1 - p),
+    ),
+    core.Mistake(
+        "divide_by_p",
+        "you divided the survivors by p; a number survives with probability 1 - p, so divide by (1 - p)",
+        _dropout_with(scale=lambda p: 1 / p),
+    ),
+    core.Mistake(
+        "drops_one_minus_p",
+        "you zeroed each number with probability 1 - p (kept it with probability p): p is the probability to DROP",
+        _dropout_with(keep_p=lambda p: 1 - p),
+    ),
+    core.Mistake(
+        "active_in_eval",
+        "with training=False your dropout still zeroes numbers; outside training return x unchanged",
+        _dropout_with(in_eval=True),
+    ),
+    core.Mistake(
+        "in_place",
+        "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), the caller's x must stay as it was",
+        _dropout_with(in_place=True),
+    ),
+]
+
+
+def _same_statistics(got, want) -> bool:
+    """The same fraction of zeros (within 0.03) and the same surviving values."""
+    if (want == 0).all():
+        return bool((got == 0).all())
+    zeros = abs((got == 0).double().mean().item() - (want == 0).double().mean().item()) < 0.03
+    survivors, wanted = got[got != 0].unique(), want[want != 0].double().unique()
+    return zeros and bool(survivors.numel()) and torch.allclose(survivors, wanted)
+
+
+def check_dropout(dropout) -> None:
+    """`dropout(x, p, training)`: in training each number zeroed with probability p and the rest
+    divided by 1 - p; outside training x itself. Tried for p = 0.1, 0.5 and 0, on large tensors."""
+    for p in (0.1, 0.5, 0.0):
+        x = torch.full((64, 256), 2.0)
+        with core.forbidding(EX_DROPOUT, *_TORCH_DROPOUT, instead=_NO_TORCH_DROPOUT):
+            got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, p, True)
+        if not torch.equal(x, torch.full((64, 256), 2.0)):
+            raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "in_place").message)
+        got = core.expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
+        zeroed = (got == 0).double().mean().item()
+        survivors = got[got != 0]
+        rescaled = survivors.numel() and torch.allclose(
+            survivors, torch.tensor(2.0 / (1 - p)).double()
+        )
+        if abs(zeroed - p) < 0.03 and rescaled:
+            continue
+        core.fail_with(
+            EX_DROPOUT,
+            DROPOUT_MISTAKES[:-2],
+            lambda m: _same_statistics(got, core.seeded_call(m.fn, x.clone(), p, True)),
+            f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about {p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}",
+        )
+    x = torch.randn(8, 16)
+    got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, 0.5, False)
+    if not isinstance(got, torch.Tensor) or not torch.equal(got, x):
+        raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "active_in_eval").message)
+    core.passed(
+        EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training"
+    )
+
+
+def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval"):
+    """fn(drop, x): measure_dropout with one planted mistake, described by the arguments."""
+
+    def fn(drop, x):
+        y = drop.train()(x) if mode == "train" else drop.eval()(x)
+        kept = y != 0
+        fraction = (1 - kept.double().mean().item()) if zeros else kept.double().mean().item()
+        times = {"ratio": y[kept] / x[kept], "values": y[kept], "all": y / x}[factor]
+        after = drop.eval()(x) if eval_mode == "eval" else drop.train()(x)
+        return fraction, times.mean().item(), torch.equal(after, x)
+
+    return fn
+
+
+# fn(drop, x) -> what that wrong measurement returns
+MEASURE_DROPOUT_MISTAKES = [
+    core.Mistake(
+        "measured_in_eval",
+        "nothing was zeroed in your train-mode measurement: the module was in eval() mode; switch it with drop.train() before the first call",
+        _measure_with(mode="eval"),
+    ),
+    core.Mistake(
+        "counted_survivors",
+        "your fraction is the share of numbers that SURVIVED (about 1 - p); measure the share that train mode set to zero",
+        _measure_with(zeros=False),
+    ),
+    core.Mistake(
+        "factor_with_zeros",
+        "your factor averages y / x over every number, zeros included (that gives about 1: dropout keeps the mean); average over the survivors only",
+        _measure_with(factor="all"),
+    ),
+    core.Mistake(
+        "survivor_values",
+        "your factor is the survivors' values, not what they were multiplied by: divide each survivor by the number of x it came from",
+        _measure_with(factor="values"),
+    ),
+    core.Mistake(
+        "eval_in_train_mode",
+        "your eval-mode answer is False: the second call ran in train() mode; switch the module with drop.eval() first",
+        _measure_with(eval_mode="train"),
+    ),
+]
+
+
+def check_measure_dropout(measure_dropout) -> None:
+    """`measure_dropout(drop, x)` -> (fraction zeroed in train mode, factor of the survivors, eval
+    leaves x unchanged), on nn.Dropout for p = 0.1 and 0.5 and inputs that are not all ones."""
+    gen = torch.Generator().manual_seed(2)
+    for p in (0.1, 0.5):
+        x = torch.rand(64, 256, generator=gen) + 0.5  # no zeros, not all equal
+        got = core.seeded_call(
+            core.call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
+        )
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise core.CheckFailed(
+                EX_MEASURE_DROPOUT,
+                f"return three things: (fraction zeroed, factor of the survivors, eval unchanged); got {type(got).__name__}",
+            )
+        if any(isinstance(value, torch.Tensor) for value in got):
+            raise core.CheckFailed(
+                EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"
+            )
+        try:
+            fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])
+        except (TypeError, ValueError, RuntimeError):
+            raise core.CheckFailed(
+                EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)"
+            ) from None
+
+        def matches(values):
+            f, t, u = values
+            return (
+                abs(fraction - f) < 0.03
+                and abs(factor - t) < 1e-3 * max(1.0, abs(t))
+                and unchanged == u
+            )
+
+        if matches((p, 1 / (1 - p), True)):
+            continue
+        core.fail_with(
+            EX_MEASURE_DROPOUT,
+            MEASURE_DROPOUT_MISTAKES,
+            lambda m: matches(core.seeded_call(m.fn, nn.Dropout(p), x.clone())),
+            f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor {factor:.4f} and eval unchanged {unchanged}; expected about {p}, {1 / (1 - p):.4f} and True",
+        )
+    core.passed(
+        EX_MEASURE_DROPOUT,
+        "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5",
     )
 
 
 # --------------------------------------------------------------------------- Exercise 2.5
 
 
-def _positions(past, T):
-    return torch.arange(past, past + T)
+def _pos(m, start, n):
+    """The position embeddings of n places from `start`: (n, C)."""
+    return m.wpe(torch.arange(start, start + n))
 
 
 # fn(reference module in the same mode as the learner's, idx (B, T), past_length) -> wrong output
 EMBEDDINGS_MISTAKES = [
     core.Mistake(
         "positions_start_at_past_plus_one",
-        "your positions start at past_length + 1; the first new token sits at position past_length "
-        "(0 with no cache): positions past_length .. past_length + T - 1",
-        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past + 1, idx.shape[1]))),
+        "your positions start at past_length + 1; the first new token sits at position past_length (0 with no cache): positions past_length .. past_length + T - 1",
+        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, past + 1, idx.shape[1])),
     ),
     core.Mistake(
         "ignored_past_length",
-        "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions "
-        "past_length, past_length + 1, ..., not 0, 1, ...",
-        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(0, idx.shape[1]))),
+        "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions past_length, past_length + 1, ..., not 0, 1, ...",
+        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, 0, idx.shape[1])),
     ),
     core.Mistake(
         "past_length_added_twice",
-        "you added past_length twice: torch.arange(past_length, past_length + T) already starts at "
-        "past_length",
-        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(2 * past, idx.shape[1]))),
+        "you added past_length twice: torch.arange(past_length, past_length + T) already starts at past_length",
+        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, 2 * past, idx.shape[1])),
     ),
     core.Mistake(
         "token_ids_as_positions",
-        "you looked up the token ids in the position table; wpe is indexed by where a token sits "
-        "(past_length, past_length + 1, ...), not by which token it is",
+        "you looked up the token ids in the position table; wpe is indexed by where a token sits (past_length, past_length + 1, ...), not by which token it is",
         lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx)),
     ),
     core.Mistake(
@@ -482,68 +586,49 @@ EMBEDDINGS_MISTAKES = [
     ),
     core.Mistake(
         "batch_index_as_position",
-        "you used the batch index as the position; the position is the index along T (dim 1), "
-        "the same for every sequence in the batch",
-        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(_positions(past, idx.shape[0]))[:, None, :]),
+        "you used the batch index as the position; the position is the index along T (dim 1), the same for every sequence in the batch",
+        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, past, idx.shape[0])[:, None, :]),
     ),
     core.Mistake(
         "only_position_embeddings",
         "your output holds only the position embeddings; add the token embeddings too",
-        lambda m, idx, past: m.drop(m.wpe(_positions(past, idx.shape[1])).expand(*idx.shape, -1)),
+        lambda m, idx, past: m.drop(_pos(m, past, idx.shape[1]).expand(*idx.shape, -1)),
     ),
     core.Mistake(
         "no_dropout",
-        "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings "
-        "(it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
-        lambda m, idx, past: m.wte(idx) + m.wpe(_positions(past, idx.shape[1])),
+        "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings (it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
+        lambda m, idx, past: m.wte(idx) + _pos(m, past, idx.shape[1]),
     ),
     core.Mistake(
         "dropout_on_tokens_only",
-        "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token "
-        "and position embeddings: self.drop(tok + pos)",
-        lambda m, idx, past: m.drop(m.wte(idx)) + m.wpe(_positions(past, idx.shape[1])),
+        "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token and position embeddings: self.drop(tok + pos)",
+        lambda m, idx, past: m.drop(m.wte(idx)) + _pos(m, past, idx.shape[1]),
     ),
     core.Mistake(
         "dropout_in_eval",
-        "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use "
-        "self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
-        lambda m, idx, past: F.dropout(
-            m.wte(idx) + m.wpe(_positions(past, idx.shape[1])), m.drop.p
-        ),
+        "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
+        lambda m, idx, past: F.dropout(m.wte(idx) + _pos(m, past, idx.shape[1]), m.drop.p),
     ),
 ]
 
 
-def _name_embeddings_mistake(got, ref, idx, past, what: str) -> None:
-    found = core.first_mistake(
-        EMBEDDINGS_MISTAKES, lambda m: core.close(got, core.seeded_call(m.fn, ref, idx, past))
-    )
-    if found:
-        raise core.CheckFailed(EX_MODULE, found.message)
-    raise core.CheckFailed(
-        EX_MODULE,
-        f"{what} has the right shape but wrong values: out[b, t] must be "
-        "wte(idx[b, t]) + wpe(past_length + t), then dropout",
-    )
-
-
-def _call_embeddings(module, idx, kwargs, label):
+def _call_embeddings(module, idx, past=None):
+    """The learner's module.forward(idx[, past_length=past]) (forward: its signature is the
+    learner's), with its usual errors named."""
+    kwargs = {} if past is None else {"past_length": past}
+    label = "your forward" + (f" with past_length={past}" if past else "")
     try:
-        # module.forward: its signature is the learner's (an nn.Module's own call takes anything)
         return core.seeded_call(core.call_learner, EX_MODULE, module.forward, idx, **kwargs)
     except RuntimeError as exc:
         if "must match the size" in str(exc):
             raise core.CheckFailed(
                 EX_MODULE,
-                f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). "
-                "You need one position per token of a sequence: T = idx.shape[1] positions "
-                "(idx.shape[0] is the batch size B).",
+                f"for idx of shape (B, T) = {tuple(idx.shape)} {label} fails ({exc}). You need one position per token of a sequence: T = idx.shape[1] positions (idx.shape[0] is the batch size B).",
             ) from None
         if "view size is not compatible" in str(exc):
             raise core.CheckFailed(
                 EX_MODULE,
-                f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view "
-                "refuses it; use .reshape, or index without reshaping",
+                f"{label} fails ({exc}): idx[:, 4:] is not contiguous, so .view refuses it; use .reshape, or index without reshaping",
             ) from None
         raise
 
@@ -552,119 +637,169 @@ def check_gpt2_embeddings(embeddings_cls, position_ids=None) -> None:
     """`position_ids(length, past_length)` (integer positions), then `embeddings_cls(config)` with
     wte, wpe and drop; `forward(idx, past_length=0)` -> (B, T, C), checked in eval mode (values,
     positions after a cache) and in train mode (dropout)."""
-    if position_ids is not None:
-        _check_position_ids(position_ids)
+    for length, past in [(5, 0), (3, 4), (1, 9)] if position_ids is not None else []:
+        got = core.call_learner(EX_MODULE, position_ids, length, past)
+        if isinstance(got, torch.Tensor) and got.is_floating_point():
+            raise core.CheckFailed(
+                EX_MODULE,
+                f"position_ids gives {got.dtype} numbers: positions index a table, so they must be integers (torch.arange of ints, or .long())",
+            )
+        got = core.expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
+        want = torch.arange(past, past + length)
+        if not torch.equal(got.long(), want):
+            raise core.CheckFailed(
+                EX_MODULE,
+                f"position_ids({length}, past_length={past}) gave {got.tolist()}, expected {want.tolist()}",
+            )
     with torch.random.fork_rng():  # building modules draws random numbers: leave the notebook's
         _check_gpt2_embeddings(embeddings_cls)
 
 
-def _check_position_ids(position_ids) -> None:
-    for length, past in [(5, 0), (3, 4), (1, 9)]:
-        got = core.call_learner(EX_MODULE, position_ids, length, past)
-        want = torch.arange(past, past + length)
-        if isinstance(got, torch.Tensor) and got.is_floating_point():
-            raise core.CheckFailed(
-                EX_MODULE,
-                f"position_ids gives {got.dtype} numbers: positions index a table, so they must "
-                "be integers (torch.arange of ints, or .long())",
-            )
-        got = core.expect_tensor(EX_MODULE, got, (length,), what=f"position_ids({length}, {past})")
-        if not torch.equal(got.long(), want):
-            raise core.CheckFailed(
-                EX_MODULE,
-                f"position_ids({length}, past_length={past}) gave {got.tolist()}, "
-                f"expected {want.tolist()}",
-            )
-
-
 def _check_gpt2_embeddings(embeddings_cls) -> None:
-    from gpt2lib.chapters.config import GPT2Config
     from gpt2lib.chapters.embeddings import GPT2Embeddings
 
     V, P, C, p = 11, 16, 6, 0.5  # P > V, so a wrong wpe(idx) still runs
-    config = GPT2Config(vocab_size=V, n_positions=P, n_embd=C, n_layer=1, n_head=2, embd_pdrop=p)
+    config = core.tiny_config(vocab_size=V, n_positions=P, n_embd=C, pdrop=p)
     module = core.call_learner(EX_MODULE, embeddings_cls, config)
     if not isinstance(module, nn.Module):
         raise core.CheckFailed(
             EX_MODULE,
             f"calling it with a config should build an nn.Module, got {type(module).__name__}",
         )
+    ref, gen = GPT2Embeddings(config), torch.Generator().manual_seed(0)
     for name, shape in (("wte", (V, C)), ("wpe", (P, C))):
-        table = getattr(module, name, None)
-        weight = getattr(table, "weight", None)
+        weight = getattr(getattr(module, name, None), "weight", None)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
             raise core.CheckFailed(
                 EX_MODULE,
-                f"self.{name} should be an nn.Embedding with a weight of shape "
-                f"{shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)",
+                f"self.{name} should be an nn.Embedding with a weight of shape {shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)",
             )
-    ref = GPT2Embeddings(config)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name in ("wte", "wpe"):
-            values = torch.randn(getattr(ref, name).weight.shape, generator=gen)
+    for name in ("wte", "wpe"):
+        values = torch.randn(getattr(ref, name).weight.shape, generator=gen)
+        with torch.no_grad():
             getattr(ref, name).weight.copy_(values)
             getattr(module, name).weight.copy_(values)
 
     idx = torch.tensor([[3, 0, 10, 7, 7], [1, 9, 2, 4, 8]])  # (B=2, T=5): T != B on purpose
     B, T = idx.shape
     module.eval(), ref.eval()
-    # the keyword first (so a missing past_length parameter is named), then the default, then an offset
-    for kwargs in ({"past_length": 0}, {}, {"past_length": 4}):
-        past = kwargs.get("past_length", 0)
+    hints = {
+        (B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"
+    }
+    # the keyword first (so a missing past_length parameter is named), the default, an offset
+    for past in (0, None, 4):
         label = "your forward" + (f" with past_length={past}" if past else "")
-        got = _call_embeddings(module, idx, kwargs, label)
-        hints = {(B, T, 2 * C): "twice as wide: token and position embeddings are added, not concatenated"}  # fmt: skip
         got = core.expect_tensor(
-            EX_MODULE, got, (B, T, C), what=f"the output of {label}", hints=hints
+            EX_MODULE,
+            _call_embeddings(module, idx, past),
+            (B, T, C),
+            what=f"the output of {label}",
+            hints=hints,
         )
-        if not core.close(got, core.seeded_call(ref, idx, past)):
-            _name_embeddings_mistake(got, ref, idx, past, f"in eval() mode, {label}")
+        otherwise = f"in eval() mode, {label} has the right shape but wrong values: out[b, t] must be wte(idx[b, t]) + wpe(past_length + t), then dropout"
+        args = (ref, idx, past or 0)
+        _fail_unless_close(
+            EX_MODULE, got, core.seeded_call(*args), EMBEDDINGS_MISTAKES, args, otherwise
+        )
 
     # a sequence in two pieces, the second after a cache of 4, gives the vectors of the whole
-    whole = _call_embeddings(module, idx, {}, "your forward")
-    pieces = [
-        _call_embeddings(module, idx[:, :4], {}, "your forward"),
-        _call_embeddings(module, idx[:, 4:], {"past_length": 4}, "your forward with past_length=4"),
-    ]
+    pieces = [_call_embeddings(module, idx[:, :4]), _call_embeddings(module, idx[:, 4:], 4)]
     pieces = [
         core.expect_tensor(EX_MODULE, piece, (B, n, C), what="the output for a piece")
         for piece, n in zip(pieces, (4, T - 4))
     ]
-    if not core.close(torch.cat(pieces, dim=1), whole):
+    if not core.close(torch.cat(pieces, dim=1), _call_embeddings(module, idx)):
         raise core.CheckFailed(
             EX_MODULE,
-            "the sequence fed in two pieces (the second with past_length=4) does not "
-            "give the vectors of the whole sequence at once",
+            "the sequence fed in two pieces (the second with past_length=4) does not give the vectors of the whole sequence at once",
         )
 
-    # train mode: dropout on the sum, scaled by 1 / (1 - p); a longer batch for a fair count of zeros
-    module.train(), ref.train()
+    # train mode: dropout on the sum, scaled by 1 / (1 - p); a longer batch for a fair count
+    module.train()
     idx = torch.randint(0, V, (4, 8), generator=gen)
     got = core.expect_tensor(
-        EX_MODULE,
-        _call_embeddings(module, idx, {"past_length": 2}, "your forward in train() mode"),
-        (4, 8, C),
-        what="the output in train() mode",
+        EX_MODULE, _call_embeddings(module, idx, 2), (4, 8, C), what="the output in train() mode"
     )
-    if core.close(got, core.seeded_call(ref, idx, 2)):
-        core.passed(
-            EX_MODULE,
-            "token + position embeddings, positions after a cache, dropout in training only",
+    if not _dropout_of(got, core.seeded_call(ref, idx, 2), p):  # ref in eval: no dropout
+        otherwise = "in train() mode, your forward has the right shape but wrong values: out[b, t] must be wte(idx[b, t]) + wpe(past_length + t), then dropout"
+        ref.train()
+        args = (ref, idx, 2)
+        _fail_unless_close(
+            EX_MODULE, got, core.seeded_call(*args), EMBEDDINGS_MISTAKES, args, otherwise
         )
-        return
-    ref.eval()
-    no_dropout = core.seeded_call(ref, idx, 2)
-    ref.train()
-    kept = got != 0
-    fraction_zeroed = 1 - kept.double().mean().item()
-    if 0.3 < fraction_zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p)):
-        core.passed(
-            EX_MODULE,
-            "token + position embeddings, positions after a cache, dropout in training only",
-        )
-        return  # dropout drawn another way (its own random numbers): still right
-    _name_embeddings_mistake(got, ref, idx, 2, "in train() mode, your forward")
+    core.passed(
+        EX_MODULE, "token + position embeddings, positions after a cache, dropout in training only"
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 2.6
+
+
+def _pieces(embeddings, idx, n, past_of):
+    out = []
+    for start in range(0, idx.shape[1], n):
+        out.append(embeddings(idx[:, start : start + n], past_length=past_of(start, len(out), n)))
+    return torch.cat(out, dim=1)
+
+
+# fn(embeddings, idx, piece_length) -> what that wrong version returns
+PIECES_MISTAKES = [
+    core.Mistake(
+        "counted_pieces",
+        "you passed the number of pieces so far as past_length; it is the number of TOKENS before the piece, `start`",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k),
+    ),
+    core.Mistake(
+        "off_by_one",
+        "your past_length is one too many: the piece starting at token `start` has exactly `start` tokens before it",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1),
+    ),
+    core.Mistake(
+        "no_past_length",
+        "every piece starts again at position 0: pass past_length=start, the tokens before the piece",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0),
+    ),
+    core.Mistake(
+        "end_of_piece",
+        "you passed the position of the piece's end; past_length is where it starts (the tokens before it)",
+        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1),
+    ),
+    core.Mistake(
+        "last_piece_dropped",
+        "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
+        lambda e, idx, n: (
+            _pieces(e, idx[:, : idx.shape[1] // n * n], n, lambda s, k, n: s)
+            if idx.shape[1] % n
+            else None
+        ),
+    ),
+]
+
+
+def check_embed_in_pieces(embed_in_pieces) -> None:
+    """embed_in_pieces(embeddings, idx, piece_length) equals embeddings(idx), for piece lengths
+    that divide T and one that does not, on a batch of two sequences."""
+    embeddings = core.seeded_call(_tiny_embeddings)
+    idx = torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))
+    whole = core.seeded_call(embeddings, idx)
+    for n in (4, 1, 11, 3):
+        got = core.seeded_call(core.call_learner, EX_PIECES, embed_in_pieces, embeddings, idx, n)
+        got = core.expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
+        if tuple(got.shape) == tuple(whole.shape):
+            otherwise = f"for piece_length={n} the pieces do not give the vectors of the whole sequence at once"
+        else:
+            otherwise = f"for piece_length={n} your output has shape {tuple(got.shape)}, expected {tuple(whole.shape)}: join the pieces along dim 1"
+        _fail_unless_close(EX_PIECES, got, whole, PIECES_MISTAKES, (embeddings, idx, n), otherwise)
+    core.passed(
+        EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried"
+    )
+
+
+def _tiny_embeddings():
+    from gpt2lib.chapters.embeddings import GPT2Embeddings
+
+    torch.manual_seed(0)
+    return GPT2Embeddings(core.tiny_config(vocab_size=13, n_embd=6)).eval()
 
 
 # --------------------------------------------------------------------------- Challenge
@@ -691,350 +826,29 @@ def check_position_table(table) -> dict:
     if bool((table.abs().sum(dim=1) == 0).any()):
         raise core.CheckFailed(
             CHALLENGE_TABLE,
-            "a row of your table is all zeros: it has no direction, so its "
-            "position cannot be told apart by angle",
+            "a row of your table is all zeros: it has no direction, so its position cannot be told apart by angle",
         )
-    scores = position_table_scores(table)
-    if scores["max_cosine"] >= TABLE_GOALS["max_cosine"]:
+    s = position_table_scores(table)
+    if s["max_cosine"] >= TABLE_GOALS["max_cosine"]:
         raise core.CheckFailed(
             CHALLENGE_TABLE,
-            f"two different positions have cosine {scores['max_cosine']:.4f} "
-            f">= {TABLE_GOALS['max_cosine']}: the model could not tell them apart",
+            f"two different positions have cosine {s['max_cosine']:.4f} >= {TABLE_GOALS['max_cosine']}: the model could not tell them apart",
         )
-    if scores["gap"] < TABLE_GOALS["min_gap"]:
+    if s["gap"] < TABLE_GOALS["min_gap"]:
         raise core.CheckFailed(
             CHALLENGE_TABLE,
-            f"neighbours have mean cosine {scores['near']:.4f}, positions 64 "
-            f"apart {scores['far']:.4f}: a gap of {scores['gap']:.4f}, the goal is "
-            f"{TABLE_GOALS['min_gap']}. Make nearby rows point the same way",
+            f"neighbours have mean cosine {s['near']:.4f}, positions 64 apart {s['far']:.4f}: a gap of {s['gap']:.4f}, the goal is {TABLE_GOALS['min_gap']}. Make nearby rows point the same way",
         )
     core.passed(
         CHALLENGE_TABLE,
-        f"largest cosine {scores['max_cosine']:.4f}, neighbours {scores['near']:.4f}, "
-        f"64 apart {scores['far']:.4f}, gap {scores['gap']:.4f}",
+        f"largest cosine {s['max_cosine']:.4f}, neighbours {s['near']:.4f}, 64 apart {s['far']:.4f}, gap {s['gap']:.4f}",
     )
-    return scores
+    return s
 
 
 MISTAKES_BY_CHECK = {
     check_cosine_matrix: COSINE_MISTAKES,
+    check_embed_in_pieces: PIECES_MISTAKES,
+    check_dropout: DROPOUT_MISTAKES,
+    check_measure_dropout: MEASURE_DROPOUT_MISTAKES,
 }
-
-
-# --------------------------------------------------------------------------- Exercise 2.6
-
-EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
-
-
-def _pieces(embeddings, idx, n, past_of):
-    out = []
-    for start in range(0, idx.shape[1], n):
-        out.append(embeddings(idx[:, start : start + n], past_length=past_of(start, len(out), n)))
-    return torch.cat(out, dim=1)
-
-
-# fn(embeddings, idx, piece_length) -> what that wrong version returns
-PIECES_MISTAKES = [
-    core.Mistake(
-        "counted_pieces",
-        "you passed the number of pieces so far as past_length; it is the number of "
-        "TOKENS before the piece, `start`",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k),
-    ),
-    core.Mistake(
-        "off_by_one",
-        "your past_length is one too many: the piece starting at token `start` has exactly "
-        "`start` tokens before it",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1),
-    ),
-    core.Mistake(
-        "no_past_length",
-        "every piece starts again at position 0: pass past_length=start, the tokens "
-        "before the piece",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0),
-    ),
-    core.Mistake(
-        "end_of_piece",
-        "you passed the position of the piece's end; past_length is where it starts "
-        "(the tokens before it)",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1),
-    ),
-    core.Mistake(
-        "last_piece_dropped",
-        "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
-        lambda e, idx, n: (
-            _pieces(e, idx[:, : idx.shape[1] // n * n], n, lambda s, k, n: s)
-            if idx.shape[1] % n
-            else None
-        ),
-    ),
-]
-
-
-def check_embed_in_pieces(embed_in_pieces) -> None:
-    """embed_in_pieces(embeddings, idx, piece_length) equals embeddings(idx), for piece lengths
-    that divide T and one that does not, on a batch of two sequences."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.embeddings import GPT2Embeddings
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        embeddings = GPT2Embeddings(
-            GPT2Config(vocab_size=13, n_positions=16, n_embd=6, n_layer=1, n_head=2)
-        ).eval()
-    idx = torch.randint(0, 13, (2, 11), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        whole = embeddings(idx)
-        for n in (4, 1, 11, 3):
-            got = core.call_learner(EX_PIECES, embed_in_pieces, embeddings, idx, n)
-            got = core.expect_tensor(EX_PIECES, got, what=f"your output for piece_length={n}")
-            if core.close(got, whole):
-                continue
-            found = core.first_mistake(
-                PIECES_MISTAKES, lambda m: core.close(got, m.fn(embeddings, idx, n))
-            )
-            if found:
-                raise core.CheckFailed(EX_PIECES, found.message)
-            if tuple(got.shape) != tuple(whole.shape):
-                raise core.CheckFailed(
-                    EX_PIECES,
-                    f"for piece_length={n} your output has shape {tuple(got.shape)}, "
-                    f"expected {tuple(whole.shape)}: join the pieces along dim 1",
-                )
-            raise core.CheckFailed(
-                EX_PIECES,
-                f"for piece_length={n} the pieces do not give the vectors of the whole "
-                "sequence at once",
-            )
-    core.passed(
-        EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried"
-    )
-
-
-MISTAKES_BY_CHECK[check_embed_in_pieces] = PIECES_MISTAKES
-
-
-# --------------------------------------------------------------------------- Exercise 2.4
-
-
-def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
-    """fn(x, p, training): dropout with one planted mistake, described by the arguments."""
-
-    def fn(x, p, training=True):
-        if not training and not in_eval:
-            return x
-        keep = torch.rand(x.shape) >= (p if keep_p is None else keep_p(p))
-        factor = 1 / (1 - p) if scale is None else scale(p)
-        if in_place:
-            return x.mul_(keep).mul_(factor)
-        return x * keep * factor
-
-    return fn
-
-
-# fn(x, p, training) -> what that wrong version returns
-DROPOUT_MISTAKES = [
-    core.Mistake(
-        "no_rescale",
-        "the survivors are not rescaled: zeroing a fraction p lowers the expected value to "
-        "(1 - p) x; divide the survivors by (1 - p)",
-        _dropout_with(scale=lambda p: 1.0),
-    ),
-    core.Mistake(
-        "times_one_minus_p",
-        "you multiplied the survivors by (1 - p); that lowers the expected value "
-        "further. Divide by (1 - p) instead",
-        _dropout_with(scale=lambda p: 1 - p),
-    ),
-    core.Mistake(
-        "divide_by_p",
-        "you divided the survivors by p; a number survives with probability 1 - p, so "
-        "divide by (1 - p)",
-        _dropout_with(scale=lambda p: 1 / p),
-    ),
-    core.Mistake(
-        "drops_one_minus_p",
-        "you zeroed each number with probability 1 - p (kept it with probability "
-        "p): p is the probability to DROP",
-        _dropout_with(keep_p=lambda p: 1 - p),
-    ),
-    core.Mistake(
-        "active_in_eval",
-        "with training=False your dropout still zeroes numbers; outside training return "
-        "x unchanged",
-        _dropout_with(in_eval=True),
-    ),
-    core.Mistake(
-        "in_place",
-        "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), "
-        "the caller's x must stay as it was",
-        _dropout_with(in_place=True),
-    ),
-]
-
-
-def check_dropout(dropout) -> None:
-    """`dropout(x, p, training)`: in training each number zeroed with probability p and the rest divided
-    by 1 - p; outside training x itself. Tried for p = 0.1, 0.5 and 0, on large tensors."""
-    for p in (0.1, 0.5, 0.0):
-        x = torch.full((64, 256), 2.0)
-        before = x.clone()
-        torch_dropout = [(F, "dropout"), (torch, "dropout"), (nn.Dropout, "forward")]
-        why = "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
-        with _not_allowed(EX_DROPOUT, torch_dropout, why):
-            got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, p, True)
-        if not torch.equal(x, before):
-            raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "in_place").message)
-        got = core.expect_tensor(EX_DROPOUT, got, tuple(x.shape), what=f"your output for p={p}")
-        zeroed = (got == 0).double().mean().item()
-        survivors = got[got != 0]
-        if (
-            abs(zeroed - p) < 0.03
-            and survivors.numel()
-            and torch.allclose(survivors, torch.tensor(2.0 / (1 - p)).double())
-        ):
-            continue
-        found = core.first_mistake(
-            DROPOUT_MISTAKES[:-2],
-            lambda m: _same_statistics(got, core.seeded_call(m.fn, x.clone(), p, True)),
-        )
-        if found:
-            raise core.CheckFailed(EX_DROPOUT, found.message)
-        raise core.CheckFailed(
-            EX_DROPOUT,
-            f"for p={p} your dropout zeroes {zeroed:.4f} of the numbers (expected about "
-            f"{p}) and the survivors of 2.0 are not all 2.0 / (1 - p) = {2.0 / (1 - p):.4f}",
-        )
-    x = torch.randn(8, 16)
-    got = core.seeded_call(core.call_learner, EX_DROPOUT, dropout, x, 0.5, False)
-    if not isinstance(got, torch.Tensor) or not torch.equal(got, x):
-        raise core.CheckFailed(EX_DROPOUT, core.named(DROPOUT_MISTAKES, "active_in_eval").message)
-    core.passed(
-        EX_DROPOUT, "a fraction p zeroed, the survivors divided by 1 - p, nothing outside training"
-    )
-
-
-def _same_statistics(got, want) -> bool:
-    """The same fraction of zeros (within 0.03) and the same surviving values."""
-    if (want == 0).all():
-        return bool((got == 0).all())
-    zeros = abs((got == 0).double().mean().item() - (want == 0).double().mean().item()) < 0.03
-    return (
-        zeros
-        and bool((got != 0).any())
-        and torch.allclose(got[got != 0].unique(), want[want != 0].double().unique())
-    )
-
-
-MISTAKES_BY_CHECK[check_dropout] = DROPOUT_MISTAKES
-
-
-def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval"):
-    """fn(drop, x): measure_dropout with one planted mistake, described by the arguments."""
-
-    def fn(drop, x):
-        y = drop.train()(x) if mode == "train" else drop.eval()(x)
-        kept = y != 0
-        fraction = (1 - kept.double().mean().item()) if zeros else kept.double().mean().item()
-        if factor == "ratio":
-            times = (y[kept] / x[kept]).mean().item()
-        elif factor == "values":
-            times = y[kept].mean().item()
-        else:  # the mean over every number, zeros included
-            times = (y / x).mean().item()
-        after = drop.eval()(x) if eval_mode == "eval" else drop.train()(x)
-        return fraction, times, torch.equal(after, x)
-
-    return fn
-
-
-# fn(drop, x) -> what that wrong measurement returns
-MEASURE_DROPOUT_MISTAKES = [
-    core.Mistake(
-        "measured_in_eval",
-        "nothing was zeroed in your train-mode measurement: the module was in eval() "
-        "mode; switch it with drop.train() before the first call",
-        _measure_with(mode="eval"),
-    ),
-    core.Mistake(
-        "counted_survivors",
-        "your fraction is the share of numbers that SURVIVED (about 1 - p); "
-        "measure the share that train mode set to zero",
-        _measure_with(zeros=False),
-    ),
-    core.Mistake(
-        "factor_with_zeros",
-        "your factor averages y / x over every number, zeros included (that gives "
-        "about 1: dropout keeps the mean); average over the survivors only",
-        _measure_with(factor="all"),
-    ),
-    core.Mistake(
-        "survivor_values",
-        "your factor is the survivors' values, not what they were multiplied by: "
-        "divide each survivor by the number of x it came from",
-        _measure_with(factor="values"),
-    ),
-    core.Mistake(
-        "eval_in_train_mode",
-        "your eval-mode answer is False: the second call ran in train() mode; "
-        "switch the module with drop.eval() first",
-        _measure_with(eval_mode="train"),
-    ),
-]
-
-
-def check_measure_dropout(measure_dropout) -> None:
-    """`measure_dropout(drop, x)` -> (fraction zeroed in train mode, factor of the survivors, eval leaves
-    x unchanged), measured on nn.Dropout for p = 0.1 and 0.5 and inputs that are not all ones."""
-    gen = torch.Generator().manual_seed(2)
-    for p in (0.1, 0.5):
-        x = torch.rand(64, 256, generator=gen) + 0.5  # no zeros, not all equal
-        got = core.seeded_call(
-            core.call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
-        )
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise core.CheckFailed(
-                EX_MEASURE_DROPOUT,
-                "return three things: (fraction zeroed, factor of the "
-                f"survivors, eval unchanged); got {type(got).__name__}",
-            )
-        if any(isinstance(value, torch.Tensor) for value in got):
-            raise core.CheckFailed(
-                EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"
-            )
-        try:
-            fraction, factor, unchanged = float(got[0]), float(got[1]), bool(got[2])
-        except (TypeError, ValueError, RuntimeError):
-            raise core.CheckFailed(
-                EX_MEASURE_DROPOUT, "return two numbers and a bool (use .item() on tensors)"
-            ) from None
-
-        def matches(values, fraction=fraction, factor=factor, unchanged=unchanged):
-            f, t, u = values
-            return (
-                abs(fraction - f) < 0.03
-                and abs(factor - t) < 1e-3 * max(1.0, abs(t))
-                and unchanged == u
-            )
-
-        if matches((p, 1 / (1 - p), True)):
-            continue
-        found = core.first_mistake(
-            MEASURE_DROPOUT_MISTAKES,
-            lambda m: matches(core.seeded_call(m.fn, nn.Dropout(p), x.clone())),
-        )
-        if found:
-            raise core.CheckFailed(EX_MEASURE_DROPOUT, found.message)
-        raise core.CheckFailed(
-            EX_MEASURE_DROPOUT,
-            f"for nn.Dropout({p}) you measured {fraction:.4f} zeroed, a factor "
-            f"{factor:.4f} and eval unchanged {unchanged}; expected about {p}, "
-            f"{1 / (1 - p):.4f} and True",
-        )
-    core.passed(
-        EX_MEASURE_DROPOUT,
-        "fraction zeroed, the survivors' factor and eval mode, for p = 0.1 and 0.5",
-    )
-
-
-MISTAKES_BY_CHECK[check_measure_dropout] = MEASURE_DROPOUT_MISTAKES
