@@ -1,11 +1,5 @@
-"""Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm and the
-post-norm block, the gradient at the input of a stack, and measuring the residual stream.
-
-Each check runs the learner's answer on small random cases, compares it with the right answer
-and with the planted wrong answers in the module-level `Mistake` lists below (unbiased
-variance, wrong eps, post-norm, missing residual, blocks not chained, ...; the tests are
-parametrised over those lists), and names the mistake when one of them matches.
-"""
+"""Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm, post-norm and
+no-residual blocks, the gradient at the input of a stack, and measuring the residual stream."""
 
 from __future__ import annotations
 
@@ -24,49 +18,69 @@ EX_BLOCK = "Exercise 5.2 (Block)"
 EX_POST = "Exercise 5.2 (PostNormBlock)"
 EX_NO_RESIDUAL = "Exercise 5.2 (NoResidualBlock)"
 EX_STREAM = "Exercise 5.4 (follow_stream)"
+EX_GRAD = "Exercise 5.3 (input_gradient_norm)"
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
 
 
 def _ln_inputs():
-    """(B, T, C) = (2, 3, 8) in float64: ordinary rows, rows with an offset, and nearly
+    """(B, T, C) = (2, 3, 8) in float64: ordinary rows, a row with an offset, and nearly
     constant rows whose variance (~4e-6) is close to eps, so that eps mistakes show."""
     gen = torch.Generator().manual_seed(0)
-    C = 8
-    x = torch.randn(2, 3, C, generator=gen, dtype=torch.float64)
-    x[0, 1] = x[0, 1] * 3.0 + 5.0  # big offset: the mean must be subtracted
-    x[1, 0] = x[1, 0] * 2e-3 + 1.0  # nearly constant rows: var ~ 4e-6, close to eps
+    x = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64)
+    x[0, 1] = x[0, 1] * 3.0 + 5.0
+    x[1, 0] = x[1, 0] * 2e-3 + 1.0
     x[1, 2] = x[1, 2] * 1e-3
-    weight = 1.0 + 0.5 * torch.randn(C, generator=gen, dtype=torch.float64)
-    bias = 0.5 * torch.randn(C, generator=gen, dtype=torch.float64)
+    weight = 1.0 + 0.5 * torch.randn(8, generator=gen, dtype=torch.float64)
+    bias = 0.5 * torch.randn(8, generator=gen, dtype=torch.float64)
     return x, weight, bias
 
 
 def _manual(
-    x, weight, bias, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, center=True, power=0.5
+    x,
+    w,
+    b,
+    *,
+    eps=EPS,
+    dim=-1,
+    unbiased=False,
+    eps_outside=False,
+    center=True,
+    power=0.5,
+    gain=True,
+    shift=True,
+    swap=False,
+    bias_first=False,
 ):
-    """LayerNorm written out, with switches for the usual mistakes (dim=None: whole tensor)."""
+    """LayerNorm written out; the switches make the planted mistakes (dim=None: whole tensor)."""
     dims = tuple(range(x.dim())) if dim is None else (dim,)
-    count = 1
-    for d in dims:
-        count *= x.shape[d]
+    count = math.prod(x.shape[d] for d in dims)
     mean = x.mean(dim=dims, keepdim=True) if center else torch.zeros((), dtype=x.dtype)
     var = ((x - mean) ** 2).sum(dim=dims, keepdim=True) / (count - (1 if unbiased else 0))
     scale = var**power + eps if eps_outside else (var + eps) ** power
-    return (x - mean) / scale * weight + bias
+    if swap:
+        w, b = b, w
+    if bias_first:
+        b = b * w
+    w = w if gain else torch.ones_like(w)
+    b = b if shift else torch.zeros_like(b)
+    return (x - mean) / scale * w + b
 
 
 def _m(**switches):
     return lambda x, weight, bias, eps=EPS: _manual(x, weight, bias, **{"eps": eps, **switches})
 
 
+_WHERE = "(dim=-1, keepdim=True)"
+_AFFINE = "end with `* weight + bias`"
+
 # fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
 LAYER_NORM_MISTAKES = [
     core.Mistake(
         "unbiased variance",
-        "the variance is unbiased (divided by C - 1): torch.var and "
-        "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
-        "keepdim=True, unbiased=False) (or correction=0)",
+        "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. "
+        "LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or "
+        "correction=0)",
         _m(unbiased=True),
     ),
     core.Mistake(
@@ -76,8 +90,8 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "unbiased, eps outside",
-        "the variance is unbiased (torch.var's default: use "
-        "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
+        "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added "
+        "outside the square root (use sqrt(var + eps))",
         _m(unbiased=True, eps_outside=True),
     ),
     core.Mistake(
@@ -87,67 +101,54 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "rmsnorm",
-        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
-        "vector first, (x - mean) / sqrt(var + eps)",
+        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, "
+        "(x - mean) / sqrt(var + eps)",
         _m(center=False),
     ),
     core.Mistake(
         "over the batch",
-        "you normalised over the wrong dimension: LayerNorm works on each "
-        "token's own C features, the last dimension (dim=-1, keepdim=True)",
+        "you normalised over the wrong dimension: LayerNorm works on each token's own C "
+        f"features, the last dimension {_WHERE}",
         _m(dim=0),
     ),
     core.Mistake(
         "over the sequence",
-        "you normalised over the wrong dimension (the sequence): use the "
-        "last dimension (dim=-1, keepdim=True)",
+        f"you normalised over the wrong dimension (the sequence): use the last dimension {_WHERE}",
         _m(dim=1),
     ),
     core.Mistake(
         "whole tensor",
-        "you normalised with one mean and variance for the whole tensor: each "
-        "token gets its own, over the last dimension (dim=-1, keepdim=True)",
+        "you normalised with one mean and variance for the whole tensor: each token gets its "
+        f"own, over the last dimension {_WHERE}",
         _m(dim=None),
     ),
     core.Mistake(
-        "no gain, no bias",
-        "the gain and bias are missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps),
+        "no gain, no bias", f"the gain and bias are missing: {_AFFINE}", _m(gain=False, shift=False)
     ),
+    core.Mistake("no bias", f"the bias is missing: {_AFFINE}", _m(shift=False)),
+    core.Mistake("no gain", f"the gain is missing: {_AFFINE}", _m(gain=False)),
     core.Mistake(
-        "no bias",
-        "the bias is missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps),
-    ),
-    core.Mistake(
-        "no gain",
-        "the gain is missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps),
-    ),
-    core.Mistake(
-        "swapped",
-        "weight and bias are swapped: multiply by weight, then add bias",
-        lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps),
+        "swapped", "weight and bias are swapped: multiply by weight, then add bias", _m(swap=True)
     ),
     core.Mistake(
         "x.std",
-        "you divide by x.std(): that is the unbiased standard deviation (divides by "
-        "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
-        "keepdim=True, unbiased=False)",
-        lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0),
+        "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and "
+        "has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, "
+        "unbiased=False)",
+        _m(unbiased=True, eps=0.0),
     ),
     core.Mistake(
         "bias first",
-        "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
-        "order is x̂ * weight + bias",
-        lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps),
+        "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is "
+        "x̂ * weight + bias",
+        _m(bias_first=True),
     ),
 ] + [
     core.Mistake(
         f"eps {name}",
-        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
-        "inside the square root: sqrt(var + eps)",
-        lambda x, w, b, eps=EPS, wrong=wrong: _manual(x, w, b, eps=wrong),
+        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square "
+        "root: sqrt(var + eps)",
+        _m(eps=wrong),
     )
     for wrong, name in (
         (1e-12, "1e-12 (BERT's value) or 0 (none at all)"),
@@ -159,18 +160,18 @@ LAYER_NORM_MISTAKES = [
 ]
 
 
-def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
-    mistake = core.first_mistake(
-        LAYER_NORM_MISTAKES, lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7)
-    )
-    if mistake is not None:
-        raise core.CheckFailed(exercise, mistake.message)
-    worst = (got.double() - want).abs().max().item()
-    raise core.CheckFailed(
-        exercise,
-        f"{what} differs from F.layer_norm by up to {worst:.3g}. LayerNorm: mean and biased "
-        "variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
-    )
+def _expect_layer_norm(exercise, got, x, weight, bias, what):
+    """Raise naming the planted mistake when `got` is not F.layer_norm(x) (same shape as x)."""
+    want = F.layer_norm(x, x.shape[-1:], weight, bias, EPS)
+    if not core.close(got, want, atol=1e-7):
+        core.fail_with(
+            exercise,
+            LAYER_NORM_MISTAKES,
+            lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7),
+            f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. "
+            "LayerNorm: mean and biased variance over the last dimension, "
+            "(x - mean) / sqrt(var + eps) * weight + bias",
+        )
 
 
 # --------------------------------------------------------------------------- Exercise 5.1
@@ -186,7 +187,6 @@ def check_layer_norm(layer_norm) -> None:
         instead="write the formula (nn.LayerNorm calls F.layer_norm too)",
     )
     x, weight, bias = _ln_inputs()
-    C = x.shape[-1]
     x_in = x.clone()
     try:
         got = core.call_learner(EX_LN, layer_norm, x_in, weight, bias)
@@ -211,13 +211,10 @@ def check_layer_norm(layer_norm) -> None:
             f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
             "shape (did you forget keepdim=True on the mean or the variance?)",
         )
-    want = F.layer_norm(x, (C,), weight, bias, EPS)
-    if not core.close(got, want, atol=1e-7):
-        _explain_layer_norm(EX_LN, got, x, weight, bias, want, "your output")
-
+    _expect_layer_norm(EX_LN, got, x, weight, bias, "your output")
     for eps in (1e-3, 1e-12):
         got_eps = core.call_learner(EX_LN, layer_norm, x.clone(), weight, bias, eps=eps)
-        if not core.close(got_eps, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
+        if not core.close(got_eps, F.layer_norm(x, (8,), weight, bias, eps), atol=1e-7):
             raise core.CheckFailed(
                 EX_LN,
                 f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the "
@@ -228,8 +225,8 @@ def check_layer_norm(layer_norm) -> None:
     except (IndexError, RuntimeError) as exc:
         raise core.CheckFailed(
             EX_LN,
-            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), "
-            "not dim=2, so any number of leading dimensions works",
+            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), not dim=2, so "
+            "any number of leading dimensions works",
         ) from None
     if not isinstance(tokens, torch.Tensor) or tokens.shape != x[0].shape:
         raise core.CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
@@ -238,7 +235,11 @@ def check_layer_norm(layer_norm) -> None:
     core.passed(EX_LN, "mean and biased variance over the last dimension, eps inside the root")
 
 
-# --------------------------------------------------------------------------- Exercise 5.2
+_START = {
+    "weight": "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only "
+    "normalises; with zeros its output would be all zeros (bias) and nothing would flow",
+    "bias": "`bias` should start as zeros (torch.zeros(n_embd))",
+}
 
 
 def check_layer_norm_module(LayerNorm) -> None:
@@ -263,66 +264,40 @@ def check_layer_norm_module(LayerNorm) -> None:
             f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's "
             "checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
         )
-    for name in ("weight", "bias"):
-        if tuple(params[name].shape) != (C,):
+    for name, start in (("weight", 1.0), ("bias", 0.0)):
+        p = params[name].detach()
+        if tuple(p.shape) != (C,):
             raise core.CheckFailed(
                 EX_LN_MODULE,
-                f"`{name}` has shape {tuple(params[name].shape)}; it should be (n_embd,) = ({C},)",
+                f"`{name}` has shape {tuple(p.shape)}; it should be (n_embd,) = ({C},)",
             )
-    if not torch.equal(params["weight"].detach(), torch.ones(C, dtype=params["weight"].dtype)):
-        raise core.CheckFailed(
-            EX_LN_MODULE,
-            "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only "
-            "normalises; with zeros its output would be all zeros (bias) and nothing would flow",
-        )
-    if not torch.equal(params["bias"].detach(), torch.zeros(C, dtype=params["bias"].dtype)):
-        raise core.CheckFailed(EX_LN_MODULE, "`bias` should start as zeros (torch.zeros(n_embd))")
-
-    ln = ln.double()
+        if not torch.equal(p, torch.full((C,), start, dtype=p.dtype)):
+            raise core.CheckFailed(EX_LN_MODULE, _START[name])
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # as the model passes it
     with torch.no_grad():
-        ln.weight.copy_(weight)
-        ln.bias.copy_(bias)
-        got = core.call_learner(
-            EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1)
-        )  # strided, as the model passes it
-        want = F.layer_norm(x, (C,), weight, bias, EPS)
-        if not core.close(got, want, atol=1e-7):
-            if isinstance(got, torch.Tensor) and got.shape == x.shape:
-                _explain_layer_norm(
-                    EX_LN_MODULE, got, x, weight, bias, want, "LayerNorm(n_embd)(x)"
+        for eps in (EPS, 1e-3):
+            if eps != EPS:
+                ln = core.call_learner(EX_LN_MODULE, LayerNorm, C, eps)
+            ln = ln.double()
+            ln.weight.copy_(weight)
+            ln.bias.copy_(bias)
+            got = core.call_learner(EX_LN_MODULE, ln.forward, strided)
+            if eps == EPS:
+                if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                    raise core.CheckFailed(
+                        EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
+                    )
+                _expect_layer_norm(EX_LN_MODULE, got, x, weight, bias, "LayerNorm(n_embd)(x)")
+            elif not core.close(got, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
+                raise core.CheckFailed(
+                    EX_LN_MODULE,
+                    "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` "
+                    "argument (self.eps = eps) and use it in forward",
                 )
-            raise core.CheckFailed(
-                EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
-            )
-
-        ln_eps = core.call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
-        ln_eps.weight.copy_(weight)
-        ln_eps.bias.copy_(bias)
-        if not core.close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3), atol=1e-7):
-            raise core.CheckFailed(
-                EX_LN_MODULE,
-                "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument "
-                "(self.eps = eps) and use it in forward",
-            )
     core.passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
 
 
 # --------------------------------------------------------------------------- Exercise 5.2
-
-
-def _small_config(pdrop: float = 0.0):
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(
-        n_embd=8,
-        n_head=2,
-        n_layer=1,
-        n_positions=16,
-        vocab_size=11,
-        embd_pdrop=pdrop,
-        attn_pdrop=pdrop,
-        resid_pdrop=pdrop,
-    )
 
 
 class _PlainAttention(nn.Module):
@@ -354,8 +329,12 @@ def _post_norm(b, x):
     return b.ln_2(h + b.mlp(h))
 
 
+def _no_residual(b, x):
+    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
+
+
 # fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
-# Shared by both blocks of Exercise 5.2 (the right answer of one is a mistake for the other).
+# Shared by the pre- and post-norm blocks (the right answer of one is a mistake for the other).
 _ORDER_MISTAKES = [
     core.Mistake(
         "no residuals",
@@ -382,9 +361,9 @@ _ORDER_MISTAKES = [
 BLOCK_MISTAKES = [
     core.Mistake(
         "post-norm",
-        "this is the post-norm block of the original Transformer, "
-        "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
-        "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+        "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is "
+        "pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised "
+        "stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
         _post_norm,
     ),
     core.Mistake(
@@ -404,16 +383,16 @@ BLOCK_MISTAKES = [
     ),
     core.Mistake(
         "normalised stream",
-        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
-        "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and "
+        "give only the sublayer a normalised copy, x + attn(ln_1(x))",
         lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
             (lambda n: n + b.attn(n))(b.ln_1(x))
         ),
     ),
     core.Mistake(
         "parallel",
-        "the MLP reads x instead of the stream after attention: first "
-        "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+        "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), "
+        "then h + mlp(ln_2(h))",
         lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
     ),
 ] + _ORDER_MISTAKES
@@ -421,8 +400,8 @@ BLOCK_MISTAKES = [
 POST_NORM_MISTAKES = [
     core.Mistake(
         "pre-norm",
-        "this is GPT-2's pre-norm block again: post-norm adds first and then "
-        "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+        "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the "
+        "stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
         _pre_norm,
     ),
     core.Mistake(
@@ -432,24 +411,62 @@ POST_NORM_MISTAKES = [
     ),
     core.Mistake(
         "norm inside",
-        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
-        "post-norm normalises the SUM, ln(x + sublayer(x))",
+        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm "
+        "normalises the SUM, ln(x + sublayer(x))",
         lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
     ),
     core.Mistake(
         "sublayer reads normalised",
-        "the sublayers read a normalised copy, ln(x + "
-        "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
-        "ln(x + sublayer(x))",
+        "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each "
+        "sublayer reads the stream as it is, ln(x + sublayer(x))",
         lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(b.ln_1(x + b.attn(b.ln_1(x)))),
     ),
 ] + _ORDER_MISTAKES
 
+# fn(block, x) -> a wrong output of the block without residual connections
+NO_RESIDUAL_MISTAKES = [
+    core.Mistake(
+        "residuals kept",
+        "this is GPT-2's pre-norm block with both residual connections: take them out, each "
+        "sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
+        _pre_norm,
+    ),
+    core.Mistake(
+        "attention residual kept",
+        "the residual connection around attention is still there: x = attn(ln_1(x)), not "
+        "x + attn(ln_1(x))",
+        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
+    ),
+    core.Mistake(
+        "MLP residual kept",
+        "the residual connection around the MLP is still there: return mlp(ln_2(x)), not "
+        "x + mlp(ln_2(x))",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
+    ),
+    core.Mistake(
+        "MLP reads the input",
+        "the MLP reads the block's input: without residuals the MLP reads what attention "
+        "returned, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+    ),
+    core.Mistake(
+        "no norms",
+        "the LayerNorms are gone too: only the residual connections go, each sublayer still "
+        "reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.mlp(b.attn(x)),
+    ),
+    core.Mistake(
+        "swapped norms",
+        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
+    ),
+]
 
-def _make_block(exercise, Block, *args, **kwargs):
+
+def _make_block(exercise, Block, config, **kwargs):
     """call_learner, but a stub in an earlier exercise (say LayerNorm) is named in the message."""
     try:
-        return core.call_learner(exercise, Block, *args, **kwargs)
+        return core.call_learner(exercise, Block, config, **kwargs)
     except core.CheckFailed as failure:
         cause = failure.__context__
         if isinstance(cause, NotImplementedError) and str(cause):
@@ -461,15 +478,17 @@ def _make_block(exercise, Block, *args, **kwargs):
         raise
 
 
-def _block_case(exercise, Block, config):
-    """The learner's block with random float64 weights (LayerNorm gains and biases too, so that
-    ln_1 and ln_2 differ), in eval mode, and a non-contiguous input (B, T, C) with an offset."""
+def _check_block(exercise, Block, right, mistakes, what):
+    """The driver of the three blocks: names and modules, the output with random float64 weights
+    (LayerNorm's too, so that ln_1 and ln_2 differ) on a strided input against `right` and the
+    planted `mistakes`, then dropout in training mode. Returns the config and the input."""
+    config = core.tiny_config(n_embd=8)
     block = _make_block(exercise, Block, config)
     if not isinstance(block, nn.Module):
         raise core.CheckFailed(
             exercise,
-            f"{getattr(Block, '__name__', 'Block')}(config) should make an "
-            f"nn.Module, got {type(block).__name__}",
+            f"{getattr(Block, '__name__', 'Block')}(config) should make an nn.Module, got "
+            f"{type(block).__name__}",
         )
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
@@ -483,82 +502,49 @@ def _block_case(exercise, Block, config):
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
-            p.copy_(
-                torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4
-                + (1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0)
-            )
-    block = block.double().eval()
-    x = (torch.randn(config.n_embd, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5).permute(
-        2, 1, 0
-    )
-    return block, x
-
-
-def _check_block_output(exercise, block, x, right, mistakes, what):
-    with torch.no_grad():
-        got = core.call_learner(
-            exercise, block.forward, x
-        )  # forward: so a wrong signature is named
-        got = core.expect_tensor(
-            exercise,
-            got,
-            tuple(x.shape),
-            what=f"the output for x of shape {tuple(x.shape)}",
-            hints={},
-        )
+            gain = 1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4 + gain)
+        block = block.double().eval()
+        x = torch.randn(8, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5
+        x = x.permute(2, 1, 0)  # (B, T, C), not contiguous
+        got = core.call_learner(exercise, block.forward, x)  # forward: a wrong signature is named
+        what_got = f"the output for x of shape {tuple(x.shape)}"
+        got = core.expect_tensor(exercise, got, x.shape, what=what_got)
         want = right(block, x)
         if not core.close(got, want, atol=1e-6):
-            mistake = core.first_mistake(
-                mistakes, lambda m: core.close(got, m.fn(block, x), atol=1e-6)
+            core.fail_with(
+                exercise,
+                mistakes,
+                lambda m: core.close(got, m.fn(block, x), atol=1e-6),
+                f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})",
             )
-            if mistake is not None:
-                raise core.CheckFailed(exercise, mistake.message)
+        # With dropout in the sublayers, training mode must differ from eval mode (nothing forces
+        # eval inside forward) and eval mode must be repeatable.
+        block = _make_block(exercise, Block, core.tiny_config(n_embd=8, pdrop=0.5)).eval()
+        x_drop = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+        first = block(x_drop)
+        if not torch.equal(first, block(x_drop)):
             raise core.CheckFailed(
                 exercise,
-                f"the output is not the {what} (largest difference "
-                f"{(got - want).abs().max().item():.3g})",
-            )
-
-
-def _check_train_mode(exercise, Block):
-    """With dropout in the sublayers, training mode must differ from eval mode (nothing forces
-    eval inside forward) and eval mode must be repeatable."""
-    block = _make_block(exercise, Block, _small_config(pdrop=0.5))
-    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        block.eval()
-        first, second = block(x), block(x)
-        if not torch.equal(first, second):
-            raise core.CheckFailed(
-                exercise,
-                "in eval mode two calls gave different outputs: something "
-                "random runs outside the sublayers' dropout",
+                "in eval mode two calls gave different outputs: something random runs outside "
+                "the sublayers' dropout",
             )
         block.train()
         torch.manual_seed(0)
-        if torch.equal(block(x), first):
+        if torch.equal(block(x_drop), first):
             raise core.CheckFailed(
                 exercise,
-                "in training mode the output equals eval mode's, though "
-                "the sublayers have dropout: do not switch modes (.eval()) inside forward",
+                "in training mode the output equals eval mode's, though the sublayers have "
+                "dropout: do not switch modes (.eval()) inside forward",
             )
+    return config, x
 
 
 def check_block(Block) -> None:
-    """`Block(config, attention_cls, mlp_cls)`: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    config = _small_config()
-    block, x = _block_case(EX_BLOCK, Block, config)
-    _check_block_output(
-        EX_BLOCK,
-        block,
-        x,
-        _pre_norm,
-        BLOCK_MISTAKES,
-        "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-    )
-    _check_train_mode(EX_BLOCK, Block)
-
-    # kv_cache goes to attention only when there is one.
+    """`Block(config, attention_cls, mlp_cls)`: (B, T, C) -> (B, T, C), x + attn(ln_1(x)), then
+    x + mlp(ln_2(x)); `kv_cache` handed to attention only when given."""
+    what = "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))"
+    config, x = _check_block(EX_BLOCK, Block, _pre_norm, BLOCK_MISTAKES, what)
     plain = _make_block(EX_BLOCK, Block, config, attention_cls=_PlainAttention)
     try:
         plain(x.float())
@@ -586,93 +572,27 @@ def check_block(Block) -> None:
 
 
 def check_post_norm_block(PostNormBlock) -> None:
-    """`PostNormBlock(config)`: x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))."""
-    block, x = _block_case(EX_POST, PostNormBlock, _small_config())
-    _check_block_output(
-        EX_POST,
-        block,
-        x,
-        _post_norm,
-        POST_NORM_MISTAKES,
-        "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))",
-    )
-    _check_train_mode(EX_POST, PostNormBlock)
+    """`PostNormBlock(config)`: (B, T, C) -> (B, T, C), x = ln_1(x + attn(x)), x = ln_2(x + mlp(x))."""
+    what = "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))"
+    _check_block(EX_POST, PostNormBlock, _post_norm, POST_NORM_MISTAKES, what)
     core.passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
 
 
-def _no_residual(b, x):
-    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
-
-
-# fn(block, x) -> a wrong output of the block without residual connections
-NO_RESIDUAL_MISTAKES = [
-    core.Mistake(
-        "residuals kept",
-        "this is GPT-2's pre-norm block with both residual connections: "
-        "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
-        "then x = mlp(ln_2(x))",
-        _pre_norm,
-    ),
-    core.Mistake(
-        "attention residual kept",
-        "the residual connection around attention is still there: "
-        "x = attn(ln_1(x)), not x + attn(ln_1(x))",
-        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
-    ),
-    core.Mistake(
-        "MLP residual kept",
-        "the residual connection around the MLP is still there: "
-        "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
-    ),
-    core.Mistake(
-        "MLP reads the input",
-        "the MLP reads the block's input: without residuals the MLP "
-        "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
-    ),
-    core.Mistake(
-        "no norms",
-        "the LayerNorms are gone too: only the residual connections go, each "
-        "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.mlp(b.attn(x)),
-    ),
-    core.Mistake(
-        "swapped norms",
-        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
-    ),
-]
-
-
 def check_no_residual_block(NoResidualBlock) -> None:
-    """`NoResidualBlock(config)`: the pre-norm block without residuals, mlp(ln_2(attn(ln_1(x))))."""
-    block, x = _block_case(EX_NO_RESIDUAL, NoResidualBlock, _small_config())
-    _check_block_output(
-        EX_NO_RESIDUAL,
-        block,
-        x,
-        _no_residual,
-        NO_RESIDUAL_MISTAKES,
-        "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))",
-    )
-    _check_train_mode(EX_NO_RESIDUAL, NoResidualBlock)
+    """`NoResidualBlock(config)`: (B, T, C) -> (B, T, C), mlp(ln_2(attn(ln_1(x))))."""
+    what = "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))"
+    _check_block(EX_NO_RESIDUAL, NoResidualBlock, _no_residual, NO_RESIDUAL_MISTAKES, what)
     core.passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
 # --------------------------------------------------------------------------- Exercise 5.4
 
 
-def _stream(
-    blocks,
-    x0,
-    chain=True,
-    size=lambda x: x.norm(dim=-1).mean(),
-    cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean(),
-    include_input=True,
-):
-    norms = [size(x0).item()] if include_input else []
-    cosines = [1.0] if include_input else []
+def _stream(blocks, x0, chain=True, size=None, cosine=None, include_input=True):
+    """The right (norms, cosines); the switches make the planted mistakes."""
+    size = size or (lambda x: x.norm(dim=-1).mean())
+    cosine = cosine or (lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean())
+    norms, cosines = ([size(x0).item()], [1.0]) if include_input else ([], [])
     x = x0
     with torch.no_grad():
         for block in blocks:
@@ -682,45 +602,46 @@ def _stream(
     return norms, cosines
 
 
+_PER_TOKEN = "each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens"
+
 # fn(blocks, x0) -> (norms, cosines) of a wrong measurement
 STREAM_MISTAKES = [
     core.Mistake(
         "not chained",
-        "every block was applied to x0: the blocks run one after another, "
-        "each on the output of the one before (x = block(x))",
+        "every block was applied to x0: the blocks run one after another, each on the output of "
+        "the one before (x = block(x))",
         lambda blocks, x0: _stream(blocks, x0, chain=False),
     ),
     core.Mistake(
         "norm of the whole tensor",
-        "your sizes are the norm of the whole (B, T, C) tensor: "
-        "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
+        "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, "
+        "x.norm(dim=-1), then the mean over the B · T tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
     ),
     core.Mistake(
         "rms",
-        "your sizes are the root mean square of the numbers (norm / √C): the size here "
-        "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
+        "your sizes are the root mean square of the numbers (norm / √C): the size here is "
+        + _PER_TOKEN,
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
     ),
     core.Mistake(
         "squared norm",
-        "your sizes are squared norms: take x.norm(dim=-1) (the square root "
-        "of the sum of squares), then the mean",
+        "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of "
+        "squares), then the mean",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
     ),
     core.Mistake(
         "cosine of the flattened tensors",
-        "your cosines compare the whole flattened tensors: "
-        "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
-        "then average",
+        "your cosines compare the whole flattened tensors: compare each token with the same "
+        "token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
         ),
     ),
     core.Mistake(
         "cosine over the wrong dimension",
-        "your cosines are taken over the wrong dimension: "
-        "each token's C features are its vector, so use dim=-1",
+        "your cosines are taken over the wrong dimension: each token's C features are its "
+        "vector, so use dim=-1",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
         ),
@@ -733,8 +654,8 @@ STREAM_MISTAKES = [
     ),
     core.Mistake(
         "no input entry",
-        "entry 0 must be the input itself (its norm, and cosine 1), so each "
-        "list has len(blocks) + 1 entries: start the lists before the loop",
+        "entry 0 must be the input itself (its norm, and cosine 1), so each list has "
+        "len(blocks) + 1 entries: start the lists before the loop",
         lambda blocks, x0: _stream(blocks, x0, include_input=False),
     ),
 ]
@@ -751,20 +672,15 @@ class _Scale(nn.Module):
         return self.factor * x + self.shift.to(x.dtype)
 
 
-_FLOATS = "norms and cosines should be lists of Python floats: use .item() on a one-number tensor"
+def _near(a, b):
+    return math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6)
 
 
-def _as_floats(got, n):
-    if not isinstance(got, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in got):
-        raise core.CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
-    values = [float(v) for v in got]
-    if len(values) != n:
-        raise core.CheckFailed(
-            EX_STREAM,
-            f"with {n - 1} blocks each list should have {n} entries "
-            f"(the input, then one per block), got {len(values)}",
-        )
-    return values
+def _same_stream(candidate, got):
+    return all(
+        len(right) == len(mine) and all(_near(a, b) for a, b in zip(right, mine))
+        for right, mine in zip(candidate, got)
+    )
 
 
 def check_follow_stream(follow_stream) -> None:
@@ -774,67 +690,60 @@ def check_follow_stream(follow_stream) -> None:
     for C, factors, shape in ((6, (1.5, 0.5, 2.0), (2, 4)), (5, (0.7, 3.0), (3, 2))):
         blocks = nn.ModuleList(_Scale(f, torch.randn(C, generator=gen)) for f in factors)
         x0 = torch.randn(*shape, C, generator=gen) + 0.3  # (B, T, C)
-        _check_stream_case(follow_stream, blocks, x0)
-    core.passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
-
-
-def _check_stream_case(follow_stream, blocks, x0) -> None:
-    x0_before = x0.clone()
-    got = core.call_learner(EX_STREAM, follow_stream, blocks, x0)
-    if not torch.equal(x0, x0_before):
-        raise core.CheckFailed(
-            EX_STREAM,
-            "your function changed x0 in place (x += ..., x0.mul_): keep "
-            "x0 unchanged, you compare with it at every step",
-        )
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise core.CheckFailed(
-            EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
-        )
-    n = len(blocks) + 1
-    if not all(isinstance(part, (list, tuple)) for part in got) or any(
-        isinstance(v, torch.Tensor) for part in got for v in part
-    ):
-        raise core.CheckFailed(EX_STREAM, _FLOATS)
-
-    def matches(candidate):
-        norms, cosines = candidate
-        return (
-            len(norms) == len(got[0])
-            and len(cosines) == len(got[1])
-            and all(
-                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(norms, got[0])
+        x0_before = x0.clone()
+        got = core.call_learner(EX_STREAM, follow_stream, blocks, x0)
+        if not torch.equal(x0, x0_before):
+            raise core.CheckFailed(
+                EX_STREAM,
+                "your function changed x0 in place (x += ..., x0.mul_): keep x0 unchanged, you "
+                "compare with it at every step",
             )
-            and all(
-                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6)
-                for a, b in zip(cosines, got[1])
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise core.CheckFailed(
+                EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
             )
-        )
-
-    want = _stream(blocks, x0)
-    if not matches(want):
-        mistake = core.first_mistake(STREAM_MISTAKES, lambda m: matches(m.fn(blocks, x0)))
-        if mistake is not None:
-            raise core.CheckFailed(EX_STREAM, mistake.message)
-    norms, cosines = _as_floats(got[0], n), _as_floats(got[1], n)
-    if not matches(want):
-        for values, right, what in ((norms, want[0], "norms"), (cosines, want[1], "cosines")):
+        if not all(isinstance(part, (list, tuple)) for part in got) or any(
+            isinstance(v, torch.Tensor) for part in got for v in part
+        ):
+            raise core.CheckFailed(
+                EX_STREAM,
+                "norms and cosines should be lists of Python floats: use .item() on a one-number "
+                "tensor",
+            )
+        want = _stream(blocks, x0)
+        if not _same_stream(want, got):
+            mistake = core.first_mistake(
+                STREAM_MISTAKES, lambda m: _same_stream(m.fn(blocks, x0), got)
+            )
+            if mistake is not None:
+                raise core.CheckFailed(EX_STREAM, mistake.message)
+        n = len(blocks) + 1
+        for values, right, what in zip(got, want, ("norms", "cosines")):
+            if not all(isinstance(v, numbers.Real) for v in values):
+                raise core.CheckFailed(
+                    EX_STREAM, "each of norms and cosines should be a list of numbers"
+                )
+            if len(values) != n:
+                raise core.CheckFailed(
+                    EX_STREAM,
+                    f"with {n - 1} blocks each list should have {n} entries (the input, then one "
+                    f"per block), got {len(values)}",
+                )
             for i, (a, b) in enumerate(zip(values, right)):
-                if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6):
+                if not _near(b, a):
                     where = "the input" if i == 0 else f"block {i}"
                     raise core.CheckFailed(
                         EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
                     )
+    core.passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
 
-EX_GRAD = "Exercise 5.3 (input_gradient_norm)"
-
 
 def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=True):
-    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches describe known
-    wrong versions."""
+    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches make the
+    planted mistakes."""
     x = x0.detach().clone().requires_grad_(True)
     out = x
     for block in blocks:
@@ -866,12 +775,12 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
 
     gen = torch.Generator().manual_seed(3)
     with torch.random.fork_rng():  # building blocks draws random numbers: leave the notebook's
-        gpt2 = nn.ModuleList(Block(_small_config()) for _ in range(3)).eval()
+        gpt2 = nn.ModuleList(Block(core.tiny_config(n_embd=8)) for _ in range(3)).eval()
     with torch.no_grad():
         for p in gpt2.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     cases = [
-        (gpt2, torch.randn(2, 5, _small_config().n_embd, generator=gen)),
+        (gpt2, torch.randn(2, 5, 8, generator=gen)),
         ([_Scale(0.5, torch.zeros(8)), _Scale(3.0, torch.ones(8))], torch.randn(3, 4, 8).double()),
         ([], torch.randn(1, 6, 8, generator=gen)),
     ]
@@ -894,18 +803,14 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
                 "torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
             )
         want = _input_gradient(blocks, x0, direction)
-        if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
-            continue
-        found = core.first_mistake(
-            GRAD_MISTAKES, lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4)
-        )
-        raise core.CheckFailed(
-            EX_GRAD,
-            found.message
-            if found
-            else f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
-            f"expected {want:.4g}",
-        )
+        if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
+            core.fail_with(
+                EX_GRAD,
+                GRAD_MISTAKES,
+                lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4),
+                f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
+                f"expected {want:.4g}",
+            )
     core.passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
 
 
@@ -919,15 +824,8 @@ def deep_stack_scores(block_cls) -> dict:
     """48 blocks of block_cls (n_embd 64, 4 heads, no dropout), every weight matrix drawn from
     N(0, 0.1²) by the check: the input's cosine after the last block, and the smallest mean
     relative update of any block, |block(x) - x| / |x|."""
-    from gpt2lib.chapters.config import GPT2Config
-
-    config = GPT2Config(
-        n_embd=64,
-        n_head=4,
-        n_layer=DEEP_GOALS["n_layer"],
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
+    config = core.tiny_config(
+        n_embd=64, n_head=4, n_layer=DEEP_GOALS["n_layer"], n_positions=1024, vocab_size=50257
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -945,15 +843,14 @@ def deep_stack_scores(block_cls) -> dict:
             if not isinstance(new, torch.Tensor) or new.shape != x.shape:
                 raise core.CheckFailed(
                     CHALLENGE_DEEP,
-                    f"your block should return a tensor of shape "
-                    f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
+                    f"your block should return a tensor of shape {tuple(x.shape)}, got "
+                    f"{getattr(new, 'shape', type(new).__name__)}",
                 )
             if not bool(torch.isfinite(new).all()):
                 raise core.CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
             updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
             x = new
-    cosine = F.cosine_similarity(x, x0, dim=-1).mean().item()
-    return {"cosine": cosine, "min_update": min(updates)}
+    return {"cosine": F.cosine_similarity(x, x0, dim=-1).mean().item(), "min_update": min(updates)}
 
 
 def check_deep_stack(block_cls) -> dict:
@@ -963,19 +860,19 @@ def check_deep_stack(block_cls) -> dict:
     if scores["min_update"] < DEEP_GOALS["min_update"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"one block changes the stream by only {scores['min_update']:.4f} "
-            f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
-            "does nothing keeps the input trivially",
+            f"one block changes the stream by only {scores['min_update']:.4f} of its size (the "
+            f"goal: at least {DEEP_GOALS['min_update']}): a block that does nothing keeps the "
+            "input trivially",
         )
     if scores["cosine"] < DEEP_GOALS["min_cosine"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"after 48 blocks the cosine with the input is "
-            f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
+            f"after 48 blocks the cosine with the input is {scores['cosine']:.4f}; the goal is "
+            f"{DEEP_GOALS['min_cosine']}",
         )
     core.passed(
         CHALLENGE_DEEP,
-        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
-        f"update {scores['min_update']:.4f}",
+        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest update "
+        f"{scores['min_update']:.4f}",
     )
     return scores
