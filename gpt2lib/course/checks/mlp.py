@@ -34,12 +34,7 @@ def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
 _gelu_tanh = _tanh_form()
 
 
-def _gelu(h):
-    return F.gelu(h, approximate="tanh")
-
-
-def _erf(h):
-    return F.gelu(h)
+_erf = F.gelu  # the exact GELU (bound here, so that refusing F.gelu does not refuse it)
 
 
 def _as_number(exercise, got):
@@ -48,15 +43,12 @@ def _as_number(exercise, got):
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
         raise core.CheckFailed(
             exercise,
-            "return the error as one number (a Python float; `.item()` turns a 1-element tensor "
-            f"into one), got {type(got).__name__}",
+            f"return the error as one number (a Python float; `.item()` turns a 1-element tensor into one), got {type(got).__name__}",
         )
     return float(got)
 
 
 # --------------------------------------------------------------------------- Exercise 4.1
-
-
 def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
     """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools. The
     switches make the planted mistakes (where: the index edited instead)."""
@@ -71,32 +63,27 @@ def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
 MOVED_MISTAKES = [
     core.Mistake(
         "signed sum",
-        "you test the SIGNED sum of the differences: an output that moved down sums to less "
-        "than 0 and is missed. Take the absolute value first, (f(edited) - f(x)).abs().sum(dim=-1) > 0",
+        "you test the SIGNED sum of the differences: an output that moved down sums to less than 0 and is missed. Take the absolute value first, (f(edited) - f(x)).abs().sum(dim=-1) > 0",
         lambda f, x, p: _moved(f, x, p, signed=True),
     ),
     core.Mistake(
         "in place",
-        "you changed x itself: the caller's tensor must stay as it was. Edit a copy, "
-        "edited = x.clone()",
+        "you changed x itself: the caller's tensor must stay as it was. Edit a copy, edited = x.clone()",
         lambda f, x, p: _moved(f, x, p, in_place=True),
     ),
     core.Mistake(
         "first sequence",
-        "you changed the token in the first sequence only: change it in every sequence of the "
-        "batch, edited[:, position]",
+        "you changed the token in the first sequence only: change it in every sequence of the batch, edited[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
     ),
     core.Mistake(
         "feature",
-        "you changed feature number `position` of every token (x[..., position]): change the "
-        "whole token at that position, x[:, position]",
+        "you changed feature number `position` of every token (x[..., position]): change the whole token at that position, x[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
     ),
     core.Mistake(
         "over time",
-        "you added up over the positions (dim 1): add up over each output's vector (the last "
-        "dim), one answer per (sequence, position)",
+        "you added up over the positions (dim 1): add up over each output's vector (the last dim), one answer per (sequence, position)",
         lambda f, x, p: _moved(f, x, p, dim=1),
     ),
 ]
@@ -130,16 +117,14 @@ def check_outputs_that_change(outputs_that_change) -> None:
                     EX_MOVED,
                     MOVED_MISTAKES,
                     lambda m: m.fn(f, x.clone(), position).shape == got.shape,
-                    f"return one answer per (sequence, position), shape {tuple(want.shape)}; got "
-                    f"{tuple(got.shape)}",
+                    f"return one answer per (sequence, position), shape {tuple(want.shape)}; got {tuple(got.shape)}",
                 )
             if not torch.equal(got.bool(), want):
                 core.fail_with(
                     EX_MOVED,
                     MOVED_MISTAKES,
                     lambda m: torch.equal(got.bool(), m.fn(f, x.clone(), position)),
-                    f"for f = {name}, changing token {position}: expected {want.tolist()}, got "
-                    f"{got.bool().tolist()}",
+                    f"for f = {name}, changing token {position}: expected {want.tolist()}, got {got.bool().tolist()}",
                 )
     core.passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
 
@@ -150,20 +135,17 @@ def check_outputs_that_change(outputs_that_change) -> None:
 MERGE_MISTAKES = [
     core.Mistake(
         "b2 missing",
-        "your bias leaves out b2: the second layer adds its own bias after the product, so "
-        "b = b1 @ W2 + b2",
+        "your bias leaves out b2: the second layer adds its own bias after the product, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2),
     ),
     core.Mistake(
         "b1 missing",
-        "your bias is only b2: the first layer's bias b1 also goes through the second layer, "
-        "(x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
+        "your bias is only b2: the first layer's bias b1 also goes through the second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b2),
     ),
     core.Mistake(
         "W transposed",
-        "your W is transposed: x @ W needs W of shape (C, D), which is W1 @ W2, not (W1 @ W2).T "
-        "or W2.T @ W1.T",
+        "your W is transposed: x @ W needs W of shape (C, D), which is W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
         lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2),
     ),
 ]
@@ -198,46 +180,36 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
                 EX_MERGE,
                 MERGE_MISTAKES,
                 lambda m: all(core.close(g, w, atol=1e-4) for g, w in zip(got, m.fn(*args))),
-                f"{sizes}, your {'W' if not right[0] else 'b'} is wrong: expand "
-                "(x @ W1 + b1) @ W2 + b2 and collect the part that multiplies x (W) and the part "
-                "that does not (b)",
+                f"{sizes}, your {'W' if not right[0] else 'b'} is wrong: expand (x @ W1 + b1) @ W2 + b2 and collect the part that multiplies x (W) and the part that does not (b)",
             )
     core.passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
 
 
 # --------------------------------------------------------------------------- Exercise 4.3
-
-
-def _fit(x, y, W1, b1, activation, bias=True):
+def _fit_error(x, y, W1, b1, activation, *, bias=True, on_x=False, error=None):
+    """The mean squared error of the least-squares fit of y on activation(x @ W1 + b1); the
+    switches make the planted mistakes (on_x: y fitted from x directly)."""
     hidden = activation(x @ W1 + b1) if bias else activation(x @ W1)  # (N, H)
-    W2 = torch.linalg.lstsq(hidden, y).solution  # (H, D)
-    return hidden @ W2 - y  # (N, D): the residuals
+    if on_x:
+        hidden = x
+    residuals = hidden @ torch.linalg.lstsq(hidden, y).solution - y  # (N, D)
+    return (error or (lambda r: r.pow(2).mean()))(residuals).item()
 
 
-def _f(act=None, bias=True, on_x=False, error=lambda r: r.pow(2).mean()):
-    """fn(x, y, W1, b1, activation) -> the error of a wrong fit: the switches say what is wrong
-    (act: the activation used instead; on_x: y fitted from x directly)."""
-
-    def fit_error(x, y, W1, b1, activation):
-        if on_x:
-            return error(x @ torch.linalg.lstsq(x, y).solution - y).item()
-        return error(_fit(x, y, W1, b1, act or activation, bias=bias)).item()
-
-    return fit_error
+def _f(act=None, **wrong):
+    """fn(x, y, W1, b1, activation) of a wrong fit (act: the activation used instead)."""
+    return lambda x, y, W1, b1, activation: _fit_error(x, y, W1, b1, act or activation, **wrong)
 
 
 FIT_MISTAKES = [
     core.Mistake(
         "no activation",
-        "your error does not depend on the activation: apply `activation` to x @ W1 + b1 before "
-        "the least-squares fit (with no activation the best fit is a straight line whatever the "
-        "width)",
+        "your error does not depend on the activation: apply `activation` to x @ W1 + b1 before the least-squares fit (with no activation the best fit is a straight line whatever the width)",
         _f(act=lambda h: h),
     ),
     core.Mistake(
         "no b1",
-        "the first layer's bias b1 is missing: the hidden layer is activation(x @ W1 + b1); "
-        "without b1 every hidden unit bends at x = 0",
+        "the first layer's bias b1 is missing: the hidden layer is activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
         _f(bias=False),
     ),
     core.Mistake(
@@ -247,8 +219,7 @@ FIT_MISTAKES = [
     ),
     core.Mistake(
         "root",
-        "you return the root of the mean squared error (RMSE): return the mean squared error "
-        "itself, without the square root",
+        "you return the root of the mean squared error (RMSE): return the mean squared error itself, without the square root",
         _f(error=lambda r: r.pow(2).mean().sqrt()),
     ),
     core.Mistake(
@@ -258,14 +229,12 @@ FIT_MISTAKES = [
     ),
     core.Mistake(
         "fit on x",
-        "you fitted y from x directly, not from the hidden layer: solve the least squares for "
-        "`hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
+        "you fitted y from x directly, not from the hidden layer: solve the least squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
         _f(on_x=True),
     ),
     core.Mistake(
         "relu",
-        "your error is ReLU's, not that of the `activation` you were given: call "
-        "activation(x @ W1 + b1) (its default is GELU)",
+        "your error is ReLU's, not that of the `activation` you were given: call activation(x @ W1 + b1) (its default is GELU)",
         _f(act=torch.relu),
     ),
 ]
@@ -279,10 +248,10 @@ def check_best_fit_error(best_fit_error) -> None:
         y = torch.sin(x @ torch.randn(C, D, generator=gen, dtype=torch.float64) * 2) + 0.3
         W1 = torch.randn(C, H, generator=gen, dtype=torch.float64) * 2
         b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2
-        for act in (_gelu, torch.tanh):
+        for act in (_gelu_tanh, torch.tanh):
             got = core.call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=act)
             got = _as_number(EX_FIT, got)
-            want = _fit(x, y, W1, b1, act).pow(2).mean().item()
+            want = _fit_error(x, y, W1, b1, act)
             if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
                 core.fail_with(
                     EX_FIT,
@@ -290,10 +259,7 @@ def check_best_fit_error(best_fit_error) -> None:
                     lambda m: math.isclose(
                         got, m.fn(x, y, W1, b1, act), rel_tol=1e-4, abs_tol=1e-9
                     ),
-                    f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the best fit's mean "
-                    f"squared error is {want:.6g}, you return {got:.6g}. Steps: hidden = "
-                    "activation(x @ W1 + b1); W2 = least squares of hidden against y; mean of "
-                    "(hidden @ W2 - y) ** 2",
+                    f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the best fit's mean squared error is {want:.6g}, you return {got:.6g}. Steps: hidden = activation(x @ W1 + b1); W2 = least squares of hidden against y; mean of (hidden @ W2 - y) ** 2",
                 )
     core.passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
@@ -307,7 +273,7 @@ def challenge_fit_error(W1, b1) -> float:
     tanh GELU of x @ W1 + b1, for y = sin(3x) + 0.5·x at 256 points in [-3, 3]."""
     x = torch.linspace(-3, 3, 256, dtype=torch.float64)[:, None]  # (N, 1)
     y = torch.sin(3 * x) + 0.5 * x
-    return _fit(x, y, W1.detach().double(), b1.detach().double(), _gelu).pow(2).mean().item()
+    return _fit_error(x, y, W1.detach().double(), b1.detach().double(), _gelu_tanh)
 
 
 def check_fit_challenge(W1, b1) -> float:
@@ -329,35 +295,24 @@ def check_fit_challenge(W1, b1) -> float:
     if not error < goal:
         raise core.CheckFailed(
             CHALLENGE_FIT,
-            f"with {H} units the best fit has error {error:.4f}; the goal is below {goal}. "
-            "Spread the bends over [-3, 3]",
+            f"with {H} units the best fit has error {error:.4f}; the goal is below {goal}. Spread the bends over [-3, 3]",
         )
     core.passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
     return error
 
 
 # --------------------------------------------------------------------------- Exercise 4.4: GELU
-
-
-def _no_gelu(exercise: str):
-    """F.gelu (nn.GELU calls it) refused while the learner's GELU runs: the formula is the task."""
-    return core.forbidding(
-        exercise,
-        "torch.nn.functional.gelu",
-        instead="write the formula with torch operations (torch.tanh, torch.erf, x**3)",
-    )
-
-
 def _gelu_call(exercise, gelu, x, what):
-    """gelu(x) with F.gelu refused, and x left as it was (what: how the message names x)."""
+    """gelu(x) with F.gelu refused (nn.GELU calls it: the formula is the task), and x left as it
+    was (what: how the message names x)."""
     before = x.clone()
-    with _no_gelu(exercise):
+    instead = "write the formula with torch operations (torch.tanh, torch.erf, x**3)"
+    with core.forbidding(exercise, "torch.nn.functional.gelu", instead=instead):
         got = core.call_learner(exercise, gelu, x)
     if not torch.equal(x, before):
         raise core.CheckFailed(
             exercise,
-            f"your function changed its {what} in place (an operation ending in _, like x.pow_ "
-            "or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
+            f"your function changed its {what} in place (an operation ending in _, like x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
         )
     return got
 
@@ -368,9 +323,7 @@ _TANH = "0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))"
 GELU_MISTAKES = [
     core.Mistake(
         "erf",
-        "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by "
-        f"default). GPT-2 uses the tanh approximation: {_TANH}. The two differ by up to about "
-        "5e-4, enough to stop matching GPT-2's outputs",
+        f"this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by default). GPT-2 uses the tanh approximation: {_TANH}. The two differ by up to about 5e-4, enough to stop matching GPT-2's outputs",
         lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
     ),
     core.Mistake(
@@ -379,24 +332,8 @@ GELU_MISTAKES = [
         torch.relu,
     ),
     core.Mistake(
-        "typo 0.0044715",
-        "the constant is 0.044715 (one zero after the point), not 0.0044715: a classic typo",
-        _tanh_form(cubic=0.0044715),
-    ),
-    core.Mistake(
-        "typo 0.04715",
-        "the constant is 0.044715, not 0.04715: a digit is missing",
-        _tanh_form(cubic=0.04715),
-    ),
-    core.Mistake(
-        "typo 0.44715",
-        "the constant is 0.044715, not 0.44715: a zero is missing after the point",
-        _tanh_form(cubic=0.44715),
-    ),
-    core.Mistake(
         "no cubic",
-        "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), not "
-        "√(2/π)·x",
+        "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), not √(2/π)·x",
         _tanh_form(cubic=0.0),
     ),
     core.Mistake(
@@ -416,8 +353,7 @@ GELU_MISTAKES = [
     ),
     core.Mistake(
         "no half",
-        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends to x "
-        "(not 2x) for large x",
+        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends to x (not 2x) for large x",
         _tanh_form(half=1.0),
     ),
     core.Mistake(
@@ -425,6 +361,13 @@ GELU_MISTAKES = [
         "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
         lambda x: x * torch.sigmoid(1.702 * x),
     ),
+] + [
+    core.Mistake(f"typo {c}", f"the constant is 0.044715, not {c}: {why}", _tanh_form(cubic=c))
+    for c, why in (
+        (0.0044715, "one zero too many after the point, a classic typo"),
+        (0.04715, "a digit is missing"),
+        (0.44715, "a zero is missing after the point"),
+    )
 ]
 
 
@@ -445,9 +388,7 @@ def check_gelu_tanh(gelu_tanh) -> None:
             raise
         raise core.CheckFailed(
             EX_GELU,
-            f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, "
-            "math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt "
-            "and math.pi are fine for the constant √(2/π)",
+            f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt and math.pi are fine for the constant √(2/π)",
         ) from None
     hints = {(16,): "GELU works element by element: keep the input's shape"}
     got = core.expect_tensor(EX_GELU, got, points.shape, what="the output", hints=hints)
@@ -458,18 +399,14 @@ def check_gelu_tanh(gelu_tanh) -> None:
             EX_GELU,
             GELU_MISTAKES,
             lambda m: core.close(got, m.fn(points)),
-            f"wrong value at x = {points.flatten()[worst].item():g}: expected "
-            f"{want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. "
-            f"The formula is {_TANH}",
+            f"wrong value at x = {points.flatten()[worst].item():g}: expected {want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. The formula is {_TANH}",
         )
     # float32 in, float32 out, same numbers: the model runs in float32; and a strided input
     got32 = _gelu_call(EX_GELU, gelu_tanh, points.float().reshape(4, 4).T, "float32 input")
     if not isinstance(got32, torch.Tensor) or got32.dtype != torch.float32:
         raise core.CheckFailed(
             EX_GELU,
-            f"a float32 input should give a float32 output, got "
-            f"{getattr(got32, 'dtype', type(got32).__name__)}: build the result from x with torch "
-            "operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
+            f"a float32 input should give a float32 output, got {getattr(got32, 'dtype', type(got32).__name__)}: build the result from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
         )
     if got32.shape != (4, 4):
         raise core.CheckFailed(
@@ -486,8 +423,7 @@ def check_gelu_tanh(gelu_tanh) -> None:
 GELU_ERF_MISTAKES = [
     core.Mistake(
         "tanh_form",
-        "this is the tanh approximation; gelu_erf is the exact form 0.5·x·(1 + erf(x / √2)) with "
-        "torch.erf",
+        "this is the tanh approximation; gelu_erf is the exact form 0.5·x·(1 + erf(x / √2)) with torch.erf",
         _gelu_tanh,
     ),
     core.Mistake(
@@ -521,8 +457,7 @@ def check_gelu_erf(gelu_erf) -> None:
         if not isinstance(got, torch.Tensor) or got.dtype != x.dtype:
             raise core.CheckFailed(
                 EX_GELU_ERF,
-                f"a {x.dtype} input should give a {x.dtype} tensor, got "
-                f"{getattr(got, 'dtype', type(got).__name__)}",
+                f"a {x.dtype} input should give a {x.dtype} tensor, got {getattr(got, 'dtype', type(got).__name__)}",
             )
         got = core.expect_tensor(EX_GELU_ERF, got, x.shape, what="the output")
         if not core.close(got, _erf(x.double()), atol=1e-5 if x.dtype == torch.float64 else 1e-4):
@@ -539,8 +474,6 @@ def check_gelu_erf(gelu_erf) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 4.5: gaps
-
-
 def _mlp_outputs(fc, proj, x, activation, dtype=None):
     """proj(activation(fc(x))) without gradients, on copies of the layers when `dtype` is given."""
     with torch.no_grad():
@@ -566,39 +499,32 @@ def _gaps(fc, proj, x, *, measure=lambda d: d.abs().max(), hidden=False, referen
 GAPS_MISTAKES = [
     core.Mistake(
         "swapped",
-        "your two numbers are the right ones the other way round: return first the change that "
-        "the erf GELU makes, then the change that float32 rounding makes",
+        "your two numbers are the right ones the other way round: return first the change that the erf GELU makes, then the change that float32 rounding makes",
         lambda fc, proj, x: _gaps(fc, proj, x)[::-1],
     ),
     core.Mistake(
         "hidden",
-        "your first number is the largest change of the hidden values after GELU; the question "
-        "is how far the MLP's OUTPUT moves, so run both activations through proj (its weights "
-        "can make the change larger or smaller)",
+        "your first number is the largest change of the hidden values after GELU; the question is how far the MLP's OUTPUT moves, so run both activations through proj (its weights can make the change larger or smaller)",
         lambda fc, proj, x: _gaps(fc, proj, x, hidden=True),
     ),
     core.Mistake(
         "mean",
-        "you return the MEAN change of the output numbers; the question is the largest change "
-        "of any one of them (the absolute difference's maximum)",
+        "you return the MEAN change of the output numbers; the question is the largest change of any one of them (the absolute difference's maximum)",
         lambda fc, proj, x: _gaps(fc, proj, x, measure=lambda d: d.abs().mean()),
     ),
     core.Mistake(
         "same activation",
-        "your first number is 0: both outputs used the same GELU. F.gelu(h) is the exact (erf) "
-        'form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
+        'your first number is 0: both outputs used the same GELU. F.gelu(h) is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
         lambda fc, proj, x: (0.0, _gaps(fc, proj, x)[1]),
     ),
     core.Mistake(
         "float32 reference",
-        "your rounding gap is 0: both sides ran in float32, so they round alike. The reference "
-        "must be the same tanh MLP computed in float64 (layers and input)",
+        "your rounding gap is 0: both sides ran in float32, so they round alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
         lambda fc, proj, x: (_gaps(fc, proj, x)[0], 0.0),
     ),
     core.Mistake(
         "erf reference",
-        "your rounding gap is as large as the activation's: your float64 reference used the "
-        "other GELU. Rounding alone is the float32 tanh MLP against the SAME tanh MLP in float64",
+        "your rounding gap is as large as the activation's: your float64 reference used the other GELU. Rounding alone is the float32 tanh MLP against the SAME tanh MLP in float64",
         lambda fc, proj, x: _gaps(fc, proj, x, reference=_erf),
     ),
 ]
@@ -642,17 +568,14 @@ def check_approximation_gaps(approximation_gaps) -> None:
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise core.CheckFailed(
                 EX_GAPS,
-                "return two numbers, `gap_activation, gap_rounding` (a tuple), got "
-                f"{type(got).__name__}",
+                f"return two numbers, `gap_activation, gap_rounding` (a tuple), got {type(got).__name__}",
             )
         got = tuple(_as_number(EX_GAPS, g) for g in got)
         after = _layer_tensors(fc, proj)
         if any(t.dtype != b.dtype or not torch.equal(t, b) for t, b in zip(after, before[0])):
             raise core.CheckFailed(
                 EX_GAPS,
-                "your function changed the layers it was given (their dtype or values): "
-                "Module.double() and .to() convert a module IN PLACE. Work on copies "
-                "(copy.deepcopy(fc).double()), or compute from the weights",
+                "your function changed the layers it was given (their dtype or values): Module.double() and .to() convert a module IN PLACE. Work on copies (copy.deepcopy(fc).double()), or compute from the weights",
             )
         if not torch.equal(x, before[1]):
             raise core.CheckFailed(
@@ -670,9 +593,7 @@ def check_approximation_gaps(approximation_gaps) -> None:
             raise core.CheckFailed(EX_GAPS, mistake.message)
         raise core.CheckFailed(
             EX_GAPS,
-            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> {proj.weight.shape[1]} "
-            f"on x {tuple(x.shape)} the gaps are about {want[0]:.3g} (erf for tanh) and "
-            f"{want[1]:.2g} (float32 rounding); you return {got[0]:.3g} and {got[1]:.2g}",
+            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> {proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about {want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you return {got[0]:.3g} and {got[1]:.2g}",
         )
     core.passed(
         EX_GAPS, "the output's largest change from the activation, and from float32 rounding"
@@ -690,8 +611,7 @@ MLP_MISTAKES = [
     ),
     core.Mistake(
         "no activation",
-        "there is no activation between c_fc and c_proj, so the two linear layers collapse into "
-        "one (Exercise 4.2): apply GELU to c_fc's output",
+        "there is no activation between c_fc and c_proj, so the two linear layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
         lambda m, x: m.c_proj(m.c_fc(x)),
     ),
     core.Mistake(
@@ -706,8 +626,7 @@ MLP_MISTAKES = [
     ),
     core.Mistake(
         "residual inside",
-        "your MLP adds its input to its output (x + ...): the residual connection belongs to the "
-        "block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
+        "your MLP adds its input to its output (x + ...): the residual connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
         lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
     ),
 ] + [
@@ -730,8 +649,7 @@ def _build_mlp(MLP, pdrop) -> nn.Module:
         if not isinstance(getattr(mlp, name, None), nn.Module):
             raise core.CheckFailed(
                 EX_MLP,
-                f"your MLP has no layer called `{name}`: keep the names c_fc and c_proj, because "
-                "GPT-2's checkpoint stores the weights under them",
+                f"your MLP has no layer called `{name}`: keep the names c_fc and c_proj, because GPT-2's checkpoint stores the weights under them",
             )
     return mlp
 
@@ -745,9 +663,7 @@ def _call(mlp, x):
             raise
         raise core.CheckFailed(
             EX_MLP,
-            f"your forward fails on a non-contiguous input (as the model gives it, after a "
-            f"transpose): {exc}. Use .reshape instead of .view, or no reshaping at all: Conv1D "
-            "and nn.Linear take (B, T, C)",
+            f"your forward fails on a non-contiguous input (as the model gives it, after a transpose): {exc}. Use .reshape instead of .view, or no reshaping at all: Conv1D and nn.Linear take (B, T, C)",
         ) from None
 
 
@@ -759,23 +675,16 @@ def check_mlp(MLP) -> None:
     layout_note = ""
     if isinstance(weight, torch.Tensor) and weight.dim() == 2 and tuple(weight.shape) != (C, H):
         if tuple(weight.shape) == (H, C) and isinstance(mlp.c_fc, nn.Linear):
-            layout_note = (
-                "; note: your layers are nn.Linear, which store weights [out, in]. GPT-2's "
-                "checkpoint stores [in, out] (Conv1D), so to load OpenAI's weights (chapter 8) "
-                "use Conv1D or transpose them"
-            )
+            layout_note = "; note: your layers are nn.Linear, which store weights [out, in]. GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's weights (chapter 8) use Conv1D or transpose them"
         elif sorted(weight.shape) == sorted((C, H)):
             raise core.CheckFailed(
                 EX_MLP,
-                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as "
-                f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it "
-                f"is ({C}, {H})",
+                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as [in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it is ({C}, {H})",
             )
         else:
             raise core.CheckFailed(
                 EX_MLP,
-                f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to "
-                f"{H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
+                f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to {H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
             )
     # Big random float64 weights, so the hidden values spread over a few units where the
     # activations differ, and rounding never blurs a 1e-4 difference.
@@ -794,9 +703,7 @@ def check_mlp(MLP) -> None:
         if not torch.equal(got, again.double()):
             raise core.CheckFailed(
                 EX_MLP,
-                "in eval mode two calls on the same input gave different outputs: dropout is "
-                "still on. Use nn.Dropout (it switches off in .eval()), or "
-                "F.dropout(..., training=self.training)",
+                "in eval mode two calls on the same input gave different outputs: dropout is still on. Use nn.Dropout (it switches off in .eval()), or F.dropout(..., training=self.training)",
             )
         h = mlp.c_fc(x)  # (B, T, hidden)
         if h.shape[-1] != H:
@@ -809,8 +716,7 @@ def check_mlp(MLP) -> None:
                 EX_MLP,
                 MLP_MISTAKES,
                 lambda m: core.close(got, m.fn(mlp, x), atol=1e-7),
-                "the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference "
-                f"{(got - want).abs().max().item():.3g})",
+                f"the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference {(got - want).abs().max().item():.3g})",
             )
         # Dropout: on in training, on the MLP's output (as GPT-2 does), at config.resid_pdrop.
         mlp.train()
@@ -818,8 +724,7 @@ def check_mlp(MLP) -> None:
         if torch.equal(_call(mlp, x).double(), got):
             raise core.CheckFailed(
                 EX_MLP,
-                "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the "
-                "MLP's output",
+                "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the MLP's output",
             )
         heavy = _build_mlp(MLP, pdrop=0.5).double().train()
         torch.manual_seed(0)
@@ -827,9 +732,7 @@ def check_mlp(MLP) -> None:
         if not 0.35 < zeros < 0.65:
             raise core.CheckFailed(
                 EX_MLP,
-                f"with resid_pdrop = 0.5 about half of the outputs should be dropped (zero) in "
-                f"training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the "
-                "output of c_proj (not to the hidden layer, not with a fixed rate)",
+                f"with resid_pdrop = 0.5 about half of the outputs should be dropped (zero) in training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the output of c_proj (not to the hidden layer, not with a fixed rate)",
             )
     core.passed(
         EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note
