@@ -78,9 +78,7 @@ _AFFINE = "end with `* weight + bias`"
 LAYER_NORM_MISTAKES = [
     core.Mistake(
         "unbiased variance",
-        "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. "
-        "LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or "
-        "correction=0)",
+        "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or correction=0)",
         _m(unbiased=True),
     ),
     core.Mistake(
@@ -90,8 +88,7 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "unbiased, eps outside",
-        "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added "
-        "outside the square root (use sqrt(var + eps))",
+        "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
         _m(unbiased=True, eps_outside=True),
     ),
     core.Mistake(
@@ -101,14 +98,12 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "rmsnorm",
-        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, "
-        "(x - mean) / sqrt(var + eps)",
+        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, (x - mean) / sqrt(var + eps)",
         _m(center=False),
     ),
     core.Mistake(
         "over the batch",
-        "you normalised over the wrong dimension: LayerNorm works on each token's own C "
-        f"features, the last dimension {_WHERE}",
+        f"you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension {_WHERE}",
         _m(dim=0),
     ),
     core.Mistake(
@@ -118,8 +113,7 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "whole tensor",
-        "you normalised with one mean and variance for the whole tensor: each token gets its "
-        f"own, over the last dimension {_WHERE}",
+        f"you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension {_WHERE}",
         _m(dim=None),
     ),
     core.Mistake(
@@ -132,22 +126,18 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "x.std",
-        "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and "
-        "has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, "
-        "unbiased=False)",
+        "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, unbiased=False)",
         _m(unbiased=True, eps=0.0),
     ),
     core.Mistake(
         "bias first",
-        "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is "
-        "x̂ * weight + bias",
+        "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is x̂ * weight + bias",
         _m(bias_first=True),
     ),
 ] + [
     core.Mistake(
         f"eps {name}",
-        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square "
-        "root: sqrt(var + eps)",
+        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square root: sqrt(var + eps)",
         _m(eps=wrong),
     )
     for wrong, name in (
@@ -168,9 +158,7 @@ def _expect_layer_norm(exercise, got, x, weight, bias, what):
             exercise,
             LAYER_NORM_MISTAKES,
             lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7),
-            f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. "
-            "LayerNorm: mean and biased variance over the last dimension, "
-            "(x - mean) / sqrt(var + eps) * weight + bias",
+            f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. LayerNorm: mean and biased variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
         )
 
 
@@ -195,9 +183,7 @@ def check_layer_norm(layer_norm) -> None:
             raise
         raise core.CheckFailed(
             EX_LN,
-            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
-            "variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) "
-            "has shape (..., 1), which broadcasts against x (..., C)",
+            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) has shape (..., 1), which broadcasts against x (..., C)",
         ) from None
     if not torch.equal(x_in, x):
         raise core.CheckFailed(
@@ -208,8 +194,7 @@ def check_layer_norm(layer_norm) -> None:
     if got.shape != x.shape:
         raise core.CheckFailed(
             EX_LN,
-            f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
-            "shape (did you forget keepdim=True on the mean or the variance?)",
+            f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the shape (did you forget keepdim=True on the mean or the variance?)",
         )
     _expect_layer_norm(EX_LN, got, x, weight, bias, "your output")
     for eps in (1e-3, 1e-12):
@@ -217,16 +202,14 @@ def check_layer_norm(layer_norm) -> None:
         if not core.close(got_eps, F.layer_norm(x, (8,), weight, bias, eps), atol=1e-7):
             raise core.CheckFailed(
                 EX_LN,
-                f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the "
-                "square root) instead of a fixed number",
+                f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the square root) instead of a fixed number",
             )
     try:
         tokens = core.call_learner(EX_LN, layer_norm, x[0].float(), weight.float(), bias.float())
     except (IndexError, RuntimeError) as exc:
         raise core.CheckFailed(
             EX_LN,
-            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), not dim=2, so "
-            "any number of leading dimensions works",
+            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), not dim=2, so any number of leading dimensions works",
         ) from None
     if not isinstance(tokens, torch.Tensor) or tokens.shape != x[0].shape:
         raise core.CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
@@ -236,8 +219,7 @@ def check_layer_norm(layer_norm) -> None:
 
 
 _START = {
-    "weight": "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only "
-    "normalises; with zeros its output would be all zeros (bias) and nothing would flow",
+    "weight": "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only normalises; with zeros its output would be all zeros (bias) and nothing would flow",
     "bias": "`bias` should start as zeros (torch.zeros(n_embd))",
 }
 
@@ -255,14 +237,12 @@ def check_layer_norm_module(LayerNorm) -> None:
     if not params:
         raise core.CheckFailed(
             EX_LN_MODULE,
-            "the module has no parameters: wrap weight and bias in nn.Parameter, so that they "
-            "are trained and saved in state_dict (and GPT-2's weights can load into them)",
+            "the module has no parameters: wrap weight and bias in nn.Parameter, so that they are trained and saved in state_dict (and GPT-2's weights can load into them)",
         )
     if set(params) != {"weight", "bias"}:
         raise core.CheckFailed(
             EX_LN_MODULE,
-            f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's "
-            "checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
+            f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
         )
     for name, start in (("weight", 1.0), ("bias", 0.0)):
         p = params[name].detach()
@@ -291,8 +271,7 @@ def check_layer_norm_module(LayerNorm) -> None:
             elif not core.close(got, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
                 raise core.CheckFailed(
                     EX_LN_MODULE,
-                    "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` "
-                    "argument (self.eps = eps) and use it in forward",
+                    "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument (self.eps = eps) and use it in forward",
                 )
     core.passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
 
@@ -361,9 +340,7 @@ _ORDER_MISTAKES = [
 BLOCK_MISTAKES = [
     core.Mistake(
         "post-norm",
-        "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is "
-        "pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised "
-        "stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+        "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
         _post_norm,
     ),
     core.Mistake(
@@ -383,16 +360,14 @@ BLOCK_MISTAKES = [
     ),
     core.Mistake(
         "normalised stream",
-        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and "
-        "give only the sublayer a normalised copy, x + attn(ln_1(x))",
+        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
         lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
             (lambda n: n + b.attn(n))(b.ln_1(x))
         ),
     ),
     core.Mistake(
         "parallel",
-        "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), "
-        "then h + mlp(ln_2(h))",
+        "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
         lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
     ),
 ] + _ORDER_MISTAKES
@@ -400,8 +375,7 @@ BLOCK_MISTAKES = [
 POST_NORM_MISTAKES = [
     core.Mistake(
         "pre-norm",
-        "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the "
-        "stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+        "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
         _pre_norm,
     ),
     core.Mistake(
@@ -411,14 +385,12 @@ POST_NORM_MISTAKES = [
     ),
     core.Mistake(
         "norm inside",
-        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm "
-        "normalises the SUM, ln(x + sublayer(x))",
+        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
         lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
     ),
     core.Mistake(
         "sublayer reads normalised",
-        "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each "
-        "sublayer reads the stream as it is, ln(x + sublayer(x))",
+        "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
         lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(b.ln_1(x + b.attn(b.ln_1(x)))),
     ),
 ] + _ORDER_MISTAKES
@@ -427,32 +399,27 @@ POST_NORM_MISTAKES = [
 NO_RESIDUAL_MISTAKES = [
     core.Mistake(
         "residuals kept",
-        "this is GPT-2's pre-norm block with both residual connections: take them out, each "
-        "sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
+        "this is GPT-2's pre-norm block with both residual connections: take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
         _pre_norm,
     ),
     core.Mistake(
         "attention residual kept",
-        "the residual connection around attention is still there: x = attn(ln_1(x)), not "
-        "x + attn(ln_1(x))",
+        "the residual connection around attention is still there: x = attn(ln_1(x)), not x + attn(ln_1(x))",
         lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
     ),
     core.Mistake(
         "MLP residual kept",
-        "the residual connection around the MLP is still there: return mlp(ln_2(x)), not "
-        "x + mlp(ln_2(x))",
+        "the residual connection around the MLP is still there: return mlp(ln_2(x)), not x + mlp(ln_2(x))",
         lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
     ),
     core.Mistake(
         "MLP reads the input",
-        "the MLP reads the block's input: without residuals the MLP reads what attention "
-        "returned, mlp(ln_2(attn(ln_1(x))))",
+        "the MLP reads the block's input: without residuals the MLP reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
         lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
     ),
     core.Mistake(
         "no norms",
-        "the LayerNorms are gone too: only the residual connections go, each sublayer still "
-        "reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+        "the LayerNorms are gone too: only the residual connections go, each sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
         lambda b, x: b.mlp(b.attn(x)),
     ),
     core.Mistake(
@@ -472,8 +439,7 @@ def _make_block(exercise, Block, config, **kwargs):
         if isinstance(cause, NotImplementedError) and str(cause):
             raise core.NotDoneYet(
                 exercise,
-                f"not done yet: building the block raised NotImplementedError('{cause}'). "
-                "Finish that exercise, run its cell and the Block cell, then run this check again.",
+                f"not done yet: building the block raised NotImplementedError('{cause}'). Finish that exercise, run its cell and the Block cell, then run this check again.",
             ) from None
         raise
 
@@ -487,15 +453,13 @@ def _check_block(exercise, Block, right, mistakes, what):
     if not isinstance(block, nn.Module):
         raise core.CheckFailed(
             exercise,
-            f"{getattr(Block, '__name__', 'Block')}(config) should make an nn.Module, got "
-            f"{type(block).__name__}",
+            f"{getattr(Block, '__name__', 'Block')}(config) should make an nn.Module, got {type(block).__name__}",
         )
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
             raise core.CheckFailed(
                 exercise,
-                f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, "
-                "which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
+                f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
             )
     if block.ln_1 is block.ln_2:
         raise core.CheckFailed(exercise, "ln_1 and ln_2 are the same module: make two LayerNorms")
@@ -526,16 +490,14 @@ def _check_block(exercise, Block, right, mistakes, what):
         if not torch.equal(first, block(x_drop)):
             raise core.CheckFailed(
                 exercise,
-                "in eval mode two calls gave different outputs: something random runs outside "
-                "the sublayers' dropout",
+                "in eval mode two calls gave different outputs: something random runs outside the sublayers' dropout",
             )
         block.train()
         torch.manual_seed(0)
         if torch.equal(block(x_drop), first):
             raise core.CheckFailed(
                 exercise,
-                "in training mode the output equals eval mode's, though the sublayers have "
-                "dropout: do not switch modes (.eval()) inside forward",
+                "in training mode the output equals eval mode's, though the sublayers have dropout: do not switch modes (.eval()) inside forward",
             )
     return config, x
 
@@ -551,8 +513,7 @@ def check_block(Block) -> None:
     except TypeError as exc:
         raise core.CheckFailed(
             EX_BLOCK,
-            f"with an attention whose forward takes only x, block(x) failed ({exc}). When "
-            "kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
+            f"with an attention whose forward takes only x, block(x) failed ({exc}). When kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
         ) from None
     recording = _make_block(EX_BLOCK, Block, config, attention_cls=_RecordingAttention)
     marker = object()
@@ -565,8 +526,7 @@ def check_block(Block) -> None:
     if marker not in getattr(recording.attn, "seen", []):
         raise core.CheckFailed(
             EX_BLOCK,
-            "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not "
-            "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
+            "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
         )
     core.passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")
 
@@ -608,14 +568,12 @@ _PER_TOKEN = "each token's Euclidean norm, x.norm(dim=-1), averaged over the tok
 STREAM_MISTAKES = [
     core.Mistake(
         "not chained",
-        "every block was applied to x0: the blocks run one after another, each on the output of "
-        "the one before (x = block(x))",
+        "every block was applied to x0: the blocks run one after another, each on the output of the one before (x = block(x))",
         lambda blocks, x0: _stream(blocks, x0, chain=False),
     ),
     core.Mistake(
         "norm of the whole tensor",
-        "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, "
-        "x.norm(dim=-1), then the mean over the B · T tokens",
+        "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
     ),
     core.Mistake(
@@ -626,36 +584,31 @@ STREAM_MISTAKES = [
     ),
     core.Mistake(
         "squared norm",
-        "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of "
-        "squares), then the mean",
+        "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of squares), then the mean",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
     ),
     core.Mistake(
         "cosine of the flattened tensors",
-        "your cosines compare the whole flattened tensors: compare each token with the same "
-        "token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
+        "your cosines compare the whole flattened tensors: compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
         ),
     ),
     core.Mistake(
         "cosine over the wrong dimension",
-        "your cosines are taken over the wrong dimension: each token's C features are its "
-        "vector, so use dim=-1",
+        "your cosines are taken over the wrong dimension: each token's C features are its vector, so use dim=-1",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
         ),
     ),
     core.Mistake(
         "dot product",
-        "your 'cosines' are dot products: divide by both norms, or use "
-        "F.cosine_similarity(x, x0, dim=-1)",
+        "your 'cosines' are dot products: divide by both norms, or use F.cosine_similarity(x, x0, dim=-1)",
         lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean()),
     ),
     core.Mistake(
         "no input entry",
-        "entry 0 must be the input itself (its norm, and cosine 1), so each list has "
-        "len(blocks) + 1 entries: start the lists before the loop",
+        "entry 0 must be the input itself (its norm, and cosine 1), so each list has len(blocks) + 1 entries: start the lists before the loop",
         lambda blocks, x0: _stream(blocks, x0, include_input=False),
     ),
 ]
@@ -695,8 +648,7 @@ def check_follow_stream(follow_stream) -> None:
         if not torch.equal(x0, x0_before):
             raise core.CheckFailed(
                 EX_STREAM,
-                "your function changed x0 in place (x += ..., x0.mul_): keep x0 unchanged, you "
-                "compare with it at every step",
+                "your function changed x0 in place (x += ..., x0.mul_): keep x0 unchanged, you compare with it at every step",
             )
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise core.CheckFailed(
@@ -707,8 +659,7 @@ def check_follow_stream(follow_stream) -> None:
         ):
             raise core.CheckFailed(
                 EX_STREAM,
-                "norms and cosines should be lists of Python floats: use .item() on a one-number "
-                "tensor",
+                "norms and cosines should be lists of Python floats: use .item() on a one-number tensor",
             )
         want = _stream(blocks, x0)
         if not _same_stream(want, got):
@@ -726,8 +677,7 @@ def check_follow_stream(follow_stream) -> None:
             if len(values) != n:
                 raise core.CheckFailed(
                     EX_STREAM,
-                    f"with {n - 1} blocks each list should have {n} entries (the input, then one "
-                    f"per block), got {len(values)}",
+                    f"with {n - 1} blocks each list should have {n} entries (the input, then one per block), got {len(values)}",
                 )
             for i, (a, b) in enumerate(zip(values, right)):
                 if not _near(b, a):
@@ -755,8 +705,7 @@ def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=Tru
 GRAD_MISTAKES = [
     core.Mistake(
         "whole_norm",
-        "you return the norm of the whole gradient; the question is each token's norm "
-        "(g.norm(dim=-1)), averaged over the B · T tokens",
+        "you return the norm of the whole gradient; the question is each token's norm (g.norm(dim=-1)), averaged over the B · T tokens",
         lambda b, x, d: _input_gradient(b, x, d, per_token=False),
     ),
     core.Mistake(
@@ -793,14 +742,12 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
         if not torch.equal(x0, kept) or x0.requires_grad or x0.grad is not None:
             raise core.CheckFailed(
                 EX_GRAD,
-                "x0 is not as it was (changed, or left with requires_grad or a .grad): take a "
-                "copy, x0.detach().clone().requires_grad_(True)",
+                "x0 is not as it was (changed, or left with requires_grad or a .grad): take a copy, x0.detach().clone().requires_grad_(True)",
             )
         if any(p.grad is not None for b in blocks for p in b.parameters()):
             raise core.CheckFailed(
                 EX_GRAD,
-                "the blocks' parameters now carry a .grad (loss.backward() fills them): use "
-                "torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
+                "the blocks' parameters now carry a .grad (loss.backward() fills them): use torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
             )
         want = _input_gradient(blocks, x0, direction)
         if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
@@ -808,8 +755,7 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
                 EX_GRAD,
                 GRAD_MISTAKES,
                 lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4),
-                f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
-                f"expected {want:.4g}",
+                f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, expected {want:.4g}",
             )
     core.passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
 
@@ -843,8 +789,7 @@ def deep_stack_scores(block_cls) -> dict:
             if not isinstance(new, torch.Tensor) or new.shape != x.shape:
                 raise core.CheckFailed(
                     CHALLENGE_DEEP,
-                    f"your block should return a tensor of shape {tuple(x.shape)}, got "
-                    f"{getattr(new, 'shape', type(new).__name__)}",
+                    f"your block should return a tensor of shape {tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
                 )
             if not bool(torch.isfinite(new).all()):
                 raise core.CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
@@ -860,19 +805,15 @@ def check_deep_stack(block_cls) -> dict:
     if scores["min_update"] < DEEP_GOALS["min_update"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"one block changes the stream by only {scores['min_update']:.4f} of its size (the "
-            f"goal: at least {DEEP_GOALS['min_update']}): a block that does nothing keeps the "
-            "input trivially",
+            f"one block changes the stream by only {scores['min_update']:.4f} of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that does nothing keeps the input trivially",
         )
     if scores["cosine"] < DEEP_GOALS["min_cosine"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"after 48 blocks the cosine with the input is {scores['cosine']:.4f}; the goal is "
-            f"{DEEP_GOALS['min_cosine']}",
+            f"after 48 blocks the cosine with the input is {scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
         )
     core.passed(
         CHALLENGE_DEEP,
-        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest update "
-        f"{scores['min_update']:.4f}",
+        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest update {scores['min_update']:.4f}",
     )
     return scores
