@@ -36,43 +36,28 @@ def _ln_inputs():
     return x, weight, bias
 
 
-def _manual(
-    x,
-    w,
-    b,
-    *,
-    eps=EPS,
-    dim=-1,
-    unbiased=False,
-    eps_outside=False,
-    center=True,
-    power=0.5,
-    gain=True,
-    shift=True,
-    swap=False,
-    bias_first=False,
-):
-    """LayerNorm written out; the switches make the planted mistakes (dim=None: whole tensor)."""
+def _manual(x, w, b, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, **wrong):
+    """LayerNorm written out (dim=None: over the whole tensor); the switches make the planted
+    mistakes, and so do these in `wrong`: no_center, by_variance, no_gain, no_bias, swap,
+    bias_first."""
     dims = tuple(range(x.dim())) if dim is None else (dim,)
     count = math.prod(x.shape[d] for d in dims)
-    mean = x.mean(dim=dims, keepdim=True) if center else torch.zeros((), dtype=x.dtype)
+    mean = 0.0 if wrong.get("no_center") else x.mean(dim=dims, keepdim=True)
     var = ((x - mean) ** 2).sum(dim=dims, keepdim=True) / (count - (1 if unbiased else 0))
+    power = 1.0 if wrong.get("by_variance") else 0.5
     scale = var**power + eps if eps_outside else (var + eps) ** power
-    if swap:
+    if wrong.get("swap"):
         w, b = b, w
-    if bias_first:
+    if wrong.get("bias_first"):
         b = b * w
-    w = w if gain else torch.ones_like(w)
-    b = b if shift else torch.zeros_like(b)
+    w = torch.ones_like(w) if wrong.get("no_gain") else w
+    b = torch.zeros_like(b) if wrong.get("no_bias") else b
     return (x - mean) / scale * w + b
 
 
 def _m(**switches):
     return lambda x, weight, bias, eps=EPS: _manual(x, weight, bias, **{"eps": eps, **switches})
 
-
-_WHERE = "(dim=-1, keepdim=True)"
-_AFFINE = "end with `* weight + bias`"
 
 # fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
 LAYER_NORM_MISTAKES = [
@@ -94,33 +79,35 @@ LAYER_NORM_MISTAKES = [
     core.Mistake(
         "variance not std",
         "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
-        _m(power=1.0),
+        _m(by_variance=True),
     ),
     core.Mistake(
         "rmsnorm",
         "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, (x - mean) / sqrt(var + eps)",
-        _m(center=False),
+        _m(no_center=True),
     ),
     core.Mistake(
         "over the batch",
-        f"you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension {_WHERE}",
+        "you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension (dim=-1, keepdim=True)",
         _m(dim=0),
     ),
     core.Mistake(
         "over the sequence",
-        f"you normalised over the wrong dimension (the sequence): use the last dimension {_WHERE}",
+        "you normalised over the wrong dimension (the sequence): use the last dimension (dim=-1, keepdim=True)",
         _m(dim=1),
     ),
     core.Mistake(
         "whole tensor",
-        f"you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension {_WHERE}",
+        "you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension (dim=-1, keepdim=True)",
         _m(dim=None),
     ),
     core.Mistake(
-        "no gain, no bias", f"the gain and bias are missing: {_AFFINE}", _m(gain=False, shift=False)
+        "no gain, no bias",
+        "the gain and bias are missing: end with `* weight + bias`",
+        _m(no_gain=True, no_bias=True),
     ),
-    core.Mistake("no bias", f"the bias is missing: {_AFFINE}", _m(shift=False)),
-    core.Mistake("no gain", f"the gain is missing: {_AFFINE}", _m(gain=False)),
+    core.Mistake("no bias", "the bias is missing: end with `* weight + bias`", _m(no_bias=True)),
+    core.Mistake("no gain", "the gain is missing: end with `* weight + bias`", _m(no_gain=True)),
     core.Mistake(
         "swapped", "weight and bias are swapped: multiply by weight, then add bias", _m(swap=True)
     ),
@@ -163,8 +150,6 @@ def _expect_layer_norm(exercise, got, x, weight, bias, what):
 
 
 # --------------------------------------------------------------------------- Exercise 5.1
-
-
 def check_layer_norm(layer_norm) -> None:
     """`layer_norm(x, weight, bias, eps=1e-5)`: (..., C) -> (..., C)."""
     layer_norm = core.refusing(
@@ -277,8 +262,6 @@ def check_layer_norm_module(LayerNorm) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 5.2
-
-
 class _PlainAttention(nn.Module):
     """An attention as a learner may write it in chapter 3: no kv_cache argument."""
 
@@ -546,8 +529,6 @@ def check_no_residual_block(NoResidualBlock) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 5.4
-
-
 def _stream(blocks, x0, chain=True, size=None, cosine=None, include_input=True):
     """The right (norms, cosines); the switches make the planted mistakes."""
     size = size or (lambda x: x.norm(dim=-1).mean())
@@ -561,8 +542,6 @@ def _stream(blocks, x0, chain=True, size=None, cosine=None, include_input=True):
             cosines.append(cosine(x, x0).item())
     return norms, cosines
 
-
-_PER_TOKEN = "each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens"
 
 # fn(blocks, x0) -> (norms, cosines) of a wrong measurement
 STREAM_MISTAKES = [
@@ -578,8 +557,7 @@ STREAM_MISTAKES = [
     ),
     core.Mistake(
         "rms",
-        "your sizes are the root mean square of the numbers (norm / √C): the size here is "
-        + _PER_TOKEN,
+        "your sizes are the root mean square of the numbers (norm / √C): the size here is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
     ),
     core.Mistake(
@@ -654,8 +632,9 @@ def check_follow_stream(follow_stream) -> None:
             raise core.CheckFailed(
                 EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
             )
-        if not all(isinstance(part, (list, tuple)) for part in got) or any(
-            isinstance(v, torch.Tensor) for part in got for v in part
+        if not all(
+            isinstance(part, (list, tuple)) and all(isinstance(v, numbers.Real) for v in part)
+            for part in got
         ):
             raise core.CheckFailed(
                 EX_STREAM,
@@ -670,10 +649,6 @@ def check_follow_stream(follow_stream) -> None:
                 raise core.CheckFailed(EX_STREAM, mistake.message)
         n = len(blocks) + 1
         for values, right, what in zip(got, want, ("norms", "cosines")):
-            if not all(isinstance(v, numbers.Real) for v in values):
-                raise core.CheckFailed(
-                    EX_STREAM, "each of norms and cosines should be a list of numbers"
-                )
             if len(values) != n:
                 raise core.CheckFailed(
                     EX_STREAM,
@@ -689,8 +664,6 @@ def check_follow_stream(follow_stream) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
-
-
 def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=True):
     """The mean per-token norm of d((out * direction).sum()) / d x0; the switches make the
     planted mistakes."""
@@ -786,13 +759,7 @@ def deep_stack_scores(block_cls) -> dict:
     with torch.no_grad():
         for block in blocks:
             new = block(x)
-            if not isinstance(new, torch.Tensor) or new.shape != x.shape:
-                raise core.CheckFailed(
-                    CHALLENGE_DEEP,
-                    f"your block should return a tensor of shape {tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
-                )
-            if not bool(torch.isfinite(new).all()):
-                raise core.CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
+            core.expect_tensor(CHALLENGE_DEEP, new, x.shape, what="the stream after a block")
             updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
             x = new
     return {"cosine": F.cosine_similarity(x, x0, dim=-1).mean().item(), "min_update": min(updates)}
