@@ -240,9 +240,8 @@ def check_layer_norm_module(LayerNorm) -> None:
             raise core.CheckFailed(EX_LN_MODULE, _START[name])
     strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # as the model passes it
     with torch.no_grad():
-        for eps in (EPS, 1e-3):
-            if eps != EPS:
-                ln = core.call_learner(EX_LN_MODULE, LayerNorm, C, eps)
+        for eps in (EPS, 1e-3):  # the module made above, then LayerNorm(n_embd, eps=1e-3)
+            ln = ln if eps == EPS else core.call_learner(EX_LN_MODULE, LayerNorm, C, eps)
             ln = ln.double()
             ln.weight.copy_(weight)
             ln.bias.copy_(bias)

@@ -152,7 +152,8 @@ MERGE_MISTAKES = [
 
 
 def check_merge_linear_layers(merge_linear_layers) -> None:
-    """`merge_linear_layers(W1, b1, W2, b2)` -> (W, b) with x @ W + b = (x @ W1 + b1) @ W2 + b2."""
+    """`merge_linear_layers(W1 (C, H), b1 (H,), W2 (H, D), b2 (D,))` -> W (C, D), b (D,) with
+    x @ W + b = (x @ W1 + b1) @ W2 + b2."""
     gen = torch.Generator().manual_seed(0)
     for C, H, D in ((3, 5, 2), (4, 16, 4)):
         W1, b1 = torch.randn(C, H, generator=gen), torch.randn(H, generator=gen)
@@ -241,7 +242,8 @@ FIT_MISTAKES = [
 
 
 def check_best_fit_error(best_fit_error) -> None:
-    """`best_fit_error(x, y, W1, b1, activation)` -> mean squared error of the least-squares fit."""
+    """`best_fit_error(x (N, C), y (N, D), W1 (C, H), b1 (H,), activation)` -> a float: the mean
+    squared error of the least-squares fit of y on activation(x @ W1 + b1)."""
     gen = torch.Generator().manual_seed(0)
     for N, C, H, D in ((64, 1, 6, 1), (50, 3, 10, 2)):
         x = torch.randn(N, C, generator=gen, dtype=torch.float64) * 2
@@ -561,9 +563,10 @@ def _gaps_match(got, want):
 
 
 def check_approximation_gaps(approximation_gaps) -> None:
-    """`approximation_gaps(fc, proj, x)` -> (largest output change erf vs tanh, float32 rounding)."""
+    """`approximation_gaps(fc, proj, x (B, T, C))` -> two floats: the largest change of the MLP's
+    output from the erf GELU for the tanh one, and from float32 rounding."""
     for fc, proj, x in _gap_cases():
-        before = [t.clone() for t in _layer_tensors(fc, proj)], x.clone()
+        layers_before, x_before = [t.clone() for t in _layer_tensors(fc, proj)], x.clone()
         got = core.call_learner(EX_GAPS, approximation_gaps, fc, proj, x)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise core.CheckFailed(
@@ -571,13 +574,13 @@ def check_approximation_gaps(approximation_gaps) -> None:
                 f"return two numbers, `gap_activation, gap_rounding` (a tuple), got {type(got).__name__}",
             )
         got = tuple(_as_number(EX_GAPS, g) for g in got)
-        after = _layer_tensors(fc, proj)
-        if any(t.dtype != b.dtype or not torch.equal(t, b) for t, b in zip(after, before[0])):
+        layers = zip(_layer_tensors(fc, proj), layers_before)
+        if any(t.dtype != b.dtype or not torch.equal(t, b) for t, b in layers):
             raise core.CheckFailed(
                 EX_GAPS,
                 "your function changed the layers it was given (their dtype or values): Module.double() and .to() convert a module IN PLACE. Work on copies (copy.deepcopy(fc).double()), or compute from the weights",
             )
-        if not torch.equal(x, before[1]):
+        if not torch.equal(x, x_before):
             raise core.CheckFailed(
                 EX_GAPS, "your function changed its input x in place: leave it alone"
             )
@@ -585,10 +588,9 @@ def check_approximation_gaps(approximation_gaps) -> None:
         if _gaps_match(got, want):
             continue
         mistake = core.first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
-        if mistake is None and got[0] == 0.0:
-            mistake = core.named(GAPS_MISTAKES, "same activation")
-        elif mistake is None and got[1] == 0.0:
-            mistake = core.named(GAPS_MISTAKES, "float32 reference")
+        if mistake is None and 0.0 in got:  # a zero gap with the other one wrong as well
+            zero = "same activation" if got[0] == 0.0 else "float32 reference"
+            mistake = core.named(GAPS_MISTAKES, zero)
         if mistake is not None:
             raise core.CheckFailed(EX_GAPS, mistake.message)
         raise core.CheckFailed(
