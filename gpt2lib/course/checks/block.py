@@ -1,11 +1,5 @@
-"""Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm and the
-post-norm block, the gradient at the input of a stack, and measuring the residual stream.
-
-Each check runs the learner's answer on small random cases, compares it with the right answer
-and with the planted wrong answers in the module-level `Mistake` lists below (unbiased
-variance, wrong eps, post-norm, missing residual, blocks not chained, ...; the tests are
-parametrised over those lists), and names the mistake when one of them matches.
-"""
+"""Checks for chapter 5's exercises: LayerNorm (function and module), the pre-norm, post-norm and
+no-residual blocks, the gradient at the input of a stack, and measuring the residual stream."""
 
 from __future__ import annotations
 
@@ -24,36 +18,41 @@ EX_BLOCK = "Exercise 5.2 (Block)"
 EX_POST = "Exercise 5.2 (PostNormBlock)"
 EX_NO_RESIDUAL = "Exercise 5.2 (NoResidualBlock)"
 EX_STREAM = "Exercise 5.4 (follow_stream)"
+EX_GRAD = "Exercise 5.3 (input_gradient_norm)"
 
 EPS = 1e-5  # GPT-2's layer_norm_epsilon
 
 
 def _ln_inputs():
-    """(B, T, C) = (2, 3, 8) in float64: ordinary rows, rows with an offset, and nearly
+    """(B, T, C) = (2, 3, 8) in float64: ordinary rows, a row with an offset, and nearly
     constant rows whose variance (~4e-6) is close to eps, so that eps mistakes show."""
     gen = torch.Generator().manual_seed(0)
-    C = 8
-    x = torch.randn(2, 3, C, generator=gen, dtype=torch.float64)
-    x[0, 1] = x[0, 1] * 3.0 + 5.0  # big offset: the mean must be subtracted
-    x[1, 0] = x[1, 0] * 2e-3 + 1.0  # nearly constant rows: var ~ 4e-6, close to eps
+    x = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64)
+    x[0, 1] = x[0, 1] * 3.0 + 5.0
+    x[1, 0] = x[1, 0] * 2e-3 + 1.0
     x[1, 2] = x[1, 2] * 1e-3
-    weight = 1.0 + 0.5 * torch.randn(C, generator=gen, dtype=torch.float64)
-    bias = 0.5 * torch.randn(C, generator=gen, dtype=torch.float64)
+    weight = 1.0 + 0.5 * torch.randn(8, generator=gen, dtype=torch.float64)
+    bias = 0.5 * torch.randn(8, generator=gen, dtype=torch.float64)
     return x, weight, bias
 
 
-def _manual(
-    x, weight, bias, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, center=True, power=0.5
-):
-    """LayerNorm written out, with switches for the usual mistakes (dim=None: whole tensor)."""
+def _manual(x, w, b, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, **wrong):
+    """LayerNorm written out (dim=None: over the whole tensor); the switches make the planted
+    mistakes, and so do these in `wrong`: no_center, by_variance, no_gain, no_bias, swap,
+    bias_first."""
     dims = tuple(range(x.dim())) if dim is None else (dim,)
-    count = 1
-    for d in dims:
-        count *= x.shape[d]
-    mean = x.mean(dim=dims, keepdim=True) if center else torch.zeros((), dtype=x.dtype)
+    count = math.prod(x.shape[d] for d in dims)
+    mean = 0.0 if wrong.get("no_center") else x.mean(dim=dims, keepdim=True)
     var = ((x - mean) ** 2).sum(dim=dims, keepdim=True) / (count - (1 if unbiased else 0))
+    power = 1.0 if wrong.get("by_variance") else 0.5
     scale = var**power + eps if eps_outside else (var + eps) ** power
-    return (x - mean) / scale * weight + bias
+    if wrong.get("swap"):
+        w, b = b, w
+    if wrong.get("bias_first"):
+        b = b * w
+    w = torch.ones_like(w) if wrong.get("no_gain") else w
+    b = torch.zeros_like(b) if wrong.get("no_bias") else b
+    return (x - mean) / scale * w + b
 
 
 def _m(**switches):
@@ -64,9 +63,7 @@ def _m(**switches):
 LAYER_NORM_MISTAKES = [
     core.Mistake(
         "unbiased variance",
-        "the variance is unbiased (divided by C - 1): torch.var and "
-        "x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, "
-        "keepdim=True, unbiased=False) (or correction=0)",
+        "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or correction=0)",
         _m(unbiased=True),
     ),
     core.Mistake(
@@ -76,78 +73,59 @@ LAYER_NORM_MISTAKES = [
     ),
     core.Mistake(
         "unbiased, eps outside",
-        "the variance is unbiased (torch.var's default: use "
-        "unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
+        "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
         _m(unbiased=True, eps_outside=True),
     ),
     core.Mistake(
         "variance not std",
         "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
-        _m(power=1.0),
+        _m(by_variance=True),
     ),
     core.Mistake(
         "rmsnorm",
-        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each "
-        "vector first, (x - mean) / sqrt(var + eps)",
-        _m(center=False),
+        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, (x - mean) / sqrt(var + eps)",
+        _m(no_center=True),
     ),
     core.Mistake(
         "over the batch",
-        "you normalised over the wrong dimension: LayerNorm works on each "
-        "token's own C features, the last dimension (dim=-1, keepdim=True)",
+        "you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension (dim=-1, keepdim=True)",
         _m(dim=0),
     ),
     core.Mistake(
         "over the sequence",
-        "you normalised over the wrong dimension (the sequence): use the "
-        "last dimension (dim=-1, keepdim=True)",
+        "you normalised over the wrong dimension (the sequence): use the last dimension (dim=-1, keepdim=True)",
         _m(dim=1),
     ),
     core.Mistake(
         "whole tensor",
-        "you normalised with one mean and variance for the whole tensor: each "
-        "token gets its own, over the last dimension (dim=-1, keepdim=True)",
+        "you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension (dim=-1, keepdim=True)",
         _m(dim=None),
     ),
     core.Mistake(
         "no gain, no bias",
         "the gain and bias are missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), torch.zeros_like(b), eps=eps),
+        _m(no_gain=True, no_bias=True),
     ),
+    core.Mistake("no bias", "the bias is missing: end with `* weight + bias`", _m(no_bias=True)),
+    core.Mistake("no gain", "the gain is missing: end with `* weight + bias`", _m(no_gain=True)),
     core.Mistake(
-        "no bias",
-        "the bias is missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, w, torch.zeros_like(b), eps=eps),
-    ),
-    core.Mistake(
-        "no gain",
-        "the gain is missing: end with `* weight + bias`",
-        lambda x, w, b, eps=EPS: _manual(x, torch.ones_like(w), b, eps=eps),
-    ),
-    core.Mistake(
-        "swapped",
-        "weight and bias are swapped: multiply by weight, then add bias",
-        lambda x, w, b, eps=EPS: _manual(x, b, w, eps=eps),
+        "swapped", "weight and bias are swapped: multiply by weight, then add bias", _m(swap=True)
     ),
     core.Mistake(
         "x.std",
-        "you divide by x.std(): that is the unbiased standard deviation (divides by "
-        "C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, "
-        "keepdim=True, unbiased=False)",
-        lambda x, w, b, eps=EPS: _manual(x, w, b, unbiased=True, eps=0.0),
+        "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, unbiased=False)",
+        _m(unbiased=True, eps=0.0),
     ),
     core.Mistake(
         "bias first",
-        "you add bias before multiplying by weight, (x̂ + bias) * weight; the "
-        "order is x̂ * weight + bias",
-        lambda x, w, b, eps=EPS: _manual(x, w, b * w, eps=eps),
+        "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is x̂ * weight + bias",
+        _m(bias_first=True),
     ),
 ] + [
     core.Mistake(
         f"eps {name}",
-        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance "
-        "inside the square root: sqrt(var + eps)",
-        lambda x, w, b, eps=EPS, wrong=wrong: _manual(x, w, b, eps=wrong),
+        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square root: sqrt(var + eps)",
+        _m(eps=wrong),
     )
     for wrong, name in (
         (1e-12, "1e-12 (BERT's value) or 0 (none at all)"),
@@ -159,23 +137,19 @@ LAYER_NORM_MISTAKES = [
 ]
 
 
-def _explain_layer_norm(exercise, got, x, weight, bias, want, what):
-    mistake = core.first_mistake(
-        LAYER_NORM_MISTAKES, lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7)
-    )
-    if mistake is not None:
-        raise core.CheckFailed(exercise, mistake.message)
-    worst = (got.double() - want).abs().max().item()
-    raise core.CheckFailed(
-        exercise,
-        f"{what} differs from F.layer_norm by up to {worst:.3g}. LayerNorm: mean and biased "
-        "variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
-    )
+def _expect_layer_norm(exercise, got, x, weight, bias, what):
+    """Raise naming the planted mistake when `got` is not F.layer_norm(x) (same shape as x)."""
+    want = F.layer_norm(x, x.shape[-1:], weight, bias, EPS)
+    if not core.close(got, want, atol=1e-7):
+        core.fail_with(
+            exercise,
+            LAYER_NORM_MISTAKES,
+            lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7),
+            f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. LayerNorm: mean and biased variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
+        )
 
 
 # --------------------------------------------------------------------------- Exercise 5.1
-
-
 def check_layer_norm(layer_norm) -> None:
     """`layer_norm(x, weight, bias, eps=1e-5)`: (..., C) -> (..., C)."""
     layer_norm = core.refusing(
@@ -186,7 +160,6 @@ def check_layer_norm(layer_norm) -> None:
         instead="write the formula (nn.LayerNorm calls F.layer_norm too)",
     )
     x, weight, bias = _ln_inputs()
-    C = x.shape[-1]
     x_in = x.clone()
     try:
         got = core.call_learner(EX_LN, layer_norm, x_in, weight, bias)
@@ -195,9 +168,7 @@ def check_layer_norm(layer_norm) -> None:
             raise
         raise core.CheckFailed(
             EX_LN,
-            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the "
-            "variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) "
-            "has shape (..., 1), which broadcasts against x (..., C)",
+            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) has shape (..., 1), which broadcasts against x (..., C)",
         ) from None
     if not torch.equal(x_in, x):
         raise core.CheckFailed(
@@ -208,28 +179,22 @@ def check_layer_norm(layer_norm) -> None:
     if got.shape != x.shape:
         raise core.CheckFailed(
             EX_LN,
-            f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the "
-            "shape (did you forget keepdim=True on the mean or the variance?)",
+            f"input {tuple(x.shape)} gave output {tuple(got.shape)}: LayerNorm keeps the shape (did you forget keepdim=True on the mean or the variance?)",
         )
-    want = F.layer_norm(x, (C,), weight, bias, EPS)
-    if not core.close(got, want, atol=1e-7):
-        _explain_layer_norm(EX_LN, got, x, weight, bias, want, "your output")
-
+    _expect_layer_norm(EX_LN, got, x, weight, bias, "your output")
     for eps in (1e-3, 1e-12):
         got_eps = core.call_learner(EX_LN, layer_norm, x.clone(), weight, bias, eps=eps)
-        if not core.close(got_eps, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
+        if not core.close(got_eps, F.layer_norm(x, (8,), weight, bias, eps), atol=1e-7):
             raise core.CheckFailed(
                 EX_LN,
-                f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the "
-                "square root) instead of a fixed number",
+                f"with eps={eps:g} your output is wrong: use the `eps` argument (inside the square root) instead of a fixed number",
             )
     try:
         tokens = core.call_learner(EX_LN, layer_norm, x[0].float(), weight.float(), bias.float())
     except (IndexError, RuntimeError) as exc:
         raise core.CheckFailed(
             EX_LN,
-            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), "
-            "not dim=2, so any number of leading dimensions works",
+            f"a 2-D input (T, C) fails ({exc}): use dim=-1 (the last dimension), not dim=2, so any number of leading dimensions works",
         ) from None
     if not isinstance(tokens, torch.Tensor) or tokens.shape != x[0].shape:
         raise core.CheckFailed(EX_LN, "a 2-D input (T, C) should work too: use dim=-1, not dim=2")
@@ -238,7 +203,10 @@ def check_layer_norm(layer_norm) -> None:
     core.passed(EX_LN, "mean and biased variance over the last dimension, eps inside the root")
 
 
-# --------------------------------------------------------------------------- Exercise 5.2
+_START = {
+    "weight": "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only normalises; with zeros its output would be all zeros (bias) and nothing would flow",
+    "bias": "`bias` should start as zeros (torch.zeros(n_embd))",
+}
 
 
 def check_layer_norm_module(LayerNorm) -> None:
@@ -254,77 +222,45 @@ def check_layer_norm_module(LayerNorm) -> None:
     if not params:
         raise core.CheckFailed(
             EX_LN_MODULE,
-            "the module has no parameters: wrap weight and bias in nn.Parameter, so that they "
-            "are trained and saved in state_dict (and GPT-2's weights can load into them)",
+            "the module has no parameters: wrap weight and bias in nn.Parameter, so that they are trained and saved in state_dict (and GPT-2's weights can load into them)",
         )
     if set(params) != {"weight", "bias"}:
         raise core.CheckFailed(
             EX_LN_MODULE,
-            f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's "
-            "checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
+            f"the parameters are named {sorted(params)}; name them `weight` and `bias`: GPT-2's checkpoint stores h.N.ln_1.weight and h.N.ln_1.bias (the gain and the shift)",
         )
-    for name in ("weight", "bias"):
-        if tuple(params[name].shape) != (C,):
+    for name, start in (("weight", 1.0), ("bias", 0.0)):
+        p = params[name].detach()
+        if tuple(p.shape) != (C,):
             raise core.CheckFailed(
                 EX_LN_MODULE,
-                f"`{name}` has shape {tuple(params[name].shape)}; it should be (n_embd,) = ({C},)",
+                f"`{name}` has shape {tuple(p.shape)}; it should be (n_embd,) = ({C},)",
             )
-    if not torch.equal(params["weight"].detach(), torch.ones(C, dtype=params["weight"].dtype)):
-        raise core.CheckFailed(
-            EX_LN_MODULE,
-            "`weight` should start as ones (torch.ones(n_embd)): a fresh LayerNorm only "
-            "normalises; with zeros its output would be all zeros (bias) and nothing would flow",
-        )
-    if not torch.equal(params["bias"].detach(), torch.zeros(C, dtype=params["bias"].dtype)):
-        raise core.CheckFailed(EX_LN_MODULE, "`bias` should start as zeros (torch.zeros(n_embd))")
-
-    ln = ln.double()
+        if not torch.equal(p, torch.full((C,), start, dtype=p.dtype)):
+            raise core.CheckFailed(EX_LN_MODULE, _START[name])
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # as the model passes it
     with torch.no_grad():
-        ln.weight.copy_(weight)
-        ln.bias.copy_(bias)
-        got = core.call_learner(
-            EX_LN_MODULE, ln.forward, x.transpose(0, 1).contiguous().transpose(0, 1)
-        )  # strided, as the model passes it
-        want = F.layer_norm(x, (C,), weight, bias, EPS)
-        if not core.close(got, want, atol=1e-7):
-            if isinstance(got, torch.Tensor) and got.shape == x.shape:
-                _explain_layer_norm(
-                    EX_LN_MODULE, got, x, weight, bias, want, "LayerNorm(n_embd)(x)"
+        for eps in (EPS, 1e-3):  # the module made above, then LayerNorm(n_embd, eps=1e-3)
+            ln = ln if eps == EPS else core.call_learner(EX_LN_MODULE, LayerNorm, C, eps)
+            ln = ln.double()
+            ln.weight.copy_(weight)
+            ln.bias.copy_(bias)
+            got = core.call_learner(EX_LN_MODULE, ln.forward, strided)
+            if eps == EPS:
+                if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                    raise core.CheckFailed(
+                        EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
+                    )
+                _expect_layer_norm(EX_LN_MODULE, got, x, weight, bias, "LayerNorm(n_embd)(x)")
+            elif not core.close(got, F.layer_norm(x, (C,), weight, bias, eps), atol=1e-7):
+                raise core.CheckFailed(
+                    EX_LN_MODULE,
+                    "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument (self.eps = eps) and use it in forward",
                 )
-            raise core.CheckFailed(
-                EX_LN_MODULE, f"LayerNorm(n_embd)(x) should keep x's shape {tuple(x.shape)}"
-            )
-
-        ln_eps = core.call_learner(EX_LN_MODULE, LayerNorm, C, 1e-3).double()
-        ln_eps.weight.copy_(weight)
-        ln_eps.bias.copy_(bias)
-        if not core.close(ln_eps(x.clone()), F.layer_norm(x, (C,), weight, bias, 1e-3), atol=1e-7):
-            raise core.CheckFailed(
-                EX_LN_MODULE,
-                "LayerNorm(n_embd, eps=1e-3) does not use eps = 1e-3: store the `eps` argument "
-                "(self.eps = eps) and use it in forward",
-            )
     core.passed(EX_LN_MODULE, "weight and bias named as in GPT-2's checkpoint, right numbers")
 
 
 # --------------------------------------------------------------------------- Exercise 5.2
-
-
-def _small_config(pdrop: float = 0.0):
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(
-        n_embd=8,
-        n_head=2,
-        n_layer=1,
-        n_positions=16,
-        vocab_size=11,
-        embd_pdrop=pdrop,
-        attn_pdrop=pdrop,
-        resid_pdrop=pdrop,
-    )
-
-
 class _PlainAttention(nn.Module):
     """An attention as a learner may write it in chapter 3: no kv_cache argument."""
 
@@ -354,8 +290,12 @@ def _post_norm(b, x):
     return b.ln_2(h + b.mlp(h))
 
 
+def _no_residual(b, x):
+    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
+
+
 # fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
-# Shared by both blocks of Exercise 5.2 (the right answer of one is a mistake for the other).
+# Shared by the pre- and post-norm blocks (the right answer of one is a mistake for the other).
 _ORDER_MISTAKES = [
     core.Mistake(
         "no residuals",
@@ -382,9 +322,7 @@ _ORDER_MISTAKES = [
 BLOCK_MISTAKES = [
     core.Mistake(
         "post-norm",
-        "this is the post-norm block of the original Transformer, "
-        "ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its "
-        "output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+        "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
         _post_norm,
     ),
     core.Mistake(
@@ -404,16 +342,14 @@ BLOCK_MISTAKES = [
     ),
     core.Mistake(
         "normalised stream",
-        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): "
-        "keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
         lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
             (lambda n: n + b.attn(n))(b.ln_1(x))
         ),
     ),
     core.Mistake(
         "parallel",
-        "the MLP reads x instead of the stream after attention: first "
-        "h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+        "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
         lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
     ),
 ] + _ORDER_MISTAKES
@@ -421,8 +357,7 @@ BLOCK_MISTAKES = [
 POST_NORM_MISTAKES = [
     core.Mistake(
         "pre-norm",
-        "this is GPT-2's pre-norm block again: post-norm adds first and then "
-        "normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+        "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
         _pre_norm,
     ),
     core.Mistake(
@@ -432,141 +367,135 @@ POST_NORM_MISTAKES = [
     ),
     core.Mistake(
         "norm inside",
-        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): "
-        "post-norm normalises the SUM, ln(x + sublayer(x))",
+        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
         lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
     ),
     core.Mistake(
         "sublayer reads normalised",
-        "the sublayers read a normalised copy, ln(x + "
-        "sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, "
-        "ln(x + sublayer(x))",
+        "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
         lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(b.ln_1(x + b.attn(b.ln_1(x)))),
     ),
 ] + _ORDER_MISTAKES
 
+# fn(block, x) -> a wrong output of the block without residual connections
+NO_RESIDUAL_MISTAKES = [
+    core.Mistake(
+        "residuals kept",
+        "this is GPT-2's pre-norm block with both residual connections: take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
+        _pre_norm,
+    ),
+    core.Mistake(
+        "attention residual kept",
+        "the residual connection around attention is still there: x = attn(ln_1(x)), not x + attn(ln_1(x))",
+        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
+    ),
+    core.Mistake(
+        "MLP residual kept",
+        "the residual connection around the MLP is still there: return mlp(ln_2(x)), not x + mlp(ln_2(x))",
+        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
+    ),
+    core.Mistake(
+        "MLP reads the input",
+        "the MLP reads the block's input: without residuals the MLP reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+    ),
+    core.Mistake(
+        "no norms",
+        "the LayerNorms are gone too: only the residual connections go, each sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+        lambda b, x: b.mlp(b.attn(x)),
+    ),
+    core.Mistake(
+        "swapped norms",
+        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
+    ),
+]
 
-def _make_block(exercise, Block, *args, **kwargs):
+
+def _make_block(exercise, Block, config, **kwargs):
     """call_learner, but a stub in an earlier exercise (say LayerNorm) is named in the message."""
     try:
-        return core.call_learner(exercise, Block, *args, **kwargs)
+        return core.call_learner(exercise, Block, config, **kwargs)
     except core.CheckFailed as failure:
         cause = failure.__context__
         if isinstance(cause, NotImplementedError) and str(cause):
             raise core.NotDoneYet(
                 exercise,
-                f"not done yet: building the block raised NotImplementedError('{cause}'). "
-                "Finish that exercise, run its cell and the Block cell, then run this check again.",
+                f"not done yet: building the block raised NotImplementedError('{cause}'). Finish that exercise, run its cell and the Block cell, then run this check again.",
             ) from None
         raise
 
 
-def _block_case(exercise, Block, config):
-    """The learner's block with random float64 weights (LayerNorm gains and biases too, so that
-    ln_1 and ln_2 differ), in eval mode, and a non-contiguous input (B, T, C) with an offset."""
+def _check_block(exercise, Block, right, mistakes, what):
+    """The driver of the three blocks: names and modules, the output with random float64 weights
+    (LayerNorm's too, so that ln_1 and ln_2 differ) on a strided input against `right` and the
+    planted `mistakes`, then dropout in training mode. Returns the config and the input."""
+    config = core.tiny_config(n_embd=8)
     block = _make_block(exercise, Block, config)
     if not isinstance(block, nn.Module):
         raise core.CheckFailed(
             exercise,
-            f"{getattr(Block, '__name__', 'Block')}(config) should make an "
-            f"nn.Module, got {type(block).__name__}",
+            f"{getattr(Block, '__name__', 'Block')}(config) should make an nn.Module, got {type(block).__name__}",
         )
     for name in ("ln_1", "attn", "ln_2", "mlp"):
         if not isinstance(getattr(block, name, None), nn.Module):
             raise core.CheckFailed(
                 exercise,
-                f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, "
-                "which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
+                f"your block has no submodule `{name}`: keep the names ln_1, attn, ln_2, mlp, which GPT-2's checkpoint uses (h.N.ln_1.weight, h.N.attn.c_attn.weight, ...)",
             )
     if block.ln_1 is block.ln_2:
         raise core.CheckFailed(exercise, "ln_1 and ln_2 are the same module: make two LayerNorms")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in block.parameters():
-            p.copy_(
-                torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4
-                + (1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0)
-            )
-    block = block.double().eval()
-    x = (torch.randn(config.n_embd, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5).permute(
-        2, 1, 0
-    )
-    return block, x
-
-
-def _check_block_output(exercise, block, x, right, mistakes, what):
-    with torch.no_grad():
-        got = core.call_learner(
-            exercise, block.forward, x
-        )  # forward: so a wrong signature is named
-        got = core.expect_tensor(
-            exercise,
-            got,
-            tuple(x.shape),
-            what=f"the output for x of shape {tuple(x.shape)}",
-            hints={},
-        )
+            gain = 1.0 if p.dim() == 1 and p.shape[0] == config.n_embd else 0.0
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.4 + gain)
+        block = block.double().eval()
+        x = torch.randn(8, 5, 2, generator=gen, dtype=torch.float64) * 2.0 + 0.5
+        x = x.permute(2, 1, 0)  # (B, T, C), not contiguous
+        got = core.call_learner(exercise, block.forward, x)  # forward: a wrong signature is named
+        what_got = f"the output for x of shape {tuple(x.shape)}"
+        got = core.expect_tensor(exercise, got, x.shape, what=what_got)
         want = right(block, x)
         if not core.close(got, want, atol=1e-6):
-            mistake = core.first_mistake(
-                mistakes, lambda m: core.close(got, m.fn(block, x), atol=1e-6)
+            core.fail_with(
+                exercise,
+                mistakes,
+                lambda m: core.close(got, m.fn(block, x), atol=1e-6),
+                f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})",
             )
-            if mistake is not None:
-                raise core.CheckFailed(exercise, mistake.message)
+        # With dropout in the sublayers, training mode must differ from eval mode (nothing forces
+        # eval inside forward) and eval mode must be repeatable.
+        block = _make_block(exercise, Block, core.tiny_config(n_embd=8, pdrop=0.5)).eval()
+        x_drop = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+        first = block(x_drop)
+        if not torch.equal(first, block(x_drop)):
             raise core.CheckFailed(
                 exercise,
-                f"the output is not the {what} (largest difference "
-                f"{(got - want).abs().max().item():.3g})",
-            )
-
-
-def _check_train_mode(exercise, Block):
-    """With dropout in the sublayers, training mode must differ from eval mode (nothing forces
-    eval inside forward) and eval mode must be repeatable."""
-    block = _make_block(exercise, Block, _small_config(pdrop=0.5))
-    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        block.eval()
-        first, second = block(x), block(x)
-        if not torch.equal(first, second):
-            raise core.CheckFailed(
-                exercise,
-                "in eval mode two calls gave different outputs: something "
-                "random runs outside the sublayers' dropout",
+                "in eval mode two calls gave different outputs: something random runs outside the sublayers' dropout",
             )
         block.train()
         torch.manual_seed(0)
-        if torch.equal(block(x), first):
+        if torch.equal(block(x_drop), first):
             raise core.CheckFailed(
                 exercise,
-                "in training mode the output equals eval mode's, though "
-                "the sublayers have dropout: do not switch modes (.eval()) inside forward",
+                "in training mode the output equals eval mode's, though the sublayers have dropout: do not switch modes (.eval()) inside forward",
             )
+    return config, x
 
 
 def check_block(Block) -> None:
-    """`Block(config, attention_cls, mlp_cls)`: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-    config = _small_config()
-    block, x = _block_case(EX_BLOCK, Block, config)
-    _check_block_output(
-        EX_BLOCK,
-        block,
-        x,
-        _pre_norm,
-        BLOCK_MISTAKES,
-        "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-    )
-    _check_train_mode(EX_BLOCK, Block)
-
-    # kv_cache goes to attention only when there is one.
+    """`Block(config, attention_cls, mlp_cls)`: (B, T, C) -> (B, T, C), x + attn(ln_1(x)), then
+    x + mlp(ln_2(x)); `kv_cache` handed to attention only when given."""
+    what = "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))"
+    config, x = _check_block(EX_BLOCK, Block, _pre_norm, BLOCK_MISTAKES, what)
     plain = _make_block(EX_BLOCK, Block, config, attention_cls=_PlainAttention)
     try:
         plain(x.float())
     except TypeError as exc:
         raise core.CheckFailed(
             EX_BLOCK,
-            f"with an attention whose forward takes only x, block(x) failed ({exc}). When "
-            "kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
+            f"with an attention whose forward takes only x, block(x) failed ({exc}). When kv_cache is None call self.attn(h) without it, so chapter 3's attention still works",
         ) from None
     recording = _make_block(EX_BLOCK, Block, config, attention_cls=_RecordingAttention)
     marker = object()
@@ -579,100 +508,31 @@ def check_block(Block) -> None:
     if marker not in getattr(recording.attn, "seen", []):
         raise core.CheckFailed(
             EX_BLOCK,
-            "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not "
-            "None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
+            "block(x, kv_cache=cache) did not hand the cache to attention: when kv_cache is not None call self.attn(ln_1(x), kv_cache=kv_cache) (chapter 9's fast generation needs it)",
         )
     core.passed(EX_BLOCK, "pre-norm, two residual connections, kv_cache passed on to attention")
 
 
 def check_post_norm_block(PostNormBlock) -> None:
-    """`PostNormBlock(config)`: x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))."""
-    block, x = _block_case(EX_POST, PostNormBlock, _small_config())
-    _check_block_output(
-        EX_POST,
-        block,
-        x,
-        _post_norm,
-        POST_NORM_MISTAKES,
-        "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))",
-    )
-    _check_train_mode(EX_POST, PostNormBlock)
+    """`PostNormBlock(config)`: (B, T, C) -> (B, T, C), x = ln_1(x + attn(x)), x = ln_2(x + mlp(x))."""
+    what = "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))"
+    _check_block(EX_POST, PostNormBlock, _post_norm, POST_NORM_MISTAKES, what)
     core.passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
 
 
-def _no_residual(b, x):
-    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
-
-
-# fn(block, x) -> a wrong output of the block without residual connections
-NO_RESIDUAL_MISTAKES = [
-    core.Mistake(
-        "residuals kept",
-        "this is GPT-2's pre-norm block with both residual connections: "
-        "take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), "
-        "then x = mlp(ln_2(x))",
-        _pre_norm,
-    ),
-    core.Mistake(
-        "attention residual kept",
-        "the residual connection around attention is still there: "
-        "x = attn(ln_1(x)), not x + attn(ln_1(x))",
-        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
-    ),
-    core.Mistake(
-        "MLP residual kept",
-        "the residual connection around the MLP is still there: "
-        "return mlp(ln_2(x)), not x + mlp(ln_2(x))",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
-    ),
-    core.Mistake(
-        "MLP reads the input",
-        "the MLP reads the block's input: without residuals the MLP "
-        "reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
-    ),
-    core.Mistake(
-        "no norms",
-        "the LayerNorms are gone too: only the residual connections go, each "
-        "sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.mlp(b.attn(x)),
-    ),
-    core.Mistake(
-        "swapped norms",
-        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
-    ),
-]
-
-
 def check_no_residual_block(NoResidualBlock) -> None:
-    """`NoResidualBlock(config)`: the pre-norm block without residuals, mlp(ln_2(attn(ln_1(x))))."""
-    block, x = _block_case(EX_NO_RESIDUAL, NoResidualBlock, _small_config())
-    _check_block_output(
-        EX_NO_RESIDUAL,
-        block,
-        x,
-        _no_residual,
-        NO_RESIDUAL_MISTAKES,
-        "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))",
-    )
-    _check_train_mode(EX_NO_RESIDUAL, NoResidualBlock)
+    """`NoResidualBlock(config)`: (B, T, C) -> (B, T, C), mlp(ln_2(attn(ln_1(x))))."""
+    what = "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))"
+    _check_block(EX_NO_RESIDUAL, NoResidualBlock, _no_residual, NO_RESIDUAL_MISTAKES, what)
     core.passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
 # --------------------------------------------------------------------------- Exercise 5.4
-
-
-def _stream(
-    blocks,
-    x0,
-    chain=True,
-    size=lambda x: x.norm(dim=-1).mean(),
-    cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean(),
-    include_input=True,
-):
-    norms = [size(x0).item()] if include_input else []
-    cosines = [1.0] if include_input else []
+def _stream(blocks, x0, chain=True, size=None, cosine=None, include_input=True):
+    """The right (norms, cosines); the switches make the planted mistakes."""
+    size = size or (lambda x: x.norm(dim=-1).mean())
+    cosine = cosine or (lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean())
+    norms, cosines = ([size(x0).item()], [1.0]) if include_input else ([], [])
     x = x0
     with torch.no_grad():
         for block in blocks:
@@ -686,55 +546,46 @@ def _stream(
 STREAM_MISTAKES = [
     core.Mistake(
         "not chained",
-        "every block was applied to x0: the blocks run one after another, "
-        "each on the output of the one before (x = block(x))",
+        "every block was applied to x0: the blocks run one after another, each on the output of the one before (x = block(x))",
         lambda blocks, x0: _stream(blocks, x0, chain=False),
     ),
     core.Mistake(
         "norm of the whole tensor",
-        "your sizes are the norm of the whole (B, T, C) tensor: "
-        "take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
+        "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
     ),
     core.Mistake(
         "rms",
-        "your sizes are the root mean square of the numbers (norm / √C): the size here "
-        "is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
+        "your sizes are the root mean square of the numbers (norm / √C): the size here is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
     ),
     core.Mistake(
         "squared norm",
-        "your sizes are squared norms: take x.norm(dim=-1) (the square root "
-        "of the sum of squares), then the mean",
+        "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of squares), then the mean",
         lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
     ),
     core.Mistake(
         "cosine of the flattened tensors",
-        "your cosines compare the whole flattened tensors: "
-        "compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), "
-        "then average",
+        "your cosines compare the whole flattened tensors: compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
         ),
     ),
     core.Mistake(
         "cosine over the wrong dimension",
-        "your cosines are taken over the wrong dimension: "
-        "each token's C features are its vector, so use dim=-1",
+        "your cosines are taken over the wrong dimension: each token's C features are its vector, so use dim=-1",
         lambda blocks, x0: _stream(
             blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
         ),
     ),
     core.Mistake(
         "dot product",
-        "your 'cosines' are dot products: divide by both norms, or use "
-        "F.cosine_similarity(x, x0, dim=-1)",
+        "your 'cosines' are dot products: divide by both norms, or use F.cosine_similarity(x, x0, dim=-1)",
         lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean()),
     ),
     core.Mistake(
         "no input entry",
-        "entry 0 must be the input itself (its norm, and cosine 1), so each "
-        "list has len(blocks) + 1 entries: start the lists before the loop",
+        "entry 0 must be the input itself (its norm, and cosine 1), so each list has len(blocks) + 1 entries: start the lists before the loop",
         lambda blocks, x0: _stream(blocks, x0, include_input=False),
     ),
 ]
@@ -751,20 +602,15 @@ class _Scale(nn.Module):
         return self.factor * x + self.shift.to(x.dtype)
 
 
-_FLOATS = "norms and cosines should be lists of Python floats: use .item() on a one-number tensor"
+def _near(a, b):
+    return math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6)
 
 
-def _as_floats(got, n):
-    if not isinstance(got, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in got):
-        raise core.CheckFailed(EX_STREAM, "each of norms and cosines should be a list of numbers")
-    values = [float(v) for v in got]
-    if len(values) != n:
-        raise core.CheckFailed(
-            EX_STREAM,
-            f"with {n - 1} blocks each list should have {n} entries "
-            f"(the input, then one per block), got {len(values)}",
-        )
-    return values
+def _same_stream(candidate, got):
+    return all(
+        len(right) == len(mine) and all(_near(a, b) for a, b in zip(right, mine))
+        for right, mine in zip(candidate, got)
+    )
 
 
 def check_follow_stream(follow_stream) -> None:
@@ -774,67 +620,52 @@ def check_follow_stream(follow_stream) -> None:
     for C, factors, shape in ((6, (1.5, 0.5, 2.0), (2, 4)), (5, (0.7, 3.0), (3, 2))):
         blocks = nn.ModuleList(_Scale(f, torch.randn(C, generator=gen)) for f in factors)
         x0 = torch.randn(*shape, C, generator=gen) + 0.3  # (B, T, C)
-        _check_stream_case(follow_stream, blocks, x0)
-    core.passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
-
-
-def _check_stream_case(follow_stream, blocks, x0) -> None:
-    x0_before = x0.clone()
-    got = core.call_learner(EX_STREAM, follow_stream, blocks, x0)
-    if not torch.equal(x0, x0_before):
-        raise core.CheckFailed(
-            EX_STREAM,
-            "your function changed x0 in place (x += ..., x0.mul_): keep "
-            "x0 unchanged, you compare with it at every step",
-        )
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise core.CheckFailed(
-            EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
-        )
-    n = len(blocks) + 1
-    if not all(isinstance(part, (list, tuple)) for part in got) or any(
-        isinstance(v, torch.Tensor) for part in got for v in part
-    ):
-        raise core.CheckFailed(EX_STREAM, _FLOATS)
-
-    def matches(candidate):
-        norms, cosines = candidate
-        return (
-            len(norms) == len(got[0])
-            and len(cosines) == len(got[1])
-            and all(
-                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(norms, got[0])
+        x0_before = x0.clone()
+        got = core.call_learner(EX_STREAM, follow_stream, blocks, x0)
+        if not torch.equal(x0, x0_before):
+            raise core.CheckFailed(
+                EX_STREAM,
+                "your function changed x0 in place (x += ..., x0.mul_): keep x0 unchanged, you compare with it at every step",
             )
-            and all(
-                math.isclose(a, float(b), rel_tol=1e-4, abs_tol=1e-6)
-                for a, b in zip(cosines, got[1])
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise core.CheckFailed(
+                EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
             )
-        )
-
-    want = _stream(blocks, x0)
-    if not matches(want):
-        mistake = core.first_mistake(STREAM_MISTAKES, lambda m: matches(m.fn(blocks, x0)))
-        if mistake is not None:
-            raise core.CheckFailed(EX_STREAM, mistake.message)
-    norms, cosines = _as_floats(got[0], n), _as_floats(got[1], n)
-    if not matches(want):
-        for values, right, what in ((norms, want[0], "norms"), (cosines, want[1], "cosines")):
+        if not all(
+            isinstance(part, (list, tuple)) and all(isinstance(v, numbers.Real) for v in part)
+            for part in got
+        ):
+            raise core.CheckFailed(
+                EX_STREAM,
+                "norms and cosines should be lists of Python floats: use .item() on a one-number tensor",
+            )
+        want = _stream(blocks, x0)
+        if not _same_stream(want, got):
+            mistake = core.first_mistake(
+                STREAM_MISTAKES, lambda m: _same_stream(m.fn(blocks, x0), got)
+            )
+            if mistake is not None:
+                raise core.CheckFailed(EX_STREAM, mistake.message)
+        n = len(blocks) + 1
+        for values, right, what in zip(got, want, ("norms", "cosines")):
+            if len(values) != n:
+                raise core.CheckFailed(
+                    EX_STREAM,
+                    f"with {n - 1} blocks each list should have {n} entries (the input, then one per block), got {len(values)}",
+                )
             for i, (a, b) in enumerate(zip(values, right)):
-                if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6):
+                if not _near(b, a):
                     where = "the input" if i == 0 else f"block {i}"
                     raise core.CheckFailed(
                         EX_STREAM, f"your {what}[{i}] (after {where}) is {a:.5g}, expected {b:.5g}"
                     )
+    core.passed(EX_STREAM, "the stream's size and its cosine with the input, block by block")
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
-
-EX_GRAD = "Exercise 5.3 (input_gradient_norm)"
-
-
 def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=True):
-    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches describe known
-    wrong versions."""
+    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches make the
+    planted mistakes."""
     x = x0.detach().clone().requires_grad_(True)
     out = x
     for block in blocks:
@@ -846,8 +677,7 @@ def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=Tru
 GRAD_MISTAKES = [
     core.Mistake(
         "whole_norm",
-        "you return the norm of the whole gradient; the question is each token's norm "
-        "(g.norm(dim=-1)), averaged over the B · T tokens",
+        "you return the norm of the whole gradient; the question is each token's norm (g.norm(dim=-1)), averaged over the B · T tokens",
         lambda b, x, d: _input_gradient(b, x, d, per_token=False),
     ),
     core.Mistake(
@@ -866,12 +696,12 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
 
     gen = torch.Generator().manual_seed(3)
     with torch.random.fork_rng():  # building blocks draws random numbers: leave the notebook's
-        gpt2 = nn.ModuleList(Block(_small_config()) for _ in range(3)).eval()
+        gpt2 = nn.ModuleList(Block(core.tiny_config(n_embd=8)) for _ in range(3)).eval()
     with torch.no_grad():
         for p in gpt2.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     cases = [
-        (gpt2, torch.randn(2, 5, _small_config().n_embd, generator=gen)),
+        (gpt2, torch.randn(2, 5, 8, generator=gen)),
         ([_Scale(0.5, torch.zeros(8)), _Scale(3.0, torch.ones(8))], torch.randn(3, 4, 8).double()),
         ([], torch.randn(1, 6, 8, generator=gen)),
     ]
@@ -884,28 +714,21 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
         if not torch.equal(x0, kept) or x0.requires_grad or x0.grad is not None:
             raise core.CheckFailed(
                 EX_GRAD,
-                "x0 is not as it was (changed, or left with requires_grad or a .grad): take a "
-                "copy, x0.detach().clone().requires_grad_(True)",
+                "x0 is not as it was (changed, or left with requires_grad or a .grad): take a copy, x0.detach().clone().requires_grad_(True)",
             )
         if any(p.grad is not None for b in blocks for p in b.parameters()):
             raise core.CheckFailed(
                 EX_GRAD,
-                "the blocks' parameters now carry a .grad (loss.backward() fills them): use "
-                "torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
+                "the blocks' parameters now carry a .grad (loss.backward() fills them): use torch.autograd.grad(loss, x), which returns the gradient and leaves them alone",
             )
         want = _input_gradient(blocks, x0, direction)
-        if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
-            continue
-        found = core.first_mistake(
-            GRAD_MISTAKES, lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4)
-        )
-        raise core.CheckFailed(
-            EX_GRAD,
-            found.message
-            if found
-            else f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, "
-            f"expected {want:.4g}",
-        )
+        if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-6):
+            core.fail_with(
+                EX_GRAD,
+                GRAD_MISTAKES,
+                lambda m: math.isclose(got, m.fn(blocks, x0, direction), rel_tol=1e-4),
+                f"for {len(blocks)} blocks on x0 {tuple(x0.shape)} you return {got:.4g}, expected {want:.4g}",
+            )
     core.passed(EX_GRAD, "the gradient at the input, per token, with x0 and the weights left alone")
 
 
@@ -919,15 +742,8 @@ def deep_stack_scores(block_cls) -> dict:
     """48 blocks of block_cls (n_embd 64, 4 heads, no dropout), every weight matrix drawn from
     N(0, 0.1²) by the check: the input's cosine after the last block, and the smallest mean
     relative update of any block, |block(x) - x| / |x|."""
-    from gpt2lib.chapters.config import GPT2Config
-
-    config = GPT2Config(
-        n_embd=64,
-        n_head=4,
-        n_layer=DEEP_GOALS["n_layer"],
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
+    config = core.tiny_config(
+        n_embd=64, n_head=4, n_layer=DEEP_GOALS["n_layer"], n_positions=1024, vocab_size=50257
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -942,18 +758,10 @@ def deep_stack_scores(block_cls) -> dict:
     with torch.no_grad():
         for block in blocks:
             new = block(x)
-            if not isinstance(new, torch.Tensor) or new.shape != x.shape:
-                raise core.CheckFailed(
-                    CHALLENGE_DEEP,
-                    f"your block should return a tensor of shape "
-                    f"{tuple(x.shape)}, got {getattr(new, 'shape', type(new).__name__)}",
-                )
-            if not bool(torch.isfinite(new).all()):
-                raise core.CheckFailed(CHALLENGE_DEEP, "the stream holds NaN or inf after a block")
+            core.expect_tensor(CHALLENGE_DEEP, new, x.shape, what="the stream after a block")
             updates.append(((new - x).norm(dim=-1) / x.norm(dim=-1)).mean().item())
             x = new
-    cosine = F.cosine_similarity(x, x0, dim=-1).mean().item()
-    return {"cosine": cosine, "min_update": min(updates)}
+    return {"cosine": F.cosine_similarity(x, x0, dim=-1).mean().item(), "min_update": min(updates)}
 
 
 def check_deep_stack(block_cls) -> dict:
@@ -963,19 +771,15 @@ def check_deep_stack(block_cls) -> dict:
     if scores["min_update"] < DEEP_GOALS["min_update"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"one block changes the stream by only {scores['min_update']:.4f} "
-            f"of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that "
-            "does nothing keeps the input trivially",
+            f"one block changes the stream by only {scores['min_update']:.4f} of its size (the goal: at least {DEEP_GOALS['min_update']}): a block that does nothing keeps the input trivially",
         )
     if scores["cosine"] < DEEP_GOALS["min_cosine"]:
         raise core.CheckFailed(
             CHALLENGE_DEEP,
-            f"after 48 blocks the cosine with the input is "
-            f"{scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
+            f"after 48 blocks the cosine with the input is {scores['cosine']:.4f}; the goal is {DEEP_GOALS['min_cosine']}",
         )
     core.passed(
         CHALLENGE_DEEP,
-        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest "
-        f"update {scores['min_update']:.4f}",
+        f"cosine with the input {scores['cosine']:.4f} after 48 blocks, smallest update {scores['min_update']:.4f}",
     )
     return scores

@@ -1,11 +1,5 @@
-"""Checks for chapter 4's exercises: which outputs a change of one token moves, two linear
-layers merged into one, what a wider hidden layer buys (a least-squares fit), GPT-2's GELU
-(F.gelu refused), whether its tanh approximation matters, and the MLP module.
-
-Each check runs the learner's answer on small random cases, compares it with the right answer
-and with the planted wrong answers in the module-level `Mistake` lists below (the tests are
-parametrised over those lists), and names the mistake when one of them matches.
-"""
+"""Checks for chapter 4's exercises: which outputs a token moves, merging two linear layers, the
+best fit of a hidden layer, the GELUs (F.gelu refused), their approximation gaps, and the MLP."""
 
 from __future__ import annotations
 
@@ -23,27 +17,41 @@ EX_MOVED = "Exercise 4.1 (outputs_that_change)"
 EX_MERGE = "Exercise 4.2 (merge_linear_layers)"
 EX_FIT = "Exercise 4.3 (best_fit_error)"
 EX_GELU = "Exercise 4.4 (gelu_tanh)"
+EX_GELU_ERF = "Exercise 4.4 (gelu_erf)"
 EX_GAPS = "Exercise 4.5 (approximation_gaps)"
 EX_MLP = "Exercise 4.6 (MLP)"
+
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """The right answer, written out so that the check does not depend on gpt2lib."""
-    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-
-
 def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
+    """GPT-2's tanh GELU, written out so that the check does not depend on gpt2lib; the
+    switches make the planted mistakes."""
     return lambda x: half * x * (1.0 + torch.tanh(scale * (x + cubic * x**power)))
 
 
+_gelu_tanh = _tanh_form()
+
+
+_erf = F.gelu  # the exact GELU (bound here, so that refusing F.gelu does not refuse it)
+
+
+def _as_number(exercise, got):
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        raise core.CheckFailed(
+            exercise,
+            f"return the error as one number (a Python float; `.item()` turns a 1-element tensor into one), got {type(got).__name__}",
+        )
+    return float(got)
+
+
 # --------------------------------------------------------------------------- Exercise 4.1
-
-
 def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
     """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools. The
-    switches describe known wrong versions (where: the index edited instead)."""
+    switches make the planted mistakes (where: the index edited instead)."""
     before = f(x)
     edited = x if in_place else x.clone()
     edited[(slice(None), position) if where is None else where(position)] += 1.0
@@ -55,54 +63,43 @@ def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
 MOVED_MISTAKES = [
     core.Mistake(
         "signed sum",
-        "you test the SIGNED sum of the differences: an output that moved down "
-        "sums to less than 0 and is missed. Take the absolute value first, "
-        "(f(edited) - f(x)).abs().sum(dim=-1) > 0",
+        "you test the SIGNED sum of the differences: an output that moved down sums to less than 0 and is missed. Take the absolute value first, (f(edited) - f(x)).abs().sum(dim=-1) > 0",
         lambda f, x, p: _moved(f, x, p, signed=True),
     ),
     core.Mistake(
         "in place",
-        "you changed x itself: the caller's tensor must stay as it was. Edit a "
-        "copy, edited = x.clone()",
+        "you changed x itself: the caller's tensor must stay as it was. Edit a copy, edited = x.clone()",
         lambda f, x, p: _moved(f, x, p, in_place=True),
     ),
     core.Mistake(
         "first sequence",
-        "you changed the token in the first sequence only: change it in "
-        "every sequence of the batch, edited[:, position]",
+        "you changed the token in the first sequence only: change it in every sequence of the batch, edited[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
     ),
     core.Mistake(
         "feature",
-        "you changed feature number `position` of every token (x[..., position]): "
-        "change the whole token at that position, x[:, position]",
+        "you changed feature number `position` of every token (x[..., position]): change the whole token at that position, x[:, position]",
         lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
     ),
     core.Mistake(
         "over time",
-        "you added up over the positions (dim 1): add up over each output's "
-        "vector (the last dim), one answer per (sequence, position)",
+        "you added up over the positions (dim 1): add up over each output's vector (the last dim), one answer per (sequence, position)",
         lambda f, x, p: _moved(f, x, p, dim=1),
     ),
 ]
 
 
-def _moved_cases():
-    gen = torch.Generator().manual_seed(0)
-    W = torch.randn(3, 3, generator=gen, dtype=torch.float64)
-    return [  # (name, f, what it depends on)
-        ("position by position", lambda x: torch.tanh(x @ W)),
-        ("a running sum over the tokens before", lambda x: torch.tanh(x.cumsum(dim=1) @ W)),
-        ("the token before only", lambda x: torch.roll(x, 1, dims=1) @ W),
-    ]
-
-
 def check_outputs_that_change(outputs_that_change) -> None:
     """`outputs_that_change(f, x, position)` -> (B, T) bools: which outputs of f move when the
     token at `position` changes, in every sequence; x is left unchanged."""
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)  # (B, T, C)
-    for name, f in _moved_cases():
+    W = torch.randn(3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    cases = {  # what f depends on: f
+        "position by position": lambda x: torch.tanh(x @ W),
+        "a running sum over the tokens before": lambda x: torch.tanh(x.cumsum(dim=1) @ W),
+        "the token before only": lambda x: torch.roll(x, 1, dims=1) @ W,
+    }
+    for name, f in cases.items():
         for position in (0, 2):
             before = x.clone()
             got = core.call_learner(EX_MOVED, outputs_that_change, f, x, position)
@@ -115,30 +112,20 @@ def check_outputs_that_change(outputs_that_change) -> None:
                 raise core.CheckFailed(
                     EX_MOVED, f"return a (B, T) tensor of booleans, got {type(got).__name__}"
                 ) from None
-            if tuple(got.shape) != tuple(want.shape):
-                shaped = core.first_mistake(
-                    MOVED_MISTAKES,
-                    lambda m: tuple(m.fn(f, x.clone(), position).shape) == tuple(got.shape),
-                )
-                raise core.CheckFailed(
+            if got.shape != want.shape:
+                core.fail_with(
                     EX_MOVED,
-                    shaped.message
-                    if shaped
-                    else f"return one answer per (sequence, position), shape "
-                    f"{tuple(want.shape)}; got {tuple(got.shape)}",
+                    MOVED_MISTAKES,
+                    lambda m: m.fn(f, x.clone(), position).shape == got.shape,
+                    f"return one answer per (sequence, position), shape {tuple(want.shape)}; got {tuple(got.shape)}",
                 )
-            if torch.equal(got.bool(), want):
-                continue
-            mistake = core.first_mistake(
-                MOVED_MISTAKES, lambda m: torch.equal(got.bool(), m.fn(f, x.clone(), position))
-            )
-            raise core.CheckFailed(
-                EX_MOVED,
-                mistake.message
-                if mistake
-                else f"for f = {name}, changing token {position}: expected "
-                f"{want.tolist()}, got {got.bool().tolist()}",
-            )
+            if not torch.equal(got.bool(), want):
+                core.fail_with(
+                    EX_MOVED,
+                    MOVED_MISTAKES,
+                    lambda m: torch.equal(got.bool(), m.fn(f, x.clone(), position)),
+                    f"for f = {name}, changing token {position}: expected {want.tolist()}, got {got.bool().tolist()}",
+                )
     core.passed(EX_MOVED, "the right outputs move, for three kinds of f, and x is left unchanged")
 
 
@@ -148,222 +135,207 @@ def check_outputs_that_change(outputs_that_change) -> None:
 MERGE_MISTAKES = [
     core.Mistake(
         "b2 missing",
-        "your bias leaves out b2: the second layer adds its own bias after "
-        "the product, so b = b1 @ W2 + b2",
+        "your bias leaves out b2: the second layer adds its own bias after the product, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2),
     ),
     core.Mistake(
         "b1 missing",
-        "your bias is only b2: the first layer's bias b1 also goes through the "
-        "second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
+        "your bias is only b2: the first layer's bias b1 also goes through the second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
         lambda W1, b1, W2, b2: (W1 @ W2, b2),
     ),
     core.Mistake(
         "W transposed",
-        "your W is transposed: x @ W needs W of shape (C, D), which is "
-        "W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
+        "your W is transposed: x @ W needs W of shape (C, D), which is W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
         lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2),
     ),
 ]
 
 
 def check_merge_linear_layers(merge_linear_layers) -> None:
-    """`merge_linear_layers(W1, b1, W2, b2)` -> (W, b) with x @ W + b = (x @ W1 + b1) @ W2 + b2."""
+    """`merge_linear_layers(W1 (C, H), b1 (H,), W2 (H, D), b2 (D,))` -> W (C, D), b (D,) with
+    x @ W + b = (x @ W1 + b1) @ W2 + b2."""
     gen = torch.Generator().manual_seed(0)
     for C, H, D in ((3, 5, 2), (4, 16, 4)):
         W1, b1 = torch.randn(C, H, generator=gen), torch.randn(H, generator=gen)
         W2, b2 = torch.randn(H, D, generator=gen), torch.randn(D, generator=gen)
-        got = core.call_learner(
-            EX_MERGE, merge_linear_layers, W1.clone(), b1.clone(), W2.clone(), b2.clone()
-        )
+        args = (W1, b1, W2, b2)
+        got = core.call_learner(EX_MERGE, merge_linear_layers, *(t.clone() for t in args))
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise core.CheckFailed(
                 EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}"
             )
-        want_W, want_b = W1 @ W2, b1 @ W2 + b2
+        want = (W1 @ W2, b1 @ W2 + b2)
         sizes = f"with C={C}, H={H}, D={D}"
-        for got_part, want_part, what in ((got[0], want_W, "W"), (got[1], want_b, "b")):
-            if isinstance(got_part, torch.Tensor) and tuple(got_part.shape) != tuple(
-                want_part.shape
-            ):
-                mistake = core.first_mistake(
+        for part, want_part, what in zip(got, want, "Wb"):
+            if isinstance(part, torch.Tensor) and part.shape != want_part.shape:
+                shaped = core.first_mistake(
                     MERGE_MISTAKES,
-                    lambda m: all(
-                        isinstance(g, torch.Tensor) and tuple(g.shape) == tuple(w.shape)
-                        for g, w in zip(got, m.fn(W1, b1, W2, b2))
-                    ),
+                    lambda m: [g.shape for g in got] == [w.shape for w in m.fn(*args)],
                 )
-                if mistake is not None:
-                    raise core.CheckFailed(EX_MERGE, mistake.message)
-            core.expect_tensor(EX_MERGE, got_part, tuple(want_part.shape), what=f"{what} ({sizes})")
-        if core.close(got[0], want_W, atol=1e-4) and core.close(got[1], want_b, atol=1e-4):
-            continue
-        mistake = core.first_mistake(
-            MERGE_MISTAKES,
-            lambda m: all(core.close(g, w, atol=1e-4) for g, w in zip(got, m.fn(W1, b1, W2, b2))),
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_MERGE, mistake.message)
-        which = "W" if not core.close(got[0], want_W, atol=1e-4) else "b"
-        raise core.CheckFailed(
-            EX_MERGE,
-            f"{sizes}, your {which} is wrong: expand (x @ W1 + b1) @ W2 + b2 "
-            "and collect the part that multiplies x (W) and the part that does not (b)",
-        )
+                if shaped is not None:
+                    raise core.CheckFailed(EX_MERGE, shaped.message)
+            core.expect_tensor(EX_MERGE, part, want_part.shape, what=f"{what} ({sizes})")
+        right = [core.close(g, w, atol=1e-4) for g, w in zip(got, want)]
+        if not all(right):
+            core.fail_with(
+                EX_MERGE,
+                MERGE_MISTAKES,
+                lambda m: all(core.close(g, w, atol=1e-4) for g, w in zip(got, m.fn(*args))),
+                f"{sizes}, your {'W' if not right[0] else 'b'} is wrong: expand (x @ W1 + b1) @ W2 + b2 and collect the part that multiplies x (W) and the part that does not (b)",
+            )
     core.passed(EX_MERGE, "W = W1 @ W2 and b = b1 @ W2 + b2: no activation, no extra power")
 
 
 # --------------------------------------------------------------------------- Exercise 4.3
-
-
-def _gelu(h):
-    return F.gelu(h, approximate="tanh")
-
-
-def _fit(x, y, W1, b1, activation, bias=True):
+def _fit_error(x, y, W1, b1, activation, *, bias=True, on_x=False, error=None):
+    """The mean squared error of the least-squares fit of y on activation(x @ W1 + b1); the
+    switches make the planted mistakes (on_x: y fitted from x directly)."""
     hidden = activation(x @ W1 + b1) if bias else activation(x @ W1)  # (N, H)
-    W2 = torch.linalg.lstsq(hidden, y).solution  # (H, D)
-    return hidden @ W2 - y  # (N, D): the residuals
+    if on_x:
+        hidden = x
+    residuals = hidden @ torch.linalg.lstsq(hidden, y).solution - y  # (N, D)
+    return (error or (lambda r: r.pow(2).mean()))(residuals).item()
 
 
-# fn(x, y, W1, b1, activation) -> the float a wrong answer returns
+def _f(act=None, **wrong):
+    """fn(x, y, W1, b1, activation) of a wrong fit (act: the activation used instead)."""
+    return lambda x, y, W1, b1, activation: _fit_error(x, y, W1, b1, act or activation, **wrong)
+
+
 FIT_MISTAKES = [
     core.Mistake(
         "no activation",
-        "your error does not depend on the activation: apply "
-        "`activation` to x @ W1 + b1 before the least-squares fit (with no activation the best "
-        "fit is a straight line whatever the width)",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, lambda h: h).pow(2).mean().item(),
+        "your error does not depend on the activation: apply `activation` to x @ W1 + b1 before the least-squares fit (with no activation the best fit is a straight line whatever the width)",
+        _f(act=lambda h: h),
     ),
     core.Mistake(
         "no b1",
-        "the first layer's bias b1 is missing: the hidden layer is "
-        "activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act, bias=False).pow(2).mean().item(),
+        "the first layer's bias b1 is missing: the hidden layer is activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
+        _f(bias=False),
     ),
     core.Mistake(
         "sum",
         "you return the SUM of the squared errors: take the mean, over all N · D numbers",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).sum().item(),
+        _f(error=lambda r: r.pow(2).sum()),
     ),
     core.Mistake(
         "root",
-        "you return the root of the mean squared error (RMSE): return the mean "
-        "squared error itself, without the square root",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).pow(2).mean().sqrt().item(),
+        "you return the root of the mean squared error (RMSE): return the mean squared error itself, without the square root",
+        _f(error=lambda r: r.pow(2).mean().sqrt()),
     ),
     core.Mistake(
         "absolute",
         "you return the mean ABSOLUTE error: square the residuals, ((hidden @ W2 - y) ** 2).mean()",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, act).abs().mean().item(),
+        _f(error=lambda r: r.abs().mean()),
     ),
     core.Mistake(
         "fit on x",
-        "you fitted y from x directly, not from the hidden layer: solve the least "
-        "squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
-        lambda x, y, W1, b1, act: (x @ torch.linalg.lstsq(x, y).solution - y).pow(2).mean().item(),
+        "you fitted y from x directly, not from the hidden layer: solve the least squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
+        _f(on_x=True),
     ),
     core.Mistake(
         "relu",
-        "your error is ReLU's, not that of the `activation` you were given: call "
-        "activation(x @ W1 + b1) (its default is GELU)",
-        lambda x, y, W1, b1, act: _fit(x, y, W1, b1, torch.relu).pow(2).mean().item(),
+        "your error is ReLU's, not that of the `activation` you were given: call activation(x @ W1 + b1) (its default is GELU)",
+        _f(act=torch.relu),
     ),
 ]
 
 
-def _as_number(exercise, got):
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise core.CheckFailed(
-            exercise,
-            f"return the error as one number (a Python float; "
-            f"`.item()` turns a 1-element tensor into one), got {type(got).__name__}",
-        )
-    return float(got)
-
-
 def check_best_fit_error(best_fit_error) -> None:
-    """`best_fit_error(x, y, W1, b1, activation)` -> mean squared error of the least-squares fit."""
+    """`best_fit_error(x (N, C), y (N, D), W1 (C, H), b1 (H,), activation)` -> a float: the mean
+    squared error of the least-squares fit of y on activation(x @ W1 + b1)."""
     gen = torch.Generator().manual_seed(0)
     for N, C, H, D in ((64, 1, 6, 1), (50, 3, 10, 2)):
-        x = torch.randn(N, C, generator=gen, dtype=torch.float64) * 2  # (N, C)
-        y = torch.sin(x @ torch.randn(C, D, generator=gen, dtype=torch.float64) * 2) + 0.3  # (N, D)
-        W1 = torch.randn(C, H, generator=gen, dtype=torch.float64) * 2  # (C, H)
-        b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2  # (H,)
-        for activation in (_gelu, torch.tanh):
-            got = _as_number(
-                EX_FIT,
-                core.call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=activation),
-            )
-            want = _fit(x, y, W1, b1, activation).pow(2).mean().item()
-            if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
-                continue
-            mistake = core.first_mistake(
-                FIT_MISTAKES,
-                lambda m: math.isclose(
-                    got, m.fn(x, y, W1, b1, activation), rel_tol=1e-4, abs_tol=1e-9
-                ),
-            )
-            if mistake is not None:
-                raise core.CheckFailed(EX_FIT, mistake.message)
-            raise core.CheckFailed(
-                EX_FIT,
-                f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the "
-                f"best fit's mean squared error is {want:.6g}, you return {got:.6g}. "
-                "Steps: hidden = activation(x @ W1 + b1); W2 = least squares of "
-                "hidden against y; mean of (hidden @ W2 - y) ** 2",
-            )
+        x = torch.randn(N, C, generator=gen, dtype=torch.float64) * 2
+        y = torch.sin(x @ torch.randn(C, D, generator=gen, dtype=torch.float64) * 2) + 0.3
+        W1 = torch.randn(C, H, generator=gen, dtype=torch.float64) * 2
+        b1 = torch.randn(H, generator=gen, dtype=torch.float64) * 2
+        for act in (_gelu_tanh, torch.tanh):
+            got = core.call_learner(EX_FIT, best_fit_error, x, y, W1, b1, activation=act)
+            got = _as_number(EX_FIT, got)
+            want = _fit_error(x, y, W1, b1, act)
+            if not math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-9):
+                core.fail_with(
+                    EX_FIT,
+                    FIT_MISTAKES,
+                    lambda m: math.isclose(
+                        got, m.fn(x, y, W1, b1, act), rel_tol=1e-4, abs_tol=1e-9
+                    ),
+                    f"for x {tuple(x.shape)}, y {tuple(y.shape)} and H = {H} the best fit's mean squared error is {want:.6g}, you return {got:.6g}. Steps: hidden = activation(x @ W1 + b1); W2 = least squares of hidden against y; mean of (hidden @ W2 - y) ** 2",
+                )
     core.passed(EX_FIT, "the best second layer for a fixed first layer, and its mean squared error")
 
 
+CHALLENGE_FIT = "Challenge (fit the curve with 8 hidden units)"
+FIT_GOALS = dict(max_units=8, max_error=0.01)
+
+
+def challenge_fit_error(W1, b1) -> float:
+    """The error the challenge measures: the best least-squares second layer (no bias) on the
+    tanh GELU of x @ W1 + b1, for y = sin(3x) + 0.5·x at 256 points in [-3, 3]."""
+    x = torch.linspace(-3, 3, 256, dtype=torch.float64)[:, None]  # (N, 1)
+    y = torch.sin(3 * x) + 0.5 * x
+    return _fit_error(x, y, W1.detach().double(), b1.detach().double(), _gelu_tanh)
+
+
+def check_fit_challenge(W1, b1) -> float:
+    """The challenge: a first layer (W1 (1, H), b1 (H,)) of at most 8 units whose best fit
+    has a mean squared error below 0.01. Returns the error."""
+    W1 = core.expect_tensor(CHALLENGE_FIT, W1, what="W1")
+    b1 = core.expect_tensor(CHALLENGE_FIT, b1, what="b1")
+    if W1.dim() != 2 or W1.shape[0] != 1 or b1.shape != (W1.shape[1],):
+        raise core.CheckFailed(
+            CHALLENGE_FIT,
+            f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and {tuple(b1.shape)}",
+        )
+    H, goal = W1.shape[1], FIT_GOALS["max_error"]
+    if H > FIT_GOALS["max_units"]:
+        raise core.CheckFailed(
+            CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}"
+        )
+    error = challenge_fit_error(W1, b1)
+    if not error < goal:
+        raise core.CheckFailed(
+            CHALLENGE_FIT,
+            f"with {H} units the best fit has error {error:.4f}; the goal is below {goal}. Spread the bends over [-3, 3]",
+        )
+    core.passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
+    return error
+
+
 # --------------------------------------------------------------------------- Exercise 4.4: GELU
+def _gelu_call(exercise, gelu, x, what):
+    """gelu(x) with F.gelu refused (nn.GELU calls it: the formula is the task), and x left as it
+    was (what: how the message names x)."""
+    before = x.clone()
+    instead = "write the formula with torch operations (torch.tanh, torch.erf, x**3)"
+    with core.forbidding(exercise, "torch.nn.functional.gelu", instead=instead):
+        got = core.call_learner(exercise, gelu, x)
+    if not torch.equal(x, before):
+        raise core.CheckFailed(
+            exercise,
+            f"your function changed its {what} in place (an operation ending in _, like x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
+        )
+    return got
 
 
-def _no_gelu(exercise: str):
-    """F.gelu (nn.GELU calls it) refused while the learner's GELU runs: the formula is the task."""
-    return core.forbidding(
-        exercise,
-        "torch.nn.functional.gelu",
-        instead="write the formula with torch operations (torch.tanh, torch.erf, x**3)",
-    )
-
+_TANH = "0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))"
 
 # fn(x) -> a wrong activation
 GELU_MISTAKES = [
     core.Mistake(
         "erf",
-        "this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute "
-        "by default). GPT-2 uses the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + "
-        "0.044715·x³))). The two differ by up to about 5e-4, enough to stop matching GPT-2's "
-        "outputs",
+        f"this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by default). GPT-2 uses the tanh approximation: {_TANH}. The two differ by up to about 5e-4, enough to stop matching GPT-2's outputs",
         lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
     ),
     core.Mistake(
         "relu",
         "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
-        lambda x: torch.relu(x),
-    ),
-    core.Mistake(
-        "typo 0.0044715",
-        "the constant is 0.044715 (one zero after the point), not 0.0044715: a classic typo",
-        _tanh_form(cubic=0.0044715),
-    ),
-    core.Mistake(
-        "typo 0.04715",
-        "the constant is 0.044715, not 0.04715: a digit is missing",
-        _tanh_form(cubic=0.04715),
-    ),
-    core.Mistake(
-        "typo 0.44715",
-        "the constant is 0.044715, not 0.44715: a zero is missing after the point",
-        _tanh_form(cubic=0.44715),
+        torch.relu,
     ),
     core.Mistake(
         "no cubic",
-        "the 0.044715·x³ term is missing: the tanh's argument is "
-        "√(2/π)·(x + 0.044715·x³), not √(2/π)·x",
+        "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), not √(2/π)·x",
         _tanh_form(cubic=0.0),
     ),
     core.Mistake(
@@ -383,8 +355,7 @@ GELU_MISTAKES = [
     ),
     core.Mistake(
         "no half",
-        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so "
-        "that it tends to x (not 2x) for large x",
+        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends to x (not 2x) for large x",
         _tanh_form(half=1.0),
     ),
     core.Mistake(
@@ -392,6 +363,13 @@ GELU_MISTAKES = [
         "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
         lambda x: x * torch.sigmoid(1.702 * x),
     ),
+] + [
+    core.Mistake(f"typo {c}", f"the constant is 0.044715, not {c}: {why}", _tanh_form(cubic=c))
+    for c, why in (
+        (0.0044715, "one zero too many after the point, a classic typo"),
+        (0.04715, "a digit is missing"),
+        (0.44715, "a zero is missing after the point"),
+    )
 ]
 
 
@@ -404,64 +382,37 @@ def check_gelu_tanh(gelu_tanh) -> None:
             [0.5, 0.9, 1.5, 2.0, 2.7, 3.5, 6.0, 10.0],
         ],
         dtype=torch.float64,
-    )  # (2, 8)
-    x = points.clone()
+    )
     try:
-        with _no_gelu(EX_GELU):
-            got = core.call_learner(EX_GELU, gelu_tanh, x)
+        got = _gelu_call(EX_GELU, gelu_tanh, points.clone(), "input tensor")
     except (TypeError, ValueError, RuntimeError) as exc:
         if "Python scalar" not in str(exc) and "must be real number" not in str(exc):
             raise
         raise core.CheckFailed(
             EX_GELU,
-            f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, "
-            "math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt "
-            "and math.pi are fine for the constant √(2/π)",
+            f"your function fails on a tensor ({exc}): a function from `math` (math.tanh, math.exp, ...) works on one number only. Use torch.tanh for the tensor; math.sqrt and math.pi are fine for the constant √(2/π)",
         ) from None
-    if not torch.equal(x, points):
-        raise core.CheckFailed(
-            EX_GELU,
-            "your function changed its input tensor in place (an operation ending in _, like "
-            "x.pow_ or x.mul_, or `x *= ...`): return a new tensor and leave x alone",
-        )
-    got = core.expect_tensor(
-        EX_GELU,
-        got,
-        tuple(points.shape),
-        what="the output",
-        hints={(points.numel(),): "GELU works element by element: keep the input's shape"},
-    )
+    hints = {(16,): "GELU works element by element: keep the input's shape"}
+    got = core.expect_tensor(EX_GELU, got, points.shape, what="the output", hints=hints)
     want = _gelu_tanh(points)
     if not core.close(got, want):
-        mistake = core.first_mistake(GELU_MISTAKES, lambda m: core.close(got, m.fn(points)))
-        if mistake is not None:
-            raise core.CheckFailed(EX_GELU, mistake.message)
         worst = (got - want).abs().argmax()
-        raise core.CheckFailed(
+        core.fail_with(
             EX_GELU,
-            f"wrong value at x = {points.flatten()[worst].item():g}: expected "
-            f"{want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. "
-            "The formula is 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))",
+            GELU_MISTAKES,
+            lambda m: core.close(got, m.fn(points)),
+            f"wrong value at x = {points.flatten()[worst].item():g}: expected {want.flatten()[worst].item():.6f}, got {got.flatten()[worst].item():.6f}. The formula is {_TANH}",
         )
     # float32 in, float32 out, same numbers: the model runs in float32; and a strided input
-    x32 = points.float().reshape(4, 4).T  # (4, 4), not contiguous: another shape and dtype
-    with _no_gelu(EX_GELU):
-        got32 = core.call_learner(EX_GELU, gelu_tanh, x32)
-    if not torch.equal(x32, points.float().reshape(4, 4).T):
-        raise core.CheckFailed(
-            EX_GELU, "your function changed its float32 input in place: return a new tensor"
-        )
+    got32 = _gelu_call(EX_GELU, gelu_tanh, points.float().reshape(4, 4).T, "float32 input")
     if not isinstance(got32, torch.Tensor) or got32.dtype != torch.float32:
-        dtype = got32.dtype if isinstance(got32, torch.Tensor) else type(got32).__name__
         raise core.CheckFailed(
             EX_GELU,
-            f"a float32 input should give a float32 output, got {dtype}: build the result "
-            "from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
+            f"a float32 input should give a float32 output, got {getattr(got32, 'dtype', type(got32).__name__)}: build the result from x with torch operations (torch.tanh, x**3) and Python floats, so it keeps x's dtype",
         )
-    if not isinstance(got32, torch.Tensor) or got32.shape != x32.shape:
+    if got32.shape != (4, 4):
         raise core.CheckFailed(
-            EX_GELU,
-            f"a (4, 4) input should give a (4, 4) output, got {getattr(got32, 'shape', got32)!r}",
+            EX_GELU, f"a (4, 4) input should give a (4, 4) output, got {got32.shape!r}"
         )
     if not core.close(got32, want.reshape(4, 4).T, atol=1e-4):
         raise core.CheckFailed(
@@ -470,241 +421,11 @@ def check_gelu_tanh(gelu_tanh) -> None:
     core.passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
-# --------------------------------------------------------------------------- Exercise 4.6: MLP
-
-# fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
-MLP_MISTAKES = [
-    core.Mistake(
-        "activation after c_proj",
-        "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
-        lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x))),
-    ),
-    core.Mistake(
-        "no activation",
-        "there is no activation between c_fc and c_proj, so the two linear "
-        "layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
-        lambda m, x: m.c_proj(m.c_fc(x)),
-    ),
-    core.Mistake(
-        "activation twice",
-        "GELU is applied twice (also after c_proj): apply it only between the layers",
-        lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x)))),
-    ),
-    core.Mistake(
-        "activation on the input",
-        "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
-        lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x))),
-    ),
-    core.Mistake(
-        "residual inside",
-        "your MLP adds its input to its output (x + ...): the residual "
-        "connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
-        lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
-    ),
-] + [
-    core.Mistake(
-        f"activation: {g.name}",
-        "your activation is wrong: " + g.message,
-        lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))),
-    )
-    for g in GELU_MISTAKES
-]
-
-
-def _small_config(pdrop: float):
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(
-        n_embd=8,
-        n_head=2,
-        n_layer=1,
-        n_positions=16,
-        vocab_size=11,
-        embd_pdrop=pdrop,
-        attn_pdrop=pdrop,
-        resid_pdrop=pdrop,
-    )
-
-
-def _build_mlp(MLP, config) -> nn.Module:
-    mlp = core.call_learner(EX_MLP, MLP, config)
-    if not isinstance(mlp, nn.Module):
-        raise core.CheckFailed(
-            EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}"
-        )
-    for name in ("c_fc", "c_proj"):
-        if not isinstance(getattr(mlp, name, None), nn.Module):
-            raise core.CheckFailed(
-                EX_MLP,
-                f"your MLP has no layer called `{name}`: keep the names c_fc and c_proj, "
-                "because GPT-2's checkpoint stores the weights under them",
-            )
-    return mlp
-
-
-def _call(mlp, x):
-    """The learner's forward on x, with a `.view` of a strided input named."""
-    try:
-        return core.call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
-    except RuntimeError as exc:
-        if "view size is not compatible" not in str(exc):
-            raise
-        raise core.CheckFailed(
-            EX_MLP,
-            "your forward fails on a non-contiguous input (as the model "
-            f"gives it, after a transpose): {exc}. Use .reshape instead of .view, "
-            "or no reshaping at all: Conv1D and nn.Linear take (B, T, C)",
-        ) from None
-
-
-def check_mlp(MLP) -> None:
-    """`MLP(config)`: c_fc (n_embd -> 4·n_embd), tanh GELU, c_proj (4·n_embd -> n_embd), dropout."""
-    config = _small_config(pdrop=0.1)
-    C, H = config.n_embd, 4 * config.n_embd
-    mlp = _build_mlp(MLP, config)
-
-    weight = getattr(mlp.c_fc, "weight", None)
-    layout_note = ""
-    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and tuple(weight.shape) != (C, H):
-        if tuple(weight.shape) == (H, C) and isinstance(mlp.c_fc, nn.Linear):
-            layout_note = (
-                "; note: your layers are nn.Linear, which store weights [out, in]. "
-                "GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's "
-                "weights (chapter 8) use Conv1D or transpose them"
-            )
-        elif sorted(weight.shape) == sorted((C, H)):
-            raise core.CheckFailed(
-                EX_MLP,
-                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as "
-                f"[in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it is ({C}, {H})",
-            )
-        else:
-            raise core.CheckFailed(
-                EX_MLP,
-                f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to "
-                f"{H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
-            )
-
-    # Big random weights, so the hidden values spread over a few units where the activations
-    # differ; float64 so rounding never blurs a 1e-4 difference.
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in mlp.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
-    mlp = mlp.double().eval()
-    # (B, T, C), not contiguous: the model hands over the output of transposes and slices
-    x = (torch.randn(C, 5, 2, generator=gen, dtype=torch.float64) * 2.0).permute(2, 1, 0)
-
-    with torch.no_grad():
-        got = _call(mlp, x)
-        again = mlp(x)
-        got = core.expect_tensor(
-            EX_MLP,
-            got,
-            tuple(x.shape),
-            what=f"the output for an input of shape {tuple(x.shape)}",
-            hints={(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"},
-        )
-        if not torch.equal(got, again.double()):
-            raise core.CheckFailed(
-                EX_MLP,
-                "in eval mode two calls on the same input gave different outputs: dropout is "
-                "still on. Use nn.Dropout (it switches off in .eval()), or "
-                "F.dropout(..., training=self.training)",
-            )
-        h = mlp.c_fc(x)  # (B, T, hidden)
-        if h.shape[-1] != H:
-            raise core.CheckFailed(
-                EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make 4·n_embd = {H}"
-            )
-        want = mlp.c_proj(_gelu_tanh(h))
-        if not core.close(got, want, atol=1e-7):
-            mistake = core.first_mistake(
-                MLP_MISTAKES, lambda m: core.close(got, m.fn(mlp, x), atol=1e-7)
-            )
-            if mistake is not None:
-                raise core.CheckFailed(EX_MLP, mistake.message)
-            raise core.CheckFailed(
-                EX_MLP,
-                "the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference "
-                f"{(got - want).abs().max().item():.3g})",
-            )
-
-        # Dropout: on in training, on the MLP's output (as GPT-2 does), at config.resid_pdrop.
-        mlp.train()
-        torch.manual_seed(0)
-        trained = _call(mlp, x)
-        if torch.equal(trained.double(), got):
-            raise core.CheckFailed(
-                EX_MLP,
-                "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the "
-                "MLP's output",
-            )
-        heavy = _build_mlp(MLP, _small_config(pdrop=0.5)).double().train()
-        torch.manual_seed(0)
-        zeros = (heavy(torch.randn(4, 16, C, dtype=torch.float64)) == 0).double().mean().item()
-        if not 0.35 < zeros < 0.65:
-            raise core.CheckFailed(
-                EX_MLP,
-                f"with resid_pdrop = 0.5 about half of the outputs should be dropped (zero) in "
-                f"training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the "
-                "output of c_proj (not to the hidden layer, not with a fixed rate)",
-            )
-    core.passed(
-        EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note
-    )
-
-
-# --------------------------------------------------------------------------- Challenge
-
-CHALLENGE_FIT = "Challenge (fit the curve with 8 hidden units)"
-FIT_GOALS = dict(max_units=8, max_error=0.01)
-
-
-def challenge_fit_error(W1, b1) -> float:
-    """The error the challenge measures: the best least-squares second layer (no bias) on the
-    tanh GELU of x @ W1 + b1, for y = sin(3x) + 0.5·x at 256 points in [-3, 3]."""
-    x = torch.linspace(-3, 3, 256, dtype=torch.float64)[:, None]  # (N, 1)
-    y = torch.sin(3 * x) + 0.5 * x  # (N, 1)
-    return _fit(x, y, W1.detach().double(), b1.detach().double(), _gelu).pow(2).mean().item()
-
-
-def check_fit_challenge(W1, b1) -> float:
-    """The challenge: a first layer (W1 (1, H), b1 (H,)) of at most 8 units whose best fit
-    has a mean squared error below 0.01. Returns the error."""
-    W1 = core.expect_tensor(CHALLENGE_FIT, W1, what="W1")
-    b1 = core.expect_tensor(CHALLENGE_FIT, b1, what="b1")
-    if W1.dim() != 2 or W1.shape[0] != 1 or b1.shape != (W1.shape[1],):
-        raise core.CheckFailed(
-            CHALLENGE_FIT,
-            f"W1 should be (1, H) and b1 (H,), got {tuple(W1.shape)} and {tuple(b1.shape)}",
-        )
-    H = W1.shape[1]
-    if H > FIT_GOALS["max_units"]:
-        raise core.CheckFailed(
-            CHALLENGE_FIT, f"{H} hidden units: the goal allows at most {FIT_GOALS['max_units']}"
-        )
-    error = challenge_fit_error(W1, b1)
-    if not error < FIT_GOALS["max_error"]:
-        raise core.CheckFailed(
-            CHALLENGE_FIT,
-            f"with {H} units the best fit has error {error:.4f}; the goal is "
-            f"below {FIT_GOALS['max_error']}. Spread the bends over [-3, 3]",
-        )
-    core.passed(CHALLENGE_FIT, f"{H} hidden units, error {error:.5f}")
-    return error
-
-
-# --------------------------------------------------------------------------- Exercise 4.5: gelu_erf
-
-EX_GELU_ERF = "Exercise 4.4 (gelu_erf)"
-
 # fn(x) -> what that wrong exact GELU gives
 GELU_ERF_MISTAKES = [
     core.Mistake(
         "tanh_form",
-        "this is the tanh approximation; gelu_erf is the exact form "
-        "0.5·x·(1 + erf(x / √2)) with torch.erf",
+        "this is the tanh approximation; gelu_erf is the exact form 0.5·x·(1 + erf(x / √2)) with torch.erf",
         _gelu_tanh,
     ),
     core.Mistake(
@@ -734,40 +455,27 @@ def check_gelu_erf(gelu_erf) -> None:
     """`gelu_erf(x)`: the exact GELU, on float64 and float32 (strided) inputs, input unchanged."""
     points = torch.linspace(-6, 6, 25, dtype=torch.float64).reshape(5, 5)
     for x in (points.clone(), points.float().T):  # float64; float32 and not contiguous
-        before = x.clone()
-        with _no_gelu(EX_GELU_ERF):
-            got = core.call_learner(EX_GELU_ERF, gelu_erf, x)
-        if not torch.equal(x, before):
-            raise core.CheckFailed(
-                EX_GELU_ERF, "your function changed its input tensor in place: return a new tensor"
-            )
+        got = _gelu_call(EX_GELU_ERF, gelu_erf, x, "input tensor")
         if not isinstance(got, torch.Tensor) or got.dtype != x.dtype:
             raise core.CheckFailed(
                 EX_GELU_ERF,
-                f"a {x.dtype} input should give a {x.dtype} tensor, got "
-                f"{getattr(got, 'dtype', type(got).__name__)}",
+                f"a {x.dtype} input should give a {x.dtype} tensor, got {getattr(got, 'dtype', type(got).__name__)}",
             )
-        got = core.expect_tensor(EX_GELU_ERF, got, tuple(x.shape), what="the output")
-        want = F.gelu(before.double())
-        if not core.close(got, want, atol=1e-5 if x.dtype == torch.float64 else 1e-4):
-            found = core.first_mistake(
-                GELU_ERF_MISTAKES, lambda m: core.close(got, m.fn(before.double()), atol=1e-4)
-            )
-            raise core.CheckFailed(
+        got = core.expect_tensor(EX_GELU_ERF, got, x.shape, what="the output")
+        if not core.close(got, _erf(x.double()), atol=1e-5 if x.dtype == torch.float64 else 1e-4):
+            core.fail_with(
                 EX_GELU_ERF,
-                found.message
-                if found
-                else "wrong values: the exact GELU is 0.5·x·(1 + erf(x / √2))",
+                GELU_ERF_MISTAKES,
+                lambda m: core.close(got, m.fn(x.double()), atol=1e-4),
+                "wrong values: the exact GELU is 0.5·x·(1 + erf(x / √2))",
             )
-    gap = (_gelu_tanh(points) - F.gelu(points)).abs().max().item()
+    gap = (_gelu_tanh(points) - _erf(points)).abs().max().item()
     core.passed(
         EX_GELU_ERF, f"the exact GELU; it differs from GPT-2's tanh form by up to {gap:.1e}"
     )
 
 
 # --------------------------------------------------------------------------- Exercise 4.5: gaps
-
-
 def _mlp_outputs(fc, proj, x, activation, dtype=None):
     """proj(activation(fc(x))) without gradients, on copies of the layers when `dtype` is given."""
     with torch.no_grad():
@@ -776,89 +484,56 @@ def _mlp_outputs(fc, proj, x, activation, dtype=None):
         return proj(activation(fc(x)))
 
 
-def _erf(h):
-    return F.gelu(h)
-
-
-def _right_gaps(fc, proj, x):
+def _gaps(fc, proj, x, *, measure=lambda d: d.abs().max(), hidden=False, reference=_gelu_tanh):
+    """The right (activation gap, rounding gap); the switches make the planted mistakes
+    (hidden: the first gap measured after GELU; reference: the float64 MLP's activation)."""
     out_tanh = _mlp_outputs(fc, proj, x, _gelu_tanh)  # float32
-    out_erf = _mlp_outputs(fc, proj, x, _erf)
-    out_exact = _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)
-    return (
-        (out_tanh - out_erf).abs().max().item(),
-        (out_tanh.double() - out_exact).abs().max().item(),
-    )
+    if hidden:
+        h = fc(x)
+        first = measure(_gelu_tanh(h) - _erf(h))
+    else:
+        first = measure(out_tanh - _mlp_outputs(fc, proj, x, _erf))
+    exact = _mlp_outputs(fc, proj, x, reference, torch.float64)
+    return first.item(), measure(out_tanh.double() - exact).item()
 
 
 # fn(fc, proj, x) -> the two floats that wrong answer returns
 GAPS_MISTAKES = [
     core.Mistake(
         "swapped",
-        "your two numbers are the right ones the other way round: return first the "
-        "change that the erf GELU makes, then the change that float32 rounding makes",
-        lambda fc, proj, x: _right_gaps(fc, proj, x)[::-1],
+        "your two numbers are the right ones the other way round: return first the change that the erf GELU makes, then the change that float32 rounding makes",
+        lambda fc, proj, x: _gaps(fc, proj, x)[::-1],
     ),
     core.Mistake(
         "hidden",
-        "your first number is the largest change of the hidden values after GELU; "
-        "the question is how far the MLP's OUTPUT moves, so run both activations through proj "
-        "(its weights can make the change larger or smaller)",
-        lambda fc, proj, x: (
-            (_gelu_tanh(fc(x)) - _erf(fc(x))).abs().max().item(),
-            _right_gaps(fc, proj, x)[1],
-        ),
+        "your first number is the largest change of the hidden values after GELU; the question is how far the MLP's OUTPUT moves, so run both activations through proj (its weights can make the change larger or smaller)",
+        lambda fc, proj, x: _gaps(fc, proj, x, hidden=True),
     ),
     core.Mistake(
         "mean",
-        "you return the MEAN change of the output numbers; the question is the largest "
-        "change of any one of them (the absolute difference's maximum)",
-        lambda fc, proj, x: (
-            (_mlp_outputs(fc, proj, x, _gelu_tanh) - _mlp_outputs(fc, proj, x, _erf))
-            .abs()
-            .mean()
-            .item(),
-            (
-                _mlp_outputs(fc, proj, x, _gelu_tanh).double()
-                - _mlp_outputs(fc, proj, x, _gelu_tanh, torch.float64)
-            )
-            .abs()
-            .mean()
-            .item(),
-        ),
+        "you return the MEAN change of the output numbers; the question is the largest change of any one of them (the absolute difference's maximum)",
+        lambda fc, proj, x: _gaps(fc, proj, x, measure=lambda d: d.abs().mean()),
     ),
     core.Mistake(
         "same activation",
-        "your first number is 0: both outputs used the same GELU. F.gelu(h) "
-        'is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
-        lambda fc, proj, x: (0.0, _right_gaps(fc, proj, x)[1]),
+        'your first number is 0: both outputs used the same GELU. F.gelu(h) is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
+        lambda fc, proj, x: (0.0, _gaps(fc, proj, x)[1]),
     ),
     core.Mistake(
         "float32 reference",
-        "your rounding gap is 0: both sides ran in float32, so they round "
-        "alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
-        lambda fc, proj, x: (_right_gaps(fc, proj, x)[0], 0.0),
+        "your rounding gap is 0: both sides ran in float32, so they round alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
+        lambda fc, proj, x: (_gaps(fc, proj, x)[0], 0.0),
     ),
     core.Mistake(
         "erf reference",
-        "your rounding gap is as large as the activation's: your float64 "
-        "reference used the other GELU. Rounding alone is the float32 tanh MLP against the "
-        "SAME tanh MLP in float64",
-        lambda fc, proj, x: (
-            _right_gaps(fc, proj, x)[0],
-            (
-                _mlp_outputs(fc, proj, x, _gelu_tanh).double()
-                - _mlp_outputs(fc, proj, x, _erf, torch.float64)
-            )
-            .abs()
-            .max()
-            .item(),
-        ),
+        "your rounding gap is as large as the activation's: your float64 reference used the other GELU. Rounding alone is the float32 tanh MLP against the SAME tanh MLP in float64",
+        lambda fc, proj, x: _gaps(fc, proj, x, reference=_erf),
     ),
 ]
 
 
 def _gap_cases():
-    """Three MLPs: (B, T, C, H), the std of fc's and proj's weights (hidden values of a few units)."""
+    """Three MLPs: (B, T, C, H), the std of proj's weights (hidden values of a few units)."""
     from gpt2lib.chapters.layers import Conv1D
 
     gen = torch.Generator().manual_seed(4)
@@ -876,14 +551,8 @@ def _gap_cases():
         yield fc, proj, torch.randn(B, T, C, generator=gen)
 
 
-def _two_numbers(got):
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise core.CheckFailed(
-            EX_GAPS,
-            "return two numbers, `gap_activation, gap_rounding` (a tuple), "
-            f"got {type(got).__name__}",
-        )
-    return tuple(_as_number(EX_GAPS, g) for g in got)
+def _layer_tensors(fc, proj):
+    return [*fc.state_dict().values(), *proj.state_dict().values()]
 
 
 def _gaps_match(got, want):
@@ -894,55 +563,179 @@ def _gaps_match(got, want):
 
 
 def check_approximation_gaps(approximation_gaps) -> None:
-    """`approximation_gaps(fc, proj, x)` -> (largest output change erf vs tanh, float32 rounding)."""
+    """`approximation_gaps(fc, proj, x (B, T, C))` -> two floats: the largest change of the MLP's
+    output from the erf GELU for the tanh one, and from float32 rounding."""
     for fc, proj, x in _gap_cases():
-        before = {
-            name: t.clone()
-            for name, t in [
-                *fc.state_dict().items(),
-                *[("p" + k, v) for k, v in proj.state_dict().items()],
-            ]
-        }
-        x_before = x.clone()
-        got = _two_numbers(core.call_learner(EX_GAPS, approximation_gaps, fc, proj, x))
-        after = {
-            name: t
-            for name, t in [
-                *fc.state_dict().items(),
-                *[("p" + k, v) for k, v in proj.state_dict().items()],
-            ]
-        }
-        if any(
-            t.dtype != before[name].dtype or not torch.equal(t, before[name])
-            for name, t in after.items()
-        ):
+        layers_before, x_before = [t.clone() for t in _layer_tensors(fc, proj)], x.clone()
+        got = core.call_learner(EX_GAPS, approximation_gaps, fc, proj, x)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise core.CheckFailed(
                 EX_GAPS,
-                "your function changed the layers it was given (their dtype or "
-                "values): Module.double() and .to() convert a module IN PLACE. Work on "
-                "copies (copy.deepcopy(fc).double()), or compute from the weights",
+                f"return two numbers, `gap_activation, gap_rounding` (a tuple), got {type(got).__name__}",
+            )
+        got = tuple(_as_number(EX_GAPS, g) for g in got)
+        layers = zip(_layer_tensors(fc, proj), layers_before)
+        if any(t.dtype != b.dtype or not torch.equal(t, b) for t, b in layers):
+            raise core.CheckFailed(
+                EX_GAPS,
+                "your function changed the layers it was given (their dtype or values): Module.double() and .to() convert a module IN PLACE. Work on copies (copy.deepcopy(fc).double()), or compute from the weights",
             )
         if not torch.equal(x, x_before):
             raise core.CheckFailed(
                 EX_GAPS, "your function changed its input x in place: leave it alone"
             )
-        want = _right_gaps(fc, proj, x)
+        want = _gaps(fc, proj, x)
         if _gaps_match(got, want):
             continue
         mistake = core.first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
-        if mistake is None and got[0] == 0.0:
-            mistake = core.named(GAPS_MISTAKES, "same activation")
-        elif mistake is None and got[1] == 0.0:
-            mistake = core.named(GAPS_MISTAKES, "float32 reference")
+        if mistake is None and 0.0 in got:  # a zero gap with the other one wrong as well
+            zero = "same activation" if got[0] == 0.0 else "float32 reference"
+            mistake = core.named(GAPS_MISTAKES, zero)
         if mistake is not None:
             raise core.CheckFailed(EX_GAPS, mistake.message)
         raise core.CheckFailed(
             EX_GAPS,
-            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> "
-            f"{proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about "
-            f"{want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you "
-            f"return {got[0]:.3g} and {got[1]:.2g}",
+            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> {proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about {want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you return {got[0]:.3g} and {got[1]:.2g}",
         )
     core.passed(
         EX_GAPS, "the output's largest change from the activation, and from float32 rounding"
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 4.6: MLP
+
+# fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
+MLP_MISTAKES = [
+    core.Mistake(
+        "activation after c_proj",
+        "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
+        lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x))),
+    ),
+    core.Mistake(
+        "no activation",
+        "there is no activation between c_fc and c_proj, so the two linear layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
+        lambda m, x: m.c_proj(m.c_fc(x)),
+    ),
+    core.Mistake(
+        "activation twice",
+        "GELU is applied twice (also after c_proj): apply it only between the layers",
+        lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x)))),
+    ),
+    core.Mistake(
+        "activation on the input",
+        "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
+        lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x))),
+    ),
+    core.Mistake(
+        "residual inside",
+        "your MLP adds its input to its output (x + ...): the residual connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
+        lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
+    ),
+] + [
+    core.Mistake(
+        f"activation: {g.name}",
+        "your activation is wrong: " + g.message,
+        lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))),
+    )
+    for g in GELU_MISTAKES
+]
+
+
+def _build_mlp(MLP, pdrop) -> nn.Module:
+    mlp = core.call_learner(EX_MLP, MLP, core.tiny_config(n_embd=8, pdrop=pdrop))
+    if not isinstance(mlp, nn.Module):
+        raise core.CheckFailed(
+            EX_MLP, f"MLP(config) should make an nn.Module, got {type(mlp).__name__}"
+        )
+    for name in ("c_fc", "c_proj"):
+        if not isinstance(getattr(mlp, name, None), nn.Module):
+            raise core.CheckFailed(
+                EX_MLP,
+                f"your MLP has no layer called `{name}`: keep the names c_fc and c_proj, because GPT-2's checkpoint stores the weights under them",
+            )
+    return mlp
+
+
+def _call(mlp, x):
+    """The learner's forward on x, with a `.view` of a strided input named."""
+    try:
+        return core.call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+        raise core.CheckFailed(
+            EX_MLP,
+            f"your forward fails on a non-contiguous input (as the model gives it, after a transpose): {exc}. Use .reshape instead of .view, or no reshaping at all: Conv1D and nn.Linear take (B, T, C)",
+        ) from None
+
+
+def check_mlp(MLP) -> None:
+    """`MLP(config)`: c_fc (n_embd -> 4·n_embd), tanh GELU, c_proj (4·n_embd -> n_embd), dropout."""
+    C, H = 8, 32  # core.tiny_config(n_embd=8), and the 4x wider hidden layer
+    mlp = _build_mlp(MLP, pdrop=0.1)
+    weight = getattr(mlp.c_fc, "weight", None)
+    layout_note = ""
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and tuple(weight.shape) != (C, H):
+        if tuple(weight.shape) == (H, C) and isinstance(mlp.c_fc, nn.Linear):
+            layout_note = "; note: your layers are nn.Linear, which store weights [out, in]. GPT-2's checkpoint stores [in, out] (Conv1D), so to load OpenAI's weights (chapter 8) use Conv1D or transpose them"
+        elif sorted(weight.shape) == sorted((C, H)):
+            raise core.CheckFailed(
+                EX_MLP,
+                f"c_fc.weight has shape {tuple(weight.shape)}, stored [out, in] but used as [in, out]: with Conv1D(n_embd, 4 * n_embd) from gpt2lib.chapters.attention it is ({C}, {H})",
+            )
+        else:
+            raise core.CheckFailed(
+                EX_MLP,
+                f"c_fc.weight has shape {tuple(weight.shape)}; with n_embd = {C} it maps {C} to {H} numbers: the hidden layer is 4·n_embd wide (the 4x expansion)",
+            )
+    # Big random float64 weights, so the hidden values spread over a few units where the
+    # activations differ, and rounding never blurs a 1e-4 difference.
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
+        mlp = mlp.double().eval()
+        # (B, T, C), not contiguous: the model hands over the output of transposes and slices
+        x = (torch.randn(C, 5, 2, generator=gen, dtype=torch.float64) * 2.0).permute(2, 1, 0)
+        got = _call(mlp, x)
+        again = mlp(x)
+        hints = {(2, 5, H): "c_proj must bring the 4·n_embd hidden values back to n_embd"}
+        what = f"the output for an input of shape {tuple(x.shape)}"
+        got = core.expect_tensor(EX_MLP, got, x.shape, what=what, hints=hints)
+        if not torch.equal(got, again.double()):
+            raise core.CheckFailed(
+                EX_MLP,
+                "in eval mode two calls on the same input gave different outputs: dropout is still on. Use nn.Dropout (it switches off in .eval()), or F.dropout(..., training=self.training)",
+            )
+        h = mlp.c_fc(x)  # (B, T, hidden)
+        if h.shape[-1] != H:
+            raise core.CheckFailed(
+                EX_MLP, f"c_fc makes {h.shape[-1]} hidden features; it should make 4·n_embd = {H}"
+            )
+        want = mlp.c_proj(_gelu_tanh(h))
+        if not core.close(got, want, atol=1e-7):
+            core.fail_with(
+                EX_MLP,
+                MLP_MISTAKES,
+                lambda m: core.close(got, m.fn(mlp, x), atol=1e-7),
+                f"the output is not c_proj(gelu_tanh(c_fc(x))) (largest difference {(got - want).abs().max().item():.3g})",
+            )
+        # Dropout: on in training, on the MLP's output (as GPT-2 does), at config.resid_pdrop.
+        mlp.train()
+        torch.manual_seed(0)
+        if torch.equal(_call(mlp, x).double(), got):
+            raise core.CheckFailed(
+                EX_MLP,
+                "no dropout in training mode: end with nn.Dropout(config.resid_pdrop) on the MLP's output",
+            )
+        heavy = _build_mlp(MLP, pdrop=0.5).double().train()
+        torch.manual_seed(0)
+        zeros = (heavy(torch.randn(4, 16, C, dtype=torch.float64)) == 0).double().mean().item()
+        if not 0.35 < zeros < 0.65:
+            raise core.CheckFailed(
+                EX_MLP,
+                f"with resid_pdrop = 0.5 about half of the outputs should be dropped (zero) in training, but {zeros:.0%} are: apply nn.Dropout(config.resid_pdrop) to the output of c_proj (not to the hidden layer, not with a fixed rate)",
+            )
+    core.passed(
+        EX_MLP, "c_fc -> tanh GELU -> c_proj -> dropout, with the 4x expansion" + layout_note
     )
