@@ -105,6 +105,14 @@ def _same_grads(got, want):
     return all(core.close(got[n], want[n], atol=1e-6, rtol=1e-4) for n in want)
 
 
+def _expect_grads(exercise, got, want, mistakes, wrong_grads, otherwise, where):
+    """Unless got's gradients are want's, raise naming the first mistake m whose
+    wrong_grads(m) they are (else `otherwise`), and the case (`where`)."""
+    if not _same_grads(got, want):
+        mistake = core.first_mistake(mistakes, lambda m: _same_grads(got, wrong_grads(m)))
+        raise core.CheckFailed(exercise, f"{mistake.message if mistake else otherwise} ({where})")
+
+
 def check_shard_gradients(fn):
     """`fn(model, x, y, world)` -> {name: gradient}, the average of the `world` shards'."""
     for seed, batch, world in ((0, 8, 2), (1, 6, 3), (2, 4, 4)):
@@ -116,14 +124,10 @@ def check_shard_gradients(fn):
             raise core.CheckFailed(
                 EX_SHARDS, f"return a dict name -> gradient tensor, got {type(got).__name__}"
             )
-        if not _same_grads(got, want):
-            wrong = core.first_mistake(
-                SHARD_MISTAKES, lambda m: _same_grads(got, m.fn(model, x, y, world))
-            )
-            detail = (
-                wrong.message if wrong else "your averaged gradients differ from the full batch's"
-            )
-            raise core.CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
+        where = f"batch {batch}, world {world}"
+        planted = (SHARD_MISTAKES, lambda m: m.fn(model, x, y, world))
+        otherwise = "your averaged gradients differ from the full batch's"
+        _expect_grads(EX_SHARDS, got, want, *planted, otherwise, where)
     core.passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
 
 
@@ -177,17 +181,10 @@ def check_accumulate_gradients(fn):
         want = full_batch_gradients(tiny_model(seed), x, y)
         core.call_learner(EX_ACCUM, fn, model, x, y, micro)
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        if not _same_grads(got, want):
-            wrong = core.first_mistake(
-                ACCUM_MISTAKES,
-                lambda m: _same_grads(got, m.fn(_model_with_stale_grads(seed), x, y, micro)),
-            )
-            detail = (
-                wrong.message
-                if wrong
-                else "the accumulated .grad differs from the gradient of the whole batch"
-            )
-            raise core.CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
+        where = f"batch {batch}, {micro} micro-steps"
+        planted = (ACCUM_MISTAKES, lambda m: m.fn(_model_with_stale_grads(seed), x, y, micro))
+        otherwise = "the accumulated .grad differs from the gradient of the whole batch"
+        _expect_grads(EX_ACCUM, got, want, *planted, otherwise, where)
     core.passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
 
 
