@@ -301,9 +301,8 @@ def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_
 FORMAT_MISTAKES = [
     core.Mistake(
         "out of range kept",
-        "a value the format cannot hold came back as inf (or as 0, an "
-        "error of 100%) and took the maximum: take the maximum over the values the format "
-        "holds only (finite and not 0)",
+        "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the "
+        "maximum: take the maximum over the values the format holds only (finite and not 0)",
         lambda v, d: _format_error(v, d, keep_out_of_range=True),
     ),
     core.Mistake(
@@ -514,9 +513,8 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
 SPEED_MISTAKES = [
     core.Mistake(
         "first step kept",
-        "your throughput counts the first step, which also pays for "
-        "start-up (allocating memory, setting up the processes' communication, compiling): "
-        "leave it out",
+        "your throughput counts the first step, which also pays for start-up (allocating memory, "
+        "setting up the processes' communication, compiling): leave it out",
         lambda folder: _run_speed(folder, skip_first=False),
     ),
     core.Mistake(

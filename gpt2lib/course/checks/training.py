@@ -572,9 +572,8 @@ BIGRAM_MISTAKES = [
     ),
     core.Mistake(
         "joint",
-        "you divided a pair's count by the number of all pairs: that is how common the "
-        "pair is, not how often b follows a. Divide by the number of times a is followed by "
-        "anything",
+        "you divided a pair's count by the number of all pairs: that is how common the pair is, "
+        "not how often b follows a. Divide by the number of times a is followed by anything",
         _bigram(conditional=False),
     ),
     core.Mistake(
@@ -591,9 +590,8 @@ BIGRAM_MISTAKES = [
     ),
     core.Mistake(
         "prev_counts_all",
-        "you divided by how often a occurs anywhere in train_ids, the last "
-        "token included, which is followed by nothing: count a only among the first N - 1 "
-        "tokens",
+        "you divided by how often a occurs anywhere in train_ids, the last token included, which "
+        "is followed by nothing: count a only among the first N - 1 tokens",
         _bigram(prev_counts="all"),
     ),
 ]
@@ -886,9 +884,8 @@ def check_training_step(fn):
             EX_STEP,
             STEP_MISTAKES,
             matches,
-            "after two steps your weights differ from the expected ones: zero_grad, forward "
-            "with F.cross_entropy, backward, clip_grad_norm_ with max_grad_norm, "
-            "optimizer.step()",
+            "after two steps your weights differ from the expected ones: zero_grad, forward with "
+            "F.cross_entropy, backward, clip_grad_norm_ with max_grad_norm, optimizer.step()",
         )
     if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
         raise core.CheckFailed(
@@ -1067,9 +1064,8 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
 ESTIMATE_MISTAKES = [
     core.Mistake(
         "mode_not_restored",
-        "after your estimate the model is left in eval mode: the training "
-        "that follows would run without dropout. Put back the mode it came in "
-        "(model.train(was_training))",
+        "after your estimate the model is left in eval mode: the training that follows would run "
+        "without dropout. Put back the mode it came in (model.train(was_training))",
         _estimate(restore=False),
     ),
     core.Mistake(
@@ -1080,9 +1076,8 @@ ESTIMATE_MISTAKES = [
     ),
     core.Mistake(
         "grad_on",
-        "gradients were on during your estimate's forward passes: it builds a graph "
-        "for a backward that never comes. Decorate it with @torch.no_grad() or use "
-        "`with torch.no_grad():`",
+        "gradients were on during your estimate's forward passes: it builds a graph for a backward "
+        "that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
         _estimate(no_grad=False),
     ),
     core.Mistake(
@@ -1229,9 +1224,8 @@ def _loop(
 LOOP_MISTAKES = [
     core.Mistake(
         "rate_not_set",
-        "your loop asks the schedule for a rate but never gives it to the "
-        "optimizer, so every step ran at max_lr: set group['lr'] for every group of "
-        "optimizer.param_groups before the step",
+        "your loop asks the schedule for a rate but never gives it to the optimizer, so every step "
+        "ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
         _loop(set_rate=False),
     ),
     core.Mistake(
@@ -1242,9 +1236,8 @@ LOOP_MISTAKES = [
     ),
     core.Mistake(
         "eval_off_by_one",
-        "your estimates come one step early: after the update of step s "
-        "the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a "
-        "multiple of eval_every",
+        "your estimates come one step early: after the update of step s the model has taken s + 1 "
+        "steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
         _loop(eval_offset=0),
     ),
     core.Mistake(
