@@ -337,7 +337,6 @@ BATCH_MISTAKES = [
         _batch(-1),
     ),
 ]
-_BATCH = {m.name: m for m in BATCH_MISTAKES}
 
 DEVICE_MISTAKES = [
     core.Mistake(
@@ -367,7 +366,9 @@ def _call_batch(fn, ids, batch_size, block_size, seed):
             EX_BATCH, fn, ids, batch_size, block_size, torch.Generator().manual_seed(seed)
         )
     except (IndexError, RuntimeError):  # a window past the end: a short row or a bad index
-        raise core.CheckFailed(EX_BATCH, _BATCH["range_too_long"].message) from None
+        raise core.CheckFailed(
+            EX_BATCH, core.named(BATCH_MISTAKES, "range_too_long").message
+        ) from None
     x, y = _as_pair(EX_BATCH, got)
     x = core.expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
     y = core.expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
@@ -385,11 +386,11 @@ def check_random_batch(fn):
     B, T = 64, 5
     x, y = _call_batch(fn, ids, B, T, seed=0)
     for name in ("not_shifted", "one_window", "not_random"):
-        wrong = _BATCH[name].fn(ids, B, T, torch.Generator().manual_seed(0))
+        wrong = core.named(BATCH_MISTAKES, name).fn(ids, B, T, torch.Generator().manual_seed(0))
         if torch.equal(x, wrong[0]) and torch.equal(y, wrong[1]):
-            raise core.CheckFailed(EX_BATCH, _BATCH[name].message)
+            _fail_named(EX_BATCH, BATCH_MISTAKES, name)
     if torch.equal(x, y):
-        raise core.CheckFailed(EX_BATCH, _BATCH["not_shifted"].message)
+        _fail_named(EX_BATCH, BATCH_MISTAKES, "not_shifted")
     if torch.equal(y[:, 1:], x[:, :-1]):
         raise core.CheckFailed(
             EX_BATCH,
@@ -1190,11 +1191,9 @@ def _loop(
 
         def evaluate(step):
             history.eval_step.append(step)
-            for record, ids in (
-                (history.eval_train_loss, train_ids),
-                (history.eval_val_loss, val_ids),
-            ):
-                record.append(training.estimate_loss(model, ids, *shape, batches))
+            train_loss = training.estimate_loss(model, train_ids, *shape, batches)
+            history.eval_train_loss.append(train_loss)
+            history.eval_val_loss.append(training.estimate_loss(model, val_ids, *shape, batches))
 
         model.train()
         for step in range(steps):
@@ -1204,12 +1203,9 @@ def _loop(
                     group["lr"] = lr
             x, y = run["get_batch"](train_ids, *shape, generator if pass_generator else None, None)
             loss = float(run["train_step"](model, optimizer, x, y, 1.0))
-            for record, value in (
-                (history.step, step),
-                (history.train_loss, loss),
-                (history.lr, lr),
-            ):
-                record.append(value)
+            history.step.append(step)
+            history.train_loss.append(loss)
+            history.lr.append(lr)
             if (step + eval_offset) % eval_every == 0 and step + 1 < steps:
                 evaluate(step + eval_offset)
         if final_eval:
@@ -1350,18 +1346,9 @@ def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
     train_ids, val_ids = _compact(train_ids, val_ids)
     sizes = dict(n_layer=2, n_embd=32, n_positions=32, vocab_size=TINY_VOCAB)
     model = core.tiny_gpt2(0, **sizes).train()
-    settings = dict(batch_size=8, block_size=32, warmup_steps=4, eval_batches=2, seed=0)
-    history = train(
-        model,
-        train_ids,
-        val_ids,
-        steps,
-        max_lr=max_lr,
-        eval_every=steps,
-        progress=False,
-        **settings,
-        **pieces,
-    )
+    settings = dict(batch_size=8, block_size=32, max_lr=max_lr, warmup_steps=4, eval_every=steps)
+    settings.update(eval_batches=2, seed=0, progress=False)
+    history = train(model, train_ids, val_ids, steps, **settings, **pieces)
     history.model = model  # the trained model, for a closer look
     return history
 
