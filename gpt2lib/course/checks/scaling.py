@@ -74,12 +74,11 @@ def _two(exercise, got, what):
     return tuple(got)
 
 
-def _shard_sum(model, x, y, world):
-    total = None
-    for xs, ys in zip(x.chunk(world), y.chunk(world)):
-        g = full_batch_gradients(model, xs, ys)
-        total = g if total is None else {n: total[n] + g[n] for n in g}
-    return total
+def _shard_grads(model, x, y, world, first_only=False):
+    """The shards' gradients added up (not averaged), or the first shard's alone: two mistakes."""
+    shards = list(zip(x.chunk(world), y.chunk(world)))[: 1 if first_only else world]
+    grads = [full_batch_gradients(model, xs, ys) for xs, ys in shards]
+    return {n: sum(g[n] for g in grads) for n in grads[0]}
 
 
 SHARD_MISTAKES = [
@@ -87,14 +86,12 @@ SHARD_MISTAKES = [
         "summed",
         "your gradients are `world` times too large: DDP averages the ranks' "
         "gradients (all-reduce, then divide by the world size), it does not add them",
-        _shard_sum,
+        _shard_grads,
     ),
     core.Mistake(
         "first_shard_only",
         "your gradients are those of the first shard alone: every rank's shard must count",
-        lambda model, x, y, world: full_batch_gradients(
-            model, x.chunk(world)[0], y.chunk(world)[0]
-        ),
+        lambda *args: _shard_grads(*args, first_only=True),
     ),
 ]
 

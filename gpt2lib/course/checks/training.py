@@ -775,27 +775,21 @@ def check_decay_groups(fn):
     )
 
 
-_STEP_OPERATIONS = {  # what a training step does besides the forward and backward pass
-    "zero_grad": lambda model, optimizer, max_grad_norm: optimizer.zero_grad(),
-    "clip": lambda model, optimizer, max_grad_norm: torch.nn.utils.clip_grad_norm_(
-        model.parameters(), max_grad_norm
-    ),
-    "step": lambda model, optimizer, max_grad_norm: optimizer.step(),
-}
-
-
 def _training_step(*operations):
     """A step running `operations` in order: "zero_grad", "backward" (forward, loss, backward),
     "clip", "step". Each planted mistake changes the right order or leaves one out."""
 
     def training_step(model, optimizer, x, y, max_grad_norm=1.0):
-        loss = None
         for operation in operations:
-            if operation == "backward":
+            if operation == "zero_grad":
+                optimizer.zero_grad()
+            elif operation == "backward":
                 loss = _loss(model, x, y)
                 loss.backward()
+            elif operation == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             else:
-                _STEP_OPERATIONS[operation](model, optimizer, max_grad_norm)
+                optimizer.step()
         return loss.item()
 
     return training_step
@@ -1377,10 +1371,11 @@ SUSPECTS = (
     "warm-up never ends",
     "gradients never cleared",
 )
+_NOT_SHIFTED, _CLEARED_EARLY, _ENDLESS_WARMUP, _NEVER_CLEARED = SUSPECTS
 _BROKEN = {
-    "A": ("targets not shifted", {"get_batch": _batch_not_shifted}),
-    "B": ("gradients cleared before the step", {"train_step": _step_cleared_too_early}),
-    "C": ("warm-up never ends", {"lr_at": _warmup_forever}),
+    "A": (_NOT_SHIFTED, {"get_batch": _batch_not_shifted}),
+    "B": (_CLEARED_EARLY, {"train_step": _step_cleared_too_early}),
+    "C": (_ENDLESS_WARMUP, {"lr_at": _warmup_forever}),
 }
 
 
@@ -1401,26 +1396,20 @@ DIAGNOSIS_MISTAKES = [
         "a_and_b_swapped",
         "1 of the 3 runs is named right. Think about what each bug does "
         "to one step, then to 60 of them; the History also records each step's rate (.lr)",
-        _diagnosis(
-            "gradients cleared before the step", "targets not shifted", "warm-up never ends"
-        ),
+        _diagnosis(_CLEARED_EARLY, _NOT_SHIFTED, _ENDLESS_WARMUP),
     ),
     core.Mistake(
         "none_right",
         "none of the 3 runs is named right. Which run's training loss is too "
         "good to be true, and what does its validation loss say?",
-        _diagnosis(
-            "warm-up never ends", "targets not shifted", "gradients cleared before the step"
-        ),
+        _diagnosis(_ENDLESS_WARMUP, _NOT_SHIFTED, _CLEARED_EARLY),
     ),
     core.Mistake(
         "unused_suspect",
         "'gradients never cleared' broke none of these runs. With AdamW "
         "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
         "which is how such a bug can hide for a long time",
-        _diagnosis(
-            "targets not shifted", "gradients cleared before the step", "gradients never cleared"
-        ),
+        _diagnosis(_NOT_SHIFTED, _CLEARED_EARLY, _NEVER_CLEARED),
     ),
 ]
 
@@ -1436,7 +1425,7 @@ def check_diagnosis(fn):
                 EX_DIAGNOSIS,
                 f"{suspect!r} (run {label}) is not one of the suspects: {', '.join(SUSPECTS)}",
             )
-    if "gradients never cleared" in got.values():
+    if _NEVER_CLEARED in got.values():
         _fail_named(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "unused_suspect")
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
