@@ -1,11 +1,5 @@
-"""Checks for chapter 11 (scaling up): sharded gradients as DDP averages them, gradient
-accumulation, sharing a step's windows among ranks, rounding to bfloat16, the parameter and FLOP count, the cost of a run, the price of
-build-nanogpt's recipe, a run's throughput and MFU read from its log, and the token-budget challenge.
-
-Each check runs the learner's code on more than one setting and compares it with the right
-answer; when they differ, it tries the usual wrong versions (the planted mistakes below) and
-names the one that matches.
-"""
+"""Checks for chapter 11 (scaling up): DDP's gradients, accumulation, ranks' windows, bfloat16,
+FLOPs, a run's cost and the recipe's price, a run's throughput and MFU, the token budget."""
 
 from __future__ import annotations
 
@@ -14,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -33,22 +28,8 @@ CHALLENGE = "Challenge 11 (the most from a token budget)"
 
 
 def tiny_model(seed=0, n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8):
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(seed)
-    return GPT2(
-        GPT2Config(
-            n_layer=n_layer,
-            n_head=n_head,
-            n_embd=n_embd,
-            n_positions=n_positions,
-            vocab_size=vocab_size,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            resid_pdrop=0.0,
-        )
-    )
+    sizes = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size)
+    return core.tiny_gpt2(seed, n_positions=n_positions, **sizes)
 
 
 def _batch(seed, batch, block, vocab=41):
@@ -57,21 +38,47 @@ def _batch(seed, batch, block, vocab=41):
     return x, torch.randint(vocab, (batch, block), generator=g)
 
 
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 def full_batch_gradients(model, x, y):
     """name -> gradient of the mean loss over the whole batch (the answer DDP must match)."""
     model.zero_grad(set_to_none=True)
     F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads = _grads(model)
     model.zero_grad(set_to_none=True)
     return grads
 
 
-def _shard_sum(model, x, y, world):
-    total = None
-    for xs, ys in zip(x.chunk(world), y.chunk(world)):
-        g = full_batch_gradients(model, xs, ys)
-        total = g if total is None else {n: total[n] + g[n] for n in g}
-    return total
+def _near(got, want, rel=1e-6):
+    return all(math.isclose(a, b, rel_tol=rel) for a, b in zip(got, want))
+
+
+def _hint(hints, name, got):
+    """What a known wrong value shows: hints[(name, value)] for the value `got` is, or ""."""
+    return next(
+        (
+            hint
+            for (n, v), hint in hints.items()
+            if n == name and math.isclose(got, v, rel_tol=1e-6)
+        ),
+        "",
+    )
+
+
+def _two(exercise, got, what):
+    """The learner's two numbers as a tuple; raises naming `what` unless it is a pair."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise core.CheckFailed(exercise, f"return two numbers: {what}")
+    return tuple(got)
+
+
+def _shard_grads(model, x, y, world, first_only=False):
+    """The shards' gradients added up (not averaged), or the first shard's alone: two mistakes."""
+    shards = list(zip(x.chunk(world), y.chunk(world)))[: 1 if first_only else world]
+    grads = [full_batch_gradients(model, xs, ys) for xs, ys in shards]
+    return {n: sum(g[n] for g in grads) for n in grads[0]}
 
 
 SHARD_MISTAKES = [
@@ -79,30 +86,32 @@ SHARD_MISTAKES = [
         "summed",
         "your gradients are `world` times too large: DDP averages the ranks' "
         "gradients (all-reduce, then divide by the world size), it does not add them",
-        _shard_sum,
+        _shard_grads,
     ),
     core.Mistake(
         "first_shard_only",
         "your gradients are those of the first shard alone: every rank's shard must count",
-        lambda model, x, y, world: full_batch_gradients(
-            model, x.chunk(world)[0], y.chunk(world)[0]
-        ),
+        lambda *args: _shard_grads(*args, first_only=True),
     ),
 ]
 
 
-def _compare_grads(got, want):
+def _same_grads(got, want):
     if not isinstance(got, dict) or set(got) != set(want):
         return False
-    return all(
-        isinstance(got[n], torch.Tensor)
-        and got[n].shape == want[n].shape
-        and core.close(got[n], want[n], atol=1e-6, rtol=1e-4)
-        for n in want
-    )
+    return all(core.close(got[n], want[n], atol=1e-6, rtol=1e-4) for n in want)
+
+
+def _expect_grads(exercise, got, want, mistakes, wrong_grads, otherwise, where):
+    """Unless got's gradients are want's, raise naming the first mistake m whose
+    wrong_grads(m) they are (else `otherwise`), and the case (`where`)."""
+    if not _same_grads(got, want):
+        mistake = core.first_mistake(mistakes, lambda m: _same_grads(got, wrong_grads(m)))
+        raise core.CheckFailed(exercise, f"{mistake.message if mistake else otherwise} ({where})")
 
 
 def check_shard_gradients(fn):
+    """`fn(model, x, y, world)` -> {name: gradient}, the average of the `world` shards'."""
     for seed, batch, world in ((0, 8, 2), (1, 6, 3), (2, 4, 4)):
         model = tiny_model(seed)
         x, y = _batch(seed, batch, 8)
@@ -112,40 +121,23 @@ def check_shard_gradients(fn):
             raise core.CheckFailed(
                 EX_SHARDS, f"return a dict name -> gradient tensor, got {type(got).__name__}"
             )
-        if not _compare_grads(got, want):
-            wrong = core.first_mistake(
-                SHARD_MISTAKES, lambda m: _compare_grads(got, m.fn(model, x, y, world))
-            )
-            detail = (
-                wrong.message if wrong else ("your averaged gradients differ from the full batch's")
-            )
-            raise core.CheckFailed(EX_SHARDS, f"{detail} (batch {batch}, world {world})")
-        if any(
-            p.grad is not None and p.grad.abs().sum() > 0 and n not in got
-            for n, p in model.named_parameters()
-        ):
-            raise core.CheckFailed(EX_SHARDS, "a gradient is missing from your dict")
+        where = f"batch {batch}, world {world}"
+        planted = (SHARD_MISTAKES, lambda m: m.fn(model, x, y, world))
+        otherwise = "your averaged gradients differ from the full batch's"
+        _expect_grads(EX_SHARDS, got, want, *planted, otherwise, where)
     core.passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
 
 
-def _accum_unscaled(model, x, y, micro_steps):
-    model.zero_grad(set_to_none=True)
-    for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
-        F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def _accum_zeroed_inside(model, x, y, micro_steps):
-    for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
+def _accumulate(model, x, y, micro_steps, divided=True, zeroed="once"):
+    """Accumulated gradients: the right ones by default; each argument plants one mistake."""
+    if zeroed == "once":
         model.zero_grad(set_to_none=True)
-        (F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()) / micro_steps).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def _accum_never_zeroed(model, x, y, micro_steps):
     for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
-        (F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()) / micro_steps).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
+        if zeroed == "each micro-step":
+            model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xs).flatten(0, 1), ys.flatten())
+        (loss / micro_steps if divided else loss).backward()
+    return _grads(model)
 
 
 def _model_with_stale_grads(seed):
@@ -161,64 +153,58 @@ ACCUM_MISTAKES = [
         "not_divided",
         "your gradients are micro_steps times too large: divide each "
         "micro-batch's loss by micro_steps before backward",
-        _accum_unscaled,
+        lambda *args: _accumulate(*args, divided=False),
     ),
     core.Mistake(
         "zeroed_each_micro_step",
         "only the last micro-batch's gradient is left: the "
         "gradients are cleared inside the loop, so the earlier micro-steps are lost",
-        _accum_zeroed_inside,
+        lambda *args: _accumulate(*args, zeroed="each micro-step"),
     ),
     core.Mistake(
         "zero_grad_deleted",
         "your .grad still holds the previous step's gradient added to this one: the "
         "zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
-        _accum_never_zeroed,
+        lambda *args: _accumulate(*args, zeroed="never"),
     ),
 ]
 
 
 def check_accumulate_gradients(fn):
+    """`fn(model, x, y, micro_steps)` leaves in .grad the gradient of the whole batch's loss."""
     for seed, batch, micro in ((0, 8, 2), (3, 6, 3), (4, 4, 1)):
         model = _model_with_stale_grads(seed)
         x, y = _batch(seed, batch, 8)
         want = full_batch_gradients(tiny_model(seed), x, y)
         core.call_learner(EX_ACCUM, fn, model, x, y, micro)
         got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        if not _compare_grads(got, want):
-            wrong = core.first_mistake(
-                ACCUM_MISTAKES,
-                lambda m: _compare_grads(got, m.fn(_model_with_stale_grads(seed), x, y, micro)),
-            )
-            detail = (
-                wrong.message
-                if wrong
-                else ("the accumulated .grad differs from the gradient of the whole batch")
-            )
-            raise core.CheckFailed(EX_ACCUM, f"{detail} (batch {batch}, {micro} micro-steps)")
+        where = f"batch {batch}, {micro} micro-steps"
+        planted = (ACCUM_MISTAKES, lambda m: m.fn(_model_with_stale_grads(seed), x, y, micro))
+        otherwise = "the accumulated .grad differs from the gradient of the whole batch"
+        _expect_grads(EX_ACCUM, got, want, *planted, otherwise, where)
     core.passed(EX_ACCUM, ".grad after the micro-steps equals one backward on the whole batch")
 
 
 def check_micro_batches(fn):
+    """`fn(rows, rank, world, batch_size, micro_steps)` -> micro_steps tensors of batch_size rows."""
     for world, batch, micro in ((2, 4, 1), (1, 4, 2), (2, 2, 3), (4, 1, 2)):
         rows = torch.arange(100, 100 + world * batch * micro)  # stand-ins for window starts
         seen = []
         for rank in range(world):
             got = core.call_learner(EX_SPLIT, fn, rows, rank, world, batch, micro)
             if not isinstance(got, (list, tuple)) or len(got) != micro:
+                length = len(got) if hasattr(got, "__len__") else "?"
                 raise core.CheckFailed(
                     EX_SPLIT,
                     f"return a list of micro_steps={micro} tensors, got "
-                    f"{type(got).__name__} of length "
-                    f"{len(got) if hasattr(got, '__len__') else '?'}",
+                    f"{type(got).__name__} of length {length}",
                 )
             for k, part in enumerate(got):
                 if not isinstance(part, torch.Tensor) or part.shape != (batch,):
                     raise core.CheckFailed(
                         EX_SPLIT,
-                        f"world {world}, rank {rank}, micro-step {k}: "
-                        f"expected batch_size={batch} rows, got "
-                        f"{getattr(part, 'shape', type(part).__name__)}",
+                        f"world {world}, rank {rank}, micro-step {k}: expected batch_size={batch} "
+                        f"rows, got {getattr(part, 'shape', type(part).__name__)}",
                     )
                 seen += part.tolist()
         if sorted(seen) != rows.tolist():
@@ -228,15 +214,10 @@ def check_micro_batches(fn):
             )
             raise core.CheckFailed(
                 EX_SPLIT,
-                f"world {world}, batch {batch}, {micro} micro-steps: "
-                f"{detail}; every row of the step must be read once, "
-                "by exactly one rank",
+                f"world {world}, batch {batch}, {micro} micro-steps: {detail}; every row of the "
+                "step must be read once, by exactly one rank",
             )
     core.passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
-
-
-def _bf16_truncate(x):
-    return ((x.view(torch.int32) >> 16) << 16).view(torch.float32)
 
 
 BF16_MISTAKES = [
@@ -264,6 +245,7 @@ class _NoBfloat16(torch.overrides.TorchFunctionMode):
 
 
 def check_to_bfloat16(fn):
+    """`fn(x)` (float32) -> a new float32 tensor of x's shape: x rounded to bfloat16 by hand."""
     g = torch.Generator().manual_seed(0)
     cases = [
         torch.randn(1000, generator=g) * 10.0 ** torch.randint(-6, 6, (1000,), generator=g),
@@ -282,24 +264,24 @@ def check_to_bfloat16(fn):
         if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or got.shape != x.shape:
             raise core.CheckFailed(
                 EX_BF16,
-                "return a float32 tensor of the input's shape (the "
-                "bfloat16 value, stored in float32)",
+                "return a float32 tensor of the input's shape (the bfloat16 value, stored in "
+                "float32)",
             )
         want = x.to(torch.bfloat16).float()
-        if not torch.equal(got, want):
-            if torch.equal(got, _bf16_truncate(x)):
-                raise core.CheckFailed(
-                    EX_BF16,
-                    "you cut the low 16 bits off: that rounds toward "
-                    "zero. Round to the nearest (ties to even): add 0x7FFF plus "
-                    "the lowest kept bit before cutting",
-                )
-            bad = int((got != want).nonzero()[0])
+        if torch.equal(got, want):
+            continue
+        if torch.equal(got, ((x.view(torch.int32) >> 16) << 16).view(torch.float32)):
             raise core.CheckFailed(
                 EX_BF16,
-                f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
-                f"bfloat16 is {float(want[bad])!r}",
+                "you cut the low 16 bits off: that rounds toward zero. Round to the nearest "
+                "(ties to even): add 0x7FFF plus the lowest kept bit before cutting",
             )
+        bad = int((got != want).nonzero()[0])
+        raise core.CheckFailed(
+            EX_BF16,
+            f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
+            f"bfloat16 is {float(want[bad])!r}",
+        )
     core.passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
 
 
@@ -316,9 +298,8 @@ def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_
 FORMAT_MISTAKES = [
     core.Mistake(
         "out of range kept",
-        "a value the format cannot hold came back as inf (or as 0, an "
-        "error of 100%) and took the maximum: take the maximum over the values the format "
-        "holds only (finite and not 0)",
+        "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the "
+        "maximum: take the maximum over the values the format holds only (finite and not 0)",
         lambda v, d: _format_error(v, d, keep_out_of_range=True),
     ),
     core.Mistake(
@@ -340,44 +321,26 @@ def check_format_error(fn):
     for values in (torch.logspace(-9, 9, 3001), -torch.logspace(-3, 6, 500)):
         for dtype in (torch.bfloat16, torch.float16):
             got = core.call_learner(EX_BF16, fn, values.clone(), dtype)
-            if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise core.CheckFailed(
-                    EX_BF16,
-                    "return two numbers: the largest relative error and the share of values held",
-                )
+            got = _two(EX_BF16, got, "the largest relative error and the share of values held")
             got = tuple(float(g) for g in got)
             want = _format_error(values, dtype)
-            if all(math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, want)):
+            if _near(got, want, 1e-4):
                 continue
-            wrong = core.first_mistake(
-                FORMAT_MISTAKES,
-                lambda m, v=values, d=dtype: all(
-                    math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, m.fn(v, d))
-                ),
-            )
-            raise core.CheckFailed(
+            core.fail_with(
                 EX_BF16,
-                wrong.message
-                if wrong
-                else f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's "
-                f"largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
+                FORMAT_MISTAKES,
+                lambda m, v=values, d=dtype: _near(got, m.fn(v, d), 1e-4),
+                f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's largest "
+                f"relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
             )
     core.passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
 
 
 def cli(*args, processes=1):
     """Run `python -m gpt2lib ARGS` (under torchrun when processes > 1) and return its output."""
-    launcher = (
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-        ]
-        if processes > 1
-        else [sys.executable]
-    )
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     done = subprocess.run(
         [*launcher, "-m", "gpt2lib", *map(str, args)],
         capture_output=True,
@@ -396,7 +359,9 @@ def reference_flops_per_token(config, block_size):
 
 
 def check_flops_per_token(fn):
+    """`fn(config, block_size)` -> (multiplying parameters, training FLOPs per token)."""
     from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import count_gpt2_parameters
 
     for sizes in (
         dict(n_layer=2, n_embd=16, n_head=2, vocab_size=41, n_positions=8),
@@ -407,35 +372,32 @@ def check_flops_per_token(fn):
         block = config.n_positions // 2
         got = core.call_learner(EX_FLOPS, fn, config, block)
         want_params, want_flops = reference_flops_per_token(config, block)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise core.CheckFailed(EX_FLOPS, "return two numbers: (parameters, FLOPs per token)")
-        params, flops = got
+        params, flops = _two(EX_FLOPS, got, "(parameters, FLOPs per token)")
+        attention = 4 * config.n_layer * block * config.n_embd  # forward, per token
+        hints = {
+            ("params", count_gpt2_parameters(config)): ": you counted the position table, "
+            "which is a lookup, no multiply",
+            ("params", want_params + config.vocab_size * config.n_embd): ": you counted the "
+            "readout apart from wte, but it is the same matrix",
+            ("flops", 6 * want_params): ": attention's scores and weighted sum are missing",
+            ("flops", 2 * want_params + attention): ": that is the forward pass only; backward "
+            "computes two gradients, each as costly as the forward",
+            (
+                "flops",
+                6 * want_params + attention,
+            ): ": attention's FLOPs need the backward pass too",
+        }
         if params != want_params:
-            with torch.device("meta"):
-                from gpt2lib.chapters.model import GPT2
-
-                model = GPT2(config)
-            total = sum(p.numel() for p in model.parameters())
-            hint = ""
-            if params == total:
-                hint = ": you counted the position table, which is a lookup, no multiply"
-            elif params == want_params + config.vocab_size * config.n_embd:
-                hint = ": you counted the readout apart from wte, but it is the same matrix"
             raise core.CheckFailed(
                 EX_FLOPS,
-                f"{sizes}: you count {params:,} parameters, the "
-                f"multiplying ones are {want_params:,}{hint}",
+                f"{sizes}: you count {params:,} parameters, the multiplying ones are "
+                f"{want_params:,}{_hint(hints, 'params', params)}",
             )
         if not math.isclose(flops, want_flops, rel_tol=1e-9):
-            attention = 4 * config.n_layer * block * config.n_embd  # forward, per token
-            hint = {
-                6 * want_params: ": attention's scores and weighted sum are missing",
-                2 * want_params + attention: ": that is the forward pass only; backward "
-                "computes two gradients, each as costly as the forward",
-                6 * want_params + attention: ": attention's FLOPs need the backward pass too",
-            }.get(flops, "")
             raise core.CheckFailed(
-                EX_FLOPS, f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{hint}"
+                EX_FLOPS,
+                f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}"
+                f"{_hint(hints, 'flops', flops)}",
             )
     core.passed(
         EX_FLOPS,
@@ -450,6 +412,7 @@ def reference_run_cost(flops, gpus, peak_flops, mfu, dollars_per_gpu_hour):
 
 
 def check_run_cost(fn):
+    """`fn(flops, gpus, peak_flops, mfu, dollars_per_gpu_hour)` -> (hours, dollars)."""
     for case in (
         (1e18, 8, 989e12, 0.4, 2.5),
         (3e20, 1, 312e12, 0.5, 1.2),
@@ -457,15 +420,15 @@ def check_run_cost(fn):
     ):
         got = core.call_learner(EX_COST, fn, *case)
         want = reference_run_cost(*case)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise core.CheckFailed(EX_COST, "return two numbers: (hours, dollars)")
-        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(got, want)):
-            hours, dollars = got
-            hint = ""
-            if math.isclose(dollars, want[1] / case[1], rel_tol=1e-6):
-                hint = ": you pay for one GPU, but all of them are rented for those hours"
-            elif math.isclose(hours, want[0] * case[1], rel_tol=1e-6):
-                hint = ": the GPUs work in parallel: divide the work by their number"
+        hours, dollars = _two(EX_COST, got, "(hours, dollars)")
+        hints = {
+            ("dollars", want[1] / case[1]): ": you pay for one GPU, but all of them are rented "
+            "for those hours",
+            ("hours", want[0] * case[1]): ": the GPUs work in parallel: divide the work by "
+            "their number",
+        }
+        if not _near(got, want):
+            hint = _hint(hints, "dollars", dollars) or _hint(hints, "hours", hours)
             raise core.CheckFailed(
                 EX_COST,
                 f"for {case}: you give {got}, expected ({want[0]:.4g} h, ${want[1]:.4g}){hint}",
@@ -493,46 +456,30 @@ def check_recipe_price(
     want_hours, want_dollars = reference_run_cost(
         want_total, gpus, peak_flops, mfu, dollars_per_gpu_hour
     )
-    for name, got in (
-        ("steps", steps),
-        ("total FLOPs", total_flops),
-        ("hours", hours),
-        ("dollars", dollars),
-    ):
+    given = {"steps": steps, "total FLOPs": total_flops, "hours": hours, "dollars": dollars}
+    for name, got in given.items():
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
             raise core.CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
     whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
-    if not (whole or math.isclose(steps, want_steps, rel_tol=1e-6)):
-        hint = (
-            ": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens "
-            "of a step, not by the windows"
-            if math.isclose(steps, tokens / 512, rel_tol=1e-6)
-            else ""
-        )
-        raise core.CheckFailed(EX_PRICE, f"{steps:,.1f} steps, expected {want_steps:,.1f}{hint}")
-    if not math.isclose(total_flops, want_total, rel_tol=1e-6):
-        hint = (
-            ": that is FLOPs per token times steps; every token of every step costs them"
-            if math.isclose(total_flops, per_token * want_steps, rel_tol=1e-6)
-            else ""
-        )
-        raise core.CheckFailed(
-            EX_PRICE, f"total {total_flops:.3e} FLOPs, expected {want_total:.3e}{hint}"
-        )
-    if not math.isclose(hours, want_hours, rel_tol=1e-6):
-        hint = ""
-        if math.isclose(hours, want_hours * mfu, rel_tol=1e-6):
-            hint = ": the GPUs reach only the MFU share of their peak: divide by it"
-        elif math.isclose(hours, want_hours * gpus, rel_tol=1e-6):
-            hint = ": the work is shared by all the GPUs of the node"
-        raise core.CheckFailed(EX_PRICE, f"{hours:.3g} hours, expected {want_hours:.3g}{hint}")
-    if not math.isclose(dollars, want_dollars, rel_tol=1e-6):
-        hint = (
-            ": every GPU of the node is paid for those hours"
-            if math.isclose(dollars, want_dollars / gpus, rel_tol=1e-6)
-            else ""
-        )
-        raise core.CheckFailed(EX_PRICE, f"${dollars:,.2f}, expected ${want_dollars:,.2f}{hint}")
+    hints = {
+        ("steps", tokens / 512): ": a step takes 512 windows of 1,024 tokens, so divide the "
+        "tokens by the tokens of a step, not by the windows",
+        ("total FLOPs", per_token * want_steps): ": that is FLOPs per token times steps; every "
+        "token of every step costs them",
+        ("hours", want_hours * mfu): ": the GPUs reach only the MFU share of their peak: "
+        "divide by it",
+        ("hours", want_hours * gpus): ": the work is shared by all the GPUs of the node",
+        ("dollars", want_dollars / gpus): ": every GPU of the node is paid for those hours",
+    }
+    for name, want, message in (
+        ("steps", steps if whole else want_steps, "{:,.1f} steps, expected {:,.1f}"),
+        ("total FLOPs", want_total, "total {:.3e} FLOPs, expected {:.3e}"),
+        ("hours", want_hours, "{:.3g} hours, expected {:.3g}"),
+        ("dollars", want_dollars, "${:,.2f}, expected ${:,.2f}"),
+    ):
+        if not math.isclose(given[name], want, rel_tol=1e-6):
+            hint = _hint(hints, name, given[name])
+            raise core.CheckFailed(EX_PRICE, message.format(given[name], want) + hint)
     core.passed(
         EX_PRICE,
         f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
@@ -540,18 +487,16 @@ def check_recipe_price(
     )
 
 
-# --------------------------------------------------------------------------- Exercise 11.8
+def _read_run(folder):
+    folder = Path(folder)
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    log = (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()
+    return run, [json.loads(line) for line in log if line.strip()]
 
 
 def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
     """The right (tokens/s, MFU) of a run folder by default; each argument plants one mistake."""
-    folder = Path(folder)
-    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    lines = [
-        json.loads(line)
-        for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
+    run, lines = _read_run(folder)
     steps = lines[1:] if skip_first else lines
     if mean_of_rates:
         tokens_per_s = sum(line["tokens_per_s"] for line in steps) / len(steps)
@@ -565,9 +510,8 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
 SPEED_MISTAKES = [
     core.Mistake(
         "first step kept",
-        "your throughput counts the first step, which also pays for "
-        "start-up (allocating memory, setting up the processes' communication, compiling): "
-        "leave it out",
+        "your throughput counts the first step, which also pays for start-up (allocating memory, "
+        "setting up the processes' communication, compiling): leave it out",
         lambda folder: _run_speed(folder, skip_first=False),
     ),
     core.Mistake(
@@ -613,36 +557,30 @@ def _write_run(folder, world, tokens_per_step, flops_token, peak, seconds):
         }
         for step, t in enumerate(seconds)
     ]
-    (folder / "log.jsonl").write_text(
-        "".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8"
-    )
+    log = "".join(json.dumps(line) + "\n" for line in lines)
+    (folder / "log.jsonl").write_text(log, encoding="utf-8")
     return folder
 
 
 def check_run_speed(fn):
     """`run_speed(folder)` -> (tokens per second, MFU) over every step but the first."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as work:
         for k, (world, *rest) in enumerate(_SPEED_RUNS):
             folder = _write_run(Path(work) / f"run{k}", world, *rest)
             got = core.call_learner(EX_SPEED, fn, folder)
-            if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise core.CheckFailed(EX_SPEED, "return two numbers: (tokens per second, MFU)")
-            got = tuple(float(g) for g in got)
+            got = tuple(float(g) for g in _two(EX_SPEED, got, "(tokens per second, MFU)"))
             want = _run_speed(folder)
-            same = lambda a, b: all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b))  # noqa: E731
-            if same(got, want):
+            if _near(got, want):
                 continue
-            wrong = core.first_mistake(SPEED_MISTAKES, lambda m, f=folder: same(got, m.fn(f)))
-            if wrong is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
+            mistake = core.first_mistake(SPEED_MISTAKES, lambda m, f=folder: _near(got, m.fn(f)))
+            if mistake is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
                 raise core.CheckFailed(
                     EX_SPEED, "your MFU is a percentage: return the share, between 0 and 1"
                 )
             raise core.CheckFailed(
                 EX_SPEED,
-                wrong.message
-                if wrong
+                mistake.message
+                if mistake
                 else f"for {world} process(es) with steps of {rest[-1]} s you give "
                 f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
                 f"{want[0]:,.1f} and {want[1]:.4g}",
@@ -656,11 +594,7 @@ TARGET_VAL_LOSS = 7.2
 
 def check_token_budget_challenge(run_folder):
     """The run in `run_folder` read at most TOKEN_BUDGET tokens and reached the target."""
-    folder = Path(run_folder)
-    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    log = [
-        json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
+    run, log = _read_run(run_folder)
     s = run["settings"]
     if (s["n_layer"], s["n_embd"], s["n_head"]) != (2, 32, 2):
         raise core.CheckFailed(CHALLENGE, "keep the model: n_layer=2, n_embd=32, n_head=2")

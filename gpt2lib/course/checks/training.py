@@ -1,17 +1,10 @@
-"""Checks for chapter 7 (training): the loss and its starting value, batches, the unigram line,
-weight decay and one training step, the learning-rate schedule, the evaluation and the loop,
-three broken runs to diagnose, a learning-rate sweep and the challenge; and the helpers the
-chapter runs (`your_pieces`, `tiny_run`, `broken_runs`).
-
-Each check runs the learner's code on small cases and compares it with the right answer;
-when they differ, it compares with the planted mistakes below (the usual wrong versions)
-and names the one that matches. The lists are module-level so that the tests can run every
-planted mistake through its check.
-"""
+"""Checks for chapter 7 (training), exercises 7.1 to 7.9 and the challenge, and the helpers the
+chapter runs (`your_pieces`, `tiny_run`, `broken_runs`)."""
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -34,21 +27,37 @@ CHALLENGE = "Challenge (beat the bigram line in half the steps)"
 
 
 def _tiny_model(seed=0, n_positions=16, vocab_size=37, dropout=0.0):
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
+    """The reference GPT2 with 2 layers, in train mode."""
+    sizes = dict(n_layer=2, n_positions=n_positions, vocab_size=vocab_size)
+    return core.tiny_gpt2(seed, pdrop=dropout, **sizes).train()
 
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=16,
-        n_positions=n_positions,
-        vocab_size=vocab_size,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-        resid_pdrop=dropout,
-    )
-    return GPT2(config)
+
+def _call(exercise, fn, *args, **kwargs):
+    """fn(*args, **kwargs): through core.call_learner when it is the learner's (exercise given)."""
+    if exercise is None:
+        return fn(*args, **kwargs)
+    return core.call_learner(exercise, fn, *args, **kwargs)
+
+
+def _fail_named(exercise, mistakes, name):
+    raise core.CheckFailed(exercise, core.named(mistakes, name).message)
+
+
+def _near(a, b):
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
+def _as_float(exercise, value, what):
+    if isinstance(value, torch.Tensor):
+        raise core.CheckFailed(
+            exercise,
+            f"{what} is a tensor ({value!r:.40}): return a Python float (.item() or float(...))",
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise core.CheckFailed(
+            exercise, f"{what} should be a number (a float), got {type(value).__name__}"
+        )
+    return float(value)
 
 
 def _as_pair(exercise, got, what="your function"):
@@ -57,6 +66,10 @@ def _as_pair(exercise, got, what="your function"):
             exercise, f"{what} should return two tensors (x, y), got {type(got).__name__}"
         )
     return got
+
+
+def _loss(model, x, y):
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
 # --------------------------------------------------------------------------- Exercise 7.1
@@ -104,7 +117,6 @@ LOSS_MISTAKES = [
     ),
 ]
 
-
 # The three rules the exercise states; each has its own case in the check, not a value to match.
 LOSS_RULES = [
     core.Mistake(
@@ -131,17 +143,13 @@ _RULE = {m.name: m for m in LOSS_RULES}
 
 
 def _call_loss(fn, logits, targets):
-    """The learner's loss with F.cross_entropy and F.nll_loss made to raise; inputs unchanged."""
-    from unittest import mock
+    """The learner's loss with F.cross_entropy and F.nll_loss refused; inputs unchanged."""
 
-    def forbidden(*args, **kwargs):
+    def refused(*args, **kwargs):
         raise core.CheckFailed(EX_LOSS, _RULE["uses_cross_entropy"].message)
 
     kept = logits.detach().clone(), targets.clone()
-    with (
-        mock.patch.object(F, "cross_entropy", forbidden),
-        mock.patch.object(F, "nll_loss", forbidden),
-    ):
+    with mock.patch.object(F, "cross_entropy", refused), mock.patch.object(F, "nll_loss", refused):
         got = core.call_learner(EX_LOSS, fn, logits, targets)
     if not (torch.equal(logits.detach(), kept[0]) and torch.equal(targets, kept[1])):
         raise core.CheckFailed(
@@ -150,35 +158,38 @@ def _call_loss(fn, logits, targets):
     return got
 
 
+def _same_loss(got, want):
+    return isinstance(got, torch.Tensor) and core.close(
+        got.reshape(()) if got.numel() == 1 else got, want
+    )
+
+
 def check_cross_entropy(fn):
+    """`fn(logits (B, T, V), targets (B, T))` -> the mean cross-entropy, a one-number tensor."""
     gen = torch.Generator().manual_seed(0)
     for B, T, V in ((2, 5, 11), (3, 4, 7)):
         logits = 3 * torch.randn(B, T, V, generator=gen)
         targets = torch.randint(0, V, (B, T), generator=gen)
         want = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         got = _call_loss(fn, logits, targets)
-        if isinstance(got, torch.Tensor) and got.numel() == 1 and core.close(got.reshape(()), want):
+        if _same_loss(got, want):
             continue
-
-        def matches(m, got=got, logits=logits, targets=targets):
-            return isinstance(got, torch.Tensor) and core.close(
-                got.reshape(()) if got.numel() == 1 else got, m.fn(logits, targets)
-            )
-
-        mistake = core.first_mistake(LOSS_MISTAKES, matches)
+        mistake = core.first_mistake(
+            LOSS_MISTAKES, lambda m: _same_loss(got, m.fn(logits, targets))
+        )
         if mistake is not None:
             raise core.CheckFailed(EX_LOSS, mistake.message)
         got = core.expect_tensor(EX_LOSS, got, what="your loss", finite=False)
         if got.numel() != 1:
             raise core.CheckFailed(
                 EX_LOSS,
-                f"your loss has shape {tuple(got.shape)}: return ONE number, "
-                "the mean over every position of every sequence",
+                f"your loss has shape {tuple(got.shape)}: return ONE number, the mean over "
+                "every position of every sequence",
             )
         raise core.CheckFailed(
             EX_LOSS,
-            f"your loss is {float(got):.4f}, the cross-entropy is "
-            f"{float(want):.4f} (logits of shape {(B, T, V)})",
+            f"your loss is {float(got):.4f}, the cross-entropy is {float(want):.4f} "
+            f"(logits of shape {(B, T, V)})",
         )
     unlikely = torch.zeros(1, 2, 5)
     unlikely[0, 0, 3], unlikely[0, 0, 1] = -120.0, 100.0  # e^-220 is 0 in float32, e^100 inf
@@ -191,40 +202,87 @@ def check_cross_entropy(fn):
     want = F.cross_entropy(coarse.float().flatten(0, 1), targets.flatten())
     if got.dtype not in (torch.float32, torch.float64) or not core.close(got.float(), want):
         raise core.CheckFailed(EX_LOSS, _RULE["not_float32"].message)
-    # gradients must flow: a loss computed from a detached copy cannot train anything
     logits = torch.randn(2, 3, 5, generator=gen, requires_grad=True)
     got = _call_loss(fn, logits, torch.randint(0, 5, (2, 3), generator=gen))
     if not got.requires_grad:
         raise core.CheckFailed(
             EX_LOSS,
-            "your loss carries no gradient (.detach(), .item() or numpy "
-            "inside?): return a tensor computed from the logits",
+            "your loss carries no gradient (.detach(), .item() or numpy inside?): return a "
+            "tensor computed from the logits",
         )
     core.passed(EX_LOSS, "the cross-entropy, finite for a very unlikely target, in float32")
+
+
+# --------------------------------------------------------------------------- Exercise 7.2
+
+UNIFORM_MISTAKES = [
+    core.Mistake(
+        "probability",
+        "you returned the probability of each token, 1 / V: the loss is MINUS "
+        "the logarithm of that probability",
+        lambda v: 1 / v,
+    ),
+    core.Mistake(
+        "sign",
+        "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
+        lambda v: -math.log(v),
+    ),
+    core.Mistake(
+        "bits",
+        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
+        "course, is in nats, the natural logarithm (math.log)",
+        math.log2,
+    ),
+    core.Mistake(
+        "base_10",
+        "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
+        math.log10,
+    ),
+    core.Mistake(
+        "perplexity",
+        "you returned V itself: that is e^loss, the perplexity of the uniform "
+        "guess. The loss is its natural logarithm",
+        float,
+    ),
+]
+
+
+def check_uniform_loss(fn):
+    """`fn(vocab_size)` -> the loss (a float) of the uniform guess over vocab_size tokens."""
+    for vocab_size in (2, 7, 50257):
+        value = _as_float(EX_UNIFORM, core.call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
+        if not _near(value, math.log(vocab_size)):
+            core.fail_with(
+                EX_UNIFORM,
+                UNIFORM_MISTAKES,
+                lambda m: _near(value, m.fn(vocab_size)),
+                f"with {vocab_size} equally likely tokens your loss is {value:.4f}: work out "
+                f"-ln p for p = 1 / {vocab_size}",
+            )
+    core.passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
 
 
 # --------------------------------------------------------------------------- Exercise 7.3
 
 
 def _windows_ok(ids, x, y, block_size):
-    """For each row, the start s with x == ids[s:s+T] and y == ids[s+1:s+T+1], or None."""
+    """For each row, the start s with x == ids[s:s+T] and y == ids[s+1:s+T+1]; None if a row has
+    none."""
     starts = []
-    N = len(ids)
     for row_x, row_y in zip(x, y):
-        found = None
-        for s in range(N - block_size):
-            if torch.equal(ids[s : s + block_size], row_x) and torch.equal(
-                ids[s + 1 : s + block_size + 1], row_y
-            ):
-                found = s
-                break
-        if found is None:
+        found = [
+            s
+            for s in range(len(ids) - block_size)
+            if torch.equal(ids[s : s + block_size], row_x)
+            and torch.equal(ids[s + 1 : s + block_size + 1], row_y)
+        ]
+        if not found:
             return None
-        starts.append(found)
+        starts.append(found[0])
     return starts
 
 
-def _batch(start_range, shift=1, rows="random", dtype=torch.long):
+def _batch(start_range, shift=1, rows="random", dtype=torch.long, moved=True):
     """A batch function; the arguments plant one mistake each (the defaults are right)."""
 
     def run(ids, batch_size, block_size, generator=None, device=None):
@@ -238,7 +296,7 @@ def _batch(start_range, shift=1, rows="random", dtype=torch.long):
         x = torch.stack([ids[s : s + block_size] for s in starts])
         y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
         x, y = (x, y) if dtype is None else (x.to(dtype), y.to(dtype))
-        return (x, y) if device is None else (x.to(device), y.to(device))
+        return (x.to(device), y.to(device)) if moved and device is not None else (x, y)
 
     return run
 
@@ -279,20 +337,13 @@ BATCH_MISTAKES = [
         _batch(-1),
     ),
 ]
-_BATCH = {m.name: m for m in BATCH_MISTAKES}
-
-
-def _batch_on_cpu(ids, batch_size, block_size, generator=None, device=None):
-    """A right batch that forgets the device argument."""
-    return _batch_right(ids, batch_size, block_size, generator)
-
 
 DEVICE_MISTAKES = [
     core.Mistake(
         "device_ignored",
         "your batch stays where ids are: when a device is given, move x "
         "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
-        _batch_on_cpu,
+        _batch(0, moved=False),
     ),
     core.Mistake(
         "int32_kept",
@@ -315,7 +366,9 @@ def _call_batch(fn, ids, batch_size, block_size, seed):
             EX_BATCH, fn, ids, batch_size, block_size, torch.Generator().manual_seed(seed)
         )
     except (IndexError, RuntimeError):  # a window past the end: a short row or a bad index
-        raise core.CheckFailed(EX_BATCH, _BATCH["range_too_long"].message) from None
+        raise core.CheckFailed(
+            EX_BATCH, core.named(BATCH_MISTAKES, "range_too_long").message
+        ) from None
     x, y = _as_pair(EX_BATCH, got)
     x = core.expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
     y = core.expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
@@ -327,550 +380,65 @@ def _call_batch(fn, ids, batch_size, block_size, seed):
 
 
 def check_random_batch(fn):
+    """`fn(ids (N,), batch_size, block_size, generator, device=None)` -> x, y of shape
+    (batch_size, block_size), torch.long, y one token later."""
     ids = torch.arange(100, 130)  # distinct ids: each window is easy to find
     B, T = 64, 5
     x, y = _call_batch(fn, ids, B, T, seed=0)
     for name in ("not_shifted", "one_window", "not_random"):
-        wrong = _BATCH[name].fn(ids, B, T, torch.Generator().manual_seed(0))
+        wrong = core.named(BATCH_MISTAKES, name).fn(ids, B, T, torch.Generator().manual_seed(0))
         if torch.equal(x, wrong[0]) and torch.equal(y, wrong[1]):
-            raise core.CheckFailed(EX_BATCH, _BATCH[name].message)
+            _fail_named(EX_BATCH, BATCH_MISTAKES, name)
     if torch.equal(x, y):
-        raise core.CheckFailed(EX_BATCH, _BATCH["not_shifted"].message)
+        _fail_named(EX_BATCH, BATCH_MISTAKES, "not_shifted")
     if torch.equal(y[:, 1:], x[:, :-1]):
         raise core.CheckFailed(
             EX_BATCH,
-            "your y is x shifted the wrong way (one token EARLIER): y "
-            "is the window starting one token later",
+            "your y is x shifted the wrong way (one token EARLIER): y is the window starting "
+            "one token later",
         )
     starts = _windows_ok(ids, x, y, T)
     if starts is None:
         raise core.CheckFailed(
             EX_BATCH,
-            "each row of x must be a stretch of ids, ids[s : s + "
-            "block_size], and the same row of y must be ids[s + 1 : s + "
-            "block_size + 1]",
+            "each row of x must be a stretch of ids, ids[s : s + block_size], and the same row "
+            "of y must be ids[s + 1 : s + block_size + 1]",
         )
     if len(set(starts)) == 1:
-        raise core.CheckFailed(
-            EX_BATCH, _BATCH["one_window" if starts[0] else "not_random"].message
-        )
+        _fail_named(EX_BATCH, BATCH_MISTAKES, "one_window" if starts[0] else "not_random")
     # many draws from 8 ids with block_size 5: every start 0, 1, 2 must come up, and no other
-    small = torch.arange(200, 208)
-    seen = set()
+    small, seen = torch.arange(200, 208), set()
     for seed in range(20):
-        bx, by = _call_batch(fn, small, 16, 5, seed=100 + seed)
-        rows = _windows_ok(small, bx, by, 5)
+        rows = _windows_ok(small, *_call_batch(fn, small, 16, 5, seed=100 + seed), 5)
         if rows is None:
-            raise core.CheckFailed(EX_BATCH, _BATCH["range_too_long"].message)
+            _fail_named(EX_BATCH, BATCH_MISTAKES, "range_too_long")
         seen.update(rows)
     if seen != {0, 1, 2}:
-        raise core.CheckFailed(EX_BATCH, _BATCH["range_too_short"].message)
-    first = _call_batch(fn, ids, 8, T, seed=5)
-    again = _call_batch(fn, ids, 8, T, seed=5)
+        _fail_named(EX_BATCH, BATCH_MISTAKES, "range_too_short")
+    first, again = _call_batch(fn, ids, 8, T, seed=5), _call_batch(fn, ids, 8, T, seed=5)
     if not (torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])):
         raise core.CheckFailed(
             EX_BATCH,
             "the same seed gave different batches: pass generator=generator to torch.randint",
         )
     _call_batch(fn, ids.int(), 4, T, seed=0)  # int32 ids in, torch.long out
-    _check_batch_device(fn, ids)
+    try:  # device='meta' (a device that holds shapes only): both tensors must land there
+        meta = torch.device("meta")
+        got = core.call_learner(EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), meta)
+    except RuntimeError:
+        raise core.CheckFailed(
+            EX_BATCH,
+            "with device given, your function failed: draw the starts on the CPU with the "
+            "generator, then move x and y to the device",
+        ) from None
+    x, y = _as_pair(EX_BATCH, got)
+    if x.device.type != "meta" or y.device.type != "meta":
+        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
     core.passed(
         EX_BATCH,
         "random windows of torch.long ids, y one token later, every start possible, "
         "repeatable, on the device",
     )
-
-
-def _check_batch_device(fn, ids):
-    """With device='meta' (a device that holds shapes only) both tensors must land there."""
-    try:
-        got = core.call_learner(
-            EX_BATCH, fn, ids, 2, 5, torch.Generator().manual_seed(0), torch.device("meta")
-        )
-    except RuntimeError:
-        raise core.CheckFailed(
-            EX_BATCH,
-            "with device given, your function failed: draw the starts on the "
-            "CPU with the generator, then move x and y to the device",
-        ) from None
-    x, y = _as_pair(EX_BATCH, got)
-    if x.device.type != "meta" or y.device.type != "meta":
-        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
-
-
-# --------------------------------------------------------------------------- Exercise 7.5: weight decay
-
-
-def _groups(decay, no_decay, wd):
-    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-DECAY_MISTAKES = [
-    core.Mistake(
-        "decay_everything",
-        "your groups put weight decay on the LayerNorm gains and the biases too: those "
-        "are 1-D (p.dim() == 1) and get weight_decay 0.0",
-        lambda model, wd: _groups(list(model.parameters()), [], wd),
-    ),
-    core.Mistake(
-        "decay_nothing",
-        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
-        "the group with weight_decay=weight_decay",
-        lambda model, wd: _groups([], list(model.parameters()), wd),
-    ),
-    core.Mistake(
-        "swapped",
-        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
-        "and biases get 0.0",
-        lambda model, wd: _groups(
-            [p for p in model.parameters() if p.dim() < 2],
-            [p for p in model.parameters() if p.dim() >= 2],
-            wd,
-        ),
-    ),
-    core.Mistake(
-        "by_name_weight",
-        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
-        "gain is also called weight. Choose by shape instead: p.dim() >= 2",
-        lambda model, wd: _groups(
-            [p for n, p in model.named_parameters() if n.endswith("weight")],
-            [p for n, p in model.named_parameters() if not n.endswith("weight")],
-            wd,
-        ),
-    ),
-    core.Mistake(
-        "fixed_rate",
-        "your decayed group's weight decay stays 0.1 when decay_groups is given another "
-        "weight_decay: use the argument, so that make_optimizer and train can set it",
-        lambda model, wd: _groups(
-            [p for p in model.parameters() if p.dim() >= 2],
-            [p for p in model.parameters() if p.dim() < 2],
-            0.1,
-        ),
-    ),
-]
-
-
-def _decay_of_each(exercise, groups, model):
-    """{parameter index: weight decay} from the learner's groups; refuses duplicates and gaps."""
-    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
-        raise core.CheckFailed(
-            exercise, "return a list of dicts, each with 'params' and 'weight_decay'"
-        )
-    index = {id(p): i for i, p in enumerate(model.parameters())}
-    names = [n for n, _ in model.named_parameters()]
-    decay = {}
-    for group in groups:
-        if "params" not in group or "weight_decay" not in group:
-            raise core.CheckFailed(
-                exercise, "each group needs the keys 'params' and 'weight_decay'"
-            )
-        for p in list(group["params"]):
-            i = index.get(id(p))
-            if i is None:
-                raise core.CheckFailed(
-                    exercise,
-                    "a group holds something that is not a parameter of the "
-                    "model (a copy? use the tensors from model.parameters())",
-                )
-            if i in decay:
-                raise core.CheckFailed(
-                    exercise, f"{names[i]} is in two groups: each parameter goes into exactly one"
-                )
-            decay[i] = float(group["weight_decay"])
-    missing = [names[i] for i in range(len(names)) if i not in decay]
-    if missing:
-        raise core.CheckFailed(
-            exercise,
-            f"{len(missing)} parameters are in no group (first: {missing[0]}): "
-            "AdamW would never train them",
-        )
-    return decay
-
-
-def check_decay_groups(fn):
-    """Two models and two rates: matrices decay by `weight_decay`, gains and biases not at all."""
-    for model, wd in (
-        (_tiny_model(), 0.1),
-        (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3),
-    ):
-        _check_decay_once(fn, model, wd)
-    n_decay = sum(1 for p in model.parameters() if p.dim() >= 2)
-    core.passed(
-        EX_DECAY,
-        f"{n_decay} weight matrices decayed, {len(list(model.parameters())) - n_decay} "
-        "gains and biases not, for two models and two rates",
-        part="which weights decay",
-    )
-
-
-def _check_decay_once(fn, model, wd):
-    groups = core.call_learner(EX_DECAY, fn, model, wd)
-    try:
-        got = _decay_of_each(EX_DECAY, groups, model)
-    except core.CheckFailed:
-        got = None
-    if got is not None:
-        want = {i: (wd if p.dim() >= 2 else 0.0) for i, p in enumerate(model.parameters())}
-        if got == want:
-            torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
-            return
-    mistake = core.first_mistake(
-        DECAY_MISTAKES, lambda m: got == _decay_of_each(EX_DECAY, m.fn(model, wd), model)
-    )
-    if mistake is not None:
-        raise core.CheckFailed(EX_DECAY, mistake.message)
-    _decay_of_each(EX_DECAY, groups, model)  # raises with the structural problem, if any
-    names = [n for n, _ in model.named_parameters()]
-    params = list(model.parameters())
-    wrong = [names[i] for i, v in got.items() if v != (wd if params[i].dim() >= 2 else 0.0)]
-    raise core.CheckFailed(
-        EX_DECAY,
-        f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
-        f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
-    )
-
-
-# --------------------------------------------------------------------------- Exercise 7.5: the step
-
-
-def _loss(model, x, y):
-    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-
-
-_STEP_OPERATIONS = {  # what a training step does besides the forward and backward pass
-    "zero_grad": lambda model, optimizer, max_grad_norm: optimizer.zero_grad(),
-    "clip": lambda model, optimizer, max_grad_norm: torch.nn.utils.clip_grad_norm_(
-        model.parameters(), max_grad_norm
-    ),
-    "step": lambda model, optimizer, max_grad_norm: optimizer.step(),
-}
-
-
-def _training_step(*operations):
-    """A training step that runs `operations` in this order: "zero_grad", "backward" (the
-    forward pass, the loss and loss.backward()), "clip" and "step". The right step runs all
-    four in that order; each planted mistake changes the order or leaves one out."""
-
-    def training_step(model, optimizer, x, y, max_grad_norm=1.0):
-        loss = None
-        for operation in operations:
-            if operation == "backward":
-                loss = _loss(model, x, y)
-                loss.backward()
-            else:
-                _STEP_OPERATIONS[operation](model, optimizer, max_grad_norm)
-        return loss.item()
-
-    return training_step
-
-
-_step_right = _training_step("zero_grad", "backward", "clip", "step")
-
-STEP_MISTAKES = [
-    core.Mistake(
-        "no_zero_grad",
-        "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
-        "of each step (PyTorch ADDS each backward pass into .grad)",
-        _training_step("backward", "clip", "step"),
-    ),
-    core.Mistake(
-        "clip_after_step",
-        "you clip the gradients after optimizer.step(): the step has already used the "
-        "unclipped gradients. Clip between loss.backward() and optimizer.step()",
-        _training_step("zero_grad", "backward", "step", "clip"),
-    ),
-    core.Mistake(
-        "no_clip",
-        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
-        "model.parameters(), max_grad_norm) before optimizer.step()",
-        _training_step("zero_grad", "backward", "step"),
-    ),
-    core.Mistake(
-        "zero_grad_before_step",
-        "you call optimizer.zero_grad() between backward and step: the step then sees no "
-        "gradients. Clear them at the START of the step",
-        _training_step("backward", "clip", "zero_grad", "step"),
-    ),
-    core.Mistake(
-        "no_step",
-        "your step never changes the weights: call optimizer.step() after clipping",
-        _training_step("zero_grad", "backward", "clip"),
-    ),
-]
-
-
-def _run_steps(step_fn, exercise=None, steps=2, max_grad_norm=0.05):
-    """Two SGD steps from the same start; -> (losses, parameters after)."""
-    model = _tiny_model(seed=3).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    gen = torch.Generator().manual_seed(4)
-    losses = []
-    for _ in range(steps):
-        x = torch.randint(0, model.config.vocab_size, (2, 6), generator=gen)
-        y = torch.randint(0, model.config.vocab_size, (2, 6), generator=gen)
-        if exercise is None:
-            losses.append(step_fn(model, optimizer, x, y, max_grad_norm))
-        else:
-            losses.append(
-                core.call_learner(exercise, step_fn, model, optimizer, x, y, max_grad_norm)
-            )
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    # after the step, .grad still holds the last gradients: clipped or not tells clipping
-    # after the step apart from no clipping (both update the weights with unclipped gradients)
-    clipped = bool(grads) and float(
-        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    ) <= max_grad_norm * (1 + 1e-4)
-    return losses, [p.detach().clone() for p in model.parameters()], clipped
-
-
-def _same_params(a, b):
-    return len(a) == len(b) and all(
-        torch.allclose(p, q, atol=1e-6, rtol=1e-5) for p, q in zip(a, b)
-    )
-
-
-def check_training_step(fn):
-    losses, params, clipped = _run_steps(fn, EX_STEP)
-    want_losses, want, _ = _run_steps(_step_right)
-    for loss in losses:
-        if isinstance(loss, torch.Tensor):
-            if loss.numel() != 1:
-                raise core.CheckFailed(EX_STEP, "return the loss as one number (loss.item())")
-            loss = float(loss)
-        if not isinstance(loss, (int, float)) or isinstance(loss, bool):
-            raise core.CheckFailed(
-                EX_STEP, f"return the loss as a float (loss.item()), got {type(loss).__name__}"
-            )
-        if not math.isfinite(loss):
-            raise core.CheckFailed(EX_STEP, f"your step returned a loss of {loss}")
-    if _same_params(params, want):
-        if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
-            raise core.CheckFailed(
-                EX_STEP,
-                f"the weights are right but the returned loss is "
-                f"{float(losses[0]):.4f}, not {want_losses[0]:.4f}: return "
-                "the loss of this step's batch, computed before the update",
-            )
-        return core.passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
-
-    def matches(m):
-        _, wrong_params, wrong_clipped = _run_steps(m.fn)
-        return _same_params(params, wrong_params) and clipped == wrong_clipped
-
-    mistake = core.first_mistake(STEP_MISTAKES, matches)
-    if mistake is not None:
-        raise core.CheckFailed(EX_STEP, mistake.message)
-    raise core.CheckFailed(
-        EX_STEP,
-        "after two steps your weights differ from the expected ones: "
-        "zero_grad, forward with F.cross_entropy, backward, clip_grad_norm_"
-        " with max_grad_norm, optimizer.step()",
-    )
-
-
-# --------------------------------------------------------------------------- Exercise 7.6
-
-
-def _lr(first=1, late=False, floor=True, to_zero=False, warmup=True, origin=True, cosine=True):
-    """A schedule; the arguments plant one mistake each (the defaults are right): the warm-up's
-    first step counts `first`, `late` warms up one step more, no `floor` after total_steps, a
-    cosine `to_zero`, no `warmup`, progress from step 0 (`origin` False), a straight line."""
-
-    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
-        warmup_steps = warmup_steps if warmup else 0
-        min_lr = 0.0 if to_zero else min_lr
-        if step < warmup_steps + late:
-            return max_lr * (step + first) / warmup_steps
-        if floor and step >= total_steps:
-            return min_lr
-        start = warmup_steps if origin else 0
-        progress = (step - start) / (total_steps - start)
-        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cosine else 1 - progress
-        return min_lr + (max_lr - min_lr) * shape
-
-    return lr_schedule
-
-
-_lr_right = _lr()
-_lr_colleague = _lr(first=0, late=True, floor=False)
-
-
-LR_MISTAKES = [
-    core.Mistake(
-        "colleagues_schedule",
-        "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
-        "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
-        "the cosine climbs back up instead of staying at min_lr",
-        _lr_colleague,
-    ),
-    core.Mistake(
-        "warmup_off_by_one",
-        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
-        "nothing. Use max_lr * (step + 1) / warmup_steps",
-        _lr(first=0),
-    ),
-    core.Mistake(
-        "cosine_to_zero",
-        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
-        "0.5 * (1 + cos(pi * progress))",
-        _lr(to_zero=True),
-    ),
-    core.Mistake(
-        "no_floor_after_end",
-        "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
-        "for every step >= total_steps",
-        _lr(floor=False),
-    ),
-    core.Mistake(
-        "no_warmup",
-        "there is no warm-up: for step < warmup_steps the rate rises linearly, "
-        "max_lr * (step + 1) / warmup_steps",
-        _lr(warmup=False),
-    ),
-    core.Mistake(
-        "progress_from_zero",
-        "your cosine starts counting at step 0 instead of at the end of the warm-up: "
-        "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
-        _lr(origin=False),
-    ),
-    core.Mistake(
-        "linear_decay",
-        "your rate falls in a straight line: after the warm-up it follows half a cosine, "
-        "0.5 * (1 + cos(pi * progress))",
-        _lr(cosine=False),
-    ),
-    core.Mistake(
-        "tensor_not_float",
-        "return a Python float (.item() or float(...))",
-        lambda *args: torch.tensor(_lr_right(*args)),
-    ),
-]
-
-_LR_CASES = [
-    {"max_lr": 6e-4, "warmup_steps": 10, "total_steps": 50, "min_lr": 6e-5},
-    {"max_lr": 1.0, "warmup_steps": 3, "total_steps": 12, "min_lr": 0.25},
-]
-
-
-def _lr_curve(fn, case, exercise=None):
-    out = []
-    for step in range(case["total_steps"] + 6):
-        if exercise is None:
-            out.append(fn(step, **case))
-        else:
-            value = core.call_learner(
-                exercise,
-                fn,
-                step,
-                case["max_lr"],
-                case["warmup_steps"],
-                case["total_steps"],
-                case["min_lr"],
-            )
-            out.append(_as_float(exercise, value, f"your rate at step {step}"))
-    return out
-
-
-def _same_curve(a, b):
-    return len(a) == len(b) and all(
-        math.isclose(p, q, rel_tol=1e-6, abs_tol=1e-12) for p, q in zip(a, b)
-    )
-
-
-def check_cosine_lr(fn):
-    for case in _LR_CASES:
-        got = _lr_curve(fn, case, EX_LR)
-        want = _lr_curve(_lr_right, case)
-        if _same_curve(got, want):
-            continue
-        mistake = core.first_mistake(
-            LR_MISTAKES, lambda m, got=got, case=case: _same_curve(got, _lr_curve(m.fn, case))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_LR, mistake.message)
-        step = next(
-            i
-            for i, (g, w) in enumerate(zip(got, want))
-            if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12)
-        )
-        raise core.CheckFailed(
-            EX_LR,
-            f"with {case}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
-        )
-    core.passed(
-        EX_LR,
-        "warm-up from the first step, cosine down to min_lr, then flat. The colleague's "
-        "warm-up started at 0 (its first step did nothing) and reached max_lr one step late, "
-        "and past total_steps its cosine climbed back up. A schedule bug never raises an "
-        "error: it shows only in the numbers",
-    )
-
-
-def _as_float(exercise, value, what):
-    if isinstance(value, torch.Tensor):
-        raise core.CheckFailed(
-            exercise,
-            f"{what} is a tensor ({value!r:.40}): return a Python float (.item() or float(...))",
-        )
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise core.CheckFailed(
-            exercise, f"{what} should be a number (a float), got {type(value).__name__}"
-        )
-    return float(value)
-
-
-# --------------------------------------------------------------------------- Exercise 7.2
-
-UNIFORM_MISTAKES = [
-    core.Mistake(
-        "probability",
-        "you returned the probability of each token, 1 / V: the loss is MINUS "
-        "the logarithm of that probability",
-        lambda v: 1 / v,
-    ),
-    core.Mistake(
-        "sign",
-        "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
-        lambda v: -math.log(v),
-    ),
-    core.Mistake(
-        "bits",
-        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
-        "course, is in nats, the natural logarithm (math.log)",
-        math.log2,
-    ),
-    core.Mistake(
-        "base_10",
-        "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
-        math.log10,
-    ),
-    core.Mistake(
-        "perplexity",
-        "you returned V itself: that is e^loss, the perplexity of the uniform "
-        "guess. The loss is its natural logarithm",
-        float,
-    ),
-]
-
-
-def check_uniform_loss(fn):
-    for vocab_size in (2, 7, 50257):
-        value = _as_float(EX_UNIFORM, core.call_learner(EX_UNIFORM, fn, vocab_size), "your loss")
-        if math.isclose(value, math.log(vocab_size), rel_tol=1e-6):
-            continue
-        mistake = core.first_mistake(
-            UNIFORM_MISTAKES,
-            lambda m, v=vocab_size, got=value: math.isclose(got, m.fn(v), rel_tol=1e-6),
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_UNIFORM, mistake.message)
-        raise core.CheckFailed(
-            EX_UNIFORM,
-            f"with {vocab_size} equally likely tokens your loss is "
-            f"{value:.4f}: work out -ln p for p = 1 / {vocab_size}",
-        )
-    core.passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
 
 
 # --------------------------------------------------------------------------- Exercise 7.4
@@ -926,49 +494,35 @@ UNIGRAM_MISTAKES = [
 
 
 def check_unigram_loss(fn):
+    """`fn(train_ids, val_ids, vocab_size, smoothing)` -> the unigram line's loss (a float)."""
     gen = torch.Generator().manual_seed(0)
-    cases = [
-        (
-            torch.randint(0, 6, (200,), generator=gen),
-            torch.randint(0, 9, (60,), generator=gen),
-            9,
-            0.01,
-        ),
-        (
-            torch.randint(0, 4, (50,), generator=gen),
-            torch.randint(0, 5, (40,), generator=gen),
-            5,
-            0.5,
-        ),
-    ]
-    for train_ids, val_ids, vocab_size, smoothing in cases:
+    for train_high, n_train, val_high, n_val, vocab_size, smoothing in (
+        (6, 200, 9, 60, 9, 0.01),
+        (4, 50, 5, 40, 5, 0.5),
+    ):
+        train_ids = torch.randint(0, train_high, (n_train,), generator=gen)
+        val_ids = torch.randint(0, val_high, (n_val,), generator=gen)
+        args = (train_ids, val_ids, vocab_size, smoothing)
         try:
-            got = core.call_learner(
-                EX_UNIGRAM, fn, train_ids.clone(), val_ids.clone(), vocab_size, smoothing
-            )
+            got = core.call_learner(EX_UNIGRAM, fn, train_ids.clone(), val_ids.clone(), *args[2:])
         except (IndexError, RuntimeError):  # a count table shorter than the vocabulary
             raise core.CheckFailed(
                 EX_UNIGRAM,
-                "torch.bincount counts only up to the largest id it "
-                "sees: pass minlength=vocab_size, so that every id of "
-                "the vocabulary has a count",
+                "torch.bincount counts only up to the largest id it sees: pass "
+                "minlength=vocab_size, so that every id of the vocabulary has a count",
             ) from None
         value = _as_float(EX_UNIGRAM, got, "your loss")
-        want = _unigram_right(train_ids, val_ids, vocab_size, smoothing)
-        if math.isclose(value, want, rel_tol=1e-6):
+        want = _unigram_right(*args)
+        if _near(value, want):
             continue
         if not math.isfinite(value):
-            raise core.CheckFailed(EX_UNIGRAM, core.named(UNIGRAM_MISTAKES, "no_smoothing").message)
-        args = (train_ids, val_ids, vocab_size, smoothing)
-        mistake = core.first_mistake(
-            UNIGRAM_MISTAKES, lambda m, a=args, got=value: math.isclose(got, m.fn(*a), rel_tol=1e-6)
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_UNIGRAM, mistake.message)
-        raise core.CheckFailed(
+            _fail_named(EX_UNIGRAM, UNIGRAM_MISTAKES, "no_smoothing")
+        core.fail_with(
             EX_UNIGRAM,
-            f"with vocab_size={vocab_size} and smoothing={smoothing} your "
-            f"loss is {value:.4f}, the unigram line is {want:.4f}",
+            UNIGRAM_MISTAKES,
+            lambda m: _near(value, m.fn(*args)),
+            f"with vocab_size={vocab_size} and smoothing={smoothing} your loss is "
+            f"{value:.4f}, the unigram line is {want:.4f}",
         )
     core.passed(
         EX_UNIGRAM,
@@ -983,11 +537,8 @@ def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_cou
     def ngram_baselines(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
         counted = train_ids if pairs_from == "train" else val_ids
         table = torch.zeros(vocab_size, vocab_size, dtype=torch.double)
-        table.index_put_(
-            (counted[:-1], counted[1:]),
-            torch.ones(len(counted) - 1, dtype=torch.double),
-            accumulate=True,
-        )
+        ones = torch.ones(len(counted) - 1, dtype=torch.double)
+        table.index_put_((counted[:-1], counted[1:]), ones, accumulate=True)
         prev, nxt = val_ids[:-1], val_ids[1:]
         if not conditional:
             denominator = table.sum()
@@ -1022,9 +573,8 @@ BIGRAM_MISTAKES = [
     ),
     core.Mistake(
         "joint",
-        "you divided a pair's count by the number of all pairs: that is how common the "
-        "pair is, not how often b follows a. Divide by the number of times a is followed by "
-        "anything",
+        "you divided a pair's count by the number of all pairs: that is how common the pair is, "
+        "not how often b follows a. Divide by the number of times a is followed by anything",
         _bigram(conditional=False),
     ),
     core.Mistake(
@@ -1041,81 +591,62 @@ BIGRAM_MISTAKES = [
     ),
     core.Mistake(
         "prev_counts_all",
-        "you divided by how often a occurs anywhere in train_ids, the last "
-        "token included, which is followed by nothing: count a only among the first N - 1 "
-        "tokens",
+        "you divided by how often a occurs anywhere in train_ids, the last token included, which "
+        "is followed by nothing: count a only among the first N - 1 tokens",
         _bigram(prev_counts="all"),
     ),
 ]
 
 
 def check_bigram(fn):
+    """`fn(train_ids, val_ids, vocab_size, smoothing, bigram_weight)` -> {"uniform", "unigram",
+    "bigram": loss}, counting only the pairs that occur."""
     gen = torch.Generator().manual_seed(1)
     skewed = torch.tensor([0, 1, 1, 2, 2, 2, 3, 4, 4, 5])
-    cases = [
-        (
-            skewed[torch.randint(0, 10, (300,), generator=gen)],
-            torch.randint(0, 7, (80,), generator=gen),
-            7,
-            0.01,
-            0.6,
-        ),
-        (
-            torch.randint(0, 4, (60,), generator=gen),
-            torch.randint(0, 5, (50,), generator=gen),
-            5,
-            0.5,
-            0.8,
-        ),
-    ]
-    for train_ids, val_ids, vocab_size, smoothing, weight in cases:
-        args = (train_ids, val_ids, vocab_size, smoothing, weight)
-        got = core.call_learner(
-            EX_BIGRAM, fn, *(a.clone() if torch.is_tensor(a) else a for a in args)
-        )
+    train_0 = skewed[torch.randint(0, 10, (300,), generator=gen)]
+    cases = [(train_0, torch.randint(0, 7, (80,), generator=gen), 7, 0.01, 0.6)]
+    train_1 = torch.randint(0, 4, (60,), generator=gen)
+    cases.append((train_1, torch.randint(0, 5, (50,), generator=gen), 5, 0.5, 0.8))
+    for args in cases:
+        vocab_size, weight = args[2], args[4]
+        got = core.call_learner(EX_BIGRAM, fn, args[0].clone(), args[1].clone(), *args[2:])
         if not isinstance(got, dict) or "bigram" not in got:
             raise core.CheckFailed(
                 EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'"
             )
         value = _as_float(EX_BIGRAM, got["bigram"], "your bigram loss")
         want = _bigram_right(*args)["bigram"]
-        if math.isclose(value, want, rel_tol=1e-6):
+        if _near(value, want):
             continue
         if math.isnan(value):
             raise core.CheckFailed(
                 EX_BIGRAM,
-                "your bigram loss is NaN: a previous token that never occurs "
-                "in train_ids has count 0, and 0 / 0 is NaN. Its bigram "
-                "probability is 0 (clamp the count to at least 1)",
+                "your bigram loss is NaN: a previous token that never occurs in train_ids has "
+                "count 0, and 0 / 0 is NaN. Its bigram probability is 0 (clamp the count to at "
+                "least 1)",
             )
         if not math.isfinite(value):
-            raise core.CheckFailed(EX_BIGRAM, core.named(BIGRAM_MISTAKES, "no_mix").message)
-        mistake = core.first_mistake(
-            BIGRAM_MISTAKES,
-            lambda m, a=args, v=value: math.isclose(v, m.fn(*a)["bigram"], rel_tol=1e-6),
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_BIGRAM, mistake.message)
-        raise core.CheckFailed(
+            _fail_named(EX_BIGRAM, BIGRAM_MISTAKES, "no_mix")
+        core.fail_with(
             EX_BIGRAM,
-            f"with vocab_size={vocab_size} and bigram_weight={weight} your "
-            f"bigram loss is {value:.4f}, the line is {want:.4f}",
+            BIGRAM_MISTAKES,
+            lambda m: _near(value, m.fn(*args)["bigram"]),
+            f"with vocab_size={vocab_size} and bigram_weight={weight} your bigram loss is "
+            f"{value:.4f}, the line is {want:.4f}",
         )
     # a vocabulary of 2 million: a table of all pairs would hold 4 * 10^12 numbers
-    big = 2_000_000
-    train_ids, val_ids = cases[0][0] * 300_000, cases[0][1] * 300_000
     try:
-        got = core.call_learner(EX_BIGRAM, fn, train_ids, val_ids, big, 0.01, 0.6)
+        got = core.call_learner(
+            EX_BIGRAM, fn, cases[0][0] * 300_000, cases[0][1] * 300_000, 2_000_000, 0.01, 0.6
+        )
     except (RuntimeError, MemoryError):
         raise core.CheckFailed(
             EX_BIGRAM,
-            "with a vocabulary of 2 million your function ran out of memory: "
-            "a table of all pairs is too large. Count only the pairs that "
-            "occur (one integer a * V + b per pair)",
+            "with a vocabulary of 2 million your function ran out of memory: a table of all "
+            "pairs is too large. Count only the pairs that occur (one integer a * V + b per pair)",
         ) from None
-    if not math.isfinite(
-        _as_float(EX_BIGRAM, got["bigram"] if isinstance(got, dict) else got, "your loss")
-    ):
+    loss = got["bigram"] if isinstance(got, dict) else got
+    if not math.isfinite(_as_float(EX_BIGRAM, loss, "your loss")):
         raise core.CheckFailed(
             EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite"
         )
@@ -1126,7 +657,369 @@ def check_bigram(fn):
     )
 
 
-# --------------------------------------------------------------------------- Exercise 7.7: evaluation
+# --------------------------------------------------------------------------- Exercise 7.5
+
+
+def _decay(rule, rate=None):
+    """Groups that decay the parameters `rule(name, p)` picks by `rate` (None: the given one)."""
+
+    def decay_groups(model, wd):
+        picked = [rule(name, p) for name, p in model.named_parameters()]
+        params = list(model.parameters())
+        return [
+            {"params": [p for p, d in zip(params, picked) if d], "weight_decay": rate or wd},
+            {"params": [p for p, d in zip(params, picked) if not d], "weight_decay": 0.0},
+        ]
+
+    return decay_groups
+
+
+DECAY_MISTAKES = [
+    core.Mistake(
+        "decay_everything",
+        "your groups put weight decay on the LayerNorm gains and the biases too: those "
+        "are 1-D (p.dim() == 1) and get weight_decay 0.0",
+        _decay(lambda name, p: True),
+    ),
+    core.Mistake(
+        "decay_nothing",
+        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
+        "the group with weight_decay=weight_decay",
+        _decay(lambda name, p: False),
+    ),
+    core.Mistake(
+        "swapped",
+        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
+        "and biases get 0.0",
+        _decay(lambda name, p: p.dim() < 2),
+    ),
+    core.Mistake(
+        "by_name_weight",
+        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
+        "gain is also called weight. Choose by shape instead: p.dim() >= 2",
+        _decay(lambda name, p: name.endswith("weight")),
+    ),
+    core.Mistake(
+        "fixed_rate",
+        "your decayed group's weight decay stays 0.1 when decay_groups is given another "
+        "weight_decay: use the argument, so that make_optimizer and train can set it",
+        _decay(lambda name, p: p.dim() >= 2, rate=0.1),
+    ),
+]
+
+
+def _decay_of_each(groups, model):
+    """{parameter index: weight decay} from the learner's groups; refuses duplicates and gaps."""
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
+        raise core.CheckFailed(
+            EX_DECAY, "return a list of dicts, each with 'params' and 'weight_decay'"
+        )
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    names = [n for n, _ in model.named_parameters()]
+    decay = {}
+    for group in groups:
+        if "params" not in group or "weight_decay" not in group:
+            raise core.CheckFailed(
+                EX_DECAY, "each group needs the keys 'params' and 'weight_decay'"
+            )
+        for p in list(group["params"]):
+            i = index.get(id(p))
+            if i is None:
+                raise core.CheckFailed(
+                    EX_DECAY,
+                    "a group holds something that is not a parameter of the model (a copy? use "
+                    "the tensors from model.parameters())",
+                )
+            if i in decay:
+                raise core.CheckFailed(
+                    EX_DECAY, f"{names[i]} is in two groups: each parameter goes into exactly one"
+                )
+            decay[i] = float(group["weight_decay"])
+    missing = [names[i] for i in range(len(names)) if i not in decay]
+    if missing:
+        raise core.CheckFailed(
+            EX_DECAY,
+            f"{len(missing)} parameters are in no group (first: {missing[0]}): "
+            "AdamW would never train them",
+        )
+    return decay
+
+
+def check_decay_groups(fn):
+    """`fn(model, weight_decay)` -> AdamW's param groups: matrices decay by weight_decay, gains
+    and biases not at all; tried on two models and two rates."""
+    for model, wd in (
+        (_tiny_model(), 0.1),
+        (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3),
+    ):
+        groups = core.call_learner(EX_DECAY, fn, model, wd)
+        got = _decay_of_each(groups, model)
+        params, names = list(model.parameters()), [n for n, _ in model.named_parameters()]
+        want = {i: (wd if p.dim() >= 2 else 0.0) for i, p in enumerate(params)}
+        if got != want:
+            wrong = [names[i] for i in got if got[i] != want[i]]
+            core.fail_with(
+                EX_DECAY,
+                DECAY_MISTAKES,
+                lambda m: got == _decay_of_each(m.fn(model, wd), model),
+                f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
+                f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
+            )
+        torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
+    n_decay = sum(1 for p in params if p.dim() >= 2)
+    core.passed(
+        EX_DECAY,
+        f"{n_decay} weight matrices decayed, {len(params) - n_decay} gains and biases not, "
+        "for two models and two rates",
+        part="which weights decay",
+    )
+
+
+def _training_step(*operations):
+    """A step running `operations` in order: "zero_grad", "backward" (forward, loss, backward),
+    "clip", "step". Each planted mistake changes the right order or leaves one out."""
+
+    def training_step(model, optimizer, x, y, max_grad_norm=1.0):
+        for operation in operations:
+            if operation == "zero_grad":
+                optimizer.zero_grad()
+            elif operation == "backward":
+                loss = _loss(model, x, y)
+                loss.backward()
+            elif operation == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            else:
+                optimizer.step()
+        return loss.item()
+
+    return training_step
+
+
+_step_right = _training_step("zero_grad", "backward", "clip", "step")
+
+STEP_MISTAKES = [
+    core.Mistake(
+        "no_zero_grad",
+        "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
+        "of each step (PyTorch ADDS each backward pass into .grad)",
+        _training_step("backward", "clip", "step"),
+    ),
+    core.Mistake(
+        "clip_after_step",
+        "you clip the gradients after optimizer.step(): the step has already used the "
+        "unclipped gradients. Clip between loss.backward() and optimizer.step()",
+        _training_step("zero_grad", "backward", "step", "clip"),
+    ),
+    core.Mistake(
+        "no_clip",
+        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
+        "model.parameters(), max_grad_norm) before optimizer.step()",
+        _training_step("zero_grad", "backward", "step"),
+    ),
+    core.Mistake(
+        "zero_grad_before_step",
+        "you call optimizer.zero_grad() between backward and step: the step then sees no "
+        "gradients. Clear them at the START of the step",
+        _training_step("backward", "clip", "zero_grad", "step"),
+    ),
+    core.Mistake(
+        "no_step",
+        "your step never changes the weights: call optimizer.step() after clipping",
+        _training_step("zero_grad", "backward", "clip"),
+    ),
+]
+
+
+def _run_steps(step_fn, exercise=None, steps=2, max_grad_norm=0.05):
+    """Two SGD steps from the same start -> (losses, parameters after, .grad left clipped?)."""
+    model = _tiny_model(seed=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(4)
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, model.config.vocab_size, (2, 6), generator=gen)
+        y = torch.randint(0, model.config.vocab_size, (2, 6), generator=gen)
+        losses.append(_call(exercise, step_fn, model, optimizer, x, y, max_grad_norm))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # .grad after the step, clipped or not, tells clipping after the step from no clipping
+    clipped = bool(grads) and float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    ) <= max_grad_norm * (1 + 1e-4)
+    return losses, [p.detach().clone() for p in model.parameters()], clipped
+
+
+def _same_params(a, b):
+    return len(a) == len(b) and all(
+        torch.allclose(p, q, atol=1e-6, rtol=1e-5) for p, q in zip(a, b)
+    )
+
+
+def check_training_step(fn):
+    """`fn(model, optimizer, x (B, T), y (B, T), max_grad_norm)` -> the batch's loss, a float."""
+    losses, params, clipped = _run_steps(fn, EX_STEP)
+    want_losses, want, _ = _run_steps(_step_right)
+    for loss in losses:
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise core.CheckFailed(EX_STEP, "return the loss as one number (loss.item())")
+            loss = float(loss)
+        if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+            raise core.CheckFailed(
+                EX_STEP, f"return the loss as a float (loss.item()), got {type(loss).__name__}"
+            )
+        if not math.isfinite(loss):
+            raise core.CheckFailed(EX_STEP, f"your step returned a loss of {loss}")
+    if not _same_params(params, want):
+
+        def matches(m):
+            _, wrong_params, wrong_clipped = _run_steps(m.fn)
+            return _same_params(params, wrong_params) and clipped == wrong_clipped
+
+        core.fail_with(
+            EX_STEP,
+            STEP_MISTAKES,
+            matches,
+            "after two steps your weights differ from the expected ones: zero_grad, forward with "
+            "F.cross_entropy, backward, clip_grad_norm_ with max_grad_norm, optimizer.step()",
+        )
+    if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
+        raise core.CheckFailed(
+            EX_STEP,
+            f"the weights are right but the returned loss is {float(losses[0]):.4f}, not "
+            f"{want_losses[0]:.4f}: return the loss of this step's batch, computed before the "
+            "update",
+        )
+    core.passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
+
+
+# --------------------------------------------------------------------------- Exercise 7.6
+
+
+def _lr(first=1, late=False, floor=True, to_zero=False, warmup=True, origin=True, cosine=True):
+    """A schedule; the arguments plant one mistake each (the defaults are right): the warm-up's
+    first step counts `first`, `late` warms up one step more, no `floor` after total_steps, a
+    cosine `to_zero`, no `warmup`, progress from step 0 (`origin` False), a straight line."""
+
+    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
+        warmup_steps = warmup_steps if warmup else 0
+        min_lr = 0.0 if to_zero else min_lr
+        if step < warmup_steps + late:
+            return max_lr * (step + first) / warmup_steps
+        if floor and step >= total_steps:
+            return min_lr
+        start = warmup_steps if origin else 0
+        progress = (step - start) / (total_steps - start)
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cosine else 1 - progress
+        return min_lr + (max_lr - min_lr) * shape
+
+    return lr_schedule
+
+
+_lr_right = _lr()
+_lr_colleague = _lr(first=0, late=True, floor=False)
+
+LR_MISTAKES = [
+    core.Mistake(
+        "colleagues_schedule",
+        "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
+        "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
+        "the cosine climbs back up instead of staying at min_lr",
+        _lr_colleague,
+    ),
+    core.Mistake(
+        "warmup_off_by_one",
+        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
+        "nothing. Use max_lr * (step + 1) / warmup_steps",
+        _lr(first=0),
+    ),
+    core.Mistake(
+        "cosine_to_zero",
+        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
+        "0.5 * (1 + cos(pi * progress))",
+        _lr(to_zero=True),
+    ),
+    core.Mistake(
+        "no_floor_after_end",
+        "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
+        "for every step >= total_steps",
+        _lr(floor=False),
+    ),
+    core.Mistake(
+        "no_warmup",
+        "there is no warm-up: for step < warmup_steps the rate rises linearly, "
+        "max_lr * (step + 1) / warmup_steps",
+        _lr(warmup=False),
+    ),
+    core.Mistake(
+        "progress_from_zero",
+        "your cosine starts counting at step 0 instead of at the end of the warm-up: "
+        "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
+        _lr(origin=False),
+    ),
+    core.Mistake(
+        "linear_decay",
+        "your rate falls in a straight line: after the warm-up it follows half a cosine, "
+        "0.5 * (1 + cos(pi * progress))",
+        _lr(cosine=False),
+    ),
+    core.Mistake(
+        "tensor_not_float",
+        "return a Python float (.item() or float(...))",
+        lambda *args: torch.tensor(_lr_right(*args)),
+    ),
+]
+
+_LR_CASES = [  # (max_lr, warmup_steps, total_steps, min_lr)
+    (6e-4, 10, 50, 6e-5),
+    (1.0, 3, 12, 0.25),
+]
+
+
+def _lr_curve(fn, case, exercise=None):
+    curve = []
+    for step in range(case[2] + 6):
+        value = _call(exercise, fn, step, *case)
+        curve.append(
+            value if exercise is None else _as_float(exercise, value, f"your rate at step {step}")
+        )
+    return curve
+
+
+def _same_curve(a, b):
+    return len(a) == len(b) and all(
+        math.isclose(p, q, rel_tol=1e-6, abs_tol=1e-12) for p, q in zip(a, b)
+    )
+
+
+def check_cosine_lr(fn):
+    """`fn(step, max_lr, warmup_steps, total_steps, min_lr)` -> the step's rate, a float."""
+    for case in _LR_CASES:
+        got = _lr_curve(fn, case, EX_LR)
+        want = _lr_curve(_lr_right, case)
+        if _same_curve(got, want):
+            continue
+        step = next(
+            i
+            for i, (g, w) in enumerate(zip(got, want))
+            if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12)
+        )
+        named = dict(zip(("max_lr", "warmup_steps", "total_steps", "min_lr"), case))
+        core.fail_with(
+            EX_LR,
+            LR_MISTAKES,
+            lambda m: _same_curve(got, _lr_curve(m.fn, case)),
+            f"with {named}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
+        )
+    core.passed(
+        EX_LR,
+        "warm-up from the first step, cosine down to min_lr, then flat. The colleague's "
+        "warm-up started at 0 (its first step did nothing) and reached max_lr one step late, "
+        "and past total_steps its cosine climbed back up. A schedule bug never raises an "
+        "error: it shows only in the numbers",
+    )
+
+
+# --------------------------------------------------------------------------- Exercise 7.7
 
 
 class _Recorder(torch.nn.Module):
@@ -1148,18 +1041,14 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
         was_training = model.training
         if eval_mode:
             model.eval()
-        generator = (
-            torch.Generator().manual_seed(seed if seed_used else 0)
-            if seeded
-            else torch.Generator().manual_seed(int(torch.randint(2**31, (1,))))
-        )
+        if not seeded:
+            seed = int(torch.randint(2**31, (1,)))
+        generator = torch.Generator().manual_seed(seed if seed_used else 0)
         total = 0.0
         with torch.set_grad_enabled(not no_grad):
             for _ in range(batches):
                 x, y = _batch_right(ids, batch_size, block_size, generator)
-                total += (
-                    _loss(model, x, y).item() if no_grad else float(_loss(model, x, y).detach())
-                )
+                total += float(_loss(model, x, y).detach())
         if restore:
             model.train(was_training)
         return total / batches if mean else total
@@ -1170,9 +1059,8 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
 ESTIMATE_MISTAKES = [
     core.Mistake(
         "mode_not_restored",
-        "after your estimate the model is left in eval mode: the training "
-        "that follows would run without dropout. Put back the mode it came in "
-        "(model.train(was_training))",
+        "after your estimate the model is left in eval mode: the training that follows would run "
+        "without dropout. Put back the mode it came in (model.train(was_training))",
         _estimate(restore=False),
     ),
     core.Mistake(
@@ -1183,9 +1071,8 @@ ESTIMATE_MISTAKES = [
     ),
     core.Mistake(
         "grad_on",
-        "gradients were on during your estimate's forward passes: it builds a graph "
-        "for a backward that never comes. Decorate it with @torch.no_grad() or use "
-        "`with torch.no_grad():`",
+        "gradients were on during your estimate's forward passes: it builds a graph for a backward "
+        "that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
         _estimate(no_grad=False),
     ),
     core.Mistake(
@@ -1215,60 +1102,53 @@ ESTIMATE_MISTAKES = [
 
 
 def check_estimate_loss(fn):
+    """`fn(model, ids, batch_size, block_size, batches, seed)` -> the mean loss of `batches`
+    seeded batches (a float), in eval mode without gradients, the model's mode put back."""
     ids = torch.arange(40)  # distinct ids: the targets of every window are its ids + 1
     for start_in_train_mode, batches in ((True, 4), (False, 3)):
         model = _Recorder(_tiny_model(seed=2, n_positions=16, vocab_size=41, dropout=0.3))
         model.train(start_in_train_mode)
         got = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
         if isinstance(got, torch.Tensor):
-            raise core.CheckFailed(
-                EX_EVAL, core.named(ESTIMATE_MISTAKES, "tensor_not_float").message
-            )
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "tensor_not_float")
         value = _as_float(EX_EVAL, got, "your estimate")
         calls = list(model.calls)
         if model.training != start_in_train_mode:
-            raise core.CheckFailed(
-                EX_EVAL, core.named(ESTIMATE_MISTAKES, "mode_not_restored").message
-            )
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "mode_not_restored")
         if any(training for _, training, _ in calls):
-            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "dropout_on").message)
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "dropout_on")
         if any(grad for _, _, grad in calls):
-            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "grad_on").message)
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "grad_on")
         if len(calls) != batches:
             raise core.CheckFailed(
                 EX_EVAL,
-                f"with batches={batches} your estimate ran the model "
-                f"{len(calls)} times: one forward pass per batch",
+                f"with batches={batches} your estimate ran the model {len(calls)} times: one "
+                "forward pass per batch",
             )
         with torch.no_grad():
             model.inner.eval()
             want = sum(float(_loss(model.inner, x, x + 1)) for x, _, _ in calls) / batches
             model.inner.train(start_in_train_mode)
         if math.isclose(value, want * batches, rel_tol=1e-4):
-            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "sum_not_mean").message)
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "sum_not_mean")
         if not math.isclose(value, want, rel_tol=1e-4):
             raise core.CheckFailed(
                 EX_EVAL,
-                f"your estimate is {value:.4f}, but the mean loss of the "
-                f"batches it ran is {want:.4f}",
+                f"your estimate is {value:.4f}, but the mean loss of the batches it ran is "
+                f"{want:.4f}",
             )
-        again = _as_float(
-            EX_EVAL, core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0), "your estimate"
-        )
-        if again != value:
-            raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "unseeded").message)
+        again = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
+        if _as_float(EX_EVAL, again, "your estimate") != value:
+            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "unseeded")
     model.calls.clear()
     core.call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
     if torch.equal(model.calls[0][0], calls[0][0]):
-        raise core.CheckFailed(EX_EVAL, core.named(ESTIMATE_MISTAKES, "seed_hard_coded").message)
+        _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "seed_hard_coded")
     core.passed(
         EX_EVAL,
         "eval mode, no gradients, the same seeded batches every call, mode put back",
         part="the evaluation",
     )
-
-
-# --------------------------------------------------------------------------- Exercise 7.7: the loop
 
 
 def _reference_pieces():
@@ -1290,63 +1170,33 @@ def _loop(
     seed_used=True,
     eval_batches_used=True,
 ):
-    """The chapter's train_loop; the arguments plant one mistake each (the defaults are right)."""
+    """The chapter's train_loop for the settings `_run_loop` gives it (min_lr max_lr / 10,
+    weight decay 0.1, max_grad_norm 1.0); the arguments plant one mistake each."""
 
-    def train_loop(
-        model,
-        train_ids,
-        val_ids,
-        steps,
-        *,
-        batch_size=8,
-        block_size=None,
-        max_lr=3e-3,
-        min_lr=None,
-        warmup_steps=None,
-        weight_decay=0.1,
-        max_grad_norm=1.0,
-        eval_every=None,
-        eval_batches=10,
-        seed=0,
-        on_eval=None,
-        get_batch=None,
-        train_step=None,
-        lr_at=None,
-        history=None,
-    ):
+    def train_loop(model, train_ids, val_ids, steps, *, history, eval_every, **run):
         from gpt2lib.chapters import training
 
-        block_size = block_size or model.config.n_positions
-        min_lr = max_lr / 10 if min_lr is None else min_lr
-        warmup_steps = max(1, steps // 20) if warmup_steps is None else warmup_steps
-        eval_every = eval_every or max(1, steps // 10)
-        device = next(model.parameters()).device
-        seed = seed if seed_used else 0
+        seed = run["seed"] if seed_used else 0
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
-        optimizer = training.make_optimizer(model, max_lr, weight_decay)
-        history = training.History() if history is None else history
-        batches = eval_batches if eval_batches_used else 10
+        optimizer = training.make_optimizer(model, run["max_lr"], 0.1)
+        batches = run["eval_batches"] if eval_batches_used else 10
+        shape = (run["batch_size"], run["block_size"])
 
         def evaluate(step):
             history.eval_step.append(step)
-            history.eval_train_loss.append(
-                training.estimate_loss(model, train_ids, batch_size, block_size, batches)
-            )
-            history.eval_val_loss.append(
-                training.estimate_loss(model, val_ids, batch_size, block_size, batches)
-            )
+            train_loss = training.estimate_loss(model, train_ids, *shape, batches)
+            history.eval_train_loss.append(train_loss)
+            history.eval_val_loss.append(training.estimate_loss(model, val_ids, *shape, batches))
 
         model.train()
         for step in range(steps):
-            lr = lr_at(step, max_lr, warmup_steps, steps, min_lr)
+            lr = run["lr_at"](step, run["max_lr"], run["warmup_steps"], steps, run["max_lr"] / 10)
             if set_rate:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-            x, y = get_batch(
-                train_ids, batch_size, block_size, generator if pass_generator else None, device
-            )
-            loss = float(train_step(model, optimizer, x, y, max_grad_norm))
+            x, y = run["get_batch"](train_ids, *shape, generator if pass_generator else None, None)
+            loss = float(run["train_step"](model, optimizer, x, y, 1.0))
             history.step.append(step)
             history.train_loss.append(loss)
             history.lr.append(lr)
@@ -1364,9 +1214,8 @@ def _loop(
 LOOP_MISTAKES = [
     core.Mistake(
         "rate_not_set",
-        "your loop asks the schedule for a rate but never gives it to the "
-        "optimizer, so every step ran at max_lr: set group['lr'] for every group of "
-        "optimizer.param_groups before the step",
+        "your loop asks the schedule for a rate but never gives it to the optimizer, so every step "
+        "ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
         _loop(set_rate=False),
     ),
     core.Mistake(
@@ -1377,9 +1226,8 @@ LOOP_MISTAKES = [
     ),
     core.Mistake(
         "eval_off_by_one",
-        "your estimates come one step early: after the update of step s "
-        "the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a "
-        "multiple of eval_every",
+        "your estimates come one step early: after the update of step s the model has taken s + 1 "
+        "steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
         _loop(eval_offset=0),
     ),
     core.Mistake(
@@ -1417,22 +1265,10 @@ def _run_loop(fn, exercise=None):
     model = _tiny_model(seed=1, n_positions=16, vocab_size=37, dropout=0.1)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 37, (15,), generator=gen).repeat(20)  # a learnable text
-    kwargs = dict(
-        batch_size=2,
-        block_size=8,
-        max_lr=1e-2,
-        warmup_steps=3,
-        eval_every=4,
-        eval_batches=1,
-        seed=3,
-        history=training.History(),
-        **_reference_pieces(),
-    )
+    kwargs = dict(batch_size=2, block_size=8, max_lr=1e-2, warmup_steps=3, eval_every=4)
+    kwargs.update(eval_batches=1, seed=3, history=training.History(), **_reference_pieces())
     torch.manual_seed(1234)  # a loop that forgets its seeds still gives the same draws twice
-    if exercise is None:
-        history = fn(model, ids[:240], ids[240:], 10, **kwargs)
-    else:
-        history = core.call_learner(exercise, fn, model, ids[:240], ids[240:], 10, **kwargs)
+    history = _call(exercise, fn, model, ids[:240], ids[240:], 10, **kwargs)
     return history, model.training
 
 
@@ -1447,6 +1283,7 @@ def _loop_signature(history, training):
 
 
 def check_train_loop(fn):
+    """`fn(model, train_ids, val_ids, steps, **settings)` -> the History it filled."""
     got_history, got_training = _run_loop(fn, EX_LOOP)
     if got_history is None or not hasattr(got_history, "train_loss"):
         raise core.CheckFailed(EX_LOOP, "return the history (the History the loop filled)")
@@ -1467,14 +1304,14 @@ def check_train_loop(fn):
     if got[1] != want[1]:
         raise core.CheckFailed(
             EX_LOOP,
-            f"with 10 steps and eval_every=4 the estimates belong at steps "
-            f"{list(want[1])}, yours are at {list(got[1])}",
+            f"with 10 steps and eval_every=4 the estimates belong at steps {list(want[1])}, "
+            f"yours are at {list(got[1])}",
         )
     raise core.CheckFailed(
         EX_LOOP,
-        "your run's batch losses differ from the reference loop's with the "
-        "same pieces and seed: each step sets the rate, draws a batch with "
-        "the run's generator and calls train_step; the estimates use eval_batches",
+        "your run's batch losses differ from the reference loop's with the same pieces and "
+        "seed: each step sets the rate, draws a batch with the run's generator and calls "
+        "train_step; the estimates use eval_batches",
     )
 
 
@@ -1485,7 +1322,7 @@ TINY_VOCAB = 1000  # the tiny runs keep the 999 commonest tokens and fold the re
 
 
 def _compact(train_ids, val_ids):
-    """train_ids, val_ids mapped to TINY_VOCAB ids: 0.. for the commonest tokens, the last for the rest."""
+    """The ids mapped to TINY_VOCAB ids: 0.. for the commonest tokens, the last for the rest."""
     counts = torch.bincount(train_ids.long())
     commonest = counts.argsort(descending=True)[: TINY_VOCAB - 1]
     table = torch.full((max(int(train_ids.max()), int(val_ids.max())) + 1,), TINY_VOCAB - 1)
@@ -1494,45 +1331,18 @@ def _compact(train_ids, val_ids):
 
 
 def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
-    """A tiny GPT-2 (2 layers, width 32) trained `steps` steps through gpt2lib.training.train.
-
-    The tokens are first folded into a vocabulary of TINY_VOCAB (the commonest tokens and one
-    for all others), so that a run takes a second. `pieces` (get_batch, train_step, lr_at)
-    replace the reference ones, as in train. -> its History, with the model as .model.
+    """A tiny GPT-2 (2 layers, width 32) trained `steps` steps through gpt2lib.training.train,
+    on the tokens folded into TINY_VOCAB ids (so that a run takes a second). `pieces`
+    (get_batch, train_step, lr_at) replace the reference ones. -> its History, model in .model.
     """
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
     from gpt2lib.training import train
 
     train_ids, val_ids = _compact(train_ids, val_ids)
-    torch.manual_seed(0)
-    model = GPT2(
-        GPT2Config(
-            n_layer=2,
-            n_embd=32,
-            n_head=2,
-            n_positions=32,
-            vocab_size=TINY_VOCAB,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            resid_pdrop=0.0,
-        )
-    )
-    history = train(
-        model,
-        train_ids,
-        val_ids,
-        steps,
-        batch_size=8,
-        block_size=32,
-        max_lr=max_lr,
-        warmup_steps=4,
-        eval_every=steps,
-        eval_batches=2,
-        seed=0,
-        progress=False,
-        **pieces,
-    )
+    sizes = dict(n_layer=2, n_embd=32, n_positions=32, vocab_size=TINY_VOCAB)
+    model = core.tiny_gpt2(0, **sizes).train()
+    settings = dict(batch_size=8, block_size=32, max_lr=max_lr, warmup_steps=4, eval_every=steps)
+    settings.update(eval_batches=2, seed=0, progress=False)
+    history = train(model, train_ids, val_ids, steps, **settings, **pieces)
     history.model = model  # the trained model, for a closer look
     return history
 
@@ -1561,10 +1371,11 @@ SUSPECTS = (
     "warm-up never ends",
     "gradients never cleared",
 )
+_NOT_SHIFTED, _CLEARED_EARLY, _ENDLESS_WARMUP, _NEVER_CLEARED = SUSPECTS
 _BROKEN = {
-    "A": ("targets not shifted", {"get_batch": _batch_not_shifted}),
-    "B": ("gradients cleared before the step", {"train_step": _step_cleared_too_early}),
-    "C": ("warm-up never ends", {"lr_at": _warmup_forever}),
+    "A": (_NOT_SHIFTED, {"get_batch": _batch_not_shifted}),
+    "B": (_CLEARED_EARLY, {"train_step": _step_cleared_too_early}),
+    "C": (_ENDLESS_WARMUP, {"lr_at": _warmup_forever}),
 }
 
 
@@ -1585,31 +1396,26 @@ DIAGNOSIS_MISTAKES = [
         "a_and_b_swapped",
         "1 of the 3 runs is named right. Think about what each bug does "
         "to one step, then to 60 of them; the History also records each step's rate (.lr)",
-        _diagnosis(
-            "gradients cleared before the step", "targets not shifted", "warm-up never ends"
-        ),
+        _diagnosis(_CLEARED_EARLY, _NOT_SHIFTED, _ENDLESS_WARMUP),
     ),
     core.Mistake(
         "none_right",
         "none of the 3 runs is named right. Which run's training loss is too "
         "good to be true, and what does its validation loss say?",
-        _diagnosis(
-            "warm-up never ends", "targets not shifted", "gradients cleared before the step"
-        ),
+        _diagnosis(_ENDLESS_WARMUP, _NOT_SHIFTED, _CLEARED_EARLY),
     ),
     core.Mistake(
         "unused_suspect",
         "'gradients never cleared' broke none of these runs. With AdamW "
         "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
         "which is how such a bug can hide for a long time",
-        _diagnosis(
-            "targets not shifted", "gradients cleared before the step", "gradients never cleared"
-        ),
+        _diagnosis(_NOT_SHIFTED, _CLEARED_EARLY, _NEVER_CLEARED),
     ),
 ]
 
 
 def check_diagnosis(fn):
+    """`fn()` -> {"A": suspect, "B": suspect, "C": suspect}, each one of SUSPECTS."""
     got = core.call_learner(EX_DIAGNOSIS, fn)
     if not isinstance(got, dict) or set(got) != {"A", "B", "C"}:
         raise core.CheckFailed(EX_DIAGNOSIS, 'return a dict with the keys "A", "B" and "C"')
@@ -1619,10 +1425,8 @@ def check_diagnosis(fn):
                 EX_DIAGNOSIS,
                 f"{suspect!r} (run {label}) is not one of the suspects: {', '.join(SUSPECTS)}",
             )
-    if "gradients never cleared" in got.values():
-        raise core.CheckFailed(
-            EX_DIAGNOSIS, core.named(DIAGNOSIS_MISTAKES, "unused_suspect").message
-        )
+    if _NEVER_CLEARED in got.values():
+        _fail_named(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "unused_suspect")
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
         return core.passed(
@@ -1633,10 +1437,9 @@ def check_diagnosis(fn):
             "gradients are gone before the step, so AdamW has nothing to follow. C's rate ends "
             "many times max_lr, as its warm-up never stops rising",
         )
-    message = {1: "a_and_b_swapped", 0: "none_right"}.get(right)
-    if message is None:  # two right and one wrong cannot happen with three different names
+    if right == 2:  # two right and one wrong cannot happen with three different names
         raise core.CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
-    raise core.CheckFailed(EX_DIAGNOSIS, core.named(DIAGNOSIS_MISTAKES, message).message)
+    _fail_named(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "a_and_b_swapped" if right else "none_right")
 
 
 def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, block_size):
@@ -1650,20 +1453,20 @@ def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, blo
     if tokens > max_tokens:
         raise core.CheckFailed(
             CHALLENGE,
-            f"your batches held {tokens} tokens a step; the limit is "
-            f"{max_tokens} (batch_size x block_size)",
+            f"your batches held {tokens} tokens a step; the limit is {max_tokens} "
+            "(batch_size x block_size)",
         )
     loss = estimate_loss(model, val_ids, 8, block_size, batches=8)
     if not loss < goal:
         raise core.CheckFailed(
             CHALLENGE,
-            f"validation loss {loss:.4f} after {steps} steps: "
-            f"{loss - goal:.4f} above the goal {goal:.4f}",
+            f"validation loss {loss:.4f} after {steps} steps: {loss - goal:.4f} above the goal "
+            f"{goal:.4f}",
         )
     core.passed(
         CHALLENGE,
-        f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below "
-        f"the goal {goal:.4f}",
+        f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below the goal "
+        f"{goal:.4f}",
     )
 
 
@@ -1701,54 +1504,19 @@ def check_rate_sweep(sweep, train_ids, val_ids):
     if rates[-1] < 100 * rates[0]:
         raise core.CheckFailed(
             EX_RATES,
-            "your rates should span at least a factor of 100 (say 3e-4 to "
-            "3e-2): close rates give close losses",
+            "your rates should span at least a factor of 100 (say 3e-4 to 3e-2): close rates "
+            "give close losses",
         )
     for rate in (rates[0], rates[-1]):
         want = tiny_run(train_ids, val_ids, max_lr=rate).val_loss
         if not abs(losses[rate] - want) < 0.3:
             raise core.CheckFailed(
                 EX_RATES,
-                f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a "
-                f"fresh tiny_run ends at {want:.4f}. "
-                + core.named(RATE_MISTAKES, "first_loss").message,
+                f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a fresh tiny_run ends at "
+                f"{want:.4f}. " + core.named(RATE_MISTAKES, "first_loss").message,
             )
     best = min(losses, key=losses.get)
     core.passed(EX_RATES, f"the lowest validation loss came at max_lr {best:g}")
-
-
-# --------------------------------------------------------------------------- your pieces, or ours
-
-
-def _probe(name, fn):
-    from gpt2lib.chapters import training
-
-    ids = torch.arange(30)
-    if name == "ngram_baselines":
-        fn(ids, ids, 30)
-    elif name == "get_batch":
-        fn(ids, 2, 4, torch.Generator().manual_seed(0), None)
-    elif name == "lr_schedule":
-        fn(0, 1e-3, 2, 10, 1e-4)
-    elif name == "estimate_loss":
-        fn(_tiny_model(n_positions=8, vocab_size=30), ids, 2, 4, 1, 0)
-    elif name == "training_step":
-        model = _tiny_model(n_positions=8, vocab_size=30)
-        fn(model, torch.optim.SGD(model.parameters(), lr=0.0), ids[None, :4], ids[None, 1:5], 1.0)
-    elif name == "train_loop":
-        fn(
-            _tiny_model(n_positions=8, vocab_size=30),
-            ids,
-            ids,
-            1,
-            batch_size=1,
-            block_size=4,
-            eval_batches=1,
-            history=training.History(),
-            **_reference_pieces(),
-        )
-    else:
-        raise ValueError(f"no probe for {name!r}")
 
 
 def your_pieces(get_batch, training_step, lr_schedule, estimate_loss, train_loop):
