@@ -9,9 +9,10 @@ import math
 import torch
 
 from gpt2lib.chapters import decoding
+from gpt2lib.chapters.attention import causal_mask
 from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.course.checks import _core as core
-from gpt2lib.generation import generate, sample_next
+from gpt2lib.generation import generate
 from gpt2lib.kvcache import KVCache
 from gpt2lib.speed.measure import decode_bytes_per_token
 
@@ -58,9 +59,12 @@ def _named(exercise, mistakes, name, *, prefix="", suffix=""):
     return core.CheckFailed(exercise, prefix + core.named(mistakes, name).message + suffix)
 
 
-def _fail_with(exercise, mistakes, matches, otherwise, *, prefix="", suffix=""):
-    """core.fail_with, the mistake's message between `prefix` and `suffix` (the case it showed in)."""
+def _fail_with(exercise, mistakes, matches, otherwise, *, symptom=None, prefix="", suffix=""):
+    """core.fail_with, naming the planted mistake called `symptom` when none matches exactly (a
+    wrong answer that shows its symptom); the message between `prefix` and `suffix`."""
     mistake = core.first_mistake(mistakes, matches)
+    if mistake is None and symptom is not None:
+        mistake = core.named(mistakes, symptom)
     raise core.CheckFailed(exercise, prefix + mistake.message + suffix if mistake else otherwise)
 
 
@@ -102,9 +106,8 @@ WRITE_KV_MISTAKES = [
     ),
     core.Mistake(
         "whole buffer",
-        "you returned the whole buffer (all max_len positions), but only "
-        "start + T are filled: attention would also see the empty slots. Return "
-        "k_buf[:, :, :start + T]",
+        "you returned the whole buffer (all max_len positions), but only start + T are filled: "
+        "attention would also see the empty slots. Return k_buf[:, :, :start + T]",
         functools.partial(_write_kv, returned="buffers"),
     ),
     core.Mistake(
@@ -194,36 +197,22 @@ def check_write_kv(write_kv) -> None:
     ex = EX_WRITE
     got, want = _write_twice(write_kv, ex), _write_twice(_write_kv, ex)
     if not _same_writes(got, want):
-        mistake = core.first_mistake(
-            WRITE_KV_MISTAKES, lambda m: _same_writes(got, _write_twice(m.fn, ex))
-        )
-        symptom = _write_kv_symptom(got, want)
-        if mistake is None and symptom is not None:
-            mistake = core.named(WRITE_KV_MISTAKES, symptom)
-        if mistake is not None:
-            raise core.CheckFailed(ex, mistake.message)
-        if not (core.close(got[2], want[2]) and core.close(got[3], want[3])):
-            raise core.CheckFailed(
-                ex,
-                "k_buf[:, :, start:start + T] should hold the new keys after the call "
-                "(and v_buf the values)",
-            )
-        raise core.CheckFailed(
+        stored = core.close(got[2], want[2]) and core.close(got[3], want[3])
+        _fail_with(
             ex,
+            WRITE_KV_MISTAKES,
+            lambda m: _same_writes(got, _write_twice(m.fn, ex)),
             f"expected keys/values of shape {tuple(want[0].shape)} holding the 3 cached then "
-            f"the 2 new tokens; got {tuple(got[0].shape)}",
+            f"the 2 new tokens; got {tuple(got[0].shape)}"
+            if stored
+            else "k_buf[:, :, start:start + T] should hold the new keys after the call "
+            "(and v_buf the values)",
+            symptom=_write_kv_symptom(got, want),
         )
     model = _tiny_model()  # in a real model, cached greedy decoding must equal the uncached one
     idx = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        cache = KVCache.for_model(model, 2, 12, write=write_kv)
-        seq, logits = idx, model(idx, kv_cache=cache)[:, -1]
-        for _ in range(8):
-            token = sample_next(logits, temperature=0)[:, None]
-            seq = torch.cat([seq, token], 1)
-            logits = model(token, kv_cache=cache)[:, -1]
-        want_seq = generate(model, idx, 8, temperature=0, use_cache=False)
-    if not torch.equal(seq[:, :12], want_seq):
+    cache = KVCache.for_model(model, 2, 12, write=write_kv)
+    if not torch.equal(_loop()(model, idx, 8, _greedy, cache), _recomputed(model, idx, 8, _greedy)):
         raise core.CheckFailed(
             ex,
             "on its own cases it looks right, but a model using it decodes "
@@ -308,7 +297,7 @@ def _check_temperature(apply_temperature) -> None:
             _fail_with(
                 EX_TEMPERATURE,
                 TEMPERATURE_MISTAKES,
-                lambda m, got=got, t=t: core.close(got, m.fn(logits.clone(), t)),
+                lambda m: core.close(got, m.fn(logits.clone(), t)),
                 f"softmax of your result at temperature {t} should equal softmax(logits / {t})",
                 suffix=f" (temperature {t})",
             )
@@ -322,14 +311,12 @@ def _in_place(filter_fn):
     return lambda logits, knob: logits.copy_(filter_fn(logits, knob))
 
 
-def _kept(x):
-    return torch.isfinite(x)
-
-
 def _same_filter(got, wrong) -> bool:
     """Whether two filtered logits keep the same tokens (finite) and put 0 in the same places
     (0 is the one wrong finite fill the checks name; real logits here are never exactly 0)."""
-    return torch.equal(_kept(got), _kept(wrong)) and torch.equal(got == 0, wrong == 0)
+    return torch.equal(torch.isfinite(got), torch.isfinite(wrong)) and torch.equal(
+        got == 0, wrong == 0
+    )
 
 
 def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
@@ -377,9 +364,9 @@ TOP_K_MISTAKES = [
 
 def _top_k_symptom(got, logits, k) -> str | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
-    kept, vocab = _kept(got), logits.shape[-1]
+    kept, vocab = torch.isfinite(got), logits.shape[-1]
     counts = kept.sum(-1)
-    if torch.equal(kept, _kept(_keep_ranked(logits, k, largest=False))) and k < vocab:
+    if torch.equal(kept, torch.isfinite(_keep_ranked(logits, k, largest=False))) and k < vocab:
         return "smallest"
     if bool((counts == vocab).all()) and k < vocab and not bool(torch.isinf(got).any()):
         return "zero fill" if bool((got == 0).any()) else "nothing removed"
@@ -394,23 +381,19 @@ def _check_top_k(top_k_filter) -> None:
     logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(0)) * 3  # no ties
     for k in (1, 3, 7, 12):
         got = _filtered(ex, top_k_filter, logits, k)
-        want_kept = _kept(_keep_ranked(logits, k))
-        if torch.equal(_kept(got), want_kept):
+        want_kept = torch.isfinite(_keep_ranked(logits, k))
+        if torch.equal(torch.isfinite(got), want_kept):
             if not torch.equal(got[want_kept], logits.double()[want_kept]):
                 raise core.CheckFailed(ex, "the kept logits must stay unchanged")
             continue
-        mistake = core.first_mistake(
-            TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits.clone(), k))
-        )
-        symptom = _top_k_symptom(got, logits, k)
-        if mistake is None and symptom is not None:
-            mistake = core.named(TOP_K_MISTAKES, symptom)
-        if mistake is not None:
-            raise core.CheckFailed(ex, f"with k={k}: {mistake.message}")
-        raise core.CheckFailed(
+        _fail_with(
             ex,
+            TOP_K_MISTAKES,
+            lambda m: _same_filter(got, m.fn(logits.clone(), k)),
             f"with k={k} keep exactly the {k} largest logits of each row "
-            f"(you kept {_kept(got).sum(-1).tolist()})",
+            f"(you kept {torch.isfinite(got).sum(-1).tolist()})",
+            symptom=_top_k_symptom(got, logits, k),
+            prefix=f"with k={k}: ",
         )
 
 
@@ -446,9 +429,8 @@ _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely token
 TOP_P_MISTAKES = [
     core.Mistake(
         "crossing token dropped",
-        "the token that carries the running total past p is missing: keep it too (drop a "
-        "token only when the probability BEFORE it already reaches p), else a small p keeps "
-        "nothing",
+        "the token that carries the running total past p is missing: keep it too (drop a token "
+        "only when the probability BEFORE it already reaches p), else a small p keeps nothing",
         _top_p(include_crossing=False),
     ),
     core.Mistake("ascending", _ASCENDING, _top_p(descending=False)),
@@ -482,31 +464,26 @@ def check_top_p_filter(top_p_filter) -> None:
     logits = probs.log()
     ps = (0.3, 0.5, 0.6, 0.7, 0.85, 0.97, 1.0)
     got = {p: _filtered(ex, top_p_filter, logits, p) for p in ps}
-    if all(torch.equal(_kept(got[p]), _nucleus_mask(probs, p)) for p in ps):
+    wrong = [p for p in ps if not torch.equal(torch.isfinite(got[p]), _nucleus_mask(probs, p))]
+    if not wrong:
         for p in ps:
-            kept = _kept(got[p])
+            kept = torch.isfinite(got[p])
             if not torch.equal(got[p][kept], logits.double()[kept]):
                 raise core.CheckFailed(ex, "the kept logits must stay unchanged")
         return core.passed(ex)
-    mistake = core.first_mistake(
-        TOP_P_MISTAKES, lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps)
-    )
-    if mistake is None and all(
-        torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1
-    ):
-        mistake = core.named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
-    if mistake is None and any(
-        bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any()) for p in ps[:3]
-    ):
-        mistake = core.named(TOP_P_MISTAKES, "zero fill")
-    if mistake is not None:
-        raise core.CheckFailed(ex, mistake.message)
-    p = next(p for p in ps if not torch.equal(_kept(got[p]), _nucleus_mask(probs, p)))
-    raise core.CheckFailed(
+    symptom = None
+    if all(torch.equal(torch.isfinite(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1):
+        symptom = "inverted"  # whatever it does at p = 1
+    elif any(bool((got[p] == 0).any()) and not bool(got[p].isinf().any()) for p in ps[:3]):
+        symptom = "zero fill"
+    _fail_with(
         ex,
-        f"with p={p} keep the {_nucleus_mask(probs, p).sum(-1).tolist()} most likely tokens of "
-        f"each row (the fewest whose probabilities add up to >= p); you kept "
-        f"{_kept(got[p]).sum(-1).tolist()}",
+        TOP_P_MISTAKES,
+        lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps),
+        f"with p={wrong[0]} keep the {_nucleus_mask(probs, wrong[0]).sum(-1).tolist()} most "
+        "likely tokens of each row (the fewest whose probabilities add up to >= p); you kept "
+        f"{torch.isfinite(got[wrong[0]]).sum(-1).tolist()}",
+        symptom=symptom,
     )
 
 
@@ -598,36 +575,26 @@ def check_attend_with_offset(attend_with_offset) -> None:
 # --------------------------------------------------------------------------- 9.4 sample_token
 
 
-def _sample_wrong(
-    *,
-    greedy_at_zero=True,
-    use_temperature=True,
-    use_top_k=True,
-    use_top_p=True,
-    use_generator=True,
-    draw=True,
-    squeeze=True,
-    order="temperature first",
-):
-    """A sample_token with one planted mistake (the defaults are right)."""
+def _sample_wrong(kind):
+    """A sample_token with the planted mistake `kind` (a name in SAMPLE_MISTAKES)."""
 
     def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-        if (greedy_at_zero and temperature == 0) or not draw:
+        if (temperature == 0 and kind != "no greedy") or kind == "always greedy":
             return logits.argmax(-1)
         scaled = logits.float()
-        if order == "top-p first" and top_p is not None:
-            scaled = decoding.top_p_filter(scaled, top_p)
-        if use_temperature:
-            scaled = scaled / temperature
-        if order == "top-p before top-k" and top_p is not None:
+        if kind == "top-p before temperature" and top_p is not None:
             scaled, top_p = decoding.top_p_filter(scaled, top_p), None
-        if use_top_k and top_k is not None:
+        if kind != "temperature ignored":
+            scaled = scaled / temperature
+        if kind == "top-p before top-k" and top_p is not None:
+            scaled, top_p = decoding.top_p_filter(scaled, top_p), None
+        if kind != "top-k ignored" and top_k is not None:
             scaled = decoding.top_k_filter(scaled, top_k)
-        if use_top_p and order != "top-p first" and top_p is not None:
+        if kind != "top-p ignored" and top_p is not None:
             scaled = decoding.top_p_filter(scaled, top_p)
-        generator = generator if use_generator else None
+        generator = None if kind == "generator ignored" else generator
         ids = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)
-        return ids.squeeze(-1) if squeeze else ids
+        return ids if kind == "not squeezed" else ids.squeeze(-1)
 
     return sample_token
 
@@ -638,55 +605,55 @@ SAMPLE_MISTAKES = [
         "not squeezed",
         "your ids have shape (B, 1): torch.multinomial gives one column; "
         "return one id per row, shape (B,)",
-        _sample_wrong(squeeze=False),
+        _sample_wrong("not squeezed"),
     ),
     core.Mistake(
         "no greedy",
         "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
         "Temperature 0 means greedy: return the argmax",
-        _sample_wrong(greedy_at_zero=False),
+        _sample_wrong("no greedy"),
     ),
     core.Mistake(
         "generator ignored",
         "two calls with generators seeded alike gave different tokens: "
         "pass `generator` to torch.multinomial",
-        _sample_wrong(use_generator=False),
+        _sample_wrong("generator ignored"),
     ),
     core.Mistake(
         "always greedy",
         "you always take the most likely token: at temperature 1 the "
         "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
-        _sample_wrong(draw=False),
+        _sample_wrong("always greedy"),
     ),
     core.Mistake(
         "temperature ignored",
         "the temperature has no effect on your draws: divide the "
         "logits by it before the filters and softmax",
-        _sample_wrong(use_temperature=False),
+        _sample_wrong("temperature ignored"),
     ),
     core.Mistake(
         "top-k ignored",
         "with top_k=2 you drew tokens outside the two most likely: apply "
         "top_k_filter when top_k is given",
-        _sample_wrong(use_top_k=False),
+        _sample_wrong("top-k ignored"),
     ),
     core.Mistake(
         "top-p ignored",
         "with top_p=0.6 you drew a token outside the nucleus: apply "
         "top_p_filter when top_p is given",
-        _sample_wrong(use_top_p=False),
+        _sample_wrong("top-p ignored"),
     ),
     core.Mistake(
         "top-p before temperature",
         "top-p was applied before the temperature: the nucleus "
         "is chosen from the distribution the temperature made, so scale first, then filter",
-        _sample_wrong(order="top-p first"),
+        _sample_wrong("top-p before temperature"),
     ),
     core.Mistake(
         "top-p before top-k",
         "top-p was applied before top-k: the nucleus is chosen from what top-k left "
         "(renormalised), so apply top-k first, then top-p",
-        _sample_wrong(order="top-p before top-k"),
+        _sample_wrong("top-p before top-k"),
     ),
 ]
 
@@ -820,41 +787,36 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
 # --------------------------------------------------------------------------- 9.7 SimpleKVCache
 
 
-def _causal_mask(T, past):
-    return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]  # (T, past + T)
-
-
 class _LayerCache:
-    def __init__(self, k_buf, v_buf, moves=True, masks=True):
-        self.k, self.v, self.position = k_buf, v_buf, 0
-        self.moves, self.masks = moves, masks
+    def __init__(self, k_buf, v_buf, kind=None):
+        self.k, self.v, self.position, self.kind = k_buf, v_buf, 0, kind
 
     def update(self, k, v):
         past, T = self.position, k.shape[2]
         keys, values = _write_kv(self.k, self.v, k, v, past)
-        self.position = past + T if self.moves else past
-        return keys, values, None if past == 0 or not self.masks else _causal_mask(T, past)
+        self.position = past if self.kind == "position stays" else past + T
+        visible = None if past == 0 or self.kind == "no mask" else causal_mask(T, past)
+        return keys, values, visible
 
 
-def _cache_class(layout="right", shared=None, keep_dtype=True, moves=True, masks=True):
-    """A SimpleKVCache with one planted mistake (the defaults are right)."""
+def _cache_class(kind=None):
+    """SimpleKVCache, right, or with the planted mistake `kind` (a name in CACHE_MISTAKES)."""
 
     class Cache:
         def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
             B, nh, hd = batch_size, config.n_head, config.n_embd // config.n_head
             shape = {
-                "right": (B, nh, max_len, hd),
                 "heads last": (B, max_len, nh, hd),
                 "full width": (B, nh, max_len, config.n_embd),
-            }[layout]
-            dtype = dtype if keep_dtype else torch.float32
+            }.get(kind, (B, nh, max_len, hd))
+            dtype = torch.float32 if kind == "dtype ignored" else dtype
             buffer = functools.partial(torch.zeros, shape, device=device, dtype=dtype)
             pairs = [(buffer(), buffer()) for _ in range(config.n_layer)]
-            if shared == "layers":  # the first layer's pair for every layer
+            if kind == "one buffer for all layers":  # the first layer's pair for every layer
                 pairs = pairs[:1] * config.n_layer
-            elif shared == "k and v":  # one buffer a layer, for its keys and its values
+            elif kind == "k and v share":  # one buffer a layer, for its keys and its values
                 pairs = [(k, k) for k, _ in pairs]
-            self.layers = [_LayerCache(k, v, moves, masks) for k, v in pairs]
+            self.layers = [_LayerCache(k, v, kind) for k, v in pairs]
 
         def __getitem__(self, i):
             return self.layers[i]
@@ -872,42 +834,42 @@ CACHE_MISTAKES = [
         "heads last",
         "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
         "keys have after the transpose; yours has max_len before n_head",
-        _cache_class(layout="heads last"),
+        _cache_class("heads last"),
     ),
     core.Mistake(
         "full width",
         "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
-        _cache_class(layout="full width"),
+        _cache_class("full width"),
     ),
     core.Mistake(
         "dtype ignored",
         "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
         "buffers (torch.zeros(shape, device=device, dtype=dtype))",
-        _cache_class(keep_dtype=False),
+        _cache_class("dtype ignored"),
     ),
     core.Mistake(
         "one buffer for all layers",
         "all layers share one pair of buffers: each layer "
         "writes its own keys, so each needs its own buffers (make them inside the loop)",
-        _cache_class(shared="layers"),
+        _cache_class("one buffer for all layers"),
     ),
     core.Mistake(
         "k and v share",
         "a layer's keys and values share one buffer: the values overwrite the keys; make two",
-        _cache_class(shared="k and v"),
+        _cache_class("k and v share"),
     ),
     core.Mistake(
         "position stays",
         "update does not move the layer's position on: the next call writes over this one's "
         "keys and values; add T to self.position",
-        _cache_class(moves=False),
+        _cache_class("position stays"),
     ),
     core.Mistake(
         "no mask",
         "update returns visible=None after the first call too: then attention masks the new "
         "queries as if they were the first tokens; with earlier tokens held, return "
         "causal_mask(T, past) (chapter 3's), True where a query may see a key",
-        _cache_class(masks=False),
+        _cache_class("no mask"),
     ),
 ]
 
@@ -968,9 +930,9 @@ def check_simple_kv_cache(cls) -> None:
             raise core.CheckFailed(
                 ex, "the keys update returns are not every key so far, in order (write_kv)"
             )
-        if past == 0 and got[2] is not None and not torch.equal(got[2], _causal_mask(T, 0)):
+        if past == 0 and got[2] is not None and not torch.equal(got[2], causal_mask(T, 0)):
             raise core.CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
-        if past == 3 and (got[2] is None or not torch.equal(got[2], _causal_mask(T, past))):
+        if past == 3 and (got[2] is None or not torch.equal(got[2], causal_mask(T, past))):
             raise _named(ex, CACHE_MISTAKES, "no mask")
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -979,9 +941,8 @@ def check_simple_kv_cache(cls) -> None:
         if not core.close(_cached_logits(model, cache, ids, 4), model(ids), atol=1e-4):
             raise core.CheckFailed(
                 ex,
-                "in a model, the cached logits differ from one full pass: check that update "
-                "writes at the layer's position and returns every key and value so far, with "
-                "the mask",
+                "in a model, the cached logits differ from one full pass: check that update writes "
+                "at the layer's position and returns every key and value so far, with the mask",
             )
     core.passed(
         ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass"
@@ -1140,8 +1101,8 @@ def check_cache_gap(cache_gap) -> None:
 # --------------------------------------------------------------------------- 9.9 generate_cached
 
 
-def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True):
-    """generate_cached with one planted mistake (the defaults are right)."""
+def _loop(kind=None):
+    """generate_cached, right, or with the planted mistake `kind` (a name in LOOP_MISTAKES)."""
 
     def generate_cached(model, idx, max_new_tokens, sample, cache):
         B, T = idx.shape
@@ -1150,17 +1111,17 @@ def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True
         with torch.no_grad():
             logits = model(idx, kv_cache=cache)[:, -1]
             for pos in range(T, T + max_new_tokens):
-                out[:, pos] = sample(logits) if sample_used else logits.argmax(-1)
+                out[:, pos] = logits.argmax(-1) if kind == "sample ignored" else sample(logits)
                 if pos + 1 == T + max_new_tokens:
                     break
-                if not cached:  # the whole sequence again, the cache never used
+                if kind == "cache ignored":  # the whole sequence again, the cache never used
                     logits = model(out[:, : pos + 1])[:, -1]
-                elif whole:
+                elif kind == "whole sequence":
                     logits = model(out[:, : pos + 1], kv_cache=cache)[:, -1]
                 else:
-                    first = pos if feed == "new" else pos - 1
+                    first = pos - 1 if kind == "previous token" else pos
                     logits = model(out[:, first : first + 1], kv_cache=cache)[:, -1]
-        return out[:, T:] if new_only else out
+        return out[:, T:] if kind == "new tokens only" else out
 
     return generate_cached
 
@@ -1172,32 +1133,31 @@ LOOP_MISTAKES = [
         "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
         "the cache slot at position pos then holds the keys and values of token pos - 1, "
         "and every later step sees a shifted past. Feed the token just made, at position pos",
-        _loop(feed="previous"),
+        _loop("previous token"),
     ),
     core.Mistake(
         "sample ignored",
         "your tokens are the argmax even with a sampler that is not "
         "greedy: choose each token with sample(logits)",
-        _loop(sample_used=False),
+        _loop("sample ignored"),
     ),
     core.Mistake(
         "whole sequence",
         "you feed the whole sequence again through the cache, which "
         "already holds the past: the cache overflows. Feed only the new token",
-        _loop(whole=True),
+        _loop("whole sequence"),
     ),
     core.Mistake(
         "new tokens only",
         "you returned only the new tokens: return the prompt followed by "
         "them, (B, T + max_new_tokens)",
-        _loop(new_only=True),
+        _loop("new tokens only"),
     ),
     core.Mistake(
         "cache ignored",
-        "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
-        "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
-        "token only",
-        _loop(cached=False),
+        "your tokens are right, but the cache holds fewer tokens than were fed: you recompute the "
+        "whole sequence at each step without it. Pass kv_cache=cache and feed the new token only",
+        _loop("cache ignored"),
     ),
 ]
 

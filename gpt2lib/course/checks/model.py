@@ -73,9 +73,8 @@ def _wrong(**switches):
 
 
 DOUBLE_RESIDUAL = (
-    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
-    "already returns x plus its update, so that doubles the stream at every block. "
-    "Write x = block(x)"
+    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already "
+    "returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
 )
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
