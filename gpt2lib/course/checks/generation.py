@@ -80,8 +80,6 @@ def _byte_counts(exercise, fn, cases):
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
-
-
 def _write_kv(k_buf, v_buf, k, v, start, *, at=None, store=True, returned="views"):
     """write_kv, right by default; each switch plants a mistake: `at` (where the new tokens go
     instead of start), store=False (the buffers left alone), `returned` ("swapped", "buffers",
@@ -112,8 +110,7 @@ WRITE_KV_MISTAKES = [
     ),
     core.Mistake(
         "only the new tokens",
-        "you returned only the new keys and values: the cached past "
-        "must come too, (B, nh, start + T, hd)",
+        "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)",
         functools.partial(_write_kv, returned="new"),
     ),
     core.Mistake(
@@ -222,7 +219,6 @@ def check_write_kv(write_kv) -> None:
 
 
 # --------------------------------------------------------------------------- 9.1 temperature
-
 AFTER_SOFTMAX = (
     "temperature was applied after softmax: divide the logits by the temperature before softmax"
 )
@@ -242,8 +238,7 @@ TEMPERATURE_MISTAKES = [
     ),
     core.Mistake(
         "multiplied",
-        "you multiplied by the temperature: divide by it (a low temperature "
-        "must sharpen the distribution)",
+        "you multiplied by the temperature: divide by it, so that a low temperature sharpens",
         lambda logits, t: logits * t,
     ),
     core.Mistake(
@@ -304,8 +299,6 @@ def _check_temperature(apply_temperature) -> None:
 
 
 # --------------------------------------------------------------------------- 9.2 top-k
-
-
 def _in_place(filter_fn):
     """A filter that writes -inf into the caller's logits and returns them."""
     return lambda logits, knob: logits.copy_(filter_fn(logits, knob))
@@ -330,8 +323,7 @@ def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
 TOP_K_MISTAKES = [
     core.Mistake(
         "smallest",
-        "you kept the k SMALLEST logits: keep the largest (torch.topk gives the "
-        "largest by default)",
+        "you kept the k SMALLEST logits: keep the largest (torch.topk gives those by default)",
         lambda logits, k: _keep_ranked(logits, k, largest=False),
     ),
     core.Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
@@ -354,8 +346,7 @@ TOP_K_MISTAKES = [
     ),
     core.Mistake(
         "one too few",
-        "off by one: you kept only k - 1 tokens per row (keep logits >= the "
-        "k-th largest, not > it)",
+        "off by one: you kept only k - 1 tokens per row (keep logits >= the k-th largest, not >)",
         lambda logits, k: _keep_ranked(logits, k - 1),
     ),
     core.Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
@@ -398,8 +389,6 @@ def _check_top_k(top_k_filter) -> None:
 
 
 # --------------------------------------------------------------------------- 9.3 top-p
-
-
 def _nucleus_mask(probs, p, descending=True, include_crossing=True, scatter_back=True):
     """Which tokens a top-p filter keeps, right (defaults) or with one classic mistake."""
     sorted_probs, order = probs.sort(-1, descending=descending)
@@ -488,8 +477,6 @@ def check_top_p_filter(top_p_filter) -> None:
 
 
 # --------------------------------------------------------------------------- 9.5 offset mask
-
-
 def _attention_masked_by(keep):
     """attend_with_offset computed with the (T, past + T) boolean mask keep(T, past)."""
 
@@ -573,8 +560,6 @@ def check_attend_with_offset(attend_with_offset) -> None:
 
 
 # --------------------------------------------------------------------------- 9.4 sample_token
-
-
 def _sample_wrong(kind):
     """A sample_token with the planted mistake `kind` (a name in SAMPLE_MISTAKES)."""
 
@@ -603,8 +588,7 @@ def _sample_wrong(kind):
 SAMPLE_MISTAKES = [
     core.Mistake(
         "not squeezed",
-        "your ids have shape (B, 1): torch.multinomial gives one column; "
-        "return one id per row, shape (B,)",
+        "your ids have shape (B, 1), torch.multinomial's column: return one id per row, shape (B,)",
         _sample_wrong("not squeezed"),
     ),
     core.Mistake(
@@ -615,8 +599,7 @@ SAMPLE_MISTAKES = [
     ),
     core.Mistake(
         "generator ignored",
-        "two calls with generators seeded alike gave different tokens: "
-        "pass `generator` to torch.multinomial",
+        "generators seeded alike gave different tokens: pass `generator` to torch.multinomial",
         _sample_wrong("generator ignored"),
     ),
     core.Mistake(
@@ -627,20 +610,17 @@ SAMPLE_MISTAKES = [
     ),
     core.Mistake(
         "temperature ignored",
-        "the temperature has no effect on your draws: divide the "
-        "logits by it before the filters and softmax",
+        "temperature has no effect on your draws: divide the logits by it before filtering",
         _sample_wrong("temperature ignored"),
     ),
     core.Mistake(
         "top-k ignored",
-        "with top_k=2 you drew tokens outside the two most likely: apply "
-        "top_k_filter when top_k is given",
+        "with top_k=2 you drew tokens outside the two most likely: apply top_k_filter when given",
         _sample_wrong("top-k ignored"),
     ),
     core.Mistake(
         "top-p ignored",
-        "with top_p=0.6 you drew a token outside the nucleus: apply "
-        "top_p_filter when top_p is given",
+        "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given",
         _sample_wrong("top-p ignored"),
     ),
     core.Mistake(
@@ -718,8 +698,6 @@ def check_sample_token(sample_token) -> None:
 
 
 # --------------------------------------------------------------------------- 9.6 the cache's memory
-
-
 def _kv_bytes_right(config, bytes_per_number):
     return config.n_layer * 2 * config.n_embd * bytes_per_number
 
@@ -785,8 +763,6 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
 
 
 # --------------------------------------------------------------------------- 9.7 SimpleKVCache
-
-
 class _LayerCache:
     def __init__(self, k_buf, v_buf, kind=None):
         self.k, self.v, self.position, self.kind = k_buf, v_buf, 0, kind
@@ -950,8 +926,6 @@ def check_simple_kv_cache(cls) -> None:
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
-
-
 def _broken_cache(kind):
     """A SimpleKVCache broken one way: "stuck", its position never moves (each call overwrites
     the first slots), or "shuffled prefill", stored right but a call of several tokens gets its
@@ -1099,8 +1073,6 @@ def check_cache_gap(cache_gap) -> None:
 
 
 # --------------------------------------------------------------------------- 9.9 generate_cached
-
-
 def _loop(kind=None):
     """generate_cached, right, or with the planted mistake `kind` (a name in LOOP_MISTAKES)."""
 
@@ -1149,8 +1121,7 @@ LOOP_MISTAKES = [
     ),
     core.Mistake(
         "new tokens only",
-        "you returned only the new tokens: return the prompt followed by "
-        "them, (B, T + max_new_tokens)",
+        "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)",
         _loop("new tokens only"),
     ),
     core.Mistake(
@@ -1233,8 +1204,6 @@ def check_generate_cached(generate_cached) -> None:
 
 
 # --------------------------------------------------------------------------- 9.10 the cache's gain
-
-
 def check_cache_gains(lengths, gains) -> None:
     """The gains measured with cache_gain: one positive number per length, above 1 at the
     longest (without the cache, the longest run repeats the most work)."""
@@ -1256,8 +1225,6 @@ def check_cache_gains(lengths, gains) -> None:
 
 
 # --------------------------------------------------------------------------- 9.11 bytes per token
-
-
 def _all_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -1272,8 +1239,7 @@ def _numbers_read(model):
 WEIGHT_BYTES_MISTAKES = [
     core.Mistake(
         "whole wpe",
-        "you counted the whole position table: a decode step looks up one "
-        "position, so it reads one row of wpe",
+        "you counted the whole position table: a step reads only one row of wpe, for its position",
         _all_bytes,
     ),
     core.Mistake(
@@ -1288,8 +1254,7 @@ WEIGHT_BYTES_MISTAKES = [
     ),
     core.Mistake(
         "no wpe row",
-        "you left out the position table entirely: a step still reads the "
-        "one row of wpe for its position",
+        "you left out the position table: a step still reads the one row of wpe for its position",
         lambda m: _all_bytes(m) - m.wpe.weight.nbytes,
     ),
     core.Mistake(
@@ -1319,7 +1284,6 @@ def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
 
 
 # --------------------------------------------------------------------------- challenge: beam search
-
 BEAM_PROMPTS = ["The king said", "Once upon a time", "In the morning we", "I will not"]
 BEAM_TOKENS, BEAMS = 10, 4
 

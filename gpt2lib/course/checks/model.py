@@ -46,8 +46,6 @@ def _reference(config, seed=0):
 
 
 # --------------------------------------------------------------------------- Exercise 6.1
-
-
 def _logits(
     m, idx, *, start=0, twice=False, wpe="arange", blocks="all", ln_f="end", table="wte", then=None
 ):
@@ -94,8 +92,7 @@ MODULE_MISTAKES = [
     ),
     core.Mistake(
         "positions from 1",
-        "your positions start at 1: the first token's position is 0, so use "
-        "torch.arange(T) (0, 1, ..., T-1)",
+        "your positions start at 1: the first token's position is 0; use torch.arange(T), 0 .. T-1",
         _wrong(start=1),
     ),
     core.Mistake(
@@ -278,7 +275,6 @@ def check_gpt2_module(model_cls) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 6.3
-
 # fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
 INIT_SCALE_MISTAKES = [
     core.Mistake(
@@ -407,8 +403,6 @@ def check_init_gpt2_weights(init_fn) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 6.5
-
-
 def _right_count(config):
     V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
     return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -474,9 +468,8 @@ COUNT_MISTAKES = [
     ),
     _count_mistake(
         "MLP c_proj as n × n",
-        "the MLP's c_proj is counted as n_embd × n_embd: it brings "
-        "the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd "
-        "(only attention's c_proj is n_embd × n_embd)",
+        "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values "
+        "back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
         lambda V, P, C, L: -3 * C * C * L,
     ),
     _count_mistake(
@@ -551,8 +544,6 @@ def check_count_gpt2_parameters(count_fn) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 6.6
-
-
 def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
     weights = n_params * bytes_per_number * scale
     parts = {"weights": weights, "gradients": gradients * weights, "optimizer": optimizer * weights}
@@ -569,8 +560,7 @@ MEMORY_MISTAKES = [
     ),
     core.Mistake(
         "no gradients",
-        "the gradients are missing: loss.backward() stores one gradient per "
-        "parameter, as big as the weights",
+        "gradients are missing: loss.backward() stores one per parameter, as big as the weights",
         lambda n, b: _memory(n, b, gradients=0),
     ),
     core.Mistake(
@@ -685,7 +675,6 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
 
 
 # --------------------------------------------------------------------------- Challenge
-
 CHALLENGE_BUDGET = "Challenge (the largest GPT-2 you can train in 1 GiB)"
 BUDGET = dict(bytes=2**30, min_params=50_000_000, min_layers=8, vocab_size=50257, n_positions=1024)
 
@@ -724,7 +713,6 @@ def check_budget_config(config) -> int:
 
 
 # --------------------------------------------------------------------------- Exercise 6.8
-
 # fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
 FORWARD_MISTAKES = [
     core.Mistake(
