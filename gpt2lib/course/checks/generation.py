@@ -68,6 +68,11 @@ def _fail_with(exercise, mistakes, matches, otherwise, *, symptom=None, prefix="
     raise core.CheckFailed(exercise, prefix + mistake.message + suffix if mistake else otherwise)
 
 
+def _planted(make, messages):
+    """The planted mistakes {name: message}, each wrong answer made by make(name)."""
+    return [core.Mistake(name, message, make(name)) for name, message in messages.items()]
+
+
 def _byte_counts(exercise, fn, cases):
     """[fn(*case) for case in cases], each of them a number (of bytes)."""
     got = [core.call_learner(exercise, fn, *case) for case in cases]
@@ -585,57 +590,42 @@ def _sample_wrong(kind):
 
 
 # fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
-SAMPLE_MISTAKES = [
-    core.Mistake(
-        "not squeezed",
-        "your ids have shape (B, 1), torch.multinomial's column: return one id per row, shape (B,)",
-        _sample_wrong("not squeezed"),
-    ),
-    core.Mistake(
-        "no greedy",
-        "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
-        "Temperature 0 means greedy: return the argmax",
-        _sample_wrong("no greedy"),
-    ),
-    core.Mistake(
-        "generator ignored",
-        "generators seeded alike gave different tokens: pass `generator` to torch.multinomial",
-        _sample_wrong("generator ignored"),
-    ),
-    core.Mistake(
-        "always greedy",
-        "you always take the most likely token: at temperature 1 the "
-        "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
-        _sample_wrong("always greedy"),
-    ),
-    core.Mistake(
-        "temperature ignored",
-        "temperature has no effect on your draws: divide the logits by it before filtering",
-        _sample_wrong("temperature ignored"),
-    ),
-    core.Mistake(
-        "top-k ignored",
-        "with top_k=2 you drew tokens outside the two most likely: apply top_k_filter when given",
-        _sample_wrong("top-k ignored"),
-    ),
-    core.Mistake(
-        "top-p ignored",
-        "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given",
-        _sample_wrong("top-p ignored"),
-    ),
-    core.Mistake(
-        "top-p before temperature",
-        "top-p was applied before the temperature: the nucleus "
-        "is chosen from the distribution the temperature made, so scale first, then filter",
-        _sample_wrong("top-p before temperature"),
-    ),
-    core.Mistake(
-        "top-p before top-k",
-        "top-p was applied before top-k: the nucleus is chosen from what top-k left "
-        "(renormalised), so apply top-k first, then top-p",
-        _sample_wrong("top-p before top-k"),
-    ),
-]
+SAMPLE_MISTAKES = _planted(
+    _sample_wrong,
+    {
+        "not squeezed": (
+            "your ids have shape (B, 1), torch.multinomial's column: return one id per row, (B,)"
+        ),
+        "no greedy": (
+            "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 "
+            "means greedy: return the argmax"
+        ),
+        "generator ignored": (
+            "generators seeded alike gave different tokens: pass `generator` to torch.multinomial"
+        ),
+        "always greedy": (
+            "you always take the most likely token: at temperature 1 the tokens must be drawn with "
+            "their probabilities (torch.multinomial of the softmax)"
+        ),
+        "temperature ignored": (
+            "temperature has no effect on your draws: divide the logits by it before filtering"
+        ),
+        "top-k ignored": (
+            "with top_k=2 you drew tokens outside the 2 most likely: apply top_k_filter when given"
+        ),
+        "top-p ignored": (
+            "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given"
+        ),
+        "top-p before temperature": (
+            "top-p was applied before the temperature: the nucleus is chosen from the distribution "
+            "the temperature made, so scale first, then filter"
+        ),
+        "top-p before top-k": (
+            "top-p was applied before top-k: the nucleus is chosen from what top-k left "
+            "(renormalised), so apply top-k first, then top-p"
+        ),
+    },
+)
 
 
 def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
@@ -805,53 +795,40 @@ def _cache_class(kind=None):
 
 
 # cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
-CACHE_MISTAKES = [
-    core.Mistake(
-        "heads last",
-        "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
-        "keys have after the transpose; yours has max_len before n_head",
-        _cache_class("heads last"),
-    ),
-    core.Mistake(
-        "full width",
-        "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
-        _cache_class("full width"),
-    ),
-    core.Mistake(
-        "dtype ignored",
-        "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
-        "buffers (torch.zeros(shape, device=device, dtype=dtype))",
-        _cache_class("dtype ignored"),
-    ),
-    core.Mistake(
-        "one buffer for all layers",
-        "all layers share one pair of buffers: each layer "
-        "writes its own keys, so each needs its own buffers (make them inside the loop)",
-        _cache_class("one buffer for all layers"),
-    ),
-    core.Mistake(
-        "k and v share",
-        "a layer's keys and values share one buffer: the values overwrite the keys; make two",
-        _cache_class("k and v share"),
-    ),
-    core.Mistake(
-        "position stays",
-        "update does not move the layer's position on: the next call writes over this one's "
-        "keys and values; add T to self.position",
-        _cache_class("position stays"),
-    ),
-    core.Mistake(
-        "no mask",
-        "update returns visible=None after the first call too: then attention masks the new "
-        "queries as if they were the first tokens; with earlier tokens held, return "
-        "causal_mask(T, past) (chapter 3's), True where a query may see a key",
-        _cache_class("no mask"),
-    ),
-]
+CACHE_MISTAKES = _planted(
+    _cache_class,
+    {
+        "heads last": (
+            "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after "
+            "the transpose; yours has max_len before n_head"
+        ),
+        "full width": "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
+        "dtype ignored": (
+            "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers "
+            "(torch.zeros(shape, device=device, dtype=dtype))"
+        ),
+        "one buffer for all layers": (
+            "all layers share one pair of buffers: each layer writes its own keys, so each needs "
+            "its own buffers (make them inside the loop)"
+        ),
+        "k and v share": (
+            "a layer's keys and values share one buffer: the values overwrite the keys; make two"
+        ),
+        "position stays": (
+            "update does not move the layer's position on: the next call writes over this one's "
+            "keys and values; add T to self.position"
+        ),
+        "no mask": (
+            "update returns visible=None after the first call too: then attention masks the new "
+            "queries as if they were the first tokens; with earlier tokens held, return "
+            "causal_mask(T, past) (chapter 3's), True where a query may see a key"
+        ),
+    },
+)
 
 
 def _cached_logits(model, cache, idx, first):
-    """The logits of idx fed through `cache`: its first `first` tokens in one call, then one a call."""
+    """idx's logits fed through `cache`: its first `first` tokens in one call, then one a call."""
     with torch.no_grad():
         steps = [model(idx[:, :first], kv_cache=cache)]
         steps += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(first, idx.shape[1])]
@@ -996,34 +973,29 @@ IN_THE_PREFILL = (
     "returns too, not only the one-token calls' or each call's last"
 )
 
-GAP_MISTAKES = [
-    core.Mistake("after the prefill", IN_THE_PREFILL, _gap_wrong("after the prefill")),
-    core.Mistake("last of each call", IN_THE_PREFILL, _gap_wrong("last of each call")),
-    core.Mistake(
-        "one at a time",
-        "you fed every token on its own: the first `prefill` tokens go in one "
-        "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
-        _gap_wrong("one at a time"),
-    ),
-    core.Mistake(
-        "mean",
-        "that is the mean difference; return the largest absolute difference (a cache "
-        "wrong at one position would hide in a mean)",
-        _gap_wrong("mean"),
-    ),
-    core.Mistake(
-        "signed",
-        "that is the largest signed difference; a logit can be off either way: take "
-        "the absolute value before the maximum",
-        _gap_wrong("signed"),
-    ),
-    core.Mistake(
-        "misaligned",
-        "with a right cache your gap is large: after the prefill, feed the token "
-        "at the cache's position (the first one not yet fed), not the last prompt token again",
-        _gap_wrong("misaligned"),
-    ),
-]
+GAP_MISTAKES = _planted(
+    _gap_wrong,
+    {
+        "after the prefill": IN_THE_PREFILL,
+        "last of each call": IN_THE_PREFILL,
+        "one at a time": (
+            "you fed every token on its own: the first `prefill` tokens go in one call, as a "
+            "prompt does, because a cache can be wrong only in a call of several tokens"
+        ),
+        "mean": (
+            "that is the mean difference; return the largest absolute difference (a cache wrong at "
+            "one position would hide in a mean)"
+        ),
+        "signed": (
+            "that is the largest signed difference; a logit can be off either way: take the "
+            "absolute value before the maximum"
+        ),
+        "misaligned": (
+            "with a right cache your gap is large: after the prefill, feed the token at the "
+            "cache's position (the first one not yet fed), not the last prompt token again"
+        ),
+    },
+)
 
 
 def check_cache_gap(cache_gap) -> None:
@@ -1099,38 +1071,32 @@ def _loop(kind=None):
 
 
 # fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
-LOOP_MISTAKES = [
-    core.Mistake(
-        "previous token",
-        "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
-        "the cache slot at position pos then holds the keys and values of token pos - 1, "
-        "and every later step sees a shifted past. Feed the token just made, at position pos",
-        _loop("previous token"),
-    ),
-    core.Mistake(
-        "sample ignored",
-        "your tokens are the argmax even with a sampler that is not "
-        "greedy: choose each token with sample(logits)",
-        _loop("sample ignored"),
-    ),
-    core.Mistake(
-        "whole sequence",
-        "you feed the whole sequence again through the cache, which "
-        "already holds the past: the cache overflows. Feed only the new token",
-        _loop("whole sequence"),
-    ),
-    core.Mistake(
-        "new tokens only",
-        "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)",
-        _loop("new tokens only"),
-    ),
-    core.Mistake(
-        "cache ignored",
-        "your tokens are right, but the cache holds fewer tokens than were fed: you recompute the "
-        "whole sequence at each step without it. Pass kv_cache=cache and feed the new token only",
-        _loop("cache ignored"),
-    ),
-]
+LOOP_MISTAKES = _planted(
+    _loop,
+    {
+        "previous token": (
+            "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at "
+            "position pos then holds the keys and values of token pos - 1, and every later step "
+            "sees a shifted past. Feed the token just made, at position pos"
+        ),
+        "sample ignored": (
+            "your tokens are the argmax even with a sampler that is not greedy: choose each token "
+            "with sample(logits)"
+        ),
+        "whole sequence": (
+            "you feed the whole sequence again through the cache, which already holds the past: "
+            "the cache overflows. Feed only the new token"
+        ),
+        "new tokens only": (
+            "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)"
+        ),
+        "cache ignored": (
+            "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
+            "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
+            "token only"
+        ),
+    },
+)
 
 
 def _third_most_likely(logits):  # a deterministic sampler that is not greedy
