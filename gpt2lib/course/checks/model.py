@@ -46,28 +46,32 @@ def _reference(config, seed=0):
 
 
 # --------------------------------------------------------------------------- Exercise 6.1
-def _logits(
-    m, idx, *, start=0, twice=False, wpe="arange", blocks="all", ln_f="end", table="wte", then=None
-):
-    """Model m's logits from its own wte, wpe, drop, h and ln_f; each switch plants one mistake:
-    start (first position), twice (x = x + block(x)), wpe ("ids", None), blocks ("last",
-    "none"), ln_f ("each", None), table ("wpe" for the readout), then (applied to the logits)."""
+def _logits(m, idx, kind=None):
+    """Model m's logits from its own wte, wpe, drop, h and ln_f: right, or with the planted
+    mistake `kind` (a name in MODULE_MISTAKES or FORWARD_MISTAKES)."""
     x = m.wte(idx)
-    if wpe == "ids":
+    if kind == "ids as positions":
         x = x + m.wpe(idx)
-    elif wpe:
+    elif kind != "no positions":
+        start = 1 if kind in ("positions from 1", "both_planted_bugs") else 0
         x = x + m.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
     x = m.drop(x)
-    for block in {"all": m.h, "last": m.h[-1:], "none": []}[blocks]:
-        x = x + block(x) if twice else block(x)
-        x = m.ln_f(x) if ln_f == "each" else x
-    x = m.ln_f(x) if ln_f == "end" else x
-    logits = x @ getattr(m, table).weight.T
-    return logits if then is None else then(logits)
+    for block in {"blocks discarded": [], "last block only": m.h[-1:]}.get(kind, m.h):
+        x = x + block(x) if kind in ("double residual", "both_planted_bugs") else block(x)
+        x = m.ln_f(x) if kind == "ln_f in every block" else x
+    x = x if kind in ("no ln_f", "ln_f in every block") else m.ln_f(x)
+    logits = x @ (m.wpe if kind == "readout with wpe" else m.wte).weight.T
+    if kind == "softmax":
+        return logits.softmax(dim=-1)
+    return logits.log_softmax(dim=-1) if kind == "log-softmax" else logits
 
 
-def _wrong(**switches):
-    return lambda m, idx: _logits(m, idx, **switches)
+def _planted(messages):
+    """The planted forwards {name: message}, each wrong answer fn(model, idx) made from its name."""
+    return [
+        core.Mistake(name, message, functools.partial(_logits, kind=name))
+        for name, message in messages.items()
+    ]
 
 
 DOUBLE_RESIDUAL = (
@@ -76,67 +80,49 @@ DOUBLE_RESIDUAL = (
 )
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
-MODULE_MISTAKES = [
-    core.Mistake("double residual", DOUBLE_RESIDUAL, _wrong(twice=True)),
-    core.Mistake(
-        "no ln_f",
-        "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
-        "the output of the last block, before the readout",
-        _wrong(ln_f=None),
-    ),
-    core.Mistake(
-        "no positions",
-        "your logits match the model WITHOUT position embeddings: add "
-        "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
-        _wrong(wpe=None),
-    ),
-    core.Mistake(
-        "positions from 1",
-        "your positions start at 1: the first token's position is 0; use torch.arange(T), 0 .. T-1",
-        _wrong(start=1),
-    ),
-    core.Mistake(
-        "ids as positions",
-        "you looked up the token ids in the position table (self.wpe(idx)): "
-        "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
-        _wrong(wpe="ids"),
-    ),
-    core.Mistake(
-        "blocks discarded",
-        "your logits match the model with NO blocks: a block returns the new "
-        "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
-        _wrong(blocks="none"),
-    ),
-    core.Mistake(
-        "last block only",
-        "your logits match the model with only the LAST block applied to the "
-        "embeddings: each block takes the previous block's output, x = block(x) in the loop",
-        _wrong(blocks="last"),
-    ),
-    core.Mistake(
-        "ln_f in every block",
-        "the final LayerNorm ln_f is applied after every block: it comes once, after the last",
-        _wrong(ln_f="each"),
-    ),
-    core.Mistake(
-        "softmax",
-        "your output is probabilities (each row sums to 1): return the raw logits; "
-        "softmax belongs to the loss and to sampling",
-        _wrong(then=lambda logits: logits.softmax(dim=-1)),
-    ),
-    core.Mistake(
-        "log-softmax",
-        "your output is log-probabilities (log_softmax): return the raw logits; "
-        "the loss (F.cross_entropy) applies log_softmax itself",
-        _wrong(then=lambda logits: logits.log_softmax(dim=-1)),
-    ),
-    core.Mistake(
-        "readout with wpe",
-        "the readout multiplies by the position table: the tied readout uses "
-        "the TOKEN table, x @ self.wte.weight.T",
-        _wrong(table="wpe"),
-    ),
-]
+MODULE_MISTAKES = _planted(
+    {
+        "double residual": DOUBLE_RESIDUAL,
+        "no ln_f": (
+            "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the "
+            "output of the last block, before the readout"
+        ),
+        "no positions": (
+            "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to "
+            "the token embeddings, or the model cannot tell word order"
+        ),
+        "positions from 1": (
+            "your positions start at 1: the first is 0, so use torch.arange(T) (0, 1, ..., T-1)"
+        ),
+        "ids as positions": (
+            "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, "
+            "1, ..., T-1, torch.arange(T), whatever the tokens are"
+        ),
+        "blocks discarded": (
+            "your logits match the model with NO blocks: a block returns the new residual stream, "
+            "so write x = block(x) (the blocks' output is being thrown away)"
+        ),
+        "last block only": (
+            "your logits match the model with only the LAST block applied to the embeddings: each "
+            "block takes the previous block's output, x = block(x) in the loop"
+        ),
+        "ln_f in every block": (
+            "the final LayerNorm ln_f is applied after every block: it comes once, after the last"
+        ),
+        "softmax": (
+            "your output is probabilities (each row sums to 1): return the raw logits; softmax "
+            "belongs to the loss and to sampling"
+        ),
+        "log-softmax": (
+            "your output is log-probabilities (log_softmax): return the raw logits; the loss "
+            "(F.cross_entropy) applies log_softmax itself"
+        ),
+        "readout with wpe": (
+            "the readout multiplies by the position table: the tied readout uses the TOKEN table, "
+            "x @ self.wte.weight.T"
+        ),
+    }
+)
 
 
 def _check_dropout(model_cls) -> None:
@@ -717,9 +703,9 @@ def check_budget_config(config) -> int:
 FORWARD_MISTAKES = [
     core.Mistake(
         "both_planted_bugs",
-        "both planted bugs are still there: the positions start at 1 and each "
-        "block's output is added to the stream a second time",
-        _wrong(start=1, twice=True),
+        "both planted bugs are still there: the positions start at 1 and each block's output is "
+        "added to the stream a second time",
+        functools.partial(_logits, kind="both_planted_bugs"),
     ),
     *MODULE_MISTAKES,
 ]
