@@ -85,59 +85,49 @@ def _byte_counts(exercise, fn, cases):
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
-def _write_kv(k_buf, v_buf, k, v, start, *, at=None, store=True, returned="views"):
-    """write_kv, right by default; each switch plants a mistake: `at` (where the new tokens go
-    instead of start), store=False (the buffers left alone), `returned` ("swapped", "buffers",
-    "new", "copies": what comes back instead of views of the filled part of the buffers)."""
-    if not store:
+def _write_kv(k_buf, v_buf, k, v, start, kind=None):
+    """write_kv, right, or with the planted mistake `kind` (a name in WRITE_KV_MISTAKES)."""
+    if kind == "not stored":
         return torch.cat([k_buf[:, :, :start], k], 2), torch.cat([v_buf[:, :, :start], v], 2)
-    first, end = start if at is None else at, start + k.shape[2]
+    first, end = 0 if kind == "written at 0" else start, start + k.shape[2]
     k_buf[:, :, first : first + k.shape[2]], v_buf[:, :, first : first + k.shape[2]] = k, v
     keys, values = k_buf[:, :, :end], v_buf[:, :, :end]
-    if returned == "copies":
+    if kind == "copies":
         return keys.clone(), values.clone()
-    options = {"views": (keys, values), "swapped": (values, keys), "buffers": (k_buf, v_buf)}
-    return options.get(returned, (k, v))  # "new": the new tokens only
+    return {
+        "keys and values swapped": (values, keys),
+        "whole buffer": (k_buf, v_buf),
+        "only the new tokens": (k, v),
+    }.get(kind, (keys, values))
 
 
 # fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
-WRITE_KV_MISTAKES = [
-    core.Mistake(
-        "keys and values swapped",
-        "keys and values are swapped: return (keys, values)",
-        functools.partial(_write_kv, returned="swapped"),
-    ),
-    core.Mistake(
-        "whole buffer",
-        "you returned the whole buffer (all max_len positions), but only start + T are filled: "
-        "attention would also see the empty slots. Return k_buf[:, :, :start + T]",
-        functools.partial(_write_kv, returned="buffers"),
-    ),
-    core.Mistake(
-        "only the new tokens",
-        "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)",
-        functools.partial(_write_kv, returned="new"),
-    ),
-    core.Mistake(
-        "written at 0",
-        "the new keys went to positions 0.. instead of start..: the cache "
-        "position is not used, so every step overwrites the first tokens",
-        functools.partial(_write_kv, at=0),
-    ),
-    core.Mistake(
-        "not stored",
-        "the returned tensors are right, but the new keys/values were not "
-        "written into k_buf / v_buf: the next step will not find them. Assign into the "
-        "buffers (k_buf[:, :, start:end] = k)",
-        functools.partial(_write_kv, store=False),
-    ),
-    core.Mistake(
-        "copies",
-        "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
-        "...): return views, k_buf[:, :, :start + T], so that a step copies nothing",
-        functools.partial(_write_kv, returned="copies"),
-    ),
-]
+WRITE_KV_MISTAKES = _planted(
+    lambda name: functools.partial(_write_kv, kind=name),
+    {
+        "keys and values swapped": "keys and values are swapped: return (keys, values)",
+        "whole buffer": (
+            "you returned the whole buffer (all max_len positions), but only start + T are filled: "
+            "attention would also see the empty slots. Return k_buf[:, :, :start + T]"
+        ),
+        "only the new tokens": (
+            "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)"
+        ),
+        "written at 0": (
+            "the new keys went to positions 0.. instead of start..: the cache position is not "
+            "used, so every step overwrites the first tokens"
+        ),
+        "not stored": (
+            "the returned tensors are right, but the new keys/values were not written into k_buf / "
+            "v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, "
+            "start:end] = k)"
+        ),
+        "copies": (
+            "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
+            "...): return views, k_buf[:, :, :start + T], so that a step copies nothing"
+        ),
+    },
+)
 
 
 def _write_twice(write_kv, exercise):
