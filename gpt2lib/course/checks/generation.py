@@ -547,7 +547,7 @@ def check_attend_with_offset(attend_with_offset) -> None:
             _fail_with(
                 ex,
                 OFFSET_MASK_MISTAKES,
-                lambda m, got=got, q=q, k=k, v=v, past=past: core.close(got, m.fn(q, k, v, past)),
+                lambda m: core.close(got, m.fn(q, k, v, past)),
                 f"with {T} new queries after {past} cached tokens the output differs from "
                 "causal attention at offset past: query i sees keys 0 .. past + i",
             )
@@ -1019,9 +1019,7 @@ def check_cache_gap(cache_gap) -> None:
             _fail_with(
                 ex,
                 GAP_MISTAKES,
-                lambda m, cls=cls, idx=idx, prefill=prefill, got=got: (
-                    abs(m.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got)
-                ),
+                lambda m: abs(m.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got),
                 f"with a right cache ({case}) your gap is {got:.3g}: the cached logits equal "
                 "one pass's to float32 rounding; check which tokens each call feeds"
                 if name == "right"
@@ -1135,9 +1133,7 @@ def check_generate_cached(generate_cached) -> None:
             continue
         mistake = core.first_mistake(
             LOOP_MISTAKES,
-            lambda m, idx=idx, n=n, sample=sample, got=got: torch.equal(
-                got, _run_loop(ex, m.fn, model, idx, n, sample)[0]
-            ),
+            lambda m: torch.equal(got, _run_loop(ex, m.fn, model, idx, n, sample)[0]),
         )
         if mistake is not None:
             raise core.CheckFailed(ex, mistake.message)
