@@ -403,83 +403,72 @@ def _count_mistake(name, message, delta):
     )
 
 
-# fn(config) -> the count a wrong formula gives
+# fn(config) -> the count a wrong formula gives: the right one plus delta(V, P, C, L)
 COUNT_MISTAKES = [
-    _count_mistake(
-        "untied readout",
-        "you counted the readout as well as wte: the readout is TIED to "
-        "the token table (logits = x @ wte.weight.T), so it adds no parameters",
-        lambda V, P, C, L: V * C,
-    ),
-    _count_mistake(
-        "no ln_f",
-        "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
-        lambda V, P, C, L: -2 * C,
-    ),
-    _count_mistake(
-        "no wpe",
-        "the position embedding table wpe (n_positions × n_embd) is missing",
-        lambda V, P, C, L: -P * C,
-    ),
-    _count_mistake(
-        "no biases",
-        "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
-        "(3C + C + 4C + C per block) are missing",
-        lambda V, P, C, L: -9 * C * L,
-    ),
-    _count_mistake(
-        "no block LayerNorms",
-        "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
-        lambda V, P, C, L: -4 * C * L,
-    ),
-    _count_mistake(
-        "no LayerNorms",
-        "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
-        lambda V, P, C, L: -4 * C * L - 2 * C,
-    ),
-    _count_mistake(
-        "weights only",
-        "only the weight matrices are counted: add the biases and the LayerNorms",
-        lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
-    ),
-    _count_mistake(
-        "one block",
-        "only ONE block is counted: there are n_layer of them, each with its own weights",
-        lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
-    ),
-    _count_mistake(
-        "MLP without expansion",
-        "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
-        lambda V, P, C, L: -L * (6 * C * C + 3 * C),
-    ),
-    _count_mistake(
-        "MLP c_proj as n × n",
-        "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values "
-        "back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
-        lambda V, P, C, L: -3 * C * C * L,
-    ),
-    _count_mistake(
-        "one LayerNorm per block",
-        "each block has TWO LayerNorms, ln_1 before attention "
-        "and ln_2 before the MLP, with 2 · n_embd parameters each",
-        lambda V, P, C, L: -2 * C * L,
-    ),
-    _count_mistake(
-        "LayerNorm without bias",
-        "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
-        lambda V, P, C, L: -(2 * L + 1) * C,
-    ),
-    _count_mistake(
-        "c_attn as n × n",
-        "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
-        "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
-        lambda V, P, C, L: -L * (2 * C * C + 2 * C),
-    ),
-    _count_mistake(
-        "no attention c_proj",
-        "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
-        lambda V, P, C, L: -L * (C * C + C),
-    ),
+    _count_mistake(name, message, delta)
+    for name, (delta, message) in {
+        "untied readout": (
+            lambda V, P, C, L: V * C,
+            "you counted the readout as well as wte: the readout is TIED to "
+            "the token table (logits = x @ wte.weight.T), so it adds no parameters",
+        ),
+        "no ln_f": (
+            lambda V, P, C, L: -2 * C,
+            "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+        ),
+        "no wpe": (
+            lambda V, P, C, L: -P * C,
+            "the position embedding table wpe (n_positions × n_embd) is missing",
+        ),
+        "no biases": (
+            lambda V, P, C, L: -9 * C * L,
+            "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
+            "(3C + C + 4C + C per block) are missing",
+        ),
+        "no block LayerNorms": (
+            lambda V, P, C, L: -4 * C * L,
+            "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
+        ),
+        "no LayerNorms": (
+            lambda V, P, C, L: -4 * C * L - 2 * C,
+            "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
+        ),
+        "weights only": (
+            lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
+            "only the weight matrices are counted: add the biases and the LayerNorms",
+        ),
+        "one block": (
+            lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
+            "only ONE block is counted: there are n_layer of them, each with its own weights",
+        ),
+        "MLP without expansion": (
+            lambda V, P, C, L: -L * (6 * C * C + 3 * C),
+            "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
+        ),
+        "MLP c_proj as n × n": (
+            lambda V, P, C, L: -3 * C * C * L,
+            "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values "
+            "back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
+        ),
+        "one LayerNorm per block": (
+            lambda V, P, C, L: -2 * C * L,
+            "each block has TWO LayerNorms, ln_1 before attention "
+            "and ln_2 before the MLP, with 2 · n_embd parameters each",
+        ),
+        "LayerNorm without bias": (
+            lambda V, P, C, L: -(2 * L + 1) * C,
+            "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
+        ),
+        "c_attn as n × n": (
+            lambda V, P, C, L: -L * (2 * C * C + 2 * C),
+            "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
+            "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+        ),
+        "no attention c_proj": (
+            lambda V, P, C, L: -L * (C * C + C),
+            "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
+        ),
+    }.items()
 ]
 
 
