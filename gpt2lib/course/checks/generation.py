@@ -926,11 +926,6 @@ def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
         return _cached_logits(model, cache, idx, prefill if split else 1), model(idx)
 
 
-def _gap_right(model, cache_cls, idx, prefill):
-    cached, full = _gap_runs(model, cache_cls, idx, prefill)
-    return (cached - full).abs().max().item()
-
-
 def _gap_wrong(kind):
     """A cache_gap with one planted mistake, `kind` (see GAP_MISTAKES)."""
 
@@ -1010,7 +1005,8 @@ def check_cache_gap(cache_gap) -> None:
                 raise core.CheckFailed(
                     ex, f"return one Python float, the largest difference; got {got!r}"
                 )
-            want = _gap_right(model, cls, idx, prefill)
+            cached, full = _gap_runs(model, cls, idx, prefill)
+            want = (cached - full).abs().max().item()
             if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
                 continue
             if name == "shuffled prefill" and got < 1e-4:

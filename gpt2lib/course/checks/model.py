@@ -318,12 +318,11 @@ def check_init_gpt2_weights(init_fn) -> None:
                 "...) changes the tensor it is given)",
             )
     for n, p in named.items():
-        if (".ln_" in n or n.startswith("ln_f")) and not torch.all(
-            p == (1.0 if n.endswith(".weight") else 0.0)
-        ):
+        ones = n.endswith(".weight")  # a LayerNorm's gain; its bias is 0
+        if (".ln_" in n or n.startswith("ln_f")) and not torch.all(p == float(ones)):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: a LayerNorm "
+                f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm "
                 "starts with gain (weight) 1 and bias 0, a plain normalisation",
             )
     for n, p in named.items():
