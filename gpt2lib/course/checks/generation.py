@@ -1,19 +1,20 @@
-"""Checks for chapter 9's exercises: temperature, top-k, top-p, the sampling step, attention at
-an offset, the cache's memory, its buffers, the cached decode loop (a planted off-by-one), the
-cache's measured gain, the bytes a decode step reads, and the beam-search challenge.
-
-Each check runs the learner's answer on small cases, compares it with the right answer and with
-the planted wrong answers in the module-level `Mistake` lists below (the tests are parametrised
-over those lists), and names the mistake when one of them matches. Where a whole family of
-wrong answers shows one symptom (a cache length that never grows, k + 1 tokens kept, ...), the
-check also looks for the symptom and names it with the same planted mistake's message.
-"""
+"""Checks for chapter 9: Exercises 9.1 to 9.11 (sampling filters, the sampling step, attention at
+an offset, the KV cache, its decode loop and its costs) and the beam-search challenge."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
+from gpt2lib.chapters import decoding
+from gpt2lib.chapters.attention import causal_mask
+from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.course.checks import _core as core
+from gpt2lib.generation import generate
+from gpt2lib.kvcache import KVCache
+from gpt2lib.speed.measure import decode_bytes_per_token
 
 EX_TEMPERATURE = "Exercise 9.1 (apply_temperature)"
 EX_TOP_K = "Exercise 9.1 (top_k_filter)"
@@ -35,110 +36,109 @@ IN_PLACE = (
     "your function changed the logits it was given (masked_fill_, div_, or an assignment into "
     "them): the caller's logits must stay as they were; build a new tensor"
 )
+NAN_FILL = (
+    "your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the "
+    "removed logits float('-inf')"
+)
+POSINF_FILL = (
+    "your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed "
+    "logits must be float('-inf'), minus infinity, so that exp gives them exactly 0"
+)
+ZERO_FILL = (
+    "removed logits were set to 0, but exp(0) = 1 is still a probability: set them to float('-inf')"
+)
 
 
-def _tiny_model():
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
+def _tiny_model(n_layer=2, n_positions=32, **sizes):
     with torch.random.fork_rng():  # the same weights every time; the notebook's RNG untouched
-        torch.manual_seed(0)
-        return GPT2(
-            GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=32, vocab_size=50)
-        ).eval()
+        return core.tiny_gpt2(n_layer=n_layer, n_positions=n_positions, **sizes)
+
+
+def _named(exercise, mistakes, name, *, prefix="", suffix=""):
+    """The failure that names the planted mistake `name` (a check saw its symptom)."""
+    return core.CheckFailed(exercise, prefix + core.named(mistakes, name).message + suffix)
+
+
+def _fail_with(exercise, mistakes, matches, otherwise, *, symptom=None, prefix="", suffix=""):
+    """core.fail_with, naming the planted mistake called `symptom` when none matches exactly (a
+    wrong answer that shows its symptom); the message between `prefix` and `suffix`."""
+    mistake = core.first_mistake(mistakes, matches)
+    if mistake is None and symptom is not None:
+        mistake = core.named(mistakes, symptom)
+    raise core.CheckFailed(exercise, prefix + mistake.message + suffix if mistake else otherwise)
+
+
+def _planted(make, messages):
+    """The planted mistakes {name: message}, each wrong answer made by make(name)."""
+    return [core.Mistake(name, message, make(name)) for name, message in messages.items()]
+
+
+def _byte_counts(exercise, fn, cases):
+    """[fn(*case) for case in cases], each of them a number (of bytes)."""
+    got = [core.call_learner(exercise, fn, *case) for case in cases]
+    for value in got:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise core.CheckFailed(
+                exercise, f"return a number of bytes, got {type(value).__name__}"
+            )
+    return got
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
-
-
-def _store(k_buf, v_buf, k, v, start):
-    """Write k, v at positions start .. start + T - 1 of the buffers; -> start + T."""
-    end = start + k.shape[2]
-    k_buf[:, :, start:end], v_buf[:, :, start:end] = k, v
-    return end
-
-
-def _write_kv_right(k_buf, v_buf, k, v, start):
-    end = _store(k_buf, v_buf, k, v, start)
-    return k_buf[:, :, :end], v_buf[:, :, :end]
-
-
-def _write_at_zero(k_buf, v_buf, k, v, start):
-    end = start + _store(k_buf, v_buf, k, v, 0)
-    return k_buf[:, :, :end], v_buf[:, :, :end]
-
-
-def _write_kv_swapped(k_buf, v_buf, k, v, start):
-    keys, values = _write_kv_right(k_buf, v_buf, k, v, start)
-    return values, keys
-
-
-def _past_and_new_unstored(k_buf, v_buf, k, v, start):
-    return torch.cat([k_buf[:, :, :start], k], 2), torch.cat([v_buf[:, :, :start], v], 2)
-
-
-def _store_then(returned):
-    """A write_kv that stores the new tokens right, then returns returned(k_buf, v_buf, k, v)."""
-
-    def write_kv(k_buf, v_buf, k, v, start):
-        _store(k_buf, v_buf, k, v, start)
-        return returned(k_buf, v_buf, k, v)
-
-    return write_kv
+def _write_kv(k_buf, v_buf, k, v, start, kind=None):
+    """write_kv, right, or with the planted mistake `kind` (a name in WRITE_KV_MISTAKES)."""
+    if kind == "not stored":
+        return torch.cat([k_buf[:, :, :start], k], 2), torch.cat([v_buf[:, :, :start], v], 2)
+    first, end = 0 if kind == "written at 0" else start, start + k.shape[2]
+    k_buf[:, :, first : first + k.shape[2]], v_buf[:, :, first : first + k.shape[2]] = k, v
+    keys, values = k_buf[:, :, :end], v_buf[:, :, :end]
+    if kind == "copies":
+        return keys.clone(), values.clone()
+    return {
+        "keys and values swapped": (values, keys),
+        "whole buffer": (k_buf, v_buf),
+        "only the new tokens": (k, v),
+    }.get(kind, (keys, values))
 
 
 # fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
-WRITE_KV_MISTAKES = [
-    core.Mistake(
-        "keys and values swapped",
-        "keys and values are swapped: return (keys, values)",
-        _write_kv_swapped,
-    ),
-    core.Mistake(
-        "whole buffer",
-        "you returned the whole buffer (all max_len positions), but only "
-        "start + T are filled: attention would also see the empty slots. Return "
-        "k_buf[:, :, :start + T]",
-        _store_then(lambda k_buf, v_buf, k, v: (k_buf, v_buf)),
-    ),
-    core.Mistake(
-        "only the new tokens",
-        "you returned only the new keys and values: the cached past "
-        "must come too, (B, nh, start + T, hd)",
-        _store_then(lambda k_buf, v_buf, k, v: (k, v)),
-    ),
-    core.Mistake(
-        "written at 0",
-        "the new keys went to positions 0.. instead of start..: the cache "
-        "position is not used, so every step overwrites the first tokens",
-        _write_at_zero,
-    ),
-    core.Mistake(
-        "not stored",
-        "the returned tensors are right, but the new keys/values were not "
-        "written into k_buf / v_buf: the next step will not find them. Assign into the "
-        "buffers (k_buf[:, :, start:end] = k)",
-        _past_and_new_unstored,
-    ),
-    core.Mistake(
-        "copies",
-        "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
-        "...): return views, k_buf[:, :, :start + T], so that a step copies nothing",
-        lambda *args: tuple(t.clone() for t in _write_kv_right(*args)),
-    ),
-]
+WRITE_KV_MISTAKES = _planted(
+    lambda name: functools.partial(_write_kv, kind=name),
+    {
+        "keys and values swapped": "keys and values are swapped: return (keys, values)",
+        "whole buffer": (
+            "you returned the whole buffer (all max_len positions), but only start + T are filled: "
+            "attention would also see the empty slots. Return k_buf[:, :, :start + T]"
+        ),
+        "only the new tokens": (
+            "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)"
+        ),
+        "written at 0": (
+            "the new keys went to positions 0.. instead of start..: the cache position is not "
+            "used, so every step overwrites the first tokens"
+        ),
+        "not stored": (
+            "the returned tensors are right, but the new keys/values were not written into k_buf / "
+            "v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, "
+            "start:end] = k)"
+        ),
+        "copies": (
+            "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
+            "...): return views, k_buf[:, :, :start + T], so that a step copies nothing"
+        ),
+    },
+)
 
 
 def _write_twice(write_kv, exercise):
-    """Two calls on fresh zero buffers: 3 tokens at start 0, then 2 at start 3.
-
-    -> (keys, values) the second call returned, then the buffers k_buf, v_buf after it."""
+    """Two calls on fresh zero buffers: 3 tokens at start 0, then 2 at start 3. -> the (keys,
+    values) the second call returned, the buffers k_buf, v_buf after it, and whether they are
+    views of the buffers."""
     gen = torch.Generator().manual_seed(0)
     B, nh, max_len, hd = 2, 3, 8, 4
     k_buf, v_buf = torch.zeros(B, nh, max_len, hd), torch.zeros(B, nh, max_len, hd)
-    k1, v1 = torch.randn(B, nh, 3, hd, generator=gen), torch.randn(B, nh, 3, hd, generator=gen)
-    k2, v2 = torch.randn(B, nh, 2, hd, generator=gen), torch.randn(B, nh, 2, hd, generator=gen)
-    for k, v, start in ((k1, v1, 0), (k2, v2, 3)):  # 3 tokens already cached at the second
+    for T, start in ((3, 0), (2, 3)):  # 3 tokens already cached at the second
+        k, v = torch.randn(B, nh, T, hd, generator=gen), torch.randn(B, nh, T, hd, generator=gen)
         result = core.call_learner(exercise, write_kv, k_buf, v_buf, k, v, start)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise core.CheckFailed(exercise, "return two tensors: (keys so far, values so far)")
@@ -154,31 +154,28 @@ def _same_writes(got, want) -> bool:
     return all(core.close(a, b) for a, b in zip(got[:4], want[:4])) and got[4] == want[4]
 
 
-def _write_kv_symptom(got, want) -> core.Mistake | None:
+def _write_kv_symptom(got, want) -> str | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
     keys, values, k_buf, v_buf, views = got
     want_keys, want_values = want[:2]
     k2, v2 = want_keys[:, :, 3:5], want_values[:, :, 3:5]  # the second call's new tokens
-    if core.close(keys, want_values) and core.close(values, want_keys):
-        return core.named(WRITE_KV_MISTAKES, "keys and values swapped")
-    if keys.shape[2] == k_buf.shape[2]:
-        return core.named(WRITE_KV_MISTAKES, "whole buffer")
-    if keys.shape[2] == 2:
-        return core.named(WRITE_KV_MISTAKES, "only the new tokens")
     stored = core.close(k_buf[:, :, 3:5], k2) and core.close(v_buf[:, :, 3:5], v2)
-    if core.close(k_buf[:, :, :2], k2) and not core.close(k_buf[:, :, 3:5], k2):
-        return core.named(WRITE_KV_MISTAKES, "written at 0")
     returned_right = core.close(keys, want_keys) and core.close(values, want_values)
+    if core.close(keys, want_values) and core.close(values, want_keys):
+        return "keys and values swapped"
+    if keys.shape[2] == k_buf.shape[2]:
+        return "whole buffer"
+    if keys.shape[2] == 2:
+        return "only the new tokens"
+    if core.close(k_buf[:, :, :2], k2) and not core.close(k_buf[:, :, 3:5], k2):
+        return "written at 0"
     if not stored and (returned_right or not bool(k_buf.any())):
-        return core.named(WRITE_KV_MISTAKES, "not stored")
-    if stored and returned_right and not views:
-        return core.named(WRITE_KV_MISTAKES, "copies")
-    return None
+        return "not stored"
+    return "copies" if stored and returned_right and not views else None
 
 
 def check_kv_cache(write_kv, SimpleKVCache) -> None:
     """Exercise 9.7's two parts, each checked in full before the exercise passes once."""
-
     with core.one_pass(
         "Exercise 9.7 (write_kv, SimpleKVCache)", "a tiny model's cached logits equal its full pass"
     ):
@@ -187,44 +184,27 @@ def check_kv_cache(write_kv, SimpleKVCache) -> None:
 
 
 def check_write_kv(write_kv) -> None:
-    """write_kv(k_buf, v_buf, k, v, start) -> (keys so far, values so far)."""
+    """write_kv(k_buf, v_buf, k, v, start), buffers (B, nh, max_len, hd), new k and v
+    (B, nh, T, hd) -> (keys, values) so far, each (B, nh, start + T, hd)."""
     ex = EX_WRITE
-    got = _write_twice(write_kv, ex)
-    want = _write_twice(_write_kv_right, ex)
+    got, want = _write_twice(write_kv, ex), _write_twice(_write_kv, ex)
     if not _same_writes(got, want):
-        mistake = core.first_mistake(
-            WRITE_KV_MISTAKES, lambda m: _same_writes(got, _write_twice(m.fn, ex))
-        )
-        mistake = mistake or _write_kv_symptom(got, want)
-        if mistake is not None:
-            raise core.CheckFailed(ex, mistake.message)
-        if not (core.close(got[2], want[2]) and core.close(got[3], want[3])):
-            raise core.CheckFailed(
-                ex,
-                "k_buf[:, :, start:start + T] should hold the new keys after "
-                "the call (and v_buf the values)",
-            )
-        raise core.CheckFailed(
+        stored = core.close(got[2], want[2]) and core.close(got[3], want[3])
+        _fail_with(
             ex,
-            f"expected keys/values of shape {tuple(want[0].shape)} holding "
-            f"the 3 cached then the 2 new tokens; got {tuple(got[0].shape)}",
+            WRITE_KV_MISTAKES,
+            lambda m: _same_writes(got, _write_twice(m.fn, ex)),
+            f"expected keys/values of shape {tuple(want[0].shape)} holding the 3 cached then "
+            f"the 2 new tokens; got {tuple(got[0].shape)}"
+            if stored
+            else "k_buf[:, :, start:start + T] should hold the new keys after the call "
+            "(and v_buf the values)",
+            symptom=_write_kv_symptom(got, want),
         )
-
-    # In a real model: cached greedy decoding must equal the uncached one.
-    from gpt2lib.generation import generate, sample_next
-    from gpt2lib.kvcache import KVCache
-
-    model = _tiny_model()
+    model = _tiny_model()  # in a real model, cached greedy decoding must equal the uncached one
     idx = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        cache = KVCache.for_model(model, 2, 12, write=write_kv)
-        seq, logits = idx, model(idx, kv_cache=cache)[:, -1]
-        for _ in range(8):
-            token = sample_next(logits, temperature=0)[:, None]
-            seq = torch.cat([seq, token], 1)
-            logits = model(token, kv_cache=cache)[:, -1]
-        want_seq = generate(model, idx, 8, temperature=0, use_cache=False)
-    if not torch.equal(seq[:, :12], want_seq):
+    cache = KVCache.for_model(model, 2, 12, write=write_kv)
+    if not torch.equal(_loop()(model, idx, 8, _greedy, cache), _recomputed(model, idx, 8, _greedy)):
         raise core.CheckFailed(
             ex,
             "on its own cases it looks right, but a model using it decodes "
@@ -234,7 +214,9 @@ def check_write_kv(write_kv) -> None:
 
 
 # --------------------------------------------------------------------------- 9.1 temperature
-
+AFTER_SOFTMAX = (
+    "temperature was applied after softmax: divide the logits by the temperature before softmax"
+)
 
 # fn(logits, temperature) -> what that wrong apply_temperature returns
 TEMPERATURE_MISTAKES = [
@@ -243,22 +225,15 @@ TEMPERATURE_MISTAKES = [
         "you returned probabilities; return logits (the caller applies softmax)",
         lambda logits, t: torch.softmax(logits / t, -1),
     ),
-    core.Mistake(
-        "after softmax",
-        "temperature was applied after softmax: divide the logits by the "
-        "temperature before softmax",
-        lambda logits, t: torch.softmax(logits, -1) / t,
-    ),
+    core.Mistake("after softmax", AFTER_SOFTMAX, lambda logits, t: torch.softmax(logits, -1) / t),
     core.Mistake(
         "after softmax, softmax again",
-        "temperature was applied after softmax: divide the "
-        "logits by the temperature before softmax",
+        AFTER_SOFTMAX,
         lambda logits, t: torch.softmax(torch.softmax(logits, -1) / t, -1),
     ),
     core.Mistake(
         "multiplied",
-        "you multiplied by the temperature: divide by it (a low temperature "
-        "must sharpen the distribution)",
+        "you multiplied by the temperature: divide by it, so that a low temperature sharpens",
         lambda logits, t: logits * t,
     ),
     core.Mistake(
@@ -266,11 +241,7 @@ TEMPERATURE_MISTAKES = [
         "the temperature has no effect: divide the logits by it",
         lambda logits, t: logits.clone(),
     ),
-    core.Mistake(
-        "in place",
-        IN_PLACE,
-        lambda logits, t: logits.div_(t),
-    ),
+    core.Mistake("in place", IN_PLACE, lambda logits, t: logits.div_(t)),
 ]
 
 
@@ -283,91 +254,57 @@ def check_temperature_and_top_k(apply_temperature, top_k_filter) -> None:
 
 def check_apply_temperature(apply_temperature) -> None:
     """Exercise 9.1 with the reference top_k_filter: the temperature alone."""
-    from gpt2lib.chapters.decoding import top_k_filter
-
-    check_temperature_and_top_k(apply_temperature, top_k_filter)
+    check_temperature_and_top_k(apply_temperature, decoding.top_k_filter)
 
 
 def check_top_k_filter(top_k_filter) -> None:
     """Exercise 9.1 with the reference apply_temperature: top-k alone."""
-    from gpt2lib.chapters.decoding import apply_temperature
+    check_temperature_and_top_k(decoding.apply_temperature, top_k_filter)
 
-    check_temperature_and_top_k(apply_temperature, top_k_filter)
+
+def _filtered(exercise, filter_fn, logits, knob, *, removes=True):
+    """filter_fn(logits, knob) as float64 logits of logits' shape, the caller's logits unchanged.
+    removes: -inf may mark a removed token, NaN and +inf may not (else all must be finite)."""
+    given = logits.clone()
+    got = core.call_learner(exercise, filter_fn, given, knob)
+    if not torch.equal(given, logits):
+        raise core.CheckFailed(exercise, IN_PLACE)
+    got = core.expect_tensor(exercise, got, logits.shape, what="your result", finite=not removes)
+    if removes and bool(torch.isnan(got).any()):
+        raise core.CheckFailed(exercise, NAN_FILL)
+    if removes and bool(torch.isposinf(got).any()):
+        raise core.CheckFailed(exercise, POSINF_FILL)
+    return got
 
 
 def _check_temperature(apply_temperature) -> None:
-    """apply_temperature(logits, temperature) -> logits for softmax."""
-    ex = EX_TEMPERATURE
+    """apply_temperature(logits (B, V), temperature) -> logits (B, V) for softmax."""
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0], [0.0, 0.3, -0.2, 1.5, 0.1]])
     for t in (0.5, 2.0, 1.0):
-        given = logits.clone()
-        got = core.call_learner(ex, apply_temperature, given, t)
-        if not torch.equal(given, logits):
-            raise core.CheckFailed(ex, IN_PLACE)
-        got = core.expect_tensor(ex, got, tuple(logits.shape), what="your result")
-        if core.close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
-            continue  # any logits with the right softmax are right (a shift changes nothing)
-        mistake = core.first_mistake(
-            TEMPERATURE_MISTAKES, lambda m, got=got, t=t: core.close(got, m.fn(logits.clone(), t))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(ex, f"{mistake.message} (temperature {t})")
-        raise core.CheckFailed(
-            ex, f"softmax of your result at temperature {t} should equal softmax(logits / {t})"
-        )
+        got = _filtered(EX_TEMPERATURE, apply_temperature, logits, t, removes=False)
+        # any logits with the right softmax are right (a shift changes nothing)
+        if not core.close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
+            _fail_with(
+                EX_TEMPERATURE,
+                TEMPERATURE_MISTAKES,
+                lambda m: core.close(got, m.fn(logits.clone(), t)),
+                f"softmax of your result at temperature {t} should equal softmax(logits / {t})",
+                suffix=f" (temperature {t})",
+            )
 
 
 # --------------------------------------------------------------------------- 9.2 top-k
-
-NAN_FILL = (
-    "your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the "
-    "removed logits float('-inf')"
-)
-POSINF_FILL = (
-    "your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed "
-    "logits must be float('-inf'), minus infinity, so that exp gives them exactly 0"
-)
-ZERO_FILL = (
-    "removed logits were set to 0, but exp(0) = 1 is still a probability: set them to float('-inf')"
-)
-
-
 def _in_place(filter_fn):
     """A filter that writes -inf into the caller's logits and returns them."""
-
-    def filtered(logits, knob):
-        return logits.copy_(filter_fn(logits, knob))
-
-    return filtered
-
-
-def _kept(x):
-    return torch.isfinite(x)
+    return lambda logits, knob: logits.copy_(filter_fn(logits, knob))
 
 
 def _same_filter(got, wrong) -> bool:
     """Whether two filtered logits keep the same tokens (finite) and put 0 in the same places
     (0 is the one wrong finite fill the checks name; real logits here are never exactly 0)."""
-    return torch.equal(_kept(got), _kept(wrong)) and torch.equal(got == 0, wrong == 0)
-
-
-def _refuse_bad_fill(exercise, got):
-    """A filtered row must still give a valid softmax: only -inf may mark a removed token."""
-    if bool(torch.isnan(got).any()):
-        raise core.CheckFailed(exercise, NAN_FILL)
-    if bool(torch.isposinf(got).any()):
-        raise core.CheckFailed(exercise, POSINF_FILL)
-
-
-def _filtered(exercise, filter_fn, logits, knob):
-    """filter_fn(logits, knob) as float64 logits of logits' shape, NaN and +inf refused."""
-    given = logits.clone()
-    got = core.call_learner(exercise, filter_fn, given, knob)
-    if not torch.equal(given, logits):
-        raise core.CheckFailed(exercise, IN_PLACE)
-    got = core.expect_tensor(exercise, got, tuple(logits.shape), what="your result", finite=False)
-    _refuse_bad_fill(exercise, got)
-    return got
+    return torch.equal(torch.isfinite(got), torch.isfinite(wrong)) and torch.equal(
+        got == 0, wrong == 0
+    )
 
 
 def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
@@ -381,8 +318,7 @@ def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
 TOP_K_MISTAKES = [
     core.Mistake(
         "smallest",
-        "you kept the k SMALLEST logits: keep the largest (torch.topk gives the "
-        "largest by default)",
+        "you kept the k SMALLEST logits: keep the largest (torch.topk gives those by default)",
         lambda logits, k: _keep_ranked(logits, k, largest=False),
     ),
     core.Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
@@ -405,59 +341,49 @@ TOP_K_MISTAKES = [
     ),
     core.Mistake(
         "one too few",
-        "off by one: you kept only k - 1 tokens per row (keep logits >= the "
-        "k-th largest, not > it)",
+        "off by one: you kept only k - 1 tokens per row (keep logits >= the k-th largest, not >)",
         lambda logits, k: _keep_ranked(logits, k - 1),
     ),
     core.Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
 ]
 
 
-def _top_k_symptom(got, logits, k) -> core.Mistake | None:
+def _top_k_symptom(got, logits, k) -> str | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
-    kept, vocab = _kept(got), logits.shape[-1]
+    kept, vocab = torch.isfinite(got), logits.shape[-1]
     counts = kept.sum(-1)
-    if torch.equal(kept, _kept(_keep_ranked(logits, k, largest=False))) and k < vocab:
-        return core.named(TOP_K_MISTAKES, "smallest")
+    if torch.equal(kept, torch.isfinite(_keep_ranked(logits, k, largest=False))) and k < vocab:
+        return "smallest"
     if bool((counts == vocab).all()) and k < vocab and not bool(torch.isinf(got).any()):
-        return core.named(
-            TOP_K_MISTAKES, "zero fill" if bool((got == 0).any()) else "nothing removed"
-        )
+        return "zero fill" if bool((got == 0).any()) else "nothing removed"
     if bool((counts == k + 1).all()):
-        return core.named(TOP_K_MISTAKES, "one too many")
-    if bool((counts == k - 1).all()):
-        return core.named(TOP_K_MISTAKES, "one too few")
-    return None
+        return "one too many"
+    return "one too few" if bool((counts == k - 1).all()) else None
 
 
 def _check_top_k(top_k_filter) -> None:
-    """top_k_filter(logits, k) -> logits with all but the k largest per row set to -inf."""
+    """top_k_filter(logits (B, V), k) -> (B, V), all but the k largest of each row set to -inf."""
     ex = EX_TOP_K
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 12, generator=gen) * 3  # no ties
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(0)) * 3  # no ties
     for k in (1, 3, 7, 12):
         got = _filtered(ex, top_k_filter, logits, k)
-        want_kept = _kept(_keep_ranked(logits, k))
-        if torch.equal(_kept(got), want_kept):
+        want_kept = torch.isfinite(_keep_ranked(logits, k))
+        if torch.equal(torch.isfinite(got), want_kept):
             if not torch.equal(got[want_kept], logits.double()[want_kept]):
                 raise core.CheckFailed(ex, "the kept logits must stay unchanged")
             continue
-        mistake = core.first_mistake(
-            TOP_K_MISTAKES, lambda m, got=got, k=k: _same_filter(got, m.fn(logits.clone(), k))
-        )
-        mistake = mistake or _top_k_symptom(got, logits, k)
-        if mistake is not None:
-            raise core.CheckFailed(ex, f"with k={k}: {mistake.message}")
-        raise core.CheckFailed(
+        _fail_with(
             ex,
+            TOP_K_MISTAKES,
+            lambda m: _same_filter(got, m.fn(logits.clone(), k)),
             f"with k={k} keep exactly the {k} largest logits of each row "
-            f"(you kept {_kept(got).sum(-1).tolist()})",
+            f"(you kept {torch.isfinite(got).sum(-1).tolist()})",
+            symptom=_top_k_symptom(got, logits, k),
+            prefix=f"with k={k}: ",
         )
 
 
 # --------------------------------------------------------------------------- 9.3 top-p
-
-
 def _nucleus_mask(probs, p, descending=True, include_crossing=True, scatter_back=True):
     """Which tokens a top-p filter keeps, right (defaults) or with one classic mistake."""
     sorted_probs, order = probs.sort(-1, descending=descending)
@@ -487,9 +413,8 @@ _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely token
 TOP_P_MISTAKES = [
     core.Mistake(
         "crossing token dropped",
-        "the token that carries the running total past p is missing: keep it too (drop a "
-        "token only when the probability BEFORE it already reaches p), else a small p keeps "
-        "nothing",
+        "the token that carries the running total past p is missing: keep it too (drop a token "
+        "only when the probability BEFORE it already reaches p), else a small p keeps nothing",
         _top_p(include_crossing=False),
     ),
     core.Mistake("ascending", _ASCENDING, _top_p(descending=False)),
@@ -516,53 +441,44 @@ TOP_P_MISTAKES = [
 
 
 def check_top_p_filter(top_p_filter) -> None:
-    """top_p_filter(logits, p) -> logits outside the nucleus set to -inf."""
+    """top_p_filter(logits (B, V), p) -> (B, V), the logits outside the nucleus set to -inf."""
     ex = EX_TOP_P
     # probabilities in scrambled order: sorted they are 0.4, 0.25, 0.15, 0.1, 0.06, 0.04
     probs = torch.tensor([[0.1, 0.4, 0.04, 0.25, 0.06, 0.15], [0.25, 0.06, 0.15, 0.04, 0.4, 0.1]])
     logits = probs.log()
     ps = (0.3, 0.5, 0.6, 0.7, 0.85, 0.97, 1.0)
     got = {p: _filtered(ex, top_p_filter, logits, p) for p in ps}
-    if all(torch.equal(_kept(got[p]), _nucleus_mask(probs, p)) for p in ps):
+    wrong = [p for p in ps if not torch.equal(torch.isfinite(got[p]), _nucleus_mask(probs, p))]
+    if not wrong:
         for p in ps:
-            kept = _kept(got[p])
+            kept = torch.isfinite(got[p])
             if not torch.equal(got[p][kept], logits.double()[kept]):
                 raise core.CheckFailed(ex, "the kept logits must stay unchanged")
-        core.passed(ex)
-        return
-    mistake = core.first_mistake(
-        TOP_P_MISTAKES, lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps)
-    )
-    if mistake is None and all(
-        torch.equal(_kept(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1
-    ):
-        mistake = core.named(TOP_P_MISTAKES, "inverted")  # whatever it does at p = 1
-    if mistake is None and any(
-        bool((got[p] == 0).any()) and not bool(torch.isinf(got[p]).any()) for p in ps[:3]
-    ):
-        mistake = core.named(TOP_P_MISTAKES, "zero fill")
-    if mistake is not None:
-        raise core.CheckFailed(ex, mistake.message)
-    p = next(p for p in ps if not torch.equal(_kept(got[p]), _nucleus_mask(probs, p)))
-    raise core.CheckFailed(
+        return core.passed(ex)
+    symptom = None
+    if all(torch.equal(torch.isfinite(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1):
+        symptom = "inverted"  # whatever it does at p = 1
+    elif any(bool((got[p] == 0).any()) and not bool(got[p].isinf().any()) for p in ps[:3]):
+        symptom = "zero fill"
+    _fail_with(
         ex,
-        f"with p={p} keep the {_nucleus_mask(probs, p).sum(-1).tolist()} most "
-        f"likely tokens of each row (the fewest whose probabilities add up to "
-        f">= p); you kept {_kept(got[p]).sum(-1).tolist()}",
+        TOP_P_MISTAKES,
+        lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps),
+        f"with p={wrong[0]} keep the {_nucleus_mask(probs, wrong[0]).sum(-1).tolist()} most "
+        "likely tokens of each row (the fewest whose probabilities add up to >= p); you kept "
+        f"{torch.isfinite(got[wrong[0]]).sum(-1).tolist()}",
+        symptom=symptom,
     )
 
 
 # --------------------------------------------------------------------------- 9.5 offset mask
-
-
 def _attention_masked_by(keep):
     """attend_with_offset computed with the (T, past + T) boolean mask keep(T, past)."""
 
     def attend(q, k, v, past):
         T = q.shape[-2]
         scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-        scores = scores.masked_fill(~keep(T, past), float("-inf"))
-        return scores.softmax(-1) @ v
+        return scores.masked_fill(~keep(T, past), float("-inf")).softmax(-1) @ v
 
     return attend
 
@@ -610,141 +526,96 @@ OFFSET_MASK_MISTAKES = [
 
 
 def check_attend_with_offset(attend_with_offset) -> None:
-    """attend_with_offset(q, k, v, past) -> (B, nh, T, hd), causal with the cache's offset."""
+    """attend_with_offset(q (B, nh, T, hd), k and v (B, nh, past + T, hd), past) -> (B, nh, T, hd),
+    causal attention with the cache's offset."""
     ex = EX_OFFSET
     gen = torch.Generator().manual_seed(0)
     B, nh, hd = 2, 2, 4
-    cases = [(4, 3), (1, 5), (3, 0), (1, 0), (2, 1)]  # (T new, past): chunk, decode, prefill
-    for T, past in cases:
+    for T, past in [(4, 3), (1, 5), (3, 0), (1, 0), (2, 1)]:  # chunk, decode, prefill
         q = torch.randn(B, nh, T, hd, generator=gen)
-        k = torch.randn(B, nh, past + T, hd, generator=gen)
-        v = torch.randn(B, nh, past + T, hd, generator=gen)
+        k, v = (torch.randn(B, nh, past + T, hd, generator=gen) for _ in range(2))
         got = core.call_learner(ex, attend_with_offset, q.clone(), k.clone(), v.clone(), past)
         got = core.expect_tensor(ex, got, (B, nh, T, hd), what="the attention output", finite=False)
         if bool(torch.isnan(got).any()):
             raise core.CheckFailed(
                 ex,
-                "the output has NaN: some query had every key hidden, so softmax "
-                "had nothing to share out. That happens when the mask is on "
-                "the wrong side (masked_fill where a query MAY look): hide the "
-                "keys after position past + i, keep the rest",
+                "the output has NaN: some query had every key hidden, so softmax had nothing "
+                "to share out. That happens when the mask is on the wrong side (masked_fill "
+                "where a query MAY look): hide the keys after position past + i, keep the rest",
             )
-        if core.close(got, _attend_with_offset_right(q, k, v, past)):
-            continue
-        mistake = core.first_mistake(
-            OFFSET_MASK_MISTAKES,
-            lambda m, got=got, q=q, k=k, v=v, past=past: core.close(got, m.fn(q, k, v, past)),
-        )
-        if mistake is not None:
-            raise core.CheckFailed(ex, mistake.message)
-        raise core.CheckFailed(
-            ex,
-            f"with {T} new queries after {past} cached tokens the output "
-            "differs from causal attention at offset past: query i sees keys "
-            "0 .. past + i",
-        )
+        if not core.close(got, _attend_with_offset_right(q, k, v, past)):
+            _fail_with(
+                ex,
+                OFFSET_MASK_MISTAKES,
+                lambda m: core.close(got, m.fn(q, k, v, past)),
+                f"with {T} new queries after {past} cached tokens the output differs from "
+                "causal attention at offset past: query i sees keys 0 .. past + i",
+            )
     core.passed(ex, "new queries see the whole cache and the new keys up to their own position")
 
 
-# Each check with the planted mistakes it names (the tests run every one through its check).
-
-
 # --------------------------------------------------------------------------- 9.4 sample_token
-
-
-def _sample_wrong(
-    *,
-    greedy_at_zero=True,
-    use_temperature=True,
-    use_top_k=True,
-    use_top_p=True,
-    use_generator=True,
-    draw=True,
-    squeeze=True,
-    order="temperature first",
-):
-    """A sample_token with one planted mistake (the defaults are right)."""
-    from gpt2lib.chapters.decoding import top_k_filter, top_p_filter
+def _sample_wrong(kind):
+    """A sample_token with the planted mistake `kind` (a name in SAMPLE_MISTAKES)."""
 
     def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-        if (greedy_at_zero and temperature == 0) or not draw:
+        if (temperature == 0 and kind != "no greedy") or kind == "always greedy":
             return logits.argmax(-1)
         scaled = logits.float()
-        if order == "top-p first" and top_p is not None:
-            scaled = top_p_filter(scaled, top_p)
-        if use_temperature:
+        if kind == "top-p before temperature" and top_p is not None:
+            scaled, top_p = decoding.top_p_filter(scaled, top_p), None
+        if kind != "temperature ignored":
             scaled = scaled / temperature
-        if order == "top-p before top-k" and top_p is not None:
-            scaled, top_p = top_p_filter(scaled, top_p), None
-        if use_top_k and top_k is not None:
-            scaled = top_k_filter(scaled, top_k)
-        if use_top_p and order != "top-p first" and top_p is not None:
-            scaled = top_p_filter(scaled, top_p)
-        ids = torch.multinomial(
-            torch.softmax(scaled, -1), 1, generator=generator if use_generator else None
-        )
-        return ids.squeeze(-1) if squeeze else ids
+        if kind == "top-p before top-k" and top_p is not None:
+            scaled, top_p = decoding.top_p_filter(scaled, top_p), None
+        if kind != "top-k ignored" and top_k is not None:
+            scaled = decoding.top_k_filter(scaled, top_k)
+        if kind != "top-p ignored" and top_p is not None:
+            scaled = decoding.top_p_filter(scaled, top_p)
+        generator = None if kind == "generator ignored" else generator
+        ids = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)
+        return ids if kind == "not squeezed" else ids.squeeze(-1)
 
     return sample_token
 
 
 # fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
-SAMPLE_MISTAKES = [
-    core.Mistake(
-        "not squeezed",
-        "your ids have shape (B, 1): torch.multinomial gives one column; "
-        "return one id per row, shape (B,)",
-        _sample_wrong(squeeze=False),
-    ),
-    core.Mistake(
-        "no greedy",
-        "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. "
-        "Temperature 0 means greedy: return the argmax",
-        _sample_wrong(greedy_at_zero=False),
-    ),
-    core.Mistake(
-        "generator ignored",
-        "two calls with generators seeded alike gave different tokens: "
-        "pass `generator` to torch.multinomial",
-        _sample_wrong(use_generator=False),
-    ),
-    core.Mistake(
-        "always greedy",
-        "you always take the most likely token: at temperature 1 the "
-        "tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
-        _sample_wrong(draw=False),
-    ),
-    core.Mistake(
-        "temperature ignored",
-        "the temperature has no effect on your draws: divide the "
-        "logits by it before the filters and softmax",
-        _sample_wrong(use_temperature=False),
-    ),
-    core.Mistake(
-        "top-k ignored",
-        "with top_k=2 you drew tokens outside the two most likely: apply "
-        "top_k_filter when top_k is given",
-        _sample_wrong(use_top_k=False),
-    ),
-    core.Mistake(
-        "top-p ignored",
-        "with top_p=0.6 you drew a token outside the nucleus: apply "
-        "top_p_filter when top_p is given",
-        _sample_wrong(use_top_p=False),
-    ),
-    core.Mistake(
-        "top-p before temperature",
-        "top-p was applied before the temperature: the nucleus "
-        "is chosen from the distribution the temperature made, so scale first, then filter",
-        _sample_wrong(order="top-p first"),
-    ),
-    core.Mistake(
-        "top-p before top-k",
-        "top-p was applied before top-k: the nucleus is chosen from what top-k left "
-        "(renormalised), so apply top-k first, then top-p",
-        _sample_wrong(order="top-p before top-k"),
-    ),
-]
+SAMPLE_MISTAKES = _planted(
+    _sample_wrong,
+    {
+        "not squeezed": (
+            "your ids have shape (B, 1), torch.multinomial's column: return one id per row, (B,)"
+        ),
+        "no greedy": (
+            "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 "
+            "means greedy: return the argmax"
+        ),
+        "generator ignored": (
+            "generators seeded alike gave different tokens: pass `generator` to torch.multinomial"
+        ),
+        "always greedy": (
+            "you always take the most likely token: at temperature 1 the tokens must be drawn with "
+            "their probabilities (torch.multinomial of the softmax)"
+        ),
+        "temperature ignored": (
+            "temperature has no effect on your draws: divide the logits by it before filtering"
+        ),
+        "top-k ignored": (
+            "with top_k=2 you drew tokens outside the 2 most likely: apply top_k_filter when given"
+        ),
+        "top-p ignored": (
+            "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given"
+        ),
+        "top-p before temperature": (
+            "top-p was applied before the temperature: the nucleus is chosen from the distribution "
+            "the temperature made, so scale first, then filter"
+        ),
+        "top-p before top-k": (
+            "top-p was applied before top-k: the nucleus is chosen from what top-k left "
+            "(renormalised), so apply top-k first, then top-p"
+        ),
+    },
+)
 
 
 def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
@@ -752,24 +623,14 @@ def _draws(exercise, fn, probs, rows=4000, seed=5, fork=True, **settings):
     restore torch's global random state afterwards (False: let a sampler that uses it move it)."""
     logits = torch.log(torch.tensor(probs)).expand(rows, -1).contiguous()
     with torch.random.fork_rng(enabled=fork):
-        ids = core.call_learner(
-            exercise, fn, logits, generator=torch.Generator().manual_seed(seed), **settings
-        )
-    return core.expect_tensor(
-        exercise,
-        ids,
-        (rows,),
-        what="your ids",
-        hints={(rows, 1): core.named(SAMPLE_MISTAKES, "not squeezed").message},
-    )
-
-
-def _frequencies(ids, n):
-    return torch.bincount(ids.long().flatten(), minlength=n).double() / ids.numel()
+        generator = torch.Generator().manual_seed(seed)
+        ids = core.call_learner(exercise, fn, logits, generator=generator, **settings)
+    hints = {(rows, 1): core.named(SAMPLE_MISTAKES, "not squeezed").message}
+    return core.expect_tensor(exercise, ids, (rows,), what="your ids", hints=hints)
 
 
 def check_sample_token(sample_token) -> None:
-    """sample_token(logits, temperature, top_k, top_p, generator) -> ids (B,)."""
+    """sample_token(logits (B, V), temperature, top_k, top_p, generator) -> ids (B,)."""
     ex = EX_SAMPLE
     probs = [0.5, 0.3, 0.2]
     _draws(ex, sample_token, probs, temperature=1.0)  # the shape first
@@ -777,44 +638,46 @@ def check_sample_token(sample_token) -> None:
     try:
         greedy = core.call_learner(ex, sample_token, logits.clone(), temperature=0)
     except (RuntimeError, ValueError, ZeroDivisionError):
-        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "no greedy").message) from None
+        raise _named(ex, SAMPLE_MISTAKES, "no greedy") from None
     greedy = core.expect_tensor(ex, greedy, (3,), what="your greedy ids")
     if not torch.equal(greedy.long(), logits.argmax(-1)):
-        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "no greedy").message)
+        raise _named(ex, SAMPLE_MISTAKES, "no greedy")
     with torch.random.fork_rng():
-        again = [
-            _draws(ex, sample_token, probs, seed=7, fork=False, temperature=1.0) for _ in range(2)
-        ]
+        again = [_draws(ex, sample_token, probs, 4000, 7, False, temperature=1.0) for _ in range(2)]
     if not torch.equal(again[0], again[1]):
-        raise core.CheckFailed(ex, core.named(SAMPLE_MISTAKES, "generator ignored").message)
-    # (settings, probabilities that the draws must show, mistake named when they do not)
+        raise _named(ex, SAMPLE_MISTAKES, "generator ignored")
+    at_2 = [p**0.5 / sum(q**0.5 for q in probs) for p in probs]  # T=2: the nucleus of 0.75 is all
+    four = [0.4, 0.3, 0.2, 0.1]
+    # (settings, probabilities given, probabilities the draws must show, mistake when they do not)
     cases = [
-        (dict(temperature=1.0), [0.5, 0.3, 0.2], "always greedy"),
-        (dict(temperature=0.5), [25 / 38, 9 / 38, 4 / 38], "temperature ignored"),
-        (dict(temperature=1.0, top_k=2), [0.625, 0.375, 0.0], "top-k ignored"),
-        (dict(temperature=1.0, top_p=0.6), [0.625, 0.375, 0.0], "top-p ignored"),
-        (dict(temperature=2.0, top_p=0.75), None, "top-p before temperature"),
-        (dict(temperature=1.0, top_k=3, top_p=0.75), [4 / 7, 3 / 7, 0, 0], "top-p before top-k"),
+        (dict(temperature=1.0), probs, probs, "always greedy"),
+        (dict(temperature=0.5), probs, [25 / 38, 9 / 38, 4 / 38], "temperature ignored"),
+        (dict(temperature=1.0, top_k=2), probs, [0.625, 0.375, 0.0], "top-k ignored"),
+        (dict(temperature=1.0, top_p=0.6), probs, [0.625, 0.375, 0.0], "top-p ignored"),
+        (dict(temperature=2.0, top_p=0.75), probs, at_2, "top-p before temperature"),
+        (
+            dict(temperature=1.0, top_k=3, top_p=0.75),
+            four,
+            [4 / 7, 3 / 7, 0, 0],
+            "top-p before top-k",
+        ),
     ]
-    for settings, want, name in cases:
-        case = [0.4, 0.3, 0.2, 0.1] if name == "top-p before top-k" else probs
-        seen = _frequencies(_draws(ex, sample_token, case, **settings), len(case))
-        if want is None:  # at T=2 the nucleus of 0.75 holds all three tokens
-            scaled = torch.tensor(probs).sqrt()
-            want = (scaled / scaled.sum()).tolist()
+    for settings, given, want, name in cases:
+        ids = _draws(ex, sample_token, given, **settings).long()
+        seen = torch.bincount(ids, minlength=len(given)).double() / ids.numel()
         if (seen - torch.tensor(want, dtype=torch.float64)).abs().max() > 0.04:
-            raise core.CheckFailed(
+            seen, want = [round(f, 3) for f in seen.tolist()], [round(f, 3) for f in want]
+            raise _named(
                 ex,
-                f"with {settings}: {core.named(SAMPLE_MISTAKES, name).message} "
-                f"(you drew {[round(f, 3) for f in seen.tolist()]}, expected "
-                f"about {[round(f, 3) for f in want]})",
+                SAMPLE_MISTAKES,
+                name,
+                prefix=f"with {settings}: ",
+                suffix=f" (you drew {seen}, expected about {want})",
             )
     core.passed(ex, "greedy at 0, repeatable with a generator, and draws in the right proportions")
 
 
 # --------------------------------------------------------------------------- 9.6 the cache's memory
-
-
 def _kv_bytes_right(config, bytes_per_number):
     return config.n_layer * 2 * config.n_embd * bytes_per_number
 
@@ -858,83 +721,58 @@ KV_BYTES_MISTAKES = [
 
 def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
     """kv_bytes_per_token(config, bytes_per_number) -> bytes for one token of one sequence."""
-    from gpt2lib.chapters.config import GPT2Config
-
-    ex = EX_KV_BYTES
     cases = [
         (GPT2Config(), 4),
         (GPT2Config(n_layer=3, n_head=2, n_embd=8), 2),
         (GPT2Config(n_layer=24, n_head=16, n_embd=1024), 2),
     ]
-    got = []
-    for config, size in cases:
-        value = core.call_learner(ex, kv_bytes_per_token, config, size)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise core.CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
-        got.append(value)
-    want = [_kv_bytes_right(c, b) for c, b in cases]
+    got = _byte_counts(EX_KV_BYTES, kv_bytes_per_token, cases)
+    want = [_kv_bytes_right(*case) for case in cases]
     if got == want:
-        core.passed(
-            ex, f"GPT-2 small in float32: {want[0]:,} bytes ({want[0] // 1024} KiB) a token"
+        return core.passed(
+            EX_KV_BYTES,
+            f"GPT-2 small in float32: {want[0]:,} bytes ({want[0] // 1024} KiB) a token",
         )
-        return
-    mistake = core.first_mistake(KV_BYTES_MISTAKES, lambda m: got == [m.fn(c, b) for c, b in cases])
-    if mistake is not None:
-        raise core.CheckFailed(ex, mistake.message)
-    raise core.CheckFailed(
-        ex,
-        f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per "
-        "token, what every layer stores for its keys and for its values",
+    core.fail_with(
+        EX_KV_BYTES,
+        KV_BYTES_MISTAKES,
+        lambda m: got == [m.fn(*case) for case in cases],
+        f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per token, what every "
+        "layer stores for its keys and for its values",
     )
 
 
 # --------------------------------------------------------------------------- 9.7 SimpleKVCache
-
-
 class _LayerCache:
-    def __init__(self, k_buf, v_buf, moves=True, masks=True):
-        self.k, self.v, self.position = k_buf, v_buf, 0
-        self.moves, self.masks = moves, masks
+    def __init__(self, k_buf, v_buf, kind=None):
+        self.k, self.v, self.position, self.kind = k_buf, v_buf, 0, kind
 
     def update(self, k, v):
         past, T = self.position, k.shape[2]
-        keys, values = _write_kv_right(self.k, self.v, k, v, past)
-        if self.moves:
-            self.position = past + T
-        visible = None if past == 0 or not self.masks else _causal_mask(T, past)
+        keys, values = _write_kv(self.k, self.v, k, v, past)
+        self.position = past if self.kind == "position stays" else past + T
+        visible = None if past == 0 or self.kind == "no mask" else causal_mask(T, past)
         return keys, values, visible
 
 
-def _causal_mask(T, past):
-    return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]  # (T, past + T)
-
-
-def _cache_class(layout="right", shared=None, keep_dtype=True, moves=True, masks=True):
-    """A SimpleKVCache with one planted mistake (the defaults are right)."""
+def _cache_class(kind=None):
+    """SimpleKVCache, right, or with the planted mistake `kind` (a name in CACHE_MISTAKES)."""
 
     class Cache:
         def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
-            hd = config.n_embd // config.n_head
+            B, nh, hd = batch_size, config.n_head, config.n_embd // config.n_head
             shape = {
-                "right": (batch_size, config.n_head, max_len, hd),
-                "heads last": (batch_size, max_len, config.n_head, hd),
-                "full width": (batch_size, config.n_head, max_len, config.n_embd),
-            }[layout]
-            dtype = dtype if keep_dtype else torch.float32
-
-            def buffer():
-                return torch.zeros(shape, device=device, dtype=dtype)
-
-            def layer(k, v):
-                return _LayerCache(k, v, moves=moves, masks=masks)
-
-            if shared == "layers":
-                k, v = buffer(), buffer()
-                self.layers = [layer(k, v) for _ in range(config.n_layer)]
-            elif shared == "k and v":
-                self.layers = [layer(b, b) for b in [buffer() for _ in range(config.n_layer)]]
-            else:
-                self.layers = [layer(buffer(), buffer()) for _ in range(config.n_layer)]
+                "heads last": (B, max_len, nh, hd),
+                "full width": (B, nh, max_len, config.n_embd),
+            }.get(kind, (B, nh, max_len, hd))
+            dtype = torch.float32 if kind == "dtype ignored" else dtype
+            buffer = functools.partial(torch.zeros, shape, device=device, dtype=dtype)
+            pairs = [(buffer(), buffer()) for _ in range(config.n_layer)]
+            if kind == "one buffer for all layers":  # the first layer's pair for every layer
+                pairs = pairs[:1] * config.n_layer
+            elif kind == "k and v share":  # one buffer a layer, for its keys and its values
+                pairs = [(k, k) for k, _ in pairs]
+            self.layers = [_LayerCache(k, v, kind) for k, v in pairs]
 
         def __getitem__(self, i):
             return self.layers[i]
@@ -947,56 +785,49 @@ def _cache_class(layout="right", shared=None, keep_dtype=True, moves=True, masks
 
 
 # cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
-CACHE_MISTAKES = [
-    core.Mistake(
-        "heads last",
-        "a buffer is (B, n_head, max_len, head_dim), the layout attention's "
-        "keys have after the transpose; yours has max_len before n_head",
-        _cache_class(layout="heads last"),
-    ),
-    core.Mistake(
-        "full width",
-        "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
-        _cache_class(layout="full width"),
-    ),
-    core.Mistake(
-        "dtype ignored",
-        "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 "
-        "buffers (torch.zeros(shape, device=device, dtype=dtype))",
-        _cache_class(keep_dtype=False),
-    ),
-    core.Mistake(
-        "one buffer for all layers",
-        "all layers share one pair of buffers: each layer "
-        "writes its own keys, so each needs its own buffers (make them inside the loop)",
-        _cache_class(shared="layers"),
-    ),
-    core.Mistake(
-        "k and v share",
-        "a layer's keys and values share one buffer: the values overwrite the keys; make two",
-        _cache_class(shared="k and v"),
-    ),
-    core.Mistake(
-        "position stays",
-        "update does not move the layer's position on: the next call writes over this one's "
-        "keys and values; add T to self.position",
-        _cache_class(moves=False),
-    ),
-    core.Mistake(
-        "no mask",
-        "update returns visible=None after the first call too: then attention masks the new "
-        "queries as if they were the first tokens; with earlier tokens held, return "
-        "causal_mask(T, past) (chapter 3's), True where a query may see a key",
-        _cache_class(masks=False),
-    ),
-]
+CACHE_MISTAKES = _planted(
+    _cache_class,
+    {
+        "heads last": (
+            "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after "
+            "the transpose; yours has max_len before n_head"
+        ),
+        "full width": "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
+        "dtype ignored": (
+            "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers "
+            "(torch.zeros(shape, device=device, dtype=dtype))"
+        ),
+        "one buffer for all layers": (
+            "all layers share one pair of buffers: each layer writes its own keys, so each needs "
+            "its own buffers (make them inside the loop)"
+        ),
+        "k and v share": (
+            "a layer's keys and values share one buffer: the values overwrite the keys; make two"
+        ),
+        "position stays": (
+            "update does not move the layer's position on: the next call writes over this one's "
+            "keys and values; add T to self.position"
+        ),
+        "no mask": (
+            "update returns visible=None after the first call too: then attention masks the new "
+            "queries as if they were the first tokens; with earlier tokens held, return "
+            "causal_mask(T, past) (chapter 3's), True where a query may see a key"
+        ),
+    },
+)
+
+
+def _cached_logits(model, cache, idx, first):
+    """idx's logits fed through `cache`: its first `first` tokens in one call, then one a call."""
+    with torch.no_grad():
+        steps = [model(idx[:, :first], kv_cache=cache)]
+        steps += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(first, idx.shape[1])]
+    return torch.cat(steps, dim=1)
 
 
 def check_simple_kv_cache(cls) -> None:
     """SimpleKVCache(config, batch_size, max_len, device, dtype): its buffers and positions, what
     a layer's update returns, then cached logits against one full pass of a tiny model."""
-    from gpt2lib.chapters.config import GPT2Config
-
     ex = EX_CACHE
     config = GPT2Config(n_layer=3, n_head=2, n_embd=8, n_positions=16, vocab_size=11)
     cache = core.call_learner(ex, cls, config, 2, 10)
@@ -1005,64 +836,56 @@ def check_simple_kv_cache(cls) -> None:
         raise core.CheckFailed(
             ex, f"cache.layers should be a list of {config.n_layer} layer caches, one per block"
         )
-    shape = (2, config.n_head, 10, config.n_embd // config.n_head)
+    nh, hd = config.n_head, config.n_embd // config.n_head
     hints = {
-        (2, 10, config.n_head, shape[3]): core.named(CACHE_MISTAKES, "heads last").message,
-        (2, config.n_head, 10, config.n_embd): core.named(CACHE_MISTAKES, "full width").message,
+        (2, 10, nh, hd): core.named(CACHE_MISTAKES, "heads last").message,
+        (2, nh, 10, config.n_embd): core.named(CACHE_MISTAKES, "full width").message,
     }
     for layer in layers:
-        core.expect_tensor(ex, layer.k, shape, what="a layer's key buffer", hints=hints)
-        core.expect_tensor(ex, layer.v, shape, what="a layer's value buffer", hints=hints)
+        core.expect_tensor(ex, layer.k, (2, nh, 10, hd), what="a layer's key buffer", hints=hints)
+        core.expect_tensor(ex, layer.v, (2, nh, 10, hd), what="a layer's value buffer", hints=hints)
     if cache.position != 0:
         raise core.CheckFailed(
             ex, f"a new cache holds no tokens: its position should be 0, not {cache.position}"
         )
     wide = core.call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
     if wide.layers[0].k.dtype != torch.float64:
-        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "dtype ignored").message)
+        raise _named(ex, CACHE_MISTAKES, "dtype ignored")
     pointers = [t.data_ptr() for layer in layers for t in (layer.k, layer.v)]
     if layers[0].k.data_ptr() == layers[0].v.data_ptr():
-        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "k and v share").message)
+        raise _named(ex, CACHE_MISTAKES, "k and v share")
     if len(set(pointers)) < len(pointers):
-        raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "one buffer for all layers").message)
-    # one layer's updates: 3 tokens, then 1
-    gen = torch.Generator().manual_seed(2)
-    new = [torch.randn(2, config.n_head, T, shape[3], generator=gen) for T in (3, 1)]
-    first = core.call_learner(ex, layers[0].update, new[0], new[0] + 1)
-    second = core.call_learner(ex, layers[0].update, new[1], new[1] + 1)
+        raise _named(ex, CACHE_MISTAKES, "one buffer for all layers")
+    gen = torch.Generator().manual_seed(2)  # one layer's updates: 3 tokens, then 1
+    new = [torch.randn(2, nh, T, hd, generator=gen) for T in (3, 1)]
+    returned = [core.call_learner(ex, layers[0].update, k, k + 1) for k in new]
     if layers[0].position != 4:
         if layers[0].position in (0, 1, 3) and layers[1].position == 0:
-            raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "position stays").message)
+            raise _named(ex, CACHE_MISTAKES, "position stays")
         raise core.CheckFailed(
             ex, f"after updates of 3 tokens and 1 the layer should hold 4, not {layers[0].position}"
         )
-    for got, T, past in ((first, 3, 0), (second, 1, 3)):
+    for got, T, past in zip(returned, (3, 1), (0, 3)):
         if not (isinstance(got, tuple) and len(got) == 3):
             raise core.CheckFailed(ex, "update should return three things: keys, values, visible")
-        keys = core.expect_tensor(
-            ex, got[0], (2, config.n_head, past + T, shape[3]), what="the keys"
-        )
+        keys = core.expect_tensor(ex, got[0], (2, nh, past + T, hd), what="the keys")
         if past == 3 and not core.close(keys, torch.cat(new, dim=2)):
             raise core.CheckFailed(
                 ex, "the keys update returns are not every key so far, in order (write_kv)"
             )
-        if past == 0 and got[2] is not None and not torch.equal(got[2], _causal_mask(T, 0)):
+        if past == 0 and got[2] is not None and not torch.equal(got[2], causal_mask(T, 0)):
             raise core.CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
-        if past == 3 and (got[2] is None or not torch.equal(got[2], _causal_mask(T, past))):
-            raise core.CheckFailed(ex, core.named(CACHE_MISTAKES, "no mask").message)
+        if past == 3 and (got[2] is None or not torch.equal(got[2], causal_mask(T, past))):
+            raise _named(ex, CACHE_MISTAKES, "no mask")
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         cache = core.call_learner(ex, cls, model.config, 2, 7)
-        steps = [model(ids[:, :4], kv_cache=cache)] + [
-            model(ids[:, t : t + 1], kv_cache=cache) for t in range(4, 7)
-        ]
-        if not core.close(torch.cat(steps, 1), model(ids), atol=1e-4):
+        if not core.close(_cached_logits(model, cache, ids, 4), model(ids), atol=1e-4):
             raise core.CheckFailed(
                 ex,
-                "in a model, the cached logits differ from one full pass: "
-                "check that update writes at the layer's position and returns "
-                "every key and value so far, with the mask",
+                "in a model, the cached logits differ from one full pass: check that update writes "
+                "at the layer's position and returns every key and value so far, with the mask",
             )
     core.passed(
         ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass"
@@ -1070,49 +893,28 @@ def check_simple_kv_cache(cls) -> None:
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
+def _broken_cache(kind):
+    """A SimpleKVCache broken one way: "stuck", its position never moves (each call overwrites
+    the first slots), or "shuffled prefill", stored right but a call of several tokens gets its
+    keys and values in reverse order (the prefill's last position, which sees every key, and
+    every later call stay right, the rest not)."""
 
+    def update(layer, plain, k, v):
+        held = layer.position
+        keys, values, visible = plain(k, v)
+        if kind == "stuck":
+            layer.position = held
+        elif k.shape[2] > 1:
+            keys, values = keys.flip(2), values.flip(2)
+        return keys, values, visible
 
-def _stuck_cache():
-    """A SimpleKVCache whose position never moves: each call overwrites the first slots."""
-    from gpt2lib.chapters.decoding import SimpleKVCache
-
-    class StuckCache(SimpleKVCache):
+    class Broken(decoding.SimpleKVCache):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             for layer in self.layers:
-                plain = layer.update
+                layer.update = functools.partial(update, layer, layer.update)
 
-                def update(k, v, layer=layer, plain=plain):
-                    held = layer.position
-                    result = plain(k, v)
-                    layer.position = held  # never moves: each call overwrites the first slots
-                    return result
-
-                layer.update = update
-
-    return StuckCache
-
-
-def _shuffled_prefill_cache():
-    """Stores right, but hands a call of several tokens its keys and values in reverse order: the
-    prefill's last position (it sees every key) and every later call stay right, the rest not."""
-    from gpt2lib.chapters.decoding import SimpleKVCache
-
-    class ShuffledPrefill(SimpleKVCache):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            for layer in self.layers:
-                plain = layer.update
-
-                def update(k, v, plain=plain):
-                    k_all, v_all, visible = plain(k, v)
-                    if k.shape[2] == 1:
-                        return k_all, v_all, visible
-                    return k_all.flip(2), v_all.flip(2), visible
-
-                layer.update = update
-
-    return ShuffledPrefill
+    return Broken
 
 
 def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
@@ -1120,27 +922,20 @@ def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
     one token a call from the start)."""
     B, T = idx.shape
     cache = cache_cls(model.config, B, T, device=idx.device, dtype=torch.float32)
-    first = prefill if split else 1
     with torch.no_grad():
-        steps = [model(idx[:, :first], kv_cache=cache)]
-        steps += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(first, T)]
-        return torch.cat(steps, dim=1), model(idx)
-
-
-def _gap_right(model, cache_cls, idx, prefill):
-    cached, full = _gap_runs(model, cache_cls, idx, prefill)
-    return (cached - full).abs().max().item()
+        return _cached_logits(model, cache, idx, prefill if split else 1), model(idx)
 
 
 def _gap_wrong(kind):
+    """A cache_gap with one planted mistake, `kind` (see GAP_MISTAKES)."""
+
     def cache_gap(model, cache_cls, idx, prefill):
         cached, full = _gap_runs(model, cache_cls, idx, prefill, split=kind != "one at a time")
         diff = cached - full
         if kind == "after the prefill":
             return diff[:, prefill:].abs().max().item() if prefill < idx.shape[1] else 0.0
         if kind == "last of each call":
-            ends = [prefill - 1] + list(range(prefill, idx.shape[1]))
-            return diff[:, ends].abs().max().item()
+            return diff[:, [prefill - 1, *range(prefill, idx.shape[1])]].abs().max().item()
         if kind == "mean":
             return diff.abs().mean().item()
         if kind == "signed":
@@ -1152,66 +947,52 @@ def _gap_wrong(kind):
                 steps = [model(idx[:, :prefill], kv_cache=cache)]
                 steps += [model(idx[:, t - 1 : t], kv_cache=cache) for t in range(prefill, T)]
             return (torch.cat(steps, dim=1) - full).abs().max().item()
-        return (cached - full).abs().max().item()  # "one at a time": right only when prefill = 1
+        return diff.abs().max().item()  # "one at a time": right only when prefill = 1
 
     return cache_gap
 
 
-GAP_MISTAKES = [
-    core.Mistake(
-        "after the prefill",
-        "your gap misses wrong logits inside the prefill: a cache that "
-        "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
-        "position, those the prefill call returns too, not only the one-token calls' or each "
-        "call's last",
-        _gap_wrong("after the prefill"),
-    ),
-    core.Mistake(
-        "last of each call",
-        "your gap misses wrong logits inside the prefill: a cache that "
-        "hands the prefill's keys over in the wrong order passed. Compare the logits at every "
-        "position, those the prefill call returns too, not only the one-token calls' or each "
-        "call's last",
-        _gap_wrong("last of each call"),
-    ),
-    core.Mistake(
-        "one at a time",
-        "you fed every token on its own: the first `prefill` tokens go in one "
-        "call, as a prompt does, because a cache can be wrong only in a call of several tokens",
-        _gap_wrong("one at a time"),
-    ),
-    core.Mistake(
-        "mean",
-        "that is the mean difference; return the largest absolute difference (a cache "
-        "wrong at one position would hide in a mean)",
-        _gap_wrong("mean"),
-    ),
-    core.Mistake(
-        "signed",
-        "that is the largest signed difference; a logit can be off either way: take "
-        "the absolute value before the maximum",
-        _gap_wrong("signed"),
-    ),
-    core.Mistake(
-        "misaligned",
-        "with a right cache your gap is large: after the prefill, feed the token "
-        "at the cache's position (the first one not yet fed), not the last prompt token again",
-        _gap_wrong("misaligned"),
-    ),
-]
+IN_THE_PREFILL = (
+    "your gap misses wrong logits inside the prefill: a cache that hands the prefill's keys over "
+    "in the wrong order passed. Compare the logits at every position, those the prefill call "
+    "returns too, not only the one-token calls' or each call's last"
+)
+
+GAP_MISTAKES = _planted(
+    _gap_wrong,
+    {
+        "after the prefill": IN_THE_PREFILL,
+        "last of each call": IN_THE_PREFILL,
+        "one at a time": (
+            "you fed every token on its own: the first `prefill` tokens go in one call, as a "
+            "prompt does, because a cache can be wrong only in a call of several tokens"
+        ),
+        "mean": (
+            "that is the mean difference; return the largest absolute difference (a cache wrong at "
+            "one position would hide in a mean)"
+        ),
+        "signed": (
+            "that is the largest signed difference; a logit can be off either way: take the "
+            "absolute value before the maximum"
+        ),
+        "misaligned": (
+            "with a right cache your gap is large: after the prefill, feed the token at the "
+            "cache's position (the first one not yet fed), not the last prompt token again"
+        ),
+    },
+)
 
 
 def check_cache_gap(cache_gap) -> None:
-    """cache_gap(model, cache_cls, idx, prefill) -> float: catches broken caches, passes a right one."""
-    from gpt2lib.chapters.decoding import SimpleKVCache
-
+    """cache_gap(model, cache_cls, idx (B, T), prefill) -> float, the largest absolute difference
+    of cached and uncached logits: catches broken caches, passes a right one."""
     ex = EX_GAP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(5)
     caches = {
-        "right": SimpleKVCache,
-        "stuck": _stuck_cache(),
-        "shuffled prefill": _shuffled_prefill_cache(),
+        "right": decoding.SimpleKVCache,
+        "stuck": _broken_cache("stuck"),
+        "shuffled prefill": _broken_cache("shuffled prefill"),
     }
     for B, T, prefill in [(1, 6, 3), (2, 7, 4), (2, 5, 1), (1, 5, 5)]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
@@ -1224,30 +1005,22 @@ def check_cache_gap(cache_gap) -> None:
                 raise core.CheckFailed(
                     ex, f"return one Python float, the largest difference; got {got!r}"
                 )
-            want = _gap_right(model, cls, idx, prefill)
+            cached, full = _gap_runs(model, cls, idx, prefill)
+            want = (cached - full).abs().max().item()
             if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
                 continue
-
-            def same(mistake, cls=cls, idx=idx, prefill=prefill, got=got):
-                return abs(mistake.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got)
-
             if name == "shuffled prefill" and got < 1e-4:
-                raise core.CheckFailed(ex, core.named(GAP_MISTAKES, "after the prefill").message)
-            mistake = core.first_mistake(GAP_MISTAKES, same)
-            if mistake is not None:
-                raise core.CheckFailed(ex, mistake.message)
-            if name == "right":
-                raise core.CheckFailed(
-                    ex,
-                    f"with a right cache (batch {B}, {T} tokens, prefill {prefill}) "
-                    f"your gap is {got:.3g}: the cached logits equal one pass's to "
-                    "float32 rounding; check which tokens each call feeds",
-                )
-            raise core.CheckFailed(
+                raise _named(ex, GAP_MISTAKES, "after the prefill")
+            case = f"batch {B}, {T} tokens, prefill {prefill}"
+            _fail_with(
                 ex,
-                f"with a broken cache ({name}; batch {B}, {T} tokens, prefill "
-                f"{prefill}) your gap is {got:.3g}, the largest absolute difference "
-                f"of the logits is {want:.3g}",
+                GAP_MISTAKES,
+                lambda m: abs(m.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got),
+                f"with a right cache ({case}) your gap is {got:.3g}: the cached logits equal "
+                "one pass's to float32 rounding; check which tokens each call feeds"
+                if name == "right"
+                else f"with a broken cache ({name}; {case}) your gap is {got:.3g}, the largest "
+                f"absolute difference of the logits is {want:.3g}",
             )
     core.passed(
         ex,
@@ -1256,10 +1029,8 @@ def check_cache_gap(cache_gap) -> None:
 
 
 # --------------------------------------------------------------------------- 9.9 generate_cached
-
-
-def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True):
-    """generate_cached with one planted mistake (the defaults are right)."""
+def _loop(kind=None):
+    """generate_cached, right, or with the planted mistake `kind` (a name in LOOP_MISTAKES)."""
 
     def generate_cached(model, idx, max_new_tokens, sample, cache):
         B, T = idx.shape
@@ -1268,55 +1039,48 @@ def _loop(feed="new", sample_used=True, whole=False, new_only=False, cached=True
         with torch.no_grad():
             logits = model(idx, kv_cache=cache)[:, -1]
             for pos in range(T, T + max_new_tokens):
-                out[:, pos] = sample(logits) if sample_used else logits.argmax(-1)
-                if pos + 1 < T + max_new_tokens:
-                    first = 0 if whole else (pos if feed == "new" else pos - 1)
-                    if not cached:  # the whole sequence again, the cache never used
-                        logits = model(out[:, : pos + 1])[:, -1]
-                        continue
-                    logits = model(
-                        out[:, first : first + (pos + 1 if whole else 1)], kv_cache=cache
-                    )[:, -1]
-        return out[:, T:] if new_only else out
+                out[:, pos] = logits.argmax(-1) if kind == "sample ignored" else sample(logits)
+                if pos + 1 == T + max_new_tokens:
+                    break
+                if kind == "cache ignored":  # the whole sequence again, the cache never used
+                    logits = model(out[:, : pos + 1])[:, -1]
+                elif kind == "whole sequence":
+                    logits = model(out[:, : pos + 1], kv_cache=cache)[:, -1]
+                else:
+                    first = pos - 1 if kind == "previous token" else pos
+                    logits = model(out[:, first : first + 1], kv_cache=cache)[:, -1]
+        return out[:, T:] if kind == "new tokens only" else out
 
     return generate_cached
 
 
 # fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
-LOOP_MISTAKES = [
-    core.Mistake(
-        "previous token",
-        "you feed the token BEFORE the one just sampled (out[:, pos - 1]): "
-        "the cache slot at position pos then holds the keys and values of token pos - 1, "
-        "and every later step sees a shifted past. Feed the token just made, at position pos",
-        _loop(feed="previous"),
-    ),
-    core.Mistake(
-        "sample ignored",
-        "your tokens are the argmax even with a sampler that is not "
-        "greedy: choose each token with sample(logits)",
-        _loop(sample_used=False),
-    ),
-    core.Mistake(
-        "whole sequence",
-        "you feed the whole sequence again through the cache, which "
-        "already holds the past: the cache overflows. Feed only the new token",
-        _loop(whole=True),
-    ),
-    core.Mistake(
-        "new tokens only",
-        "you returned only the new tokens: return the prompt followed by "
-        "them, (B, T + max_new_tokens)",
-        _loop(new_only=True),
-    ),
-    core.Mistake(
-        "cache ignored",
-        "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
-        "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
-        "token only",
-        _loop(cached=False),
-    ),
-]
+LOOP_MISTAKES = _planted(
+    _loop,
+    {
+        "previous token": (
+            "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at "
+            "position pos then holds the keys and values of token pos - 1, and every later step "
+            "sees a shifted past. Feed the token just made, at position pos"
+        ),
+        "sample ignored": (
+            "your tokens are the argmax even with a sampler that is not greedy: choose each token "
+            "with sample(logits)"
+        ),
+        "whole sequence": (
+            "you feed the whole sequence again through the cache, which already holds the past: "
+            "the cache overflows. Feed only the new token"
+        ),
+        "new tokens only": (
+            "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)"
+        ),
+        "cache ignored": (
+            "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
+            "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
+            "token only"
+        ),
+    },
+)
 
 
 def _third_most_likely(logits):  # a deterministic sampler that is not greedy
@@ -1329,74 +1093,56 @@ def _greedy(logits):
 
 def _recomputed(model, idx, n, sample):
     """The tokens a full pass per step gives: what any cached loop must reproduce."""
-    out = idx
     with torch.no_grad():
         for _ in range(n):
-            out = torch.cat([out, sample(model(out)[:, -1])[:, None]], dim=1)
-    return out
+            idx = torch.cat([idx, sample(model(idx)[:, -1])[:, None]], dim=1)
+    return idx
 
 
 def _run_loop(exercise, fn, model, idx, n, sample):
-    from gpt2lib.kvcache import KVCache
-
+    """fn's tokens with a fresh cache of room T + n, and how many tokens the cache then holds."""
     cache = KVCache.for_model(model, idx.shape[0], idx.shape[1] + n)
     try:
         out = core.call_learner(exercise, fn, model, idx, n, sample, cache)
     except ValueError as error:
         if "KV cache is full" in str(error):
-            raise core.CheckFailed(
-                exercise, core.named(LOOP_MISTAKES, "whole sequence").message
-            ) from None
+            raise _named(exercise, LOOP_MISTAKES, "whole sequence") from None
         raise
     return out, cache.length
 
 
 def check_generate_cached(generate_cached) -> None:
-    """generate_cached(model, idx, max_new_tokens, sample, cache) -> (B, T + new)."""
+    """generate_cached(model, idx (B, T), max_new_tokens, sample, cache) -> (B, T + new)."""
     ex = EX_LOOP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(2)
-    for B, T, n, sample in [
-        (1, 3, 5, _greedy),
-        (2, 5, 6, _greedy),
-        (1, 1, 4, _greedy),
-        (2, 4, 5, _third_most_likely),
-    ]:
+    cases = [(1, 3, 5, _greedy), (2, 5, 6, _greedy), (1, 1, 4, _greedy)]
+    for B, T, n, sample in [*cases, (2, 4, 5, _third_most_likely)]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
         got, held = _run_loop(ex, generate_cached, model, idx, n, sample)
-        got = core.expect_tensor(
-            ex,
-            got,
-            (B, T + n),
-            what="your tokens",
-            hints={(B, n): core.named(LOOP_MISTAKES, "new tokens only").message},
-        )
+        hints = {(B, n): core.named(LOOP_MISTAKES, "new tokens only").message}
+        got = core.expect_tensor(ex, got, (B, T + n), what="your tokens", hints=hints).long()
         if held < T + n - 1:  # every token but the last one goes through the cache
-            raise core.CheckFailed(ex, core.named(LOOP_MISTAKES, "cache ignored").message)
+            raise _named(ex, LOOP_MISTAKES, "cache ignored")
         want = _recomputed(model, idx, n, sample)
-        if torch.equal(got.long(), want):
+        if torch.equal(got, want):
             continue
-
-        def same(mistake, idx=idx, n=n, sample=sample, got=got):
-            return torch.equal(got.long(), _run_loop(ex, mistake.fn, model, idx, n, sample)[0])
-
-        mistake = core.first_mistake(LOOP_MISTAKES, same)
+        mistake = core.first_mistake(
+            LOOP_MISTAKES,
+            lambda m: torch.equal(got, _run_loop(ex, m.fn, model, idx, n, sample)[0]),
+        )
         if mistake is not None:
             raise core.CheckFailed(ex, mistake.message)
-        if not torch.equal(got[:, :T].long(), idx):
+        if not torch.equal(got[:, :T], idx):
             raise core.CheckFailed(ex, "the result must start with the prompt, unchanged")
-        first = int((got.long() != want)[:, T:].any(0).nonzero()[0, 0])
-        if first == 0:
-            raise core.CheckFailed(
-                ex,
-                "the first new token already differs from a full pass: it "
-                "comes from the prefill, the whole prompt in one call, and "
-                "the logits at the prompt's last position",
-            )
+        first = int((got != want)[:, T:].any(0).nonzero()[0, 0])
         raise core.CheckFailed(
             ex,
-            f"with a prompt of {T} tokens, new token {first} differs from a "
-            "full recomputation: check what the cache holds at each position",
+            "the first new token already differs from a full pass: it comes from the prefill, "
+            "the whole prompt in one call, and the logits at the prompt's last position"
+            if first == 0
+            else f"with a prompt of {T} tokens, new token {first} differs from a full "
+            "recomputation: check what the cache holds at each position",
         )
     core.passed(
         ex,
@@ -1406,8 +1152,6 @@ def check_generate_cached(generate_cached) -> None:
 
 
 # --------------------------------------------------------------------------- 9.10 the cache's gain
-
-
 def check_cache_gains(lengths, gains) -> None:
     """The gains measured with cache_gain: one positive number per length, above 1 at the
     longest (without the cache, the longest run repeats the most work)."""
@@ -1415,113 +1159,79 @@ def check_cache_gains(lengths, gains) -> None:
     if not isinstance(gains, (list, tuple)) or len(gains) != len(lengths):
         raise core.CheckFailed(ex, f"expected one gain per length ({len(lengths)}), got {gains!r}")
     for n, gain in zip(lengths, gains):
-        if (
-            isinstance(gain, bool)
-            or not isinstance(gain, (int, float))
-            or not gain > 0
-            or gain != gain
-            or gain == float("inf")
-        ):
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 < gain < math.inf:
             raise core.CheckFailed(
                 ex, f"the gain at {n} tokens should be a positive number of times, got {gain!r}"
             )
-    if gains[-1] < 1 and all(g < 1 for g in gains):
+    if all(g < 1 for g in gains):
         raise core.CheckFailed(
             ex,
-            "every gain is below 1, so the cache would be slower at every "
-            "length: you probably return cached / uncached time; the gain is "
-            "uncached / cached",
+            "every gain is below 1, so the cache would be slower at every length: you probably "
+            "return cached / uncached time; the gain is uncached / cached",
         )
     core.passed(ex, f"{len(gains)} lengths measured")
 
 
 # --------------------------------------------------------------------------- 9.11 bytes per token
-
-
-def _weight_bytes_right(model):
-    from gpt2lib.speed.measure import decode_bytes_per_token
-
-    return decode_bytes_per_token(model)
-
-
 def _all_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _numbers_read(model):
+    """How many numbers a step reads: every parameter, but one row of the position table."""
+    wpe = model.wpe.weight
+    return sum(p.numel() for p in model.parameters()) - wpe.numel() + wpe.shape[1]
 
 
 # fn(model) -> bytes, a wrong weight_bytes_per_token
 WEIGHT_BYTES_MISTAKES = [
     core.Mistake(
         "whole wpe",
-        "you counted the whole position table: a decode step looks up one "
-        "position, so it reads one row of wpe",
+        "you counted the whole position table: a step reads only one row of wpe, for its position",
         _all_bytes,
     ),
     core.Mistake(
         "numbers",
         "you counted numbers, not bytes: multiply each tensor's numel() by its element_size()",
-        lambda m: (
-            sum(p.numel() for p in m.parameters()) - m.wpe.weight.numel() + m.wpe.weight.shape[1]
-        ),
+        _numbers_read,
     ),
     core.Mistake(
         "float32 assumed",
         "you assumed 4 bytes a number: use each tensor's element_size() (a bfloat16 model has 2)",
-        lambda m: (
-            4
-            * (
-                sum(p.numel() for p in m.parameters())
-                - m.wpe.weight.numel()
-                + m.wpe.weight.shape[1]
-            )
-        ),
+        lambda m: 4 * _numbers_read(m),
     ),
     core.Mistake(
         "no wpe row",
-        "you left out the position table entirely: a step still reads the "
-        "one row of wpe for its position",
+        "you left out the position table: a step still reads the one row of wpe for its position",
         lambda m: _all_bytes(m) - m.wpe.weight.nbytes,
     ),
     core.Mistake(
         "wte twice",
         "you counted the token table twice: the lookup reads one row of it and "
         "the readout reads it all, so the whole table once",
-        lambda m: _weight_bytes_right(m) + m.wte.weight.nbytes,
+        lambda m: decode_bytes_per_token(m) + m.wte.weight.nbytes,
     ),
 ]
 
 
 def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
     """weight_bytes_per_token(model) -> bytes one batch-1 decode step reads."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    ex = EX_WEIGHT_BYTES
-    models = [
-        _tiny_model(),
-        GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=64, vocab_size=30)).to(
-            torch.bfloat16
-        ),
-    ]
-    got = [core.call_learner(ex, weight_bytes_per_token, m) for m in models]
-    for value in got:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise core.CheckFailed(ex, f"return a number of bytes, got {type(value).__name__}")
-    if got == [_weight_bytes_right(m) for m in models]:
-        core.passed(ex, "a float32 and a bfloat16 model")
-        return
-    mistake = core.first_mistake(WEIGHT_BYTES_MISTAKES, lambda m: got == [m.fn(x) for x in models])
-    if mistake is not None:
-        raise core.CheckFailed(ex, mistake.message)
-    raise core.CheckFailed(
-        ex,
-        f"for a tiny float32 model you give {got[0]:,} bytes, expected "
-        f"{_weight_bytes_right(models[0]):,}: every weight in full, once, "
-        "except the position table, of which a step reads one row",
+    small = _tiny_model(n_layer=1, n_embd=8, n_positions=64, vocab_size=30)
+    models = [_tiny_model(), small.to(torch.bfloat16)]
+    got = _byte_counts(EX_WEIGHT_BYTES, weight_bytes_per_token, [(m,) for m in models])
+    want = [decode_bytes_per_token(m) for m in models]
+    if got == want:
+        return core.passed(EX_WEIGHT_BYTES, "a float32 and a bfloat16 model")
+    core.fail_with(
+        EX_WEIGHT_BYTES,
+        WEIGHT_BYTES_MISTAKES,
+        lambda m: got == [m.fn(x) for x in models],
+        f"for a tiny float32 model you give {got[0]:,} bytes, expected {want[0]:,}: every "
+        "weight in full, once, except the position table, of which a step reads one row",
     )
 
 
 # --------------------------------------------------------------------------- challenge: beam search
-
 BEAM_PROMPTS = ["The king said", "Once upon a time", "In the morning we", "I will not"]
 BEAM_TOKENS, BEAMS = 10, 4
 
@@ -1535,12 +1245,10 @@ def _log_prob(model, seq, prompt_len):
 
 
 def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
-    """beam_search(model, idx, max_new_tokens, beams) scores at least greedy's total
-    log-probability on every prompt and more on at least one."""
-    from gpt2lib.generation import generate
-
+    """beam_search(model, idx (1, T), max_new_tokens, beams) -> (1, T + max_new_tokens): scores
+    at least greedy's total log-probability on every prompt and more on at least one."""
     device = next(model.parameters()).device
-    better, rows = 0, []
+    better = 0
     for prompt in BEAM_PROMPTS:
         idx = torch.tensor([tokenizer.encode(prompt)], device=device)
         T = idx.shape[1]
@@ -1550,7 +1258,6 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
             raise core.CheckFailed(CHALLENGE, "the result must start with the prompt, unchanged")
         greedy = generate(model, idx, BEAM_TOKENS, temperature=0)
         yours, theirs = _log_prob(model, got.long(), T), _log_prob(model, greedy, T)
-        rows.append((prompt, theirs, yours))
         print(
             f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats "
             f"-> {tokenizer.decode(got[0, T:].tolist())!r}"
@@ -1558,9 +1265,8 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
         if yours < theirs - 1e-3:
             raise core.CheckFailed(
                 CHALLENGE,
-                f"on {prompt!r} your continuation is less likely than "
-                f"greedy's ({yours:.4f} < {theirs:.4f} nats): keep "
-                "the best partial sequences by total log-probability",
+                f"on {prompt!r} your continuation is less likely than greedy's ({yours:.4f} < "
+                f"{theirs:.4f} nats): keep the best partial sequences by total log-probability",
             )
         better += yours > theirs + 1e-3
     if better == 0:

@@ -1,10 +1,5 @@
-"""Checks for chapter 6 (the whole model): assembling GPT-2, its initialisation, its size, the
-memory training needs, and a forward pass with planted bugs.
-
-Each check runs the learner's code on small random cases, compares with the reference
-`gpt2lib.model.GPT2`, and names the usual mistake by comparing with the planted wrong answers
-in the module-level `Mistake` lists below (the tests are parametrised over those lists).
-"""
+"""Checks for chapter 6, the whole model: Exercises 6.1 (assemble GPT-2), 6.3 (initialisation),
+6.5 (parameter count), 6.6 (training memory), 6.8 (forward_by_hand) and the 1 GiB challenge."""
 
 from __future__ import annotations
 
@@ -15,6 +10,8 @@ import numbers
 import torch
 import torch.nn as nn
 
+from gpt2lib.chapters.config import GPT2Config
+from gpt2lib.chapters.model import GPT2
 from gpt2lib.course.checks import _core as core
 
 EX_MODULE = "Exercise 6.1 (assemble GPT-2)"
@@ -24,17 +21,19 @@ EX_MEMORY = "Exercise 6.6 (training memory)"
 EX_DEBUG = "Exercise 6.8 (forward_by_hand)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
+NOT_DETERMINISTIC = (
+    "in eval mode two calls gave different logits: use nn.Dropout (it switches off in "
+    ".eval()), not F.dropout(x, p) alone"
+)
 
 
-def _config(**sizes):
-    from gpt2lib.chapters.config import GPT2Config
-
-    return GPT2Config(**sizes)
+def _fail_with(exercise, mistakes, matches, otherwise, *, prefix=""):
+    """core.fail_with, with `prefix` (the case where the mistake showed) before its message."""
+    mistake = core.first_mistake(mistakes, matches)
+    raise core.CheckFailed(exercise, prefix + mistake.message if mistake else otherwise)
 
 
 def _reference(config, seed=0):
-    from gpt2lib.chapters.model import GPT2
-
     torch.manual_seed(seed)
     model = GPT2(config).eval()
     with torch.no_grad():  # LayerNorm gains and biases away from 1 and 0, so skipping one shows
@@ -47,309 +46,221 @@ def _reference(config, seed=0):
 
 
 # --------------------------------------------------------------------------- Exercise 6.1
+def _logits(m, idx, kind=None):
+    """Model m's logits from its own wte, wpe, drop, h and ln_f: right, or with the planted
+    mistake `kind` (a name in MODULE_MISTAKES or FORWARD_MISTAKES)."""
+    x = m.wte(idx)
+    if kind == "ids as positions":
+        x = x + m.wpe(idx)
+    elif kind != "no positions":
+        start = 1 if kind in ("positions from 1", "both_planted_bugs") else 0
+        x = x + m.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
+    x = m.drop(x)
+    for block in {"blocks discarded": [], "last block only": m.h[-1:]}.get(kind, m.h):
+        x = x + block(x) if kind in ("double residual", "both_planted_bugs") else block(x)
+        x = m.ln_f(x) if kind == "ln_f in every block" else x
+    x = x if kind in ("no ln_f", "ln_f in every block") else m.ln_f(x)
+    logits = x @ (m.wpe if kind == "readout with wpe" else m.wte).weight.T
+    if kind == "softmax":
+        return logits.softmax(dim=-1)
+    return logits.log_softmax(dim=-1) if kind == "log-softmax" else logits
 
 
-def _blocks(model, x):
-    for block in model.h:
-        x = block(x)
-    return x
-
-
-def _readout(model, x):
-    return x @ model.wte.weight.T
-
-
-def _positions(model, idx, start=0):
-    return model.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
-
-
-def _ln_f_after_each(model, x):
-    for block in model.h:
-        x = model.ln_f(block(x))
-    return x
-
-
-def _right(model, idx):
-    return _readout(
-        model, model.ln_f(_blocks(model, model.drop(model.wte(idx) + _positions(model, idx))))
-    )
-
-
-def _by_hand(model, idx, *, start=0, residual_twice=False):
-    x = model.drop(model.wte(idx) + _positions(model, idx, start=start))
-    for block in model.h:
-        x = x + block(x) if residual_twice else block(x)
-    return _readout(model, model.ln_f(x))
+def _planted(messages):
+    """The planted forwards {name: message}, each wrong answer fn(model, idx) made from its name."""
+    return [
+        core.Mistake(name, message, functools.partial(_logits, kind=name))
+        for name, message in messages.items()
+    ]
 
 
 DOUBLE_RESIDUAL = (
-    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block "
-    "already returns x plus its update, so that doubles the stream at every block. "
-    "Write x = block(x)"
+    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already "
+    "returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
 )
 
-
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
-MODULE_MISTAKES = [
-    core.Mistake(
-        "double residual", DOUBLE_RESIDUAL, lambda m, idx: _by_hand(m, idx, residual_twice=True)
-    ),
-    core.Mistake(
-        "no ln_f",
-        "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to "
-        "the output of the last block, before the readout",
-        lambda m, idx: _readout(m, _blocks(m, m.wte(idx) + _positions(m, idx))),
-    ),
-    core.Mistake(
-        "no positions",
-        "your logits match the model WITHOUT position embeddings: add "
-        "self.wpe(positions) to the token embeddings, or the model cannot tell word order",
-        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx)))),
-    ),
-    core.Mistake(
-        "positions from 1",
-        "your positions start at 1: the first token's position is 0, so use "
-        "torch.arange(T) (0, 1, ..., T-1)",
-        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx, start=1)))),
-    ),
-    core.Mistake(
-        "ids as positions",
-        "you looked up the token ids in the position table (self.wpe(idx)): "
-        "positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
-        lambda m, idx: _readout(m, m.ln_f(_blocks(m, m.wte(idx) + m.wpe(idx)))),
-    ),
-    core.Mistake(
-        "blocks discarded",
-        "your logits match the model with NO blocks: a block returns the new "
-        "residual stream, so write x = block(x) (the blocks' output is being thrown away)",
-        lambda m, idx: _readout(m, m.ln_f(m.wte(idx) + _positions(m, idx))),
-    ),
-    core.Mistake(
-        "last block only",
-        "your logits match the model with only the LAST block applied to the "
-        "embeddings: each block takes the previous block's output, x = block(x) in the loop",
-        lambda m, idx: _readout(m, m.ln_f(m.h[-1](m.wte(idx) + _positions(m, idx)))),
-    ),
-    core.Mistake(
-        "ln_f in every block",
-        "the final LayerNorm ln_f is applied after every block: it comes "
-        "once, after the last block",
-        lambda m, idx: _readout(m, _ln_f_after_each(m, m.wte(idx) + _positions(m, idx))),
-    ),
-    core.Mistake(
-        "softmax",
-        "your output is probabilities (each row sums to 1): return the raw logits; "
-        "softmax belongs to the loss and to sampling",
-        lambda m, idx: _right(m, idx).softmax(dim=-1),
-    ),
-    core.Mistake(
-        "log-softmax",
-        "your output is log-probabilities (log_softmax): return the raw logits; "
-        "the loss (F.cross_entropy) applies log_softmax itself",
-        lambda m, idx: _right(m, idx).log_softmax(dim=-1),
-    ),
-    core.Mistake(
-        "readout with wpe",
-        "the readout multiplies by the position table: the tied readout uses "
-        "the TOKEN table, x @ self.wte.weight.T",
-        lambda m, idx: m.ln_f(_blocks(m, m.wte(idx) + _positions(m, idx))) @ m.wpe.weight.T,
-    ),
-]
+MODULE_MISTAKES = _planted(
+    {
+        "double residual": DOUBLE_RESIDUAL,
+        "no ln_f": (
+            "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the "
+            "output of the last block, before the readout"
+        ),
+        "no positions": (
+            "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to "
+            "the token embeddings, or the model cannot tell word order"
+        ),
+        "positions from 1": (
+            "your positions start at 1: the first is 0, so use torch.arange(T) (0, 1, ..., T-1)"
+        ),
+        "ids as positions": (
+            "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, "
+            "1, ..., T-1, torch.arange(T), whatever the tokens are"
+        ),
+        "blocks discarded": (
+            "your logits match the model with NO blocks: a block returns the new residual stream, "
+            "so write x = block(x) (the blocks' output is being thrown away)"
+        ),
+        "last block only": (
+            "your logits match the model with only the LAST block applied to the embeddings: each "
+            "block takes the previous block's output, x = block(x) in the loop"
+        ),
+        "ln_f in every block": (
+            "the final LayerNorm ln_f is applied after every block: it comes once, after the last"
+        ),
+        "softmax": (
+            "your output is probabilities (each row sums to 1): return the raw logits; softmax "
+            "belongs to the loss and to sampling"
+        ),
+        "log-softmax": (
+            "your output is log-probabilities (log_softmax): return the raw logits; the loss "
+            "(F.cross_entropy) applies log_softmax itself"
+        ),
+        "readout with wpe": (
+            "the readout multiplies by the position table: the tied readout uses the TOKEN table, "
+            "x @ self.wte.weight.T"
+        ),
+    }
+)
 
 
 def _check_dropout(model_cls) -> None:
     """Training mode: dropout on the embeddings (self.drop) acts; eval mode: it does not."""
-    config = _config(
-        vocab_size=61,
-        n_positions=16,
-        n_embd=32,
-        n_layer=1,
-        n_head=4,
-        embd_pdrop=0.5,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-    )
+    config = core.tiny_config(vocab_size=61, n_embd=32, n_head=4, embd_pdrop=0.5)
     model = core.call_learner(EX_MODULE, model_cls, config)
     model.load_state_dict(_reference(config).state_dict(), strict=False)
     idx = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        model.eval()
-        if not torch.equal(model(idx), model(idx)):
-            raise core.CheckFailed(
-                EX_MODULE,
-                "in eval mode two calls gave different logits: use "
-                "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
-            )
-        evaluated = model(idx)
-        model.train()
+        evaluated = model.eval()(idx)
+        if not torch.equal(model(idx), evaluated):
+            raise core.CheckFailed(EX_MODULE, NOT_DETERMINISTIC)
         torch.manual_seed(0)
-        if torch.equal(model(idx), evaluated):
+        if torch.equal(model.train()(idx), evaluated):
             raise core.CheckFailed(
                 EX_MODULE,
-                "with embd_pdrop = 0.5, training mode gives the same logits "
-                "as eval mode: self.drop is never applied. Apply it to the sum of the "
-                "embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))",
+                "with embd_pdrop = 0.5, training mode gives the same logits as eval mode: "
+                "self.drop is never applied. Apply it to the sum of the embeddings, "
+                "x = self.drop(self.wte(idx) + self.wpe(positions))",
             )
     model.eval()
 
 
-def check_gpt2_module(model_cls) -> None:
-    """Exercise 6.1: `model_cls(config)` builds GPT-2 and `forward(idx)` returns logits."""
-    config = _config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
-    ref = _reference(config)
-    model = core.call_learner(EX_MODULE, model_cls, config)
+def _check_parts(model, model_cls, ref) -> None:
+    """The model's modules, their names and sizes, and that the reference weights load."""
+    config = ref.config
+    fail = functools.partial(core.CheckFailed, EX_MODULE)
     if not isinstance(model, nn.Module):
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"{getattr(model_cls, '__name__', model_cls)}(config) "
-            f"should make an nn.Module, got {type(model).__name__}",
-        )
+        name = getattr(model_cls, "__name__", model_cls)
+        raise fail(f"{name}(config) should make an nn.Module, got {type(model).__name__}")
     missing = [n for n in _NAMES if not hasattr(model, n)]
     if "ln_f" in missing:
-        raise core.CheckFailed(
-            EX_MODULE,
+        raise fail(
             "your model has no `ln_f`: the final LayerNorm is missing; "
-            "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)",
+            "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)"
         )
     if missing:
-        raise core.CheckFailed(
-            EX_MODULE,
+        raise fail(
             f"your model has no attribute(s) {', '.join(missing)}; "
-            f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)",
+            f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)"
         )
     if isinstance(model.h, (list, tuple)):
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"self.h is a plain {type(model.h).__name__}: PyTorch does "
-            "not see the blocks inside it, so their parameters are missing from "
-            "model.parameters(), state_dict() and .to(device); wrap it: "
-            "self.h = nn.ModuleList([...])",
+        raise fail(
+            f"self.h is a plain {type(model.h).__name__}: PyTorch does not see the blocks "
+            "inside it, so their parameters are missing from model.parameters(), state_dict() "
+            "and .to(device); wrap it: self.h = nn.ModuleList([...])"
         )
     if not isinstance(model.h, nn.ModuleList) or len(model.h) != config.n_layer:
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"self.h should be an nn.ModuleList of config.n_layer "
-            f"({config.n_layer}) blocks, got {type(model.h).__name__}"
-            + (f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""),
+        length = f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""
+        raise fail(
+            f"self.h should be an nn.ModuleList of config.n_layer ({config.n_layer}) blocks, "
+            f"got {type(model.h).__name__}{length}"
         )
-
     if len({id(block) for block in model.h}) < len(model.h):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "self.h holds the same Block object more than once "
-            "([Block(config)] * n_layer repeats one block, so all layers share "
-            "their weights); build a new block for each layer: "
-            "nn.ModuleList([Block(config) for _ in range(config.n_layer)])",
+        raise fail(
+            "self.h holds the same Block object more than once ([Block(config)] * n_layer "
+            "repeats one block, so all layers share their weights); build a new block for "
+            "each layer: nn.ModuleList([Block(config) for _ in range(config.n_layer)])"
         )
-
     V, C = config.vocab_size, config.n_embd
-    wte_weight = getattr(model.wte, "weight", None)
-    untied = [
-        n
-        for n, p in model.named_parameters()
-        if p is not wte_weight and tuple(p.shape) in ((V, C), (C, V))
-    ]
+    wte = getattr(model.wte, "weight", None)
+    params = dict(model.named_parameters())
+    untied = [n for n, p in params.items() if p is not wte and tuple(p.shape) in ((V, C), (C, V))]
     if untied:
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"your model has a separate readout ({', '.join(untied)}, "
-            f"{V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's "
-            "readout is tied, logits = x @ self.wte.weight.T, with no lm_head",
+        raise fail(
+            f"your model has a separate readout ({', '.join(untied)}, {V * C:,} extra "
+            "parameters here, 38,597,376 in GPT-2 small): GPT-2's readout is tied, "
+            "logits = x @ self.wte.weight.T, with no lm_head"
         )
-    n_learner = sum(p.numel() for p in model.parameters())
-    n_ref = sum(p.numel() for p in ref.parameters())
+    n_learner, n_ref = (sum(p.numel() for p in m.parameters()) for m in (model, ref))
     if n_learner != n_ref:
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"your model has {n_learner:,} parameters, the reference "
-            f"{n_ref:,} for this config; compare your layers with the list above",
+        raise fail(
+            f"your model has {n_learner:,} parameters, the reference {n_ref:,} for this "
+            "config; compare your layers with the list above"
         )
-
     state = ref.state_dict()
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:
-        raise core.CheckFailed(
-            EX_MODULE, f"the reference weights do not fit your model: {exc}"
-        ) from None
-    loaded = {id(p) for n, p in model.named_parameters() if n in state}
-    not_loaded = [
-        n
-        for n in result.missing_keys
-        if n in dict(model.named_parameters()) and id(model.get_parameter(n)) not in loaded
-    ]
+        raise fail(f"the reference weights do not fit your model: {exc}") from None
+    loaded = {id(p) for n, p in params.items() if n in state}
+    not_loaded = [n for n in result.missing_keys if n in params and id(params[n]) not in loaded]
     if result.unexpected_keys or not_loaded:
-        raise core.CheckFailed(
-            EX_MODULE,
-            "parameter names differ from GPT-2's: your model lacks "
-            f"{result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) "
-            f"for the blocks and the names {', '.join(_NAMES)}",
+        raise fail(
+            f"parameter names differ from GPT-2's: your model lacks {result.unexpected_keys[:4]} "
+            f"and has {not_loaded[:4]}; use Block(config) for the blocks and the names "
+            f"{', '.join(_NAMES)}"
         )
-    model.eval()
 
+
+def check_gpt2_module(model_cls) -> None:
+    """Exercise 6.1: `model_cls(config)` builds GPT-2; its forward(idx) (B, T) -> logits
+    (B, T, vocab_size)."""
+    config = GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    ref = _reference(config)
+    model = core.call_learner(EX_MODULE, model_cls, config)
+    _check_parts(model, model_cls, ref)
+    model.eval()
     torch.manual_seed(1)
     cases = [
         torch.randint(0, config.n_positions, (2, 9)),  # ids small enough to be positions too
-        torch.randint(0, V, (config.n_positions, 3)).T,  # the full context, a non-contiguous view
-        torch.randint(0, V, (1, 1)),  # a single token
+        torch.randint(0, config.vocab_size, (config.n_positions, 3)).T,  # full, non-contiguous
+        torch.randint(0, config.vocab_size, (1, 1)),  # a single token
     ]
     for idx in cases:
-        with torch.no_grad():
-            got = core.call_learner(
-                EX_MODULE, model.forward, idx
-            )  # forward: so a wrong signature is named
-            want = _right(ref, idx)
-        if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(idx.shape) + (C,):
-            raise core.CheckFailed(
-                EX_MODULE,
-                f"your output has shape {tuple(got.shape)} = (B, T, n_embd): "
-                "the readout is missing; multiply by self.wte.weight.T to get "
-                "(B, T, vocab_size)",
-            )
-        with torch.no_grad():
-            mistake = (
-                None
-                if core.close(got, want, atol=1e-4, rtol=1e-4)
-                else core.first_mistake(
-                    MODULE_MISTAKES, lambda m: core.close(got, m.fn(ref, idx), atol=1e-4, rtol=1e-4)
-                )
-            )
-        if mistake is not None:
-            raise core.CheckFailed(EX_MODULE, mistake.message)
-        got = core.expect_tensor(
-            EX_MODULE,
-            got,
-            tuple(want.shape),
-            what=f"for idx of shape {tuple(idx.shape)} your output",
-        )
-        with torch.no_grad():
-            if not torch.equal(got, core.call_learner(EX_MODULE, model.forward, idx).double()):
+        with torch.no_grad():  # forward: so that a wrong signature is named
+            got = core.call_learner(EX_MODULE, model.forward, idx)
+            want = _logits(ref, idx)
+            if isinstance(got, torch.Tensor) and tuple(got.shape) == (*idx.shape, config.n_embd):
                 raise core.CheckFailed(
                     EX_MODULE,
-                    "in eval mode two calls gave different logits: use "
-                    "nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone",
+                    f"your output has shape {tuple(got.shape)} = (B, T, n_embd): the readout "
+                    "is missing; multiply by self.wte.weight.T to get (B, T, vocab_size)",
                 )
-        if core.close(got, want, atol=1e-4, rtol=1e-4):
-            continue
-        worst = (got - want.double()).abs().max().item()
-        raise core.CheckFailed(
-            EX_MODULE,
-            f"for idx of shape {tuple(idx.shape)} your logits differ "
-            f"from the reference by up to {worst:.4g}; the order is: wte(idx) + "
-            "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
-        )
+            if not core.close(got, want, atol=1e-4, rtol=1e-4):
+                mistake = core.first_mistake(
+                    MODULE_MISTAKES, lambda m: core.close(got, m.fn(ref, idx), 1e-4, 1e-4)
+                )
+                if mistake is not None:
+                    raise core.CheckFailed(EX_MODULE, mistake.message)
+            shape = tuple(idx.shape)
+            got = core.expect_tensor(
+                EX_MODULE, got, want.shape, what=f"for idx of shape {shape} your output"
+            )
+            if not torch.equal(got, core.call_learner(EX_MODULE, model.forward, idx).double()):
+                raise core.CheckFailed(EX_MODULE, NOT_DETERMINISTIC)
+        if not core.close(got, want, atol=1e-4, rtol=1e-4):
+            raise core.CheckFailed(
+                EX_MODULE,
+                f"for idx of shape {shape} your logits differ from the reference by up to "
+                f"{(got - want.double()).abs().max().item():.4g}; the order is: wte(idx) + "
+                "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
+            )
     _check_dropout(model_cls)
     core.passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
 
 # --------------------------------------------------------------------------- Exercise 6.3
-
-
-def _std_of(params):
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    return flat.std().item(), flat.mean().item()
-
-
 # fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
 INIT_SCALE_MISTAKES = [
     core.Mistake(
@@ -378,47 +289,41 @@ INIT_SCALE_MISTAKES = [
 ]
 
 
+def _std_and_mean(named, suffix):
+    flat = torch.cat([p.detach().reshape(-1) for n, p in named.items() if n.endswith(suffix)])
+    return flat.std().item(), flat.mean().item()
+
+
+def _near(value, target):
+    return abs(value - target) <= 0.1 * target
+
+
 def check_init_gpt2_weights(init_fn) -> None:
     """Exercise 6.3: `init_fn(model)` sets a gpt2lib.GPT2's weights as GPT-2 does, in place."""
-    from gpt2lib.chapters.model import GPT2
-
-    n_layer = 6  # not GPT-2 small's 12, so a hard-coded 12 shows
-    config = _config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=n_layer, n_head=4)
+    n_layer, fill = 6, 0.5  # not GPT-2 small's 12, so a hard-coded 12 shows
     torch.manual_seed(0)
-    model = GPT2(config)
-    fill = 0.5
+    model = GPT2(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=n_layer, n_head=4))
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(fill)
-    torch.manual_seed(0)
-    with torch.no_grad():
+        torch.manual_seed(0)
         returned = core.call_learner(EX_INIT, init_fn, model)
-    if (
-        isinstance(returned, nn.Module)
-        and returned is not model
-        and all((p == fill).all() for p in model.parameters())
-    ):
-        raise core.CheckFailed(
-            EX_INIT,
-            "your function returned a new model and left the one it was "
-            "given unchanged; set the weights of `model` itself, in place "
-            "(nn.init.normal_(module.weight, ...) changes the tensor it is given)",
-        )
     named = dict(model.named_parameters())
-
-    def group(predicate):
-        return [p for n, p in named.items() if predicate(n)]
-
-    def is_layer_norm(n):
-        return ".ln_" in n or n.startswith("ln_f")
-
-    for n, p in named.items():
-        if is_layer_norm(n) and not torch.all(p == (1.0 if n.endswith(".weight") else 0.0)):
+    if isinstance(returned, nn.Module) and returned is not model:
+        if all((p == fill).all() for p in named.values()):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{n} is not {'all ones' if n.endswith('.weight') else 'zero'}: "
-                "a LayerNorm starts with gain (weight) 1 and bias 0, a plain "
-                "normalisation",
+                "your function returned a new model and left the one it was given unchanged; "
+                "set the weights of `model` itself, in place (nn.init.normal_(module.weight, "
+                "...) changes the tensor it is given)",
+            )
+    for n, p in named.items():
+        ones = n.endswith(".weight")  # a LayerNorm's gain; its bias is 0
+        if (".ln_" in n or n.startswith("ln_f")) and not torch.all(p == float(ones)):
+            raise core.CheckFailed(
+                EX_INIT,
+                f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm "
+                "starts with gain (weight) 1 and bias 0, a plain normalisation",
             )
     for n, p in named.items():
         if n.endswith(".bias") and not torch.all(p == 0):
@@ -427,78 +332,62 @@ def check_init_gpt2_weights(init_fn) -> None:
         if torch.all(p == fill):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{n} still holds the value it had before your function "
-                "ran: every parameter must be set (see the list in the exercise)",
+                f"{n} still holds the value it had before your function ran: every parameter "
+                "must be set (see the list in the exercise)",
             )
-
-    expected = 0.02
     groups = {
-        "the token embedding wte": group(lambda n: n == "wte.weight"),
-        "the position embedding wpe": group(lambda n: n == "wpe.weight"),
-        "attn.c_attn weights": group(lambda n: n.endswith("attn.c_attn.weight")),
-        "mlp.c_fc weights": group(lambda n: n.endswith("mlp.c_fc.weight")),
+        "the token embedding wte": "wte.weight",
+        "the position embedding wpe": "wpe.weight",
+        "attn.c_attn weights": "attn.c_attn.weight",
+        "mlp.c_fc weights": "mlp.c_fc.weight",
     }
-    for label, params in groups.items():
-        std, mean = _std_of(params)
-        if abs(std - math.sqrt(expected)) < 0.1 * math.sqrt(expected):
+    for label, suffix in groups.items():
+        std, mean = _std_and_mean(named, suffix)
+        if abs(std - math.sqrt(0.02)) < 0.1 * math.sqrt(0.02):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard "
-                "deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
+                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard deviation, not "
+                "the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
             )
-        if abs(std - expected) > 0.1 * expected:
+        if not _near(std, 0.02):
             raise core.CheckFailed(
                 EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them"
             )
-        if abs(mean) > 0.2 * expected:
+        if abs(mean) > 0.2 * 0.02:
             raise core.CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
-
-    resid = expected / math.sqrt(2 * n_layer)
-
-    def near(value, target):
-        return abs(value - target) <= 0.1 * target
-
-    stds = {
-        w: _std_of(group(lambda n, w=w: n.endswith(w + ".weight")))
-        for w in ("attn.c_proj", "mlp.c_proj")
-    }
-    right = {w: near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
+    resid = 0.02 / math.sqrt(2 * n_layer)
+    stds = {w: _std_and_mean(named, w + ".weight") for w in ("attn.c_proj", "mlp.c_proj")}
+    right = {w: _near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
     if all(right.values()):
         core.passed(EX_INIT, f"std 0.02, residual projections {resid:.4f} for n_layer={n_layer}")
         return
-    if sum(right.values()) == 1:
-        good = next(w for w, ok in right.items() if ok)
-        bad = next(w for w, ok in right.items() if not ok)
-        if near(stds[bad][0], expected):
-            raise core.CheckFailed(
-                EX_INIT,
-                f"only {good} is scaled, {bad} is not: both write into the "
-                "residual stream, so both use std 0.02 / √(2 · n_layer)",
-            )
-    where = next(w for w, ok in right.items() if not ok)
-    std, mean = stds[where]
-    if near(std, expected):
+    bad = next(w for w, ok in right.items() if not ok)
+    good = next((w for w, ok in right.items() if ok), None)
+    if good and _near(stds[bad][0], 0.02):
         raise core.CheckFailed(
             EX_INIT,
-            "the residual projections (attn.c_proj, mlp.c_proj) are not "
-            f"scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the "
-            "residual stream adds up 2 · n_layer of their outputs",
+            f"only {good} is scaled, {bad} is not: both write into the residual stream, so "
+            "both use std 0.02 / √(2 · n_layer)",
         )
-    mistake = core.first_mistake(INIT_SCALE_MISTAKES, lambda m: near(std, m.fn(n_layer)))
-    if mistake is not None:
+    std, mean = stds[bad]
+    if _near(std, 0.02):
         raise core.CheckFailed(
-            EX_INIT, f"{where} weights have std {std:.4f}: they " + mistake.message
+            EX_INIT,
+            f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): "
+            "use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of "
+            "their outputs",
         )
-    raise core.CheckFailed(
+    _fail_with(
         EX_INIT,
-        f"{where} weights have std {std:.4f} (mean {mean:.4f}); expected "
+        INIT_SCALE_MISTAKES,
+        lambda m: _near(std, m.fn(n_layer)),
+        f"{bad} weights have std {std:.4f} (mean {mean:.4f}); expected "
         f"0.02 / √(2 · {n_layer}) = {resid:.4f}",
+        prefix=f"{bad} weights have std {std:.4f}: they ",
     )
 
 
 # --------------------------------------------------------------------------- Exercise 6.5
-
-
 def _right_count(config):
     V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
     return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -509,115 +398,98 @@ def _count_mistake(name, message, delta):
     return core.Mistake(
         name,
         message,
-        lambda config: (
-            _right_count(config)
-            + delta(config.vocab_size, config.n_positions, config.n_embd, config.n_layer)
-        ),
+        lambda c: _right_count(c) + delta(c.vocab_size, c.n_positions, c.n_embd, c.n_layer),
     )
 
 
-# fn(config) -> the count a wrong formula gives
+# fn(config) -> the count a wrong formula gives: the right one plus delta(V, P, C, L)
 COUNT_MISTAKES = [
-    _count_mistake(
-        "untied readout",
-        "you counted the readout as well as wte: the readout is TIED to "
-        "the token table (logits = x @ wte.weight.T), so it adds no parameters",
-        lambda V, P, C, L: V * C,
-    ),
-    _count_mistake(
-        "no ln_f",
-        "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
-        lambda V, P, C, L: -2 * C,
-    ),
-    _count_mistake(
-        "no wpe",
-        "the position embedding table wpe (n_positions × n_embd) is missing",
-        lambda V, P, C, L: -P * C,
-    ),
-    _count_mistake(
-        "no biases",
-        "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
-        "(3C + C + 4C + C per block) are missing",
-        lambda V, P, C, L: -9 * C * L,
-    ),
-    _count_mistake(
-        "no block LayerNorms",
-        "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
-        lambda V, P, C, L: -4 * C * L,
-    ),
-    _count_mistake(
-        "no LayerNorms",
-        "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
-        lambda V, P, C, L: -4 * C * L - 2 * C,
-    ),
-    _count_mistake(
-        "weights only",
-        "only the weight matrices are counted: add the biases and the LayerNorms",
-        lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
-    ),
-    _count_mistake(
-        "one block",
-        "only ONE block is counted: there are n_layer of them, each with its own weights",
-        lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
-    ),
-    _count_mistake(
-        "MLP without expansion",
-        "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
-        lambda V, P, C, L: -L * (6 * C * C + 3 * C),
-    ),
-    _count_mistake(
-        "MLP c_proj as n × n",
-        "the MLP's c_proj is counted as n_embd × n_embd: it brings "
-        "the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd "
-        "(only attention's c_proj is n_embd × n_embd)",
-        lambda V, P, C, L: -3 * C * C * L,
-    ),
-    _count_mistake(
-        "one LayerNorm per block",
-        "each block has TWO LayerNorms, ln_1 before attention "
-        "and ln_2 before the MLP, with 2 · n_embd parameters each",
-        lambda V, P, C, L: -2 * C * L,
-    ),
-    _count_mistake(
-        "LayerNorm without bias",
-        "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
-        lambda V, P, C, L: -(2 * L + 1) * C,
-    ),
-    _count_mistake(
-        "c_attn as n × n",
-        "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
-        "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
-        lambda V, P, C, L: -L * (2 * C * C + 2 * C),
-    ),
-    _count_mistake(
-        "no attention c_proj",
-        "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
-        lambda V, P, C, L: -L * (C * C + C),
-    ),
+    _count_mistake(name, message, delta)
+    for name, (delta, message) in {
+        "untied readout": (
+            lambda V, P, C, L: V * C,
+            "you counted the readout as well as wte: the readout is TIED to "
+            "the token table (logits = x @ wte.weight.T), so it adds no parameters",
+        ),
+        "no ln_f": (
+            lambda V, P, C, L: -2 * C,
+            "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+        ),
+        "no wpe": (
+            lambda V, P, C, L: -P * C,
+            "the position embedding table wpe (n_positions × n_embd) is missing",
+        ),
+        "no biases": (
+            lambda V, P, C, L: -9 * C * L,
+            "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
+            "(3C + C + 4C + C per block) are missing",
+        ),
+        "no block LayerNorms": (
+            lambda V, P, C, L: -4 * C * L,
+            "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
+        ),
+        "no LayerNorms": (
+            lambda V, P, C, L: -4 * C * L - 2 * C,
+            "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
+        ),
+        "weights only": (
+            lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
+            "only the weight matrices are counted: add the biases and the LayerNorms",
+        ),
+        "one block": (
+            lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
+            "only ONE block is counted: there are n_layer of them, each with its own weights",
+        ),
+        "MLP without expansion": (
+            lambda V, P, C, L: -L * (6 * C * C + 3 * C),
+            "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
+        ),
+        "MLP c_proj as n × n": (
+            lambda V, P, C, L: -3 * C * C * L,
+            "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values "
+            "back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
+        ),
+        "one LayerNorm per block": (
+            lambda V, P, C, L: -2 * C * L,
+            "each block has TWO LayerNorms, ln_1 before attention "
+            "and ln_2 before the MLP, with 2 · n_embd parameters each",
+        ),
+        "LayerNorm without bias": (
+            lambda V, P, C, L: -(2 * L + 1) * C,
+            "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
+        ),
+        "c_attn as n × n": (
+            lambda V, P, C, L: -L * (2 * C * C + 2 * C),
+            "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
+            "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+        ),
+        "no attention c_proj": (
+            lambda V, P, C, L: -L * (C * C + C),
+            "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
+        ),
+    }.items()
 ]
 
 
 @functools.cache
 def _meta_count(config_items) -> int:
     """Parameters of gpt2lib.GPT2 for a config, counted on the meta device (no memory)."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
     with torch.device("meta"):
         return sum(p.numel() for p in GPT2(GPT2Config(**dict(config_items))).parameters())
 
 
-def check_count_gpt2_parameters(count_fn) -> None:
-    """Exercise 6.5: `count_fn(config)` returns the parameter count from the sizes alone."""
-    from gpt2lib.chapters.config import GPT2Config
+def _count_of(config):
+    return _meta_count(tuple(sorted(vars(config).items())))
 
-    configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES]
-    configs += [
-        _config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
-        _config(vocab_size=5, n_positions=3, n_embd=4, n_layer=3, n_head=2),
+
+def check_count_gpt2_parameters(count_fn) -> None:
+    """Exercise 6.5: `count_fn(config)` -> the parameter count (an int), from the sizes alone."""
+    configs = [GPT2Config.from_name(name) for name in GPT2Config.SIZES] + [
+        GPT2Config(vocab_size=101, n_positions=7, n_embd=48, n_layer=1, n_head=3),
+        GPT2Config(vocab_size=5, n_positions=3, n_embd=4, n_layer=3, n_head=2),
     ]
     for config in configs:
-        want = _meta_count(tuple(sorted(vars(config).items())))
+        want = _count_of(config)
         got = core.call_learner(EX_COUNT, count_fn, config)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             raise core.CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
@@ -627,29 +499,25 @@ def check_count_gpt2_parameters(count_fn) -> None:
             f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
             f"n_embd={config.n_embd}, n_layer={config.n_layer}"
         )
-        if config is not configs[0] and got == _meta_count(tuple(sorted(vars(configs[0]).items()))):
+        if config is not configs[0] and got == _count_of(configs[0]):
             raise core.CheckFailed(
                 EX_COUNT,
                 f"for {sizes} you return GPT-2 small's count, 124,439,808; "
                 "compute it from the config's fields (config.n_embd, config.n_layer, ...)",
             )
         assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
-        mistake = core.first_mistake(COUNT_MISTAKES, lambda m: m.fn(config) == got)
-        if mistake is not None:
-            raise core.CheckFailed(
-                EX_COUNT, f"for {sizes} you get {got:,}, the model has {want:,}: " + mistake.message
-            )
-        raise core.CheckFailed(
+        case = f"for {sizes} you get {got:,}, the model has {want:,}"
+        _fail_with(
             EX_COUNT,
-            f"for {sizes} you get {got:,}, the model has {want:,} "
-            f"(off by {got - want:+,}); go through the parts listed in the exercise",
+            COUNT_MISTAKES,
+            lambda m: m.fn(config) == got,
+            f"{case} (off by {got - want:+,}); go through the parts listed in the exercise",
+            prefix=f"{case}: ",
         )
     core.passed(EX_COUNT, "right for gpt2, gpt2-medium, gpt2-large, gpt2-xl and two odd sizes")
 
 
 # --------------------------------------------------------------------------- Exercise 6.6
-
-
 def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
     weights = n_params * bytes_per_number * scale
     parts = {"weights": weights, "gradients": gradients * weights, "optimizer": optimizer * weights}
@@ -666,8 +534,7 @@ MEMORY_MISTAKES = [
     ),
     core.Mistake(
         "no gradients",
-        "the gradients are missing: loss.backward() stores one gradient per "
-        "parameter, as big as the weights",
+        "gradients are missing: loss.backward() stores one per parameter, as big as the weights",
         lambda n, b: _memory(n, b, gradients=0),
     ),
     core.Mistake(
@@ -690,22 +557,19 @@ MEMORY_MISTAKES = [
 ]
 
 
+def _bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _check_measured(measured, model, optimizer) -> None:
     """The notebook's `measured` dict against the tensors of the model and optimizer it names."""
     params = list(model.parameters())
-    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    steps = sum(
-        t.numel() * t.element_size()
-        for s in optimizer.state.values()
-        for n, t in s.items()
-        if n == "step"
-    )
+    states = [s for state in optimizer.state.values() for s in state.items()]
+    steps = _bytes(t for n, t in states if n == "step")
     want = {
-        "weights": sum(p.numel() * p.element_size() for p in params),
-        "gradients": sum(
-            p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None
-        ),
-        "optimizer": sum(t.numel() * t.element_size() for t in state) - steps,
+        "weights": _bytes(params),
+        "gradients": _bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": _bytes(t for n, t in states if torch.is_tensor(t)) - steps,
     }
     if not isinstance(measured, dict) or set(measured) != set(want):
         raise core.CheckFailed(
@@ -742,27 +606,24 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
                 EX_MEMORY,
                 f"return a dict with the keys {', '.join(keys)}; got {type(got).__name__}",
             )
-        missing = [k for k in keys if k not in got]
+        missing = ", ".join(repr(k) for k in keys if k not in got)
         if missing:
             raise core.CheckFailed(
                 EX_MEMORY,
-                f"your dict lacks the key(s) {', '.join(map(repr, missing))}: "
-                f"use exactly {', '.join(map(repr, keys))}",
+                f"your dict lacks the key(s) {missing}: use exactly {', '.join(map(repr, keys))}",
             )
         for key in keys:
-            value = got[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            if isinstance(got[key], bool) or not isinstance(got[key], numbers.Real):
                 raise core.CheckFailed(
                     EX_MEMORY,
-                    f"got[{key!r}] should be a number of bytes, got {type(value).__name__}",
+                    f"got[{key!r}] should be a number of bytes, got {type(got[key]).__name__}",
                 )
         want = _memory(n_params, bytes_per_number)
-        if all(got[k] == want[k] for k in keys):
+        wrong = [k for k in keys if got[k] != want[k]]
+        if not wrong:
             continue
         case = f"for {n_params:,} parameters of {bytes_per_number} bytes"
-        if got["total"] != got["weights"] + got["gradients"] + got["optimizer"] and all(
-            got[k] == want[k] for k in keys[:3]
-        ):
+        if wrong == ["total"] and got["total"] != sum(got[k] for k in keys[:3]):
             raise core.CheckFailed(
                 EX_MEMORY,
                 f"{case}, 'total' is {got['total']:,}, but it should be the "
@@ -774,21 +635,20 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         )
         if mistake is not None:
             raise core.CheckFailed(EX_MEMORY, f"{case}: " + mistake.message)
-        wrong = next(k for k in keys if got[k] != want[k])
-        if got[wrong] * 2**20 == want[wrong] or got[wrong] * 2**30 == want[wrong]:
+        key = wrong[0]
+        if want[key] in (got[key] * 2**20, got[key] * 2**30):
             raise core.CheckFailed(
                 EX_MEMORY,
-                f"{case}, your {wrong!r} looks converted to MiB or GiB: "
+                f"{case}, your {key!r} looks converted to MiB or GiB: "
                 "return bytes (divide by 2**20 only to print)",
             )
         raise core.CheckFailed(
-            EX_MEMORY, f"{case}, {wrong!r} should be {want[wrong]:,} bytes, got {got[wrong]:,}"
+            EX_MEMORY, f"{case}, {key!r} should be {want[key]:,} bytes, got {got[key]:,}"
         )
     core.passed(EX_MEMORY, "weights + gradients + AdamW's two states = 4 copies of the weights")
 
 
 # --------------------------------------------------------------------------- Challenge
-
 CHALLENGE_BUDGET = "Challenge (the largest GPT-2 you can train in 1 GiB)"
 BUDGET = dict(bytes=2**30, min_params=50_000_000, min_layers=8, vocab_size=50257, n_positions=1024)
 
@@ -797,66 +657,54 @@ def check_budget_config(config) -> int:
     """The challenge: a GPT2Config with GPT-2's vocabulary and context, at least 8 blocks, whose
     float32 weights + gradients + AdamW state (16 bytes a parameter) fit in 1 GiB, with at least
     50 million parameters. Counts a model built on the meta device; returns the count."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
+    fail = functools.partial(core.CheckFailed, CHALLENGE_BUDGET)
     if not isinstance(config, GPT2Config):
-        raise core.CheckFailed(CHALLENGE_BUDGET, f"give a GPT2Config, got {type(config).__name__}")
+        raise fail(f"give a GPT2Config, got {type(config).__name__}")
     for name in ("vocab_size", "n_positions"):
         if getattr(config, name) != BUDGET[name]:
-            raise core.CheckFailed(
-                CHALLENGE_BUDGET,
-                f"keep GPT-2's {name} = {BUDGET[name]:,}; got {getattr(config, name):,}",
-            )
+            raise fail(f"keep GPT-2's {name} = {BUDGET[name]:,}; got {getattr(config, name):,}")
     if config.n_layer < BUDGET["min_layers"]:
-        raise core.CheckFailed(
-            CHALLENGE_BUDGET,
-            f"n_layer = {config.n_layer}: the goal asks for at least {BUDGET['min_layers']} blocks",
-        )
+        raise fail(f"n_layer = {config.n_layer}: the goal asks for at least 8 blocks")
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT2(config).parameters())
-    state = 16 * n  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
-    share = config.vocab_size * config.n_embd / n
-    if state > BUDGET["bytes"]:
-        raise core.CheckFailed(
-            CHALLENGE_BUDGET,
-            f"{n:,} parameters need {state / 2**30:.2f} GiB of training "
-            "state, more than 1 GiB: make the model narrower or shallower",
+    gib = 16 * n / 2**30  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
+    if 16 * n > BUDGET["bytes"]:
+        raise fail(
+            f"{n:,} parameters need {gib:.2f} GiB of training state, more than 1 GiB: "
+            "make the model narrower or shallower"
         )
     if n < BUDGET["min_params"]:
-        raise core.CheckFailed(
-            CHALLENGE_BUDGET,
-            f"{n:,} parameters ({state / 2**30:.2f} GiB) fit, but the goal is "
-            f"at least {BUDGET['min_params']:,}: there is room for more",
+        raise fail(
+            f"{n:,} parameters ({gib:.2f} GiB) fit, but the goal is at least "
+            f"{BUDGET['min_params']:,}: there is room for more"
         )
+    share = config.vocab_size * config.n_embd / n
     core.passed(
         CHALLENGE_BUDGET,
-        f"{n:,} parameters, {state / 2**30:.3f} GiB of training state, "
-        f"token table {share:.1%} of the model",
+        f"{n:,} parameters, {gib:.3f} GiB of training state, token table {share:.1%} of the model",
     )
     return n
 
 
 # --------------------------------------------------------------------------- Exercise 6.8
-
 # fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
 FORWARD_MISTAKES = [
     core.Mistake(
         "both_planted_bugs",
-        "both planted bugs are still there: the positions start at 1 and each "
-        "block's output is added to the stream a second time",
-        lambda m, idx: _by_hand(m, idx, start=1, residual_twice=True),
+        "both planted bugs are still there: the positions start at 1 and each block's output is "
+        "added to the stream a second time",
+        functools.partial(_logits, kind="both_planted_bugs"),
     ),
     *MODULE_MISTAKES,
 ]
 
 
 def check_forward_by_hand(forward_by_hand) -> None:
-    """`forward_by_hand(model, idx)` equals `model(idx)` for a gpt2lib.GPT2 in eval mode, on two sizes
-    and several lengths (the full context included)."""
+    """Exercise 6.8: `forward_by_hand(model, idx)` (B, T) -> logits (B, T, V) equal to
+    `model(idx)` for a gpt2lib.GPT2 in eval mode, on two sizes and several lengths."""
     for n_layer, n_embd in ((2, 32), (3, 16)):
         # ids below n_positions, so that looking ids up as positions is a wrong answer, not a crash
-        config = _config(vocab_size=16, n_positions=16, n_embd=n_embd, n_layer=n_layer, n_head=4)
+        config = GPT2Config(vocab_size=16, n_positions=16, n_embd=n_embd, n_layer=n_layer, n_head=4)
         model = _reference(config, seed=n_layer)
         gen = torch.Generator().manual_seed(n_layer)
         for T in (5, 16, 1):
@@ -868,32 +716,21 @@ def check_forward_by_hand(forward_by_hand) -> None:
                 except IndexError:
                     raise core.CheckFailed(
                         EX_DEBUG,
-                        f"for T={T} = n_positions your forward reads a position the "
-                        "table does not have: positions are 0 .. T-1, torch.arange(T)",
+                        f"for T={T} = n_positions your forward reads a position the table "
+                        "does not have: positions are 0 .. T-1, torch.arange(T)",
                     ) from None
-            got = core.expect_tensor(
-                EX_DEBUG, got, tuple(want.shape), what=f"your logits for T={T}"
-            )
-            if core.close(got, want, atol=1e-4, rtol=1e-4):
-                continue
-            with torch.no_grad():
-                found = core.first_mistake(
-                    FORWARD_MISTAKES,
-                    lambda m: core.close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4),
-                )
-            if found:
-                raise core.CheckFailed(EX_DEBUG, found.message)
-            raise core.CheckFailed(
-                EX_DEBUG,
-                f"for T={T} your logits differ from model(idx) by up to "
-                f"{(got - want.double()).abs().max().item():.4g}",
-            )
+                got = core.expect_tensor(EX_DEBUG, got, want.shape, what=f"your logits for T={T}")
+                if not core.close(got, want, atol=1e-4, rtol=1e-4):
+                    core.fail_with(
+                        EX_DEBUG,
+                        FORWARD_MISTAKES,
+                        lambda m: core.close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4),
+                        f"for T={T} your logits differ from model(idx) by up to "
+                        f"{(got - want.double()).abs().max().item():.4g}",
+                    )
     core.passed(
         EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream"
     )
-
-
-# checks whose planted mistakes have the exercise's own signature (tests/check_cases.planted)
 
 
 MISTAKES_BY_CHECK = {check_forward_by_hand: FORWARD_MISTAKES}
