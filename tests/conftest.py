@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 
 TINY_SIZES = dict(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
-NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
 
-def make_tiny_config(**sizes: Any):
-    """A GPT2Config of TINY_SIZES without dropout; `sizes` sets any field."""
+def make_tiny_config(*, pdrop: float = 0.0, **sizes: Any):
+    """A GPT2Config of TINY_SIZES with dropout `pdrop` everywhere (none by default); `sizes`
+    sets any field."""
     from gpt2lib.chapters.config import GPT2Config
 
-    return GPT2Config(**{**TINY_SIZES, **NO_DROPOUT, **sizes})
+    dropout = dict(embd_pdrop=pdrop, attn_pdrop=pdrop, resid_pdrop=pdrop)
+    return GPT2Config(**{**TINY_SIZES, **dropout, **sizes})
 
 
 def make_tiny_model(seed: int = 0, model_cls: type | None = None, **sizes: Any):
