@@ -1,4 +1,4 @@
-"""The learner's GPT-2, assembled from the learner's own parts (issue 34): attention written
+"""The learner's GPT-2, assembled from the learner's own parts: attention written
 with an explicit softmax and an einsum MLP, different from the solutions', carried through
 mygpt2/ into the model that loads the stand-in's weights, generates, is inspected and gets
 LoRA adapters; the block, left unfinished, is the reference's and is said to be.

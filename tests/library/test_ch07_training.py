@@ -542,7 +542,7 @@ def test_training_benchmark_quick_mode_runs(tmp_path):
     assert result["same_losses"] is True
 
 
-# --------------------------------------------------------------------------- issue 24: settings checked up front
+# --------------------------------------------------------------------------- settings checked up front
 
 
 @pytest.mark.parametrize(
@@ -570,7 +570,7 @@ def test_training_benchmark_quick_mode_runs(tmp_path):
     ],
 )
 def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
-    """BAD 1 of issue 24: max_grad_norm=-1 did gradient ascent, eval_batches=0 failed late."""
+    """Every setting is checked before the first step (max_grad_norm=-1 would climb the loss)."""
     ids = repeating_ids()
     model = small_model().eval()
     before = [p.clone() for p in model.parameters()]
@@ -657,7 +657,7 @@ def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train
     assert model.training == start_in_train_mode
 
 
-# --------------------------------------------------------------------------- issue 21: the learner's pieces drive train
+# --------------------------------------------------------------------------- the learner's pieces drive train
 
 
 def test_train_runs_the_pieces_it_is_given():

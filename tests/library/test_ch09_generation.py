@@ -621,7 +621,7 @@ def test_prompts_of_any_integer_dtype_give_the_same_tokens(model, dtype):
 
 @pytest.mark.slow
 def test_the_playground_cell_finishes_under_nbclient_without_a_browser(tmp_path, monkeypatch):
-    """Issue 27 item 4: run by nbclient (what nbconvert and `course progress` use), with no
+    """Run by nbclient (what nbconvert and `course progress` use), with no
     frontend, the playground cell prints a sample and creates no widget to wait on."""
     import json
     import os
@@ -675,7 +675,7 @@ def _chapter_cell(starts_with):
 
 @pytest.mark.parametrize("planted", [False, True])
 def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(planted, capsys):
-    """Issue 21: chapter 9's generation cell runs the learner's decode loop, cache class and
+    """Chapter 9's generation cell runs the learner's decode loop, cache class and
     sampling step (through mine.yours); a planted wrong sampling step changes its text."""
     from gpt2lib.chapters import decoding
     from gpt2lib.course.mine import PASSED, yours
