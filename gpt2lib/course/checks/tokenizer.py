@@ -1,22 +1,10 @@
-"""Checks for chapter 1 (the tokenizer): one per exercise, and the challenge's.
-
-Each check runs the learner's function on small cases, compares with the reference in
-`gpt2lib.tokenizer` (the chapter's own code, `gpt2lib.bpe`, with the hardening around it) and,
-when the answer is wrong, names the mistake by comparing with known wrong versions. The checks
-never look at source code, so any correct answer passes.
-
-The known wrong versions are module-level lists of `Mistake` (BYTES_MISTAKES, LOAD_MISTAKES,
-SPLIT_MISTAKES, MERGE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES,
-DECODE_MISTAKES, TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES,
-SWEEP_MISTAKES, FAST_MISTAKES);
-the tests feed each one to its check (`MISTAKES_BY_CHECK` maps the newer checks to theirs).
-Training checks accept either tie rule (first seen, or the greater pair): any most frequent pair
-is right; the challenge asks for the reference's merges exactly, so there the rule is fixed.
-"""
+"""Checks for chapter 1 (the tokenizer): Exercises 1.1 to 1.10 and the challenge. Training checks
+accept either tie rule; the challenge asks for the reference's merges exactly."""
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections import Counter
 
 import regex
@@ -42,6 +30,53 @@ CH_FAST = "Challenge (train twice as fast)"
 def _short(value, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bytes_of(word: str) -> list[bytes]:
+    return [bytes([b]) for b in word.encode("utf-8")]
+
+
+def _is_pair(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(s, bytes) for s in value)
+
+
+def _first_difference(got, want) -> int:
+    """The first position where two sequences differ (the shorter one's length if none does)."""
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
+def _results(exercise, fn, cases, problem, changed=""):
+    """The learner's fn(*case) for each case, given a copy of a list or dict first argument that
+    must stay unchanged (else the `changed` message, with {before} and {after}); problem(got,
+    *case) says what is wrong with a result's form, or None."""
+    results = []
+    for first, *rest in cases:
+        given = type(first)(first) if isinstance(first, (list, dict)) else first
+        got = core.call_learner(exercise, fn, given, *rest)
+        if changed and given != first:
+            raise core.CheckFailed(
+                exercise, changed.format(before=_short(first), after=_short(given))
+            )
+        message = problem(got, first, *rest)
+        if message:
+            raise core.CheckFailed(exercise, message)
+        results.append(got)
+    return results
+
+
+def _grade(exercise, cases, results, want, mistakes, otherwise, detail, same=operator.eq):
+    """Pass when each result is the right one; else name the first planted mistake whose
+    fn(*case) gives every result, else fail with otherwise(i), i the first case that differs."""
+    if all(map(same, results, want)):
+        core.passed(exercise, detail)
+        return
+    i = next(i for i, (r, w) in enumerate(zip(results, want)) if not same(r, w))
+    core.fail_with(
+        exercise,
+        mistakes,
+        lambda m: all(same(r, m.fn(*case)) for r, case in zip(results, cases)),
+        otherwise(i),
+    )
 
 
 # --------------------------------------------------------------------------- 1.1 byte table
@@ -114,27 +149,27 @@ BYTES_MISTAKES = [
 
 
 def _byte_table_symptom(got: dict[int, str]) -> core.Mistake | None:
-    """The planted mistake whose symptom a table shows, when it holds several mistakes at once:
-    first the visible bytes, then the invisible ones kept, then the new characters."""
+    """The planted mistake a table shows when it holds several at once: first the visible bytes,
+    then the invisible ones kept, then the new characters."""
     wrong_visible = {b for b in _VISIBLE if got[b] != chr(b)}
-    if wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}:
-        return core.named(BYTES_MISTAKES, "ends left out")
-    if wrong_visible and wrong_visible <= set(range(161, 256)):
-        return core.named(BYTES_MISTAKES, "ascii only")
     kept = {b for b in range(256) if b not in _VISIBLE and got[b] == chr(b)}
-    for byte, name in [(32, "space kept"), (173, "soft hyphen kept")]:
-        if byte in kept:
-            return core.named(BYTES_MISTAKES, name)
-    if len(set(got.values())) < 256:
-        return core.named(BYTES_MISTAKES, "one new character")
     new = [got[b] for b in range(256) if b not in _VISIBLE]
-    if not wrong_visible and new != [chr(256 + k) for k in range(len(new))]:
-        return core.named(BYTES_MISTAKES, "offset by the byte")
-    return None
+    symptoms = [
+        ("ends left out", wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}),
+        ("ascii only", wrong_visible and wrong_visible <= set(range(161, 256))),
+        ("space kept", 32 in kept),
+        ("soft hyphen kept", 173 in kept),
+        ("one new character", len(set(got.values())) < 256),
+        (
+            "offset by the byte",
+            not wrong_visible and new != [chr(256 + k) for k in range(len(new))],
+        ),
+    ]
+    return next((core.named(BYTES_MISTAKES, name) for name, shown in symptoms if shown), None)
 
 
 def check_bytes_to_unicode(bytes_to_unicode) -> None:
-    """Exercise 1.1: `bytes_to_unicode()` is GPT-2's table from each byte to a printable character."""
+    """Exercise 1.1: `bytes_to_unicode()` returns GPT-2's dict from each byte (int) to a printable character."""
     from gpt2lib.tokenizer import bytes_to_unicode as reference
 
     got = core.call_learner(EX_BYTES, bytes_to_unicode)
@@ -158,15 +193,14 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
     if got == want:
         core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
         return
-    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(
-        got
-    )
-    if mistake is not None:
-        raise core.CheckFailed(EX_BYTES, mistake.message)
+    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got)
+    mistake = mistake or _byte_table_symptom(got)
     wrong = [b for b in range(256) if got[b] != want[b]]
     raise core.CheckFailed(
         EX_BYTES,
-        f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
+        mistake.message
+        if mistake
+        else f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
         f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}",
     )
 
@@ -184,16 +218,9 @@ def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, sk
         return bytes(byte_of_char[c] for c in text) if as_bytes else text
 
     encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
-    vocab = {
-        convert(token): i
-        for token, i in encoder.items()
-        if not (drop_special and token == ENDOFTEXT)
-    }
-    lines = (
-        (Path(folder) / "vocab.bpe")
-        .read_text(encoding="utf-8")
-        .split("\n")[1 if skip_header else 0 :]
-    )
+    vocab = {convert(t): i for t, i in encoder.items() if not (drop_special and t == ENDOFTEXT)}
+    lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    lines = lines[1 if skip_header else 0 :]
     return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
 
 
@@ -235,8 +262,23 @@ def _as_comparable(result):
         return None
 
 
+def _load_difference(where, got, want) -> str:
+    (vocab, merges), (want_vocab, want_merges) = got, want
+    if vocab != want_vocab:
+        wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
+        side = "yours only" if wrong in vocab.items() else "the files only"
+        return f"for {where} your vocab differs from the files: {_short(wrong)} is in {side}"
+    i = _first_difference(merges, want_merges)
+    return (
+        f"for {where} merge {i} should be "
+        f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
+        f"{_short(merges[i]) if i < len(merges) else 'missing'}"
+    )
+
+
 def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
-    """Exercise 1.1: `load_gpt2_vocab(folder)` reads encoder.json and vocab.bpe into bytes."""
+    """Exercise 1.1: `load_gpt2_vocab(folder)` returns (vocab: dict bytes -> id, merges: list of
+    (bytes, bytes)) read from encoder.json and vocab.bpe."""
     import tempfile
     from pathlib import Path
 
@@ -246,51 +288,27 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         small = BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"])
         small.save(scratch)
-        folders = [gpt2_data_dir(), Path(scratch)]
+        folders = {"data/": gpt2_data_dir(), "a small tokenizer's folder": Path(scratch)}
         results = []
-        for folder in folders:
-            got = _as_comparable(core.call_learner(EX_LOAD, load_gpt2_vocab, folder))
-            if got is None:
+        for folder in folders.values():
+            results.append(_as_comparable(core.call_learner(EX_LOAD, load_gpt2_vocab, folder)))
+            if results[-1] is None:
                 raise core.CheckFailed(
                     EX_LOAD,
                     "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
                     "token bytes to id, and a list of (bytes, bytes) pairs",
                 )
-            results.append(got)
-        want = [reference(folder) for folder in folders]
-        if results == want:
-            core.passed(
-                EX_LOAD,
-                f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
-            )
-            return
-        mistake = core.first_mistake(
+        want = [reference(folder) for folder in folders.values()]
+        _grade(
+            EX_LOAD,
+            [(folder,) for folder in folders.values()],
+            results,
+            want,
             LOAD_MISTAKES,
-            lambda m: all(r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)),
+            lambda i: _load_difference(list(folders)[i], results[i], want[i]),
+            f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
+            same=lambda got, loaded: got == _as_comparable(loaded),
         )
-        if mistake is not None:
-            raise core.CheckFailed(EX_LOAD, mistake.message)
-        for (vocab, merges), (want_vocab, want_merges), folder in zip(
-            results, want, ["data/", "a small tokenizer's folder"]
-        ):
-            if vocab != want_vocab:
-                wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
-                raise core.CheckFailed(
-                    EX_LOAD,
-                    f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
-                    f"{'yours only' if wrong in vocab.items() else 'the files only'}",
-                )
-            if merges != want_merges:
-                i = next(
-                    (i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b),
-                    min(len(merges), len(want_merges)),
-                )
-                raise core.CheckFailed(
-                    EX_LOAD,
-                    f"for {folder} merge {i} should be "
-                    f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
-                    f"{_short(merges[i]) if i < len(merges) else 'missing'}",
-                )
 
 
 # --------------------------------------------------------------------------- 1.2 split pattern
@@ -316,8 +334,7 @@ def _four_given() -> str:
     return GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
 
 
-# Each mistake's function returns a pattern written with that mistake; the check recognises the
-# mistake by how the learner's pattern splits a probe text.
+# Each fn returns a pattern with that mistake; the check knows it by how it splits a probe text.
 SPLIT_MISTAKES = [
     core.Mistake(
         "no whitespace",
@@ -360,7 +377,7 @@ _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
 
 
 def check_split_pattern(gpt2_split_pattern) -> None:
-    """Exercise 1.2: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
+    """Exercise 1.2: `gpt2_split_pattern()` returns a regex str that splits text like GPT-2's."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
 
     pattern = core.call_learner(EX_SPLIT, gpt2_split_pattern)
@@ -375,7 +392,6 @@ def check_split_pattern(gpt2_split_pattern) -> None:
         raise core.CheckFailed(
             EX_SPLIT, f"your pattern is not a valid regular expression: {exc}"
         ) from None
-    reference = regex.compile(GPT2_SPLIT_PATTERN)
     if compiled.groups:
         raise core.CheckFailed(
             EX_SPLIT,
@@ -391,25 +407,25 @@ def check_split_pattern(gpt2_split_pattern) -> None:
                 f"your pattern matches empty strings (for {text!r}: {pieces}). Every piece must hold at "
                 "least one character: use + (one or more), not * (zero or more).",
             )
-        joined = "".join(pieces)
-        if joined != text:
-            mistake = core.named(
-                SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace"
-            )
+        if "".join(pieces) != text:
+            name = "lookahead only" if matches_whitespace else "no whitespace"
             raise core.CheckFailed(
                 EX_SPLIT,
-                f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})",
+                f"{core.named(SPLIT_MISTAKES, name).message} (for {text!r} your pieces {pieces} "
+                f"join to {''.join(pieces)!r})",
             )
     for text in SPLIT_SAMPLES:
-        pieces, expected = compiled.findall(text), reference.findall(text)
-        if pieces == expected:
-            continue
-        for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
-            if compiled.findall(probe) == wrong_pieces:
-                raise core.CheckFailed(EX_SPLIT, core.named(SPLIT_MISTAKES, name).message)
-        raise core.CheckFailed(
-            EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}."
-        )
+        pieces, expected = compiled.findall(text), regex.findall(GPT2_SPLIT_PATTERN, text)
+        if pieces != expected:
+            core.fail_with(
+                EX_SPLIT,
+                SPLIT_MISTAKES,
+                lambda m: (
+                    m.name in _SPLIT_PROBES
+                    and compiled.findall(_SPLIT_PROBES[m.name][0]) == _SPLIT_PROBES[m.name][1]
+                ),
+                f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}.",
+            )
     core.passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
@@ -419,21 +435,17 @@ def check_split_pattern(gpt2_split_pattern) -> None:
 def _merge_sequence(word: str, ranks, leftmost: bool = False) -> list[tuple[bytes, bytes]]:
     """The pairs merged on `word`, in order: the lowest rank first (GPT-2), or the leftmost pair
     that has a rank (the colleague's rule of Exercise 1.5)."""
-    symbols, applied = [bytes([b]) for b in word.encode("utf-8")], []
-    while ranked := [i for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]:
-        i = ranked[0] if leftmost else min(ranked, key=lambda i: ranks[symbols[i], symbols[i + 1]])
-        applied.append((symbols[i], symbols[i + 1]))
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    applied = []
+    key = (lambda i, rank: i) if leftmost else (lambda i, rank: rank)
+    _merge_by(_bytes_of(word), ranks, key, everywhere=False, applied=applied)
     return applied
 
 
 def check_lowering_merges(lowering_merges) -> None:
-    """Exercise 1.3: the merges GPT-2 applies to " lowering", in order, worked out by hand."""
+    """Exercise 1.3: `lowering_merges()` returns the (bytes, bytes) pairs GPT-2 merges in " lowering", in order."""
     ranks = _gpt2_ranks()
     got = core.call_learner(EX_HAND, lowering_merges)
-    if not isinstance(got, (list, tuple)) or not all(
-        isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, bytes) for x in p) for p in got
-    ):
+    if not isinstance(got, (list, tuple)) or not all(_is_pair(p) for p in got):
         raise core.CheckFailed(
             EX_HAND, f"return a list of pairs of bytes, like [(b'i', b'n'), ...], not {_short(got)}"
         )
@@ -447,25 +459,20 @@ def check_lowering_merges(lowering_merges) -> None:
         return
     unknown = [p for p in got if p not in ranks]
     if unknown:
-        raise core.CheckFailed(
-            EX_HAND, f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks"
-        )
-    if got == want[: len(got)]:
-        raise core.CheckFailed(
-            EX_HAND, f"right so far, but after your {len(got)} merges a pair with a rank is left"
-        )
-    if got == _merge_sequence(" lowering", ranks, leftmost=True):
-        raise core.CheckFailed(
-            EX_HAND,
+        message = f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks"
+    elif got == want[: len(got)]:
+        message = f"right so far, but after your {len(got)} merges a pair with a rank is left"
+    elif got == _merge_sequence(" lowering", ranks, leftmost=True):
+        message = (
             "you merged the leftmost pair that has a rank each time; take the pair with the "
-            "lowest rank among all neighbouring pairs",
+            "lowest rank among all neighbouring pairs"
         )
-    step = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), len(want))
-    raise core.CheckFailed(
-        EX_HAND,
-        f"merge {step + 1} is not GPT-2's: at that point, list every neighbouring pair with its "
-        "rank and take the lowest",
-    )
+    else:
+        message = (
+            f"merge {_first_difference(got, want) + 1} is not GPT-2's: at that point, list every "
+            "neighbouring pair with its rank and take the lowest"
+        )
+    raise core.CheckFailed(EX_HAND, message)
 
 
 # --------------------------------------------------------------------------- 1.4 merges by rank
@@ -484,59 +491,23 @@ def _merge_adjacent(symbols, should_merge) -> list[bytes]:
     return out
 
 
-def _merge_everywhere(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
-    return _merge_adjacent(symbols, lambda neighbours: neighbours == pair)
-
-
-def _one_pass(symbols, ranks):
-    return _merge_adjacent(list(symbols), ranks.__contains__)
-
-
-def _merge_loop(choose, everywhere=True):
-    """A wrong bpe_merge: while some neighbouring pair has a rank, merge the pair at position
-    choose(positions of ranked pairs, all pairs, ranks), at every place it occurs
-    (everywhere) or only there. The right rule is the lowest rank, every occurrence."""
-
-    def merge(symbols, ranks):
-        symbols = list(symbols)
-        while True:
-            pairs = list(zip(symbols, symbols[1:]))
-            positions = [i for i, pair in enumerate(pairs) if pair in ranks]
-            if not positions:
-                return symbols
-            i = choose(positions, pairs, ranks)
-            if everywhere:
-                symbols = _merge_everywhere(symbols, pairs[i])
-            else:
-                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-
-    return merge
-
-
-_leftmost_first = _merge_loop(lambda positions, pairs, ranks: positions[0])
-_highest_rank_first = _merge_loop(
-    lambda positions, pairs, ranks: max(positions, key=lambda i: ranks[pairs[i]])
-)
-_leftmost_one_at_a_time = _merge_loop(
-    lambda positions, pairs, ranks: positions[0], everywhere=False
-)
-_lowest_rank_rightmost_occurrence = _merge_loop(
-    lambda positions, pairs, ranks: min(positions, key=lambda i: (ranks[pairs[i]], -i)),
-    everywhere=False,
-)
-
-
-def _rank_zero_never_merged(symbols, ranks):
-    from gpt2lib.tokenizer import bpe_merge as reference
-
-    return reference(list(symbols), {pair: rank for pair, rank in ranks.items() if rank != 0})
-
-
-def _one_merge(symbols, ranks):
-    ranked = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
-    if not ranked:
-        return list(symbols)
-    return _merge_everywhere(list(symbols), min(ranked, key=ranks.__getitem__))
+def _merge_by(symbols, ranks, key=lambda i, rank: rank, everywhere=True, once=False, applied=None):
+    """While a neighbouring pair has a rank, merge the one at the position i with the least
+    key(i, rank): at every place that pair occurs (everywhere) or at i only. The defaults are
+    GPT-2's rule; once stops after one merge; `applied` collects the merged pairs."""
+    symbols = list(symbols)
+    while ranked := [i for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]:
+        i = min(ranked, key=lambda i: key(i, ranks[symbols[i], symbols[i + 1]]))
+        pair = (symbols[i], symbols[i + 1])
+        if applied is not None:
+            applied.append(pair)
+        if everywhere:
+            symbols = _merge_adjacent(symbols, pair.__eq__)
+        else:
+            symbols[i : i + 2] = [pair[0] + pair[1]]
+        if once:
+            break
+    return symbols
 
 
 MERGE_MISTAKES = [
@@ -549,46 +520,46 @@ MERGE_MISTAKES = [
         "one merge",
         "you stop after the first merge. Keep going: after each merge look at the new neighbouring "
         "pairs again, until no pair has a rank.",
-        _one_merge,
+        lambda symbols, ranks: _merge_by(symbols, ranks, once=True),
     ),
     core.Mistake(
         "highest rank first",
         "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest "
         "line of vocab.bpe, learned first) must go first.",
-        _highest_rank_first,
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -rank),
     ),
     core.Mistake(
         "leftmost pair",
         "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. "
         "Merges must follow rank order wherever the pair is in the word.",
-        _leftmost_first,
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i),
     ),
     core.Mistake(
         "leftmost pair, one at a time",
         "you merge the leftmost pair that has a rank, not the pair with the "
         "LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
-        _leftmost_one_at_a_time,
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False),
     ),
     core.Mistake(
         "rightmost occurrence",
         "when the lowest-ranked pair occurs more than once, you merge the rightmost "
         "occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
         "the left 'a a' must merge first.",
-        _lowest_rank_rightmost_occurrence,
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, r: (r, -i), everywhere=False),
     ),
     core.Mistake(
         "rank 0 is no rank",
         "the pair with rank 0 is never merged: a test like `if rank:` or "
         "`ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` "
         "or `is None`.",
-        _rank_zero_never_merged,
+        lambda symbols, ranks: _merge_by(symbols, {p: r for p, r in ranks.items() if r != 0}),
     ),
     core.Mistake(
         "one pass",
         "you make one pass over the word, merging ranked pairs as you meet them. Merges must "
         "follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is "
         "left.",
-        _one_pass,
+        lambda symbols, ranks: _merge_adjacent(list(symbols), ranks.__contains__),
     ),
 ]
 
@@ -604,16 +575,8 @@ _TOY_CASES = [
     # ranks need not start at 0 or be consecutive (a part of a larger table)
     ([b"p", b"q", b"r", b"s"], {(b"r", b"s"): 7000, (b"q", b"r"): 900, (b"p", b"qr"): 50000}),
 ]
-_GPT2_WORDS = [
-    " lowering",
-    "hello",
-    " tokenization",
-    " internationalization",
-    "aaaaaaa",
-    " 👋",
-    "\n\n",
-    " the",
-]
+_GPT2_WORDS = [" lowering", "hello", " tokenization", " internationalization", "aaaaaaa"]
+_GPT2_WORDS += [" 👋", "\n\n", " the"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -625,56 +588,49 @@ def _gpt2_ranks() -> dict[tuple[bytes, bytes], int]:
 
 
 def check_bpe_merge(bpe_merge) -> None:
-    """Exercise 1.4: `bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly."""
+    """Exercise 1.4: `bpe_merge(symbols: list[bytes], ranks: dict pair -> rank)` returns the
+    symbols (list[bytes]) with the lowest-ranked pair merged first, repeatedly."""
     _check_merge(EX_MERGE, bpe_merge)
 
 
+def _merge_form(what):
+    def problem(got, symbols, ranks):
+        if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
+            return f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}"
+        if b"".join(got) != b"".join(symbols):
+            return (
+                f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. "
+                "When you merge a pair, the two halves become one symbol: skip both before looking further."
+            )
+        return None
+
+    return problem
+
+
 def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
-    """`bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly (Exercises 1.4, 1.5)."""
+    """`bpe_merge(symbols, ranks)` merges like GPT-2 (Exercises 1.4 and 1.5)."""
     from gpt2lib.tokenizer import bpe_merge as reference
 
     ranks = _gpt2_ranks()
-    cases = list(_TOY_CASES) + [
-        ([bytes([b]) for b in w.encode("utf-8")], ranks) for w in _GPT2_WORDS
-    ]
-    results = []
-    for symbols, table in cases:
-        given = list(symbols)
-        got = core.call_learner(exercise, bpe_merge, given, table)
-        if given != list(symbols):
-            raise core.CheckFailed(
-                exercise,
-                f"your function changed the caller's list (it was {_short(list(symbols))}, afterwards "
-                f"{_short(given)}). Work on a copy: start with symbols = list(symbols).",
-            )
-        if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
-            raise core.CheckFailed(
-                exercise,
-                f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}",
-            )
-        if b"".join(got) != b"".join(symbols):
-            raise core.CheckFailed(
-                exercise,
-                f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. "
-                "When you merge a pair, the two halves become one symbol: skip both before looking further.",
-            )
-        results.append(list(got))
-    expected = [reference(list(symbols), table) for symbols, table in cases]
-    if results == expected:
-        core.passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
-        return
-    mistake = core.first_mistake(
-        MERGE_MISTAKES,
-        lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)),
+    cases = _TOY_CASES + [(_bytes_of(word), ranks) for word in _GPT2_WORDS]
+    changed = (
+        "your function changed the caller's list (it was {before}, afterwards {after}). "
+        "Work on a copy: start with symbols = list(symbols)."
     )
-    if mistake is not None:
-        raise core.CheckFailed(exercise, mistake.message)
-    for got, want, (symbols, _) in zip(results, expected, cases):
-        if got != want:
-            raise core.CheckFailed(
-                exercise,
-                f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
-            )
+    results = [list(r) for r in _results(exercise, bpe_merge, cases, _merge_form(what), changed)]
+    want = [reference(list(symbols), table) for symbols, table in cases]
+    _grade(
+        exercise,
+        cases,
+        results,
+        want,
+        MERGE_MISTAKES,
+        lambda i: (
+            f"for {_short(cases[i][0])} the merges by rank give {_short(want[i])}, "
+            f"but yours gives {_short(results[i])}."
+        ),
+        f"{len(cases)} words merged exactly like GPT-2",
+    )
 
 
 # --------------------------------------------------------------------------- 1.5 the colleague's bug
@@ -682,16 +638,7 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
 
 def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) -> list[bytes]:
     """The encoder of Exercise 1.5: merges the leftmost pair that has any rank (a planted bug)."""
-    symbols = list(symbols)
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(symbols) - 1):
-            if (symbols[i], symbols[i + 1]) in ranks:
-                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-                merged = True
-                break
-    return symbols
+    return _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False)
 
 
 DEBUG_MISTAKES = [
@@ -717,8 +664,8 @@ DEBUG_MISTAKES = [
 
 
 def check_disagreeing_word(disagreeing_word) -> None:
-    """Exercise 1.5: `disagreeing_word()` is one piece on which `colleague_merge` and GPT-2's
-    encoder give different tokens."""
+    """Exercise 1.5: `disagreeing_word()` returns one piece (a str) on which `colleague_merge`
+    and GPT-2's encoder give different tokens."""
     from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
     from gpt2lib.tokenizer import bpe_merge as reference
 
@@ -733,10 +680,9 @@ def check_disagreeing_word(disagreeing_word) -> None:
             EX_DEBUG,
             f"{core.named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})",
         )
-    symbols = [bytes([b]) for b in word.encode("utf-8")]
+    symbols, ranks = _bytes_of(word), _gpt2_ranks()
     if len(symbols) < 2:
         raise core.CheckFailed(EX_DEBUG, core.named(DEBUG_MISTAKES, "one byte").message)
-    ranks = _gpt2_ranks()
     theirs, right = colleague_merge(symbols, ranks), reference(symbols, ranks)
     if theirs == right:
         raise core.CheckFailed(
@@ -750,11 +696,12 @@ def check_disagreeing_word(disagreeing_word) -> None:
 
 
 def check_fixed_merge(fixed_merge) -> None:
-    """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, merges like GPT-2."""
+    """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, returns the
+    symbols (list[bytes]) merged like GPT-2."""
     from gpt2lib.tokenizer import bpe_merge as reference
 
     ranks = _gpt2_ranks()
-    words = [[bytes([b]) for b in word.encode("utf-8")] for word in _GPT2_WORDS]
+    words = [_bytes_of(word) for word in _GPT2_WORDS]
     results = [core.call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
     if results != [reference(w, ranks) for w in words]:
         mistake = core.first_mistake(
@@ -776,7 +723,7 @@ FIXED_MISTAKES = [
         "rightmost",
         "your fix merges the ranked pair furthest to the right; the rank, not the position, "
         "decides which pair goes first",
-        _merge_loop(lambda positions, pairs, ranks: positions[-1], everywhere=False),
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -i, everywhere=False),
     ),
 ]
 
@@ -786,12 +733,7 @@ FIXED_MISTAKES = [
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_token_texts() -> dict[int, str]:
-    from gpt2lib.tokenizer import (
-        ENDOFTEXT,
-        ENDOFTEXT_ID,
-        bytes_to_unicode,
-        load_gpt2_vocab,
-    )
+    from gpt2lib.tokenizer import ENDOFTEXT, ENDOFTEXT_ID, bytes_to_unicode, load_gpt2_vocab
 
     vocab, _ = load_gpt2_vocab()
     char_of_byte = bytes_to_unicode()
@@ -808,21 +750,15 @@ def _decode_cases():
     cases = [tok.encode(t) for t in texts]
     cases.append(tok.encode("one") + [ENDOFTEXT_ID] + tok.encode("two"))
     cases.append([])
-    cases.append(
-        [tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]]
-    )  # 'a' and 2 of the 3 bytes of '世'
+    cases.append([tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]])  # 2 of 3 bytes of '世'
     cases.append([tok.vocab[b"\xc3"]])  # the first byte of a two-byte character, alone
     return tok, cases
 
 
-def _byte_of_char() -> dict[str, int]:
+def _joined_bytes(ids, token_texts) -> bytes:
     from gpt2lib.tokenizer import bytes_to_unicode
 
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
-def _joined_bytes(ids, token_texts) -> bytes:
-    byte_of = _byte_of_char()
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
     return bytes(byte_of[c] for i in ids for c in token_texts[i])
 
 
@@ -856,7 +792,7 @@ DECODE_MISTAKES = [
 
 
 def check_decode_ids(decode_ids) -> None:
-    """Exercise 1.6: `decode_ids(ids, token_texts)` maps characters back to bytes, joins, decodes."""
+    """Exercise 1.6: `decode_ids(ids: list[int], token_texts: dict id -> str)` returns the text (str)."""
     token_texts = _gpt2_token_texts()
     tok, cases = _decode_cases()
     for ids in cases:
@@ -877,37 +813,20 @@ def check_decode_ids(decode_ids) -> None:
             raise core.CheckFailed(
                 EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}"
             )
-        if got == expected:
-            continue
-        mistake = core.first_mistake(
-            DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got
-        )
-        detail = f"for {ids} you return {got!r}, expected {expected!r}"
-        if mistake is not None:
-            raise core.CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
-        raise core.CheckFailed(
-            EX_DECODE, f"for ids {ids} the text is {expected!r}, but yours gives {got!r}."
-        )
+        if got != expected:
+            mistake = core.first_mistake(DECODE_MISTAKES, lambda m: m.fn(ids, token_texts) == got)
+            raise core.CheckFailed(
+                EX_DECODE,
+                f"{mistake.message} (for {ids} you return {got!r}, expected {expected!r})"
+                if mistake
+                else f"for ids {ids} the text is {expected!r}, but yours gives {got!r}.",
+            )
     core.passed(
         EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>"
     )
 
 
 # --------------------------------------------------------------------------- 1.7 a tie
-
-
-def _tie_choices(text: str):
-    """(pair counts of the text's pieces in the order first seen, the tied top pairs)."""
-    from gpt2lib.tokenizer import pretokenize
-
-    counts = Counter()
-    for piece, n in pretokenize(text).items():  # pieces in the order they first appear
-        symbols = [bytes([b]) for b in piece.encode("utf-8")]
-        for pair in zip(symbols, symbols[1:]):
-            counts[pair] += n
-    top = max(counts.values(), default=0)
-    return counts, [pair for pair, n in counts.items() if n == top]
-
 
 TIE_MISTAKES = [
     core.Mistake(
@@ -937,15 +856,19 @@ TIE_MISTAKES = [
 
 
 def check_tie_text(tie_text) -> None:
-    """Exercise 1.7: `tie_text()` is a short text whose top pair is a tie the two rules decide differently."""
+    """Exercise 1.7: `tie_text()` returns a short str whose top pair is a tie the two rules decide differently."""
+    from gpt2lib.tokenizer import pretokenize
+
     text = core.call_learner(EX_TIE, tie_text)
     if not isinstance(text, str):
         raise core.CheckFailed(EX_TIE, f"tie_text() should return a str, got {type(text).__name__}")
     if len(text) > 40:
         raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "too long").message)
-    counts, tied = _tie_choices(text)
+    # the pieces' pairs, in the order first seen
+    counts = _pair_counts({tuple(_bytes_of(p)): n for p, n in pretokenize(text).items()})
     if not counts:
         raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "no pair").message)
+    tied = [pair for pair, n in counts.items() if n == max(counts.values())]
     if len(tied) < 2:
         raise core.CheckFailed(
             EX_TIE,
@@ -969,29 +892,24 @@ def check_tie_text(tie_text) -> None:
 def _pair_counts(word_counts, weighted=True, once_per_word=False, skip_last=False) -> Counter:
     counts = Counter()
     for word, n in word_counts.items():
-        pairs = list(zip(word, word[1:]))
-        if skip_last:
-            pairs = pairs[:-1]
-        if once_per_word:
-            pairs = list(dict.fromkeys(pairs))
-        for pair in pairs:
+        pairs = list(zip(word, word[1:]))[: -1 if skip_last else None]
+        for pair in dict.fromkeys(pairs) if once_per_word else pairs:
             counts[pair] += n if weighted else 1
     return counts
 
 
 def _training_word_counts() -> dict[tuple[bytes, ...], int]:
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
+    from gpt2lib.tokenizer import pretokenize
 
     text = (
         "the cat sat on the mat; the dog sat on the log. then the cat and the dog ate. "
         "that is that, and this is this. these things happen."
     )
-    pieces = Counter(regex.findall(GPT2_SPLIT_PATTERN, text))
-    return {tuple(bytes([b]) for b in p.encode()): n for p, n in pieces.items()}
+    return {tuple(_bytes_of(p)): n for p, n in pretokenize(text).items()}
 
 
-# Each mistake gives the scores that the wrong counting assigns to every pair; a learner's answer
-# shows the mistake when it is a best pair under those scores in every case (any tie accepted).
+# Each fn gives the scores that the wrong counting assigns to every pair; an answer shows the
+# mistake when it is a best pair under those scores in every case (any tie accepted).
 PAIR_MISTAKES = [
     core.Mistake(
         "skips the last pair",
@@ -1035,86 +953,66 @@ def _is_best(pair, scores: Counter) -> bool:
     return bool(scores) and pair in scores and scores[pair] == max(scores.values())
 
 
+def _pair_form(got, word_counts):
+    if not _is_pair(got):
+        return f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}"
+    if got not in _pair_counts(word_counts):
+        return f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}"
+    return None
+
+
 def check_most_frequent_pair(most_frequent_pair) -> None:
-    """Exercise 1.8: `most_frequent_pair(word_counts)` returns a pair with the largest weighted count."""
-    cases = list(_PAIR_CASES) + [_training_word_counts()]
-    answers = []
-    for word_counts in cases:
+    """Exercise 1.8: `most_frequent_pair(word_counts: dict tuple[bytes] -> int)` returns a pair
+    (bytes, bytes) with the largest weighted count, or None when no word has two symbols."""
+    cases = [(wc,) for wc in [*_PAIR_CASES, _training_word_counts()]]
+    answers = _results(EX_PAIR, most_frequent_pair, cases, _pair_form)
+    for (word_counts,), got in zip(cases, answers):
         counts = _pair_counts(word_counts)
-        got = core.call_learner(EX_PAIR, most_frequent_pair, dict(word_counts))
-        if not (
-            isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, bytes) for s in got)
-        ):
+        if not _is_best(got, counts):
+            best = max(counts, key=counts.__getitem__)
+            mistake = core.first_mistake(
+                PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(*c)) for c, g in zip(cases, answers))
+            )
+            message = (
+                mistake.message
+                if mistake
+                else (f"{got} occurs {counts[got]} times, but {best} occurs {counts[best]} times.")
+            )
             raise core.CheckFailed(
-                EX_PAIR,
-                f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}",
+                EX_PAIR, f"{message} (words: {_short(word_counts)}; you returned {got})"
             )
-        if got not in counts:
-            raise core.CheckFailed(
-                EX_PAIR,
-                f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}",
-            )
-        answers.append(got)
-    for word_counts, got in zip(cases, answers):
-        counts = _pair_counts(word_counts)
-        if _is_best(got, counts):
-            continue
-        mistake = core.first_mistake(
-            PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(wc)) for wc, g in zip(cases, answers))
-        )
-        best = max(counts.values())
-        message = (
-            mistake.message
-            if mistake
-            else (
-                f"{got} occurs {counts[got]} times, but {max(counts, key=counts.__getitem__)} occurs {best} times."
-            )
-        )
-        raise core.CheckFailed(
-            EX_PAIR, message + f" (words: {_short(word_counts)}; you returned {got})"
-        )
     for empty in ({(b"a",): 3, (b"b",): 1}, {}):
+        when = f"when no word has two symbols left (word_counts={empty}) return None"
         try:
             got = core.call_learner(EX_PAIR, most_frequent_pair, dict(empty))
         except core.CheckFailed:
             raise
         except Exception as exc:
             raise core.CheckFailed(
-                EX_PAIR,
-                f"when no word has two symbols left (word_counts={empty}) return None; your function raised "
-                f"{type(exc).__name__}: {exc}",
+                EX_PAIR, f"{when}; your function raised {type(exc).__name__}: {exc}"
             ) from None
         if got is not None:
-            raise core.CheckFailed(
-                EX_PAIR,
-                f"when no word has two symbols left (word_counts={empty}) return None, not {_short(got)}",
-            )
+            raise core.CheckFailed(EX_PAIR, f"{when}, not {_short(got)}")
     core.passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
 
 
 # --------------------------------------------------------------------------- 1.8 merge a pair
 
 
-def _merge_word(word, pair, first_only=False, from_right=False, no_skip=False):
-    first, second = pair
-    symbols = list(reversed(word)) if from_right else list(word)
-    if from_right:
-        first, second = second, first
-    out, i, merged_once = [], 0, False
-    while i < len(symbols):
-        if (
-            i + 1 < len(symbols)
-            and symbols[i] == first
-            and symbols[i + 1] == second
-            and not (first_only and merged_once)
-        ):
-            out.append(symbols[i + 1] + symbols[i] if from_right else symbols[i] + symbols[i + 1])
-            merged_once = True
-            i += 1 if no_skip else 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return tuple(reversed(out)) if from_right else tuple(out)
+def _merge_word(word, pair, first_only=False, from_right=False) -> tuple[bytes, ...]:
+    """`word` with `pair` merged at every occurrence from the left (the right answer), at the
+    first occurrence only (first_only), or walking from the right (from_right)."""
+    if from_right:  # merge the mirror image (symbols and their bytes reversed), mirror it back
+        mirror = tuple(s[::-1] for s in reversed(word))
+        merged = _merge_word(mirror, (pair[1][::-1], pair[0][::-1]))
+        return tuple(s[::-1] for s in reversed(merged))
+    pairs = list(zip(word, word[1:]))
+    if not first_only:
+        return tuple(_merge_adjacent(list(word), pair.__eq__))
+    if pair not in pairs:
+        return tuple(word)
+    i = pairs.index(pair)
+    return (*word[:i], pair[0] + pair[1], *word[i + 2 :])
 
 
 def _merge_all_words(word_counts, pair, overwrite=False, **how):
@@ -1162,64 +1060,48 @@ _MERGE_PAIR_CASES = [
 ]
 
 
+def _merge_pair_form(got, word_counts, pair):
+    if not isinstance(got, dict):
+        return f"merge_pair should return a dict of word -> count, got {type(got).__name__}"
+    for word in got:
+        if not (isinstance(word, tuple) and all(isinstance(s, bytes) for s in word)):
+            return f"each word must stay a tuple of bytes symbols; you have {_short(word)}"
+    if sum(got.values()) != sum(word_counts.values()):
+        return (
+            f"the counts add up to {sum(got.values())} instead of {sum(word_counts.values())}: two words that "
+            "become the same word must add their counts (merged.get(key, 0) + count), never overwrite or drop "
+            f"one (words: {_short(word_counts)}, pair {pair})"
+        )
+    for word in got:
+        if b"".join(word) not in {b"".join(w) for w in word_counts}:
+            return (
+                f"{_short(word)} spells bytes that no input word spells: after a merge, skip both halves before "
+                "looking at the next pair, and join them as first + second."
+            )
+    return None
+
+
 def check_merge_pair(merge_pair) -> None:
-    """Exercise 1.8: `merge_pair(word_counts, pair)` merges every occurrence, left to right, and adds counts."""
+    """Exercise 1.8: `merge_pair(word_counts, pair)` returns a new dict tuple[bytes] -> int with
+    every occurrence of the pair merged, left to right, and the counts of words that become one added."""
     from gpt2lib.tokenizer import merge_pair as reference
 
-    results = []
-    for word_counts, pair in _MERGE_PAIR_CASES:
-        given = dict(word_counts)
-        got = core.call_learner(EX_MERGE_PAIR, merge_pair, given, pair)
-        if given != word_counts:
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                "your function changed the caller's dict; build a new dict and return it.",
-            )
-        if not isinstance(got, dict):
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"merge_pair should return a dict of word -> count, got {type(got).__name__}",
-            )
-        for word in got:
-            if not (isinstance(word, tuple) and all(isinstance(s, bytes) for s in word)):
-                raise core.CheckFailed(
-                    EX_MERGE_PAIR,
-                    f"each word must stay a tuple of bytes symbols; you have {_short(word)}",
-                )
-        if sum(got.values()) != sum(word_counts.values()):
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"the counts add up to {sum(got.values())} instead of {sum(word_counts.values())}: two words that "
-                "become the same word must add their counts (merged.get(key, 0) + count), never overwrite or drop "
-                f"one (words: {_short(word_counts)}, pair {pair})",
-            )
-        for word in got:
-            if b"".join(word) not in {b"".join(w) for w in word_counts}:
-                raise core.CheckFailed(
-                    EX_MERGE_PAIR,
-                    f"{_short(word)} spells bytes that no input word spells: after a merge, skip both halves before "
-                    "looking at the next pair, and join them as first + second.",
-                )
-        results.append(got)
-    expected = [reference(dict(wc), pair) for wc, pair in _MERGE_PAIR_CASES]
-    if results == expected:
-        core.passed(
-            EX_MERGE_PAIR, f"{len(results)} word tables merged, including words that become one"
-        )
-        return
-    mistake = core.first_mistake(
+    cases = _MERGE_PAIR_CASES
+    changed = "your function changed the caller's dict; build a new dict and return it."
+    results = _results(EX_MERGE_PAIR, merge_pair, cases, _merge_pair_form, changed)
+    want = [reference(dict(wc), pair) for wc, pair in cases]
+    _grade(
+        EX_MERGE_PAIR,
+        cases,
+        results,
+        want,
         MERGE_PAIR_MISTAKES,
-        lambda m: all(got == m.fn(dict(wc), p) for got, (wc, p) in zip(results, _MERGE_PAIR_CASES)),
+        lambda i: (
+            f"merging {cases[i][1]} in {_short(cases[i][0])} gives {_short(want[i])}, "
+            f"but yours gives {_short(results[i])}."
+        ),
+        f"{len(results)} word tables merged, including words that become one",
     )
-    if mistake is not None:
-        raise core.CheckFailed(EX_MERGE_PAIR, mistake.message)
-    for got, want, (word_counts, pair) in zip(results, expected, _MERGE_PAIR_CASES):
-        if got != want:
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"merging {pair} in {_short(word_counts)} gives {_short(want)}, "
-                f"but yours gives {_short(got)}.",
-            )
 
 
 # --------------------------------------------------------------------------- 1.9 training loop
@@ -1266,21 +1148,12 @@ TRAIN_MISTAKES = [
 
 
 def _train_cases():
+    low = {(b"l", b"o", b"w"): 5, (b"l", b"o", b"w", b"e", b"r"): 2}
+    newest = {(b"n", b"e", b"w", b"e", b"s", b"t"): 6, (b"w", b"i", b"d", b"e", b"s", b"t"): 3}
     return [
         (_training_word_counts(), 12),
-        (
-            {(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1},
-            10,
-        ),  # runs out of pairs after 3 merges
-        (
-            {
-                (b"l", b"o", b"w"): 5,
-                (b"l", b"o", b"w", b"e", b"r"): 2,
-                (b"n", b"e", b"w", b"e", b"s", b"t"): 6,
-                (b"w", b"i", b"d", b"e", b"s", b"t"): 3,
-            },
-            6,
-        ),
+        ({(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1}, 10),  # no pair after 3 merges
+        ({**low, **newest}, 6),
         ({(b"z",): 4}, 3),
     ]
 
@@ -1311,7 +1184,8 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
 
 
 def check_train_merges(train_merges) -> None:
-    """Exercise 1.9: `train_merges(word_counts, num_merges)` is count, merge, repeat (either tie rule)."""
+    """Exercise 1.9: `train_merges(word_counts, num_merges)` returns the learned merges, a list of
+    (bytes, bytes): count, merge, repeat (either tie rule)."""
     cases = _train_cases()
     results = []
     for word_counts, num_merges in cases:
@@ -1321,9 +1195,9 @@ def check_train_merges(train_merges) -> None:
             if "NoneType" not in str(exc):
                 raise
             # merge_pair(word_counts, None): the loop went on after most_frequent_pair found no pair
-            no_stop = next(m for m in TRAIN_MISTAKES if m.name == "no stop")
             raise core.CheckFailed(
-                EX_TRAIN, f"{no_stop.message} (your code raised TypeError: {exc})"
+                EX_TRAIN,
+                f"{core.named(TRAIN_MISTAKES, 'no stop').message} (your code raised TypeError: {exc})",
             ) from None
         if not isinstance(got, (list, tuple)):
             raise core.CheckFailed(
@@ -1338,38 +1212,25 @@ def check_train_merges(train_merges) -> None:
         )
         return
     mistake = core.first_mistake(
-        TRAIN_MISTAKES,
-        lambda m: all(got == m.fn(dict(wc), n) for got, (wc, n) in zip(results, cases)),
+        TRAIN_MISTAKES, lambda m: all(got == m.fn(*case) for got, case in zip(results, cases))
     )
     if mistake is not None:
         raise core.CheckFailed(EX_TRAIN, mistake.message)
-    for got in results:
-        for pair in got:
-            if not (
-                isinstance(pair, tuple)
-                and len(pair) == 2
-                and all(isinstance(s, bytes) for s in pair)
-            ):
-                raise core.CheckFailed(
-                    EX_TRAIN,
-                    f"each merge should be a pair (bytes, bytes), like (b't', b'h'); "
-                    f"you have {_short(pair)}",
-                )
-    (word_counts, _), problem = next(((case, p) for case, p in zip(cases, problems) if p))
+    odd = next((pair for got in results for pair in got if not _is_pair(pair)), None)
+    if odd is not None:
+        raise core.CheckFailed(
+            EX_TRAIN,
+            f"each merge should be a pair (bytes, bytes), like (b't', b'h'); you have {_short(odd)}",
+        )
+    (word_counts, _), problem = next((case, p) for case, p in zip(cases, problems) if p)
     raise core.CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
 
 
 # --------------------------------------------------------------------------- 1.10 bytes per token
 
 
-def _ratio(
-    tokenizer,
-    text,
-    count=len,
-    size=lambda text: len(text.encode("utf-8")),
-    divide=lambda a, b: a / b,
-):
-    return divide(size(text), count(tokenizer.encode(text)))
+def _ratio(tokenizer, text, count=len, size=lambda text: len(text.encode("utf-8")), divide=None):
+    return (divide or operator.truediv)(size(text), count(tokenizer.encode(text)))
 
 
 RATIO_MISTAKES = [
@@ -1387,7 +1248,7 @@ RATIO_MISTAKES = [
     core.Mistake(
         "integer division",
         "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
-        lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b),
+        lambda tokenizer, text: _ratio(tokenizer, text, divide=operator.floordiv),
     ),
     core.Mistake(
         "distinct tokens",
@@ -1408,38 +1269,34 @@ def _ratio_cases():
     from gpt2lib.tokenizer import BPETokenizer, get_encoding
 
     small = BPETokenizer.train(_training_text(), 300)
-    texts = [
-        "The keeper of the harbour light, the keeper.",
-        "Grüße aus Köln! 世界 🤗",
-        "naïve café au lait",
-    ]
+    texts = ["The keeper of the harbour light, the keeper.", "Grüße aus Köln! 世界 🤗"]
+    texts.append("naïve café au lait")
     return [(tokenizer, text) for tokenizer in (get_encoding(), small) for text in texts]
 
 
+def _number_form(got, tokenizer, text):
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return f"bytes_per_token should return a number (a float), got {_short(got)}"
+    return None
+
+
 def check_bytes_per_token(bytes_per_token) -> None:
-    """Exercise 1.10: `bytes_per_token(tokenizer, text)` is UTF-8 bytes divided by tokens."""
+    """Exercise 1.10: `bytes_per_token(tokenizer, text)` returns the UTF-8 bytes of text divided
+    by its number of tokens (a float)."""
     cases = _ratio_cases()
-    results = []
-    for tokenizer, text in cases:
-        got = core.call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise core.CheckFailed(
-                EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}"
-            )
-        results.append(float(got))
+    results = [float(r) for r in _results(EX_RATIO, bytes_per_token, cases, _number_form)]
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
-    if all(abs(g - w) < 1e-9 for g, w in zip(results, want)):
-        core.passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
-        return
-    mistake = core.first_mistake(
+    _grade(
+        EX_RATIO,
+        cases,
+        results,
+        want,
         RATIO_MISTAKES,
-        lambda m: all(abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)),
-    )
-    if mistake is not None:
-        raise core.CheckFailed(EX_RATIO, mistake.message)
-    g, w, (_, text) = next((g, w, c) for g, w, c in zip(results, want, cases) if abs(g - w) >= 1e-9)
-    raise core.CheckFailed(
-        EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}"
+        lambda i: (
+            f"for {cases[i][1]!r} you give {results[i]:.4f} bytes per token; it is {want[i]:.4f}"
+        ),
+        f"{len(cases)} texts and two tokenizers measured right",
+        same=lambda got, right: abs(got - right) < 1e-9,
     )
 
 
@@ -1485,30 +1342,29 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
     """Exercise 1.10's measurement: `ratios[i]` is the bytes per token on `test_text` of a BPE trained on
     `train_text` up to `sizes[i]` ids, `gpt2_ratio` GPT-2's on `test_text`."""
     try:
-        got = [float(r) for r in ratios], float(gpt2_ratio)
+        got = [*map(float, ratios), float(gpt2_ratio)]
     except (TypeError, ValueError):
         raise core.CheckFailed(
             EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number"
         ) from None
-    if len(got[0]) != len(sizes):
+    if len(got) != len(sizes) + 1:
         raise core.CheckFailed(
             EX_SWEEP,
-            f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})",
+            f"ratios holds {len(got) - 1} numbers; give one per size in sizes ({len(sizes)})",
         )
 
-    def same(values):
-        return all(abs(a - b) < 1e-9 for a, b in zip([*got[0], got[1]], [*values[0], values[1]]))
+    def same(sweep):
+        return all(abs(a - b) < 1e-9 for a, b in zip(got, [*sweep[0], sweep[1]]))
 
     if same(_sweep(train_text, test_text, sizes)):
         core.passed(
             EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text"
         )
         return
-    mistake = core.first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
-    if mistake is not None:
-        raise core.CheckFailed(EX_SWEEP, mistake.message)
-    raise core.CheckFailed(
+    core.fail_with(
         EX_SWEEP,
+        SWEEP_MISTAKES,
+        lambda m: same(m.fn(train_text, test_text, sizes)),
         "your numbers are not the bytes per token on held_out of tokenizers trained on "
         "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())",
     )
@@ -1533,18 +1389,9 @@ def _first_seen_train(text, vocab_size):
     """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
     from gpt2lib.tokenizer import merge_pair, pretokenize
 
-    words = {
-        tuple(bytes([b]) for b in piece.encode("utf-8")): n
-        for piece, n in pretokenize(text).items()
-    }
+    words = {tuple(_bytes_of(piece)): n for piece, n in pretokenize(text).items()}
     vocab, merges = {bytes([b]): b for b in range(256)}, []
-    while len(vocab) < vocab_size:
-        counts = Counter()
-        for word, n in words.items():
-            for pair in zip(word, word[1:]):
-                counts[pair] += n
-        if not counts:
-            break
+    while len(vocab) < vocab_size and (counts := _pair_counts(words)):
         pair = max(counts, key=counts.__getitem__)
         merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
@@ -1577,14 +1424,12 @@ def _shakespeare(n_chars: int) -> str:
 def check_fast_training(
     fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0
 ) -> float:
-    """Challenge: `fast_train(text, vocab_size)` learns train_merges_simple's merges at least `goal`
-    times faster. Returns how many times faster it is."""
+    """Challenge: `fast_train(text, vocab_size)` returns (vocab, merges) like train_merges_simple,
+    at least `goal` times faster. Returns how many times faster it is."""
     from gpt2lib.chapters.bpe import train_merges_simple
 
     text = _shakespeare(n_chars)
-    core.call_learner(
-        CH_FAST, fast_train, text[:100], 260
-    )  # the stub and a wrong signature, named first
+    core.call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature first
     yours_s, got = _seconds(fast_train, text, vocab_size)
     reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
     if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
@@ -1592,24 +1437,18 @@ def check_fast_training(
             CH_FAST,
             core.named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})",
         )
-    got_vocab, got_merges = got
-    got_merges = [tuple(m) for m in got_merges]
+    got_vocab, got_merges = got[0], [tuple(m) for m in got[1]]
     if got_merges != merges:
-        i = next(
-            (i for i, (a, b) in enumerate(zip(got_merges, merges)) if a != b),
-            min(len(got_merges), len(merges)),
-        )
+        i = _first_difference(got_merges, merges)
         if i < min(len(got_merges), len(merges)):
             detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
         else:
             detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
-        named_mistake = core.first_mistake(
+        mistake = core.first_mistake(
             FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges
         )
         hint = (
-            named_mistake.message
-            if named_mistake
-            else "the merges must be the reference's, in the same order"
+            mistake.message if mistake else "the merges must be the reference's, in the same order"
         )
         raise core.CheckFailed(CH_FAST, f"{hint} ({detail})")
     if dict(got_vocab) != vocab:
