@@ -4,11 +4,17 @@ accept either tie rule; the challenge asks for the reference's merges exactly.""
 from __future__ import annotations
 
 import functools
+import json
 import operator
+import tempfile
+import time
 from collections import Counter
+from pathlib import Path
 
 import regex
 
+from gpt2lib import tokenizer as tk
+from gpt2lib.chapters import bpe
 from gpt2lib.course.checks import _core as core
 
 EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unicode"
@@ -160,10 +166,8 @@ def _table_problem(got, want) -> str | None:
         return f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}"
     if got == want:
         return None
-    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(
-        got
-    )
-    if mistake:
+    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got)
+    if mistake := mistake or _byte_table_symptom(got):
         return mistake.message
     wrong = [b for b in range(256) if got[b] != want[b]]
     return f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte {wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}"
@@ -171,26 +175,20 @@ def _table_problem(got, want) -> str | None:
 
 def check_bytes_to_unicode(bytes_to_unicode) -> None:
     """Exercise 1.1: `bytes_to_unicode()` returns GPT-2's dict from each byte (an int) to a character."""
-    from gpt2lib.tokenizer import bytes_to_unicode as reference
-
-    _fail_if(EX_BYTES, _table_problem(core.call_learner(EX_BYTES, bytes_to_unicode), reference()))
+    got = core.call_learner(EX_BYTES, bytes_to_unicode)
+    _fail_if(EX_BYTES, _table_problem(got, tk.bytes_to_unicode()))
     core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
 
 
 def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, skip_empty=True):
     """load_gpt2_vocab with one of its steps left out (the planted mistakes of Exercise 1.1)."""
-    import json
-    from pathlib import Path
-
-    from gpt2lib.tokenizer import ENDOFTEXT, bytes_to_unicode
-
-    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+    byte_of_char = {char: byte for byte, char in tk.bytes_to_unicode().items()}
 
     def convert(text):
         return bytes(byte_of_char[c] for c in text) if as_bytes else text
 
     encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
-    vocab = {convert(t): i for t, i in encoder.items() if not (drop_special and t == ENDOFTEXT)}
+    vocab = {convert(t): i for t, i in encoder.items() if not (drop_special and t == tk.ENDOFTEXT)}
     lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")
     lines = lines[1 if skip_header else 0 :]
     return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
@@ -244,21 +242,16 @@ def _load_difference(where, got, want) -> str:
 def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
     """Exercise 1.1: `load_gpt2_vocab(folder)` returns (vocab: dict bytes -> id, merges: list of
     (bytes, bytes)) read from the folder's encoder.json and vocab.bpe."""
-    import tempfile
-    from pathlib import Path
-
-    from gpt2lib.chapters.bpe import load_gpt2_vocab as reference
-    from gpt2lib.tokenizer import BPETokenizer, gpt2_data_dir
-
     form = "load_gpt2_vocab should return two things, (vocab, merges): a dict from token bytes to id, and a list of (bytes, bytes) pairs"
     with tempfile.TemporaryDirectory() as scratch:
-        BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"]).save(scratch)
-        folders = {"data/": gpt2_data_dir(), "a small tokenizer's folder": Path(scratch)}
+        tk.BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"]).save(scratch)
+        folders = {"data/": tk.gpt2_data_dir(), "a small tokenizer's folder": Path(scratch)}
         cases = [(folder,) for folder in folders.values()]
         got = _results(
             EX_LOAD, load_gpt2_vocab, cases, lambda r, f: None if _as_comparable(r) else form
         )
-        got, want = [_as_comparable(r) for r in got], [reference(folder) for (folder,) in cases]
+        got = [_as_comparable(r) for r in got]
+        want = [bpe.load_gpt2_vocab(folder) for (folder,) in cases]
         _grade(
             EX_LOAD,
             cases,
@@ -280,9 +273,7 @@ SPLIT_SAMPLES += ["tab\there\t\tand\r\nthere", "I'll say it's 42, isn't it?", "x
 
 def _four_given() -> str:
     """The four alternatives the exercise gives (GPT-2's pattern without its two whitespace ones)."""
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-
-    return GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
+    return tk.GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
 
 
 # Each fn returns a pattern with that mistake; the check knows it by how it splits a probe text.
@@ -321,8 +312,6 @@ _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
 
 
 def _split_problem(pattern) -> str | None:
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-
     if not isinstance(pattern, str):
         return f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}"
     try:
@@ -340,7 +329,7 @@ def _split_problem(pattern) -> str | None:
             lost = core.named(SPLIT_MISTAKES, "lookahead only" if some else "no whitespace")
             return f"{lost.message} (for {text!r} your pieces {pieces} join to {''.join(pieces)!r})"
     for text, pieces in splits.items():
-        if pieces != (expected := regex.findall(GPT2_SPLIT_PATTERN, text)):
+        if pieces != (expected := regex.findall(tk.GPT2_SPLIT_PATTERN, text)):
             for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
                 if compiled.findall(probe) == wrong_pieces:
                     return core.named(SPLIT_MISTAKES, name).message
@@ -488,9 +477,7 @@ _GPT2_WORDS += [" 👋", "\n\n", " the"]
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_ranks() -> dict[tuple[bytes, bytes], int]:
-    from gpt2lib.tokenizer import load_gpt2_vocab
-
-    return {pair: rank for rank, pair in enumerate(load_gpt2_vocab()[1])}
+    return {pair: rank for rank, pair in enumerate(tk.load_gpt2_vocab()[1])}
 
 
 def check_bpe_merge(bpe_merge) -> None:
@@ -499,9 +486,8 @@ def check_bpe_merge(bpe_merge) -> None:
     _check_merge(EX_MERGE, bpe_merge)
 
 
-def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
+def _check_merge(exercise: str, bpe_merge, what="bpe_merge", mistakes=MERGE_MISTAKES) -> None:
     """`bpe_merge(symbols, ranks)` merges like GPT-2 (Exercises 1.4 and 1.5)."""
-    from gpt2lib.tokenizer import bpe_merge as reference
 
     def problem(got, symbols, ranks):
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
@@ -513,13 +499,13 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
     cases = _TOY_CASES + [(_bytes_of(word), _gpt2_ranks()) for word in _GPT2_WORDS]
     changed = "your function changed the caller's list (it was {before}, afterwards {after}). Work on a copy: start with symbols = list(symbols)."
     got = [list(r) for r in _results(exercise, bpe_merge, cases, problem, changed)]
-    want = [reference(list(symbols), table) for symbols, table in cases]
+    want = [tk.bpe_merge(list(symbols), table) for symbols, table in cases]
     _grade(
         exercise,
         cases,
         got,
         want,
-        MERGE_MISTAKES,
+        mistakes,
         lambda i: (
             f"for {_short(cases[i][0])} the merges by rank give {_short(want[i])}, but yours gives {_short(got[i])}."
         ),
@@ -555,16 +541,13 @@ DEBUG_MISTAKES = [
 
 
 def _disagreeing_problem(word) -> str | None:
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-    from gpt2lib.tokenizer import bpe_merge as reference
-
     if not isinstance(word, str) or not word:
         return f"disagreeing_word() should return a non-empty str, got {_short(word)}"
-    if (pieces := regex.findall(GPT2_SPLIT_PATTERN, word)) != [word]:
+    if (pieces := regex.findall(tk.GPT2_SPLIT_PATTERN, word)) != [word]:
         return f"{core.named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})"
     if len(symbols := _bytes_of(word)) < 2:
         return core.named(DEBUG_MISTAKES, "one byte").message
-    if (right := reference(symbols, _gpt2_ranks())) == colleague_merge(symbols, _gpt2_ranks()):
+    if (right := tk.bpe_merge(symbols, _gpt2_ranks())) == colleague_merge(symbols, _gpt2_ranks()):
         return f"{core.named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
     return None
 
@@ -572,31 +555,19 @@ def _disagreeing_problem(word) -> str | None:
 def check_disagreeing_word(disagreeing_word) -> None:
     """Exercise 1.5: `disagreeing_word()` returns one piece (a str) on which `colleague_merge` and
     GPT-2's encoder give different tokens."""
-    from gpt2lib.tokenizer import bpe_merge as reference
-
     word = core.call_learner(EX_DEBUG, disagreeing_word)
     _fail_if(EX_DEBUG, _disagreeing_problem(word))
     symbols = _bytes_of(word)
     core.passed(
         EX_DEBUG,
-        f"on {word!r} the colleague's encoder gives {_short(colleague_merge(symbols, _gpt2_ranks()))}, GPT-2's gives {_short(reference(symbols, _gpt2_ranks()))}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
+        f"on {word!r} the colleague's encoder gives {_short(colleague_merge(symbols, _gpt2_ranks()))}, GPT-2's gives {_short(tk.bpe_merge(symbols, _gpt2_ranks()))}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
     )
 
 
 def check_fixed_merge(fixed_merge) -> None:
     """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, returns the
     symbols (list[bytes]) merged like GPT-2."""
-    from gpt2lib.tokenizer import bpe_merge as reference
-
-    ranks, words = _gpt2_ranks(), [_bytes_of(word) for word in _GPT2_WORDS]
-    results = [core.call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
-    if results != [reference(w, ranks) for w in words]:
-        mistake = core.first_mistake(
-            FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_DEBUG, mistake.message)
-    _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
+    _check_merge(EX_DEBUG, fixed_merge, "fixed_merge", FIXED_MISTAKES + MERGE_MISTAKES)
 
 
 FIXED_MISTAKES = [
@@ -618,31 +589,25 @@ FIXED_MISTAKES = [
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_token_texts() -> dict[int, str]:
-    from gpt2lib.tokenizer import ENDOFTEXT, ENDOFTEXT_ID, bytes_to_unicode, load_gpt2_vocab
-
-    char_of_byte = bytes_to_unicode()
+    char_of_byte = tk.bytes_to_unicode()
     texts = {
-        i: "".join(char_of_byte[b] for b in token) for token, i in load_gpt2_vocab()[0].items()
+        i: "".join(char_of_byte[b] for b in token) for token, i in tk.load_gpt2_vocab()[0].items()
     }
-    return texts | {ENDOFTEXT_ID: ENDOFTEXT}
+    return texts | {tk.ENDOFTEXT_ID: tk.ENDOFTEXT}
 
 
 def _decode_cases():
-    from gpt2lib.tokenizer import ENDOFTEXT_ID, BPETokenizer
-
-    tok = BPETokenizer.gpt2()
+    tok = tk.BPETokenizer.gpt2()
     texts = ["Hello world", "  two spaces\n\nand lines\n", "Grüße aus Köln", "I 💙 tokenizers 🤗"]
     cases = [tok.encode(t) for t in texts]
-    cases += [tok.encode("one") + [ENDOFTEXT_ID] + tok.encode("two"), []]
+    cases += [tok.encode("one") + [tk.ENDOFTEXT_ID] + tok.encode("two"), []]
     cases.append([tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]])  # 2 of 3 bytes of '世'
     cases.append([tok.vocab[b"\xc3"]])  # the first byte of a two-byte character, alone
     return tok, cases
 
 
 def _joined_bytes(ids, token_texts) -> bytes:
-    from gpt2lib.tokenizer import bytes_to_unicode
-
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    byte_of = {c: b for b, c in tk.bytes_to_unicode().items()}
     return bytes(byte_of[c] for i in ids for c in token_texts[i])
 
 
@@ -728,9 +693,7 @@ TIE_MISTAKES = [
 
 def _tied_pairs(text: str) -> tuple[Counter, list]:
     """(the pair counts of the text's pieces, in the order first seen; the pairs tied at the top)."""
-    from gpt2lib.tokenizer import pretokenize
-
-    counts = _pair_counts({tuple(_bytes_of(p)): n for p, n in pretokenize(text).items()})
+    counts = _pair_counts({tuple(_bytes_of(p)): n for p, n in tk.pretokenize(text).items()})
     return counts, [pair for pair, n in counts.items() if n == max(counts.values())]
 
 
@@ -773,11 +736,9 @@ def _pair_counts(word_counts, weighted=True, once_per_word=False, skip_last=Fals
 
 
 def _training_word_counts() -> dict[tuple[bytes, ...], int]:
-    from gpt2lib.tokenizer import pretokenize
-
     text = "the cat sat on the mat; the dog sat on the log. then the cat and the dog ate. "
     text += "that is that, and this is this. these things happen."
-    return {tuple(_bytes_of(p)): n for p, n in pretokenize(text).items()}
+    return {tuple(_bytes_of(p)): n for p, n in tk.pretokenize(text).items()}
 
 
 # Each fn gives the scores that the wrong counting assigns to every pair; an answer shows the
@@ -941,12 +902,10 @@ def _merge_pair_form(got, word_counts, pair) -> str | None:
 def check_merge_pair(merge_pair) -> None:
     """Exercise 1.8: `merge_pair(word_counts, pair)` returns a new dict tuple[bytes] -> int with
     every occurrence of the pair merged, left to right, adding the counts of words that become one."""
-    from gpt2lib.tokenizer import merge_pair as reference
-
     cases = _MERGE_PAIR_CASES
     changed = "your function changed the caller's dict; build a new dict and return it."
     got = _results(EX_MERGE_PAIR, merge_pair, cases, _merge_pair_form, changed)
-    want = [reference(dict(word_counts), pair) for word_counts, pair in cases]
+    want = [tk.merge_pair(dict(word_counts), pair) for word_counts, pair in cases]
     _grade(
         EX_MERGE_PAIR,
         cases,
@@ -964,16 +923,14 @@ def check_merge_pair(merge_pair) -> None:
 
 
 def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
-    from gpt2lib.tokenizer import merge_pair, most_frequent_pair
-
     merges = []
     for _ in range(num_merges + extra):
-        pair = most_frequent_pair(word_counts)
+        pair = tk.most_frequent_pair(word_counts)
         if pair is None and stop_on_none:
             break
         merges.append(pair)
         if apply:
-            word_counts = merge_pair(word_counts, pair)
+            word_counts = tk.merge_pair(word_counts, pair)
     return merges
 
 
@@ -1014,8 +971,6 @@ def _train_cases():
 
 def _replay_problem(word_counts, num_merges, merges) -> str | None:
     """Why `merges` is not a valid run of BPE training, or None. Any tied pair is accepted."""
-    from gpt2lib.tokenizer import merge_pair
-
     for step, pair in enumerate(merges):
         counts = _pair_counts(word_counts)
         if step >= num_merges:
@@ -1025,7 +980,7 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
         if not _is_best(pair, counts):
             best = max(counts, key=counts.__getitem__)
             return f"merge {step} is {_short(pair)}, which occurs {counts.get(pair, 0)} times then; the most frequent pair occurs {counts[best]} times, for example {best}"
-        word_counts = merge_pair(word_counts, pair)
+        word_counts = tk.merge_pair(word_counts, pair)
     if len(merges) < num_merges and _pair_counts(word_counts):
         return f"you return {len(merges)} merges, but num_merges={num_merges} and pairs are still left: keep going until num_merges merges are learned"
     return None
@@ -1103,18 +1058,14 @@ RATIO_MISTAKES = [
 
 @functools.lru_cache(maxsize=1)
 def _training_text() -> str:
-    from gpt2lib.tokenizer import gpt2_data_dir
-
-    return (gpt2_data_dir() / "bpe_training_text.txt").read_text(encoding="utf-8")
+    return (tk.gpt2_data_dir() / "bpe_training_text.txt").read_text(encoding="utf-8")
 
 
 def _ratio_cases():
-    from gpt2lib.tokenizer import BPETokenizer, get_encoding
-
     texts = ["The keeper of the harbour light, the keeper.", "Grüße aus Köln! 世界 🤗"]
     texts.append("naïve café au lait")
-    small = BPETokenizer.train(_training_text(), 300)
-    return [(tokenizer, text) for tokenizer in (get_encoding(), small) for text in texts]
+    small = tk.BPETokenizer.train(_training_text(), 300)
+    return [(tokenizer, text) for tokenizer in (tk.get_encoding(), small) for text in texts]
 
 
 def _number_form(got, tokenizer, text) -> str | None:
@@ -1147,11 +1098,11 @@ def check_bytes_per_token(bytes_per_token) -> None:
 def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train", gpt2_on="test"):
     """(bytes per token on test_text of BPEs trained with each size, GPT-2's); the keyword
     arguments give the known wrong measurements."""
-    from gpt2lib.tokenizer import BPETokenizer, get_encoding
-
     texts = {"train": train_text, "test": test_text}
-    trained = [BPETokenizer.train(texts[train_on], vocab_size=n) for n in sizes]
-    return [_ratio(t, texts[measure_on]) for t in trained], _ratio(get_encoding(), texts[gpt2_on])
+    trained = [tk.BPETokenizer.train(texts[train_on], vocab_size=n) for n in sizes]
+    return [_ratio(t, texts[measure_on]) for t in trained], _ratio(
+        tk.get_encoding(), texts[gpt2_on]
+    )
 
 
 # fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
@@ -1207,8 +1158,6 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
 
 def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
     """The best wall time of `repeats` calls of fn(*args), and the result of the last call."""
-    import time
-
     best, result = float("inf"), None
     for _ in range(repeats):
         start = time.perf_counter()
@@ -1219,14 +1168,12 @@ def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
 
 def _first_seen_train(text, vocab_size):
     """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
-    from gpt2lib.tokenizer import merge_pair, pretokenize
-
-    words = {tuple(_bytes_of(piece)): n for piece, n in pretokenize(text).items()}
+    words = {tuple(_bytes_of(piece)): n for piece, n in tk.pretokenize(text).items()}
     vocab, merges = {bytes([b]): b for b in range(256)}, []
     while len(vocab) < vocab_size and (counts := _pair_counts(words)):
         merges.append(pair := max(counts, key=counts.__getitem__))
         vocab.setdefault(pair[0] + pair[1], len(vocab))
-        words = merge_pair(words, pair)
+        words = tk.merge_pair(words, pair)
     return vocab, merges
 
 
@@ -1246,9 +1193,7 @@ FAST_MISTAKES = [
 
 @functools.lru_cache(maxsize=2)
 def _shakespeare(n_chars: int) -> str:
-    from gpt2lib.tokenizer import gpt2_data_dir
-
-    return (gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
+    return (tk.gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
 
 
 def _fast_problem(got, text, vocab_size, vocab, merges) -> str | None:
@@ -1276,12 +1221,10 @@ def check_fast_training(
 ) -> float:
     """Challenge: `fast_train(text, vocab_size)` returns (vocab, merges) like train_merges_simple,
     at least `goal` times faster. Returns how many times faster it is."""
-    from gpt2lib.chapters.bpe import train_merges_simple
-
     text = _shakespeare(n_chars)
     core.call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature first
     yours_s, got = _seconds(fast_train, text, vocab_size)
-    reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
+    reference_s, (vocab, merges) = _seconds(bpe.train_merges_simple, text, vocab_size)
     _fail_if(CH_FAST, _fast_problem(got, text, vocab_size, vocab, merges))
     speedup = reference_s / max(yours_s, 1e-9)
     timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
