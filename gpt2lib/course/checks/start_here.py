@@ -193,7 +193,7 @@ def check_stable_softmax(softmax) -> None:
         "masked (-inf) entries": torch.randn(3, 5).masked_fill(masked, float("-inf")),
     }
     blocked = [f"torch.{where}softmax" for where in ("", "nn.functional.", "Tensor.", "special.")]
-    instead = "the challenge is to build it yourself: torch's softmax is blocked during this check"
+    instead = "the challenge is to build softmax yourself, so torch's is blocked during this check"
     for case, x in cases.items():
         with core.forbidding(SOFTMAX, *blocked, instead=instead):
             got = core.call_learner(SOFTMAX, softmax, x.clone())
