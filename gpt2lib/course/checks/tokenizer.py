@@ -174,7 +174,7 @@ def _table_problem(got, want) -> str | None:
 
 
 def check_bytes_to_unicode(bytes_to_unicode) -> None:
-    """Exercise 1.1: `bytes_to_unicode()` returns GPT-2's dict from each byte (an int) to a character."""
+    """Exercise 1.1: `bytes_to_unicode()` returns GPT-2's dict byte (int) -> character (str)."""
     got = core.call_learner(EX_BYTES, bytes_to_unicode)
     _fail_if(EX_BYTES, _table_problem(got, tk.bytes_to_unicode()))
     core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
@@ -240,8 +240,7 @@ def _load_difference(where, got, want) -> str:
 
 
 def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
-    """Exercise 1.1: `load_gpt2_vocab(folder)` returns (vocab: dict bytes -> id, merges: list of
-    (bytes, bytes)) read from the folder's encoder.json and vocab.bpe."""
+    """Exercise 1.1: `load_gpt2_vocab(folder)` returns (vocab bytes -> id, merges [(bytes, bytes)])."""
     form = "load_gpt2_vocab should return two things, (vocab, merges): a dict from token bytes to id, and a list of (bytes, bytes) pairs"
     with tempfile.TemporaryDirectory() as scratch:
         tk.BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"]).save(scratch)
@@ -338,7 +337,7 @@ def _split_problem(pattern) -> str | None:
 
 
 def check_split_pattern(gpt2_split_pattern) -> None:
-    """Exercise 1.2: `gpt2_split_pattern()` returns a regex (a str) that splits text like GPT-2's."""
+    """Exercise 1.2: `gpt2_split_pattern()` returns a regex (str) that splits text like GPT-2's."""
     _fail_if(EX_SPLIT, _split_problem(core.call_learner(EX_SPLIT, gpt2_split_pattern)))
     core.passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
@@ -372,7 +371,7 @@ def _by_hand_problem(got, ranks) -> str | None:
 
 
 def check_lowering_merges(lowering_merges) -> None:
-    """Exercise 1.3: `lowering_merges()` returns the pairs (bytes, bytes) GPT-2 merges in " lowering", in order."""
+    """Exercise 1.3: `lowering_merges()` returns the [(bytes, bytes)] GPT-2 merges in " lowering"."""
     ranks = _gpt2_ranks()
     _fail_if(EX_HAND, _by_hand_problem(core.call_learner(EX_HAND, lowering_merges), ranks))
     core.passed(
@@ -481,8 +480,7 @@ def _gpt2_ranks() -> dict[tuple[bytes, bytes], int]:
 
 
 def check_bpe_merge(bpe_merge) -> None:
-    """Exercise 1.4: `bpe_merge(symbols: list[bytes], ranks: dict pair -> rank)` returns the
-    symbols (list[bytes]) after merging the lowest-ranked pair first, repeatedly."""
+    """Exercise 1.4: `bpe_merge(symbols: [bytes], ranks: pair -> rank)` returns the merged [bytes]."""
     _check_merge(EX_MERGE, bpe_merge)
 
 
@@ -553,8 +551,7 @@ def _disagreeing_problem(word) -> str | None:
 
 
 def check_disagreeing_word(disagreeing_word) -> None:
-    """Exercise 1.5: `disagreeing_word()` returns one piece (a str) on which `colleague_merge` and
-    GPT-2's encoder give different tokens."""
+    """Exercise 1.5: `disagreeing_word()` returns a str the colleague and GPT-2 encode differently."""
     word = core.call_learner(EX_DEBUG, disagreeing_word)
     _fail_if(EX_DEBUG, _disagreeing_problem(word))
     symbols = _bytes_of(word)
@@ -565,8 +562,7 @@ def check_disagreeing_word(disagreeing_word) -> None:
 
 
 def check_fixed_merge(fixed_merge) -> None:
-    """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, returns the
-    symbols (list[bytes]) merged like GPT-2."""
+    """Exercise 1.5: `fixed_merge(symbols: [bytes], ranks)` returns the [bytes] GPT-2 merges to."""
     _check_merge(EX_DEBUG, fixed_merge, "fixed_merge", FIXED_MISTAKES + MERGE_MISTAKES)
 
 
@@ -648,7 +644,7 @@ def _decoded_problem(got, ids, want, token_texts) -> str | None:
 
 
 def check_decode_ids(decode_ids) -> None:
-    """Exercise 1.6: `decode_ids(ids: list[int], token_texts: dict id -> str)` returns the text (a str)."""
+    """Exercise 1.6: `decode_ids(ids: [int], token_texts: id -> str)` returns the text (a str)."""
     token_texts = _gpt2_token_texts()
     tok, cases = _decode_cases()
     for ids in cases:
@@ -713,7 +709,7 @@ def _tie_problem(text) -> str | None:
 
 
 def check_tie_text(tie_text) -> None:
-    """Exercise 1.7: `tie_text()` returns a short str whose top pair is a tie the two rules decide differently."""
+    """Exercise 1.7: `tie_text()` returns a short str on which the two tie rules pick different pairs."""
     text = core.call_learner(EX_TIE, tie_text)
     _fail_if(EX_TIE, _tie_problem(text))
     counts, tied = _tied_pairs(text)
@@ -802,8 +798,7 @@ def _no_pair_problem(most_frequent_pair, word_counts) -> str | None:
 
 
 def check_most_frequent_pair(most_frequent_pair) -> None:
-    """Exercise 1.8: `most_frequent_pair(word_counts: dict tuple[bytes] -> int)` returns a pair
-    (bytes, bytes) with the largest weighted count, or None when no word has two symbols."""
+    """Exercise 1.8: `most_frequent_pair(word_counts)` returns a top pair (bytes, bytes) or None."""
     cases = [(wc,) for wc in [*_PAIR_CASES, _training_word_counts()]]
     answers = _results(EX_PAIR, most_frequent_pair, cases, _pair_form)
     for (word_counts,), got in zip(cases, answers):
@@ -900,8 +895,7 @@ def _merge_pair_form(got, word_counts, pair) -> str | None:
 
 
 def check_merge_pair(merge_pair) -> None:
-    """Exercise 1.8: `merge_pair(word_counts, pair)` returns a new dict tuple[bytes] -> int with
-    every occurrence of the pair merged, left to right, adding the counts of words that become one."""
+    """Exercise 1.8: `merge_pair(word_counts, pair)` returns a new dict with the pair merged."""
     cases = _MERGE_PAIR_CASES
     changed = "your function changed the caller's dict; build a new dict and return it."
     got = _results(EX_MERGE_PAIR, merge_pair, cases, _merge_pair_form, changed)
@@ -987,8 +981,7 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
 
 
 def check_train_merges(train_merges) -> None:
-    """Exercise 1.9: `train_merges(word_counts, num_merges)` returns the merges learned, a list of
-    pairs (bytes, bytes): count, merge, repeat (either tie rule)."""
+    """Exercise 1.9: `train_merges(word_counts, num_merges)` returns the learned [(bytes, bytes)]."""
     cases, results = _train_cases(), []
     for word_counts, num_merges in cases:
         try:
@@ -1075,8 +1068,7 @@ def _number_form(got, tokenizer, text) -> str | None:
 
 
 def check_bytes_per_token(bytes_per_token) -> None:
-    """Exercise 1.10: `bytes_per_token(tokenizer, text)` returns the UTF-8 bytes of `text` per
-    token (a float)."""
+    """Exercise 1.10: `bytes_per_token(tokenizer, text)` returns UTF-8 bytes per token (a float)."""
     cases = _ratio_cases()
     got = [float(r) for r in _results(EX_RATIO, bytes_per_token, cases, _number_form)]
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
@@ -1126,8 +1118,7 @@ SWEEP_MISTAKES = [
 
 
 def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> None:
-    """Exercise 1.10's measurement: `ratios[i]` is the bytes per token on `test_text` of a BPE
-    trained on `train_text` up to `sizes[i]` ids, `gpt2_ratio` GPT-2's on `test_text`."""
+    """Exercise 1.10's measurement: `ratios` (one per size) and `gpt2_ratio`, bytes per token on test_text."""
     try:
         got = [*map(float, ratios), float(gpt2_ratio)]
     except (TypeError, ValueError):
@@ -1219,8 +1210,7 @@ def _fast_problem(got, text, vocab_size, vocab, merges) -> str | None:
 def check_fast_training(
     fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0
 ) -> float:
-    """Challenge: `fast_train(text, vocab_size)` returns (vocab, merges) like train_merges_simple,
-    at least `goal` times faster. Returns how many times faster it is."""
+    """Challenge: `fast_train(text, vocab_size)` returns (vocab, merges), `goal` times as fast; returns the speedup."""
     text = _shakespeare(n_chars)
     core.call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature first
     yours_s, got = _seconds(fast_train, text, vocab_size)
