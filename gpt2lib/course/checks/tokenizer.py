@@ -1162,7 +1162,8 @@ def _first_seen_train(text, vocab_size):
     words = {tuple(_bytes_of(piece)): n for piece, n in tk.pretokenize(text).items()}
     vocab, merges = {bytes([b]): b for b in range(256)}, []
     while len(vocab) < vocab_size and (counts := _pair_counts(words)):
-        merges.append(pair := max(counts, key=counts.__getitem__))
+        pair = max(counts, key=counts.__getitem__)
+        merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
         words = tk.merge_pair(words, pair)
     return vocab, merges
