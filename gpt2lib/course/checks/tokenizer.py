@@ -980,24 +980,22 @@ def _replay_problem(word_counts, num_merges, merges) -> str | None:
     return None
 
 
+def _merges_form(got, word_counts, num_merges) -> str | None:
+    if not isinstance(got, (list, tuple)):
+        return f"train_merges should return a list of pairs, got {type(got).__name__}"
+    return None
+
+
 def check_train_merges(train_merges) -> None:
     """Exercise 1.9: `train_merges(word_counts, num_merges)` returns the learned [(bytes, bytes)]."""
-    cases, results = _train_cases(), []
-    for word_counts, num_merges in cases:
-        try:
-            got = core.call_learner(EX_TRAIN, train_merges, dict(word_counts), num_merges)
-        except TypeError as exc:  # merge_pair(word_counts, None): the loop went on without a pair
-            if "NoneType" not in str(exc):
-                raise
-            no_stop = core.named(TRAIN_MISTAKES, "no stop").message
-            raise core.CheckFailed(
-                EX_TRAIN, f"{no_stop} (your code raised TypeError: {exc})"
-            ) from None
-        if not isinstance(got, (list, tuple)):
-            raise core.CheckFailed(
-                EX_TRAIN, f"train_merges should return a list of pairs, got {type(got).__name__}"
-            )
-        results.append(list(got))
+    cases = _train_cases()
+    try:
+        results = [list(r) for r in _results(EX_TRAIN, train_merges, cases, _merges_form)]
+    except TypeError as exc:  # merge_pair(word_counts, None): the loop went on without a pair
+        if "NoneType" not in str(exc):
+            raise
+        no_stop = core.named(TRAIN_MISTAKES, "no stop").message
+        raise core.CheckFailed(EX_TRAIN, f"{no_stop} (your code raised TypeError: {exc})") from None
     problems = [_replay_problem(dict(wc), n, got) for (wc, n), got in zip(cases, results)]
     if any(problems):
         mistake = core.first_mistake(
