@@ -1,12 +1,16 @@
-"""Checks for chapter 0's warm-up exercises and challenge."""
+"""Checks for chapter 0's warm-up exercises (0.1 to 0.4) and its challenge, a stable softmax."""
 
 import torch
 
 from gpt2lib.course.checks import _core as core
 
 EXERCISE = "Exercise 0.1 (token_means)"
+CENTER = "Exercise 0.2 (center)"
+COUNTING = "Exercise 0.3 (where_counting_stops)"
+OVERFLOW = "Exercise 0.4 (first_overflow)"
+SOFTMAX = "Challenge (a softmax that never overflows)"
 
-# Wrong shapes, each with what it means. Keyed by the function that makes one from x (B, T, C).
+# Wrong shapes, each with what it means; fn makes one from x (B, T, C).
 SHAPE_MISTAKES = [
     core.Mistake(
         "keepdim",
@@ -40,64 +44,43 @@ VALUE_MISTAKES = [
         lambda x: x.sum(dim=-1) / x.shape[1],
     ),
 ]
-
-
-def check_token_means(token_means) -> None:
-    """Passes any function giving the mean over the last dim, in any float dtype."""
-    __tracebackhide__ = True
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 4)  # (B, T, C); T != C, so dividing by T is told apart
-    expected = x.mean(dim=-1)  # (B, T)
-    got = core.call_learner(EXERCISE, token_means, x.clone())
-    if not isinstance(got, torch.Tensor):
-        raise core.CheckFailed(EXERCISE, f"return a tensor, not {type(got).__name__}")
-    if got.shape != expected.shape:
-        shape_of = core.first_mistake(SHAPE_MISTAKES, lambda m: m.fn(x).shape == got.shape)
-        hint = f" {shape_of.message}" if shape_of else ""
-        raise core.CheckFailed(
-            EXERCISE, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}.{hint}"
-        )
-    got = core.expect_tensor(EXERCISE, got, tuple(expected.shape))  # float64 is fine; NaN is not
-    mistake = core.first_mistake(VALUE_MISTAKES, lambda m: core.close(got, m.fn(x)))
-    if mistake is not None:
-        raise core.CheckFailed(EXERCISE, mistake.message)
-    if not core.close(got, expected, atol=1e-6):
-        raise core.CheckFailed(
-            EXERCISE, "the shape is right but the values are not the means over C"
-        )
-    core.passed(EXERCISE, "each token's vector averaged to one number, shape (B, T)")
-
-
-# --------------------------------------------------------------------------- Exercise 0.2
-
-CENTER = "Exercise 0.2 (center)"
-
 CENTER_MISTAKES = [
     core.Mistake(
         "means broadcast along C",
-        "the (B, T) means were broadcast against the last dimension, so token t lost the "
-        "mean of token number c instead of its own (it only runs for one text with T equal to C); keep the "
-        "reduced dimension, keepdim=True or [..., None]",
+        "the (B, T) means were broadcast against the last dimension, so token t lost the mean of token number c instead of its own (it only runs for one text with T equal to C); keep the reduced dimension, keepdim=True or [..., None]",
         lambda x: x - x.mean(dim=-1),
     ),
     core.Mistake(
         "mean over T",
-        "you subtracted the mean over the tokens (dim=1); each token needs its "
-        "own mean over its C numbers",
+        "you subtracted the mean over the tokens (dim=1); each token needs its own mean over its C numbers",
         lambda x: x - x.mean(dim=1, keepdim=True),
     ),
     core.Mistake(
         "mean of all",
-        "you subtracted one mean of the whole tensor; each token needs its "
-        "own mean over its C numbers",
+        "you subtracted one mean of the whole tensor; each token needs its own mean over its C numbers",
         lambda x: x - x.mean(),
     ),
 ]
 
 
+def check_token_means(token_means) -> None:
+    """Exercise 0.1: `token_means(x)` takes x (B, T, C) and returns each token's mean over C (B, T)."""
+    __tracebackhide__ = True
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)  # (B, T, C); T != C, so dividing by T is told apart
+    got = core.call_learner(EXERCISE, token_means, x.clone())
+    if not isinstance(got, torch.Tensor):
+        raise core.CheckFailed(EXERCISE, f"return a tensor, not {type(got).__name__}")
+    hints = {tuple(m.fn(x).shape): m.message for m in SHAPE_MISTAKES}
+    got = core.expect_tensor(EXERCISE, got, (2, 3), hints=hints)  # float64 is fine; NaN is not
+    if not core.close(got, x.mean(dim=-1), atol=1e-6):
+        wrong = "the shape is right but the values are not the means over C"
+        core.fail_with(EXERCISE, VALUE_MISTAKES, lambda m: core.close(got, m.fn(x)), wrong)
+    core.passed(EXERCISE, "each token's vector averaged to one number, shape (B, T)")
+
+
 def check_center(center) -> None:
-    """Passes any `center(x)` that subtracts each token's own mean, on one text with T == C
-    (where the planted bug runs silently) and on other shapes, and leaves its input alone."""
+    """Exercise 0.2: `center(x)` takes x (B, T, C) and returns x minus each token's mean (B, T, C)."""
     __tracebackhide__ = True
     torch.manual_seed(0)
     for shape in [(1, 4, 4), (2, 3, 4), (1, 5, 2)]:  # (1, 4, 4) first: the planted bug runs there
@@ -107,69 +90,55 @@ def check_center(center) -> None:
         if not torch.equal(x, before):
             raise core.CheckFailed(
                 CENTER,
-                "your center changed its input in place (x -= ... or "
-                "x.sub_); return a new tensor and leave x as it was",
+                "your center changed its input in place (x -= ... or x.sub_); return a new tensor and leave x as it was",
             )
         got = core.expect_tensor(CENTER, got, shape, what=f"center(x) for x of shape {shape}")
-        if core.close(got, x - x.mean(dim=-1, keepdim=True)):
-            continue
-        mistake = core.first_mistake(CENTER_MISTAKES, lambda m: core.close(got, m.fn(x)))
-        if mistake is not None:
-            raise core.CheckFailed(CENTER, f"on x of shape {shape}: {mistake.message}")
-        raise core.CheckFailed(
-            CENTER,
-            f"on x of shape {shape} the result is not x minus each "
-            "token's mean: its tokens should each average to 0",
-        )
+        if not core.close(got, x - x.mean(dim=-1, keepdim=True)):
+            mistake = core.first_mistake(CENTER_MISTAKES, lambda m: core.close(got, m.fn(x)))
+            why = "the result is not x minus each token's mean: its tokens should each average to 0"
+            raise core.CheckFailed(
+                CENTER, f"on x of shape {shape}: {mistake.message if mistake else why}"
+            )
     core.passed(
         CENTER,
-        "every token averages to 0, at three shapes. The bug: the (B, T) means lined up against "
-        "(T, C) from the right, so entry c of every token lost the mean of token c",
+        "every token averages to 0, at three shapes. The bug: the (B, T) means lined up against (T, C) from the right, so entry c of every token lost the mean of token c",
     )
 
 
-# --------------------------------------------------------------------------- Exercise 0.3
-
-COUNTING = "Exercise 0.3 (where_counting_stops)"
+def _whole_number(exercise, fn, dtype) -> int:
+    """fn(dtype) as an int (a whole float is fine), or CheckFailed saying what to return."""
+    answer = core.call_learner(exercise, fn, dtype)
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        raise core.CheckFailed(
+            exercise, "return a Python int: call .item() (or int()) on the tensor"
+        )
+    if isinstance(answer, float) and answer.is_integer():
+        return int(answer)
+    if not isinstance(answer, int) or isinstance(answer, bool):
+        raise core.CheckFailed(exercise, f"return a whole number (an int), not {answer!r}")
+    return answer
 
 
 def check_where_counting_stops(where_counting_stops) -> None:
-    """The learner's measurement for three dtypes (so no single number can be written in),
-    with the near misses named."""
+    """Exercise 0.3: `where_counting_stops(dtype)` returns the first int n with n + 1 == n in dtype."""
     __tracebackhide__ = True
     for dtype, bits in [(torch.float32, 24), (torch.float16, 11), (torch.bfloat16, 8)]:
-        answer = core.call_learner(COUNTING, where_counting_stops, dtype)
-        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-            raise core.CheckFailed(
-                COUNTING, "return a Python int: call .item() (or int()) on the tensor"
-            )
-        if isinstance(answer, float) and answer.is_integer():
-            answer = int(answer)
-        if not isinstance(answer, int) or isinstance(answer, bool):
-            raise core.CheckFailed(COUNTING, f"return a whole number (an int), not {answer!r}")
-        want = 2**bits
-        if answer == want:
-            continue
+        answer = _whole_number(COUNTING, where_counting_stops, dtype)
+        below, above = 2**bits - 1, 2**bits + 1
         near = {
-            want
-            - 1: f"{want - 1:,} + 1 is still exact in {dtype}; the first n whose n + 1 is n is one more",
-            want + 1: f"{want + 1:,} cannot even be held in {dtype}; the first n is one less",
+            below: f"{below:,} + 1 is still exact in {dtype}; the first n whose n + 1 is n is one more",
+            above: f"{above:,} cannot even be held in {dtype}; the first n is one less",
             2**24: "that is float32's answer: did you pass the dtype to torch.tensor?",
             2**53: "that is float64's: make the tensor in the dtype the check asks for",
         }
-        raise core.CheckFailed(
-            COUNTING, f"for {dtype} you gave {answer:,}. " + near.get(answer, "measure again")
-        )
+        if answer != 2**bits:
+            raise core.CheckFailed(
+                COUNTING, f"for {dtype} you gave {answer:,}. " + near.get(answer, "measure again")
+            )
     core.passed(
         COUNTING,
-        "float32 stops at 2**24 = 16,777,216, float16 at 2,048 and bfloat16 at 256: a float "
-        "keeps 24, 11 and 8 significant bits, so past 2**bits the step between neighbours is 2",
+        "float32 stops at 2**24 = 16,777,216, float16 at 2,048 and bfloat16 at 256: a float keeps 24, 11 and 8 significant bits, so past 2**bits the step between neighbours is 2",
     )
-
-
-# --------------------------------------------------------------------------- Exercise 0.4
-
-OVERFLOW = "Exercise 0.4 (first_overflow)"
 
 
 def _first_overflow(dtype) -> int:
@@ -181,95 +150,55 @@ def _first_overflow(dtype) -> int:
 
 
 def check_first_overflow(first_overflow) -> None:
-    """The learner's `first_overflow(dtype)` against the numbers measured here, for three dtypes
-    (so no single number can be written in), naming the near misses."""
+    """Exercise 0.4: `first_overflow(dtype)` returns the smallest int s whose exp is inf in dtype."""
     __tracebackhide__ = True
+    float32s = _first_overflow(torch.float32)
     for dtype in (torch.float32, torch.float16, torch.float64):
-        answer = core.call_learner(OVERFLOW, first_overflow, dtype)
-        if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-            raise core.CheckFailed(
-                OVERFLOW, "return a Python int: call .item() (or int()) on the tensor"
-            )
-        if isinstance(answer, float) and answer.is_integer():
-            answer = int(answer)
-        if not isinstance(answer, int) or isinstance(answer, bool):
-            raise core.CheckFailed(OVERFLOW, f"return a whole number (an int), not {answer!r}")
+        answer = _whole_number(OVERFLOW, first_overflow, dtype)
         want = _first_overflow(dtype)
-        if answer == want:
-            continue
+        below = want - 1
         near = {
-            want - 1: f"exp({want - 1}) is still finite in {dtype}; the question asks for the "
-            "first s whose exp is inf",
-            _first_overflow(torch.float32): f"that is float32's answer, asked for {dtype}: make "
-            "the tensor in the dtype the check passes",
+            below: f"exp({below}) is still finite in {dtype}; the question asks for the first s whose exp is inf",
+            float32s: f"that is float32's answer, asked for {dtype}: make the tensor in the dtype the check passes",
         }
-        raise core.CheckFailed(OVERFLOW, f"for {dtype}: " + near.get(answer, f"{answer} is not it"))
+        if answer != want:
+            raise core.CheckFailed(
+                OVERFLOW, f"for {dtype}: " + near.get(answer, f"{answer} is not it")
+            )
     core.passed(
         OVERFLOW,
-        "float32 overflows at exp(89), float16 at exp(12), float64 at exp(710): e^s has about "
-        "0.43 s decimal digits, and float32 holds up to about 3.4e38",
+        "float32 overflows at exp(89), float16 at exp(12), float64 at exp(710): e^s has about 0.43 s decimal digits, and float32 holds up to about 3.4e38",
     )
 
 
-# --------------------------------------------------------------------------- Challenge
-
-SOFTMAX = "Challenge (a softmax that never overflows)"
+def _softmax_problem(got, want, case) -> str | None:
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return f"on {case}: return a tensor of the input's shape {tuple(want.shape)}, softmax over the last dimension"
+    if bad := int((~torch.isfinite(got)).sum()):
+        return f"on {case}: {bad} of {got.numel()} values are NaN or inf (exp overflowed, or inf - inf); what can you subtract from every score of a row without changing the result?"
+    if (error := float((got.double() - want.double()).abs().max())) > 1e-6:
+        return f"on {case}: off by up to {error:.2g} from torch.softmax (the goal is 1e-6); does each row sum to 1 over the last dim?"
+    return None
 
 
 def check_stable_softmax(softmax) -> None:
-    """Compares with torch.softmax on scores up to ±1e4 and on rows with -inf (masked) entries,
-    while torch's own softmax is blocked, and says how far off the worst row is."""
+    """Challenge: `softmax(x)` returns softmax over x's last dim (x's shape), torch's own blocked."""
     __tracebackhide__ = True
     torch.manual_seed(0)
+    masked = torch.ones(3, 5).triu(1).bool()
     cases = {
         "small scores": torch.randn(4, 6),
         "scores in the hundreds": torch.randn(3, 8) * 300,
         "scores up to 1e4": torch.randn(2, 3, 5) * 1e4,
-        "masked (-inf) entries": torch.randn(3, 5).masked_fill(
-            torch.ones(3, 5).triu(1).bool(), float("-inf")
-        ),
+        "masked (-inf) entries": torch.randn(3, 5).masked_fill(masked, float("-inf")),
     }
-    blocked = "the challenge is to build it yourself: torch's softmax is blocked during this check"
-
-    def refuse(*args, **kwargs):
-        raise core.CheckFailed(SOFTMAX, blocked)
-
-    originals = [
-        (torch, "softmax", torch.softmax),
-        (torch.nn.functional, "softmax", torch.nn.functional.softmax),
-        (torch.Tensor, "softmax", torch.Tensor.softmax),
-        (torch.special, "softmax", torch.special.softmax),
-    ]
+    blocked = [f"torch.{where}softmax" for where in ("", "nn.functional.", "Tensor.", "special.")]
+    instead = "the challenge is to build softmax yourself, so torch's is blocked during this check"
     for case, x in cases.items():
-        want = originals[0][2](x, dim=-1)
-        for owner, name, _ in originals:
-            setattr(owner, name, refuse)
-        try:
+        with core.forbidding(SOFTMAX, *blocked, instead=instead):
             got = core.call_learner(SOFTMAX, softmax, x.clone())
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            raise core.CheckFailed(
-                SOFTMAX,
-                f"on {case}: return a tensor of the input's shape "
-                f"{tuple(x.shape)}, softmax over the last dimension",
-            )
-        bad = int((~torch.isfinite(got)).sum())
-        if bad:
-            raise core.CheckFailed(
-                SOFTMAX,
-                f"on {case}: {bad} of {got.numel()} values are NaN or inf "
-                "(exp overflowed, or inf - inf); what can you subtract from every "
-                "score of a row without changing the result?",
-            )
-        error = float((got.double() - want.double()).abs().max())
-        if error > 1e-6:
-            raise core.CheckFailed(
-                SOFTMAX,
-                f"on {case}: off by up to {error:.2g} from torch.softmax "
-                "(the goal is 1e-6); does each row sum to 1 over the last dim?",
-            )
+        if problem := _softmax_problem(got, torch.softmax(x, dim=-1), case):
+            raise core.CheckFailed(SOFTMAX, problem)
     core.passed(
         SOFTMAX, "finite and within 1e-6 of torch.softmax, up to scores of 1e4 and with masks"
     )

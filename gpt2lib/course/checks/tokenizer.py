@@ -1,26 +1,20 @@
-"""Checks for chapter 1 (the tokenizer): one per exercise, and the challenge's.
-
-Each check runs the learner's function on small cases, compares with the reference in
-`gpt2lib.tokenizer` (the chapter's own code, `gpt2lib.bpe`, with the hardening around it) and,
-when the answer is wrong, names the mistake by comparing with known wrong versions. The checks
-never look at source code, so any correct answer passes.
-
-The known wrong versions are module-level lists of `Mistake` (BYTES_MISTAKES, LOAD_MISTAKES,
-SPLIT_MISTAKES, MERGE_MISTAKES, DEBUG_MISTAKES, FIXED_MISTAKES,
-DECODE_MISTAKES, TIE_MISTAKES, PAIR_MISTAKES, MERGE_PAIR_MISTAKES, TRAIN_MISTAKES, RATIO_MISTAKES,
-SWEEP_MISTAKES, FAST_MISTAKES);
-the tests feed each one to its check (`MISTAKES_BY_CHECK` maps the newer checks to theirs).
-Training checks accept either tie rule (first seen, or the greater pair): any most frequent pair
-is right; the challenge asks for the reference's merges exactly, so there the rule is fixed.
-"""
+"""Checks for chapter 1 (the tokenizer): Exercises 1.1 to 1.10 and the challenge. Training checks
+accept either tie rule; the challenge asks for the reference's merges exactly."""
 
 from __future__ import annotations
 
 import functools
+import json
+import operator
+import tempfile
+import time
 from collections import Counter
+from pathlib import Path
 
 import regex
 
+from gpt2lib import tokenizer as tk
+from gpt2lib.chapters import bpe
 from gpt2lib.course.checks import _core as core
 
 EX_BYTES = "Exercise 1.1 (the byte table, and reading the files): bytes_to_unicode"
@@ -44,182 +38,181 @@ def _short(value, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _bytes_of(word: str) -> list[bytes]:
+    return [bytes([b]) for b in word.encode("utf-8")]
+
+
+def _is_pair(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(s, bytes) for s in value)
+
+
+def _first_difference(got, want) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
+def _fail_if(exercise: str, problem: str | None) -> None:
+    """Raise CheckFailed with `problem`, the message a check's problem function returned, if any."""
+    if problem:
+        raise core.CheckFailed(exercise, problem)
+
+
+def _results(exercise, fn, cases, problem, changed=""):
+    """fn(*case) for each case, its first argument a copy that must stay as it was (else the
+    `changed` message); problem(got, *case) says what is wrong with a result's form, or None."""
+    results = []
+    for first, *rest in cases:
+        given = type(first)(first) if isinstance(first, (list, dict)) else first
+        results.append(core.call_learner(exercise, fn, given, *rest))
+        if changed and given != first:
+            _fail_if(exercise, changed.format(before=_short(first), after=_short(given)))
+        _fail_if(exercise, problem(results[-1], first, *rest))
+    return results
+
+
+def _grade(exercise, cases, results, want, mistakes, otherwise, detail, same=operator.eq):
+    """Pass when each result is the right one; else name the first planted mistake whose
+    fn(*case) gives every result, else fail with otherwise(i), i the first case that differs."""
+    if all(map(same, results, want)):
+        core.passed(exercise, detail)
+        return
+    i = next(i for i, (r, w) in enumerate(zip(results, want)) if not same(r, w))
+    core.fail_with(
+        exercise,
+        mistakes,
+        lambda m: all(same(r, m.fn(*case)) for r, case in zip(results, cases)),
+        otherwise(i),
+    )
+
+
 # --------------------------------------------------------------------------- 1.1 byte table
 
-_VISIBLE = (
-    set(range(ord("!"), ord("~") + 1))
-    | set(range(ord("¡"), ord("¬") + 1))
-    | set(range(ord("®"), ord("ÿ") + 1))
-)
+_VISIBLE = {*range(33, 127), *range(161, 173), *range(174, 256)}  # '!'..'~', '¡'..'¬', '®'..'ÿ'
 
 
 def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str]:
-    """A byte -> character table: visible bytes keep chr(byte), the k-th other byte gets new_char(k, byte)."""
-    mapping, k = {}, 0
-    for byte in range(256):
-        if byte in visible:
-            mapping[byte] = chr(byte)
-        else:
-            mapping[byte], k = new_char(k, byte), k + 1
-    return mapping
+    """Visible bytes keep chr(byte), the k-th other byte gets new_char(k, byte)."""
+    others = [byte for byte in range(256) if byte not in visible]
+    return {b: chr(b) for b in visible} | {b: new_char(k, b) for k, b in enumerate(others)}
 
 
 BYTES_MISTAKES = [
     core.Mistake(
         "every byte its own character",
-        "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which "
-        "are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get "
-        "chr(256), chr(257), ... in byte order",
+        "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get chr(256), chr(257), ... in byte order",
         lambda: {b: chr(b) for b in range(256)},
     ),
     core.Mistake(
         "offset by the byte",
-        "a byte without a visible character should get the next unused character: chr(256), "
-        "chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters "
-        "(keep a counter of how many new characters you have handed out)",
+        "a byte without a visible character should get the next unused character: chr(256), chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters (keep a counter of how many new characters you have handed out)",
         lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b)),
     ),
     core.Mistake(
         "ascii only",
-        "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are "
-        "visible characters too and keep their own character; you gave them new ones",
-        lambda: _byte_table(set(range(ord("!"), ord("~") + 1))),
+        "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are visible characters too and keep their own character; you gave them new ones",
+        lambda: _byte_table(set(range(33, 127))),
     ),
     core.Mistake(
         "soft hyphen kept",
-        "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other "
-        "67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
+        "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other 67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
         lambda: _byte_table(_VISIBLE | {173}),
     ),
     core.Mistake(
         "space kept",
-        "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character "
-        "(that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
+        "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character (that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
         lambda: _byte_table(_VISIBLE | {32}),
     ),
     core.Mistake(
         "ends left out",
-        "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): "
-        "range(ord('!'), ord('~')) stops one short; add 1 to each end",
-        lambda: _byte_table(set(range(33, 126)) | set(range(161, 172)) | set(range(174, 255))),
+        "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): range(ord('!'), ord('~')) stops one short; add 1 to each end",
+        lambda: _byte_table(_VISIBLE - {126, 172, 255}),
     ),
     core.Mistake(
         "one new character",
-        "several bytes map to the same character, so the vocabulary files could not be read back: "
-        "each byte without a visible character needs its own, chr(256), chr(257), ... (advance "
-        "the counter after each one)",
+        "several bytes map to the same character, so the vocabulary files could not be read back: each byte without a visible character needs its own, chr(256), chr(257), ... (advance the counter after each one)",
         lambda: _byte_table(_VISIBLE, lambda k, b: chr(256)),
     ),
 ]
 
 
 def _byte_table_symptom(got: dict[int, str]) -> core.Mistake | None:
-    """The planted mistake whose symptom a table shows, when it holds several mistakes at once:
-    first the visible bytes, then the invisible ones kept, then the new characters."""
+    """The planted mistake a table shows when it holds several at once: first the visible bytes,
+    then the invisible ones kept, then the new characters."""
     wrong_visible = {b for b in _VISIBLE if got[b] != chr(b)}
-    if wrong_visible and wrong_visible <= {ord("~"), ord("¬"), ord("ÿ")}:
-        return core.named(BYTES_MISTAKES, "ends left out")
-    if wrong_visible and wrong_visible <= set(range(161, 256)):
-        return core.named(BYTES_MISTAKES, "ascii only")
     kept = {b for b in range(256) if b not in _VISIBLE and got[b] == chr(b)}
-    for byte, name in [(32, "space kept"), (173, "soft hyphen kept")]:
-        if byte in kept:
-            return core.named(BYTES_MISTAKES, name)
-    if len(set(got.values())) < 256:
-        return core.named(BYTES_MISTAKES, "one new character")
     new = [got[b] for b in range(256) if b not in _VISIBLE]
-    if not wrong_visible and new != [chr(256 + k) for k in range(len(new))]:
-        return core.named(BYTES_MISTAKES, "offset by the byte")
-    return None
+    symptoms = {
+        "ends left out": wrong_visible and wrong_visible <= {126, 172, 255},
+        "ascii only": wrong_visible and wrong_visible <= set(range(161, 256)),
+        "space kept": 32 in kept,
+        "soft hyphen kept": 173 in kept,
+        "one new character": len(set(got.values())) < 256,
+        "offset by the byte": not wrong_visible and new != [chr(256 + k) for k in range(68)],
+    }
+    return next(
+        (core.named(BYTES_MISTAKES, name) for name, shown in symptoms.items() if shown), None
+    )
 
 
-def check_bytes_to_unicode(bytes_to_unicode) -> None:
-    """Exercise 1.1: `bytes_to_unicode()` is GPT-2's table from each byte to a printable character."""
-    from gpt2lib.tokenizer import bytes_to_unicode as reference
-
-    got = core.call_learner(EX_BYTES, bytes_to_unicode)
+def _table_problem(got, want) -> str | None:
     if not isinstance(got, dict):
-        raise core.CheckFailed(
-            EX_BYTES,
-            f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}",
-        )
+        return f"bytes_to_unicode() should return a dict from byte to character, got {type(got).__name__}"
     if set(got) != set(range(256)) or any(type(k) is not int for k in got):
         missing = sorted(set(range(256)) - set(got))
         extra = sorted((k for k in got if type(k) is not int or not 0 <= k < 256), key=repr)
         where = f"byte {missing[0]} is missing" if missing else f"you have {_short(extra)} too"
-        raise core.CheckFailed(EX_BYTES, f"the keys should be the 256 ints 0..255; {where}")
+        return f"the keys should be the 256 ints 0..255; {where}"
     odd = [b for b in range(256) if not (isinstance(got[b], str) and len(got[b]) == 1)]
     if odd:
-        raise core.CheckFailed(
-            EX_BYTES,
-            f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}",
-        )
-    want = reference()
+        return f"every value should be a one-character str; byte {odd[0]} maps to {_short(got[odd[0]])}"
     if got == want:
-        core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
-        return
-    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got) or _byte_table_symptom(
-        got
-    )
-    if mistake is not None:
-        raise core.CheckFailed(EX_BYTES, mistake.message)
+        return None
+    mistake = core.first_mistake(BYTES_MISTAKES, lambda m: m.fn() == got)
+    if mistake := mistake or _byte_table_symptom(got):
+        return mistake.message
     wrong = [b for b in range(256) if got[b] != want[b]]
-    raise core.CheckFailed(
-        EX_BYTES,
-        f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte "
-        f"{wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}",
-    )
+    return f"{len(wrong)} bytes map differently from GPT-2's table; the first is byte {wrong[0]}: GPT-2 gives {want[wrong[0]]!r}, yours {got[wrong[0]]!r}"
+
+
+def check_bytes_to_unicode(bytes_to_unicode) -> None:
+    """Exercise 1.1: `bytes_to_unicode()` returns GPT-2's dict byte (int) -> character (str)."""
+    got = core.call_learner(EX_BYTES, bytes_to_unicode)
+    _fail_if(EX_BYTES, _table_problem(got, tk.bytes_to_unicode()))
+    core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
 
 
 def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, skip_empty=True):
     """load_gpt2_vocab with one of its steps left out (the planted mistakes of Exercise 1.1)."""
-    import json
-    from pathlib import Path
-
-    from gpt2lib.tokenizer import ENDOFTEXT, bytes_to_unicode
-
-    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+    byte_of_char = {char: byte for byte, char in tk.bytes_to_unicode().items()}
 
     def convert(text):
         return bytes(byte_of_char[c] for c in text) if as_bytes else text
 
     encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
-    vocab = {
-        convert(token): i
-        for token, i in encoder.items()
-        if not (drop_special and token == ENDOFTEXT)
-    }
-    lines = (
-        (Path(folder) / "vocab.bpe")
-        .read_text(encoding="utf-8")
-        .split("\n")[1 if skip_header else 0 :]
-    )
+    vocab = {convert(t): i for t, i in encoder.items() if not (drop_special and t == tk.ENDOFTEXT)}
+    lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    lines = lines[1 if skip_header else 0 :]
     return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
 
 
 LOAD_MISTAKES = [
     core.Mistake(
         "header kept",
-        "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a "
-        "merge: start from the second line",
+        "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a merge: start from the second line",
         lambda folder: _load_wrongly(folder, skip_header=False),
     ),
     core.Mistake(
         "empty line kept",
-        "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a "
-        "newline, so split('\\n') gives '' last); skip empty lines",
+        "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a newline, so split('\\n') gives '' last); skip empty lines",
         lambda folder: _load_wrongly(folder, skip_empty=False),
     ),
     core.Mistake(
         "special kept",
-        "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out "
-        "(section 5 adds it)",
+        "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out (section 5 adds it)",
         lambda folder: _load_wrongly(folder, drop_special=False),
     ),
     core.Mistake(
         "text not bytes",
-        "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back "
-        "into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
+        "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
         lambda folder: _load_wrongly(folder, as_bytes=False),
     ),
 ]
@@ -235,120 +228,78 @@ def _as_comparable(result):
         return None
 
 
+def _load_difference(where, got, want) -> str:
+    (vocab, merges), (want_vocab, want_merges) = got, want
+    if vocab != want_vocab:
+        wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
+        side = "yours only" if wrong in vocab.items() else "the files only"
+        return f"for {where} your vocab differs from the files: {_short(wrong)} is in {side}"
+    i = _first_difference(merges, want_merges)
+    should = _short(want_merges[i]) if i < len(want_merges) else "absent"
+    return f"for {where} merge {i} should be {should}, yours is {_short(merges[i]) if i < len(merges) else 'missing'}"
+
+
 def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
-    """Exercise 1.1: `load_gpt2_vocab(folder)` reads encoder.json and vocab.bpe into bytes."""
-    import tempfile
-    from pathlib import Path
-
-    from gpt2lib.chapters.bpe import load_gpt2_vocab as reference
-    from gpt2lib.tokenizer import BPETokenizer, gpt2_data_dir
-
+    """Exercise 1.1: `load_gpt2_vocab(folder)` returns (vocab bytes -> id, merges [(bytes, bytes)])."""
+    form = "load_gpt2_vocab should return two things, (vocab, merges): a dict from token bytes to id, and a list of (bytes, bytes) pairs"
     with tempfile.TemporaryDirectory() as scratch:
-        small = BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"])
-        small.save(scratch)
-        folders = [gpt2_data_dir(), Path(scratch)]
-        results = []
-        for folder in folders:
-            got = _as_comparable(core.call_learner(EX_LOAD, load_gpt2_vocab, folder))
-            if got is None:
-                raise core.CheckFailed(
-                    EX_LOAD,
-                    "load_gpt2_vocab should return two things, (vocab, merges): a dict from "
-                    "token bytes to id, and a list of (bytes, bytes) pairs",
-                )
-            results.append(got)
-        want = [reference(folder) for folder in folders]
-        if results == want:
-            core.passed(
-                EX_LOAD,
-                f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
-            )
-            return
-        mistake = core.first_mistake(
-            LOAD_MISTAKES,
-            lambda m: all(r == _as_comparable(m.fn(folder)) for r, folder in zip(results, folders)),
+        tk.BPETokenizer.train(_training_text(), 300, special_tokens=["<|endoftext|>"]).save(scratch)
+        folders = {"data/": tk.gpt2_data_dir(), "a small tokenizer's folder": Path(scratch)}
+        cases = [(folder,) for folder in folders.values()]
+        got = _results(
+            EX_LOAD, load_gpt2_vocab, cases, lambda r, f: None if _as_comparable(r) else form
         )
-        if mistake is not None:
-            raise core.CheckFailed(EX_LOAD, mistake.message)
-        for (vocab, merges), (want_vocab, want_merges), folder in zip(
-            results, want, ["data/", "a small tokenizer's folder"]
-        ):
-            if vocab != want_vocab:
-                wrong = next(iter(set(vocab.items()) ^ set(want_vocab.items())))
-                raise core.CheckFailed(
-                    EX_LOAD,
-                    f"for {folder} your vocab differs from the files: {_short(wrong)} is in "
-                    f"{'yours only' if wrong in vocab.items() else 'the files only'}",
-                )
-            if merges != want_merges:
-                i = next(
-                    (i for i, (a, b) in enumerate(zip(merges, want_merges)) if a != b),
-                    min(len(merges), len(want_merges)),
-                )
-                raise core.CheckFailed(
-                    EX_LOAD,
-                    f"for {folder} merge {i} should be "
-                    f"{_short(want_merges[i]) if i < len(want_merges) else 'absent'}, yours is "
-                    f"{_short(merges[i]) if i < len(merges) else 'missing'}",
-                )
+        got = [_as_comparable(r) for r in got]
+        want = [bpe.load_gpt2_vocab(folder) for (folder,) in cases]
+        _grade(
+            EX_LOAD,
+            cases,
+            got,
+            want,
+            LOAD_MISTAKES,
+            lambda i: _load_difference(list(folders)[i], got[i], want[i]),
+            f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
+            same=lambda result, loaded: result == _as_comparable(loaded),
+        )
 
 
 # --------------------------------------------------------------------------- 1.2 split pattern
 
-SPLIT_SAMPLES = [
-    "x y",
-    "x   y",
-    "a\nb",
-    "Hello  world\n\nNext paragraph.\n",
-    "def f(x):\n    return x  \n",
-    "trailing spaces   ",
-    "   leading spaces",
-    "tab\there\t\tand\r\nthere",
-    "I'll say it's 42, isn't it?",
-    "x  \n  y",
-]
+SPLIT_SAMPLES = ["x y", "x   y", "a\nb", "Hello  world\n\nNext paragraph.\n"]
+SPLIT_SAMPLES += ["def f(x):\n    return x  \n", "trailing spaces   ", "   leading spaces"]
+SPLIT_SAMPLES += ["tab\there\t\tand\r\nthere", "I'll say it's 42, isn't it?", "x  \n  y"]
 
 
 def _four_given() -> str:
     """The four alternatives the exercise gives (GPT-2's pattern without its two whitespace ones)."""
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-
-    return GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
+    return tk.GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
 
 
-# Each mistake's function returns a pattern written with that mistake; the check recognises the
-# mistake by how the learner's pattern splits a probe text.
+# Each fn returns a pattern with that mistake; the check knows it by how it splits a probe text.
 SPLIT_MISTAKES = [
     core.Mistake(
         "no whitespace",
-        "characters are lost: whitespace is matched by none of your alternatives. A tokenizer "
-        "must keep every character; add alternatives that match whitespace after the four given ones.",
+        "characters are lost: whitespace is matched by none of your alternatives. A tokenizer must keep every character; add alternatives that match whitespace after the four given ones.",
         _four_given,
     ),
     core.Mistake(
         "lookahead only",
-        "characters are lost: some whitespace is matched but not all. A lookahead alone "
-        "cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
+        "characters are lost: some whitespace is matched but not all. A lookahead alone cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
         lambda: _four_given() + r"|\s+(?!\S)",
     ),
     core.Mistake(
         "whitespace first",
-        "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its "
-        "own. The regex tries alternatives from left to right, so keep the four given ones first and add the "
-        "whitespace alternatives after them.",
+        "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its own. The regex tries alternatives from left to right, so keep the four given ones first and add the whitespace alternatives after them.",
         lambda: r"\s+(?!\S)|\s+|" + _four_given(),
     ),
     core.Mistake(
         "no lookahead",
-        "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' "
-        "loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives "
-        "['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
+        "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives ['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
         lambda: _four_given() + r"|\s+",
     ),
     core.Mistake(
         "single whitespace",
-        "runs of whitespace are cut into single characters (for 'x  \\n' you get "
-        "['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
+        "runs of whitespace are cut into single characters (for 'x  \\n' you get ['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
         lambda: _four_given() + r"|\s",
     ),
 ]
@@ -359,57 +310,35 @@ _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
 }
 
 
-def check_split_pattern(gpt2_split_pattern) -> None:
-    """Exercise 1.2: `gpt2_split_pattern()` returns a regex that splits text like GPT-2's."""
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-
-    pattern = core.call_learner(EX_SPLIT, gpt2_split_pattern)
+def _split_problem(pattern) -> str | None:
     if not isinstance(pattern, str):
-        raise core.CheckFailed(
-            EX_SPLIT,
-            f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}",
-        )
+        return f"gpt2_split_pattern() should return the pattern as one str, got {type(pattern).__name__}"
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
-        raise core.CheckFailed(
-            EX_SPLIT, f"your pattern is not a valid regular expression: {exc}"
-        ) from None
-    reference = regex.compile(GPT2_SPLIT_PATTERN)
+        return f"your pattern is not a valid regular expression: {exc}"
     if compiled.groups:
-        raise core.CheckFailed(
-            EX_SPLIT,
-            "your pattern has a capturing group ( ... ), so findall returns the group instead of the "
-            "whole match. Write groups as (?: ... ) or leave them out.",
-        )
-    matches_whitespace = any(p.isspace() for t in SPLIT_SAMPLES for p in compiled.findall(t))
-    for text in SPLIT_SAMPLES:
-        pieces = compiled.findall(text)
+        return "your pattern has a capturing group ( ... ), so findall returns the group instead of the whole match. Write groups as (?: ... ) or leave them out."
+    splits = {text: compiled.findall(text) for text in SPLIT_SAMPLES}
+    for text, pieces in splits.items():
         if "" in pieces:
-            raise core.CheckFailed(
-                EX_SPLIT,
-                f"your pattern matches empty strings (for {text!r}: {pieces}). Every piece must hold at "
-                "least one character: use + (one or more), not * (zero or more).",
-            )
-        joined = "".join(pieces)
-        if joined != text:
-            mistake = core.named(
-                SPLIT_MISTAKES, "lookahead only" if matches_whitespace else "no whitespace"
-            )
-            raise core.CheckFailed(
-                EX_SPLIT,
-                f"{mistake.message} (for {text!r} your pieces {pieces} join to {joined!r})",
-            )
-    for text in SPLIT_SAMPLES:
-        pieces, expected = compiled.findall(text), reference.findall(text)
-        if pieces == expected:
-            continue
-        for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
-            if compiled.findall(probe) == wrong_pieces:
-                raise core.CheckFailed(EX_SPLIT, core.named(SPLIT_MISTAKES, name).message)
-        raise core.CheckFailed(
-            EX_SPLIT, f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}."
-        )
+            return f"your pattern matches empty strings (for {text!r}: {pieces}). Every piece must hold at least one character: use + (one or more), not * (zero or more)."
+        if "".join(pieces) != text:
+            some = any(p.isspace() for ps in splits.values() for p in ps)
+            lost = core.named(SPLIT_MISTAKES, "lookahead only" if some else "no whitespace")
+            return f"{lost.message} (for {text!r} your pieces {pieces} join to {''.join(pieces)!r})"
+    for text, pieces in splits.items():
+        if pieces != (expected := regex.findall(tk.GPT2_SPLIT_PATTERN, text)):
+            for name, (probe, wrong_pieces) in _SPLIT_PROBES.items():
+                if compiled.findall(probe) == wrong_pieces:
+                    return core.named(SPLIT_MISTAKES, name).message
+            return f"for {text!r} GPT-2's pattern gives {expected} but yours gives {pieces}."
+    return None
+
+
+def check_split_pattern(gpt2_split_pattern) -> None:
+    """Exercise 1.2: `gpt2_split_pattern()` returns a regex (str) that splits text like GPT-2's."""
+    _fail_if(EX_SPLIT, _split_problem(core.call_learner(EX_SPLIT, gpt2_split_pattern)))
     core.passed(EX_SPLIT, f"your pattern splits all {len(SPLIT_SAMPLES)} samples like GPT-2's")
 
 
@@ -419,52 +348,35 @@ def check_split_pattern(gpt2_split_pattern) -> None:
 def _merge_sequence(word: str, ranks, leftmost: bool = False) -> list[tuple[bytes, bytes]]:
     """The pairs merged on `word`, in order: the lowest rank first (GPT-2), or the leftmost pair
     that has a rank (the colleague's rule of Exercise 1.5)."""
-    symbols, applied = [bytes([b]) for b in word.encode("utf-8")], []
-    while ranked := [i for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]:
-        i = ranked[0] if leftmost else min(ranked, key=lambda i: ranks[symbols[i], symbols[i + 1]])
-        applied.append((symbols[i], symbols[i + 1]))
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    applied = []
+    key = (lambda i, rank: i) if leftmost else (lambda i, rank: rank)
+    _merge_by(_bytes_of(word), ranks, key, everywhere=False, applied=applied)
     return applied
 
 
-def check_lowering_merges(lowering_merges) -> None:
-    """Exercise 1.3: the merges GPT-2 applies to " lowering", in order, worked out by hand."""
-    ranks = _gpt2_ranks()
-    got = core.call_learner(EX_HAND, lowering_merges)
-    if not isinstance(got, (list, tuple)) or not all(
-        isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, bytes) for x in p) for p in got
-    ):
-        raise core.CheckFailed(
-            EX_HAND, f"return a list of pairs of bytes, like [(b'i', b'n'), ...], not {_short(got)}"
-        )
+def _by_hand_problem(got, ranks) -> str | None:
+    if not isinstance(got, (list, tuple)) or not all(_is_pair(p) for p in got):
+        return f"return a list of pairs of bytes, like [(b'i', b'n'), ...], not {_short(got)}"
     got, want = list(got), _merge_sequence(" lowering", ranks)
-    if got == want:
-        core.passed(
-            EX_HAND,
-            f"{len(want)} merges, lowest rank first, until ' lowering' is one token: a rank is "
-            "the order in which merges were learned, and each assumes the earlier ones",
-        )
-        return
     unknown = [p for p in got if p not in ranks]
+    if got == want:
+        return None
     if unknown:
-        raise core.CheckFailed(
-            EX_HAND, f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks"
-        )
+        return f"{_short(unknown[0])} is not a merge of GPT-2: not in ranks"
     if got == want[: len(got)]:
-        raise core.CheckFailed(
-            EX_HAND, f"right so far, but after your {len(got)} merges a pair with a rank is left"
-        )
+        return f"right so far, but after your {len(got)} merges a pair with a rank is left"
     if got == _merge_sequence(" lowering", ranks, leftmost=True):
-        raise core.CheckFailed(
-            EX_HAND,
-            "you merged the leftmost pair that has a rank each time; take the pair with the "
-            "lowest rank among all neighbouring pairs",
-        )
-    step = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), len(want))
-    raise core.CheckFailed(
+        return "you merged the leftmost pair that has a rank each time; take the pair with the lowest rank among all neighbouring pairs"
+    return f"merge {_first_difference(got, want) + 1} is not GPT-2's: at that point, list every neighbouring pair with its rank and take the lowest"
+
+
+def check_lowering_merges(lowering_merges) -> None:
+    """Exercise 1.3: `lowering_merges()` returns the [(bytes, bytes)] GPT-2 merges in " lowering"."""
+    ranks = _gpt2_ranks()
+    _fail_if(EX_HAND, _by_hand_problem(core.call_learner(EX_HAND, lowering_merges), ranks))
+    core.passed(
         EX_HAND,
-        f"merge {step + 1} is not GPT-2's: at that point, list every neighbouring pair with its "
-        "rank and take the lowest",
+        f"{len(_merge_sequence(' lowering', ranks))} merges, lowest rank first, until ' lowering' is one token: a rank is the order in which merges were learned, and each assumes the earlier ones",
     )
 
 
@@ -484,59 +396,23 @@ def _merge_adjacent(symbols, should_merge) -> list[bytes]:
     return out
 
 
-def _merge_everywhere(symbols: list[bytes], pair: tuple[bytes, bytes]) -> list[bytes]:
-    return _merge_adjacent(symbols, lambda neighbours: neighbours == pair)
-
-
-def _one_pass(symbols, ranks):
-    return _merge_adjacent(list(symbols), ranks.__contains__)
-
-
-def _merge_loop(choose, everywhere=True):
-    """A wrong bpe_merge: while some neighbouring pair has a rank, merge the pair at position
-    choose(positions of ranked pairs, all pairs, ranks), at every place it occurs
-    (everywhere) or only there. The right rule is the lowest rank, every occurrence."""
-
-    def merge(symbols, ranks):
-        symbols = list(symbols)
-        while True:
-            pairs = list(zip(symbols, symbols[1:]))
-            positions = [i for i, pair in enumerate(pairs) if pair in ranks]
-            if not positions:
-                return symbols
-            i = choose(positions, pairs, ranks)
-            if everywhere:
-                symbols = _merge_everywhere(symbols, pairs[i])
-            else:
-                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-
-    return merge
-
-
-_leftmost_first = _merge_loop(lambda positions, pairs, ranks: positions[0])
-_highest_rank_first = _merge_loop(
-    lambda positions, pairs, ranks: max(positions, key=lambda i: ranks[pairs[i]])
-)
-_leftmost_one_at_a_time = _merge_loop(
-    lambda positions, pairs, ranks: positions[0], everywhere=False
-)
-_lowest_rank_rightmost_occurrence = _merge_loop(
-    lambda positions, pairs, ranks: min(positions, key=lambda i: (ranks[pairs[i]], -i)),
-    everywhere=False,
-)
-
-
-def _rank_zero_never_merged(symbols, ranks):
-    from gpt2lib.tokenizer import bpe_merge as reference
-
-    return reference(list(symbols), {pair: rank for pair, rank in ranks.items() if rank != 0})
-
-
-def _one_merge(symbols, ranks):
-    ranked = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
-    if not ranked:
-        return list(symbols)
-    return _merge_everywhere(list(symbols), min(ranked, key=ranks.__getitem__))
+def _merge_by(symbols, ranks, key=lambda i, rank: rank, everywhere=True, once=False, applied=None):
+    """While a neighbouring pair has a rank, merge the one at the position i with the least
+    key(i, rank): at every place that pair occurs (everywhere) or at i only. The defaults are
+    GPT-2's rule; once stops after one merge; `applied` collects the merged pairs."""
+    symbols = list(symbols)
+    while ranked := [i for i, pair in enumerate(zip(symbols, symbols[1:])) if pair in ranks]:
+        i = min(ranked, key=lambda i: key(i, ranks[symbols[i], symbols[i + 1]]))
+        pair = (symbols[i], symbols[i + 1])
+        if applied is not None:
+            applied.append(pair)
+        if everywhere:
+            symbols = _merge_adjacent(symbols, pair.__eq__)
+        else:
+            symbols[i : i + 2] = [pair[0] + pair[1]]
+        if once:
+            break
+    return symbols
 
 
 MERGE_MISTAKES = [
@@ -547,48 +423,38 @@ MERGE_MISTAKES = [
     ),
     core.Mistake(
         "one merge",
-        "you stop after the first merge. Keep going: after each merge look at the new neighbouring "
-        "pairs again, until no pair has a rank.",
-        _one_merge,
+        "you stop after the first merge. Keep going: after each merge look at the new neighbouring pairs again, until no pair has a rank.",
+        lambda symbols, ranks: _merge_by(symbols, ranks, once=True),
     ),
     core.Mistake(
         "highest rank first",
-        "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest "
-        "line of vocab.bpe, learned first) must go first.",
-        _highest_rank_first,
+        "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest line of vocab.bpe, learned first) must go first.",
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -rank),
     ),
     core.Mistake(
         "leftmost pair",
-        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. "
-        "Merges must follow rank order wherever the pair is in the word.",
-        _leftmost_first,
+        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i),
     ),
     core.Mistake(
         "leftmost pair, one at a time",
-        "you merge the leftmost pair that has a rank, not the pair with the "
-        "LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
-        _leftmost_one_at_a_time,
+        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False),
     ),
     core.Mistake(
         "rightmost occurrence",
-        "when the lowest-ranked pair occurs more than once, you merge the rightmost "
-        "occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' "
-        "the left 'a a' must merge first.",
-        _lowest_rank_rightmost_occurrence,
+        "when the lowest-ranked pair occurs more than once, you merge the rightmost occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' the left 'a a' must merge first.",
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, r: (r, -i), everywhere=False),
     ),
     core.Mistake(
         "rank 0 is no rank",
-        "the pair with rank 0 is never merged: a test like `if rank:` or "
-        "`ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` "
-        "or `is None`.",
-        _rank_zero_never_merged,
+        "the pair with rank 0 is never merged: a test like `if rank:` or `ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` or `is None`.",
+        lambda symbols, ranks: _merge_by(symbols, {p: r for p, r in ranks.items() if r != 0}),
     ),
     core.Mistake(
         "one pass",
-        "you make one pass over the word, merging ranked pairs as you meet them. Merges must "
-        "follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is "
-        "left.",
-        _one_pass,
+        "you make one pass over the word, merging ranked pairs as you meet them. Merges must follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is left.",
+        lambda symbols, ranks: _merge_adjacent(list(symbols), ranks.__contains__),
     ),
 ]
 
@@ -604,77 +470,45 @@ _TOY_CASES = [
     # ranks need not start at 0 or be consecutive (a part of a larger table)
     ([b"p", b"q", b"r", b"s"], {(b"r", b"s"): 7000, (b"q", b"r"): 900, (b"p", b"qr"): 50000}),
 ]
-_GPT2_WORDS = [
-    " lowering",
-    "hello",
-    " tokenization",
-    " internationalization",
-    "aaaaaaa",
-    " 👋",
-    "\n\n",
-    " the",
-]
+_GPT2_WORDS = [" lowering", "hello", " tokenization", " internationalization", "aaaaaaa"]
+_GPT2_WORDS += [" 👋", "\n\n", " the"]
 
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_ranks() -> dict[tuple[bytes, bytes], int]:
-    from gpt2lib.tokenizer import load_gpt2_vocab
-
-    _, merges = load_gpt2_vocab()
-    return {pair: rank for rank, pair in enumerate(merges)}
+    return {pair: rank for rank, pair in enumerate(tk.load_gpt2_vocab()[1])}
 
 
 def check_bpe_merge(bpe_merge) -> None:
-    """Exercise 1.4: `bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly."""
+    """Exercise 1.4: `bpe_merge(symbols: [bytes], ranks: pair -> rank)` returns the merged [bytes]."""
     _check_merge(EX_MERGE, bpe_merge)
 
 
-def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
-    """`bpe_merge(symbols, ranks)` merges the lowest-ranked pair first, repeatedly (Exercises 1.4, 1.5)."""
-    from gpt2lib.tokenizer import bpe_merge as reference
+def _check_merge(exercise: str, bpe_merge, what="bpe_merge", mistakes=MERGE_MISTAKES) -> None:
+    """`bpe_merge(symbols, ranks)` merges like GPT-2 (Exercises 1.4 and 1.5)."""
 
-    ranks = _gpt2_ranks()
-    cases = list(_TOY_CASES) + [
-        ([bytes([b]) for b in w.encode("utf-8")], ranks) for w in _GPT2_WORDS
-    ]
-    results = []
-    for symbols, table in cases:
-        given = list(symbols)
-        got = core.call_learner(exercise, bpe_merge, given, table)
-        if given != list(symbols):
-            raise core.CheckFailed(
-                exercise,
-                f"your function changed the caller's list (it was {_short(list(symbols))}, afterwards "
-                f"{_short(given)}). Work on a copy: start with symbols = list(symbols).",
-            )
+    def problem(got, symbols, ranks):
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, bytes) for s in got):
-            raise core.CheckFailed(
-                exercise,
-                f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}",
-            )
+            return f"{what} should return a list of bytes objects, got {_short(got)} for {_short(symbols)}"
         if b"".join(got) != b"".join(symbols):
-            raise core.CheckFailed(
-                exercise,
-                f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. "
-                "When you merge a pair, the two halves become one symbol: skip both before looking further.",
-            )
-        results.append(list(got))
-    expected = [reference(list(symbols), table) for symbols, table in cases]
-    if results == expected:
-        core.passed(exercise, f"{len(cases)} words merged exactly like GPT-2")
-        return
-    mistake = core.first_mistake(
-        MERGE_MISTAKES,
-        lambda m: all(got == m.fn(list(s), t) for got, (s, t) in zip(results, cases)),
+            return f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. When you merge a pair, the two halves become one symbol: skip both before looking further."
+        return None
+
+    cases = _TOY_CASES + [(_bytes_of(word), _gpt2_ranks()) for word in _GPT2_WORDS]
+    changed = "your function changed the caller's list (it was {before}, afterwards {after}). Work on a copy: start with symbols = list(symbols)."
+    got = [list(r) for r in _results(exercise, bpe_merge, cases, problem, changed)]
+    want = [tk.bpe_merge(list(symbols), table) for symbols, table in cases]
+    _grade(
+        exercise,
+        cases,
+        got,
+        want,
+        mistakes,
+        lambda i: (
+            f"for {_short(cases[i][0])} the merges by rank give {_short(want[i])}, but yours gives {_short(got[i])}."
+        ),
+        f"{len(cases)} words merged exactly like GPT-2",
     )
-    if mistake is not None:
-        raise core.CheckFailed(exercise, mistake.message)
-    for got, want, (symbols, _) in zip(results, expected, cases):
-        if got != want:
-            raise core.CheckFailed(
-                exercise,
-                f"for {_short(symbols)} the merges by rank give {_short(want)}, but yours gives {_short(got)}.",
-            )
 
 
 # --------------------------------------------------------------------------- 1.5 the colleague's bug
@@ -682,24 +516,13 @@ def _check_merge(exercise: str, bpe_merge, what: str = "bpe_merge") -> None:
 
 def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) -> list[bytes]:
     """The encoder of Exercise 1.5: merges the leftmost pair that has any rank (a planted bug)."""
-    symbols = list(symbols)
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(symbols) - 1):
-            if (symbols[i], symbols[i + 1]) in ranks:
-                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-                merged = True
-                break
-    return symbols
+    return _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False)
 
 
 DEBUG_MISTAKES = [
     core.Mistake(
         "agrees",
-        "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word "
-        "where the order of the merges matters. Compare the ranks of the pairs in a word "
-        "(`ranks[pair]`) with the order in which the colleague's loop merges them",
+        "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word where the order of the merges matters. Compare the ranks of the pairs in a word (`ranks[pair]`) with the order in which the colleague's loop merges them",
         lambda: " dog",
     ),
     core.Mistake(
@@ -709,74 +532,50 @@ DEBUG_MISTAKES = [
     ),
     core.Mistake(
         "several pieces",
-        "the tokenizer cuts that text into several pieces and merges each piece on its own; give one "
-        "piece (one word, with at most one space in front)",
+        "the tokenizer cuts that text into several pieces and merges each piece on its own; give one piece (one word, with at most one space in front)",
         lambda: "the cat",
     ),
 ]
 
 
-def check_disagreeing_word(disagreeing_word) -> None:
-    """Exercise 1.5: `disagreeing_word()` is one piece on which `colleague_merge` and GPT-2's
-    encoder give different tokens."""
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-    from gpt2lib.tokenizer import bpe_merge as reference
-
-    word = core.call_learner(EX_DEBUG, disagreeing_word)
+def _disagreeing_problem(word) -> str | None:
     if not isinstance(word, str) or not word:
-        raise core.CheckFailed(
-            EX_DEBUG, f"disagreeing_word() should return a non-empty str, got {_short(word)}"
-        )
-    pieces = regex.findall(GPT2_SPLIT_PATTERN, word)
-    if pieces != [word]:
-        raise core.CheckFailed(
-            EX_DEBUG,
-            f"{core.named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})",
-        )
-    symbols = [bytes([b]) for b in word.encode("utf-8")]
-    if len(symbols) < 2:
-        raise core.CheckFailed(EX_DEBUG, core.named(DEBUG_MISTAKES, "one byte").message)
-    ranks = _gpt2_ranks()
-    theirs, right = colleague_merge(symbols, ranks), reference(symbols, ranks)
-    if theirs == right:
-        raise core.CheckFailed(
-            EX_DEBUG, f"{core.named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
-        )
+        return f"disagreeing_word() should return a non-empty str, got {_short(word)}"
+    if (pieces := regex.findall(tk.GPT2_SPLIT_PATTERN, word)) != [word]:
+        return f"{core.named(DEBUG_MISTAKES, 'several pieces').message} ({word!r} splits as {_short(pieces)})"
+    if len(symbols := _bytes_of(word)) < 2:
+        return core.named(DEBUG_MISTAKES, "one byte").message
+    if (right := tk.bpe_merge(symbols, _gpt2_ranks())) == colleague_merge(symbols, _gpt2_ranks()):
+        return f"{core.named(DEBUG_MISTAKES, 'agrees').message} (both give {_short(right)})"
+    return None
+
+
+def check_disagreeing_word(disagreeing_word) -> None:
+    """Exercise 1.5: `disagreeing_word()` returns a str the colleague and GPT-2 encode differently."""
+    word = core.call_learner(EX_DEBUG, disagreeing_word)
+    _fail_if(EX_DEBUG, _disagreeing_problem(word))
+    symbols = _bytes_of(word)
     core.passed(
         EX_DEBUG,
-        f"on {word!r} the colleague's encoder gives {_short(theirs)}, GPT-2's gives "
-        f"{_short(right)}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
+        f"on {word!r} the colleague's encoder gives {_short(colleague_merge(symbols, _gpt2_ranks()))}, GPT-2's gives {_short(tk.bpe_merge(symbols, _gpt2_ranks()))}: it merges the leftmost pair that has a rank, not the pair of lowest rank",
     )
 
 
 def check_fixed_merge(fixed_merge) -> None:
-    """Exercise 1.5: `fixed_merge(symbols, ranks)`, the colleague's loop repaired, merges like GPT-2."""
-    from gpt2lib.tokenizer import bpe_merge as reference
-
-    ranks = _gpt2_ranks()
-    words = [[bytes([b]) for b in word.encode("utf-8")] for word in _GPT2_WORDS]
-    results = [core.call_learner(EX_DEBUG, fixed_merge, list(w), ranks) for w in words]
-    if results != [reference(w, ranks) for w in words]:
-        mistake = core.first_mistake(
-            FIXED_MISTAKES, lambda m: all(r == m.fn(w, ranks) for r, w in zip(results, words))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_DEBUG, mistake.message)
-    _check_merge(EX_DEBUG, fixed_merge, "fixed_merge")
+    """Exercise 1.5: `fixed_merge(symbols: [bytes], ranks)` returns the [bytes] GPT-2 merges to."""
+    _check_merge(EX_DEBUG, fixed_merge, "fixed_merge", FIXED_MISTAKES + MERGE_MISTAKES)
 
 
 FIXED_MISTAKES = [
     core.Mistake(
         "unfixed",
-        "fixed_merge still gives the colleague's tokens: it merges the first pair from the left "
-        "that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
+        "fixed_merge still gives the colleague's tokens: it merges the first pair from the left that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
         colleague_merge,
     ),
     core.Mistake(
         "rightmost",
-        "your fix merges the ranked pair furthest to the right; the rank, not the position, "
-        "decides which pair goes first",
-        _merge_loop(lambda positions, pairs, ranks: positions[-1], everywhere=False),
+        "your fix merges the ranked pair furthest to the right; the rank, not the position, decides which pair goes first",
+        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -i, everywhere=False),
     ),
 ]
 
@@ -786,65 +585,42 @@ FIXED_MISTAKES = [
 
 @functools.lru_cache(maxsize=1)
 def _gpt2_token_texts() -> dict[int, str]:
-    from gpt2lib.tokenizer import (
-        ENDOFTEXT,
-        ENDOFTEXT_ID,
-        bytes_to_unicode,
-        load_gpt2_vocab,
-    )
-
-    vocab, _ = load_gpt2_vocab()
-    char_of_byte = bytes_to_unicode()
-    texts = {token_id: "".join(char_of_byte[b] for b in token) for token, token_id in vocab.items()}
-    texts[ENDOFTEXT_ID] = ENDOFTEXT
-    return texts
+    char_of_byte = tk.bytes_to_unicode()
+    texts = {
+        i: "".join(char_of_byte[b] for b in token) for token, i in tk.load_gpt2_vocab()[0].items()
+    }
+    return texts | {tk.ENDOFTEXT_ID: tk.ENDOFTEXT}
 
 
 def _decode_cases():
-    from gpt2lib.tokenizer import ENDOFTEXT_ID, BPETokenizer
-
-    tok = BPETokenizer.gpt2()
+    tok = tk.BPETokenizer.gpt2()
     texts = ["Hello world", "  two spaces\n\nand lines\n", "Grüße aus Köln", "I 💙 tokenizers 🤗"]
     cases = [tok.encode(t) for t in texts]
-    cases.append(tok.encode("one") + [ENDOFTEXT_ID] + tok.encode("two"))
-    cases.append([])
-    cases.append(
-        [tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]]
-    )  # 'a' and 2 of the 3 bytes of '世'
+    cases += [tok.encode("one") + [tk.ENDOFTEXT_ID] + tok.encode("two"), []]
+    cases.append([tok.vocab[b"a"], tok.vocab[b"\xe4"], tok.vocab[b"\xb8"]])  # 2 of 3 bytes of '世'
     cases.append([tok.vocab[b"\xc3"]])  # the first byte of a two-byte character, alone
     return tok, cases
 
 
-def _byte_of_char() -> dict[str, int]:
-    from gpt2lib.tokenizer import bytes_to_unicode
-
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
 def _joined_bytes(ids, token_texts) -> bytes:
-    byte_of = _byte_of_char()
+    byte_of = {c: b for b, c in tk.bytes_to_unicode().items()}
     return bytes(byte_of[c] for i in ids for c in token_texts[i])
 
 
 DECODE_MISTAKES = [
     core.Mistake(
         "no byte map",
-        "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each "
-        "character back to its byte with the inverse of bytes_to_unicode() first.",
+        "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each character back to its byte with the inverse of bytes_to_unicode() first.",
         lambda ids, token_texts: "".join(token_texts[i] for i in ids),
     ),
     core.Mistake(
         "per token",
-        "you decode each token on its own, so a character whose bytes are spread over two "
-        "tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
-        lambda ids, token_texts: "".join(
-            _joined_bytes([i], token_texts).decode("utf-8", errors="replace") for i in ids
-        ),
+        "you decode each token on its own, so a character whose bytes are spread over two tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
+        lambda ids, texts: "".join(_joined_bytes([i], texts).decode(errors="replace") for i in ids),
     ),
     core.Mistake(
         "errors=ignore",
-        "you drop the bytes of an incomplete character; GPT-2's decoder shows them as "
-        "'\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
+        "you drop the bytes of an incomplete character; GPT-2's decoder shows them as '\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
         lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("utf-8", errors="ignore"),
     ),
     core.Mistake(
@@ -855,39 +631,31 @@ DECODE_MISTAKES = [
 ]
 
 
+def _decoded_problem(got, ids, want, token_texts) -> str | None:
+    if isinstance(got, (bytes, bytearray)):
+        return "you return bytes; decode the joined bytes with UTF-8 and return a str."
+    if not isinstance(got, str):
+        return f"decode_ids should return a str, got {type(got).__name__}"
+    if got == want:
+        return None
+    if mistake := core.first_mistake(DECODE_MISTAKES, lambda m: m.fn(ids, token_texts) == got):
+        return f"{mistake.message} (for {ids} you return {got!r}, expected {want!r})"
+    return f"for ids {ids} the text is {want!r}, but yours gives {got!r}."
+
+
 def check_decode_ids(decode_ids) -> None:
-    """Exercise 1.6: `decode_ids(ids, token_texts)` maps characters back to bytes, joins, decodes."""
+    """Exercise 1.6: `decode_ids(ids: [int], token_texts: id -> str)` returns the text (a str)."""
     token_texts = _gpt2_token_texts()
     tok, cases = _decode_cases()
     for ids in cases:
-        expected = tok.decode(ids)
         try:
             got = core.call_learner(EX_DECODE, decode_ids, list(ids), token_texts)
         except UnicodeDecodeError:
             raise core.CheckFailed(
                 EX_DECODE,
-                f"decoding {ids} raised UnicodeDecodeError: these ids end in the middle of a character. "
-                "Decode with errors='replace' so the broken bytes become '\\ufffd' instead of an exception.",
+                f"decoding {ids} raised UnicodeDecodeError: these ids end in the middle of a character. Decode with errors='replace' so the broken bytes become '\\ufffd' instead of an exception.",
             ) from None
-        if isinstance(got, (bytes, bytearray)):
-            raise core.CheckFailed(
-                EX_DECODE, "you return bytes; decode the joined bytes with UTF-8 and return a str."
-            )
-        if not isinstance(got, str):
-            raise core.CheckFailed(
-                EX_DECODE, f"decode_ids should return a str, got {type(got).__name__}"
-            )
-        if got == expected:
-            continue
-        mistake = core.first_mistake(
-            DECODE_MISTAKES, lambda m, ids=ids, got=got: m.fn(list(ids), token_texts) == got
-        )
-        detail = f"for {ids} you return {got!r}, expected {expected!r}"
-        if mistake is not None:
-            raise core.CheckFailed(EX_DECODE, f"{mistake.message} ({detail})")
-        raise core.CheckFailed(
-            EX_DECODE, f"for ids {ids} the text is {expected!r}, but yours gives {got!r}."
-        )
+        _fail_if(EX_DECODE, _decoded_problem(got, ids, tok.decode(ids), token_texts))
     core.passed(
         EX_DECODE, f"{len(cases)} id lists decoded, including cut characters and <|endoftext|>"
     )
@@ -895,37 +663,20 @@ def check_decode_ids(decode_ids) -> None:
 
 # --------------------------------------------------------------------------- 1.7 a tie
 
-
-def _tie_choices(text: str):
-    """(pair counts of the text's pieces in the order first seen, the tied top pairs)."""
-    from gpt2lib.tokenizer import pretokenize
-
-    counts = Counter()
-    for piece, n in pretokenize(text).items():  # pieces in the order they first appear
-        symbols = [bytes([b]) for b in piece.encode("utf-8")]
-        for pair in zip(symbols, symbols[1:]):
-            counts[pair] += n
-    top = max(counts.values(), default=0)
-    return counts, [pair for pair, n in counts.items() if n == top]
-
-
 TIE_MISTAKES = [
     core.Mistake(
         "no tie",
-        "the most frequent pair of your text occurs more often than every other pair, so there is "
-        "no tie to decide; make two pairs occur equally often",
+        "the most frequent pair of your text occurs more often than every other pair, so there is no tie to decide; make two pairs occur equally often",
         lambda: "abab",
     ),
     core.Mistake(
         "same choice",
-        "your text has a tie, but both rules pick the same pair: the pair seen first is also the "
-        "greater one. Put the smaller pair first",
+        "your text has a tie, but both rules pick the same pair: the pair seen first is also the greater one. Put the smaller pair first",
         lambda: "xy ab",
     ),
     core.Mistake(
         "no pair",
-        "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters "
-        "from punctuation and digits, and a pair only counts inside one piece",
+        "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters from punctuation and digits, and a pair only counts inside one piece",
         lambda: "a.b,c",
     ),
     core.Mistake(
@@ -936,30 +687,35 @@ TIE_MISTAKES = [
 ]
 
 
-def check_tie_text(tie_text) -> None:
-    """Exercise 1.7: `tie_text()` is a short text whose top pair is a tie the two rules decide differently."""
-    text = core.call_learner(EX_TIE, tie_text)
+def _tied_pairs(text: str) -> tuple[Counter, list]:
+    """(the pair counts of the text's pieces, in the order first seen; the pairs tied at the top)."""
+    counts = _pair_counts({tuple(_bytes_of(p)): n for p, n in tk.pretokenize(text).items()})
+    return counts, [pair for pair, n in counts.items() if n == max(counts.values())]
+
+
+def _tie_problem(text) -> str | None:
     if not isinstance(text, str):
-        raise core.CheckFailed(EX_TIE, f"tie_text() should return a str, got {type(text).__name__}")
+        return f"tie_text() should return a str, got {type(text).__name__}"
     if len(text) > 40:
-        raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "too long").message)
-    counts, tied = _tie_choices(text)
+        return core.named(TIE_MISTAKES, "too long").message
+    counts, tied = _tied_pairs(text)
     if not counts:
-        raise core.CheckFailed(EX_TIE, core.named(TIE_MISTAKES, "no pair").message)
+        return core.named(TIE_MISTAKES, "no pair").message
     if len(tied) < 2:
-        raise core.CheckFailed(
-            EX_TIE,
-            f"{core.named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)",
-        )
-    first_seen, greater = tied[0], max(tied)
-    if first_seen == greater:
-        raise core.CheckFailed(
-            EX_TIE, f"{core.named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})"
-        )
+        return f"{core.named(TIE_MISTAKES, 'no tie').message} ({tied[0]} occurs {counts[tied[0]]} times)"
+    if tied[0] == max(tied):
+        return f"{core.named(TIE_MISTAKES, 'same choice').message} (tied: {_short(tied)})"
+    return None
+
+
+def check_tie_text(tie_text) -> None:
+    """Exercise 1.7: `tie_text()` returns a short str on which the two tie rules pick different pairs."""
+    text = core.call_learner(EX_TIE, tie_text)
+    _fail_if(EX_TIE, _tie_problem(text))
+    counts, tied = _tied_pairs(text)
     core.passed(
         EX_TIE,
-        f"{len(tied)} pairs tie at {counts[greater]}: first seen picks {first_seen}, the greater "
-        f"pair picks {greater}",
+        f"{len(tied)} pairs tie at {counts[tied[0]]}: first seen picks {tied[0]}, the greater pair picks {max(tied)}",
     )
 
 
@@ -969,47 +725,34 @@ def check_tie_text(tie_text) -> None:
 def _pair_counts(word_counts, weighted=True, once_per_word=False, skip_last=False) -> Counter:
     counts = Counter()
     for word, n in word_counts.items():
-        pairs = list(zip(word, word[1:]))
-        if skip_last:
-            pairs = pairs[:-1]
-        if once_per_word:
-            pairs = list(dict.fromkeys(pairs))
-        for pair in pairs:
+        pairs = list(zip(word, word[1:]))[: -1 if skip_last else None]
+        for pair in dict.fromkeys(pairs) if once_per_word else pairs:
             counts[pair] += n if weighted else 1
     return counts
 
 
 def _training_word_counts() -> dict[tuple[bytes, ...], int]:
-    from gpt2lib.tokenizer import GPT2_SPLIT_PATTERN
-
-    text = (
-        "the cat sat on the mat; the dog sat on the log. then the cat and the dog ate. "
-        "that is that, and this is this. these things happen."
-    )
-    pieces = Counter(regex.findall(GPT2_SPLIT_PATTERN, text))
-    return {tuple(bytes([b]) for b in p.encode()): n for p, n in pieces.items()}
+    text = "the cat sat on the mat; the dog sat on the log. then the cat and the dog ate. "
+    text += "that is that, and this is this. these things happen."
+    return {tuple(_bytes_of(p)): n for p, n in tk.pretokenize(text).items()}
 
 
-# Each mistake gives the scores that the wrong counting assigns to every pair; a learner's answer
-# shows the mistake when it is a best pair under those scores in every case (any tie accepted).
+# Each fn gives the scores that the wrong counting assigns to every pair; an answer shows the
+# mistake when it is a best pair under those scores in every case (any tie accepted).
 PAIR_MISTAKES = [
     core.Mistake(
         "skips the last pair",
-        "your loop stops one pair early: the last pair of each word is never "
-        "counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives "
-        "them all).",
+        "your loop stops one pair early: the last pair of each word is never counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives them all).",
         lambda word_counts: _pair_counts(word_counts, skip_last=True),
     ),
     core.Mistake(
         "unweighted",
-        "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: "
-        "multiply by the word's count from word_counts.",
+        "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: multiply by the word's count from word_counts.",
         lambda word_counts: _pair_counts(word_counts, weighted=False),
     ),
     core.Mistake(
         "once per word",
-        "a pair that appears twice inside one word counts twice (like (b'a', b'a') in "
-        "b'aaaa', three times); you count it once per word.",
+        "a pair that appears twice inside one word counts twice (like (b'a', b'a') in b'aaaa', three times); you count it once per word.",
         lambda word_counts: _pair_counts(word_counts, once_per_word=True),
     ),
     core.Mistake(
@@ -1035,86 +778,64 @@ def _is_best(pair, scores: Counter) -> bool:
     return bool(scores) and pair in scores and scores[pair] == max(scores.values())
 
 
-def check_most_frequent_pair(most_frequent_pair) -> None:
-    """Exercise 1.8: `most_frequent_pair(word_counts)` returns a pair with the largest weighted count."""
-    cases = list(_PAIR_CASES) + [_training_word_counts()]
-    answers = []
-    for word_counts in cases:
-        counts = _pair_counts(word_counts)
+def _pair_form(got, word_counts) -> str | None:
+    if not _is_pair(got):
+        return f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}"
+    if got not in _pair_counts(word_counts):
+        return f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}"
+    return None
+
+
+def _no_pair_problem(most_frequent_pair, word_counts) -> str | None:
+    when = f"when no word has two symbols left (word_counts={word_counts}) return None"
+    try:
         got = core.call_learner(EX_PAIR, most_frequent_pair, dict(word_counts))
-        if not (
-            isinstance(got, tuple) and len(got) == 2 and all(isinstance(s, bytes) for s in got)
-        ):
+    except core.CheckFailed:
+        raise
+    except Exception as exc:
+        return f"{when}; your function raised {type(exc).__name__}: {exc}"
+    return None if got is None else f"{when}, not {_short(got)}"
+
+
+def check_most_frequent_pair(most_frequent_pair) -> None:
+    """Exercise 1.8: `most_frequent_pair(word_counts)` returns a top pair (bytes, bytes) or None."""
+    cases = [(wc,) for wc in [*_PAIR_CASES, _training_word_counts()]]
+    answers = _results(EX_PAIR, most_frequent_pair, cases, _pair_form)
+    for (word_counts,), got in zip(cases, answers):
+        if not _is_best(got, counts := _pair_counts(word_counts)):
+            best = max(counts, key=counts.__getitem__)
+            mistake = core.first_mistake(
+                PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(*c)) for c, g in zip(cases, answers))
+            )
+            hint = (
+                mistake.message
+                if mistake
+                else f"{got} occurs {counts[got]} times, but {best} occurs {counts[best]} times."
+            )
             raise core.CheckFailed(
-                EX_PAIR,
-                f"return the pair as a tuple of two bytes objects, like (b'a', b'b'); you returned {_short(got)}",
+                EX_PAIR, f"{hint} (words: {_short(word_counts)}; you returned {got})"
             )
-        if got not in counts:
-            raise core.CheckFailed(
-                EX_PAIR,
-                f"{got} is not a pair of neighbouring symbols in any word of {_short(word_counts)}",
-            )
-        answers.append(got)
-    for word_counts, got in zip(cases, answers):
-        counts = _pair_counts(word_counts)
-        if _is_best(got, counts):
-            continue
-        mistake = core.first_mistake(
-            PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(wc)) for wc, g in zip(cases, answers))
-        )
-        best = max(counts.values())
-        message = (
-            mistake.message
-            if mistake
-            else (
-                f"{got} occurs {counts[got]} times, but {max(counts, key=counts.__getitem__)} occurs {best} times."
-            )
-        )
-        raise core.CheckFailed(
-            EX_PAIR, message + f" (words: {_short(word_counts)}; you returned {got})"
-        )
     for empty in ({(b"a",): 3, (b"b",): 1}, {}):
-        try:
-            got = core.call_learner(EX_PAIR, most_frequent_pair, dict(empty))
-        except core.CheckFailed:
-            raise
-        except Exception as exc:
-            raise core.CheckFailed(
-                EX_PAIR,
-                f"when no word has two symbols left (word_counts={empty}) return None; your function raised "
-                f"{type(exc).__name__}: {exc}",
-            ) from None
-        if got is not None:
-            raise core.CheckFailed(
-                EX_PAIR,
-                f"when no word has two symbols left (word_counts={empty}) return None, not {_short(got)}",
-            )
+        _fail_if(EX_PAIR, _no_pair_problem(most_frequent_pair, empty))
     core.passed(EX_PAIR, f"{len(cases)} word counts, plus the case with no pairs left")
 
 
 # --------------------------------------------------------------------------- 1.8 merge a pair
 
 
-def _merge_word(word, pair, first_only=False, from_right=False, no_skip=False):
-    first, second = pair
-    symbols = list(reversed(word)) if from_right else list(word)
-    if from_right:
-        first, second = second, first
-    out, i, merged_once = [], 0, False
-    while i < len(symbols):
-        if (
-            i + 1 < len(symbols)
-            and symbols[i] == first
-            and symbols[i + 1] == second
-            and not (first_only and merged_once)
-        ):
-            out.append(symbols[i + 1] + symbols[i] if from_right else symbols[i] + symbols[i + 1])
-            merged_once = True
-            i += 1 if no_skip else 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return tuple(reversed(out)) if from_right else tuple(out)
+def _merge_word(word, pair, first_only=False, from_right=False) -> tuple[bytes, ...]:
+    """`word` with `pair` merged at every occurrence from the left (the right answer), at the
+    first occurrence only (first_only), or walking from the right (from_right)."""
+    if from_right:  # merge the mirror image (symbols and their bytes reversed), mirror it back
+        mirror = tuple(s[::-1] for s in reversed(word))
+        return tuple(s[::-1] for s in reversed(_merge_word(mirror, (pair[1][::-1], pair[0][::-1]))))
+    pairs = list(zip(word, word[1:]))
+    if not first_only:
+        return tuple(_merge_adjacent(list(word), pair.__eq__))
+    if pair not in pairs:
+        return tuple(word)
+    i = pairs.index(pair)
+    return (*word[:i], pair[0] + pair[1], *word[i + 2 :])
 
 
 def _merge_all_words(word_counts, pair, overwrite=False, **how):
@@ -1128,26 +849,22 @@ def _merge_all_words(word_counts, pair, overwrite=False, **how):
 MERGE_PAIR_MISTAKES = [
     core.Mistake(
         "nothing merged",
-        "your result still holds the words unmerged: replace every occurrence of the pair "
-        "by the one symbol first + second.",
+        "your result still holds the words unmerged: replace every occurrence of the pair by the one symbol first + second.",
         lambda word_counts, pair: dict(word_counts),
     ),
     core.Mistake(
         "counts overwritten",
-        "two words that become the same word after the merge must add their counts; "
-        "you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
+        "two words that become the same word after the merge must add their counts; you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
         lambda word_counts, pair: _merge_all_words(word_counts, pair, overwrite=True),
     ),
     core.Mistake(
         "first occurrence only",
-        "you merge only the first occurrence of the pair in each word; merge every "
-        "occurrence, from left to right.",
+        "you merge only the first occurrence of the pair in each word; merge every occurrence, from left to right.",
         lambda word_counts, pair: _merge_all_words(word_counts, pair, first_only=True),
     ),
     core.Mistake(
         "from the right",
-        "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). "
-        "Walk through each word from the left.",
+        "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). Walk through each word from the left.",
         lambda word_counts, pair: _merge_all_words(word_counts, pair, from_right=True),
     ),
 ]
@@ -1162,88 +879,59 @@ _MERGE_PAIR_CASES = [
 ]
 
 
-def check_merge_pair(merge_pair) -> None:
-    """Exercise 1.8: `merge_pair(word_counts, pair)` merges every occurrence, left to right, and adds counts."""
-    from gpt2lib.tokenizer import merge_pair as reference
+def _merge_pair_form(got, word_counts, pair) -> str | None:
+    if not isinstance(got, dict):
+        return f"merge_pair should return a dict of word -> count, got {type(got).__name__}"
+    odd = [w for w in got if not (isinstance(w, tuple) and all(isinstance(s, bytes) for s in w))]
+    if odd:
+        return f"each word must stay a tuple of bytes symbols; you have {_short(odd[0])}"
+    if sum(got.values()) != sum(word_counts.values()):
+        return f"the counts add up to {sum(got.values())} instead of {sum(word_counts.values())}: two words that become the same word must add their counts (merged.get(key, 0) + count), never overwrite or drop one (words: {_short(word_counts)}, pair {pair})"
+    spelled = {b"".join(w) for w in word_counts}
+    for word in got:
+        if b"".join(word) not in spelled:
+            return f"{_short(word)} spells bytes that no input word spells: after a merge, skip both halves before looking at the next pair, and join them as first + second."
+    return None
 
-    results = []
-    for word_counts, pair in _MERGE_PAIR_CASES:
-        given = dict(word_counts)
-        got = core.call_learner(EX_MERGE_PAIR, merge_pair, given, pair)
-        if given != word_counts:
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                "your function changed the caller's dict; build a new dict and return it.",
-            )
-        if not isinstance(got, dict):
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"merge_pair should return a dict of word -> count, got {type(got).__name__}",
-            )
-        for word in got:
-            if not (isinstance(word, tuple) and all(isinstance(s, bytes) for s in word)):
-                raise core.CheckFailed(
-                    EX_MERGE_PAIR,
-                    f"each word must stay a tuple of bytes symbols; you have {_short(word)}",
-                )
-        if sum(got.values()) != sum(word_counts.values()):
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"the counts add up to {sum(got.values())} instead of {sum(word_counts.values())}: two words that "
-                "become the same word must add their counts (merged.get(key, 0) + count), never overwrite or drop "
-                f"one (words: {_short(word_counts)}, pair {pair})",
-            )
-        for word in got:
-            if b"".join(word) not in {b"".join(w) for w in word_counts}:
-                raise core.CheckFailed(
-                    EX_MERGE_PAIR,
-                    f"{_short(word)} spells bytes that no input word spells: after a merge, skip both halves before "
-                    "looking at the next pair, and join them as first + second.",
-                )
-        results.append(got)
-    expected = [reference(dict(wc), pair) for wc, pair in _MERGE_PAIR_CASES]
-    if results == expected:
-        core.passed(
-            EX_MERGE_PAIR, f"{len(results)} word tables merged, including words that become one"
-        )
-        return
-    mistake = core.first_mistake(
+
+def check_merge_pair(merge_pair) -> None:
+    """Exercise 1.8: `merge_pair(word_counts, pair)` returns a new dict with the pair merged."""
+    cases = _MERGE_PAIR_CASES
+    changed = "your function changed the caller's dict; build a new dict and return it."
+    got = _results(EX_MERGE_PAIR, merge_pair, cases, _merge_pair_form, changed)
+    want = [tk.merge_pair(dict(word_counts), pair) for word_counts, pair in cases]
+    _grade(
+        EX_MERGE_PAIR,
+        cases,
+        got,
+        want,
         MERGE_PAIR_MISTAKES,
-        lambda m: all(got == m.fn(dict(wc), p) for got, (wc, p) in zip(results, _MERGE_PAIR_CASES)),
+        lambda i: (
+            f"merging {cases[i][1]} in {_short(cases[i][0])} gives {_short(want[i])}, but yours gives {_short(got[i])}."
+        ),
+        f"{len(cases)} word tables merged, including words that become one",
     )
-    if mistake is not None:
-        raise core.CheckFailed(EX_MERGE_PAIR, mistake.message)
-    for got, want, (word_counts, pair) in zip(results, expected, _MERGE_PAIR_CASES):
-        if got != want:
-            raise core.CheckFailed(
-                EX_MERGE_PAIR,
-                f"merging {pair} in {_short(word_counts)} gives {_short(want)}, "
-                f"but yours gives {_short(got)}.",
-            )
 
 
 # --------------------------------------------------------------------------- 1.9 training loop
 
 
 def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
-    from gpt2lib.tokenizer import merge_pair, most_frequent_pair
-
     merges = []
     for _ in range(num_merges + extra):
-        pair = most_frequent_pair(word_counts)
+        pair = tk.most_frequent_pair(word_counts)
         if pair is None and stop_on_none:
             break
         merges.append(pair)
         if apply:
-            word_counts = merge_pair(word_counts, pair)
+            word_counts = tk.merge_pair(word_counts, pair)
     return merges
 
 
 TRAIN_MISTAKES = [
     core.Mistake(
         "merge not applied",
-        "you record the pair but the words never change, so the same pair wins every "
-        "time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
+        "you record the pair but the words never change, so the same pair wins every time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
         lambda word_counts, num_merges: _loop(word_counts, num_merges, apply=False),
     ),
     core.Mistake(
@@ -1258,125 +946,87 @@ TRAIN_MISTAKES = [
     ),
     core.Mistake(
         "no stop",
-        "when no pair is left, most_frequent_pair returns None: stop there instead of "
-        "recording None as a merge.",
+        "when no pair is left, most_frequent_pair returns None: stop there instead of recording None as a merge.",
         lambda word_counts, num_merges: _loop(word_counts, num_merges, stop_on_none=False),
     ),
 ]
 
 
 def _train_cases():
+    low = {(b"l", b"o", b"w"): 5, (b"l", b"o", b"w", b"e", b"r"): 2}
+    newest = {(b"n", b"e", b"w", b"e", b"s", b"t"): 6, (b"w", b"i", b"d", b"e", b"s", b"t"): 3}
     return [
         (_training_word_counts(), 12),
-        (
-            {(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1},
-            10,
-        ),  # runs out of pairs after 3 merges
-        (
-            {
-                (b"l", b"o", b"w"): 5,
-                (b"l", b"o", b"w", b"e", b"r"): 2,
-                (b"n", b"e", b"w", b"e", b"s", b"t"): 6,
-                (b"w", b"i", b"d", b"e", b"s", b"t"): 3,
-            },
-            6,
-        ),
+        ({(b"a", b"b"): 3, (b"a", b"b", b"c"): 2, (b"x", b"y"): 1}, 10),  # no pair after 3 merges
+        ({**low, **newest}, 6),
         ({(b"z",): 4}, 3),
     ]
 
 
 def _replay_problem(word_counts, num_merges, merges) -> str | None:
     """Why `merges` is not a valid run of BPE training, or None. Any tied pair is accepted."""
-    from gpt2lib.tokenizer import merge_pair
-
     for step, pair in enumerate(merges):
+        counts = _pair_counts(word_counts)
         if step >= num_merges:
             return f"you return {len(merges)} merges; num_merges={num_merges} asks for at most {num_merges}"
-        counts = _pair_counts(word_counts)
         if not counts:
             return f"merge {step} is {_short(pair)}, but no pair is left by then: stop when most_frequent_pair returns None"
         if not _is_best(pair, counts):
             best = max(counts, key=counts.__getitem__)
-            return (
-                f"merge {step} is {_short(pair)}, which occurs {counts.get(pair, 0)} times then; the most frequent "
-                f"pair occurs {counts[best]} times, for example {best}"
-            )
-        word_counts = merge_pair(word_counts, pair)
+            return f"merge {step} is {_short(pair)}, which occurs {counts.get(pair, 0)} times then; the most frequent pair occurs {counts[best]} times, for example {best}"
+        word_counts = tk.merge_pair(word_counts, pair)
     if len(merges) < num_merges and _pair_counts(word_counts):
-        return (
-            f"you return {len(merges)} merges, but num_merges={num_merges} and pairs are still left: keep "
-            "going until num_merges merges are learned"
-        )
+        return f"you return {len(merges)} merges, but num_merges={num_merges} and pairs are still left: keep going until num_merges merges are learned"
+    return None
+
+
+def _merges_form(got, word_counts, num_merges) -> str | None:
+    if not isinstance(got, (list, tuple)):
+        return f"train_merges should return a list of pairs, got {type(got).__name__}"
     return None
 
 
 def check_train_merges(train_merges) -> None:
-    """Exercise 1.9: `train_merges(word_counts, num_merges)` is count, merge, repeat (either tie rule)."""
+    """Exercise 1.9: `train_merges(word_counts, num_merges)` returns the learned [(bytes, bytes)]."""
     cases = _train_cases()
-    results = []
-    for word_counts, num_merges in cases:
-        try:
-            got = core.call_learner(EX_TRAIN, train_merges, dict(word_counts), num_merges)
-        except TypeError as exc:
-            if "NoneType" not in str(exc):
-                raise
-            # merge_pair(word_counts, None): the loop went on after most_frequent_pair found no pair
-            no_stop = next(m for m in TRAIN_MISTAKES if m.name == "no stop")
-            raise core.CheckFailed(
-                EX_TRAIN, f"{no_stop.message} (your code raised TypeError: {exc})"
-            ) from None
-        if not isinstance(got, (list, tuple)):
-            raise core.CheckFailed(
-                EX_TRAIN, f"train_merges should return a list of pairs, got {type(got).__name__}"
-            )
-        results.append(list(got))
+    try:
+        results = [list(r) for r in _results(EX_TRAIN, train_merges, cases, _merges_form)]
+    except TypeError as exc:  # merge_pair(word_counts, None): the loop went on without a pair
+        if "NoneType" not in str(exc):
+            raise
+        no_stop = core.named(TRAIN_MISTAKES, "no stop").message
+        raise core.CheckFailed(EX_TRAIN, f"{no_stop} (your code raised TypeError: {exc})") from None
     problems = [_replay_problem(dict(wc), n, got) for (wc, n), got in zip(cases, results)]
-    if not any(problems):
-        core.passed(
-            EX_TRAIN,
-            f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left",
+    if any(problems):
+        mistake = core.first_mistake(
+            TRAIN_MISTAKES, lambda m: all(got == m.fn(*case) for got, case in zip(results, cases))
         )
-        return
-    mistake = core.first_mistake(
-        TRAIN_MISTAKES,
-        lambda m: all(got == m.fn(dict(wc), n) for got, (wc, n) in zip(results, cases)),
+        if mistake is not None:
+            raise core.CheckFailed(EX_TRAIN, mistake.message)
+        if odd := [pair for got in results for pair in got if not _is_pair(pair)]:
+            raise core.CheckFailed(
+                EX_TRAIN,
+                f"each merge should be a pair (bytes, bytes), like (b't', b'h'); you have {_short(odd[0])}",
+            )
+        (word_counts, _), problem = next((case, p) for case, p in zip(cases, problems) if p)
+        raise core.CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
+    core.passed(
+        EX_TRAIN,
+        f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left",
     )
-    if mistake is not None:
-        raise core.CheckFailed(EX_TRAIN, mistake.message)
-    for got in results:
-        for pair in got:
-            if not (
-                isinstance(pair, tuple)
-                and len(pair) == 2
-                and all(isinstance(s, bytes) for s in pair)
-            ):
-                raise core.CheckFailed(
-                    EX_TRAIN,
-                    f"each merge should be a pair (bytes, bytes), like (b't', b'h'); "
-                    f"you have {_short(pair)}",
-                )
-    (word_counts, _), problem = next(((case, p) for case, p in zip(cases, problems) if p))
-    raise core.CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
 
 
 # --------------------------------------------------------------------------- 1.10 bytes per token
 
 
-def _ratio(
-    tokenizer,
-    text,
-    count=len,
-    size=lambda text: len(text.encode("utf-8")),
-    divide=lambda a, b: a / b,
-):
-    return divide(size(text), count(tokenizer.encode(text)))
+def _ratio(tokenizer, text, count=len, size=lambda text: len(text.encode("utf-8")), divide=None):
+    return (divide or operator.truediv)(size(text), count(tokenizer.encode(text)))
 
 
 RATIO_MISTAKES = [
     core.Mistake(
         "characters",
-        "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes "
-        "2 and 3 bytes; count len(text.encode('utf-8'))",
+        "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes 2 and 3 bytes; count len(text.encode('utf-8'))",
         lambda tokenizer, text: _ratio(tokenizer, text, size=len),
     ),
     core.Mistake(
@@ -1387,7 +1037,7 @@ RATIO_MISTAKES = [
     core.Mistake(
         "integer division",
         "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
-        lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: a // b),
+        lambda tokenizer, text: _ratio(tokenizer, text, divide=operator.floordiv),
     ),
     core.Mistake(
         "distinct tokens",
@@ -1399,47 +1049,36 @@ RATIO_MISTAKES = [
 
 @functools.lru_cache(maxsize=1)
 def _training_text() -> str:
-    from gpt2lib.tokenizer import gpt2_data_dir
-
-    return (gpt2_data_dir() / "bpe_training_text.txt").read_text(encoding="utf-8")
+    return (tk.gpt2_data_dir() / "bpe_training_text.txt").read_text(encoding="utf-8")
 
 
 def _ratio_cases():
-    from gpt2lib.tokenizer import BPETokenizer, get_encoding
+    texts = ["The keeper of the harbour light, the keeper.", "Grüße aus Köln! 世界 🤗"]
+    texts.append("naïve café au lait")
+    small = tk.BPETokenizer.train(_training_text(), 300)
+    return [(tokenizer, text) for tokenizer in (tk.get_encoding(), small) for text in texts]
 
-    small = BPETokenizer.train(_training_text(), 300)
-    texts = [
-        "The keeper of the harbour light, the keeper.",
-        "Grüße aus Köln! 世界 🤗",
-        "naïve café au lait",
-    ]
-    return [(tokenizer, text) for tokenizer in (get_encoding(), small) for text in texts]
+
+def _number_form(got, tokenizer, text) -> str | None:
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return f"bytes_per_token should return a number (a float), got {_short(got)}"
+    return None
 
 
 def check_bytes_per_token(bytes_per_token) -> None:
-    """Exercise 1.10: `bytes_per_token(tokenizer, text)` is UTF-8 bytes divided by tokens."""
+    """Exercise 1.10: `bytes_per_token(tokenizer, text)` returns UTF-8 bytes per token (a float)."""
     cases = _ratio_cases()
-    results = []
-    for tokenizer, text in cases:
-        got = core.call_learner(EX_RATIO, bytes_per_token, tokenizer, text)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise core.CheckFailed(
-                EX_RATIO, f"bytes_per_token should return a number (a float), got {_short(got)}"
-            )
-        results.append(float(got))
+    got = [float(r) for r in _results(EX_RATIO, bytes_per_token, cases, _number_form)]
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
-    if all(abs(g - w) < 1e-9 for g, w in zip(results, want)):
-        core.passed(EX_RATIO, f"{len(cases)} texts and two tokenizers measured right")
-        return
-    mistake = core.first_mistake(
+    _grade(
+        EX_RATIO,
+        cases,
+        got,
+        want,
         RATIO_MISTAKES,
-        lambda m: all(abs(g - m.fn(tok, text)) < 1e-9 for g, (tok, text) in zip(results, cases)),
-    )
-    if mistake is not None:
-        raise core.CheckFailed(EX_RATIO, mistake.message)
-    g, w, (_, text) = next((g, w, c) for g, w, c in zip(results, want, cases) if abs(g - w) >= 1e-9)
-    raise core.CheckFailed(
-        EX_RATIO, f"for {text!r} you give {g:.4f} bytes per token; it is {w:.4f}"
+        lambda i: f"for {cases[i][1]!r} you give {got[i]:.4f} bytes per token; it is {want[i]:.4f}",
+        f"{len(cases)} texts and two tokenizers measured right",
+        same=lambda a, b: abs(a - b) < 1e-9,
     )
 
 
@@ -1447,71 +1086,60 @@ def check_bytes_per_token(bytes_per_token) -> None:
 
 
 def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train", gpt2_on="test"):
-    """(bytes per token on test_text of BPEs trained with each size, GPT-2's); the keyword arguments
-    describe known wrong measurements."""
-    from gpt2lib.tokenizer import BPETokenizer, get_encoding
-
+    """(bytes per token on test_text of BPEs trained with each size, GPT-2's); the keyword
+    arguments give the known wrong measurements."""
     texts = {"train": train_text, "test": test_text}
-    ratios = [
-        _ratio(BPETokenizer.train(texts[train_on], vocab_size=n), texts[measure_on]) for n in sizes
-    ]
-    return ratios, _ratio(get_encoding(), texts[gpt2_on])
+    trained = [tk.BPETokenizer.train(texts[train_on], vocab_size=n) for n in sizes]
+    return [_ratio(t, texts[measure_on]) for t in trained], _ratio(
+        tk.get_encoding(), texts[gpt2_on]
+    )
 
 
 # fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
 SWEEP_MISTAKES = [
     core.Mistake(
         "measured_on_training_text",
-        "your tokenizers were measured on the text they were trained on; "
-        "measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
+        "your tokenizers were measured on the text they were trained on; measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
         lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train"),
     ),
     core.Mistake(
         "trained_on_held_out",
-        "your tokenizers were trained on held_out, the text they are measured on; "
-        "train them on train_part",
+        "your tokenizers were trained on held_out, the text they are measured on; train them on train_part",
         lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test"),
     ),
     core.Mistake(
         "gpt2_on_training_text",
-        "your GPT-2 number is measured on train_part; measure it on held_out, like "
-        "the others, or the comparison mixes two texts",
+        "your GPT-2 number is measured on train_part; measure it on held_out, like the others, or the comparison mixes two texts",
         lambda tr, te, sizes: _sweep(tr, te, sizes, gpt2_on="train"),
     ),
 ]
 
 
 def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> None:
-    """Exercise 1.10's measurement: `ratios[i]` is the bytes per token on `test_text` of a BPE trained on
-    `train_text` up to `sizes[i]` ids, `gpt2_ratio` GPT-2's on `test_text`."""
+    """Exercise 1.10's measurement: `ratios` (one per size) and `gpt2_ratio`, bytes per token on test_text."""
     try:
-        got = [float(r) for r in ratios], float(gpt2_ratio)
+        got = [*map(float, ratios), float(gpt2_ratio)]
     except (TypeError, ValueError):
         raise core.CheckFailed(
             EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number"
         ) from None
-    if len(got[0]) != len(sizes):
+    if len(got) != len(sizes) + 1:
         raise core.CheckFailed(
             EX_SWEEP,
-            f"ratios holds {len(got[0])} numbers; give one per size in sizes ({len(sizes)})",
+            f"ratios holds {len(got) - 1} numbers; give one per size in sizes ({len(sizes)})",
         )
 
-    def same(values):
-        return all(abs(a - b) < 1e-9 for a, b in zip([*got[0], got[1]], [*values[0], values[1]]))
+    def same(sweep):
+        return all(abs(a - b) < 1e-9 for a, b in zip(got, [*sweep[0], sweep[1]]))
 
-    if same(_sweep(train_text, test_text, sizes)):
-        core.passed(
-            EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text"
+    if not same(_sweep(train_text, test_text, sizes)):
+        core.fail_with(
+            EX_SWEEP,
+            SWEEP_MISTAKES,
+            lambda m: same(m.fn(train_text, test_text, sizes)),
+            "your numbers are not the bytes per token on held_out of tokenizers trained on train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())",
         )
-        return
-    mistake = core.first_mistake(SWEEP_MISTAKES, lambda m: same(m.fn(train_text, test_text, sizes)))
-    if mistake is not None:
-        raise core.CheckFailed(EX_SWEEP, mistake.message)
-    raise core.CheckFailed(
-        EX_SWEEP,
-        "your numbers are not the bytes per token on held_out of tokenizers trained on "
-        "train_part (BPETokenizer.train(train_part, vocab_size=n)) and of GPT-2 (get_encoding())",
-    )
+    core.passed(EX_SWEEP, f"{len(sizes)} vocabulary sizes and GPT-2, measured on the held-out text")
 
 
 # --------------------------------------------------------------------------- challenge: fast training
@@ -1519,8 +1147,6 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
 
 def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
     """The best wall time of `repeats` calls of fn(*args), and the result of the last call."""
-    import time
-
     best, result = float("inf"), None
     for _ in range(repeats):
         start = time.perf_counter()
@@ -1531,32 +1157,20 @@ def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
 
 def _first_seen_train(text, vocab_size):
     """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
-    from gpt2lib.tokenizer import merge_pair, pretokenize
-
-    words = {
-        tuple(bytes([b]) for b in piece.encode("utf-8")): n
-        for piece, n in pretokenize(text).items()
-    }
+    words = {tuple(_bytes_of(piece)): n for piece, n in tk.pretokenize(text).items()}
     vocab, merges = {bytes([b]): b for b in range(256)}, []
-    while len(vocab) < vocab_size:
-        counts = Counter()
-        for word, n in words.items():
-            for pair in zip(word, word[1:]):
-                counts[pair] += n
-        if not counts:
-            break
+    while len(vocab) < vocab_size and (counts := _pair_counts(words)):
         pair = max(counts, key=counts.__getitem__)
         merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
-        words = merge_pair(words, pair)
+        words = tk.merge_pair(words, pair)
     return vocab, merges
 
 
 FAST_MISTAKES = [
     core.Mistake(
         "other tie rule",
-        "the merges are not the reference's: on a tie the reference takes the greater pair, "
-        "max(counts, key=lambda pair: (counts[pair], pair))",
+        "the merges are not the reference's: on a tie the reference takes the greater pair, max(counts, key=lambda pair: (counts[pair], pair))",
         _first_seen_train,
     ),
     core.Mistake(
@@ -1569,62 +1183,44 @@ FAST_MISTAKES = [
 
 @functools.lru_cache(maxsize=2)
 def _shakespeare(n_chars: int) -> str:
-    from gpt2lib.tokenizer import gpt2_data_dir
+    return (tk.gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
 
-    return (gpt2_data_dir() / "tinyshakespeare.txt").read_text(encoding="utf-8")[:n_chars]
+
+def _fast_problem(got, text, vocab_size, vocab, merges) -> str | None:
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
+        return f"{core.named(FAST_MISTAKES, 'merges only').message} (got {type(got).__name__})"
+    got_merges = [tuple(m) for m in got[1]]
+    if got_merges != merges:
+        i = _first_difference(got_merges, merges)
+        detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
+        if i < min(len(got_merges), len(merges)):
+            detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
+        tie = core.named(FAST_MISTAKES, "other tie rule")
+        same_as_tie = tie.fn(text, vocab_size)[1] == got_merges
+        hint = (
+            tie.message if same_as_tie else "the merges must be the reference's, in the same order"
+        )
+        return f"{hint} ({detail})"
+    if dict(got[0]) != vocab:
+        return "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and each new token takes the next free id (a token spelled twice keeps its first)"
+    return None
 
 
 def check_fast_training(
     fast_train, n_chars: int = 20_000, vocab_size: int = 512, goal: float = 2.0
 ) -> float:
-    """Challenge: `fast_train(text, vocab_size)` learns train_merges_simple's merges at least `goal`
-    times faster. Returns how many times faster it is."""
-    from gpt2lib.chapters.bpe import train_merges_simple
-
+    """Challenge: `fast_train(text, vocab_size)` returns (vocab, merges), `goal` times as fast; returns the speedup."""
     text = _shakespeare(n_chars)
-    core.call_learner(
-        CH_FAST, fast_train, text[:100], 260
-    )  # the stub and a wrong signature, named first
+    core.call_learner(CH_FAST, fast_train, text[:100], 260)  # the stub and a wrong signature first
     yours_s, got = _seconds(fast_train, text, vocab_size)
-    reference_s, (vocab, merges) = _seconds(train_merges_simple, text, vocab_size)
-    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], dict)):
-        raise core.CheckFailed(
-            CH_FAST,
-            core.named(FAST_MISTAKES, "merges only").message + f" (got {type(got).__name__})",
-        )
-    got_vocab, got_merges = got
-    got_merges = [tuple(m) for m in got_merges]
-    if got_merges != merges:
-        i = next(
-            (i for i, (a, b) in enumerate(zip(got_merges, merges)) if a != b),
-            min(len(got_merges), len(merges)),
-        )
-        if i < min(len(got_merges), len(merges)):
-            detail = f"merge {i} is {got_merges[i]}, the reference learns {merges[i]}"
-        else:
-            detail = f"you learn {len(got_merges)} merges, the reference {len(merges)}"
-        named_mistake = core.first_mistake(
-            FAST_MISTAKES[:1], lambda m: m.fn(text, vocab_size)[1] == got_merges
-        )
-        hint = (
-            named_mistake.message
-            if named_mistake
-            else "the merges must be the reference's, in the same order"
-        )
-        raise core.CheckFailed(CH_FAST, f"{hint} ({detail})")
-    if dict(got_vocab) != vocab:
-        raise core.CheckFailed(
-            CH_FAST,
-            "the merges are right but the vocabulary is not: ids 0-255 are the bytes, and "
-            "each new token takes the next free id (a token spelled twice keeps its first)",
-        )
+    reference_s, (vocab, merges) = _seconds(bpe.train_merges_simple, text, vocab_size)
+    _fail_if(CH_FAST, _fast_problem(got, text, vocab_size, vocab, merges))
     speedup = reference_s / max(yours_s, 1e-9)
     timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
     if speedup < goal:
         raise core.CheckFailed(
             CH_FAST,
-            f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the "
-            f"reference ({timing}); the goal is {goal:g} times",
+            f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the reference ({timing}); the goal is {goal:g} times",
         )
     core.passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
     return speedup
