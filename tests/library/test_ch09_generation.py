@@ -23,15 +23,9 @@ from gpt2lib.tokenizer import ENDOFTEXT_ID
 INF = float("inf")
 
 
-def small_model(seed=0, **sizes):
-    sizes = {**dict(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97), **sizes}
-    torch.manual_seed(seed)
-    return GPT2(GPT2Config(**sizes)).eval()
-
-
 @pytest.fixture(scope="module")
-def model():
-    return small_model()
+def model(tiny_model):
+    return tiny_model()
 
 
 def prompt(B=2, T=5, vocab=97, seed=1):
@@ -88,9 +82,11 @@ def test_cache_is_static_and_refuses_to_overflow():
     chunks=st.lists(st.integers(1, 4), max_size=4),
     seed=st.integers(0, 1000),
 )
-def test_cached_logits_equal_uncached(n_layer, n_head, head_dim, vocab, T, chunks, seed):
+def test_cached_logits_equal_uncached(
+    n_layer, n_head, head_dim, vocab, T, chunks, seed, tiny_model
+):
     """Prefill then feed tokens in chunks through the cache: same logits as one full pass."""
-    model = small_model(
+    model = tiny_model(
         seed,
         n_layer=n_layer,
         n_head=n_head,
@@ -113,8 +109,8 @@ def test_cached_logits_equal_uncached(n_layer, n_head, head_dim, vocab, T, chunk
 
 @settings(max_examples=15, deadline=None)
 @given(T=st.integers(1, 12), new=st.integers(0, 12), B=st.integers(1, 3), seed=st.integers(0, 99))
-def test_greedy_with_and_without_cache_is_identical(T, new, B, seed):
-    model = small_model(seed % 3)
+def test_greedy_with_and_without_cache_is_identical(T, new, B, seed, tiny_model):
+    model = tiny_model(seed % 3)
     idx = prompt(B, T, seed=seed)
     cached = generate(model, idx, new, temperature=0)
     uncached = generate(model, idx, new, temperature=0, use_cache=False)
@@ -255,8 +251,8 @@ def test_stops_at_eos_and_pads_finished_rows(model, stop_at):
     assert torch.equal(stopped, expected[:, :length])
 
 
-def test_stop_at_eos_uses_endoftext():
-    model = small_model(vocab_size=50257, n_embd=8, n_head=1, n_layer=1)
+def test_stop_at_eos_uses_endoftext(tiny_model):
+    model = tiny_model(vocab_size=50257, n_embd=8, n_head=1, n_layer=1)
     with torch.no_grad():  # every position's logits become bias @ wte.T: <|endoftext|> wins
         model.ln_f.weight.zero_()
         model.ln_f.bias.fill_(1.0)
@@ -544,11 +540,11 @@ def learner_model(seed=0):
     return GPT2(config, block_cls=CustomBlock)
 
 
-@pytest.mark.parametrize("make", [small_model, learner_model], ids=["gpt2lib", "learner blocks"])
-def test_interleaved_generators_do_not_change_each_other_or_the_caller(make):
+@pytest.mark.parametrize("learners", [False, True], ids=["gpt2lib", "learner blocks"])
+def test_interleaved_generators_do_not_change_each_other_or_the_caller(learners, tiny_model):
     from gpt2lib.generation import decode_tokens
 
-    model = make()
+    model = learner_model() if learners else tiny_model()
     model.eval()
     expected = generate(model, prompt(), 8, temperature=0)[:, 5:]
     first = decode_tokens(model, prompt(), 8, temperature=0)
@@ -561,7 +557,7 @@ def test_interleaved_generators_do_not_change_each_other_or_the_caller(make):
         got_second.append(b)
     assert torch.equal(torch.stack(got_first, 1), expected)
     assert torch.equal(torch.stack(got_second, 1), expected)
-    if make is learner_model:  # every forward the generators ran was in eval mode
+    if learners:  # every forward the generators ran was in eval mode
         assert model.h[0].modes_seen and not any(model.h[0].modes_seen)
 
 
@@ -579,11 +575,11 @@ def test_an_abandoned_stream_leaves_the_model_as_it_was():
     assert not any(m.training for m in model.modules())
 
 
-@pytest.mark.parametrize("make", [small_model, learner_model], ids=["gpt2lib", "learner blocks"])
-def test_generations_in_threads_give_the_results_of_one_alone(make):
+@pytest.mark.parametrize("learners", [False, True], ids=["gpt2lib", "learner blocks"])
+def test_generations_in_threads_give_the_results_of_one_alone(learners, tiny_model):
     import threading
 
-    model = make()
+    model = learner_model() if learners else tiny_model()
     model.eval()
     idx = prompt()
     alone = generate(model, idx, 12, temperature=0)
@@ -604,7 +600,7 @@ def test_generations_in_threads_give_the_results_of_one_alone(make):
     assert not errors
     assert len(results) == 9 and all(torch.equal(r, alone) for r in results)
     assert not any(m.training for m in model.modules())  # two threads, one eval-mode model
-    if make is learner_model:
+    if learners:
         assert not any(model.h[0].modes_seen)  # not one forward ran with dropout
 
 
@@ -674,7 +670,9 @@ def _chapter_cell(starts_with):
 
 
 @pytest.mark.parametrize("planted", [False, True])
-def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(planted, capsys):
+def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(
+    planted, capsys, tiny_model
+):
     """Chapter 9's generation cell runs the learner's decode loop, cache class and
     sampling step (through mine.yours); a planted wrong sampling step changes its text."""
     from gpt2lib.chapters import decoding
@@ -682,7 +680,7 @@ def test_the_chapters_text_comes_from_the_learners_loop_cache_and_sampling(plant
     from gpt2lib.tokenizer import get_encoding
 
     tokenizer = get_encoding()
-    model = small_model(n_positions=64, vocab_size=tokenizer.n_vocab)
+    model = tiny_model(n_positions=64, vocab_size=tokenizer.n_vocab)
 
     def always_seven(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
         return torch.full((logits.shape[0],), 7, dtype=torch.long, device=logits.device)
