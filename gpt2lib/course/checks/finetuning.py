@@ -36,7 +36,6 @@ _tiny_gpt = functools.partial(core.tiny_gpt2, vocab_size=60)  # 1 layer, 2 heads
 
 
 def _require(ok, exercise, message) -> None:
-    """Raise CheckFailed(exercise, message) unless `ok`."""
     if not ok:
         raise core.CheckFailed(exercise, message)
 

@@ -29,7 +29,6 @@ _tiny = functools.partial(core.tiny_gpt2, n_layer=2, n_head=3, n_embd=12, vocab_
 
 
 def _require(ok, exercise, message) -> None:
-    """Raise CheckFailed(exercise, message) unless `ok`."""
     if not ok:
         raise core.CheckFailed(exercise, message)
 
@@ -136,8 +135,7 @@ def _read_all(iter_safetensors, path, keep=None):
 
 
 def check_iter_safetensors(iter_safetensors) -> None:
-    """`iter_safetensors(path, keep=None)` yields (name, tensor) pairs: tried on a file with four
-    dtypes and a metadata entry, with and without `keep`, and after its bytes are overwritten."""
+    """Exercise 8.0: `iter_safetensors(path, keep=None)` yields (name, tensor) of its own memory."""
     import tempfile
     from pathlib import Path
 
@@ -298,8 +296,7 @@ def _same_state(a, b) -> bool:
 
 
 def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
-    """Exercise 8.1: `checkpoint_to_model(tensors)` -> {name: tensor}, the state dict our GPT2
-    loads; then `load_weights(path, config, device, dtype, model_cls)` -> the model, if given."""
+    """Exercise 8.1: `checkpoint_to_model(tensors)` -> GPT2's state dict; `load_weights` -> GPT2."""
     model = _tiny()
     for prefixed in (False, True):
         tensors = _checkpoint_file(model, prefixed)
@@ -358,15 +355,8 @@ def _check_load_weights(load_weights, model):
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         idx = torch.tensor([[1, 5, 7, 2]])
         for dtype in (torch.float32, torch.float64):
-            got = core.call_learner(
-                EX_MAPPING,
-                load_weights,
-                path,
-                model.config,
-                device="cpu",
-                dtype=dtype,
-                model_cls=GPT2,
-            )
+            kwargs = dict(device="cpu", dtype=dtype, model_cls=GPT2)
+            got = core.call_learner(EX_MAPPING, load_weights, path, model.config, **kwargs)
             _require(
                 isinstance(got, torch.nn.Module),
                 EX_MAPPING,
@@ -456,8 +446,7 @@ def _hooks_left(model):
 
 
 def check_run_with_cache(run_with_cache) -> None:
-    """Exercise 8.2: the hooks of `run_with_cache(model, idx, capture)` -> (logits, cache) record
-    cache.resid (B, T, C) x (n_layer + 1), attn (B, n_head, T, T) and head_out per layer."""
+    """Exercise 8.2: `run_with_cache(model, idx, capture)` -> (logits, cache), hooks recorded."""
     model = _tiny(2, n_layer=3)
     for B, T in [(2, 5), (1, 7)]:
         gen = torch.Generator().manual_seed(T)
@@ -645,8 +634,7 @@ NEXT_MISTAKES = [
 
 
 def check_next_token_logprobs(next_token_logprobs) -> None:
-    """Exercise 8.3: `next_token_logprobs(lens (n_layer + 1, B, T, V), idx (B, T))` ->
-    (n_layer + 1, B, T - 1) log-probabilities."""
+    """Exercise 8.3: `next_token_logprobs(lens (L + 1, B, T, V), idx (B, T))` -> (L + 1, B, T-1)."""
     gen = torch.Generator().manual_seed(3)
     for layers, B, T, V in [(3, 1, 6, 11), (5, 2, 4, 7), (2, 3, 2, 5)]:  # T = 2: one prediction
         lens = torch.randn(layers, B, T, V, generator=gen) * 3
@@ -841,8 +829,7 @@ INDUCTION_MISTAKES = [
 
 
 def check_induction_score(induction_score, repeated_tokens=None, induction_scores=None) -> None:
-    """Exercise 8.5: `induction_score(pattern (B, n_head, T, T), seq_len)` -> (n_head,) scores;
-    then `repeated_tokens(batch, seq_len, vocab_size, seed, bos_token_id, tokens)` ->
+    """Exercise 8.5: `induction_score(pattern, seq_len)` -> (n_head,); `repeated_tokens` ->
     (batch, 2 * seq_len + 1) ids and `induction_scores(model)` -> (n_layer, n_head), if given."""
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
         pattern = _patterns(B, nh, L, seed)
@@ -1025,8 +1012,7 @@ COPY_MISTAKES = [
 
 
 def check_copy_losses(copy_losses) -> None:
-    """Exercise 8.5: `copy_losses(logits (B, 2L + 1, V), idx (B, 2L + 1), seq_len)` -> (first
-    copy's loss, second's), two numbers."""
+    """Exercise 8.5: `copy_losses(logits (B, 2L + 1, V), idx, seq_len)` -> (first loss, second)."""
     from gpt2lib.chapters.interpret import repeated_tokens
 
     def same(a, b):
@@ -1108,8 +1094,7 @@ ZERO_MISTAKES = [
 
 
 def check_zero_heads(zero_heads) -> None:
-    """Exercise 8.3: `zero_heads(y (B, T, C), heads, n_head)` -> (B, T, C), y with those heads'
-    channels zeroed."""
+    """Exercise 8.3: `zero_heads(y (B, T, C), heads, n_head)` -> (B, T, C), those heads zeroed."""
     gen = torch.Generator().manual_seed(0)
     # n_head=3, C=12: head_dim=4, so an n_head-wide or head-fastest slice differs from the right one
     for B, T, C, n_head, heads in [(2, 4, 12, 3, [1]), (2, 3, 12, 3, [0, 2]), (1, 5, 8, 4, [3, 1])]:
