@@ -28,7 +28,7 @@ CH_HEAD = "Challenge (the head the copying needs most)"
 _tiny = functools.partial(core.tiny_gpt2, n_layer=2, n_head=3, n_embd=12, vocab_size=23)
 
 
-def _require(ok, exercise, message) -> None:
+def _require(exercise, ok, message) -> None:
     if not ok:
         raise core.CheckFailed(exercise, message)
 
@@ -148,31 +148,25 @@ def check_iter_safetensors(iter_safetensors) -> None:
         "count": torch.arange(6).view(2, 3),
         "ln.bias": torch.randn(4).bfloat16(),
     }
+    need = functools.partial(_require, EX_READ)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.safetensors"
         save_file(tensors, str(path), metadata={"format": "pt"})
         want = load_file(str(path))
         got = _read_all(iter_safetensors, path)
-        _require(
+        need(
             "__metadata__" not in got,
-            EX_READ,
             "you yielded the header's __metadata__ entry: it describes "
             "the file and holds no tensor; leave it out",
         )
-        _require(
-            set(got) == set(want),
-            EX_READ,
-            f"names read: {sorted(got)}; the file holds {sorted(want)}",
-        )
+        need(set(got) == set(want), f"names read: {sorted(got)}; the file holds {sorted(want)}")
         for name, tensor in got.items():
-            _require(
+            need(
                 isinstance(tensor, torch.Tensor),
-                EX_READ,
                 f"{name}: yield (name, tensor) pairs, not {type(tensor).__name__}",
             )
-            _require(
+            need(
                 tensor.dtype == want[name].dtype,
-                EX_READ,
                 f"{name} came back as {tensor.dtype}, the file stores "
                 f"{want[name].dtype}: take the dtype from its header entry",
             )
@@ -189,9 +183,8 @@ def check_iter_safetensors(iter_safetensors) -> None:
                     f"(shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})",
                 )
         kept = _read_all(iter_safetensors, path, keep=lambda n: n.startswith("h."))
-        _require(
+        need(
             set(kept) == {"h.0.attn.c_attn.weight"},
-            EX_READ,
             core.named(READ_MISTAKES, "keep ignored").message
             + f" (with keep, you yielded {sorted(kept)})",
         )
@@ -200,9 +193,8 @@ def check_iter_safetensors(iter_safetensors) -> None:
             size = path.stat().st_size
             f.seek(8 + int.from_bytes(path.read_bytes()[:8], "little"))
             f.write(bytes(size - f.tell()))
-        _require(
+        need(
             all(torch.equal(got[n], before[n]) for n in got),
-            EX_READ,
             core.named(READ_MISTAKES, "memory map").message,
         )
     core.passed(
@@ -298,18 +290,14 @@ def _same_state(a, b) -> bool:
 def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
     """Exercise 8.1: `checkpoint_to_model(tensors)` -> GPT2's state dict; `load_weights` -> GPT2."""
     model = _tiny()
+    need = functools.partial(_require, EX_MAPPING)
     for prefixed in (False, True):
         tensors = _checkpoint_file(model, prefixed)
         given = {k: v.clone() for k, v in tensors.items()}
         got = core.call_learner(EX_MAPPING, checkpoint_to_model, tensors)
-        _require(
-            isinstance(got, dict),
-            EX_MAPPING,
-            f"return a dict {{name: tensor}}, got {type(got).__name__}",
-        )
-        _require(
+        need(isinstance(got, dict), f"return a dict {{name: tensor}}, got {type(got).__name__}")
+        need(
             _same_state(tensors, given),
-            EX_MAPPING,
             "your function changed the dict it was given; build a new dict instead",
         )
         want = _mapped(given)
@@ -349,6 +337,7 @@ def _check_load_weights(load_weights, model):
 
     from gpt2lib.chapters.model import GPT2
 
+    need = functools.partial(_require, EX_MAPPING)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
         tensors = _checkpoint_file(model, prefixed=True)
@@ -357,34 +346,26 @@ def _check_load_weights(load_weights, model):
         for dtype in (torch.float32, torch.float64):
             kwargs = dict(device="cpu", dtype=dtype, model_cls=GPT2)
             got = core.call_learner(EX_MAPPING, load_weights, path, model.config, **kwargs)
-            _require(
+            need(
                 isinstance(got, torch.nn.Module),
-                EX_MAPPING,
                 f"load_weights must return the model, got {type(got).__name__}",
             )
             left = [n for n, t in [*got.named_parameters(), *got.named_buffers()] if t.is_meta]
-            _require(
+            need(
                 not left,
-                EX_MAPPING,
                 f"after load_weights, {left[:3]} are still on the meta "
                 "device: pass assign=True to load_state_dict, so the file's tensors "
                 "become the parameters",
             )
-            _require(
-                not got.training,
-                EX_MAPPING,
-                "return the model in eval mode (model.eval()): dropout off",
-            )
-            _require(
+            need(not got.training, "return the model in eval mode (model.eval()): dropout off")
+            need(
                 got.wte.weight.dtype == dtype,
-                EX_MAPPING,
                 f"asked for dtype={dtype}, the weights are "
                 f"{got.wte.weight.dtype}: convert each tensor as it is read",
             )
             with torch.no_grad():
-                _require(
+                need(
                     core.close(got(idx), model(idx).to(dtype), atol=1e-4),
-                    EX_MAPPING,
                     "the loaded model computes other logits than the "
                     "model the checkpoint was written from",
                 )
@@ -448,6 +429,7 @@ def _hooks_left(model):
 def check_run_with_cache(run_with_cache) -> None:
     """Exercise 8.2: `run_with_cache(model, idx, capture)` -> (logits, cache), hooks recorded."""
     model = _tiny(2, n_layer=3)
+    need = functools.partial(_require, EX_RECORD)
     for B, T in [(2, 5), (1, 7)]:
         gen = torch.Generator().manual_seed(T)
         idx = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
@@ -456,13 +438,10 @@ def check_run_with_cache(run_with_cache) -> None:
             logits, cache = core.call_learner(
                 EX_RECORD, run_with_cache, model, idx, capture=("resid", "attn", "head_out")
             )
-        _require(
-            not _hooks_left(model), EX_RECORD, "hooks are left on the model after run_with_cache"
-        )
+        need(not _hooks_left(model), "hooks are left on the model after run_with_cache")
         r, a, h = list(cache.resid), list(cache.attn), list(cache.head_out)
-        _require(
+        need(
             not any(t.requires_grad for t in r + a + h),
-            EX_RECORD,
             "the recorded tensors still carry autograd history: record t.detach()",
         )
         if not _same_list(r, want_r):
@@ -474,20 +453,16 @@ def check_run_with_cache(run_with_cache) -> None:
                 f"(B, T, C): the embeddings, then the stream after each block; got "
                 f"{len(r)} tensors",
             )
-        _require(
+        need(
             _same_list(a, want_a),
-            EX_RECORD,
             f"cache.attn should hold n_layer = {len(want_a)} patterns "
             f"(B, n_head, T, T), one per block: the tensor that passes the block's "
             "attn.hook_pattern, recorded once per forward pass",
         )
-        _require(
-            _same_list(h, want_h), EX_RECORD, core.named(RECORD_MISTAKES, "head_out_layout").message
-        )
+        need(_same_list(h, want_h), core.named(RECORD_MISTAKES, "head_out_layout").message)
         _, only = core.call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
-        _require(
+        need(
             not (only.attn or only.head_out),
-            EX_RECORD,
             "with capture='resid' only the stream is asked for: record "
             "attn and head_out only when they are in `wanted`",
         )
@@ -565,8 +540,8 @@ def check_logit_lens(logit_lens) -> None:
         )
         want = _lens_right(model, resid)
     _require(
-        not (isinstance(got, tuple) and len(got) == 2),  # torch.topk's (values, indices)
         EX_LENS,
+        not (isinstance(got, tuple) and len(got) == 2),
         "you return top-k values and indices; return the full logits (n_layer + 1, B, T, V)",
     )
     _judge(
@@ -668,8 +643,8 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
             },
         )
     _require(
-        bool((got <= 1e-6).all()),
         EX_NEXT,
+        bool((got <= 1e-6).all()),
         "a log-probability above 0: apply log_softmax over the vocabulary",
     )
     core.passed(
@@ -862,6 +837,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
 
 
 def _check_repeated_tokens(repeated_tokens):
+    need = functools.partial(_require, EX_INDUCTION)
     for batch, L, V, seed, bos, pool in [
         (3, 5, 50, 0, None, None),
         (2, 7, 40, 1, 7, torch.tensor([3, 11, 30])),
@@ -877,45 +853,37 @@ def _check_repeated_tokens(repeated_tokens):
                 (batch, L + 1): "the second copy is missing: the L ids come twice",
             },
         )
-        _require(
-            not got.dtype.is_floating_point,
-            EX_INDUCTION,
-            "repeated_tokens must return integer ids (torch.long)",
+        need(
+            not got.dtype.is_floating_point, "repeated_tokens must return integer ids (torch.long)"
         )
         want_bos = V - 1 if bos is None else bos
-        _require(
+        need(
             bool((got[:, 0] == want_bos).all()),
-            EX_INDUCTION,
             f"every row must start with bos_token_id ({want_bos}; "
             "by default vocab_size - 1, <|endoftext|> in GPT-2)",
         )
-        _require(
+        need(
             torch.equal(got[:, 1 : L + 1], got[:, L + 1 :]),
-            EX_INDUCTION,
             "the second half must repeat the first: ids 1 .. L and L + 1 .. 2L are the same",
         )
-        _require(
+        need(
             bool(torch.isin(got[:, 1:], torch.arange(V) if pool is None else pool).all()),
-            EX_INDUCTION,
             "draw the ids from `tokens` when it is given (else from 0 .. vocab_size - 1)",
         )
         again = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
-        _require(
+        need(
             torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()),
-            EX_INDUCTION,
             "two calls with the same seed give different ids: "
             "draw with the generator seeded from `seed`",
         )
         other = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
-        _require(
+        need(
             pool is not None
             or not torch.equal(torch.as_tensor(other), torch.as_tensor(got).long()),
-            EX_INDUCTION,
             "another seed gives the same ids: use `seed`",
         )
-        _require(
+        need(
             pool is not None or len(set(got[0, 1 : L + 1].tolist())) >= 2,
-            EX_INDUCTION,
             "the ids of a row should be random, not one id repeated",
         )
 
@@ -927,6 +895,7 @@ def _check_induction_scores(induction_scores, repeated_tokens):
 
     make = repeated_tokens or reference_tokens
     model = _tiny(3, n_positions=32)
+    need = functools.partial(_require, EX_INDUCTION)
     for L, batch in [(5, 2), (7, 3)]:
         idx = make(batch, L, model.config.vocab_size, 0)
         _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
@@ -940,9 +909,8 @@ def _check_induction_scores(induction_scores, repeated_tokens):
             what="induction_scores' result",
             hints={tuple(want.shape[1:]): "one row per layer: stack the scores of every layer"},
         )
-        _require(
+        need(
             core.close(got, want, atol=1e-5),
-            EX_INDUCTION,
             "induction_scores(model) differs from your induction_score "
             "applied to each layer's attention on repeated_tokens(batch, seq_len, "
             "vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
@@ -950,11 +918,10 @@ def _check_induction_scores(induction_scores, repeated_tokens):
         both = core.call_learner(
             EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True
         )
-        _require(
+        need(
             isinstance(both, tuple)
             and len(both) == 2
             and core.close(both[1], want_prev, atol=1e-5),
-            EX_INDUCTION,
             "with previous=True return (induction scores, previous-"
             "token scores), each (n_layer, n_head)",
         )
@@ -1024,8 +991,8 @@ def check_copy_losses(copy_losses) -> None:
         logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
         got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
         _require(
-            isinstance(got, (tuple, list)) and len(got) == 2,
             EX_COPY,
+            isinstance(got, (tuple, list)) and len(got) == 2,
             "return two numbers, (first copy's loss, second copy's loss)",
         )
         try:
@@ -1206,9 +1173,9 @@ def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
     n_layer, n_head = model.config.n_layer, model.config.n_head
     hd = model.config.n_embd // n_head
     got = core.call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
-    _require(
+    need = functools.partial(_require, EX_EFFECTS)
+    need(
         isinstance(got, (list, tuple)) and len(got) == n_layer,
-        EX_EFFECTS,
         f"mean_head_outputs must return a list of n_layer = {n_layer} tensors, one per layer",
     )
     for layer, (g, w) in enumerate(zip(got, means)):
@@ -1222,9 +1189,8 @@ def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
                 (n_head,): "keep the head_dim channels: average over the batch and positions only",
             },
         )
-        _require(
+        need(
             core.close(g, w, atol=1e-5),
-            EX_EFFECTS,
             f"layer {layer}'s means differ: average cache.head_out[layer], (B, n_head, T, "
             "head_dim), over the batch and the positions (dims 0 and 2)",
         )
@@ -1255,8 +1221,8 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                     m._forward_pre_hooks.clear()
                     m._forward_hooks.clear()
             _require(
-                not left,
                 EX_EFFECTS,
+                not left,
                 f"your function left hooks on {left[:3]}: remove "
                 "each hook after its forward pass (handle.remove(), in a finally)",
             )
@@ -1297,17 +1263,16 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     n_layer, n_head = model.config.n_layer, model.config.n_head
     if head is None:
         raise core.NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
-    _require(
+    need = functools.partial(_require, CH_HEAD)
+    need(
         isinstance(head, (tuple, list))
         and len(head) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) for v in head),
-        CH_HEAD,
         f"CHOSEN_HEAD must be a pair of whole numbers (layer, head), got {head!r}",
     )
     layer, h = head
-    _require(
+    need(
         0 <= layer < n_layer and 0 <= h < n_head,
-        CH_HEAD,
         f"({layer}, {h}) is not a head of this model: layers 0 .. "
         f"{n_layer - 1}, heads 0 .. {n_head - 1}",
     )
@@ -1323,9 +1288,8 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
             f"{mine:+.4f}): it does not rely on one head for copying",
         )
         return
-    _require(
+    need(
         mine >= share * best,
-        CH_HEAD,
         f"zeroing head {layer}.{h} raises the second copy's loss by "
         f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
         f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
