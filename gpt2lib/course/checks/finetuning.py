@@ -35,7 +35,7 @@ IGNORE = -100
 _tiny_gpt = functools.partial(core.tiny_gpt2, vocab_size=60)  # 1 layer, 2 heads, width 16
 
 
-def _require(ok, exercise, message) -> None:
+def _require(exercise, ok, message) -> None:
     if not ok:
         raise core.CheckFailed(exercise, message)
 
@@ -136,11 +136,11 @@ def _padded(rows, pad_id, left=False):
 
 def check_speaker_batch(speaker_batch) -> None:
     """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
+    need = functools.partial(_require, EX_BATCH)
     for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
         got = core.call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
-        _require(
+        need(
             isinstance(got, (tuple, list)) and len(got) == 3,
-            EX_BATCH,
             "return three tensors: idx, lengths, labels",
         )
         want = _padded(rows, 99)
@@ -151,23 +151,17 @@ def check_speaker_batch(speaker_batch) -> None:
                 "your padding is on the left: pad on the right, so that "
                 "every row's real tokens start at position 0",
             )
-        _require(
+        need(
             torch.equal(idx, want),
-            EX_BATCH,
             "your idx differs: each row's ids, then pad_id up to the longest row",
         )
         lengths = core.expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
-        _require(
+        need(
             lengths.tolist() == [len(i) for i, _ in rows],
-            EX_BATCH,
             "lengths must count each row's real tokens (no padding)",
         )
         labels = core.expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels")
-        _require(
-            labels.tolist() == [y for _, y in rows],
-            EX_BATCH,
-            "labels must be the rows' labels, in order",
-        )
+        need(labels.tolist() == [y for _, y in rows], "labels must be the rows' labels, in order")
     core.passed(EX_BATCH)
 
 
@@ -177,18 +171,17 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
     from gpt2lib.chapters.tuning import hidden_states as reference_states
 
     gen = torch.Generator().manual_seed(4)
+    need = functools.partial(_require, EX_CLASSIFIER)
     for n_classes in (3, 5):
         gpt = _tiny_gpt()
         model = core.call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
         head = getattr(model, "head", None)
-        _require(
+        need(
             getattr(model, "gpt", None) is gpt and isinstance(head, nn.Linear),
-            EX_CLASSIFIER,
             "keep the body as self.gpt and the head as self.head, an nn.Linear",
         )
-        _require(
+        need(
             (head.in_features, head.out_features) == (gpt.config.n_embd, n_classes),
-            EX_CLASSIFIER,
             f"your head maps {head.in_features} -> {head.out_features}: "
             f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
             f"and gives one score per class ({n_classes})",
@@ -381,11 +374,11 @@ def _pairs_cases():
 def check_collate(collate) -> None:
     """`collate(pairs, pad_id)` -> inputs (B, T), targets (B, T), as the exercise says."""
     pad_id = 99
+    need = functools.partial(_require, EX_COLLATE)
     for pairs in _pairs_cases():
         got = core.call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
-        _require(
+        need(
             isinstance(got, (tuple, list)) and len(got) == 2,
-            EX_COLLATE,
             f"return two tensors, (inputs, targets); got {type(got).__name__}",
         )
         want = _collate_right(pairs, pad_id)
@@ -396,14 +389,12 @@ def check_collate(collate) -> None:
         }
         inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
-        _require(
+        need(
             not (inputs.dtype.is_floating_point or targets.dtype.is_floating_point),
-            EX_COLLATE,
             "token ids must be an integer tensor (torch.long)",
         )
-        _require(
+        need(
             torch.equal(inputs, want[0]),
-            EX_COLLATE,
             "your inputs differ: each row is prompt + response "
             "without its last token, then pad_id up to the longest row",
         )
@@ -623,8 +614,8 @@ def check_write_reply(write_reply) -> None:
                 "no more tokens than fit: n_positions - the prompt's length",
             ) from None
         _require(
-            isinstance(got, str),
             EX_REPLY,
+            isinstance(got, str),
             f"return the reply as text (a str), not {type(got).__name__}",
         )
         want = reference_write_reply(gpt, prompt, new_tokens)
@@ -734,19 +725,18 @@ LORA_INIT_MISTAKES = [
 
 
 def _check_lora_init(layer, dropout) -> None:
+    need = functools.partial(_require, EX_LORA)
     for part in ("lora_A", "lora_B", "lora_dropout", "base"):
-        _require(
-            hasattr(layer, part), EX_LORA, f"your layer has no {part}; keep the names of __init__"
-        )
+        need(hasattr(layer, part), f"your layer has no {part}; keep the names of __init__")
     a_zero, b_zero = not bool(layer.lora_A.weight.any()), not bool(layer.lora_B.weight.any())
     if a_zero:
         raise core.CheckFailed(
             EX_LORA,
             core.named(LORA_INIT_MISTAKES, "both zero" if b_zero else "A and B swapped").message,
         )
-    _require(b_zero, EX_LORA, "lora_B must start at zero, so that training starts at base(x)")
+    need(b_zero, "lora_B must start at zero, so that training starts at base(x)")
     p = getattr(layer.lora_dropout, "p", 0.0)  # nn.Identity stands for no dropout
-    _require(p == dropout, EX_LORA, core.named(LORA_INIT_MISTAKES, "dropout dropped").message)
+    need(p == dropout, core.named(LORA_INIT_MISTAKES, "dropout dropped").message)
 
 
 def check_lora_linear(LoRALinear) -> None:
@@ -761,8 +751,8 @@ def check_lora_linear(LoRALinear) -> None:
             start = core.call_learner(EX_LORA, layer, x)
         if not core.close(start, base(x), atol=1e-6):
             _require(
-                not core.close(start, torch.zeros_like(start), atol=1e-6),
                 EX_LORA,
+                not core.close(start, torch.zeros_like(start), atol=1e-6),
                 core.named(LORA_MISTAKES, "base missing").message,
             )
             raise core.CheckFailed(
@@ -796,26 +786,24 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
     idx = torch.randint(0, 50, (2, 6))
     before = model(idx)
     got = core.call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
-    _require(got is model, EX_ADD, "change the model in place and return it")
+    need = functools.partial(_require, EX_ADD)
+    need(got is model, "change the model in place and return it")
     for name in names:
         layer = model.get_submodule(name)
-        _require(
+        need(
             isinstance(layer, LoRALinear),
-            EX_ADD,
             f"model.{name} is a {type(layer).__name__}, not a "
             "LoRALinear: use model.set_submodule(name, ...)",
         )
-        _require(
+        need(
             layer.base is bases[name],
-            EX_ADD,
             f"the LoRALinear at {name} must wrap the layer that was "
             "there (its trained weights), not a new one",
         )
     others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
-    _require(not others, EX_ADD, f"only the named layers get adapters; you also changed {others}")
-    _require(
+    need(not others, f"only the named layers get adapters; you also changed {others}")
+    need(
         core.close(model(idx), before, atol=1e-6),
-        EX_ADD,
         "the model's logits changed: new adapters start at zero",
     )
     core.passed(EX_ADD)
@@ -1008,22 +996,21 @@ def check_frozen_table(model, base) -> None:
             "line with your code, run that cell, then run this check again.",
         )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
-    _require(
+    need = functools.partial(_require, EX_FROZEN)
+    need(
         gpt is not None and isinstance(head, nn.Linear),
-        EX_FROZEN,
         "frozen should be a classifier (classifier(gpt, n_classes)) "
         f"after training; got {type(model).__name__}",
     )
-    _require(gpt is not base, EX_FROZEN, FROZEN_MISTAKES[1].message)
+    need(gpt is not base, FROZEN_MISTAKES[1].message)
     reference = dict(base.named_parameters())
     still = [
         n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])
     ]
-    _require("wte.weight" in still, EX_FROZEN, FROZEN_MISTAKES[0].message)
-    _require(len(still) < len(reference), EX_FROZEN, FROZEN_MISTAKES[2].message)
-    _require(
+    need("wte.weight" in still, FROZEN_MISTAKES[0].message)
+    need(len(still) < len(reference), FROZEN_MISTAKES[2].message)
+    need(
         len(still) == 1,
-        EX_FROZEN,
         f"{FROZEN_MISTAKES[3].message}; these did not move: "
         f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
     )
@@ -1068,21 +1055,20 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     """`results`: one (rank, share of parameters trained, response-loss drop) per rank."""
     ranks = tuple(ranks)
     rows = list(results) if isinstance(results, (list, tuple)) else []
-    _require(
+    need = functools.partial(_require, EX_RANK)
+    need(
         len(rows) == len(ranks) and all(isinstance(r, (list, tuple)) and len(r) == 3 for r in rows),
-        EX_RANK,
         f"{RANK_MISTAKES[2].message}: {len(ranks)} tuples (rank, share, drop); got {results!r}",
     )
-    _require(
+    need(
         tuple(r for r, _, _ in rows) == ranks,
-        EX_RANK,
         f"the ranks measured are {[r for r, _, _ in rows]}; "
         f"measure RANKS = {list(ranks)}, in that order",
     )
     shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
-    _require(all(0 < s < 1 for s in shares), EX_RANK, RANK_MISTAKES[1].message)
-    _require(all(b > a for a, b in zip(shares, shares[1:])), EX_RANK, RANK_MISTAKES[3].message)
-    _require(all(d == d and d > 0 for d in drops), EX_RANK, RANK_MISTAKES[0].message)
+    need(all(0 < s < 1 for s in shares), RANK_MISTAKES[1].message)
+    need(all(b > a for a, b in zip(shares, shares[1:])), RANK_MISTAKES[3].message)
+    need(all(d == d and d > 0 for d in drops), RANK_MISTAKES[0].message)
     core.passed(
         EX_RANK,
         f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
@@ -1094,14 +1080,13 @@ def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
     """The open challenge: a LoRA responder, under 2% of the parameters trained, that lowers
     the validation response loss by at least `goal_nats`."""
     name = "Challenge 10"
-    _require(
+    need = functools.partial(_require, name)
+    need(
         trainable_fraction < 0.02,
-        name,
         f"{100 * trainable_fraction:.2f}% of the parameters are trained; the goal allows under 2%",
     )
-    _require(
+    need(
         loss_drop >= goal_nats,
-        name,
         f"the response loss fell by {loss_drop:.3f} nats; the goal is {goal_nats} nats",
     )
     core.passed(
