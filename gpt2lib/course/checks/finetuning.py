@@ -1,5 +1,5 @@
 """Checks for chapter 10's exercises: the classifier (pooling, batch, loss, confusion counts), the
-masked loss, replies, LoRA (the layer, adapters, merging, its size, its rank) and the frozen table."""
+masked loss, replies, LoRA (layer, adapters, merging, size, rank) and the frozen token table."""
 
 from __future__ import annotations
 
@@ -166,8 +166,7 @@ def check_speaker_batch(speaker_batch) -> None:
 
 
 def check_classifier(GPT2Classifier, hidden_states) -> None:
-    """`GPT2Classifier(gpt, n_classes)(idx (B, T), lengths (B,))` -> (B, n_classes) scores, a
-    linear head on the masked mean state."""
+    """`GPT2Classifier(gpt, n)(idx (B, T), lengths (B,))` -> (B, n) scores of the mean state."""
     from gpt2lib.chapters.tuning import hidden_states as reference_states
 
     gen = torch.Generator().manual_seed(4)
@@ -199,7 +198,8 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
                     "your forward reads the last real token: pool with pool_mean over the "
                     "real tokens"
                     if core.close(got, last, atol=1e-5)
-                    else "your scores differ from head(pool_mean(hidden_states(gpt, idx), lengths))",
+                    else "your scores differ from head(pool_mean(hidden_states(gpt, idx), "
+                    "lengths))",
                 )
     core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
 
@@ -495,7 +495,7 @@ def check_response_loss(response_loss) -> None:
     core.passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
 
 
-# --------------------------------------------------------------------------- 10.4 by position, replies
+# --------------------------------------------------------------------------- 10.4 losses, replies
 
 
 def _by_position(gpt, pairs, pad_id, positions, shift=0):
@@ -1017,7 +1017,7 @@ def check_frozen_table(model, base) -> None:
     core.passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
 
 
-# --------------------------------------------------------------------------- 10.10 rank, the challenge
+# --------------------------------------------------------------------------- 10.10 rank, challenge
 
 
 def _rank_right(ranks):
@@ -1077,8 +1077,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
 
 
 def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
-    """The open challenge: a LoRA responder, under 2% of the parameters trained, that lowers
-    the validation response loss by at least `goal_nats`."""
+    """The challenge: LoRA training under 2% of the parameters lowers the loss by `goal_nats`."""
     name = "Challenge 10"
     need = functools.partial(_require, name)
     need(
