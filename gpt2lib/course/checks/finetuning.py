@@ -1,14 +1,10 @@
-"""Checks for chapter 10's exercises: pooling a classifier's input, the collate function with
-its masked targets, the masked loss, the LoRA layer, adding adapters, the merged weight, the
-adapter's parameter count, full fine-tuning with a frozen token table,
-and the measurement of LoRA's rank.
-
-Each check runs the learner's answer on small random cases (more than one shape), compares it
-with the right answer and with the planted wrong answers below, and names the mistake.
-"""
+"""Checks for chapter 10's exercises: the classifier (pooling, batch, loss, confusion counts), the
+masked loss, replies, LoRA (layer, adapters, merging, size, rank) and the frozen token table."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import sys
 import types
 
@@ -19,16 +15,39 @@ import torch.nn.functional as F
 from gpt2lib.course.checks import _core as core
 
 EX_POOL = "Exercise 10.1 (pool_mean)"
+EX_BATCH = "Exercise 10.1 (speaker_batch)"
+EX_CLASSIFIER = "Exercise 10.1 (GPT2Classifier)"
+EX_CLASS_LOSS = "Exercise 10.1 (classification_loss)"
+EX_CONFUSION = "Exercise 10.1b (confusion_counts)"
 EX_COLLATE = "Exercise 10.2 (collate)"
 EX_LOSS = "Exercise 10.3 (masked_lm_loss)"
-EX_BATCH = "Exercise 10.1 (speaker_batch)"
+EX_RESPONSE = "Exercise 10.3 (response_loss)"
 EX_POSITION = "Exercise 10.4 (loss_by_position)"
+EX_REPLY = "Exercise 10.4b (write_reply)"
 EX_LORA = "Exercise 10.5 (LoRALinear)"
 EX_ADD = "Exercise 10.6 (add_adapters)"
 EX_MERGE = "Exercise 10.7 (merged_weight)"
 EX_COUNT = "Exercise 10.8 (lora_parameter_count)"
+EX_FROZEN = "Exercise 10.9b (full fine-tuning, token table frozen)"
 EX_RANK = "Exercise 10.10 (the effect of rank)"
 IGNORE = -100
+
+_tiny_gpt = functools.partial(core.tiny_gpt2, vocab_size=60)  # 1 layer, 2 heads, width 16
+
+
+def _require(exercise, ok, message) -> None:
+    if not ok:
+        raise core.CheckFailed(exercise, message)
+
+
+def _judge(exercise, got, want, mistakes, wrong, otherwise, *, what, hints=None, atol=1e-5):
+    """The learner's `got` as a tensor of want's shape and values; else the first mistake m with
+    wrong(m) close to it is named, or `otherwise` said."""
+    got = core.expect_tensor(exercise, got, tuple(want.shape), what=what, hints=hints)
+    if not core.close(got, want, atol=atol):
+        core.fail_with(
+            exercise, mistakes, lambda m: core.close(got, wrong(m), atol=atol), otherwise
+        )
 
 
 def check_exercise_10_1(speaker_batch, hidden_states, pool_mean, GPT2Classifier, loss) -> None:
@@ -47,7 +66,7 @@ def check_exercise_10_3(masked_lm_loss, response_loss) -> None:
         check_response_loss(response_loss)
 
 
-# --------------------------------------------------------------------------- 10.1 pooling
+# --------------------------------------------------------------------------- 10.1 the classifier
 
 
 def _pool_right(hidden, lengths):
@@ -90,82 +109,223 @@ def check_pool_mean(pool_mean) -> None:
         hidden = torch.randn(B, T, C, generator=gen)
         lengths = torch.randint(1, T, (B,), generator=gen)
         lengths[0] = T  # one full row
-        got = core.call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone())
-        want = _pool_right(hidden, lengths)
-        got = core.expect_tensor(
+        _judge(
             EX_POOL,
-            got,
-            (B, C),
+            core.call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone()),
+            _pool_right(hidden, lengths),
+            POOL_MISTAKES,
+            lambda m: m.fn(hidden, lengths),
+            "your pooled states differ from the mean over each row's real tokens",
             what=f"your pooled states (B={B}, C={C})",
             hints={
                 (B, T, C): "nothing was averaged over dim 1 (the positions)",
                 (C,): "you averaged over the batch too",
             },
         )
-        if not core.close(got, want, atol=1e-5):
-            core.fail_with(
-                EX_POOL,
-                POOL_MISTAKES,
-                lambda m: core.close(got, m.fn(hidden, lengths)),
-                "your pooled states differ from the mean over each row's real tokens",
-            )
     core.passed(EX_POOL, "padding does not reach the pooled state")
+
+
+def _padded(rows, pad_id, left=False):
+    """The (B, T) ids of (ids, label) rows padded with pad_id on the right (or the left)."""
+    T = max(len(ids) for ids, _ in rows)
+    idx = torch.full((len(rows), T), pad_id)
+    for b, (ids, _) in enumerate(rows):
+        idx[b, slice(T - len(ids), None) if left else slice(None, len(ids))] = torch.tensor(ids)
+    return idx
 
 
 def check_speaker_batch(speaker_batch) -> None:
     """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
+    need = functools.partial(_require, EX_BATCH)
     for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
         got = core.call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise core.CheckFailed(EX_BATCH, "return three tensors: idx, lengths, labels")
-        T = max(len(i) for i, _ in rows)
-        want = torch.full((len(rows), T), 99)
-        for b, (ids, _) in enumerate(rows):
-            want[b, : len(ids)] = torch.tensor(ids)
-        idx = core.expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx")
-        if not torch.equal(idx.long(), want):
-            flipped = torch.full_like(want, 99)
-            for b, (ids, _) in enumerate(rows):
-                flipped[b, T - len(ids) :] = torch.tensor(ids)
+        need(
+            isinstance(got, (tuple, list)) and len(got) == 3,
+            "return three tensors: idx, lengths, labels",
+        )
+        want = _padded(rows, 99)
+        idx = core.expect_tensor(EX_BATCH, got[0], tuple(want.shape), what="your idx").long()
+        if torch.equal(idx, _padded(rows, 99, left=True)) and not torch.equal(idx, want):
             raise core.CheckFailed(
                 EX_BATCH,
                 "your padding is on the left: pad on the right, so that "
-                "every row's real tokens start at position 0"
-                if torch.equal(idx.long(), flipped)
-                else "your idx differs: each row's ids, then pad_id up to the longest row",
+                "every row's real tokens start at position 0",
             )
+        need(
+            torch.equal(idx, want),
+            "your idx differs: each row's ids, then pad_id up to the longest row",
+        )
         lengths = core.expect_tensor(EX_BATCH, got[1], (len(rows),), what="your lengths")
-        if lengths.tolist() != [len(i) for i, _ in rows]:
-            raise core.CheckFailed(
-                EX_BATCH, "lengths must count each row's real tokens (no padding)"
-            )
-        if core.expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels").tolist() != [
-            y for _, y in rows
-        ]:
-            raise core.CheckFailed(EX_BATCH, "labels must be the rows' labels, in order")
+        need(
+            lengths.tolist() == [len(i) for i, _ in rows],
+            "lengths must count each row's real tokens (no padding)",
+        )
+        labels = core.expect_tensor(EX_BATCH, got[2], (len(rows),), what="your labels")
+        need(labels.tolist() == [y for _, y in rows], "labels must be the rows' labels, in order")
     core.passed(EX_BATCH)
+
+
+def check_classifier(GPT2Classifier, hidden_states) -> None:
+    """`GPT2Classifier(gpt, n)(idx (B, T), lengths (B,))` -> (B, n) scores of the mean state."""
+    from gpt2lib.chapters.tuning import hidden_states as reference_states
+
+    gen = torch.Generator().manual_seed(4)
+    need = functools.partial(_require, EX_CLASSIFIER)
+    for n_classes in (3, 5):
+        gpt = _tiny_gpt()
+        model = core.call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
+        head = getattr(model, "head", None)
+        need(
+            getattr(model, "gpt", None) is gpt and isinstance(head, nn.Linear),
+            "keep the body as self.gpt and the head as self.head, an nn.Linear",
+        )
+        need(
+            (head.in_features, head.out_features) == (gpt.config.n_embd, n_classes),
+            f"your head maps {head.in_features} -> {head.out_features}: "
+            f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
+            f"and gives one score per class ({n_classes})",
+        )
+        idx = torch.randint(0, 60, (3, 7), generator=gen)
+        lengths = torch.tensor([7, 4, 2])
+        with torch.no_grad():
+            got = core.call_learner(EX_CLASSIFIER, model, idx, lengths)
+            got = core.expect_tensor(EX_CLASSIFIER, got, (3, n_classes), what="your scores")
+            states = reference_states(gpt, idx)
+            if not core.close(got, head(_pool_right(states, lengths)), atol=1e-5):
+                last = head(states[torch.arange(3), lengths - 1])
+                raise core.CheckFailed(
+                    EX_CLASSIFIER,
+                    "your forward reads the last real token: pool with pool_mean over the "
+                    "real tokens"
+                    if core.close(got, last, atol=1e-5)
+                    else "your scores differ from head(pool_mean(hidden_states(gpt, idx), "
+                    "lengths))",
+                )
+    core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
+
+
+def _class_loss(model, rows, pad_id, *, softmaxed=False, padding_pooled=False, reduction="mean"):
+    """F.cross_entropy of the classifier's scores on speaker_batch(rows); a switch plants one
+    mistake."""
+    from gpt2lib.chapters.tuning import speaker_batch
+
+    idx, lengths, labels = speaker_batch(rows, pad_id)
+    if padding_pooled:
+        lengths = torch.full((len(rows),), idx.shape[1])
+    scores = model(idx, lengths)
+    return F.cross_entropy(scores.softmax(-1) if softmaxed else scores, labels, reduction=reduction)
+
+
+CLASS_LOSS_MISTAKES = [
+    core.Mistake(
+        "softmax first",
+        "you applied softmax before F.cross_entropy, which takes raw scores "
+        "(logits) and does the log-softmax itself",
+        functools.partial(_class_loss, softmaxed=True),
+    ),
+    core.Mistake(
+        "sum",
+        "your loss is a sum over the batch: take the mean, so that the step size does "
+        "not grow with the batch",
+        functools.partial(_class_loss, reduction="sum"),
+    ),
+    core.Mistake(
+        "padding pooled",
+        "your model read the padding: pass each row's real lengths, not the "
+        "padded length, to the classifier",
+        functools.partial(_class_loss, padding_pooled=True),
+    ),
+]
+
+
+def check_classification_loss(classification_loss) -> None:
+    """`classification_loss(model, rows, pad_id)` -> the mean cross-entropy of the batch's scores."""
+    from gpt2lib.chapters.tuning import GPT2Classifier
+
+    for n_classes, rows in (
+        (3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
+        (4, [([1, 2], 3), ([3, 4, 5, 6], 0)]),
+    ):
+        model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
+        with torch.no_grad():
+            _judge(
+                EX_CLASS_LOSS,
+                core.call_learner(
+                    EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59
+                ),
+                _class_loss(model, rows, 59),
+                CLASS_LOSS_MISTAKES,
+                lambda m: m.fn(model, rows, 59),
+                "your loss differs from F.cross_entropy of the classifier's scores "
+                "on speaker_batch(rows, pad_id) and the labels",
+                what="your loss",
+            )
+    core.passed(EX_CLASS_LOSS)
+
+
+def _confusion_right(labels, predictions, n_classes):
+    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    for t, p in zip(labels.tolist(), predictions.tolist()):
+        counts[t, p] += 1
+    return counts
+
+
+CONFUSION_MISTAKES = [
+    core.Mistake(
+        "no accumulate",
+        "two speeches in the same cell were counted once: "
+        "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
+        "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
+        lambda t, p, n: torch.zeros(n, n, dtype=torch.long).index_put_((t, p), torch.tensor(1)),
+    ),
+    core.Mistake(
+        "transposed",
+        "your rows are the predictions: row = the true class, column = the classifier's answer",
+        lambda t, p, n: _confusion_right(t, p, n).T,
+    ),
+    core.Mistake(
+        "hits only",
+        "you counted only the right answers (the diagonal): every speech "
+        "counts once, in row t and column p",
+        lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n))),
+    ),
+]
+
+
+def check_confusion_counts(confusion_counts) -> None:
+    """`confusion_counts(labels (N,), predictions (N,), n)` -> (n, n) counts, row = true class."""
+    gen = torch.Generator().manual_seed(5)
+    for n, N in ((3, 20), (5, 40)):
+        labels = torch.randint(0, n, (N,), generator=gen)
+        predictions = torch.randint(0, n, (N,), generator=gen)
+        got = core.call_learner(
+            EX_CONFUSION, confusion_counts, labels.clone(), predictions.clone(), n
+        )
+        got = core.expect_tensor(EX_CONFUSION, got, (n, n), what="your counts").long()
+        if not torch.equal(got, _confusion_right(labels, predictions, n)):
+            core.fail_with(
+                EX_CONFUSION,
+                CONFUSION_MISTAKES,
+                lambda m: torch.equal(got, m.fn(labels, predictions, n)),
+                "your counts differ: entry [t, p] is the number of speeches of class t answered p",
+            )
+    core.passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
 
 
 # --------------------------------------------------------------------------- 10.2 collate
 
 
-def _collate_right(pairs, pad_id, mask_prompt=True, shift=0):
+def _collate_right(pairs, pad_id, mask_prompt=True, shift=0, pad_targets=False):
+    """inputs, targets of (prompt, response) pairs; the switches plant mistakes."""
     T = max(len(p) + len(r) for p, r in pairs) - 1
     inputs = torch.full((len(pairs), T), pad_id, dtype=torch.long)
-    targets = torch.full((len(pairs), T), IGNORE, dtype=torch.long)
+    targets = torch.full((len(pairs), T), pad_id if pad_targets else IGNORE, dtype=torch.long)
     for i, (p, r) in enumerate(pairs):
         tokens = list(p) + list(r)
         inputs[i, : len(tokens) - 1] = torch.tensor(tokens[:-1])
         targets[i, : len(tokens) - 1] = torch.tensor(tokens[1:])
         if mask_prompt:
             targets[i, : max(0, len(p) - 1 + shift)] = IGNORE
-    return inputs, targets
-
-
-def _pad_targets(pairs, pad_id):
-    inputs, targets = _collate_right(pairs, pad_id)
-    for i, (p, r) in enumerate(pairs):
-        targets[i, len(p) + len(r) - 1 :] = pad_id
     return inputs, targets
 
 
@@ -192,36 +352,35 @@ COLLATE_MISTAKES = [
         "padding as target",
         "the padding positions have pad_id as their target: the loss "
         "would teach the model to write padding; they must be IGNORE_INDEX",
-        _pad_targets,
+        lambda pairs, pad: _collate_right(pairs, pad, pad_targets=True),
     ),
 ]
 
 
 def _pairs_cases():
     gen = torch.Generator().manual_seed(1)
-    cases = []
-    for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6))):
-        cases.append(
-            [
-                (
-                    torch.randint(0, 90, (p,), generator=gen).tolist(),
-                    torch.randint(0, 90, (r,), generator=gen).tolist(),
-                )
-                for p, r in lengths
-            ]
-        )
-    return cases
+    return [
+        [
+            (
+                torch.randint(0, 90, (p,), generator=gen).tolist(),
+                torch.randint(0, 90, (r,), generator=gen).tolist(),
+            )
+            for p, r in lengths
+        ]
+        for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6)))
+    ]
 
 
 def check_collate(collate) -> None:
     """`collate(pairs, pad_id)` -> inputs (B, T), targets (B, T), as the exercise says."""
     pad_id = 99
+    need = functools.partial(_require, EX_COLLATE)
     for pairs in _pairs_cases():
         got = core.call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                EX_COLLATE, f"return two tensors, (inputs, targets); got {type(got).__name__}"
-            )
+        need(
+            isinstance(got, (tuple, list)) and len(got) == 2,
+            f"return two tensors, (inputs, targets); got {type(got).__name__}",
+        )
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
         hints = {
@@ -230,14 +389,15 @@ def check_collate(collate) -> None:
         }
         inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
-        if inputs.dtype.is_floating_point or targets.dtype.is_floating_point:
-            raise core.CheckFailed(EX_COLLATE, "token ids must be an integer tensor (torch.long)")
-        if not torch.equal(inputs, want[0]):
-            raise core.CheckFailed(
-                EX_COLLATE,
-                "your inputs differ: each row is prompt + response "
-                "without its last token, then pad_id up to the longest row",
-            )
+        need(
+            not (inputs.dtype.is_floating_point or targets.dtype.is_floating_point),
+            "token ids must be an integer tensor (torch.long)",
+        )
+        need(
+            torch.equal(inputs, want[0]),
+            "your inputs differ: each row is prompt + response "
+            "without its last token, then pad_id up to the longest row",
+        )
         if not torch.equal(targets, want[1]):
             core.fail_with(
                 EX_COLLATE,
@@ -249,22 +409,32 @@ def check_collate(collate) -> None:
     core.passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
 
 
-# --------------------------------------------------------------------------- 10.3 the loss
+# --------------------------------------------------------------------------- 10.3 the losses
+
+
+def _summed(logits, targets, over_all=False):
+    """The loss of the kept targets summed, or divided by every position (mistakes)."""
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    return total / targets.numel() if over_all else total
 
 
 LOSS_MISTAKES = [
-    core.Mistake(
-        "sum",
-        "your loss is a sum; take the mean over the kept targets",
-        lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum"),
-    ),
+    core.Mistake("sum", "your loss is a sum; take the mean over the kept targets", _summed),
     core.Mistake(
         "mean over all",
         "you average over every position, ignored ones included (as zeros): "
         "divide by the number of kept targets",
-        lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum") / t.numel(),
+        functools.partial(_summed, over_all=True),
     ),
 ]
+
+
+def _targets(gen, B, T, V, ignored):
+    """Random (B, T) targets; the first `ignored` of row 0 and the last ignored - 1 are IGNORE."""
+    targets = torch.randint(0, V, (B, T), generator=gen)
+    targets[0, :ignored] = IGNORE
+    targets[-1, -(ignored - 1) :] = IGNORE
+    return targets
 
 
 def check_masked_lm_loss(masked_lm_loss) -> None:
@@ -272,31 +442,60 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
     gen = torch.Generator().manual_seed(2)
     for B, T, V in ((2, 5, 7), (3, 4, 11)):
         logits = torch.randn(B, T, V, generator=gen)
-        targets = torch.randint(0, V, (B, T), generator=gen)
-        targets[0, :2] = IGNORE
-        targets[-1, -1] = IGNORE
-        got = core.call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone())
-        got = core.expect_tensor(
+        targets = _targets(gen, B, T, V, 2)
+        keep = targets != IGNORE
+        _judge(
             EX_LOSS,
-            got,
-            (),
+            core.call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone()),
+            F.cross_entropy(logits[keep], targets[keep]),
+            LOSS_MISTAKES,
+            lambda m: m.fn(logits, targets),
+            "your loss differs from the mean cross-entropy over the targets that are "
+            "not IGNORE_INDEX",
             what="your loss",
             hints={(B * T,): "return one number: the mean, not one loss per position"},
         )
-        keep = targets != IGNORE
-        want = F.cross_entropy(logits[keep], targets[keep])
-        if not core.close(got, want, atol=1e-5):
-            core.fail_with(
-                EX_LOSS,
-                LOSS_MISTAKES,
-                lambda m: core.close(got, m.fn(logits, targets)),
-                "your loss differs from the mean cross-entropy over the targets that are "
-                "not IGNORE_INDEX",
-            )
     core.passed(EX_LOSS)
 
 
-# --------------------------------------------------------------------------- 10.4 by position
+RESPONSE_MISTAKES = [
+    core.Mistake(
+        "sum",
+        "your loss is a sum; take the mean over the kept targets",
+        lambda gpt, inputs, targets: _summed(gpt(inputs), targets),
+    ),
+    core.Mistake(
+        "mean over all",
+        "you divided by every position, ignored ones included: divide by "
+        "the number of kept targets",
+        lambda gpt, inputs, targets: _summed(gpt(inputs), targets, over_all=True),
+    ),
+]
+
+
+def check_response_loss(response_loss) -> None:
+    """`response_loss(gpt, inputs (B, T), targets (B, T))` = masked_lm_loss(gpt(inputs), targets)."""
+    gen = torch.Generator().manual_seed(6)
+    for B, T in ((2, 6), (3, 5)):
+        gpt = _tiny_gpt(seed=B)
+        inputs = torch.randint(0, 60, (B, T), generator=gen)
+        targets = _targets(gen, B, T, 60, 3)
+        keep = targets != IGNORE
+        with torch.no_grad():
+            _judge(
+                EX_RESPONSE,
+                core.call_learner(EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone()),
+                F.cross_entropy(gpt(inputs)[keep], targets[keep]),
+                RESPONSE_MISTAKES,
+                lambda m: m.fn(gpt, inputs, targets),
+                "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
+                "of hidden_states at the kept positions, scored against their targets",
+                what="your loss",
+            )
+    core.passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
+
+
+# --------------------------------------------------------------------------- 10.4 losses, replies
 
 
 def _by_position(gpt, pairs, pad_id, positions, shift=0):
@@ -322,44 +521,112 @@ POSITION_MISTAKES = [
 ]
 
 
+def _same_with_nan(a, b) -> bool:
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and core.close(
+        torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0), atol=1e-5
+    )
+
+
 def check_loss_by_position(loss_by_position) -> None:
     """`loss_by_position(gpt, pairs, pad_id, positions)` -> (positions,) mean loss per reply position."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(0)
-    gpt = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=100)).eval()
-    pad = 99
-    for pairs, positions in ((_pairs_cases()[0], 4), (_pairs_cases()[1], 8)):
+    gpt = core.tiny_gpt2(0, n_positions=32, vocab_size=100)
+    for pairs, positions in zip(_pairs_cases(), (4, 8)):
         got = core.call_learner(
             EX_POSITION,
             loss_by_position,
             gpt,
             [(list(p), list(r)) for p, r in pairs],
-            pad,
+            99,
             positions,
         )
-        want = _by_position(gpt, pairs, pad, positions)
         got = core.expect_tensor(EX_POSITION, got, (positions,), what="your losses", finite=False)
-        same = torch.equal(torch.isnan(got), torch.isnan(want)) and core.close(
-            torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0), atol=1e-5
-        )
-        if not same:
-
-            def matches(m):
-                other = m.fn(gpt, pairs, pad, positions)
-                return torch.equal(torch.isnan(got), torch.isnan(other)) and core.close(
-                    torch.nan_to_num(got, nan=0.0), torch.nan_to_num(other, nan=0.0), atol=1e-5
-                )
-
+        if not _same_with_nan(got, _by_position(gpt, pairs, 99, positions)):
             core.fail_with(
                 EX_POSITION,
                 POSITION_MISTAKES,
-                matches,
+                lambda m: _same_with_nan(got, m.fn(gpt, pairs, 99, positions)),
                 "your losses differ from the mean over the pairs of the loss at each reply "
                 "position (NaN where no reply is that long)",
             )
     core.passed(EX_POSITION)
+
+
+def _reply(keep_prompt=False, cut=True, crop=True):
+    """A write_reply; the right one by default, each argument plants one mistake."""
+
+    def write_reply(gpt, prompt, new_tokens=30):
+        from gpt2lib.generation import generate
+        from gpt2lib.tokenizer import get_encoding
+
+        enc = get_encoding()
+        ids = torch.tensor([enc.encode(prompt)])
+        if crop:
+            new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
+        out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
+        out = out if keep_prompt else out[ids.shape[1] :]
+        if cut and enc.eot_token in out:
+            out = out[: out.index(enc.eot_token)]
+        return enc.decode(out).strip()
+
+    return write_reply
+
+
+reference_write_reply = _reply()
+
+REPLY_MISTAKES = [
+    core.Mistake(
+        "prompt kept",
+        "your reply starts with the prompt: return only the new tokens, those "
+        "after the prompt's length",
+        _reply(keep_prompt=True),
+    ),
+    core.Mistake(
+        "not cut",
+        "your reply runs past <|endoftext|>: cut the new tokens before the first "
+        "PAD, where the model ended its reply",
+        _reply(cut=False),
+    ),
+]
+
+
+def _eot_model():
+    """A tiny GPT2 whose every next token is <|endoftext|>: the tied readout sees only that row."""
+    gpt = _tiny_gpt(vocab_size=50257)
+    with torch.no_grad():
+        gpt.ln_f.weight.zero_()
+        gpt.ln_f.bias.fill_(1.0)  # every final state is all ones
+        gpt.wte.weight.zero_()
+        gpt.wte.weight[50256] = 1.0  # so <|endoftext|> scores n_embd, every other token 0
+    return gpt
+
+
+def check_write_reply(write_reply) -> None:
+    """`write_reply(gpt, prompt, new_tokens)` -> the greedy reply's text, cut at <|endoftext|>."""
+    prompt = "ROMEO:\nBut soft, what light"  # 9 tokens; the tiny models' context is 16
+    model = _tiny_gpt(seed=1, vocab_size=50257)
+    for gpt, new_tokens in [(model, 5), (_eot_model(), 8), (model, 30)]:
+        try:
+            got = core.call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
+        except ValueError:  # generate refuses a prompt and new tokens longer than the context
+            raise core.CheckFailed(
+                EX_REPLY,
+                "with a prompt near the end of the context, ask generate for "
+                "no more tokens than fit: n_positions - the prompt's length",
+            ) from None
+        _require(
+            EX_REPLY,
+            isinstance(got, str),
+            f"return the reply as text (a str), not {type(got).__name__}",
+        )
+        want = reference_write_reply(gpt, prompt, new_tokens)
+        if got != want:
+            core.fail_with(
+                EX_REPLY,
+                REPLY_MISTAKES,
+                lambda m: got == m.fn(gpt, prompt, new_tokens),
+                f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}",
+            )
+    core.passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
 
 
 # --------------------------------------------------------------------------- 10.5 LoRA
@@ -377,8 +644,7 @@ class _Conv1D(nn.Module):
 
 def _lora_out(layer, x, scale, drop_out=False, no_dropout=False):
     A, B = layer.lora_A.weight, layer.lora_B.weight
-    h = x if no_dropout else layer.lora_dropout(x)
-    update = h @ A.T @ B.T
+    update = (x if no_dropout else layer.lora_dropout(x)) @ A.T @ B.T
     if drop_out:
         update = layer.lora_dropout(x @ A.T @ B.T)
     return layer.base(x) + update * scale
@@ -436,7 +702,6 @@ def _lora_init(a_zero=False, b_random=False, dropout_kept=True):
     return Wrong
 
 
-# LoRALinear classes with a planted mistake in __init__
 LORA_INIT_MISTAKES = [
     core.Mistake(
         "both zero",
@@ -460,19 +725,18 @@ LORA_INIT_MISTAKES = [
 
 
 def _check_lora_init(layer, dropout) -> None:
-    a, b = layer.lora_A.weight, layer.lora_B.weight
-    a_zero, b_zero = not bool(a.any()), not bool(b.any())
-    if a_zero and b_zero:
-        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "both zero").message)
+    need = functools.partial(_require, EX_LORA)
+    for part in ("lora_A", "lora_B", "lora_dropout", "base"):
+        need(hasattr(layer, part), f"your layer has no {part}; keep the names of __init__")
+    a_zero, b_zero = not bool(layer.lora_A.weight.any()), not bool(layer.lora_B.weight.any())
     if a_zero:
-        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "A and B swapped").message)
-    if not b_zero:
         raise core.CheckFailed(
-            EX_LORA, "lora_B must start at zero, so that training starts at base(x)"
+            EX_LORA,
+            core.named(LORA_INIT_MISTAKES, "both zero" if b_zero else "A and B swapped").message,
         )
+    need(b_zero, "lora_B must start at zero, so that training starts at base(x)")
     p = getattr(layer.lora_dropout, "p", 0.0)  # nn.Identity stands for no dropout
-    if p != dropout:
-        raise core.CheckFailed(EX_LORA, core.named(LORA_INIT_MISTAKES, "dropout dropped").message)
+    need(p == dropout, core.named(LORA_INIT_MISTAKES, "dropout dropped").message)
 
 
 def check_lora_linear(LoRALinear) -> None:
@@ -481,18 +745,16 @@ def check_lora_linear(LoRALinear) -> None:
     for n_in, n_out, rank, alpha, dropout in ((6, 10, 2, 4.0, 0.0), (8, 5, 3, 6.0, 0.5)):
         base = _Conv1D(n_in, n_out, gen)
         layer = core.call_learner(EX_LORA, LoRALinear, base, rank, alpha, dropout)
-        for part in ("lora_A", "lora_B", "lora_dropout", "base"):
-            if not hasattr(layer, part):
-                raise core.CheckFailed(
-                    EX_LORA, f"your layer has no {part}; keep the names of __init__"
-                )
         _check_lora_init(layer, dropout)
         x = torch.randn(2, 3, n_in, generator=gen)
         with torch.no_grad():
             start = core.call_learner(EX_LORA, layer, x)
         if not core.close(start, base(x), atol=1e-6):
-            if core.close(start, torch.zeros_like(start), atol=1e-6):
-                raise core.CheckFailed(EX_LORA, core.named(LORA_MISTAKES, "base missing").message)
+            _require(
+                EX_LORA,
+                not core.close(start, torch.zeros_like(start), atol=1e-6),
+                core.named(LORA_MISTAKES, "base missing").message,
+            )
             raise core.CheckFailed(
                 EX_LORA,
                 "with lora_B at zero your layer should compute exactly "
@@ -502,60 +764,49 @@ def check_lora_linear(LoRALinear) -> None:
             layer.lora_B.weight.normal_(generator=gen)
         for mode in ("eval", "train") if dropout else ("eval",):
             layer.train(mode == "train")
-            got = core.seeded_call(layer, x)
-            got = core.expect_tensor(EX_LORA, got, (2, 3, n_out), what=f"your output ({mode} mode)")
-            want = core.seeded_call(lambda: _lora_out(layer, x, alpha / rank))
-            if not core.close(got, want, atol=1e-5):
-                core.fail_with(
-                    EX_LORA,
-                    LORA_MISTAKES,
-                    lambda m: core.close(got, core.seeded_call(lambda: m.fn(layer, x)), atol=1e-5),
-                    f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
-                    f"alpha / rank ({mode} mode)",
-                )
+            _judge(
+                EX_LORA,
+                core.seeded_call(layer, x),
+                core.seeded_call(lambda: _lora_out(layer, x, alpha / rank)),
+                LORA_MISTAKES,
+                lambda m: core.seeded_call(lambda: m.fn(layer, x)),
+                f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
+                f"alpha / rank ({mode} mode)",
+                what=f"your output ({mode} mode)",
+            )
         layer.eval()
     core.passed(EX_LORA, "zero at the start, scaled by alpha / rank, dropout on the input only")
 
 
 def check_add_adapters(add_adapters, LoRALinear) -> None:
     """`add_adapters(model, names, rank, alpha, dropout)` swaps each named layer for a LoRALinear."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=50)).eval()
+    model = core.tiny_gpt2(0, n_layer=2)
     names = ["h.0.attn.c_attn", "h.1.mlp.c_fc"]
     bases = {n: model.get_submodule(n) for n in names}
     idx = torch.randint(0, 50, (2, 6))
     before = model(idx)
     got = core.call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
-    if got is not model:
-        raise core.CheckFailed(EX_ADD, "change the model in place and return it")
+    need = functools.partial(_require, EX_ADD)
+    need(got is model, "change the model in place and return it")
     for name in names:
         layer = model.get_submodule(name)
-        if not isinstance(layer, LoRALinear):
-            raise core.CheckFailed(
-                EX_ADD,
-                f"model.{name} is a {type(layer).__name__}, not a "
-                "LoRALinear: use model.set_submodule(name, ...)",
-            )
-        if layer.base is not bases[name]:
-            raise core.CheckFailed(
-                EX_ADD,
-                f"the LoRALinear at {name} must wrap the layer that was "
-                "there (its trained weights), not a new one",
-            )
-    others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
-    if others:
-        raise core.CheckFailed(
-            EX_ADD, f"only the named layers get adapters; you also changed {others}"
+        need(
+            isinstance(layer, LoRALinear),
+            f"model.{name} is a {type(layer).__name__}, not a "
+            "LoRALinear: use model.set_submodule(name, ...)",
         )
-    if not core.close(model(idx), before, atol=1e-6):
-        raise core.CheckFailed(EX_ADD, "the model's logits changed: new adapters start at zero")
+        need(
+            layer.base is bases[name],
+            f"the LoRALinear at {name} must wrap the layer that was "
+            "there (its trained weights), not a new one",
+        )
+    others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
+    need(not others, f"only the named layers get adapters; you also changed {others}")
+    need(
+        core.close(model(idx), before, atol=1e-6),
+        "the model's logits changed: new adapters start at zero",
+    )
     core.passed(EX_ADD)
-
-
-# --------------------------------------------------------------------------- 10.6 merge
 
 
 MERGE_MISTAKES = [
@@ -579,10 +830,10 @@ MERGE_MISTAKES = [
 
 def check_merged_weight(merged_weight, LoRALinear) -> None:
     """`merged_weight(layer)` -> the [in, out] weight W with x @ W + b == layer(x)."""
+    from gpt2lib.chapters.tuning import LoRALinear as Reference
+
     gen = torch.Generator().manual_seed(4)
     for n_in, n_out, rank in ((6, 10, 2), (9, 4, 3)):
-        from gpt2lib.chapters.tuning import LoRALinear as Reference
-
         layer = Reference(_Conv1D(n_in, n_out, gen), rank, 2.0 * rank + 1)
         with torch.no_grad():
             layer.lora_B.weight.normal_(generator=gen)
@@ -610,27 +861,19 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
     core.passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
 
 
-# --------------------------------------------------------------------------- 10.7 count
-
-
-def _count(config, rank, targets):
+def reference_lora_parameter_count(config, rank, targets):
+    """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block."""
     C = config.n_embd
-    shapes = {"c_attn": (C, 3 * C), "c_proj": (C, C), "c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
-    total = 0
-    for t in targets:
-        if t == "c_proj":  # attention's and the MLP's
-            total += rank * (C + C) + rank * (4 * C + C)
-        else:
-            n_in, n_out = shapes[t]
-            total += rank * (n_in + n_out)
-    return total * config.n_layer
+    # rank * (n_in + n_out) per adapter; 'c_proj' names attention's and the MLP's
+    sizes = {"c_attn": C + 3 * C, "c_fc": C + 4 * C, "c_proj": (C + C) + (4 * C + C)}
+    return config.n_layer * rank * sum(sizes[t] for t in targets)
 
 
 COUNT_MISTAKES = [
     core.Mistake(
         "one layer",
         "you counted one block; every block has these layers (n_layer of them)",
-        lambda c, r, t: _count(c, r, t) // c.n_layer,
+        lambda c, r, t: reference_lora_parameter_count(c, r, t) // c.n_layer,
     ),
     core.Mistake(
         "full matrix",
@@ -643,7 +886,9 @@ COUNT_MISTAKES = [
     core.Mistake(
         "c_attn as C x C",
         "c_attn maps C to 3C (queries, keys and values at once)",
-        lambda c, r, t: _count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t),
+        lambda c, r, t: (
+            reference_lora_parameter_count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t)
+        ),
     ),
 ]
 
@@ -651,45 +896,35 @@ COUNT_MISTAKES = [
 def check_lora_parameter_count(lora_parameter_count) -> None:
     """`lora_parameter_count(config, rank, targets)` -> parameters the adapters add."""
     from gpt2lib.chapters.config import GPT2Config
+    from gpt2lib.chapters.model import count_gpt2_parameters  # chapter 6's count (6.5)
 
-    cases = [
+    def counts(got, want):
+        return isinstance(got, (int, torch.Tensor)) and int(got) == want
+
+    for config, rank, targets in [
         (GPT2Config(), 8, ("c_attn",)),
         (GPT2Config(n_layer=3, n_head=2, n_embd=32), 4, ("c_attn", "c_fc")),
         (GPT2Config(n_layer=2, n_head=2, n_embd=16), 2, ("c_attn", "c_proj", "c_fc")),
-    ]
-    for config, rank, targets in cases:
+    ]:
         got = core.call_learner(EX_COUNT, lora_parameter_count, config, rank, targets)
-        want = _count(config, rank, targets)
-        if not isinstance(got, (int, torch.Tensor)) or int(got) != want:
+        want = reference_lora_parameter_count(config, rank, targets)
+        if not counts(got, want):
             core.fail_with(
                 EX_COUNT,
                 COUNT_MISTAKES,
-                lambda m: (
-                    isinstance(got, (int, torch.Tensor)) and int(got) == m.fn(config, rank, targets)
-                ),
+                lambda m: counts(got, m.fn(config, rank, targets)),
                 f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
                 f"targets={targets} the adapters add {want:,} parameters; you said {got!r}",
             )
-    from gpt2lib.chapters.model import count_gpt2_parameters  # chapter 6's count (6.5)
-
-    small = GPT2Config()
-    added = _count(small, 8, ("c_attn",))
+    added = reference_lora_parameter_count(GPT2Config(), 8, ("c_attn",))
     core.passed(
         EX_COUNT,
         f"GPT-2 small, rank 8 on c_attn: {added:,} parameters, "
-        f"{added / count_gpt2_parameters(small):.3%} of the model's",
+        f"{added / count_gpt2_parameters(GPT2Config()):.3%} of the model's",
     )
 
 
-def reference_lora_parameter_count(config, rank, targets):
-    """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block."""
-    return _count(config, rank, targets)
-
-
 # --------------------------------------------------------------------------- 10.9b frozen table
-
-
-EX_FROZEN = "Exercise 10.9b (full fine-tuning, token table frozen)"
 
 
 class _NotAnswered:
@@ -703,10 +938,8 @@ NOT_ANSWERED = _NotAnswered()
 
 
 def _placeholders(*names: str) -> None:
-    """In a notebook, give each name an exercise's answer defines a placeholder (unless it is
-    already set), so that its check cell, `check_frozen_table(frozen, base_model)`, says "not
-    done yet" like every other check instead of raising NameError before the check runs.
-    Runs when the chapter imports this module; outside IPython it does nothing."""
+    """In an IPython kernel, set each unset name to NOT_ANSWERED, so that a check cell run before
+    its exercise says "not done yet" instead of raising NameError."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:
@@ -719,8 +952,6 @@ _placeholders("frozen")
 
 def _trained_copy(base, moved=lambda name: True, in_place=False):
     """A classifier on `base` (or a copy) whose parameters named by `moved` were nudged."""
-    import copy
-
     gpt = base if in_place else copy.deepcopy(base)
     with torch.no_grad():
         for name, p in gpt.named_parameters():
@@ -765,32 +996,28 @@ def check_frozen_table(model, base) -> None:
             "line with your code, run that cell, then run this check again.",
         )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
-    if gpt is None or not isinstance(head, nn.Linear):
-        raise core.CheckFailed(
-            EX_FROZEN,
-            "frozen should be a classifier (classifier(gpt, n_classes)) "
-            f"after training; got {type(model).__name__}",
-        )
-    if gpt is base:
-        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[1].message)
+    need = functools.partial(_require, EX_FROZEN)
+    need(
+        gpt is not None and isinstance(head, nn.Linear),
+        "frozen should be a classifier (classifier(gpt, n_classes)) "
+        f"after training; got {type(model).__name__}",
+    )
+    need(gpt is not base, FROZEN_MISTAKES[1].message)
     reference = dict(base.named_parameters())
     still = [
         n for n, p in gpt.named_parameters() if n in reference and torch.equal(p, reference[n])
     ]
-    if "wte.weight" not in still:
-        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[0].message)
-    if len(still) == len(reference):
-        raise core.CheckFailed(EX_FROZEN, FROZEN_MISTAKES[2].message)
-    if len(still) > 1:
-        raise core.CheckFailed(
-            EX_FROZEN,
-            f"{FROZEN_MISTAKES[3].message}; these did not move: "
-            f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
-        )
+    need("wte.weight" in still, FROZEN_MISTAKES[0].message)
+    need(len(still) < len(reference), FROZEN_MISTAKES[2].message)
+    need(
+        len(still) == 1,
+        f"{FROZEN_MISTAKES[3].message}; these did not move: "
+        f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
+    )
     core.passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
 
 
-# --------------------------------------------------------------------------- 10.10 rank
+# --------------------------------------------------------------------------- 10.10 rank, challenge
 
 
 def _rank_right(ranks):
@@ -827,36 +1054,44 @@ RANK_MISTAKES = [
 def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     """`results`: one (rank, share of parameters trained, response-loss drop) per rank."""
     ranks = tuple(ranks)
-    rows = list(results) if isinstance(results, (list, tuple)) else None
-    if (
-        rows is None
-        or len(rows) != len(ranks)
-        or any(not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows)
-    ):
-        core.fail_with(
-            EX_RANK,
-            RANK_MISTAKES,
-            lambda m: False,
-            "measure every rank in RANKS, one result each, in that order: "
-            f"{len(ranks)} tuples (rank, share, drop); got {results!r}",
-        )
-    if tuple(r for r, _, _ in rows) != ranks:
-        raise core.CheckFailed(
-            EX_RANK,
-            f"the ranks measured are {[r for r, _, _ in rows]}; "
-            f"measure RANKS = {list(ranks)}, in that order",
-        )
+    rows = list(results) if isinstance(results, (list, tuple)) else []
+    need = functools.partial(_require, EX_RANK)
+    need(
+        len(rows) == len(ranks) and all(isinstance(r, (list, tuple)) and len(r) == 3 for r in rows),
+        f"{RANK_MISTAKES[2].message}: {len(ranks)} tuples (rank, share, drop); got {results!r}",
+    )
+    need(
+        tuple(r for r, _, _ in rows) == ranks,
+        f"the ranks measured are {[r for r, _, _ in rows]}; "
+        f"measure RANKS = {list(ranks)}, in that order",
+    )
     shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
-    if any(not 0 < s < 1 for s in shares):
-        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[1].message)
-    if any(b <= a for a, b in zip(shares, shares[1:])):
-        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[3].message)
-    if any(d != d for d in drops) or any(d <= 0 for d in drops):
-        raise core.CheckFailed(EX_RANK, RANK_MISTAKES[0].message)
+    need(all(0 < s < 1 for s in shares), RANK_MISTAKES[1].message)
+    need(all(b > a for a, b in zip(shares, shares[1:])), RANK_MISTAKES[3].message)
+    need(all(d == d and d > 0 for d in drops), RANK_MISTAKES[0].message)
     core.passed(
         EX_RANK,
         f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
         f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop",
+    )
+
+
+def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
+    """The challenge: LoRA training under 2% of the parameters lowers the loss by `goal_nats`."""
+    name = "Challenge 10"
+    need = functools.partial(_require, name)
+    need(
+        trainable_fraction < 0.02,
+        f"{100 * trainable_fraction:.2f}% of the parameters are trained; the goal allows under 2%",
+    )
+    need(
+        loss_drop >= goal_nats,
+        f"the response loss fell by {loss_drop:.3f} nats; the goal is {goal_nats} nats",
+    )
+    core.passed(
+        name,
+        f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
+        "parameters trained",
     )
 
 
@@ -870,368 +1105,8 @@ MISTAKES_BY_CHECK = {
     check_lora_parameter_count: COUNT_MISTAKES,
     check_rank_sweep: RANK_MISTAKES,
     check_frozen_table: FROZEN_MISTAKES,
+    check_classification_loss: CLASS_LOSS_MISTAKES,
+    check_confusion_counts: CONFUSION_MISTAKES,
+    check_response_loss: RESPONSE_MISTAKES,
+    check_write_reply: REPLY_MISTAKES,
 }
-
-
-# --------------------------------------------------------------------------- the challenge
-
-
-def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
-    """The open challenge: a LoRA responder, under 2% of the parameters trained, that lowers
-    the validation response loss by at least `goal_nats`."""
-    name = "Challenge 10"
-    if trainable_fraction >= 0.02:
-        raise core.CheckFailed(
-            name,
-            f"{100 * trainable_fraction:.2f}% of the parameters are "
-            "trained; the goal allows under 2%",
-        )
-    if loss_drop < goal_nats:
-        raise core.CheckFailed(
-            name, f"the response loss fell by {loss_drop:.3f} nats; the goal is {goal_nats} nats"
-        )
-    core.passed(
-        name,
-        f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
-        "parameters trained",
-    )
-
-
-# --------------------------------------------------------------------------- 10.1 the classifier, its loss
-
-
-EX_CLASSIFIER = "Exercise 10.1 (GPT2Classifier)"
-EX_CLASS_LOSS = "Exercise 10.1 (classification_loss)"
-EX_CONFUSION = "Exercise 10.1b (confusion_counts)"
-
-
-def _tiny_gpt(seed=0, vocab_size=60):
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(seed)
-    return GPT2(
-        GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=16, vocab_size=vocab_size)
-    ).eval()
-
-
-def check_classifier(GPT2Classifier, hidden_states) -> None:
-    """`GPT2Classifier(gpt, n_classes)(idx, lengths)` = a linear head on the masked mean state."""
-    from gpt2lib.chapters.tuning import hidden_states as reference_states
-
-    gen = torch.Generator().manual_seed(4)
-    for n_classes in (3, 5):
-        gpt = _tiny_gpt()
-        model = core.call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
-        head = getattr(model, "head", None)
-        if getattr(model, "gpt", None) is not gpt or not isinstance(head, nn.Linear):
-            raise core.CheckFailed(
-                EX_CLASSIFIER, "keep the body as self.gpt and the head as self.head, an nn.Linear"
-            )
-        if (head.in_features, head.out_features) != (gpt.config.n_embd, n_classes):
-            raise core.CheckFailed(
-                EX_CLASSIFIER,
-                f"your head maps {head.in_features} -> {head.out_features}: "
-                f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
-                f"and gives one score per class ({n_classes})",
-            )
-        idx = torch.randint(0, 60, (3, 7), generator=gen)
-        lengths = torch.tensor([7, 4, 2])
-        with torch.no_grad():
-            got = core.call_learner(EX_CLASSIFIER, model, idx, lengths)
-            got = core.expect_tensor(EX_CLASSIFIER, got, (3, n_classes), what="your scores")
-            want = head(_pool_right(reference_states(gpt, idx), lengths))
-            if not core.close(got, want, atol=1e-5):
-                last = head(reference_states(gpt, idx)[torch.arange(3), lengths - 1])
-                raise core.CheckFailed(
-                    EX_CLASSIFIER,
-                    "your forward reads the last real token: pool "
-                    "with pool_mean over the real tokens"
-                    if core.close(got, last, atol=1e-5)
-                    else "your scores differ from head(pool_mean(hidden_states(gpt, "
-                    "idx), lengths))",
-                )
-    core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
-
-
-def _class_loss_right(model, rows, pad_id):
-    from gpt2lib.chapters.tuning import speaker_batch
-
-    idx, lengths, labels = speaker_batch(rows, pad_id)
-    return F.cross_entropy(model(idx, lengths), labels)
-
-
-def _class_loss_softmaxed(model, rows, pad_id):
-    from gpt2lib.chapters.tuning import speaker_batch
-
-    idx, lengths, labels = speaker_batch(rows, pad_id)
-    return F.cross_entropy(model(idx, lengths).softmax(-1), labels)
-
-
-def _class_loss_summed(model, rows, pad_id):
-    from gpt2lib.chapters.tuning import speaker_batch
-
-    idx, lengths, labels = speaker_batch(rows, pad_id)
-    return F.cross_entropy(model(idx, lengths), labels, reduction="sum")
-
-
-def _class_loss_padding_pooled(model, rows, pad_id):
-    from gpt2lib.chapters.tuning import speaker_batch
-
-    idx, _, labels = speaker_batch(rows, pad_id)
-    return F.cross_entropy(model(idx, torch.full((len(rows),), idx.shape[1])), labels)
-
-
-CLASS_LOSS_MISTAKES = [
-    core.Mistake(
-        "softmax first",
-        "you applied softmax before F.cross_entropy, which takes raw scores "
-        "(logits) and does the log-softmax itself",
-        _class_loss_softmaxed,
-    ),
-    core.Mistake(
-        "sum",
-        "your loss is a sum over the batch: take the mean, so that the step size does "
-        "not grow with the batch",
-        _class_loss_summed,
-    ),
-    core.Mistake(
-        "padding pooled",
-        "your model read the padding: pass each row's real lengths, not the "
-        "padded length, to the classifier",
-        _class_loss_padding_pooled,
-    ),
-]
-
-
-def check_classification_loss(classification_loss) -> None:
-    """`classification_loss(model, rows, pad_id)` -> the mean cross-entropy of the batch's scores."""
-    from gpt2lib.chapters.tuning import GPT2Classifier
-
-    for n_classes, rows in (
-        (3, [([5, 6, 7], 1), ([8], 0), ([9, 10], 2)]),
-        (4, [([1, 2], 3), ([3, 4, 5, 6], 0)]),
-    ):
-        model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
-        with torch.no_grad():
-            got = core.call_learner(
-                EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59
-            )
-            got = core.expect_tensor(EX_CLASS_LOSS, got, (), what="your loss")
-            want = _class_loss_right(model, rows, 59)
-            if not core.close(got, want, atol=1e-5):
-                core.fail_with(
-                    EX_CLASS_LOSS,
-                    CLASS_LOSS_MISTAKES,
-                    lambda m: core.close(got, m.fn(model, rows, 59), atol=1e-5),
-                    "your loss differs from F.cross_entropy of the classifier's scores "
-                    "on speaker_batch(rows, pad_id) and the labels",
-                )
-    core.passed(EX_CLASS_LOSS)
-
-
-def _confusion_right(labels, predictions, n_classes):
-    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
-    for t, p in zip(labels.tolist(), predictions.tolist()):
-        counts[t, p] += 1
-    return counts
-
-
-def _confusion_no_accumulate(labels, predictions, n_classes):
-    counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
-    counts[labels, predictions] += 1
-    return counts
-
-
-CONFUSION_MISTAKES = [
-    core.Mistake(
-        "no accumulate",
-        "two speeches in the same cell were counted once: "
-        "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
-        "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
-        _confusion_no_accumulate,
-    ),
-    core.Mistake(
-        "transposed",
-        "your rows are the predictions: row = the true class, column = the classifier's answer",
-        lambda t, p, n: _confusion_right(t, p, n).T,
-    ),
-    core.Mistake(
-        "hits only",
-        "you counted only the right answers (the diagonal): every speech "
-        "counts once, in row t and column p",
-        lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n))),
-    ),
-]
-
-
-def check_confusion_counts(confusion_counts) -> None:
-    """`confusion_counts(labels (N,), predictions (N,), n)` -> (n, n) counts, row = true class."""
-    gen = torch.Generator().manual_seed(5)
-    for n, N in ((3, 20), (5, 40)):
-        labels = torch.randint(0, n, (N,), generator=gen)
-        predictions = torch.randint(0, n, (N,), generator=gen)
-        got = core.call_learner(
-            EX_CONFUSION, confusion_counts, labels.clone(), predictions.clone(), n
-        )
-        got = core.expect_tensor(EX_CONFUSION, got, (n, n), what="your counts")
-        want = _confusion_right(labels, predictions, n)
-        if not torch.equal(got.long(), want):
-            core.fail_with(
-                EX_CONFUSION,
-                CONFUSION_MISTAKES,
-                lambda m: torch.equal(got.long(), m.fn(labels, predictions, n)),
-                "your counts differ: entry [t, p] is the number of speeches of class t answered p",
-            )
-    core.passed(EX_CONFUSION, f"repeats add up; {N} speeches, {N} counts")
-
-
-MISTAKES_BY_CHECK.update(
-    {check_classification_loss: CLASS_LOSS_MISTAKES, check_confusion_counts: CONFUSION_MISTAKES}
-)
-
-
-EX_RESPONSE = "Exercise 10.3 (response_loss)"
-
-
-def _response_loss_summed(gpt, inputs, targets):
-    keep = targets != IGNORE
-    return F.cross_entropy(gpt(inputs)[keep], targets[keep], reduction="sum")
-
-
-def _response_loss_over_all(gpt, inputs, targets):
-    keep = targets != IGNORE
-    return F.cross_entropy(gpt(inputs)[keep], targets[keep], reduction="sum") / targets.numel()
-
-
-RESPONSE_MISTAKES = [
-    core.Mistake(
-        "sum", "your loss is a sum; take the mean over the kept targets", _response_loss_summed
-    ),
-    core.Mistake(
-        "mean over all",
-        "you divided by every position, ignored ones included: divide by "
-        "the number of kept targets",
-        _response_loss_over_all,
-    ),
-]
-
-
-def check_response_loss(response_loss) -> None:
-    """`response_loss(gpt, inputs, targets)` = masked_lm_loss(gpt(inputs), targets)."""
-    gen = torch.Generator().manual_seed(6)
-    for B, T in ((2, 6), (3, 5)):
-        gpt = _tiny_gpt(seed=B)
-        inputs = torch.randint(0, 60, (B, T), generator=gen)
-        targets = torch.randint(0, 60, (B, T), generator=gen)
-        targets[0, :3] = IGNORE
-        targets[-1, -2:] = IGNORE
-        with torch.no_grad():
-            got = core.call_learner(
-                EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone()
-            )
-            got = core.expect_tensor(EX_RESPONSE, got, (), what="your loss")
-            keep = targets != IGNORE
-            want = F.cross_entropy(gpt(inputs)[keep], targets[keep])
-            if not core.close(got, want, atol=1e-5):
-                core.fail_with(
-                    EX_RESPONSE,
-                    RESPONSE_MISTAKES,
-                    lambda m: core.close(got, m.fn(gpt, inputs, targets), atol=1e-5),
-                    "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
-                    "of hidden_states at the kept positions, scored against their targets",
-                )
-    core.passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
-
-
-MISTAKES_BY_CHECK[check_response_loss] = RESPONSE_MISTAKES
-
-
-# --------------------------------------------------------------------------- 10.4b writing a reply
-
-
-EX_REPLY = "Exercise 10.4b (write_reply)"
-
-
-def _reply(keep_prompt=False, cut=True, crop=True):
-    """A write_reply; the right one by default, each argument plants one mistake."""
-
-    def write_reply(gpt, prompt, new_tokens=30):
-        from gpt2lib.generation import generate
-        from gpt2lib.tokenizer import get_encoding
-
-        enc = get_encoding()
-        ids = torch.tensor([enc.encode(prompt)])
-        if crop:
-            new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
-        out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
-        out = out if keep_prompt else out[ids.shape[1] :]
-        if cut and enc.eot_token in out:
-            out = out[: out.index(enc.eot_token)]
-        return enc.decode(out).strip()
-
-    return write_reply
-
-
-reference_write_reply = _reply()
-
-REPLY_MISTAKES = [
-    core.Mistake(
-        "prompt kept",
-        "your reply starts with the prompt: return only the new tokens, those "
-        "after the prompt's length",
-        _reply(keep_prompt=True),
-    ),
-    core.Mistake(
-        "not cut",
-        "your reply runs past <|endoftext|>: cut the new tokens before the first "
-        "PAD, where the model ended its reply",
-        _reply(cut=False),
-    ),
-]
-
-
-def _eot_model():
-    """A tiny GPT2 whose every next token is <|endoftext|>: the tied readout sees only that row."""
-    gpt = _tiny_gpt(vocab_size=50257)
-    with torch.no_grad():
-        gpt.ln_f.weight.zero_()
-        gpt.ln_f.bias.fill_(1.0)  # every final state is all ones
-        gpt.wte.weight.zero_()
-        gpt.wte.weight[50256] = 1.0  # so <|endoftext|> scores n_embd, every other token 0
-    return gpt
-
-
-def check_write_reply(write_reply) -> None:
-    """`write_reply(gpt, prompt, new_tokens)` -> the greedy reply's text, cut at <|endoftext|>."""
-    prompt = "ROMEO:\nBut soft, what light"  # 9 tokens; the tiny models' context is 16
-    cases = [
-        (_tiny_gpt(seed=1, vocab_size=50257), 5),
-        (_eot_model(), 8),
-        (_tiny_gpt(seed=1, vocab_size=50257), 30),
-    ]
-    for gpt, new_tokens in cases:
-        try:
-            got = core.call_learner(EX_REPLY, write_reply, gpt, prompt, new_tokens)
-        except ValueError:  # generate refuses a prompt and new tokens longer than the context
-            raise core.CheckFailed(
-                EX_REPLY,
-                "with a prompt near the end of the context, ask generate for "
-                "no more tokens than fit: n_positions - the prompt's length",
-            ) from None
-        if not isinstance(got, str):
-            raise core.CheckFailed(
-                EX_REPLY, f"return the reply as text (a str), not {type(got).__name__}"
-            )
-        want = reference_write_reply(gpt, prompt, new_tokens)
-        if got != want:
-            core.fail_with(
-                EX_REPLY,
-                REPLY_MISTAKES,
-                lambda m: got == m.fn(gpt, prompt, new_tokens),
-                f"your reply {got[:60]!r} differs from the greedy one, {want[:60]!r}",
-            )
-    core.passed(EX_REPLY, "new tokens only, greedy, cut at <|endoftext|>, within the context")
-
-
-MISTAKES_BY_CHECK[check_write_reply] = REPLY_MISTAKES

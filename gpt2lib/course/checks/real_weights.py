@@ -1,18 +1,14 @@
-"""Checks for chapter 8's exercises: mapping a checkpoint onto the model, the logit lens, the
-previous-token and induction scores, the two copies' losses, zeroing heads, ablation effects,
-and the challenge (the head the copying needs most).
-
-Each check runs the learner's function on small made-up cases (attention patterns, a tiny
-random GPT-2), compares it with the right answer computed here, and when they differ names the
-mistake by comparing with the planted wrong versions below (one list of `Mistake` per
-exercise; the tests are parametrised over them). Written by hand.
-"""
+"""Checks for chapter 8's exercises: reading safetensors, mapping a checkpoint onto the model, the
+recording hooks, the logit lens, head scores, the copies' losses, ablations and the challenge."""
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 
 import torch
+import torch.nn.functional as F
 
 from gpt2lib.course.checks import _core as core
 
@@ -28,6 +24,43 @@ EX_ZERO = "Exercise 8.7 (zero_heads)"
 EX_EFFECTS = "Exercise 8.8 (mean_head_outputs, ablation_effects)"
 CH_HEAD = "Challenge (the head the copying needs most)"
 
+# the checks' GPT-2: 2 layers of 3 heads, width 12, 23 token ids, 16 positions
+_tiny = functools.partial(core.tiny_gpt2, n_layer=2, n_head=3, n_embd=12, vocab_size=23)
+
+
+def _require(exercise, ok, message) -> None:
+    if not ok:
+        raise core.CheckFailed(exercise, message)
+
+
+def _call(exercise, fn, *args, changed, watch=None):
+    """The learner's fn(*args); CheckFailed(changed) if it wrote to a tensor of `watch` (its
+    tensor arguments by default). `changed` may be a function that gives the message."""
+    watch = [a for a in args if isinstance(a, torch.Tensor)] if watch is None else watch
+    given = [t.clone() for t in watch]
+    got = core.call_learner(exercise, fn, *args)
+    if not all(torch.equal(t, g) for t, g in zip(watch, given)):
+        raise core.CheckFailed(exercise, changed() if callable(changed) else changed)
+    return got
+
+
+def _judge(exercise, got, want, mistakes, wrong, otherwise, *, what, hints=None, atol, rtol=1e-5):
+    """The learner's `got` as a tensor of want's shape and values (returned as float64); else the
+    first mistake m with wrong(m) close to it is named, or otherwise(got) said."""
+    got = core.expect_tensor(exercise, got, tuple(want.shape), what=what, hints=hints)
+    if not core.close(got, want, atol=atol, rtol=rtol):
+        core.fail_with(
+            exercise,
+            mistakes,
+            lambda m: core.close(got, wrong(m), atol=atol, rtol=rtol),
+            otherwise(got) if callable(otherwise) else otherwise,
+        )
+    return got
+
+
+def _rounded(t):
+    return [round(v, 4) for v in t.tolist()]
+
 
 # --------------------------------------------------------------------------- 8.0 reading the file
 
@@ -38,13 +71,12 @@ def _read_planted(
     """A safetensors reader with the mistakes switched on by name (the right one with none)."""
     import json
     import mmap
-    import struct
     import warnings
 
     from gpt2lib.validation import SAFETENSORS_DTYPES
 
     with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
+        header_len = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_len))
         header.pop("__metadata__", None)
         whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if mapped else None
@@ -72,18 +104,18 @@ READ_MISTAKES = [
         "the values are wrong although names, dtypes and shapes are right: data_offsets "
         "count from the end of the header, so a tensor starts at byte 8 + header length + "
         "its first offset",
-        lambda path, keep=None: _read_planted(path, keep, from_file_start=True),
+        functools.partial(_read_planted, from_file_start=True),
     ),
     core.Mistake(
         "keep ignored",
         "with keep=... you still yielded tensors that keep(name) refused; "
         "test each name before reading its bytes",
-        lambda path, keep=None: _read_planted(path, keep, ignore_keep=True),
+        functools.partial(_read_planted, ignore_keep=True),
     ),
     core.Mistake(
         "flat",
         "every tensor came back flat (1-D): view it with the shape from its header entry",
-        lambda path, keep=None: _read_planted(path, keep, flat=True),
+        functools.partial(_read_planted, flat=True),
     ),
     core.Mistake(
         "memory map",
@@ -91,28 +123,19 @@ READ_MISTAKES = [
         "are views of the file (a memory map), not tensors of their own; copy the bytes into "
         "fresh memory (this is what lets a new download replace the file under a loaded "
         "model)",
-        lambda path, keep=None: _read_planted(path, keep, mapped=True),
+        functools.partial(_read_planted, mapped=True),
     ),
 ]
 
 
 def _read_all(iter_safetensors, path, keep=None):
-    """{name: tensor} from the learner's reader, its stub turned into NotDoneYet."""
-    try:
-        return dict(core.call_learner(EX_READ, iter_safetensors, path, keep=keep))
-    except NotImplementedError:
-        raise core.NotDoneYet(
-            EX_READ,
-            "not done yet: replace the `raise NotImplementedError(...)` "
-            "line with your code, run that cell, then run this check "
-            "again.",
-        ) from None
+    """{name: tensor} from the learner's reader (a generator's stub raises only once read)."""
+    tensors = core.call_learner(EX_READ, iter_safetensors, path, keep=keep)
+    return core.call_learner(EX_READ, dict, tensors)
 
 
 def check_iter_safetensors(iter_safetensors) -> None:
-    """Reads a file with four dtypes and a metadata entry, with and without `keep`, and again
-    after the file's bytes were overwritten (a memory map would see the new bytes)."""
-    __tracebackhide__ = True
+    """Exercise 8.0: `iter_safetensors(path, keep=None)` yields (name, tensor) of its own memory."""
     import tempfile
     from pathlib import Path
 
@@ -125,658 +148,61 @@ def check_iter_safetensors(iter_safetensors) -> None:
         "count": torch.arange(6).view(2, 3),
         "ln.bias": torch.randn(4).bfloat16(),
     }
+    need = functools.partial(_require, EX_READ)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.safetensors"
         save_file(tensors, str(path), metadata={"format": "pt"})
         want = load_file(str(path))
         got = _read_all(iter_safetensors, path)
-        if "__metadata__" in got:
-            raise core.CheckFailed(
-                EX_READ,
-                "you yielded the header's __metadata__ entry: it describes "
-                "the file and holds no tensor; leave it out",
-            )
-        if set(got) != set(want):
-            raise core.CheckFailed(
-                EX_READ, f"names read: {sorted(got)}; the file holds {sorted(want)}"
-            )
-        for name, tensor in got.items():
-            if not isinstance(tensor, torch.Tensor):
-                raise core.CheckFailed(
-                    EX_READ, f"{name}: yield (name, tensor) pairs, not {type(tensor).__name__}"
-                )
-            if tensor.dtype != want[name].dtype:
-                raise core.CheckFailed(
-                    EX_READ,
-                    f"{name} came back as {tensor.dtype}, the file stores "
-                    f"{want[name].dtype}: take the dtype from its header entry",
-                )
-        mistake = core.first_mistake(
-            READ_MISTAKES,
-            lambda m: all(
-                torch.equal(got[n].view(-1), t.view(-1)) and got[n].shape == t.shape
-                for n, t in dict(m.fn(path)).items()
-            ),
+        need(
+            "__metadata__" not in got,
+            "you yielded the header's __metadata__ entry: it describes "
+            "the file and holds no tensor; leave it out",
         )
+        need(set(got) == set(want), f"names read: {sorted(got)}; the file holds {sorted(want)}")
         for name, tensor in got.items():
-            if tuple(tensor.shape) != tuple(want[name].shape) or not torch.equal(
-                tensor, want[name]
-            ):
-                if mistake is not None:
-                    raise core.CheckFailed(EX_READ, mistake.message)
-                raise core.CheckFailed(
+            need(
+                isinstance(tensor, torch.Tensor),
+                f"{name}: yield (name, tensor) pairs, not {type(tensor).__name__}",
+            )
+            need(
+                tensor.dtype == want[name].dtype,
+                f"{name} came back as {tensor.dtype}, the file stores "
+                f"{want[name].dtype}: take the dtype from its header entry",
+            )
+        for name, tensor in got.items():
+            if tensor.shape != want[name].shape or not torch.equal(tensor, want[name]):
+                core.fail_with(
                     EX_READ,
+                    READ_MISTAKES,
+                    lambda m: all(
+                        torch.equal(got[n].view(-1), t.view(-1)) and got[n].shape == t.shape
+                        for n, t in dict(m.fn(path)).items()
+                    ),
                     f"{name}: the shape or values differ from the file's "
                     f"(shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})",
                 )
         kept = _read_all(iter_safetensors, path, keep=lambda n: n.startswith("h."))
-        if set(kept) != {"h.0.attn.c_attn.weight"}:
-            raise core.CheckFailed(
-                EX_READ,
-                core.named(READ_MISTAKES, "keep ignored").message
-                + f" (with keep, you yielded {sorted(kept)})",
-            )
+        need(
+            set(kept) == {"h.0.attn.c_attn.weight"},
+            core.named(READ_MISTAKES, "keep ignored").message
+            + f" (with keep, you yielded {sorted(kept)})",
+        )
         before = {n: t.clone() for n, t in got.items()}
         with open(path, "r+b") as f:  # same layout, every tensor's bytes set to zero
             size = path.stat().st_size
             f.seek(8 + int.from_bytes(path.read_bytes()[:8], "little"))
             f.write(bytes(size - f.tell()))
-        if any(not torch.equal(got[n], before[n]) for n in got):
-            raise core.CheckFailed(EX_READ, core.named(READ_MISTAKES, "memory map").message)
+        need(
+            all(torch.equal(got[n], before[n]) for n in got),
+            core.named(READ_MISTAKES, "memory map").message,
+        )
     core.passed(
         EX_READ, "four dtypes, the metadata left out, keep honoured, and tensors of their own"
     )
 
 
-# --------------------------------------------------------------------------- 8.1 induction score
-
-
-def _induction_right(pattern, L):
-    """For query q in the second copy (L + 1 .. 2L), the attention to key q - L + 1."""
-    q = torch.arange(L + 1, 2 * L + 1)
-    return pattern[:, :, q, q - L + 1].mean(dim=(0, -1))  # (nh,)
-
-
-def _second_copy(pattern, L, offset):
-    q = torch.arange(L + 1, 2 * L + 1)
-    return pattern[:, :, q, q - offset]  # (B, nh, L)
-
-
-INDUCTION_MISTAKES = [
-    core.Mistake(
-        "same_token",
-        "you score the attention to the earlier copy of the *same* token "
-        "(key q - seq_len). An induction head attends to the token *after* it: key "
-        "q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, L).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "two_after",
-        "off by one the other way: key q - seq_len + 2 is two tokens after the "
-        "earlier copy; the induction key is q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, L - 2).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "previous_token",
-        "this is the attention to the previous token (key q - 1), the "
-        "previous-token score; the induction key is q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, 1).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "whole_stripe",
-        "you average the whole stripe key = q - seq_len + 1, including "
-        "queries of the first copy (where there is nothing to repeat yet); average over the "
-        "seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
-        lambda p, L: p.diagonal(offset=-(L - 1), dim1=-2, dim2=-1).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "transposed",
-        "rows are queries and columns keys: pattern[..., q, k]. You read "
-        "pattern[..., k, q], which the causal mask makes 0 above the diagonal",
-        lambda p, L: _induction_right(p.transpose(-1, -2), L),
-    ),
-    core.Mistake(
-        "sum",
-        "you add the attention up instead of averaging it: a perfect induction head "
-        "should score 1, so take the mean over the batch and the queries",
-        lambda p, L: _second_copy(p, L, L - 1).sum(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "first_example",
-        "you use only the first sequence of the batch; average over the batch dimension too",
-        lambda p, L: _second_copy(p, L, L - 1)[0].mean(dim=-1),
-    ),
-]
-
-
-def _patterns(B=3, nh=4, L=5, seed=0):
-    """Causal attention probabilities with a boost on the induction and previous-token keys."""
-    T = 2 * L + 1
-    gen = torch.Generator().manual_seed(seed)
-    scores = torch.randn(B, nh, T, T, generator=gen, dtype=torch.float64)
-    q = torch.arange(L + 1, T)
-    scores[:, 0, q, q - L + 1] += 4.0  # head 0: an induction head
-    scores[:, 1, torch.arange(1, T), torch.arange(0, T - 1)] += 4.0  # head 1: previous token
-    scores[:, 2, q, q - L] += 4.0  # head 2: duplicate-token head
-    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
-    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-
-
-def check_induction_score(induction_score, repeated_tokens=None, induction_scores=None) -> None:
-    """Exercise 8.5: `induction_score(pattern, seq_len)` -> (n_head,) scores; then the test input
-    `repeated_tokens` and the whole test `induction_scores(model)`, if given."""
-    for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
-        pattern = _patterns(B, nh, L, seed)
-        given = pattern.clone()
-        got = core.call_learner(EX_INDUCTION, induction_score, pattern, L)
-        if not torch.equal(pattern, given):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "your function changed the pattern it was given; read it without writing to it",
-            )
-        got = core.expect_tensor(
-            EX_INDUCTION,
-            got,
-            (nh,),
-            what="the scores",
-            hints={
-                (): "you return one number: keep one score per head (average over dims 0 and the "
-                "queries, not over the heads)",
-                (B, nh): "average over the batch too: one score per head",
-                (nh, L): "average over the seq_len queries too: one score per head",
-                (B, nh, L): "average over the batch and the queries: one score per head",
-            },
-        )
-        want = _induction_right(pattern, L)
-        if core.close(got, want, atol=1e-6):
-            continue
-        mistake = core.first_mistake(
-            INDUCTION_MISTAKES,
-            lambda m, got=got, p=pattern, L=L: core.close(got, m.fn(p, L), atol=1e-6),
-        )
-        if mistake:
-            raise core.CheckFailed(EX_INDUCTION, mistake.message)
-        raise core.CheckFailed(
-            EX_INDUCTION,
-            f"for seq_len={L} the scores should be "
-            f"{[round(v, 4) for v in want.tolist()]}, got "
-            f"{[round(v, 4) for v in got.tolist()]}: average pattern[b, h, q, "
-            "q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len",
-        )
-    if repeated_tokens is not None:
-        _check_repeated_tokens(repeated_tokens)
-    if induction_scores is not None:
-        _check_induction_scores(induction_scores, repeated_tokens)
-    core.passed(
-        EX_INDUCTION,
-        "head 0 of the test pattern (an induction head) scores highest"
-        + ("; the repeated input and the model's scores are right" if induction_scores else ""),
-    )
-
-
-def _check_repeated_tokens(repeated_tokens):
-    for batch, L, V, seed, bos, pool in [
-        (3, 5, 50, 0, None, None),
-        (2, 7, 40, 1, 7, torch.tensor([3, 11, 30])),
-    ]:
-        got = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
-        got = core.expect_tensor(
-            EX_INDUCTION,
-            got,
-            (batch, 2 * L + 1),
-            what="repeated_tokens' ids",
-            hints={
-                (batch, 2 * L): "the start token is missing: 2 * seq_len + 1 ids per row",
-                (batch, L + 1): "the second copy is missing: the L ids come twice",
-            },
-        )
-        if got.dtype.is_floating_point:
-            raise core.CheckFailed(
-                EX_INDUCTION, "repeated_tokens must return integer ids (torch.long)"
-            )
-        want_bos = V - 1 if bos is None else bos
-        if not bool((got[:, 0] == want_bos).all()):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                f"every row must start with bos_token_id ({want_bos}; "
-                "by default vocab_size - 1, <|endoftext|> in GPT-2)",
-            )
-        if not torch.equal(got[:, 1 : L + 1], got[:, L + 1 :]):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "the second half must repeat the first: ids 1 .. L and L + 1 .. 2L are the same",
-            )
-        allowed = torch.arange(V) if pool is None else pool
-        if not bool(torch.isin(got[:, 1:], allowed).all()):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "draw the ids from `tokens` when it is given (else from 0 .. vocab_size - 1)",
-            )
-        again = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
-        if not torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "two calls with the same seed give different ids: "
-                "draw with the generator seeded from `seed`",
-            )
-        other = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
-        if pool is None and torch.equal(torch.as_tensor(other), torch.as_tensor(got).long()):
-            raise core.CheckFailed(EX_INDUCTION, "another seed gives the same ids: use `seed`")
-        if pool is None and len(set(got[0, 1 : L + 1].tolist())) < 2:
-            raise core.CheckFailed(
-                EX_INDUCTION, "the ids of a row should be random, not one id repeated"
-            )
-
-
-def _check_induction_scores(induction_scores, repeated_tokens):
-    from gpt2lib.chapters.interpret import previous_token_score
-    from gpt2lib.chapters.interpret import repeated_tokens as reference_tokens
-    from gpt2lib.inspection import run_with_cache
-
-    make = repeated_tokens or reference_tokens
-    model = _tiny_gpt2(3, n_positions=32)
-    for L, batch in [(5, 2), (7, 3)]:
-        idx = make(batch, L, model.config.vocab_size, 0)
-        _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
-        want = torch.stack([_induction_right(p, L) for p in cache.attn])
-        want_prev = torch.stack([previous_token_score(p) for p in cache.attn])
-        got = core.call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
-        got = core.expect_tensor(
-            EX_INDUCTION,
-            got,
-            tuple(want.shape),
-            what="induction_scores' result",
-            hints={
-                tuple(want.shape[1:]): "one row per layer: stack the scores of every layer",
-            },
-        )
-        if not core.close(got, want, atol=1e-5):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "induction_scores(model) differs from your induction_score "
-                "applied to each layer's attention on repeated_tokens(batch, seq_len, "
-                "vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
-            )
-        both = core.call_learner(
-            EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True
-        )
-        if not (
-            isinstance(both, tuple) and len(both) == 2 and core.close(both[1], want_prev, atol=1e-5)
-        ):
-            raise core.CheckFailed(
-                EX_INDUCTION,
-                "with previous=True return (induction scores, previous-"
-                "token scores), each (n_layer, n_head)",
-            )
-
-
-# --------------------------------------------------------------------------- 8.2 logit lens
-
-
-class _Cache:
-    """A minimal stand-in for ActivationCache: the check only needs `resid`."""
-
-    def __init__(self, resid):
-        self.resid = resid
-
-
-def _lens_model(seed=0):
-    """A tiny random GPT-2 whose ln_f has a gain and a shift far from 1 and 0."""
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(seed)
-    model = GPT2(GPT2Config(vocab_size=23, n_positions=16, n_embd=12, n_layer=3, n_head=3)).eval()
-    with torch.no_grad():
-        model.ln_f.weight.copy_(1.0 + 0.5 * torch.randn(12))
-        model.ln_f.bias.copy_(0.5 * torch.randn(12))
-    return model
-
-
-def _lens_right(model, resid):
-    return model.ln_f(torch.stack(resid)) @ model.wte.weight.T
-
-
-LENS_MISTAKES = [
-    core.Mistake(
-        "no_ln_f",
-        "the final LayerNorm is missing: apply model.ln_f to each stream before "
-        "the readout, as the model does before its logits",
-        lambda model, resid: torch.stack(resid) @ model.wte.weight.T,
-    ),
-    core.Mistake(
-        "plain_norm",
-        "you normalise without ln_f's learned gain and shift; call "
-        "model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
-        lambda model, resid: (
-            torch.nn.functional.layer_norm(
-                torch.stack(resid), (resid[0].shape[-1],), eps=model.ln_f.eps
-            )
-            @ model.wte.weight.T
-        ),
-    ),
-    core.Mistake(
-        "ln_f_twice",
-        "ln_f is applied twice; once, right before the readout, is enough",
-        lambda model, resid: model.ln_f(model.ln_f(torch.stack(resid))) @ model.wte.weight.T,
-    ),
-    core.Mistake(
-        "probabilities",
-        "you return probabilities (softmax); return the logits, as the model does",
-        lambda model, resid: _lens_right(model, resid).softmax(-1),
-    ),
-    core.Mistake(
-        "log_probabilities",
-        "you return log-probabilities (log_softmax); return the logits, as the model does",
-        lambda model, resid: _lens_right(model, resid).log_softmax(-1),
-    ),
-]
-
-
-def check_logit_lens(logit_lens) -> None:
-    """Exercise 8.2: `logit_lens(model, cache)` -> (n_layer + 1, B, T, V) logits."""
-    model = _lens_model()
-    C, V, L = model.config.n_embd, model.config.vocab_size, model.config.n_layer
-    B, T = 2, 5
-    gen = torch.Generator().manual_seed(1)
-    # streams of growing size, as in a real model; the last one is what the model reads out
-    resid = [torch.randn(B, T, C, generator=gen) * (1 + i) for i in range(L + 1)]
-    cache = _Cache(resid)
-    given = [r.clone() for r in resid]
-    with torch.no_grad():
-        got = core.call_learner(EX_LENS, logit_lens, model, cache)
-        want = _lens_right(model, resid)
-    if isinstance(got, tuple) and len(got) == 2:  # torch.topk's (values, indices)
-        raise core.CheckFailed(
-            EX_LENS,
-            "you return top-k values and indices; return the full logits (n_layer + 1, B, T, V)",
-        )
-    if not all(torch.equal(a, b) for a, b in zip(resid, given)):
-        raise core.CheckFailed(
-            EX_LENS, "your function changed cache.resid; read it without writing to it"
-        )
-    got = core.expect_tensor(
-        EX_LENS,
-        got,
-        (L + 1, B, T, V),
-        what="the lens logits",
-        hints={
-            (B, T, V): "that is one layer's logits: stack all n_layer + 1 entries of cache.resid "
-            "(torch.stack) and read out each",
-            (
-                L,
-                B,
-                T,
-                V,
-            ): "one entry is missing: cache.resid has n_layer + 1 entries (the embeddings "
-            "and the stream after each block); use them all",
-            (L + 1, B, T, C): "these are still streams of width C: multiply by model.wte.weight.T "
-            "to get one logit per vocabulary entry",
-            (B, T, L + 1, V): "stack along a new first dimension: (n_layer + 1, B, T, V)",
-        },
-    )
-    if core.close(got, want, atol=1e-4):
-        core.passed(EX_LENS, "the last layer's lens equals the model's logits")
-        return
-    mistake = core.first_mistake(
-        LENS_MISTAKES, lambda m: core.close(got, m.fn(model, resid), atol=1e-4)
-    )
-    if mistake:
-        raise core.CheckFailed(EX_LENS, mistake.message)
-    raise core.CheckFailed(
-        EX_LENS,
-        "the logits differ from model.ln_f(stream) @ model.wte.weight.T "
-        "for each stream in cache.resid",
-    )
-
-
-def _next_right(lens, idx):
-    """The reference: at every layer, log p(the token that comes next), (n_layer + 1, B, T - 1)."""
-    logp = lens[:, :, :-1].double().log_softmax(-1)  # position t's logits predict token t + 1
-    return logp.gather(-1, idx[None, :, 1:, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
-
-
-def _next_unshifted(lens, idx):  # position t's logits scored against token t
-    logp = lens[:, :, :-1].double().log_softmax(-1)
-    return logp.gather(-1, idx[None, :, :-1, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
-
-
-def _next_backwards(lens, idx):  # position t + 1's logits scored against token t
-    logp = lens[:, :, 1:].double().log_softmax(-1)
-    return logp.gather(-1, idx[None, :, :-1, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
-
-
-def _next_from(transform):
-    def wrong(lens, idx):
-        values = transform(lens[:, :, :-1].double())
-        return values.gather(-1, idx[None, :, 1:, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
-
-    return wrong
-
-
-NEXT_MISTAKES = [
-    core.Mistake(
-        "unshifted",
-        "you scored each position's logits against its own token; the logits at "
-        "position t predict the token at t + 1 (and the last position has nothing to predict)",
-        _next_unshifted,
-    ),
-    core.Mistake(
-        "backwards",
-        "you scored position t + 1's logits against token t: the shift runs the "
-        "other way, the logits at t predict the token at t + 1",
-        _next_backwards,
-    ),
-    core.Mistake(
-        "raw logits",
-        "these are raw logits, not log-probabilities: apply log_softmax over the vocabulary first",
-        _next_from(lambda x: x),
-    ),
-    core.Mistake(
-        "probabilities",
-        "these are probabilities; the exercise asks for log-probabilities "
-        "(log_softmax, not softmax)",
-        _next_from(lambda x: x.softmax(-1)),
-    ),
-    core.Mistake(
-        "softmax over positions",
-        "your log_softmax runs over the wrong dimension: normalise "
-        "over the vocabulary (the last one), not over the positions",
-        _next_from(lambda x: x.log_softmax(-2)),
-    ),
-]
-
-
-def check_next_token_logprobs(next_token_logprobs) -> None:
-    """Exercise 8.3: `next_token_logprobs(lens, idx)` -> (n_layer + 1, B, T - 1) log-probabilities."""
-    ex = EX_NEXT
-    gen = torch.Generator().manual_seed(3)
-    for layers, B, T, V in [(3, 1, 6, 11), (5, 2, 4, 7), (2, 3, 2, 5)]:  # T = 2: one prediction
-        lens = torch.randn(layers, B, T, V, generator=gen) * 3
-        idx = torch.randint(0, V, (B, T), generator=gen)
-        given = lens.clone()
-        got = core.call_learner(ex, next_token_logprobs, lens, idx)
-        if not torch.equal(lens, given):
-            raise core.CheckFailed(
-                ex,
-                "your function changed the lens logits in place; read them without writing to them",
-            )
-        got = core.expect_tensor(
-            ex,
-            got,
-            (layers, B, T - 1),
-            what="the log-probabilities",
-            hints={
-                (
-                    layers,
-                    B,
-                    T,
-                ): "one value a position, T of them: the last position predicts no token "
-                "of the text, so there are T - 1",
-                (
-                    layers,
-                    B,
-                    T - 1,
-                    V,
-                ): "that is every token's log-probability: keep only the one of "
-                "the token that really comes next (gather)",
-                (
-                    layers,
-                    B,
-                    T,
-                    V,
-                ): "that is the whole distribution at every position: keep only the "
-                "log-probability of the token that comes next, at T - 1 positions",
-            },
-        )
-        if core.close(got, _next_right(lens, idx), atol=1e-4):
-            continue
-        mistake = core.first_mistake(
-            NEXT_MISTAKES, lambda m: core.close(got, m.fn(lens, idx), atol=1e-4)
-        )
-        if mistake:
-            raise core.CheckFailed(ex, mistake.message)
-        raise core.CheckFailed(
-            ex,
-            f"with {layers} layers, batch {B}, {T} tokens, your values differ from "
-            "the log-probability, under each layer's lens, of the token that comes next",
-        )
-    if not (got <= 1e-6).all():
-        raise core.CheckFailed(
-            ex, "a log-probability above 0: apply log_softmax over the vocabulary"
-        )
-    core.passed(
-        ex, "each layer's log-probability of the next token, for several batches and lengths"
-    )
-
-
-# --------------------------------------------------------------------------- 8.3 zero heads
-
-
-def _zero_right(y, heads, n_head):
-    B, T, C = y.shape
-    out = y.clone().view(B, T, n_head, C // n_head)
-    out[:, :, heads] = 0
-    return out.view(B, T, C)
-
-
-def _zero_keep(y, heads, n_head):
-    keep = [h for h in range(n_head) if h not in heads]
-    return _zero_right(y, keep, n_head)
-
-
-def _zero_slices(y, heads, width):
-    out = y.clone()
-    for h in heads:
-        out[..., h * width : (h + 1) * width] = 0
-    return out
-
-
-def _zero_head_last(y, heads, n_head):
-    B, T, C = y.shape
-    out = y.clone().view(B, T, C // n_head, n_head)  # wrong order: head index taken as fastest
-    out[..., heads] = 0
-    return out.view(B, T, C)
-
-
-def _zero_positions(y, heads, n_head):
-    out = y.clone()
-    out[:, heads, :] = 0
-    return out
-
-
-ZERO_MISTAKES = [
-    core.Mistake(
-        "kept_instead",
-        "you zero every head except the listed ones; zero the listed heads and keep the others",
-        _zero_keep,
-    ),
-    core.Mistake(
-        "n_head_width",
-        "you zero n_head channels per head; each head owns head_dim = C // "
-        "n_head channels: h * head_dim to (h + 1) * head_dim",
-        lambda y, heads, n_head: _zero_slices(y, heads, n_head),
-    ),
-    core.Mistake(
-        "head_fastest",
-        "the channels of head h are one block, h * head_dim .. (h + 1) * "
-        "head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
-        _zero_head_last,
-    ),
-    core.Mistake(
-        "positions",
-        "you zero time positions (dimension 1); a head is a group of channels "
-        "in the last dimension",
-        _zero_positions,
-    ),
-    core.Mistake(
-        "first_only",
-        "only the first listed head is zeroed; zero all of them",
-        lambda y, heads, n_head: _zero_right(y, list(heads)[:1], n_head),
-    ),
-]
-
-
-def check_zero_heads(zero_heads) -> None:
-    """Exercise 8.3: `zero_heads(y, heads, n_head)` -> y with those heads' channels zeroed."""
-    gen = torch.Generator().manual_seed(0)
-    # n_head=3, C=12: head_dim=4, so an n_head-wide or head-fastest slice differs from the right one
-    for B, T, C, n_head, heads in [(2, 4, 12, 3, [1]), (2, 3, 12, 3, [0, 2]), (1, 5, 8, 4, [3, 1])]:
-        y = torch.randn(B, T, C, generator=gen) + 0.5  # no zeros of its own
-        given = y.clone()
-        got = core.call_learner(EX_ZERO, zero_heads, y, list(heads), n_head)
-        want = _zero_right(given, heads, n_head)
-        if not torch.equal(y, given):
-            if core.close(y, want, atol=0):
-                raise core.CheckFailed(
-                    EX_ZERO,
-                    "you zeroed y in place; work on a copy (y.clone()) "
-                    "and return it, so that the caller's tensor is unchanged",
-                )
-            raise core.CheckFailed(EX_ZERO, "your function changed y; work on a copy (y.clone())")
-        got = core.expect_tensor(
-            EX_ZERO,
-            got,
-            (B, T, C),
-            what="the result",
-            hints={
-                (B, T, n_head, C // n_head): "reshape the result back to (B, T, C)",
-            },
-        )
-        if core.close(got, want, atol=0):
-            continue
-        mistake = core.first_mistake(
-            ZERO_MISTAKES,
-            lambda m, got=got, y=given, hs=heads, n=n_head: core.close(got, m.fn(y, hs, n), atol=0),
-        )
-        if mistake:
-            raise core.CheckFailed(EX_ZERO, mistake.message)
-        raise core.CheckFailed(
-            EX_ZERO,
-            f"with n_head={n_head} and heads={heads}, channels "
-            f"h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head "
-            "must be 0 and every other value unchanged",
-        )
-    core.passed(EX_ZERO, "the listed heads' channels are 0, the rest untouched, y unchanged")
-
-
 # --------------------------------------------------------------------------- 8.1 checkpoint -> model
-
-
-def _tiny_gpt2(seed=0, n_layer=2, n_head=3, n_embd=12, vocab_size=23, n_positions=16):
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
-
-    torch.manual_seed(seed)
-    return GPT2(
-        GPT2Config(
-            vocab_size=vocab_size,
-            n_positions=n_positions,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_head=n_head,
-        )
-    ).eval()
 
 
 def _checkpoint_file(model, prefixed):
@@ -795,18 +221,22 @@ def _checkpoint_file(model, prefixed):
     return tensors
 
 
-def _mapping_right(tensors):
+def _mapped(tensors, *, masks=False, lm_head=False, prefix=False, biases=True, transposed=False):
+    """The state dict our GPT2 loads from a checkpoint; each switch plants one mistake."""
     out = {}
     for name, tensor in tensors.items():
-        name = name.removeprefix("transformer.")
-        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+        short = name.removeprefix("transformer.")
+        if name == "lm_head.weight" and not lm_head:
             continue
-        out[name] = tensor
+        if short.endswith((".attn.bias", ".attn.masked_bias")) and not masks:
+            continue
+        if short.endswith(("c_attn.bias", "attn.c_proj.bias")) and not biases:
+            continue
+        conv = short.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        out[name if prefix else short] = (
+            tensor.T if transposed and conv and tensor.dim() == 2 else tensor
+        )
     return out
-
-
-def _conv_weight(name, tensor):
-    return tensor.dim() == 2 and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
 
 
 MAPPING_MISTAKES = [
@@ -815,46 +245,33 @@ MAPPING_MISTAKES = [
         "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal "
         "masks (n_positions x n_positions of ones below the diagonal), which our attention "
         "builds on the fly; our model has no place for them, so leave them out",
-        lambda t: {
-            k.removeprefix("transformer."): v for k, v in t.items() if k != "lm_head.weight"
-        },
+        functools.partial(_mapped, masks=True),
     ),
     core.Mistake(
         "kept_lm_head",
         "you kept lm_head.weight: GPT-2's readout is tied to wte (the same "
         "tensor), so our model has no separate lm_head; leave it out",
-        lambda t: {
-            **_mapping_right(t),
-            **({"lm_head.weight": t["lm_head.weight"]} if "lm_head.weight" in t else {}),
-        },
+        functools.partial(_mapped, lm_head=True),
     ),
     core.Mistake(
         "kept_prefix",
         "names written by save_pretrained start with `transformer.`; drop that "
         "prefix, our modules are named without it",
-        lambda t: {
-            k: v
-            for k, v in t.items()
-            if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))
-        },
+        functools.partial(_mapped, prefix=True),
     ),
     core.Mistake(
         "dropped_c_attn_bias",
         "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a "
         "name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself "
         "(and masked_bias) is one",
-        lambda t: {
-            k: v
-            for k, v in _mapping_right(t).items()
-            if not k.endswith(("c_attn.bias", "attn.c_proj.bias"))
-        },
+        functools.partial(_mapped, biases=False),
     ),
     core.Mistake(
         "transposed",
         "you transposed the Conv1D weights: the file stores them [in, out], "
         "and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape "
         "test cannot tell: c_proj's weight is square)",
-        lambda t: {k: (v.T if _conv_weight(k, v) else v) for k, v in _mapping_right(t).items()},
+        functools.partial(_mapped, transposed=True),
     ),
 ]
 
@@ -871,42 +288,35 @@ def _same_state(a, b) -> bool:
 
 
 def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
-    """Exercise 8.1: `checkpoint_to_model(tensors)` -> the state dict our GPT2 loads; then
-    `load_weights(path, config, device, dtype, model_cls)`, if given."""
-    model = _tiny_gpt2()
+    """Exercise 8.1: `checkpoint_to_model(tensors)` -> GPT2's state dict; `load_weights` -> GPT2."""
+    model = _tiny()
+    need = functools.partial(_require, EX_MAPPING)
     for prefixed in (False, True):
         tensors = _checkpoint_file(model, prefixed)
         given = {k: v.clone() for k, v in tensors.items()}
         got = core.call_learner(EX_MAPPING, checkpoint_to_model, tensors)
-        if not isinstance(got, dict):
-            raise core.CheckFailed(
-                EX_MAPPING, f"return a dict {{name: tensor}}, got {type(got).__name__}"
-            )
-        if not _same_state(tensors, given):
-            raise core.CheckFailed(
-                EX_MAPPING, "your function changed the dict it was given; build a new dict instead"
-            )
-        want = _mapping_right(given)
-        if _same_state(got, want):
-            continue
-        mistake = core.first_mistake(
-            MAPPING_MISTAKES, lambda m, got=got, t=given: _same_state(got, m.fn(t))
+        need(isinstance(got, dict), f"return a dict {{name: tensor}}, got {type(got).__name__}")
+        need(
+            _same_state(tensors, given),
+            "your function changed the dict it was given; build a new dict instead",
         )
-        if mistake:
-            raise core.CheckFailed(EX_MAPPING, mistake.message)
-        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-        layout = "save_pretrained's layout" if prefixed else "the hub's layout"
-        raise core.CheckFailed(
-            EX_MAPPING,
-            f"on a checkpoint in {layout}: "
-            + (f"missing {missing[:4]}; " if missing else "")
-            + (f"names our model does not have {extra[:4]}; " if extra else "")
-            + (
-                "some tensors differ from the file's (keep each tensor as it is)"
-                if not (missing or extra)
-                else ""
-            ),
-        )
+        want = _mapped(given)
+        if not _same_state(got, want):
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            core.fail_with(
+                EX_MAPPING,
+                MAPPING_MISTAKES,
+                lambda m: _same_state(got, m.fn(given)),
+                "on a checkpoint in "
+                + ("save_pretrained's layout: " if prefixed else "the hub's layout: ")
+                + (f"missing {missing[:4]}; " if missing else "")
+                + (f"names our model does not have {extra[:4]}; " if extra else "")
+                + (
+                    ""
+                    if missing or extra
+                    else "some tensors differ from the file's (keep each tensor as it is)"
+                ),
+            )
     with torch.device("meta"):
         probe = type(model)(model.config)
     probe.load_state_dict(got, strict=True, assign=True)  # the mapping loads strictly
@@ -927,457 +337,38 @@ def _check_load_weights(load_weights, model):
 
     from gpt2lib.chapters.model import GPT2
 
+    need = functools.partial(_require, EX_MAPPING)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
-        save_file(
-            {k: v.contiguous() for k, v in _checkpoint_file(model, prefixed=True).items()},
-            str(path),
-        )
+        tensors = _checkpoint_file(model, prefixed=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         idx = torch.tensor([[1, 5, 7, 2]])
         for dtype in (torch.float32, torch.float64):
-            got = core.call_learner(
-                EX_MAPPING,
-                load_weights,
-                path,
-                model.config,
-                device="cpu",
-                dtype=dtype,
-                model_cls=GPT2,
+            kwargs = dict(device="cpu", dtype=dtype, model_cls=GPT2)
+            got = core.call_learner(EX_MAPPING, load_weights, path, model.config, **kwargs)
+            need(
+                isinstance(got, torch.nn.Module),
+                f"load_weights must return the model, got {type(got).__name__}",
             )
-            if not isinstance(got, torch.nn.Module):
-                raise core.CheckFailed(
-                    EX_MAPPING, f"load_weights must return the model, got {type(got).__name__}"
-                )
             left = [n for n, t in [*got.named_parameters(), *got.named_buffers()] if t.is_meta]
-            if left:
-                raise core.CheckFailed(
-                    EX_MAPPING,
-                    f"after load_weights, {left[:3]} are still on the meta "
-                    "device: pass assign=True to load_state_dict, so the file's tensors "
-                    "become the parameters",
-                )
-            if got.training:
-                raise core.CheckFailed(
-                    EX_MAPPING, "return the model in eval mode (model.eval()): dropout off"
-                )
-            if got.wte.weight.dtype != dtype:
-                raise core.CheckFailed(
-                    EX_MAPPING,
-                    f"asked for dtype={dtype}, the weights are "
-                    f"{got.wte.weight.dtype}: convert each tensor as it is read",
-                )
+            need(
+                not left,
+                f"after load_weights, {left[:3]} are still on the meta "
+                "device: pass assign=True to load_state_dict, so the file's tensors "
+                "become the parameters",
+            )
+            need(not got.training, "return the model in eval mode (model.eval()): dropout off")
+            need(
+                got.wte.weight.dtype == dtype,
+                f"asked for dtype={dtype}, the weights are "
+                f"{got.wte.weight.dtype}: convert each tensor as it is read",
+            )
             with torch.no_grad():
-                if not core.close(got(idx), model(idx).to(dtype), atol=1e-4):
-                    raise core.CheckFailed(
-                        EX_MAPPING,
-                        "the loaded model computes other logits than the "
-                        "model the checkpoint was written from",
-                    )
-
-
-# --------------------------------------------------------------------------- 8.3 previous-token score
-
-
-def _previous_right(pattern):
-    T = pattern.shape[-1]
-    q = torch.arange(1, T)
-    return pattern[:, :, q, q - 1].mean(dim=(0, -1))
-
-
-def _diagonal_mean(pattern, offset):
-    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1).mean(dim=(0, -1))
-
-
-PREVIOUS_MISTAKES = [
-    core.Mistake(
-        "itself",
-        "you score the attention of each token to *itself* (the main diagonal); "
-        "the previous token is key q - 1, one below it",
-        lambda p: _diagonal_mean(p, 0),
-    ),
-    core.Mistake(
-        "two_back",
-        "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
-        lambda p: _diagonal_mean(p, -2),
-    ),
-    core.Mistake(
-        "transposed",
-        "rows are queries and columns keys: the previous token of query q is "
-        "pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask "
-        "leaves zeros)",
-        lambda p: _diagonal_mean(p, 1),
-    ),
-    core.Mistake(
-        "counts_position_0",
-        "you average over all T queries, counting position 0 (which has "
-        "no previous token) as a zero; average over the T - 1 queries that have one",
-        lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-1],
-    ),
-    core.Mistake(
-        "sum",
-        "you add the attention up instead of averaging it: a perfect previous-token "
-        "head should score 1",
-        lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "first_example",
-        "you use only the first sequence of the batch; average over the batch too",
-        lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1)[0].mean(-1),
-    ),
-]
-
-
-def check_previous_token_score(previous_token_score) -> None:
-    """Exercise 8.3: `previous_token_score(pattern)` -> (n_head,) scores."""
-    for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
-        pattern = _patterns(B, nh, L, seed)
-        given = pattern.clone()
-        got = core.call_learner(EX_PREVIOUS, previous_token_score, pattern)
-        if not torch.equal(pattern, given):
-            raise core.CheckFailed(EX_PREVIOUS, "your function changed the pattern it was given")
-        T = pattern.shape[-1]
-        got = core.expect_tensor(
-            EX_PREVIOUS,
-            got,
-            (nh,),
-            what="the scores",
-            hints={
-                (): "you return one number: keep one score per head",
-                (B, nh): "average over the batch too: one score per head",
-                (nh, T - 1): "average over the queries too: one score per head",
-                (B, nh, T - 1): "average over the batch and the queries: one score per head",
-            },
-        )
-        want = _previous_right(pattern)
-        if core.close(got, want, atol=1e-6):
-            continue
-        mistake = core.first_mistake(
-            PREVIOUS_MISTAKES, lambda m, got=got, p=pattern: core.close(got, m.fn(p), atol=1e-6)
-        )
-        if mistake:
-            raise core.CheckFailed(EX_PREVIOUS, mistake.message)
-        raise core.CheckFailed(
-            EX_PREVIOUS,
-            f"the scores should be {[round(v, 4) for v in want.tolist()]}, "
-            f"got {[round(v, 4) for v in got.tolist()]}",
-        )
-    core.passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
-
-
-# --------------------------------------------------------------------------- 8.5 the two copies' losses
-
-
-def _per_token(logits, idx):
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].transpose(1, 2), idx[:, 1:], reduction="none"
-    )  # (B, 2L)
-
-
-def _copies_right(logits, idx, L):
-    per = _per_token(logits, idx)
-    return per[:, 1:L].mean().item(), per[:, L + 1 :].mean().item()
-
-
-COPY_MISTAKES = [
-    core.Mistake(
-        "first_tokens_counted",
-        "you count the first token of each copy too; it follows "
-        "<|endoftext|> or the end of the first copy, and nothing can predict it: count the "
-        "predictions of tokens 2 .. L of each copy",
-        lambda lg, idx, L: (
-            _per_token(lg, idx)[:, :L].mean().item(),
-            _per_token(lg, idx)[:, L:].mean().item(),
-        ),
-    ),
-    core.Mistake(
-        "no_shift",
-        "the logits at position t predict the token at t + 1: compare "
-        "logits[:, :-1] with idx[:, 1:], not the same positions",
-        lambda lg, idx, L: (lambda per: (per[:, 1:L].mean().item(), per[:, L + 1 :].mean().item()))(
-            torch.nn.functional.cross_entropy(
-                lg[:, 1:].transpose(1, 2), idx[:, 1:], reduction="none"
-            )
-        ),
-    ),
-    core.Mistake(
-        "swapped",
-        "you return (second, first); return the first copy's loss first",
-        lambda lg, idx, L: _copies_right(lg, idx, L)[::-1],
-    ),
-    core.Mistake(
-        "split_late",
-        "the second copy starts one prediction late: after the start token and "
-        "the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and "
-        "L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
-        lambda lg, idx, L: (
-            _per_token(lg, idx)[:, 1:L].mean().item(),
-            _per_token(lg, idx)[:, L + 2 :].mean().item(),
-        ),
-    ),
-    core.Mistake(
-        "bits",
-        "you measure in bits (log base 2); the loss of the course is in nats (natural "
-        "log, as F.cross_entropy gives)",
-        lambda lg, idx, L: tuple(v / math.log(2) for v in _copies_right(lg, idx, L)),
-    ),
-]
-
-
-def check_copy_losses(copy_losses) -> None:
-    """Exercise 8.5: `copy_losses(logits, idx, seq_len)` -> (first copy's loss, second's)."""
-    from gpt2lib.chapters.interpret import repeated_tokens
-
-    for B, L, V, seed in [(3, 5, 13, 0), (2, 7, 17, 1)]:
-        idx = repeated_tokens(B, L, V, seed=seed)
-        gen = torch.Generator().manual_seed(seed)
-        logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
-        got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise core.CheckFailed(
-                EX_COPY, "return two numbers, (first copy's loss, second copy's loss)"
-            )
-        try:
-            got = tuple(float(v) for v in got)
-        except (TypeError, ValueError, RuntimeError):
-            raise core.CheckFailed(
-                EX_COPY, "each of the two values must be one number (use .item())"
-            ) from None
-        want = _copies_right(logits, idx, L)
-        if all(math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, want)):
-            continue
-        mistake = core.first_mistake(
-            COPY_MISTAKES,
-            lambda m, got=got, lg=logits, idx=idx, L=L: all(
-                math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, m.fn(lg, idx, L))
-            ),
-        )
-        if mistake:
-            raise core.CheckFailed(EX_COPY, mistake.message)
-        raise core.CheckFailed(
-            EX_COPY,
-            f"for seq_len={L} the losses should be ({want[0]:.4f}, "
-            f"{want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})",
-        )
-    core.passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
-
-
-# --------------------------------------------------------------------------- 8.7 ablation effects
-
-
-def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False, sign=1.0):
-    """The second copy's loss rise with each head replaced (by 0, or by its mean), one at a time."""
-    n_layer, n_head = model.config.n_layer, model.config.n_head
-    hd = model.config.n_embd // n_head
-
-    def loss(logits):
-        per = _per_token(logits, idx)
-        return per.mean().item() if whole else per[:, L + 1 :].mean().item()
-
-    with torch.no_grad():
-        base = loss(model(idx))
-        out = torch.zeros(n_layer, n_head)
-        for layer in range(n_layer):
-            for head in range(n_head):
-                heads = range(n_head) if all_heads else [head]
-
-                def hook(module, args, layer=layer, heads=heads):
-                    y = args[0].clone()
-                    for h in heads:
-                        y[..., h * hd : (h + 1) * hd] = (
-                            0.0 if head_means is None else head_means[layer][h]
-                        )
-                    return (y,)
-
-                handle = model.h[layer].attn.c_proj.register_forward_pre_hook(hook)
-                try:
-                    out[layer, head] = sign * (loss(model(idx)) - base)
-                finally:
-                    handle.remove()
-    return out
-
-
-EFFECTS_MISTAKES = [
-    core.Mistake(
-        "sign",
-        "your effects have the wrong sign: report the ablated loss minus the normal "
-        "loss, so that a head the model needs shows a rise (a positive number)",
-        lambda model, idx, L, head_means=None: _effects_right(model, idx, L, head_means, sign=-1.0),
-    ),
-    core.Mistake(
-        "whole_sequence",
-        "you measure the loss over the whole sequence; measure the second "
-        "copy only (copy_losses' second value), where copying is what helps",
-        lambda model, idx, L, head_means=None: _effects_right(
-            model, idx, L, head_means, whole=True
-        ),
-    ),
-    core.Mistake(
-        "means_ignored",
-        "with head_means given, your function still zeroes the head: set its "
-        "channels to head_means[layer][head] (a (head_dim,) vector) instead",
-        lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None),
-    ),
-    core.Mistake(
-        "whole_layer",
-        "you ablate every head of the layer at once; ablate one head at a "
-        "time, leaving the others as they are",
-        lambda model, idx, L, head_means=None: _effects_right(
-            model, idx, L, head_means, all_heads=True
-        ),
-    ),
-]
-
-
-def _effects_model(seed=0):
-    model = _tiny_gpt2(seed, n_positions=32)
-    with torch.no_grad():  # larger weights, so that every head's ablation moves the loss
-        for block in model.h:
-            block.attn.c_proj.weight.mul_(8.0)
-            block.attn.c_attn.weight.mul_(4.0)
-    return model
-
-
-def _hooks_left(model):
-    return [name for name, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks]
-
-
-def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
-    """Exercise 8.8: `mean_head_outputs(model, idx)` -> per layer (n_head, head_dim), if given;
-    `ablation_effects(model, idx, seq_len, head_means=None)` -> (n_layer, n_head)."""
-    from gpt2lib.chapters.interpret import repeated_tokens
-    from gpt2lib.inspection import run_with_cache
-
-    model = _effects_model()
-    n_layer, n_head = model.config.n_layer, model.config.n_head
-    hd = model.config.n_embd // n_head
-    for L, seed in [(5, 0), (7, 1)]:
-        idx = repeated_tokens(2, L, model.config.vocab_size, seed=seed)
-        with torch.no_grad():
-            _, cache = run_with_cache(model, idx, capture="head_out")
-        means = [h.mean(dim=(0, 2)) for h in cache.head_out]  # per layer (nh, hd)
-        if mean_head_outputs is not None:
-            got_means = core.call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
-            if not (isinstance(got_means, (list, tuple)) and len(got_means) == n_layer):
-                raise core.CheckFailed(
-                    EX_EFFECTS,
-                    f"mean_head_outputs must return a list of n_layer = "
-                    f"{n_layer} tensors, one per layer",
+                need(
+                    core.close(got(idx), model(idx).to(dtype), atol=1e-4),
+                    "the loaded model computes other logits than the "
+                    "model the checkpoint was written from",
                 )
-            for layer, (g, w) in enumerate(zip(got_means, means)):
-                g = core.expect_tensor(
-                    EX_EFFECTS,
-                    g,
-                    (n_head, hd),
-                    what=f"layer {layer}'s means",
-                    hints={
-                        (hd,): "keep one mean per head: average over the batch and positions only",
-                        (
-                            n_head,
-                        ): "keep the head_dim channels: average over the batch and positions only",
-                    },
-                )
-                if not core.close(g, w, atol=1e-5):
-                    raise core.CheckFailed(
-                        EX_EFFECTS,
-                        f"layer {layer}'s means differ: average "
-                        "cache.head_out[layer], (B, n_head, T, head_dim), over the "
-                        "batch and the positions (dims 0 and 2)",
-                    )
-        for head_means in (None, means):
-            how = "zeroed" if head_means is None else "set to their means"
-            try:
-                got = core.call_learner(
-                    EX_EFFECTS, ablation_effects, model, idx, L, head_means=head_means
-                )
-            finally:
-                left = _hooks_left(model)
-                for m in model.modules():
-                    m._forward_pre_hooks.clear()
-                    m._forward_hooks.clear()
-            if left:
-                raise core.CheckFailed(
-                    EX_EFFECTS,
-                    f"your function left hooks on {left[:3]}: remove "
-                    "each hook after its forward pass (handle.remove(), in a finally)",
-                )
-            got = core.expect_tensor(EX_EFFECTS, got, (n_layer, n_head), what="the effects")
-            want = _effects_right(model, idx, L, head_means)
-            if core.close(got, want, atol=1e-4, rtol=1e-4):
-                continue
-            mistake = core.first_mistake(
-                EFFECTS_MISTAKES,
-                lambda m, got=got, idx=idx, L=L, hm=head_means: core.close(
-                    got, m.fn(model, idx, L, head_means=hm), atol=1e-4, rtol=1e-4
-                ),
-            )
-            if mistake:
-                raise core.CheckFailed(EX_EFFECTS, mistake.message)
-            raise core.CheckFailed(
-                EX_EFFECTS,
-                f"with the heads {how}, seq_len={L}: the effects should "
-                f"be {want.round(decimals=4).tolist()}, got "
-                f"{got.round(decimals=4).tolist()}",
-            )
-    core.passed(
-        EX_EFFECTS,
-        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
-        "printout: a head whose loss rises both ways computes from this input something the "
-        "copy needs; one that costs much more zeroed than mean-ablated matters through its "
-        "constant output, which later layers expect; small both ways, neither",
-    )
-
-
-# --------------------------------------------------------------------------- the challenge
-
-
-def _zero_effects(model, idx, seq_len):
-    return _effects_right(model, idx, seq_len)
-
-
-def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None:
-    """Challenge: `head` = (layer, head) raises the second copy's loss by >= share of the best head's."""
-    n_layer, n_head = model.config.n_layer, model.config.n_head
-    if head is None:
-        raise core.NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
-    if (
-        not isinstance(head, (tuple, list))
-        or len(head) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in head)
-    ):
-        raise core.CheckFailed(
-            CH_HEAD, f"CHOSEN_HEAD must be a pair of whole numbers (layer, head), got {head!r}"
-        )
-    layer, h = head
-    if not (0 <= layer < n_layer and 0 <= h < n_head):
-        raise core.CheckFailed(
-            CH_HEAD,
-            f"({layer}, {h}) is not a head of this model: layers 0 .. "
-            f"{n_layer - 1}, heads 0 .. {n_head - 1}",
-        )
-    effects = _zero_effects(model, idx, seq_len)
-    best = effects.max().item()
-    where = divmod(int(effects.argmax()), n_head)
-    mine = effects[layer, h].item()
-    if best < floor:
-        core.passed(
-            CH_HEAD,
-            f"no head of this model raises the second copy's loss by {floor} nats or "
-            f"more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours "
-            f"{mine:+.4f}): it does not rely on one head for copying",
-        )
-        return
-    if mine < share * best:
-        raise core.CheckFailed(
-            CH_HEAD,
-            f"zeroing head {layer}.{h} raises the second copy's loss by "
-            f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
-            f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
-        )
-    core.passed(
-        CH_HEAD,
-        f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, "
-        f"{mine / best:.0%} of the best head's ({best:+.4f})",
-    )
 
 
 # --------------------------------------------------------------------------- 8.2 recording hooks
@@ -1427,68 +418,886 @@ RECORD_MISTAKES = [
 ]
 
 
+def _same_list(got, want) -> bool:
+    return len(got) == len(want) and all(core.close(x, y, atol=1e-5) for x, y in zip(got, want))
+
+
+def _hooks_left(model):
+    return [name for name, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks]
+
+
 def check_run_with_cache(run_with_cache) -> None:
-    """Exercise 8.2: the hooks of `run_with_cache(model, idx, capture)` record resid, attn, head_out."""
-    model = _tiny_gpt2(2, n_layer=3, n_positions=16)
+    """Exercise 8.2: `run_with_cache(model, idx, capture)` -> (logits, cache), hooks recorded."""
+    model = _tiny(2, n_layer=3)
+    need = functools.partial(_require, EX_RECORD)
     for B, T in [(2, 5), (1, 7)]:
-        idx = torch.randint(
-            0, model.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(T)
-        )
+        gen = torch.Generator().manual_seed(T)
+        idx = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
         want_r, want_a, want_h = _record_right(model, idx)
         with torch.enable_grad():  # recorded tensors must be cut off from autograd
             logits, cache = core.call_learner(
                 EX_RECORD, run_with_cache, model, idx, capture=("resid", "attn", "head_out")
             )
-        if _hooks_left(model):
-            raise core.CheckFailed(EX_RECORD, "hooks are left on the model after run_with_cache")
+        need(not _hooks_left(model), "hooks are left on the model after run_with_cache")
         r, a, h = list(cache.resid), list(cache.attn), list(cache.head_out)
-        if any(t.requires_grad for t in r + a + h):
-            raise core.CheckFailed(
-                EX_RECORD, "the recorded tensors still carry autograd history: record t.detach()"
-            )
-        if not (
-            len(r) == len(want_r) and all(core.close(x, y, atol=1e-5) for x, y in zip(r, want_r))
-        ):
-            mistake = core.first_mistake(
-                RECORD_MISTAKES[:2],
-                lambda m: (
-                    lambda w: (
-                        len(r) == len(w) and all(core.close(x, y, atol=1e-5) for x, y in zip(r, w))
-                    )
-                )(m.fn(want_r, want_a, want_h)[0]),
-            )
-            if mistake:
-                raise core.CheckFailed(EX_RECORD, mistake.message)
-            raise core.CheckFailed(
+        need(
+            not any(t.requires_grad for t in r + a + h),
+            "the recorded tensors still carry autograd history: record t.detach()",
+        )
+        if not _same_list(r, want_r):
+            core.fail_with(
                 EX_RECORD,
+                RECORD_MISTAKES[:2],
+                lambda m: _same_list(r, m.fn(want_r, want_a, want_h)[0]),
                 f"cache.resid should be n_layer + 1 = {len(want_r)} streams "
                 f"(B, T, C): the embeddings, then the stream after each block; got "
                 f"{len(r)} tensors",
             )
-        if not (
-            len(a) == len(want_a) and all(core.close(x, y, atol=1e-5) for x, y in zip(a, want_a))
-        ):
-            raise core.CheckFailed(
-                EX_RECORD,
-                f"cache.attn should hold n_layer = {len(want_a)} patterns "
-                f"(B, n_head, T, T), one per block: the tensor that passes the block's "
-                "attn.hook_pattern, recorded once per forward pass",
-            )
-        if not (
-            len(h) == len(want_h) and all(core.close(x, y, atol=1e-5) for x, y in zip(h, want_h))
-        ):
-            raise core.CheckFailed(
-                EX_RECORD, core.named(RECORD_MISTAKES, "head_out_layout").message
-            )
+        need(
+            _same_list(a, want_a),
+            f"cache.attn should hold n_layer = {len(want_a)} patterns "
+            f"(B, n_head, T, T), one per block: the tensor that passes the block's "
+            "attn.hook_pattern, recorded once per forward pass",
+        )
+        need(_same_list(h, want_h), core.named(RECORD_MISTAKES, "head_out_layout").message)
         _, only = core.call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
-        if only.attn or only.head_out:
-            raise core.CheckFailed(
-                EX_RECORD,
-                "with capture='resid' only the stream is asked for: record "
-                "attn and head_out only when they are in `wanted`",
-            )
+        need(
+            not (only.attn or only.head_out),
+            "with capture='resid' only the stream is asked for: record "
+            "attn and head_out only when they are in `wanted`",
+        )
     core.passed(
         EX_RECORD, "the stream, the patterns and the heads' outputs, detached, hooks removed"
+    )
+
+
+# --------------------------------------------------------------------------- 8.3 the logit lens
+
+
+def _lens_model(seed=0):
+    """A tiny random GPT-2 of 3 layers whose ln_f has a gain and a shift far from 1 and 0."""
+    model = _tiny(seed, n_layer=3)
+    with torch.no_grad():
+        model.ln_f.weight.copy_(1.0 + 0.5 * torch.randn(12))
+        model.ln_f.bias.copy_(0.5 * torch.randn(12))
+    return model
+
+
+def _lens_right(model, resid):
+    return model.ln_f(torch.stack(resid)) @ model.wte.weight.T
+
+
+LENS_MISTAKES = [
+    core.Mistake(
+        "no_ln_f",
+        "the final LayerNorm is missing: apply model.ln_f to each stream before "
+        "the readout, as the model does before its logits",
+        lambda model, resid: torch.stack(resid) @ model.wte.weight.T,
+    ),
+    core.Mistake(
+        "plain_norm",
+        "you normalise without ln_f's learned gain and shift; call "
+        "model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
+        lambda model, resid: (
+            F.layer_norm(torch.stack(resid), (resid[0].shape[-1],), eps=model.ln_f.eps)
+            @ model.wte.weight.T
+        ),
+    ),
+    core.Mistake(
+        "ln_f_twice",
+        "ln_f is applied twice; once, right before the readout, is enough",
+        lambda model, resid: model.ln_f(model.ln_f(torch.stack(resid))) @ model.wte.weight.T,
+    ),
+    core.Mistake(
+        "probabilities",
+        "you return probabilities (softmax); return the logits, as the model does",
+        lambda model, resid: _lens_right(model, resid).softmax(-1),
+    ),
+    core.Mistake(
+        "log_probabilities",
+        "you return log-probabilities (log_softmax); return the logits, as the model does",
+        lambda model, resid: _lens_right(model, resid).log_softmax(-1),
+    ),
+]
+
+
+def check_logit_lens(logit_lens) -> None:
+    """Exercise 8.2: `logit_lens(model, cache)` -> (n_layer + 1, B, T, V) logits."""
+    model = _lens_model()
+    C, V, L = model.config.n_embd, model.config.vocab_size, model.config.n_layer
+    B, T = 2, 5
+    gen = torch.Generator().manual_seed(1)
+    # streams of growing size, as in a real model; the last one is what the model reads out
+    resid = [torch.randn(B, T, C, generator=gen) * (1 + i) for i in range(L + 1)]
+    with torch.no_grad():
+        got = _call(
+            EX_LENS,
+            logit_lens,
+            model,
+            types.SimpleNamespace(resid=resid),  # the check's cache: only `resid` is read
+            watch=resid,
+            changed="your function changed cache.resid; read it without writing to it",
+        )
+        want = _lens_right(model, resid)
+    _require(
+        EX_LENS,
+        not (isinstance(got, tuple) and len(got) == 2),
+        "you return top-k values and indices; return the full logits (n_layer + 1, B, T, V)",
+    )
+    _judge(
+        EX_LENS,
+        got,
+        want,
+        LENS_MISTAKES,
+        lambda m: m.fn(model, resid),
+        "the logits differ from model.ln_f(stream) @ model.wte.weight.T "
+        "for each stream in cache.resid",
+        what="the lens logits",
+        atol=1e-4,
+        hints={
+            (B, T, V): "that is one layer's logits: stack all n_layer + 1 entries of "
+            "cache.resid (torch.stack) and read out each",
+            (L, B, T, V): "one entry is missing: cache.resid has n_layer + 1 entries (the "
+            "embeddings and the stream after each block); use them all",
+            (L + 1, B, T, C): "these are still streams of width C: multiply by "
+            "model.wte.weight.T to get one logit per vocabulary entry",
+            (B, T, L + 1, V): "stack along a new first dimension: (n_layer + 1, B, T, V)",
+        },
+    )
+    core.passed(EX_LENS, "the last layer's lens equals the model's logits")
+
+
+def _next(lens, idx, *, late=False, own=False, f=lambda x: x.log_softmax(-1)):
+    """At every layer, f(logits) at the token that comes next: (n_layer + 1, B, T - 1). The
+    mistakes: position t + 1's logits (late), or scored against token t (own)."""
+    values = f((lens[:, :, 1:] if late else lens[:, :, :-1]).double())
+    tokens = idx[:, :-1] if late or own else idx[:, 1:]  # position t's logits predict token t + 1
+    return values.gather(-1, tokens[None, :, :, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
+
+
+NEXT_MISTAKES = [
+    core.Mistake(
+        "unshifted",
+        "you scored each position's logits against its own token; the logits at "
+        "position t predict the token at t + 1 (and the last position has nothing to predict)",
+        functools.partial(_next, own=True),
+    ),
+    core.Mistake(
+        "backwards",
+        "you scored position t + 1's logits against token t: the shift runs the "
+        "other way, the logits at t predict the token at t + 1",
+        functools.partial(_next, late=True),
+    ),
+    core.Mistake(
+        "raw logits",
+        "these are raw logits, not log-probabilities: apply log_softmax over the vocabulary first",
+        functools.partial(_next, f=lambda x: x),
+    ),
+    core.Mistake(
+        "probabilities",
+        "these are probabilities; the exercise asks for log-probabilities "
+        "(log_softmax, not softmax)",
+        functools.partial(_next, f=lambda x: x.softmax(-1)),
+    ),
+    core.Mistake(
+        "softmax over positions",
+        "your log_softmax runs over the wrong dimension: normalise "
+        "over the vocabulary (the last one), not over the positions",
+        functools.partial(_next, f=lambda x: x.log_softmax(-2)),
+    ),
+]
+
+
+def check_next_token_logprobs(next_token_logprobs) -> None:
+    """Exercise 8.3: `next_token_logprobs(lens (L + 1, B, T, V), idx (B, T))` -> (L + 1, B, T-1)."""
+    gen = torch.Generator().manual_seed(3)
+    for layers, B, T, V in [(3, 1, 6, 11), (5, 2, 4, 7), (2, 3, 2, 5)]:  # T = 2: one prediction
+        lens = torch.randn(layers, B, T, V, generator=gen) * 3
+        idx = torch.randint(0, V, (B, T), generator=gen)
+        got = _call(
+            EX_NEXT,
+            next_token_logprobs,
+            lens,
+            idx,
+            watch=[lens],
+            changed="your function changed the lens logits in place; read them without "
+            "writing to them",
+        )
+        got = _judge(
+            EX_NEXT,
+            got,
+            _next(lens, idx),
+            NEXT_MISTAKES,
+            lambda m: m.fn(lens, idx),
+            f"with {layers} layers, batch {B}, {T} tokens, your values differ from "
+            "the log-probability, under each layer's lens, of the token that comes next",
+            what="the log-probabilities",
+            atol=1e-4,
+            hints={
+                (layers, B, T): "one value a position, T of them: the last position predicts "
+                "no token of the text, so there are T - 1",
+                (layers, B, T - 1, V): "that is every token's log-probability: keep only the "
+                "one of the token that really comes next (gather)",
+                (layers, B, T, V): "that is the whole distribution at every position: keep "
+                "only the log-probability of the token that comes next, at T - 1 positions",
+            },
+        )
+    _require(
+        EX_NEXT,
+        bool((got <= 1e-6).all()),
+        "a log-probability above 0: apply log_softmax over the vocabulary",
+    )
+    core.passed(
+        EX_NEXT, "each layer's log-probability of the next token, for several batches and lengths"
+    )
+
+
+# --------------------------------------------------------------------------- 8.4, 8.5 head scores
+
+
+def _diagonal(pattern, offset=-1):
+    """pattern[..., q, q + offset] for every query q that has that key: (B, n_head, queries)."""
+    return pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
+
+
+def _second_copy(pattern, L, offset):
+    q = torch.arange(L + 1, 2 * L + 1)
+    return pattern[:, :, q, q - offset]  # (B, nh, L)
+
+
+def _induction_right(pattern, L):
+    """For query q in the second copy (L + 1 .. 2L), the attention to key q - L + 1."""
+    return _second_copy(pattern, L, L - 1).mean(dim=(0, -1))  # (nh,)
+
+
+def _patterns(B=3, nh=4, L=5, seed=0):
+    """Causal attention probabilities with a boost on the induction and previous-token keys."""
+    T = 2 * L + 1
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(B, nh, T, T, generator=gen, dtype=torch.float64)
+    q = torch.arange(L + 1, T)
+    scores[:, 0, q, q - L + 1] += 4.0  # head 0: an induction head
+    scores[:, 1, torch.arange(1, T), torch.arange(0, T - 1)] += 4.0  # head 1: previous token
+    scores[:, 2, q, q - L] += 4.0  # head 2: duplicate-token head
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+def _score_hints(B, nh, queries):
+    """expect_tensor's hints for per-head scores that kept or lost the wrong dimensions."""
+    one = "one score per head"
+    return {
+        (): f"you return one number: keep {one} (average over dims 0 and the queries, not over "
+        "the heads)",
+        (B, nh): f"average over the batch too: {one}",
+        (nh, queries): f"average over the queries too: {one}",
+        (B, nh, queries): f"average over the batch and the queries: {one}",
+    }
+
+
+_PATTERN_CHANGED = "your function changed the pattern it was given; read it without writing to it"
+
+PREVIOUS_MISTAKES = [
+    core.Mistake(
+        "itself",
+        "you score the attention of each token to *itself* (the main diagonal); "
+        "the previous token is key q - 1, one below it",
+        lambda p: _diagonal(p, 0).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "two_back",
+        "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
+        lambda p: _diagonal(p, -2).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "transposed",
+        "rows are queries and columns keys: the previous token of query q is "
+        "pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask "
+        "leaves zeros)",
+        lambda p: _diagonal(p, 1).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "counts_position_0",
+        "you average over all T queries, counting position 0 (which has "
+        "no previous token) as a zero; average over the T - 1 queries that have one",
+        lambda p: _diagonal(p).sum(-1).mean(0) / p.shape[-1],
+    ),
+    core.Mistake(
+        "sum",
+        "you add the attention up instead of averaging it: a perfect previous-token "
+        "head should score 1",
+        lambda p: _diagonal(p).sum(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "first_example",
+        "you use only the first sequence of the batch; average over the batch too",
+        lambda p: _diagonal(p)[0].mean(-1),
+    ),
+]
+
+
+def check_previous_token_score(previous_token_score) -> None:
+    """Exercise 8.3: `previous_token_score(pattern (B, n_head, T, T))` -> (n_head,) scores."""
+    for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
+        pattern = _patterns(B, nh, L, seed)
+        want = _diagonal(pattern).mean(dim=(0, -1))
+        got = _call(EX_PREVIOUS, previous_token_score, pattern, changed=_PATTERN_CHANGED)
+        _judge(
+            EX_PREVIOUS,
+            got,
+            want,
+            PREVIOUS_MISTAKES,
+            lambda m: m.fn(pattern),
+            lambda got: f"the scores should be {_rounded(want)}, got {_rounded(got)}",
+            what="the scores",
+            hints=_score_hints(B, nh, pattern.shape[-1] - 1),
+            atol=1e-6,
+        )
+    core.passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
+
+
+INDUCTION_MISTAKES = [
+    core.Mistake(
+        "same_token",
+        "you score the attention to the earlier copy of the *same* token "
+        "(key q - seq_len). An induction head attends to the token *after* it: key "
+        "q - seq_len + 1",
+        lambda p, L: _second_copy(p, L, L).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "two_after",
+        "off by one the other way: key q - seq_len + 2 is two tokens after the "
+        "earlier copy; the induction key is q - seq_len + 1",
+        lambda p, L: _second_copy(p, L, L - 2).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "previous_token",
+        "this is the attention to the previous token (key q - 1), the "
+        "previous-token score; the induction key is q - seq_len + 1",
+        lambda p, L: _second_copy(p, L, 1).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "whole_stripe",
+        "you average the whole stripe key = q - seq_len + 1, including "
+        "queries of the first copy (where there is nothing to repeat yet); average over the "
+        "seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
+        lambda p, L: _diagonal(p, -(L - 1)).mean(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "transposed",
+        "rows are queries and columns keys: pattern[..., q, k]. You read "
+        "pattern[..., k, q], which the causal mask makes 0 above the diagonal",
+        lambda p, L: _induction_right(p.transpose(-1, -2), L),
+    ),
+    core.Mistake(
+        "sum",
+        "you add the attention up instead of averaging it: a perfect induction head "
+        "should score 1, so take the mean over the batch and the queries",
+        lambda p, L: _second_copy(p, L, L - 1).sum(dim=(0, -1)),
+    ),
+    core.Mistake(
+        "first_example",
+        "you use only the first sequence of the batch; average over the batch dimension too",
+        lambda p, L: _second_copy(p, L, L - 1)[0].mean(dim=-1),
+    ),
+]
+
+
+def check_induction_score(induction_score, repeated_tokens=None, induction_scores=None) -> None:
+    """Exercise 8.5: `induction_score(pattern, seq_len)` -> (n_head,); `repeated_tokens` ->
+    (batch, 2 * seq_len + 1) ids and `induction_scores(model)` -> (n_layer, n_head), if given."""
+    for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
+        pattern = _patterns(B, nh, L, seed)
+        want = _induction_right(pattern, L)
+        got = _call(EX_INDUCTION, induction_score, pattern, L, changed=_PATTERN_CHANGED)
+        _judge(
+            EX_INDUCTION,
+            got,
+            want,
+            INDUCTION_MISTAKES,
+            lambda m: m.fn(pattern, L),
+            lambda got: (
+                f"for seq_len={L} the scores should be {_rounded(want)}, got "
+                f"{_rounded(got)}: average "
+                "pattern[b, h, q, q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len"
+            ),
+            what="the scores",
+            hints=_score_hints(B, nh, L),
+            atol=1e-6,
+        )
+    if repeated_tokens is not None:
+        _check_repeated_tokens(repeated_tokens)
+    if induction_scores is not None:
+        _check_induction_scores(induction_scores, repeated_tokens)
+    core.passed(
+        EX_INDUCTION,
+        "head 0 of the test pattern (an induction head) scores highest"
+        + ("; the repeated input and the model's scores are right" if induction_scores else ""),
+    )
+
+
+def _check_repeated_tokens(repeated_tokens):
+    need = functools.partial(_require, EX_INDUCTION)
+    for batch, L, V, seed, bos, pool in [
+        (3, 5, 50, 0, None, None),
+        (2, 7, 40, 1, 7, torch.tensor([3, 11, 30])),
+    ]:
+        got = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        got = core.expect_tensor(
+            EX_INDUCTION,
+            got,
+            (batch, 2 * L + 1),
+            what="repeated_tokens' ids",
+            hints={
+                (batch, 2 * L): "the start token is missing: 2 * seq_len + 1 ids per row",
+                (batch, L + 1): "the second copy is missing: the L ids come twice",
+            },
+        )
+        need(
+            not got.dtype.is_floating_point, "repeated_tokens must return integer ids (torch.long)"
+        )
+        want_bos = V - 1 if bos is None else bos
+        need(
+            bool((got[:, 0] == want_bos).all()),
+            f"every row must start with bos_token_id ({want_bos}; "
+            "by default vocab_size - 1, <|endoftext|> in GPT-2)",
+        )
+        need(
+            torch.equal(got[:, 1 : L + 1], got[:, L + 1 :]),
+            "the second half must repeat the first: ids 1 .. L and L + 1 .. 2L are the same",
+        )
+        need(
+            bool(torch.isin(got[:, 1:], torch.arange(V) if pool is None else pool).all()),
+            "draw the ids from `tokens` when it is given (else from 0 .. vocab_size - 1)",
+        )
+        again = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
+        need(
+            torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()),
+            "two calls with the same seed give different ids: "
+            "draw with the generator seeded from `seed`",
+        )
+        other = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
+        need(
+            pool is not None
+            or not torch.equal(torch.as_tensor(other), torch.as_tensor(got).long()),
+            "another seed gives the same ids: use `seed`",
+        )
+        need(
+            pool is not None or len(set(got[0, 1 : L + 1].tolist())) >= 2,
+            "the ids of a row should be random, not one id repeated",
+        )
+
+
+def _check_induction_scores(induction_scores, repeated_tokens):
+    from gpt2lib.chapters.interpret import previous_token_score
+    from gpt2lib.chapters.interpret import repeated_tokens as reference_tokens
+    from gpt2lib.inspection import run_with_cache
+
+    make = repeated_tokens or reference_tokens
+    model = _tiny(3, n_positions=32)
+    need = functools.partial(_require, EX_INDUCTION)
+    for L, batch in [(5, 2), (7, 3)]:
+        idx = make(batch, L, model.config.vocab_size, 0)
+        _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
+        want = torch.stack([_induction_right(p, L) for p in cache.attn])
+        want_prev = torch.stack([previous_token_score(p) for p in cache.attn])
+        got = core.call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
+        got = core.expect_tensor(
+            EX_INDUCTION,
+            got,
+            tuple(want.shape),
+            what="induction_scores' result",
+            hints={tuple(want.shape[1:]): "one row per layer: stack the scores of every layer"},
+        )
+        need(
+            core.close(got, want, atol=1e-5),
+            "induction_scores(model) differs from your induction_score "
+            "applied to each layer's attention on repeated_tokens(batch, seq_len, "
+            "vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
+        )
+        both = core.call_learner(
+            EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True
+        )
+        need(
+            isinstance(both, tuple)
+            and len(both) == 2
+            and core.close(both[1], want_prev, atol=1e-5),
+            "with previous=True return (induction scores, previous-"
+            "token scores), each (n_layer, n_head)",
+        )
+
+
+# --------------------------------------------------------------------------- 8.6 the two copies' losses
+
+
+def _per_token(logits, idx, shifted=True):
+    """The loss of each prediction of idx[:, 1:], (B, 2L); unshifted: a mistake."""
+    logits = logits[:, :-1] if shifted else logits[:, 1:]
+    return F.cross_entropy(logits.transpose(1, 2), idx[:, 1:], reduction="none")
+
+
+def _copies(logits, idx, L, *, first=1, late=0, shifted=True):
+    """(the first copy's loss, the second's) over the predictions of tokens `first + 1` .. L of
+    each copy; first=0, late=1 or shifted=False plant a mistake."""
+    per = _per_token(logits, idx, shifted)
+    return per[:, first:L].mean().item(), per[:, L + first + late :].mean().item()
+
+
+COPY_MISTAKES = [
+    core.Mistake(
+        "first_tokens_counted",
+        "you count the first token of each copy too; it follows "
+        "<|endoftext|> or the end of the first copy, and nothing can predict it: count the "
+        "predictions of tokens 2 .. L of each copy",
+        functools.partial(_copies, first=0),
+    ),
+    core.Mistake(
+        "no_shift",
+        "the logits at position t predict the token at t + 1: compare "
+        "logits[:, :-1] with idx[:, 1:], not the same positions",
+        functools.partial(_copies, shifted=False),
+    ),
+    core.Mistake(
+        "swapped",
+        "you return (second, first); return the first copy's loss first",
+        lambda lg, idx, L: _copies(lg, idx, L)[::-1],
+    ),
+    core.Mistake(
+        "split_late",
+        "the second copy starts one prediction late: after the start token and "
+        "the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and "
+        "L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
+        functools.partial(_copies, late=1),
+    ),
+    core.Mistake(
+        "bits",
+        "you measure in bits (log base 2); the loss of the course is in nats (natural "
+        "log, as F.cross_entropy gives)",
+        lambda lg, idx, L: tuple(v / math.log(2) for v in _copies(lg, idx, L)),
+    ),
+]
+
+
+def check_copy_losses(copy_losses) -> None:
+    """Exercise 8.5: `copy_losses(logits (B, 2L + 1, V), idx, seq_len)` -> (first loss, second)."""
+    from gpt2lib.chapters.interpret import repeated_tokens
+
+    def same(a, b):
+        return all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a, b))
+
+    for B, L, V, seed in [(3, 5, 13, 0), (2, 7, 17, 1)]:
+        idx = repeated_tokens(B, L, V, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
+        got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
+        _require(
+            EX_COPY,
+            isinstance(got, (tuple, list)) and len(got) == 2,
+            "return two numbers, (first copy's loss, second copy's loss)",
+        )
+        try:
+            got = tuple(float(v) for v in got)
+        except (TypeError, ValueError, RuntimeError):
+            raise core.CheckFailed(
+                EX_COPY, "each of the two values must be one number (use .item())"
+            ) from None
+        want = _copies(logits, idx, L)
+        if not same(got, want):
+            core.fail_with(
+                EX_COPY,
+                COPY_MISTAKES,
+                lambda m: same(got, m.fn(logits, idx, L)),
+                f"for seq_len={L} the losses should be ({want[0]:.4f}, "
+                f"{want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})",
+            )
+    core.passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
+
+
+# --------------------------------------------------------------------------- 8.7 zero heads
+
+
+def _zero(y, heads, n_head, *, width=None, head_fastest=False):
+    """y with each listed head's channels h * head_dim .. (h + 1) * head_dim - 1 zeroed; a width
+    other than head_dim, or the head taken as the fastest index, plant a mistake."""
+    out, width = y.clone(), width or y.shape[-1] // n_head
+    for h in heads:
+        if head_fastest:  # y viewed as (B, T, head_dim, n_head)
+            out[..., h::n_head] = 0
+        else:
+            out[..., h * width : (h + 1) * width] = 0
+    return out
+
+
+ZERO_MISTAKES = [
+    core.Mistake(
+        "kept_instead",
+        "you zero every head except the listed ones; zero the listed heads and keep the others",
+        lambda y, heads, n_head: _zero(y, [h for h in range(n_head) if h not in heads], n_head),
+    ),
+    core.Mistake(
+        "n_head_width",
+        "you zero n_head channels per head; each head owns head_dim = C // "
+        "n_head channels: h * head_dim to (h + 1) * head_dim",
+        lambda y, heads, n_head: _zero(y, heads, n_head, width=n_head),
+    ),
+    core.Mistake(
+        "head_fastest",
+        "the channels of head h are one block, h * head_dim .. (h + 1) * "
+        "head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
+        functools.partial(_zero, head_fastest=True),
+    ),
+    core.Mistake(
+        "positions",
+        "you zero time positions (dimension 1); a head is a group of channels "
+        "in the last dimension",
+        lambda y, heads, n_head: y.index_fill(1, torch.tensor(heads), 0),
+    ),
+    core.Mistake(
+        "first_only",
+        "only the first listed head is zeroed; zero all of them",
+        lambda y, heads, n_head: _zero(y, list(heads)[:1], n_head),
+    ),
+]
+
+
+def check_zero_heads(zero_heads) -> None:
+    """Exercise 8.3: `zero_heads(y (B, T, C), heads, n_head)` -> (B, T, C), those heads zeroed."""
+    gen = torch.Generator().manual_seed(0)
+    # n_head=3, C=12: head_dim=4, so an n_head-wide or head-fastest slice differs from the right one
+    for B, T, C, n_head, heads in [(2, 4, 12, 3, [1]), (2, 3, 12, 3, [0, 2]), (1, 5, 8, 4, [3, 1])]:
+        y = torch.randn(B, T, C, generator=gen) + 0.5  # no zeros of its own
+        want = _zero(y, heads, n_head)
+        got = _call(
+            EX_ZERO,
+            zero_heads,
+            y,
+            list(heads),
+            n_head,
+            changed=lambda: (
+                "you zeroed y in place; work on a copy (y.clone()) and return it, so that the "
+                "caller's tensor is unchanged"
+                if core.close(y, want, atol=0)
+                else "your function changed y; work on a copy (y.clone())"
+            ),
+        )
+        _judge(
+            EX_ZERO,
+            got,
+            want,
+            ZERO_MISTAKES,
+            lambda m: m.fn(y, heads, n_head),
+            f"with n_head={n_head} and heads={heads}, channels "
+            f"h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head "
+            "must be 0 and every other value unchanged",
+            what="the result",
+            hints={(B, T, n_head, C // n_head): "reshape the result back to (B, T, C)"},
+            atol=0,
+        )
+    core.passed(EX_ZERO, "the listed heads' channels are 0, the rest untouched, y unchanged")
+
+
+# --------------------------------------------------------------------------- 8.8 ablation effects
+
+
+def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False, sign=1.0):
+    """The second copy's loss rise with each head replaced (by 0, or by its mean), one at a time;
+    whole, all_heads and sign=-1 plant a mistake."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    hd = model.config.n_embd // n_head
+
+    def loss(logits):
+        per = _per_token(logits, idx)
+        return per.mean().item() if whole else per[:, L + 1 :].mean().item()
+
+    with torch.no_grad():
+        base = loss(model(idx))
+        out = torch.zeros(n_layer, n_head)
+        for layer in range(n_layer):
+            for head in range(n_head):
+                heads = range(n_head) if all_heads else [head]
+
+                def hook(module, args, layer=layer, heads=heads):
+                    y = args[0].clone()
+                    for h in heads:
+                        y[..., h * hd : (h + 1) * hd] = (
+                            0.0 if head_means is None else head_means[layer][h]
+                        )
+                    return (y,)
+
+                handle = model.h[layer].attn.c_proj.register_forward_pre_hook(hook)
+                try:
+                    out[layer, head] = sign * (loss(model(idx)) - base)
+                finally:
+                    handle.remove()
+    return out
+
+
+EFFECTS_MISTAKES = [
+    core.Mistake(
+        "sign",
+        "your effects have the wrong sign: report the ablated loss minus the normal "
+        "loss, so that a head the model needs shows a rise (a positive number)",
+        functools.partial(_effects_right, sign=-1.0),
+    ),
+    core.Mistake(
+        "whole_sequence",
+        "you measure the loss over the whole sequence; measure the second "
+        "copy only (copy_losses' second value), where copying is what helps",
+        functools.partial(_effects_right, whole=True),
+    ),
+    core.Mistake(
+        "means_ignored",
+        "with head_means given, your function still zeroes the head: set its "
+        "channels to head_means[layer][head] (a (head_dim,) vector) instead",
+        lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None),
+    ),
+    core.Mistake(
+        "whole_layer",
+        "you ablate every head of the layer at once; ablate one head at a "
+        "time, leaving the others as they are",
+        functools.partial(_effects_right, all_heads=True),
+    ),
+]
+
+
+def _effects_model(seed=0):
+    model = _tiny(seed, n_positions=32)
+    with torch.no_grad():  # larger weights, so that every head's ablation moves the loss
+        for block in model.h:
+            block.attn.c_proj.weight.mul_(8.0)
+            block.attn.c_attn.weight.mul_(4.0)
+    return model
+
+
+def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    hd = model.config.n_embd // n_head
+    got = core.call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
+    need = functools.partial(_require, EX_EFFECTS)
+    need(
+        isinstance(got, (list, tuple)) and len(got) == n_layer,
+        f"mean_head_outputs must return a list of n_layer = {n_layer} tensors, one per layer",
+    )
+    for layer, (g, w) in enumerate(zip(got, means)):
+        g = core.expect_tensor(
+            EX_EFFECTS,
+            g,
+            (n_head, hd),
+            what=f"layer {layer}'s means",
+            hints={
+                (hd,): "keep one mean per head: average over the batch and positions only",
+                (n_head,): "keep the head_dim channels: average over the batch and positions only",
+            },
+        )
+        need(
+            core.close(g, w, atol=1e-5),
+            f"layer {layer}'s means differ: average cache.head_out[layer], (B, n_head, T, "
+            "head_dim), over the batch and the positions (dims 0 and 2)",
+        )
+
+
+def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
+    """Exercise 8.8: `mean_head_outputs(model, idx)` -> per layer (n_head, head_dim), if given;
+    `ablation_effects(model, idx, seq_len, head_means=None)` -> (n_layer, n_head)."""
+    from gpt2lib.chapters.interpret import repeated_tokens
+    from gpt2lib.inspection import run_with_cache
+
+    model = _effects_model()
+    for L, seed in [(5, 0), (7, 1)]:
+        idx = repeated_tokens(2, L, model.config.vocab_size, seed=seed)
+        with torch.no_grad():
+            _, cache = run_with_cache(model, idx, capture="head_out")
+        means = [h.mean(dim=(0, 2)) for h in cache.head_out]  # per layer (nh, hd)
+        if mean_head_outputs is not None:
+            _check_mean_head_outputs(mean_head_outputs, model, idx, means)
+        for head_means in (None, means):
+            try:
+                got = core.call_learner(
+                    EX_EFFECTS, ablation_effects, model, idx, L, head_means=head_means
+                )
+            finally:
+                left = _hooks_left(model)
+                for m in model.modules():
+                    m._forward_pre_hooks.clear()
+                    m._forward_hooks.clear()
+            _require(
+                EX_EFFECTS,
+                not left,
+                f"your function left hooks on {left[:3]}: remove "
+                "each hook after its forward pass (handle.remove(), in a finally)",
+            )
+            want = _effects_right(model, idx, L, head_means)
+            how = "zeroed" if head_means is None else "set to their means"
+            _judge(
+                EX_EFFECTS,
+                got,
+                want,
+                EFFECTS_MISTAKES,
+                lambda m: m.fn(model, idx, L, head_means=head_means),
+                lambda got: (
+                    f"with the heads {how}, seq_len={L}: the effects should be "
+                    f"{want.round(decimals=4).tolist()}, got {got.round(decimals=4).tolist()}"
+                ),
+                what="the effects",
+                atol=1e-4,
+                rtol=1e-4,
+            )
+    core.passed(
+        EX_EFFECTS,
+        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
+        "printout: a head whose loss rises both ways computes from this input something the "
+        "copy needs; one that costs much more zeroed than mean-ablated matters through its "
+        "constant output, which later layers expect; small both ways, neither",
+    )
+
+
+# --------------------------------------------------------------------------- the challenge
+
+
+def _zero_effects(model, idx, seq_len):
+    return _effects_right(model, idx, seq_len)
+
+
+def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None:
+    """Challenge: `head` = (layer, head) raises the second copy's loss by >= share of the best head's."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    if head is None:
+        raise core.NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
+    need = functools.partial(_require, CH_HEAD)
+    need(
+        isinstance(head, (tuple, list))
+        and len(head) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in head),
+        f"CHOSEN_HEAD must be a pair of whole numbers (layer, head), got {head!r}",
+    )
+    layer, h = head
+    need(
+        0 <= layer < n_layer and 0 <= h < n_head,
+        f"({layer}, {h}) is not a head of this model: layers 0 .. "
+        f"{n_layer - 1}, heads 0 .. {n_head - 1}",
+    )
+    effects = _zero_effects(model, idx, seq_len)
+    best = effects.max().item()
+    where = divmod(int(effects.argmax()), n_head)
+    mine = effects[layer, h].item()
+    if best < floor:
+        core.passed(
+            CH_HEAD,
+            f"no head of this model raises the second copy's loss by {floor} nats or "
+            f"more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours "
+            f"{mine:+.4f}): it does not rely on one head for copying",
+        )
+        return
+    need(
+        mine >= share * best,
+        f"zeroing head {layer}.{h} raises the second copy's loss by "
+        f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
+        f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
+    )
+    core.passed(
+        CH_HEAD,
+        f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, "
+        f"{mine / best:.0%} of the best head's ({best:+.4f})",
     )
 
 
