@@ -269,16 +269,14 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
             )
             raise CheckFailed(
                 exercise,
-                f"the check calls {shown_name}({shown}), but {shown_name}{signature} cannot "
-                f"take that ({exc}). Keep the signature given in the exercise.",
+                f"the check calls {shown_name}({shown}), but {shown_name}{signature} cannot take that ({exc}). Keep the signature given in the exercise.",
             ) from None
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
         raise NotDoneYet(
             exercise,
-            "not done yet: replace the `raise NotImplementedError(...)` line with your code, "
-            "run that cell, then run this check again.",
+            "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again.",
         ) from None
 
 

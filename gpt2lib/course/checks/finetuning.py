@@ -77,26 +77,22 @@ def _pool_right(hidden, lengths):
 POOL_MISTAKES = [
     core.Mistake(
         "padding averaged",
-        "your mean includes the padding positions: average only the "
-        "first lengths[b] positions of row b",
+        "your mean includes the padding positions: average only the first lengths[b] positions of row b",
         lambda h, n: h.mean(1),
     ),
     core.Mistake(
         "divided by T",
-        "you sum only the real tokens but divide by the padded length T; "
-        "divide by each row's own length",
+        "you sum only the real tokens but divide by the padded length T; divide by each row's own length",
         lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1],
     ),
     core.Mistake(
         "last token",
-        "you return the last real token's state; this exercise asks for the "
-        "mean over the real tokens",
+        "you return the last real token's state; this exercise asks for the mean over the real tokens",
         lambda h, n: h[torch.arange(h.shape[0]), n - 1],
     ),
     core.Mistake(
         "off by one",
-        "your mask keeps one position too many or too few: row b's real "
-        "tokens are positions 0 .. lengths[b] - 1",
+        "your mask keeps one position too many or too few: row b's real tokens are positions 0 .. lengths[b] - 1",
         lambda h, n: _pool_right(h, torch.clamp(n + 1, max=h.shape[1])),
     ),
 ]
@@ -148,8 +144,7 @@ def check_speaker_batch(speaker_batch) -> None:
         if torch.equal(idx, _padded(rows, 99, left=True)) and not torch.equal(idx, want):
             raise core.CheckFailed(
                 EX_BATCH,
-                "your padding is on the left: pad on the right, so that "
-                "every row's real tokens start at position 0",
+                "your padding is on the left: pad on the right, so that every row's real tokens start at position 0",
             )
         need(
             torch.equal(idx, want),
@@ -181,9 +176,7 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
         )
         need(
             (head.in_features, head.out_features) == (gpt.config.n_embd, n_classes),
-            f"your head maps {head.in_features} -> {head.out_features}: "
-            f"it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers "
-            f"and gives one score per class ({n_classes})",
+            f"your head maps {head.in_features} -> {head.out_features}: it reads a pooled hidden state of n_embd = {gpt.config.n_embd} numbers and gives one score per class ({n_classes})",
         )
         idx = torch.randint(0, 60, (3, 7), generator=gen)
         lengths = torch.tensor([7, 4, 2])
@@ -195,11 +188,9 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
                 last = head(states[torch.arange(3), lengths - 1])
                 raise core.CheckFailed(
                     EX_CLASSIFIER,
-                    "your forward reads the last real token: pool with pool_mean over the "
-                    "real tokens"
+                    "your forward reads the last real token: pool with pool_mean over the real tokens"
                     if core.close(got, last, atol=1e-5)
-                    else "your scores differ from head(pool_mean(hidden_states(gpt, idx), "
-                    "lengths))",
+                    else "your scores differ from head(pool_mean(hidden_states(gpt, idx), lengths))",
                 )
     core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
 
@@ -219,20 +210,17 @@ def _class_loss(model, rows, pad_id, *, softmaxed=False, padding_pooled=False, r
 CLASS_LOSS_MISTAKES = [
     core.Mistake(
         "softmax first",
-        "you applied softmax before F.cross_entropy, which takes raw scores "
-        "(logits) and does the log-softmax itself",
+        "you applied softmax before F.cross_entropy, which takes raw scores (logits) and does the log-softmax itself",
         functools.partial(_class_loss, softmaxed=True),
     ),
     core.Mistake(
         "sum",
-        "your loss is a sum over the batch: take the mean, so that the step size does "
-        "not grow with the batch",
+        "your loss is a sum over the batch: take the mean, so that the step size does not grow with the batch",
         functools.partial(_class_loss, reduction="sum"),
     ),
     core.Mistake(
         "padding pooled",
-        "your model read the padding: pass each row's real lengths, not the "
-        "padded length, to the classifier",
+        "your model read the padding: pass each row's real lengths, not the padded length, to the classifier",
         functools.partial(_class_loss, padding_pooled=True),
     ),
 ]
@@ -256,8 +244,7 @@ def check_classification_loss(classification_loss) -> None:
                 _class_loss(model, rows, 59),
                 CLASS_LOSS_MISTAKES,
                 lambda m: m.fn(model, rows, 59),
-                "your loss differs from F.cross_entropy of the classifier's scores "
-                "on speaker_batch(rows, pad_id) and the labels",
+                "your loss differs from F.cross_entropy of the classifier's scores on speaker_batch(rows, pad_id) and the labels",
                 what="your loss",
             )
     core.passed(EX_CLASS_LOSS)
@@ -273,9 +260,7 @@ def _confusion_right(labels, predictions, n_classes):
 CONFUSION_MISTAKES = [
     core.Mistake(
         "no accumulate",
-        "two speeches in the same cell were counted once: "
-        "counts[labels, predictions] += 1 writes each cell once however often it repeats. "
-        "Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
+        "two speeches in the same cell were counted once: counts[labels, predictions] += 1 writes each cell once however often it repeats. Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
         lambda t, p, n: torch.zeros(n, n, dtype=torch.long).index_put_((t, p), torch.tensor(1)),
     ),
     core.Mistake(
@@ -285,8 +270,7 @@ CONFUSION_MISTAKES = [
     ),
     core.Mistake(
         "hits only",
-        "you counted only the right answers (the diagonal): every speech "
-        "counts once, in row t and column p",
+        "you counted only the right answers (the diagonal): every speech counts once, in row t and column p",
         lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n))),
     ),
 ]
@@ -332,26 +316,22 @@ def _collate_right(pairs, pad_id, mask_prompt=True, shift=0, pad_targets=False):
 COLLATE_MISTAKES = [
     core.Mistake(
         "prompt kept",
-        "your targets keep the prompt's tokens: the loss would train the "
-        "model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
+        "your targets keep the prompt's tokens: the loss would train the model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
         lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False),
     ),
     core.Mistake(
         "mask one too far",
-        "you ignore one target too many: the target at position "
-        "len(prompt) - 1 is the response's first token, which must be kept",
+        "you ignore one target too many: the target at position len(prompt) - 1 is the response's first token, which must be kept",
         lambda pairs, pad: _collate_right(pairs, pad, shift=1),
     ),
     core.Mistake(
         "mask one short",
-        "you keep the target of the prompt's last token: target t is "
-        "token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
+        "you keep the target of the prompt's last token: target t is token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
         lambda pairs, pad: _collate_right(pairs, pad, shift=-1),
     ),
     core.Mistake(
         "padding as target",
-        "the padding positions have pad_id as their target: the loss "
-        "would teach the model to write padding; they must be IGNORE_INDEX",
+        "the padding positions have pad_id as their target: the loss would teach the model to write padding; they must be IGNORE_INDEX",
         lambda pairs, pad: _collate_right(pairs, pad, pad_targets=True),
     ),
 ]
@@ -384,8 +364,10 @@ def check_collate(collate) -> None:
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
         hints = {
-            (shape[0], shape[1] + 1): "rows are one token too long: the inputs drop each "
-            "row's last token and the targets its first"
+            (
+                shape[0],
+                shape[1] + 1,
+            ): "rows are one token too long: the inputs drop each row's last token and the targets its first"
         }
         inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
@@ -395,16 +377,14 @@ def check_collate(collate) -> None:
         )
         need(
             torch.equal(inputs, want[0]),
-            "your inputs differ: each row is prompt + response "
-            "without its last token, then pad_id up to the longest row",
+            "your inputs differ: each row is prompt + response without its last token, then pad_id up to the longest row",
         )
         if not torch.equal(targets, want[1]):
             core.fail_with(
                 EX_COLLATE,
                 COLLATE_MISTAKES,
                 lambda m: torch.equal(targets, m.fn(pairs, pad_id)[1]),
-                "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX "
-                "for prompt tokens and padding",
+                "your targets differ: target t is token t + 1 of the row, IGNORE_INDEX for prompt tokens and padding",
             )
     core.passed(EX_COLLATE, "inputs shifted, prompt and padding ignored")
 
@@ -422,8 +402,7 @@ LOSS_MISTAKES = [
     core.Mistake("sum", "your loss is a sum; take the mean over the kept targets", _summed),
     core.Mistake(
         "mean over all",
-        "you average over every position, ignored ones included (as zeros): "
-        "divide by the number of kept targets",
+        "you average over every position, ignored ones included (as zeros): divide by the number of kept targets",
         functools.partial(_summed, over_all=True),
     ),
 ]
@@ -450,8 +429,7 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
             F.cross_entropy(logits[keep], targets[keep]),
             LOSS_MISTAKES,
             lambda m: m.fn(logits, targets),
-            "your loss differs from the mean cross-entropy over the targets that are "
-            "not IGNORE_INDEX",
+            "your loss differs from the mean cross-entropy over the targets that are not IGNORE_INDEX",
             what="your loss",
             hints={(B * T,): "return one number: the mean, not one loss per position"},
         )
@@ -466,8 +444,7 @@ RESPONSE_MISTAKES = [
     ),
     core.Mistake(
         "mean over all",
-        "you divided by every position, ignored ones included: divide by "
-        "the number of kept targets",
+        "you divided by every position, ignored ones included: divide by the number of kept targets",
         lambda gpt, inputs, targets: _summed(gpt(inputs), targets, over_all=True),
     ),
 ]
@@ -488,8 +465,7 @@ def check_response_loss(response_loss) -> None:
                 F.cross_entropy(gpt(inputs)[keep], targets[keep]),
                 RESPONSE_MISTAKES,
                 lambda m: m.fn(gpt, inputs, targets),
-                "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout "
-                "of hidden_states at the kept positions, scored against their targets",
+                "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout of hidden_states at the kept positions, scored against their targets",
                 what="your loss",
             )
     core.passed(EX_RESPONSE, "the same loss as the whole model's logits, read out where it counts")
@@ -514,8 +490,7 @@ def _by_position(gpt, pairs, pad_id, positions, shift=0):
 POSITION_MISTAKES = [
     core.Mistake(
         "one late",
-        "your position 0 is the reply's second token: the first reply token is "
-        "the target of the prompt's last token, at len(prompt) - 1",
+        "your position 0 is the reply's second token: the first reply token is the target of the prompt's last token, at len(prompt) - 1",
         lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1),
     ),
 ]
@@ -545,8 +520,7 @@ def check_loss_by_position(loss_by_position) -> None:
                 EX_POSITION,
                 POSITION_MISTAKES,
                 lambda m: _same_with_nan(got, m.fn(gpt, pairs, 99, positions)),
-                "your losses differ from the mean over the pairs of the loss at each reply "
-                "position (NaN where no reply is that long)",
+                "your losses differ from the mean over the pairs of the loss at each reply position (NaN where no reply is that long)",
             )
     core.passed(EX_POSITION)
 
@@ -576,14 +550,12 @@ reference_write_reply = _reply()
 REPLY_MISTAKES = [
     core.Mistake(
         "prompt kept",
-        "your reply starts with the prompt: return only the new tokens, those "
-        "after the prompt's length",
+        "your reply starts with the prompt: return only the new tokens, those after the prompt's length",
         _reply(keep_prompt=True),
     ),
     core.Mistake(
         "not cut",
-        "your reply runs past <|endoftext|>: cut the new tokens before the first "
-        "PAD, where the model ended its reply",
+        "your reply runs past <|endoftext|>: cut the new tokens before the first PAD, where the model ended its reply",
         _reply(cut=False),
     ),
 ]
@@ -610,8 +582,7 @@ def check_write_reply(write_reply) -> None:
         except ValueError:  # generate refuses a prompt and new tokens longer than the context
             raise core.CheckFailed(
                 EX_REPLY,
-                "with a prompt near the end of the context, ask generate for "
-                "no more tokens than fit: n_positions - the prompt's length",
+                "with a prompt near the end of the context, ask generate for no more tokens than fit: n_positions - the prompt's length",
             ) from None
         _require(
             EX_REPLY,
@@ -658,8 +629,7 @@ LORA_MISTAKES = [
     ),
     core.Mistake(
         "alpha, not alpha / rank",
-        "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another "
-        "rank keeps the update's size",
+        "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another rank keeps the update's size",
         lambda layer, x: _lora_out(layer, x, layer.alpha),
     ),
     core.Mistake(
@@ -674,8 +644,7 @@ LORA_MISTAKES = [
     ),
     core.Mistake(
         "dropout on output",
-        "dropout acts on the update's output; LoRA drops the input of "
-        "lora_A, x, and never touches base(x)",
+        "dropout acts on the update's output; LoRA drops the input of lora_A, x, and never touches base(x)",
         lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True),
     ),
     core.Mistake(
@@ -705,15 +674,12 @@ def _lora_init(a_zero=False, b_random=False, dropout_kept=True):
 LORA_INIT_MISTAKES = [
     core.Mistake(
         "both zero",
-        "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is "
-        "multiplied by the other) and the adapter never learns. Only B starts at zero; A starts "
-        "random, as nn.Linear initialises it",
+        "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is multiplied by the other) and the adapter never learns. Only B starts at zero; A starts random, as nn.Linear initialises it",
         _lora_init(a_zero=True),
     ),
     core.Mistake(
         "A and B swapped",
-        "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as "
-        "peft does); swap the two initialisations",
+        "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as peft does); swap the two initialisations",
         _lora_init(a_zero=True, b_random=True),
     ),
     core.Mistake(
@@ -757,8 +723,7 @@ def check_lora_linear(LoRALinear) -> None:
             )
             raise core.CheckFailed(
                 EX_LORA,
-                "with lora_B at zero your layer should compute exactly "
-                "base(x); the update must be B(A(x)), which starts at zero",
+                "with lora_B at zero your layer should compute exactly base(x); the update must be B(A(x)), which starts at zero",
             )
         with torch.no_grad():
             layer.lora_B.weight.normal_(generator=gen)
@@ -770,8 +735,7 @@ def check_lora_linear(LoRALinear) -> None:
                 core.seeded_call(lambda: _lora_out(layer, x, alpha / rank)),
                 LORA_MISTAKES,
                 lambda m: core.seeded_call(lambda: m.fn(layer, x)),
-                f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * "
-                f"alpha / rank ({mode} mode)",
+                f"your output differs from base(x) + lora_B(lora_A(dropout(x))) * alpha / rank ({mode} mode)",
                 what=f"your output ({mode} mode)",
             )
         layer.eval()
@@ -792,13 +756,11 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
         layer = model.get_submodule(name)
         need(
             isinstance(layer, LoRALinear),
-            f"model.{name} is a {type(layer).__name__}, not a "
-            "LoRALinear: use model.set_submodule(name, ...)",
+            f"model.{name} is a {type(layer).__name__}, not a LoRALinear: use model.set_submodule(name, ...)",
         )
         need(
             layer.base is bases[name],
-            f"the LoRALinear at {name} must wrap the layer that was "
-            "there (its trained weights), not a new one",
+            f"the LoRALinear at {name} must wrap the layer that was there (its trained weights), not a new one",
         )
     others = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and n not in names]
     need(not others, f"only the named layers get adapters; you also changed {others}")
@@ -817,8 +779,7 @@ MERGE_MISTAKES = [
     ),
     core.Mistake(
         "B A",
-        "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; "
-        "the Conv1D weight is [in, out], so take its transpose",
+        "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; the Conv1D weight is [in, out], so take its transpose",
         lambda layer: (
             layer.base.weight
             + (layer.lora_B.weight @ layer.lora_A.weight).reshape(layer.base.weight.shape)
@@ -877,8 +838,7 @@ COUNT_MISTAKES = [
     ),
     core.Mistake(
         "full matrix",
-        "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) "
-        "and B (n_out x rank)",
+        "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) and B (n_out x rank)",
         lambda c, r, t: (
             c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd**2 for x in t)
         ),
@@ -913,14 +873,12 @@ def check_lora_parameter_count(lora_parameter_count) -> None:
                 EX_COUNT,
                 COUNT_MISTAKES,
                 lambda m: counts(got, m.fn(config, rank, targets)),
-                f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, "
-                f"targets={targets} the adapters add {want:,} parameters; you said {got!r}",
+                f"for n_layer={config.n_layer}, n_embd={config.n_embd}, rank={rank}, targets={targets} the adapters add {want:,} parameters; you said {got!r}",
             )
     added = reference_lora_parameter_count(GPT2Config(), 8, ("c_attn",))
     core.passed(
         EX_COUNT,
-        f"GPT-2 small, rank 8 on c_attn: {added:,} parameters, "
-        f"{added / count_gpt2_parameters(GPT2Config()):.3%} of the model's",
+        f"GPT-2 small, rank 8 on c_attn: {added:,} parameters, {added / count_gpt2_parameters(GPT2Config()):.3%} of the model's",
     )
 
 
@@ -963,20 +921,17 @@ def _trained_copy(base, moved=lambda name: True, in_place=False):
 FROZEN_MISTAKES = [
     core.Mistake(
         "table trained",
-        "the token table moved: call requires_grad_(False) on the copy's "
-        "wte.weight before training (the optimizer gets what requires grad)",
+        "the token table moved: call requires_grad_(False) on the copy's wte.weight before training (the optimizer gets what requires grad)",
         lambda base: _trained_copy(base),
     ),
     core.Mistake(
         "base trained",
-        "you trained base_model itself: train a copy.deepcopy of it, so that "
-        "the cells below still start from the pretrained weights",
+        "you trained base_model itself: train a copy.deepcopy of it, so that the cells below still start from the pretrained weights",
         lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True),
     ),
     core.Mistake(
         "only the head",
-        "nothing but the head trained: freeze only the token table; the "
-        "blocks, the position table and ln_f train as in full fine-tuning",
+        "nothing but the head trained: freeze only the token table; the blocks, the position table and ln_f train as in full fine-tuning",
         lambda base: _trained_copy(base, lambda n: False),
     ),
     core.Mistake(
@@ -992,15 +947,13 @@ def check_frozen_table(model, base) -> None:
     if model is NOT_ANSWERED:
         raise core.NotDoneYet(
             EX_FROZEN,
-            "not done yet: replace the `raise NotImplementedError(...)` "
-            "line with your code, run that cell, then run this check again.",
+            "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again.",
         )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
     need = functools.partial(_require, EX_FROZEN)
     need(
         gpt is not None and isinstance(head, nn.Linear),
-        "frozen should be a classifier (classifier(gpt, n_classes)) "
-        f"after training; got {type(model).__name__}",
+        f"frozen should be a classifier (classifier(gpt, n_classes)) after training; got {type(model).__name__}",
     )
     need(gpt is not base, FROZEN_MISTAKES[1].message)
     reference = dict(base.named_parameters())
@@ -1011,8 +964,7 @@ def check_frozen_table(model, base) -> None:
     need(len(still) < len(reference), FROZEN_MISTAKES[2].message)
     need(
         len(still) == 1,
-        f"{FROZEN_MISTAKES[3].message}; these did not move: "
-        f"{', '.join(n for n in still if n != 'wte.weight')[:200]}",
+        f"{FROZEN_MISTAKES[3].message}; these did not move: {', '.join(n for n in still if n != 'wte.weight')[:200]}",
     )
     core.passed(EX_FROZEN, f"wte is as pretrained; the other {len(reference) - 1} tensors trained")
 
@@ -1027,14 +979,12 @@ def _rank_right(ranks):
 RANK_MISTAKES = [
     core.Mistake(
         "drop sign",
-        "your loss drops are negative: the drop is the loss before tuning "
-        "minus the loss after (or training raised the loss; look at its printout)",
+        "your loss drops are negative: the drop is the loss before tuning minus the loss after (or training raised the loss; look at its printout)",
         lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)],
     ),
     core.Mistake(
         "count not share",
-        "the second entry should be the share of the parameters trained "
-        "(trained / total), not a count",
+        "the second entry should be the share of the parameters trained (trained / total), not a count",
         lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)],
     ),
     core.Mistake(
@@ -1044,8 +994,7 @@ RANK_MISTAKES = [
     ),
     core.Mistake(
         "same adapter",
-        "the share trained is the same at every rank: build a fresh copy of "
-        "the base model with apply_lora(..., rank=rank) for each rank",
+        "the share trained is the same at every rank: build a fresh copy of the base model with apply_lora(..., rank=rank) for each rank",
         lambda ranks: [(r, 0.001, d) for r, _, d in _rank_right(ranks)],
     ),
 ]
@@ -1062,8 +1011,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     )
     need(
         tuple(r for r, _, _ in rows) == ranks,
-        f"the ranks measured are {[r for r, _, _ in rows]}; "
-        f"measure RANKS = {list(ranks)}, in that order",
+        f"the ranks measured are {[r for r, _, _ in rows]}; measure RANKS = {list(ranks)}, in that order",
     )
     shares, drops = [float(s) for _, s, _ in rows], [float(d) for _, _, d in rows]
     need(all(0 < s < 1 for s in shares), RANK_MISTAKES[1].message)
@@ -1071,8 +1019,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     need(all(d == d and d > 0 for d in drops), RANK_MISTAKES[0].message)
     core.passed(
         EX_RANK,
-        f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of "
-        f"rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop",
+        f"rank {ranks[-1]} trains {shares[-1] / shares[0]:.1f}x the parameters of rank {ranks[0]} for {drops[-1] - drops[0]:+.4f} nats of drop",
     )
 
 
@@ -1090,8 +1037,7 @@ def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
     )
     core.passed(
         name,
-        f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the "
-        "parameters trained",
+        f"{loss_drop:.3f} nats lower with {100 * trainable_fraction:.2f}% of the parameters trained",
     )
 
 

@@ -32,18 +32,9 @@ EX_WEIGHT_BYTES = "Exercise 9.11 (weight_bytes_per_token)"
 CHALLENGE = "Challenge (beam search)"
 
 NEG_INF = float("-inf")
-IN_PLACE = (
-    "your function changed the logits it was given (masked_fill_, div_, or an assignment into "
-    "them): the caller's logits must stay as they were; build a new tensor"
-)
-NAN_FILL = (
-    "your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the "
-    "removed logits float('-inf')"
-)
-POSINF_FILL = (
-    "your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed "
-    "logits must be float('-inf'), minus infinity, so that exp gives them exactly 0"
-)
+IN_PLACE = "your function changed the logits it was given (masked_fill_, div_, or an assignment into them): the caller's logits must stay as they were; build a new tensor"
+NAN_FILL = "your result contains NaN: softmax of a row with a NaN is NaN everywhere. Give the removed logits float('-inf')"
+POSINF_FILL = "your result contains +inf: softmax of a row with +inf is NaN (inf - inf). Removed logits must be float('-inf'), minus infinity, so that exp gives them exactly 0"
 ZERO_FILL = (
     "removed logits were set to 0, but exp(0) = 1 is still a probability: set them to float('-inf')"
 )
@@ -107,24 +98,19 @@ WRITE_KV_MISTAKES = _planted(
     {
         "keys and values swapped": "keys and values are swapped: return (keys, values)",
         "whole buffer": (
-            "you returned the whole buffer (all max_len positions), but only start + T are filled: "
-            "attention would also see the empty slots. Return k_buf[:, :, :start + T]"
+            "you returned the whole buffer (all max_len positions), but only start + T are filled: attention would also see the empty slots. Return k_buf[:, :, :start + T]"
         ),
         "only the new tokens": (
             "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)"
         ),
         "written at 0": (
-            "the new keys went to positions 0.. instead of start..: the cache position is not "
-            "used, so every step overwrites the first tokens"
+            "the new keys went to positions 0.. instead of start..: the cache position is not used, so every step overwrites the first tokens"
         ),
         "not stored": (
-            "the returned tensors are right, but the new keys/values were not written into k_buf / "
-            "v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, "
-            "start:end] = k)"
+            "the returned tensors are right, but the new keys/values were not written into k_buf / v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, start:end] = k)"
         ),
         "copies": (
-            "the values are right, but you returned copies of the buffers (clone, cat, contiguous "
-            "...): return views, k_buf[:, :, :start + T], so that a step copies nothing"
+            "the values are right, but you returned copies of the buffers (clone, cat, contiguous ...): return views, k_buf[:, :, :start + T], so that a step copies nothing"
         ),
     },
 )
@@ -194,11 +180,9 @@ def check_write_kv(write_kv) -> None:
             ex,
             WRITE_KV_MISTAKES,
             lambda m: _same_writes(got, _write_twice(m.fn, ex)),
-            f"expected keys/values of shape {tuple(want[0].shape)} holding the 3 cached then "
-            f"the 2 new tokens; got {tuple(got[0].shape)}"
+            f"expected keys/values of shape {tuple(want[0].shape)} holding the 3 cached then the 2 new tokens; got {tuple(got[0].shape)}"
             if stored
-            else "k_buf[:, :, start:start + T] should hold the new keys after the call "
-            "(and v_buf the values)",
+            else "k_buf[:, :, start:start + T] should hold the new keys after the call (and v_buf the values)",
             symptom=_write_kv_symptom(got, want),
         )
     model = _tiny_model()  # in a real model, cached greedy decoding must equal the uncached one
@@ -207,8 +191,7 @@ def check_write_kv(write_kv) -> None:
     if not torch.equal(_loop()(model, idx, 8, _greedy, cache), _recomputed(model, idx, 8, _greedy)):
         raise core.CheckFailed(
             ex,
-            "on its own cases it looks right, but a model using it decodes "
-            "differently from the uncached model",
+            "on its own cases it looks right, but a model using it decodes differently from the uncached model",
         )
     core.passed(ex, "cached greedy decoding equals the uncached model")
 
@@ -335,8 +318,7 @@ TOP_K_MISTAKES = [
     ),
     core.Mistake(
         "one too many",
-        "off by one: you kept k + 1 tokens per row (values[..., k] is the "
-        "(k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
+        "off by one: you kept k + 1 tokens per row (values[..., k] is the (k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
         lambda logits, k: _keep_ranked(logits, k + 1),
     ),
     core.Mistake(
@@ -376,8 +358,7 @@ def _check_top_k(top_k_filter) -> None:
             ex,
             TOP_K_MISTAKES,
             lambda m: _same_filter(got, m.fn(logits.clone(), k)),
-            f"with k={k} keep exactly the {k} largest logits of each row "
-            f"(you kept {torch.isfinite(got).sum(-1).tolist()})",
+            f"with k={k} keep exactly the {k} largest logits of each row (you kept {torch.isfinite(got).sum(-1).tolist()})",
             symptom=_top_k_symptom(got, logits, k),
             prefix=f"with k={k}: ",
         )
@@ -413,8 +394,7 @@ _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely token
 TOP_P_MISTAKES = [
     core.Mistake(
         "crossing token dropped",
-        "the token that carries the running total past p is missing: keep it too (drop a token "
-        "only when the probability BEFORE it already reaches p), else a small p keeps nothing",
+        "the token that carries the running total past p is missing: keep it too (drop a token only when the probability BEFORE it already reaches p), else a small p keeps nothing",
         _top_p(include_crossing=False),
     ),
     core.Mistake("ascending", _ASCENDING, _top_p(descending=False)),
@@ -464,9 +444,7 @@ def check_top_p_filter(top_p_filter) -> None:
         ex,
         TOP_P_MISTAKES,
         lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps),
-        f"with p={wrong[0]} keep the {_nucleus_mask(probs, wrong[0]).sum(-1).tolist()} most "
-        "likely tokens of each row (the fewest whose probabilities add up to >= p); you kept "
-        f"{torch.isfinite(got[wrong[0]]).sum(-1).tolist()}",
+        f"with p={wrong[0]} keep the {_nucleus_mask(probs, wrong[0]).sum(-1).tolist()} most likely tokens of each row (the fewest whose probabilities add up to >= p); you kept {torch.isfinite(got[wrong[0]]).sum(-1).tolist()}",
         symptom=symptom,
     )
 
@@ -493,33 +471,27 @@ _attend_with_offset_right = _attention_masked_by(lambda T, past: _tril(T, past, 
 OFFSET_MASK_MISTAKES = [
     core.Mistake(
         "offset ignored",
-        "the offset is ignored: query i sits at position past + i, not i, so it sees keys "
-        "0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see "
-        "most of the cache. Shift the diagonal by past",
+        "the offset is ignored: query i sits at position past + i, not i, so it sees keys 0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see most of the cache. Shift the diagonal by past",
         _attention_masked_by(lambda T, past: _tril(T, past, 0)),
     ),
     core.Mistake(
         "one too many",
-        "off by one: each query also sees the key right after it, its own future. Query i "
-        "may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
+        "off by one: each query also sees the key right after it, its own future. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
         _attention_masked_by(lambda T, past: _tril(T, past, past + 1)),
     ),
     core.Mistake(
         "one too few",
-        "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, "
-        "included: tril(diagonal=past), not past - 1",
+        "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past - 1",
         _attention_masked_by(lambda T, past: _tril(T, past, past - 1)),
     ),
     core.Mistake(
         "wrong side",
-        "the mask is on the wrong side: you hid the past and kept the future. Keep the "
-        "lower triangle (keys at or before the query), hide the keys after it",
+        "the mask is on the wrong side: you hid the past and kept the future. Keep the lower triangle (keys at or before the query), hide the keys after it",
         _attention_masked_by(lambda T, past: ~_tril(T, past, past - 1)),
     ),
     core.Mistake(
         "no mask",
-        "nothing is masked: a new query may not look at the new tokens after it. Hide the "
-        "keys at positions after past + i with -inf before softmax",
+        "nothing is masked: a new query may not look at the new tokens after it. Hide the keys at positions after past + i with -inf before softmax",
         _attention_masked_by(lambda T, past: torch.ones(T, past + T, dtype=torch.bool)),
     ),
 ]
@@ -539,17 +511,14 @@ def check_attend_with_offset(attend_with_offset) -> None:
         if bool(torch.isnan(got).any()):
             raise core.CheckFailed(
                 ex,
-                "the output has NaN: some query had every key hidden, so softmax had nothing "
-                "to share out. That happens when the mask is on the wrong side (masked_fill "
-                "where a query MAY look): hide the keys after position past + i, keep the rest",
+                "the output has NaN: some query had every key hidden, so softmax had nothing to share out. That happens when the mask is on the wrong side (masked_fill where a query MAY look): hide the keys after position past + i, keep the rest",
             )
         if not core.close(got, _attend_with_offset_right(q, k, v, past)):
             _fail_with(
                 ex,
                 OFFSET_MASK_MISTAKES,
                 lambda m: core.close(got, m.fn(q, k, v, past)),
-                f"with {T} new queries after {past} cached tokens the output differs from "
-                "causal attention at offset past: query i sees keys 0 .. past + i",
+                f"with {T} new queries after {past} cached tokens the output differs from causal attention at offset past: query i sees keys 0 .. past + i",
             )
     core.passed(ex, "new queries see the whole cache and the new keys up to their own position")
 
@@ -587,15 +556,13 @@ SAMPLE_MISTAKES = _planted(
             "your ids have shape (B, 1), torch.multinomial's column: return one id per row, (B,)"
         ),
         "no greedy": (
-            "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 "
-            "means greedy: return the argmax"
+            "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 means greedy: return the argmax"
         ),
         "generator ignored": (
             "generators seeded alike gave different tokens: pass `generator` to torch.multinomial"
         ),
         "always greedy": (
-            "you always take the most likely token: at temperature 1 the tokens must be drawn with "
-            "their probabilities (torch.multinomial of the softmax)"
+            "you always take the most likely token: at temperature 1 the tokens must be drawn with their probabilities (torch.multinomial of the softmax)"
         ),
         "temperature ignored": (
             "temperature has no effect on your draws: divide the logits by it before filtering"
@@ -607,12 +574,10 @@ SAMPLE_MISTAKES = _planted(
             "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given"
         ),
         "top-p before temperature": (
-            "top-p was applied before the temperature: the nucleus is chosen from the distribution "
-            "the temperature made, so scale first, then filter"
+            "top-p was applied before the temperature: the nucleus is chosen from the distribution the temperature made, so scale first, then filter"
         ),
         "top-p before top-k": (
-            "top-p was applied before top-k: the nucleus is chosen from what top-k left "
-            "(renormalised), so apply top-k first, then top-p"
+            "top-p was applied before top-k: the nucleus is chosen from what top-k left (renormalised), so apply top-k first, then top-p"
         ),
     },
 )
@@ -696,14 +661,12 @@ KV_BYTES_MISTAKES = [
     ),
     core.Mistake(
         "one head",
-        "you counted one head's width (n_embd // n_head): a layer stores all "
-        "n_head heads, n_embd numbers for the keys and n_embd for the values",
+        "you counted one head's width (n_embd // n_head): a layer stores all n_head heads, n_embd numbers for the keys and n_embd for the values",
         lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b,
     ),
     core.Mistake(
         "times heads",
-        "you multiplied by n_head as well: the heads split the n_embd "
-        "numbers between them, they do not add to them",
+        "you multiplied by n_head as well: the heads split the n_embd numbers between them, they do not add to them",
         lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b,
     ),
     core.Mistake(
@@ -737,8 +700,7 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
         EX_KV_BYTES,
         KV_BYTES_MISTAKES,
         lambda m: got == [m.fn(*case) for case in cases],
-        f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per token, what every "
-        "layer stores for its keys and for its values",
+        f"for GPT-2 small in float32 you give {got[0]:,} bytes; count, per token, what every layer stores for its keys and for its values",
     )
 
 
@@ -789,29 +751,23 @@ CACHE_MISTAKES = _planted(
     _cache_class,
     {
         "heads last": (
-            "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after "
-            "the transpose; yours has max_len before n_head"
+            "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after the transpose; yours has max_len before n_head"
         ),
         "full width": "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
         "dtype ignored": (
-            "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers "
-            "(torch.zeros(shape, device=device, dtype=dtype))"
+            "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers (torch.zeros(shape, device=device, dtype=dtype))"
         ),
         "one buffer for all layers": (
-            "all layers share one pair of buffers: each layer writes its own keys, so each needs "
-            "its own buffers (make them inside the loop)"
+            "all layers share one pair of buffers: each layer writes its own keys, so each needs its own buffers (make them inside the loop)"
         ),
         "k and v share": (
             "a layer's keys and values share one buffer: the values overwrite the keys; make two"
         ),
         "position stays": (
-            "update does not move the layer's position on: the next call writes over this one's "
-            "keys and values; add T to self.position"
+            "update does not move the layer's position on: the next call writes over this one's keys and values; add T to self.position"
         ),
         "no mask": (
-            "update returns visible=None after the first call too: then attention masks the new "
-            "queries as if they were the first tokens; with earlier tokens held, return "
-            "causal_mask(T, past) (chapter 3's), True where a query may see a key"
+            "update returns visible=None after the first call too: then attention masks the new queries as if they were the first tokens; with earlier tokens held, return causal_mask(T, past) (chapter 3's), True where a query may see a key"
         ),
     },
 )
@@ -884,8 +840,7 @@ def check_simple_kv_cache(cls) -> None:
         if not core.close(_cached_logits(model, cache, ids, 4), model(ids), atol=1e-4):
             raise core.CheckFailed(
                 ex,
-                "in a model, the cached logits differ from one full pass: check that update writes "
-                "at the layer's position and returns every key and value so far, with the mask",
+                "in a model, the cached logits differ from one full pass: check that update writes at the layer's position and returns every key and value so far, with the mask",
             )
     core.passed(
         ex, "buffers, positions, the mask, and a tiny model's cached logits equal its full pass"
@@ -952,11 +907,7 @@ def _gap_wrong(kind):
     return cache_gap
 
 
-IN_THE_PREFILL = (
-    "your gap misses wrong logits inside the prefill: a cache that hands the prefill's keys over "
-    "in the wrong order passed. Compare the logits at every position, those the prefill call "
-    "returns too, not only the one-token calls' or each call's last"
-)
+IN_THE_PREFILL = "your gap misses wrong logits inside the prefill: a cache that hands the prefill's keys over in the wrong order passed. Compare the logits at every position, those the prefill call returns too, not only the one-token calls' or each call's last"
 
 GAP_MISTAKES = _planted(
     _gap_wrong,
@@ -964,20 +915,16 @@ GAP_MISTAKES = _planted(
         "after the prefill": IN_THE_PREFILL,
         "last of each call": IN_THE_PREFILL,
         "one at a time": (
-            "you fed every token on its own: the first `prefill` tokens go in one call, as a "
-            "prompt does, because a cache can be wrong only in a call of several tokens"
+            "you fed every token on its own: the first `prefill` tokens go in one call, as a prompt does, because a cache can be wrong only in a call of several tokens"
         ),
         "mean": (
-            "that is the mean difference; return the largest absolute difference (a cache wrong at "
-            "one position would hide in a mean)"
+            "that is the mean difference; return the largest absolute difference (a cache wrong at one position would hide in a mean)"
         ),
         "signed": (
-            "that is the largest signed difference; a logit can be off either way: take the "
-            "absolute value before the maximum"
+            "that is the largest signed difference; a logit can be off either way: take the absolute value before the maximum"
         ),
         "misaligned": (
-            "with a right cache your gap is large: after the prefill, feed the token at the "
-            "cache's position (the first one not yet fed), not the last prompt token again"
+            "with a right cache your gap is large: after the prefill, feed the token at the cache's position (the first one not yet fed), not the last prompt token again"
         ),
     },
 )
@@ -1016,11 +963,9 @@ def check_cache_gap(cache_gap) -> None:
                 ex,
                 GAP_MISTAKES,
                 lambda m: abs(m.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got),
-                f"with a right cache ({case}) your gap is {got:.3g}: the cached logits equal "
-                "one pass's to float32 rounding; check which tokens each call feeds"
+                f"with a right cache ({case}) your gap is {got:.3g}: the cached logits equal one pass's to float32 rounding; check which tokens each call feeds"
                 if name == "right"
-                else f"with a broken cache ({name}; {case}) your gap is {got:.3g}, the largest "
-                f"absolute difference of the logits is {want:.3g}",
+                else f"with a broken cache ({name}; {case}) your gap is {got:.3g}, the largest absolute difference of the logits is {want:.3g}",
             )
     core.passed(
         ex,
@@ -1059,25 +1004,19 @@ LOOP_MISTAKES = _planted(
     _loop,
     {
         "previous token": (
-            "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at "
-            "position pos then holds the keys and values of token pos - 1, and every later step "
-            "sees a shifted past. Feed the token just made, at position pos"
+            "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at position pos then holds the keys and values of token pos - 1, and every later step sees a shifted past. Feed the token just made, at position pos"
         ),
         "sample ignored": (
-            "your tokens are the argmax even with a sampler that is not greedy: choose each token "
-            "with sample(logits)"
+            "your tokens are the argmax even with a sampler that is not greedy: choose each token with sample(logits)"
         ),
         "whole sequence": (
-            "you feed the whole sequence again through the cache, which already holds the past: "
-            "the cache overflows. Feed only the new token"
+            "you feed the whole sequence again through the cache, which already holds the past: the cache overflows. Feed only the new token"
         ),
         "new tokens only": (
             "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)"
         ),
         "cache ignored": (
-            "your tokens are right, but the cache holds fewer tokens than were fed: you recompute "
-            "the whole sequence at each step without it. Pass kv_cache=cache and feed the new "
-            "token only"
+            "your tokens are right, but the cache holds fewer tokens than were fed: you recompute the whole sequence at each step without it. Pass kv_cache=cache and feed the new token only"
         ),
     },
 )
@@ -1138,16 +1077,13 @@ def check_generate_cached(generate_cached) -> None:
         first = int((got != want)[:, T:].any(0).nonzero()[0, 0])
         raise core.CheckFailed(
             ex,
-            "the first new token already differs from a full pass: it comes from the prefill, "
-            "the whole prompt in one call, and the logits at the prompt's last position"
+            "the first new token already differs from a full pass: it comes from the prefill, the whole prompt in one call, and the logits at the prompt's last position"
             if first == 0
-            else f"with a prompt of {T} tokens, new token {first} differs from a full "
-            "recomputation: check what the cache holds at each position",
+            else f"with a prompt of {T} tokens, new token {first} differs from a full recomputation: check what the cache holds at each position",
         )
     core.passed(
         ex,
-        "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a "
-        "full recomputation",
+        "greedy and a non-greedy sampler, batches and prompt lengths: the tokens of a full recomputation",
     )
 
 
@@ -1166,8 +1102,7 @@ def check_cache_gains(lengths, gains) -> None:
     if all(g < 1 for g in gains):
         raise core.CheckFailed(
             ex,
-            "every gain is below 1, so the cache would be slower at every length: you probably "
-            "return cached / uncached time; the gain is uncached / cached",
+            "every gain is below 1, so the cache would be slower at every length: you probably return cached / uncached time; the gain is uncached / cached",
         )
     core.passed(ex, f"{len(gains)} lengths measured")
 
@@ -1207,8 +1142,7 @@ WEIGHT_BYTES_MISTAKES = [
     ),
     core.Mistake(
         "wte twice",
-        "you counted the token table twice: the lookup reads one row of it and "
-        "the readout reads it all, so the whole table once",
+        "you counted the token table twice: the lookup reads one row of it and the readout reads it all, so the whole table once",
         lambda m: decode_bytes_per_token(m) + m.wte.weight.nbytes,
     ),
 ]
@@ -1226,8 +1160,7 @@ def check_weight_bytes_per_token(weight_bytes_per_token) -> None:
         EX_WEIGHT_BYTES,
         WEIGHT_BYTES_MISTAKES,
         lambda m: got == [m.fn(x) for x in models],
-        f"for a tiny float32 model you give {got[0]:,} bytes, expected {want[0]:,}: every "
-        "weight in full, once, except the position table, of which a step reads one row",
+        f"for a tiny float32 model you give {got[0]:,} bytes, expected {want[0]:,}: every weight in full, once, except the position table, of which a step reads one row",
     )
 
 
@@ -1259,21 +1192,18 @@ def check_beam_search_challenge(beam_search, model, tokenizer) -> None:
         greedy = generate(model, idx, BEAM_TOKENS, temperature=0)
         yours, theirs = _log_prob(model, got.long(), T), _log_prob(model, greedy, T)
         print(
-            f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats "
-            f"-> {tokenizer.decode(got[0, T:].tolist())!r}"
+            f"{prompt!r}: greedy {theirs:.4f}, yours {yours:.4f} nats -> {tokenizer.decode(got[0, T:].tolist())!r}"
         )
         if yours < theirs - 1e-3:
             raise core.CheckFailed(
                 CHALLENGE,
-                f"on {prompt!r} your continuation is less likely than greedy's ({yours:.4f} < "
-                f"{theirs:.4f} nats): keep the best partial sequences by total log-probability",
+                f"on {prompt!r} your continuation is less likely than greedy's ({yours:.4f} < {theirs:.4f} nats): keep the best partial sequences by total log-probability",
             )
         better += yours > theirs + 1e-3
     if better == 0:
         raise core.CheckFailed(
             CHALLENGE,
-            "on every prompt your continuation is only as likely as "
-            "greedy's: keep several candidates per step, not one",
+            "on every prompt your continuation is only as likely as greedy's: keep several candidates per step, not one",
         )
     core.passed(CHALLENGE, f"more likely than greedy on {better} of {len(BEAM_PROMPTS)} prompts")
 

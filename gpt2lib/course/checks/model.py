@@ -21,10 +21,7 @@ EX_MEMORY = "Exercise 6.6 (training memory)"
 EX_DEBUG = "Exercise 6.8 (forward_by_hand)"
 
 _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
-NOT_DETERMINISTIC = (
-    "in eval mode two calls gave different logits: use nn.Dropout (it switches off in "
-    ".eval()), not F.dropout(x, p) alone"
-)
+NOT_DETERMINISTIC = "in eval mode two calls gave different logits: use nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone"
 
 
 def _fail_with(exercise, mistakes, matches, otherwise, *, prefix=""):
@@ -74,52 +71,41 @@ def _planted(messages):
     ]
 
 
-DOUBLE_RESIDUAL = (
-    "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already "
-    "returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
-)
+DOUBLE_RESIDUAL = "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
 MODULE_MISTAKES = _planted(
     {
         "double residual": DOUBLE_RESIDUAL,
         "no ln_f": (
-            "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the "
-            "output of the last block, before the readout"
+            "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the output of the last block, before the readout"
         ),
         "no positions": (
-            "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to "
-            "the token embeddings, or the model cannot tell word order"
+            "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to the token embeddings, or the model cannot tell word order"
         ),
         "positions from 1": (
             "your positions start at 1: the first is 0, so use torch.arange(T) (0, 1, ..., T-1)"
         ),
         "ids as positions": (
-            "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, "
-            "1, ..., T-1, torch.arange(T), whatever the tokens are"
+            "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are"
         ),
         "blocks discarded": (
-            "your logits match the model with NO blocks: a block returns the new residual stream, "
-            "so write x = block(x) (the blocks' output is being thrown away)"
+            "your logits match the model with NO blocks: a block returns the new residual stream, so write x = block(x) (the blocks' output is being thrown away)"
         ),
         "last block only": (
-            "your logits match the model with only the LAST block applied to the embeddings: each "
-            "block takes the previous block's output, x = block(x) in the loop"
+            "your logits match the model with only the LAST block applied to the embeddings: each block takes the previous block's output, x = block(x) in the loop"
         ),
         "ln_f in every block": (
             "the final LayerNorm ln_f is applied after every block: it comes once, after the last"
         ),
         "softmax": (
-            "your output is probabilities (each row sums to 1): return the raw logits; softmax "
-            "belongs to the loss and to sampling"
+            "your output is probabilities (each row sums to 1): return the raw logits; softmax belongs to the loss and to sampling"
         ),
         "log-softmax": (
-            "your output is log-probabilities (log_softmax): return the raw logits; the loss "
-            "(F.cross_entropy) applies log_softmax itself"
+            "your output is log-probabilities (log_softmax): return the raw logits; the loss (F.cross_entropy) applies log_softmax itself"
         ),
         "readout with wpe": (
-            "the readout multiplies by the position table: the tied readout uses the TOKEN table, "
-            "x @ self.wte.weight.T"
+            "the readout multiplies by the position table: the tied readout uses the TOKEN table, x @ self.wte.weight.T"
         ),
     }
 )
@@ -139,9 +125,7 @@ def _check_dropout(model_cls) -> None:
         if torch.equal(model.train()(idx), evaluated):
             raise core.CheckFailed(
                 EX_MODULE,
-                "with embd_pdrop = 0.5, training mode gives the same logits as eval mode: "
-                "self.drop is never applied. Apply it to the sum of the embeddings, "
-                "x = self.drop(self.wte(idx) + self.wpe(positions))",
+                "with embd_pdrop = 0.5, training mode gives the same logits as eval mode: self.drop is never applied. Apply it to the sum of the embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))",
             )
     model.eval()
 
@@ -156,31 +140,24 @@ def _check_parts(model, model_cls, ref) -> None:
     missing = [n for n in _NAMES if not hasattr(model, n)]
     if "ln_f" in missing:
         raise fail(
-            "your model has no `ln_f`: the final LayerNorm is missing; "
-            "add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)"
+            "your model has no `ln_f`: the final LayerNorm is missing; add self.ln_f = LayerNorm(config.n_embd, config.layer_norm_epsilon)"
         )
     if missing:
         raise fail(
-            f"your model has no attribute(s) {', '.join(missing)}; "
-            f"use exactly the names {', '.join(_NAMES)} (the checkpoint's names)"
+            f"your model has no attribute(s) {', '.join(missing)}; use exactly the names {', '.join(_NAMES)} (the checkpoint's names)"
         )
     if isinstance(model.h, (list, tuple)):
         raise fail(
-            f"self.h is a plain {type(model.h).__name__}: PyTorch does not see the blocks "
-            "inside it, so their parameters are missing from model.parameters(), state_dict() "
-            "and .to(device); wrap it: self.h = nn.ModuleList([...])"
+            f"self.h is a plain {type(model.h).__name__}: PyTorch does not see the blocks inside it, so their parameters are missing from model.parameters(), state_dict() and .to(device); wrap it: self.h = nn.ModuleList([...])"
         )
     if not isinstance(model.h, nn.ModuleList) or len(model.h) != config.n_layer:
         length = f" of length {len(model.h)}" if hasattr(model.h, "__len__") else ""
         raise fail(
-            f"self.h should be an nn.ModuleList of config.n_layer ({config.n_layer}) blocks, "
-            f"got {type(model.h).__name__}{length}"
+            f"self.h should be an nn.ModuleList of config.n_layer ({config.n_layer}) blocks, got {type(model.h).__name__}{length}"
         )
     if len({id(block) for block in model.h}) < len(model.h):
         raise fail(
-            "self.h holds the same Block object more than once ([Block(config)] * n_layer "
-            "repeats one block, so all layers share their weights); build a new block for "
-            "each layer: nn.ModuleList([Block(config) for _ in range(config.n_layer)])"
+            "self.h holds the same Block object more than once ([Block(config)] * n_layer repeats one block, so all layers share their weights); build a new block for each layer: nn.ModuleList([Block(config) for _ in range(config.n_layer)])"
         )
     V, C = config.vocab_size, config.n_embd
     wte = getattr(model.wte, "weight", None)
@@ -188,15 +165,12 @@ def _check_parts(model, model_cls, ref) -> None:
     untied = [n for n, p in params.items() if p is not wte and tuple(p.shape) in ((V, C), (C, V))]
     if untied:
         raise fail(
-            f"your model has a separate readout ({', '.join(untied)}, {V * C:,} extra "
-            "parameters here, 38,597,376 in GPT-2 small): GPT-2's readout is tied, "
-            "logits = x @ self.wte.weight.T, with no lm_head"
+            f"your model has a separate readout ({', '.join(untied)}, {V * C:,} extra parameters here, 38,597,376 in GPT-2 small): GPT-2's readout is tied, logits = x @ self.wte.weight.T, with no lm_head"
         )
     n_learner, n_ref = (sum(p.numel() for p in m.parameters()) for m in (model, ref))
     if n_learner != n_ref:
         raise fail(
-            f"your model has {n_learner:,} parameters, the reference {n_ref:,} for this "
-            "config; compare your layers with the list above"
+            f"your model has {n_learner:,} parameters, the reference {n_ref:,} for this config; compare your layers with the list above"
         )
     state = ref.state_dict()
     try:
@@ -207,9 +181,7 @@ def _check_parts(model, model_cls, ref) -> None:
     not_loaded = [n for n in result.missing_keys if n in params and id(params[n]) not in loaded]
     if result.unexpected_keys or not_loaded:
         raise fail(
-            f"parameter names differ from GPT-2's: your model lacks {result.unexpected_keys[:4]} "
-            f"and has {not_loaded[:4]}; use Block(config) for the blocks and the names "
-            f"{', '.join(_NAMES)}"
+            f"parameter names differ from GPT-2's: your model lacks {result.unexpected_keys[:4]} and has {not_loaded[:4]}; use Block(config) for the blocks and the names {', '.join(_NAMES)}"
         )
 
 
@@ -234,8 +206,7 @@ def check_gpt2_module(model_cls) -> None:
             if isinstance(got, torch.Tensor) and tuple(got.shape) == (*idx.shape, config.n_embd):
                 raise core.CheckFailed(
                     EX_MODULE,
-                    f"your output has shape {tuple(got.shape)} = (B, T, n_embd): the readout "
-                    "is missing; multiply by self.wte.weight.T to get (B, T, vocab_size)",
+                    f"your output has shape {tuple(got.shape)} = (B, T, n_embd): the readout is missing; multiply by self.wte.weight.T to get (B, T, vocab_size)",
                 )
             if not core.close(got, want, atol=1e-4, rtol=1e-4):
                 mistake = core.first_mistake(
@@ -252,9 +223,7 @@ def check_gpt2_module(model_cls) -> None:
         if not core.close(got, want, atol=1e-4, rtol=1e-4):
             raise core.CheckFailed(
                 EX_MODULE,
-                f"for idx of shape {shape} your logits differ from the reference by up to "
-                f"{(got - want.double()).abs().max().item():.4g}; the order is: wte(idx) + "
-                "wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
+                f"for idx of shape {shape} your logits differ from the reference by up to {(got - want.double()).abs().max().item():.4g}; the order is: wte(idx) + wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
             )
     _check_dropout(model_cls)
     core.passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
@@ -265,14 +234,12 @@ def check_gpt2_module(model_cls) -> None:
 INIT_SCALE_MISTAKES = [
     core.Mistake(
         "1/sqrt(n_layer)",
-        "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block "
-        "adds TWO updates to the residual stream (attention and MLP)",
+        "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block adds TWO updates to the residual stream (attention and MLP)",
         lambda n_layer: 0.02 / math.sqrt(n_layer),
     ),
     core.Mistake(
         "1/(2 n_layer)",
-        "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · "
-        "n_layer) (random updates add up as √count)",
+        "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · n_layer) (random updates add up as √count)",
         lambda n_layer: 0.02 / (2 * n_layer),
     ),
     core.Mistake(
@@ -282,8 +249,7 @@ INIT_SCALE_MISTAKES = [
     ),
     core.Mistake(
         "1/sqrt(2) only",
-        "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of "
-        "updates the residual stream sums over the whole model",
+        "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of updates the residual stream sums over the whole model",
         lambda n_layer: 0.02 / math.sqrt(2),
     ),
 ]
@@ -313,17 +279,14 @@ def check_init_gpt2_weights(init_fn) -> None:
         if all((p == fill).all() for p in named.values()):
             raise core.CheckFailed(
                 EX_INIT,
-                "your function returned a new model and left the one it was given unchanged; "
-                "set the weights of `model` itself, in place (nn.init.normal_(module.weight, "
-                "...) changes the tensor it is given)",
+                "your function returned a new model and left the one it was given unchanged; set the weights of `model` itself, in place (nn.init.normal_(module.weight, ...) changes the tensor it is given)",
             )
     for n, p in named.items():
         ones = n.endswith(".weight")  # a LayerNorm's gain; its bias is 0
         if (".ln_" in n or n.startswith("ln_f")) and not torch.all(p == float(ones)):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm "
-                "starts with gain (weight) 1 and bias 0, a plain normalisation",
+                f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm starts with gain (weight) 1 and bias 0, a plain normalisation",
             )
     for n, p in named.items():
         if n.endswith(".bias") and not torch.all(p == 0):
@@ -332,8 +295,7 @@ def check_init_gpt2_weights(init_fn) -> None:
         if torch.all(p == fill):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{n} still holds the value it had before your function ran: every parameter "
-                "must be set (see the list in the exercise)",
+                f"{n} still holds the value it had before your function ran: every parameter must be set (see the list in the exercise)",
             )
     groups = {
         "the token embedding wte": "wte.weight",
@@ -346,8 +308,7 @@ def check_init_gpt2_weights(init_fn) -> None:
         if abs(std - math.sqrt(0.02)) < 0.1 * math.sqrt(0.02):
             raise core.CheckFailed(
                 EX_INIT,
-                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard deviation, not "
-                "the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
+                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
             )
         if not _near(std, 0.02):
             raise core.CheckFailed(
@@ -366,23 +327,19 @@ def check_init_gpt2_weights(init_fn) -> None:
     if good and _near(stds[bad][0], 0.02):
         raise core.CheckFailed(
             EX_INIT,
-            f"only {good} is scaled, {bad} is not: both write into the residual stream, so "
-            "both use std 0.02 / √(2 · n_layer)",
+            f"only {good} is scaled, {bad} is not: both write into the residual stream, so both use std 0.02 / √(2 · n_layer)",
         )
     std, mean = stds[bad]
     if _near(std, 0.02):
         raise core.CheckFailed(
             EX_INIT,
-            f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): "
-            "use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of "
-            "their outputs",
+            f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of their outputs",
         )
     _fail_with(
         EX_INIT,
         INIT_SCALE_MISTAKES,
         lambda m: _near(std, m.fn(n_layer)),
-        f"{bad} weights have std {std:.4f} (mean {mean:.4f}); expected "
-        f"0.02 / √(2 · {n_layer}) = {resid:.4f}",
+        f"{bad} weights have std {std:.4f} (mean {mean:.4f}); expected 0.02 / √(2 · {n_layer}) = {resid:.4f}",
         prefix=f"{bad} weights have std {std:.4f}: they ",
     )
 
@@ -408,8 +365,7 @@ COUNT_MISTAKES = [
     for name, (delta, message) in {
         "untied readout": (
             lambda V, P, C, L: V * C,
-            "you counted the readout as well as wte: the readout is TIED to "
-            "the token table (logits = x @ wte.weight.T), so it adds no parameters",
+            "you counted the readout as well as wte: the readout is TIED to the token table (logits = x @ wte.weight.T), so it adds no parameters",
         ),
         "no ln_f": (
             lambda V, P, C, L: -2 * C,
@@ -421,8 +377,7 @@ COUNT_MISTAKES = [
         ),
         "no biases": (
             lambda V, P, C, L: -9 * C * L,
-            "the biases of c_attn, c_proj, c_fc and the MLP's c_proj "
-            "(3C + C + 4C + C per block) are missing",
+            "the biases of c_attn, c_proj, c_fc and the MLP's c_proj (3C + C + 4C + C per block) are missing",
         ),
         "no block LayerNorms": (
             lambda V, P, C, L: -4 * C * L,
@@ -446,13 +401,11 @@ COUNT_MISTAKES = [
         ),
         "MLP c_proj as n × n": (
             lambda V, P, C, L: -3 * C * C * L,
-            "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values "
-            "back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
+            "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
         ),
         "one LayerNorm per block": (
             lambda V, P, C, L: -2 * C * L,
-            "each block has TWO LayerNorms, ln_1 before attention "
-            "and ln_2 before the MLP, with 2 · n_embd parameters each",
+            "each block has TWO LayerNorms, ln_1 before attention and ln_2 before the MLP, with 2 · n_embd parameters each",
         ),
         "LayerNorm without bias": (
             lambda V, P, C, L: -(2 * L + 1) * C,
@@ -460,8 +413,7 @@ COUNT_MISTAKES = [
         ),
         "c_attn as n × n": (
             lambda V, P, C, L: -L * (2 * C * C + 2 * C),
-            "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), "
-            "so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+            "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
         ),
         "no attention c_proj": (
             lambda V, P, C, L: -L * (C * C + C),
@@ -495,15 +447,11 @@ def check_count_gpt2_parameters(count_fn) -> None:
             raise core.CheckFailed(EX_COUNT, f"return a number (an int), got {type(got).__name__}")
         if got == want:
             continue
-        sizes = (
-            f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, "
-            f"n_embd={config.n_embd}, n_layer={config.n_layer}"
-        )
+        sizes = f"vocab_size={config.vocab_size}, n_positions={config.n_positions}, n_embd={config.n_embd}, n_layer={config.n_layer}"
         if config is not configs[0] and got == _count_of(configs[0]):
             raise core.CheckFailed(
                 EX_COUNT,
-                f"for {sizes} you return GPT-2 small's count, 124,439,808; "
-                "compute it from the config's fields (config.n_embd, config.n_layer, ...)",
+                f"for {sizes} you return GPT-2 small's count, 124,439,808; compute it from the config's fields (config.n_embd, config.n_layer, ...)",
             )
         assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
         case = f"for {sizes} you get {got:,}, the model has {want:,}"
@@ -528,8 +476,7 @@ def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
 MEMORY_MISTAKES = [
     core.Mistake(
         "one optimizer state",
-        "your optimizer state is one number per parameter: AdamW keeps "
-        "TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
+        "your optimizer state is one number per parameter: AdamW keeps TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
         lambda n, b: _memory(n, b, optimizer=1),
     ),
     core.Mistake(
@@ -539,8 +486,7 @@ MEMORY_MISTAKES = [
     ),
     core.Mistake(
         "optimizer with gradients",
-        "your optimizer state is three numbers per parameter: AdamW "
-        "keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
+        "your optimizer state is three numbers per parameter: AdamW keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
         lambda n, b: _memory(n, b, optimizer=3),
     ),
     core.Mistake(
@@ -550,8 +496,7 @@ MEMORY_MISTAKES = [
     ),
     core.Mistake(
         "fixed 4 bytes",
-        "your counts ignore bytes_per_number (they assume 4, float32): use the "
-        "argument, 2 for bfloat16, 8 for float64",
+        "your counts ignore bytes_per_number (they assume 4, float32): use the argument, 2 for bfloat16, 8 for float64",
         lambda n, b: _memory(n, 4),
     ),
 ]
@@ -626,8 +571,7 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         if wrong == ["total"] and got["total"] != sum(got[k] for k in keys[:3]):
             raise core.CheckFailed(
                 EX_MEMORY,
-                f"{case}, 'total' is {got['total']:,}, but it should be the "
-                "sum of the other three, weights + gradients + optimizer",
+                f"{case}, 'total' is {got['total']:,}, but it should be the sum of the other three, weights + gradients + optimizer",
             )
         mistake = core.first_mistake(
             MEMORY_MISTAKES,
@@ -639,8 +583,7 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
         if want[key] in (got[key] * 2**20, got[key] * 2**30):
             raise core.CheckFailed(
                 EX_MEMORY,
-                f"{case}, your {key!r} looks converted to MiB or GiB: "
-                "return bytes (divide by 2**20 only to print)",
+                f"{case}, your {key!r} looks converted to MiB or GiB: return bytes (divide by 2**20 only to print)",
             )
         raise core.CheckFailed(
             EX_MEMORY, f"{case}, {key!r} should be {want[key]:,} bytes, got {got[key]:,}"
@@ -670,13 +613,11 @@ def check_budget_config(config) -> int:
     gib = 16 * n / 2**30  # float32 weights, gradients, AdamW's exp_avg and exp_avg_sq
     if 16 * n > BUDGET["bytes"]:
         raise fail(
-            f"{n:,} parameters need {gib:.2f} GiB of training state, more than 1 GiB: "
-            "make the model narrower or shallower"
+            f"{n:,} parameters need {gib:.2f} GiB of training state, more than 1 GiB: make the model narrower or shallower"
         )
     if n < BUDGET["min_params"]:
         raise fail(
-            f"{n:,} parameters ({gib:.2f} GiB) fit, but the goal is at least "
-            f"{BUDGET['min_params']:,}: there is room for more"
+            f"{n:,} parameters ({gib:.2f} GiB) fit, but the goal is at least {BUDGET['min_params']:,}: there is room for more"
         )
     share = config.vocab_size * config.n_embd / n
     core.passed(
@@ -691,8 +632,7 @@ def check_budget_config(config) -> int:
 FORWARD_MISTAKES = [
     core.Mistake(
         "both_planted_bugs",
-        "both planted bugs are still there: the positions start at 1 and each block's output is "
-        "added to the stream a second time",
+        "both planted bugs are still there: the positions start at 1 and each block's output is added to the stream a second time",
         functools.partial(_logits, kind="both_planted_bugs"),
     ),
     *MODULE_MISTAKES,
@@ -716,8 +656,7 @@ def check_forward_by_hand(forward_by_hand) -> None:
                 except IndexError:
                     raise core.CheckFailed(
                         EX_DEBUG,
-                        f"for T={T} = n_positions your forward reads a position the table "
-                        "does not have: positions are 0 .. T-1, torch.arange(T)",
+                        f"for T={T} = n_positions your forward reads a position the table does not have: positions are 0 .. T-1, torch.arange(T)",
                     ) from None
                 got = core.expect_tensor(EX_DEBUG, got, want.shape, what=f"your logits for T={T}")
                 if not core.close(got, want, atol=1e-4, rtol=1e-4):
@@ -725,8 +664,7 @@ def check_forward_by_hand(forward_by_hand) -> None:
                         EX_DEBUG,
                         FORWARD_MISTAKES,
                         lambda m: core.close(got, m.fn(model, idx), atol=1e-4, rtol=1e-4),
-                        f"for T={T} your logits differ from model(idx) by up to "
-                        f"{(got - want.double()).abs().max().item():.4g}",
+                        f"for T={T} your logits differ from model(idx) by up to {(got - want.double()).abs().max().item():.4g}",
                     )
     core.passed(
         EX_DEBUG, "equal to model(idx): positions from 0, each block's output is the new stream"

@@ -101,15 +101,12 @@ def _read_planted(
 READ_MISTAKES = [
     core.Mistake(
         "offsets from the file's start",
-        "the values are wrong although names, dtypes and shapes are right: data_offsets "
-        "count from the end of the header, so a tensor starts at byte 8 + header length + "
-        "its first offset",
+        "the values are wrong although names, dtypes and shapes are right: data_offsets count from the end of the header, so a tensor starts at byte 8 + header length + its first offset",
         functools.partial(_read_planted, from_file_start=True),
     ),
     core.Mistake(
         "keep ignored",
-        "with keep=... you still yielded tensors that keep(name) refused; "
-        "test each name before reading its bytes",
+        "with keep=... you still yielded tensors that keep(name) refused; test each name before reading its bytes",
         functools.partial(_read_planted, ignore_keep=True),
     ),
     core.Mistake(
@@ -119,10 +116,7 @@ READ_MISTAKES = [
     ),
     core.Mistake(
         "memory map",
-        "your tensors changed when the file was rewritten after reading: they "
-        "are views of the file (a memory map), not tensors of their own; copy the bytes into "
-        "fresh memory (this is what lets a new download replace the file under a loaded "
-        "model)",
+        "your tensors changed when the file was rewritten after reading: they are views of the file (a memory map), not tensors of their own; copy the bytes into fresh memory (this is what lets a new download replace the file under a loaded model)",
         functools.partial(_read_planted, mapped=True),
     ),
 ]
@@ -156,8 +150,7 @@ def check_iter_safetensors(iter_safetensors) -> None:
         got = _read_all(iter_safetensors, path)
         need(
             "__metadata__" not in got,
-            "you yielded the header's __metadata__ entry: it describes "
-            "the file and holds no tensor; leave it out",
+            "you yielded the header's __metadata__ entry: it describes the file and holds no tensor; leave it out",
         )
         need(set(got) == set(want), f"names read: {sorted(got)}; the file holds {sorted(want)}")
         for name, tensor in got.items():
@@ -167,8 +160,7 @@ def check_iter_safetensors(iter_safetensors) -> None:
             )
             need(
                 tensor.dtype == want[name].dtype,
-                f"{name} came back as {tensor.dtype}, the file stores "
-                f"{want[name].dtype}: take the dtype from its header entry",
+                f"{name} came back as {tensor.dtype}, the file stores {want[name].dtype}: take the dtype from its header entry",
             )
         for name, tensor in got.items():
             if tensor.shape != want[name].shape or not torch.equal(tensor, want[name]):
@@ -179,8 +171,7 @@ def check_iter_safetensors(iter_safetensors) -> None:
                         torch.equal(got[n].view(-1), t.view(-1)) and got[n].shape == t.shape
                         for n, t in dict(m.fn(path)).items()
                     ),
-                    f"{name}: the shape or values differ from the file's "
-                    f"(shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})",
+                    f"{name}: the shape or values differ from the file's (shape {tuple(tensor.shape)}, expected {tuple(want[name].shape)})",
                 )
         kept = _read_all(iter_safetensors, path, keep=lambda n: n.startswith("h."))
         need(
@@ -242,35 +233,27 @@ def _mapped(tensors, *, masks=False, lm_head=False, prefix=False, biases=True, t
 MAPPING_MISTAKES = [
     core.Mistake(
         "kept_masks",
-        "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal "
-        "masks (n_positions x n_positions of ones below the diagonal), which our attention "
-        "builds on the fly; our model has no place for them, so leave them out",
+        "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal masks (n_positions x n_positions of ones below the diagonal), which our attention builds on the fly; our model has no place for them, so leave them out",
         functools.partial(_mapped, masks=True),
     ),
     core.Mistake(
         "kept_lm_head",
-        "you kept lm_head.weight: GPT-2's readout is tied to wte (the same "
-        "tensor), so our model has no separate lm_head; leave it out",
+        "you kept lm_head.weight: GPT-2's readout is tied to wte (the same tensor), so our model has no separate lm_head; leave it out",
         functools.partial(_mapped, lm_head=True),
     ),
     core.Mistake(
         "kept_prefix",
-        "names written by save_pretrained start with `transformer.`; drop that "
-        "prefix, our modules are named without it",
+        "names written by save_pretrained start with `transformer.`; drop that prefix, our modules are named without it",
         functools.partial(_mapped, prefix=True),
     ),
     core.Mistake(
         "dropped_c_attn_bias",
-        "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a "
-        "name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself "
-        "(and masked_bias) is one",
+        "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself (and masked_bias) is one",
         functools.partial(_mapped, biases=False),
     ),
     core.Mistake(
         "transposed",
-        "you transposed the Conv1D weights: the file stores them [in, out], "
-        "and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape "
-        "test cannot tell: c_proj's weight is square)",
+        "you transposed the Conv1D weights: the file stores them [in, out], and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape test cannot tell: c_proj's weight is square)",
         functools.partial(_mapped, transposed=True),
     ),
 ]
@@ -353,21 +336,17 @@ def _check_load_weights(load_weights, model):
             left = [n for n, t in [*got.named_parameters(), *got.named_buffers()] if t.is_meta]
             need(
                 not left,
-                f"after load_weights, {left[:3]} are still on the meta "
-                "device: pass assign=True to load_state_dict, so the file's tensors "
-                "become the parameters",
+                f"after load_weights, {left[:3]} are still on the meta device: pass assign=True to load_state_dict, so the file's tensors become the parameters",
             )
             need(not got.training, "return the model in eval mode (model.eval()): dropout off")
             need(
                 got.wte.weight.dtype == dtype,
-                f"asked for dtype={dtype}, the weights are "
-                f"{got.wte.weight.dtype}: convert each tensor as it is read",
+                f"asked for dtype={dtype}, the weights are {got.wte.weight.dtype}: convert each tensor as it is read",
             )
             with torch.no_grad():
                 need(
                     core.close(got(idx), model(idx).to(dtype), atol=1e-4),
-                    "the loaded model computes other logits than the "
-                    "model the checkpoint was written from",
+                    "the loaded model computes other logits than the model the checkpoint was written from",
                 )
 
 
@@ -399,20 +378,17 @@ def _record_right(model, idx):
 RECORD_MISTAKES = [
     core.Mistake(
         "no_embeddings",
-        "cache.resid has n_layer entries: the stream entering block 0 (token "
-        "plus position embeddings) is missing; record it once, in the first block's pre-hook",
+        "cache.resid has n_layer entries: the stream entering block 0 (token plus position embeddings) is missing; record it once, in the first block's pre-hook",
         lambda r, a, h: (r[1:], a, h),
     ),
     core.Mistake(
         "inputs_twice",
-        "cache.resid holds each block's input *and* output, so every stream "
-        "between two blocks is there twice: record the input only for the first block",
+        "cache.resid holds each block's input *and* output, so every stream between two blocks is there twice: record the input only for the first block",
         lambda r, a, h: ([t for x in zip(r[:-1], r[1:]) for t in x], a, h),
     ),
     core.Mistake(
         "head_out_layout",
-        "cache.head_out must be (B, n_head, T, head_dim): reshape c_proj's "
-        "input (B, T, C) to (B, T, n_head, head_dim), then transpose(1, 2)",
+        "cache.head_out must be (B, n_head, T, head_dim): reshape c_proj's input (B, T, C) to (B, T, n_head, head_dim), then transpose(1, 2)",
         None,
     ),
 ]
@@ -449,22 +425,17 @@ def check_run_with_cache(run_with_cache) -> None:
                 EX_RECORD,
                 RECORD_MISTAKES[:2],
                 lambda m: _same_list(r, m.fn(want_r, want_a, want_h)[0]),
-                f"cache.resid should be n_layer + 1 = {len(want_r)} streams "
-                f"(B, T, C): the embeddings, then the stream after each block; got "
-                f"{len(r)} tensors",
+                f"cache.resid should be n_layer + 1 = {len(want_r)} streams (B, T, C): the embeddings, then the stream after each block; got {len(r)} tensors",
             )
         need(
             _same_list(a, want_a),
-            f"cache.attn should hold n_layer = {len(want_a)} patterns "
-            f"(B, n_head, T, T), one per block: the tensor that passes the block's "
-            "attn.hook_pattern, recorded once per forward pass",
+            f"cache.attn should hold n_layer = {len(want_a)} patterns (B, n_head, T, T), one per block: the tensor that passes the block's attn.hook_pattern, recorded once per forward pass",
         )
         need(_same_list(h, want_h), core.named(RECORD_MISTAKES, "head_out_layout").message)
         _, only = core.call_learner(EX_RECORD, run_with_cache, model, idx, capture="resid")
         need(
             not (only.attn or only.head_out),
-            "with capture='resid' only the stream is asked for: record "
-            "attn and head_out only when they are in `wanted`",
+            "with capture='resid' only the stream is asked for: record attn and head_out only when they are in `wanted`",
         )
     core.passed(
         EX_RECORD, "the stream, the patterns and the heads' outputs, detached, hooks removed"
@@ -490,14 +461,12 @@ def _lens_right(model, resid):
 LENS_MISTAKES = [
     core.Mistake(
         "no_ln_f",
-        "the final LayerNorm is missing: apply model.ln_f to each stream before "
-        "the readout, as the model does before its logits",
+        "the final LayerNorm is missing: apply model.ln_f to each stream before the readout, as the model does before its logits",
         lambda model, resid: torch.stack(resid) @ model.wte.weight.T,
     ),
     core.Mistake(
         "plain_norm",
-        "you normalise without ln_f's learned gain and shift; call "
-        "model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
+        "you normalise without ln_f's learned gain and shift; call model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
         lambda model, resid: (
             F.layer_norm(torch.stack(resid), (resid[0].shape[-1],), eps=model.ln_f.eps)
             @ model.wte.weight.T
@@ -550,17 +519,27 @@ def check_logit_lens(logit_lens) -> None:
         want,
         LENS_MISTAKES,
         lambda m: m.fn(model, resid),
-        "the logits differ from model.ln_f(stream) @ model.wte.weight.T "
-        "for each stream in cache.resid",
+        "the logits differ from model.ln_f(stream) @ model.wte.weight.T for each stream in cache.resid",
         what="the lens logits",
         atol=1e-4,
         hints={
-            (B, T, V): "that is one layer's logits: stack all n_layer + 1 entries of "
-            "cache.resid (torch.stack) and read out each",
-            (L, B, T, V): "one entry is missing: cache.resid has n_layer + 1 entries (the "
-            "embeddings and the stream after each block); use them all",
-            (L + 1, B, T, C): "these are still streams of width C: multiply by "
-            "model.wte.weight.T to get one logit per vocabulary entry",
+            (
+                B,
+                T,
+                V,
+            ): "that is one layer's logits: stack all n_layer + 1 entries of cache.resid (torch.stack) and read out each",
+            (
+                L,
+                B,
+                T,
+                V,
+            ): "one entry is missing: cache.resid has n_layer + 1 entries (the embeddings and the stream after each block); use them all",
+            (
+                L + 1,
+                B,
+                T,
+                C,
+            ): "these are still streams of width C: multiply by model.wte.weight.T to get one logit per vocabulary entry",
             (B, T, L + 1, V): "stack along a new first dimension: (n_layer + 1, B, T, V)",
         },
     )
@@ -578,14 +557,12 @@ def _next(lens, idx, *, late=False, own=False, f=lambda x: x.log_softmax(-1)):
 NEXT_MISTAKES = [
     core.Mistake(
         "unshifted",
-        "you scored each position's logits against its own token; the logits at "
-        "position t predict the token at t + 1 (and the last position has nothing to predict)",
+        "you scored each position's logits against its own token; the logits at position t predict the token at t + 1 (and the last position has nothing to predict)",
         functools.partial(_next, own=True),
     ),
     core.Mistake(
         "backwards",
-        "you scored position t + 1's logits against token t: the shift runs the "
-        "other way, the logits at t predict the token at t + 1",
+        "you scored position t + 1's logits against token t: the shift runs the other way, the logits at t predict the token at t + 1",
         functools.partial(_next, late=True),
     ),
     core.Mistake(
@@ -595,14 +572,12 @@ NEXT_MISTAKES = [
     ),
     core.Mistake(
         "probabilities",
-        "these are probabilities; the exercise asks for log-probabilities "
-        "(log_softmax, not softmax)",
+        "these are probabilities; the exercise asks for log-probabilities (log_softmax, not softmax)",
         functools.partial(_next, f=lambda x: x.softmax(-1)),
     ),
     core.Mistake(
         "softmax over positions",
-        "your log_softmax runs over the wrong dimension: normalise "
-        "over the vocabulary (the last one), not over the positions",
+        "your log_softmax runs over the wrong dimension: normalise over the vocabulary (the last one), not over the positions",
         functools.partial(_next, f=lambda x: x.log_softmax(-2)),
     ),
 ]
@@ -620,8 +595,7 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
             lens,
             idx,
             watch=[lens],
-            changed="your function changed the lens logits in place; read them without "
-            "writing to them",
+            changed="your function changed the lens logits in place; read them without writing to them",
         )
         got = _judge(
             EX_NEXT,
@@ -629,17 +603,27 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
             _next(lens, idx),
             NEXT_MISTAKES,
             lambda m: m.fn(lens, idx),
-            f"with {layers} layers, batch {B}, {T} tokens, your values differ from "
-            "the log-probability, under each layer's lens, of the token that comes next",
+            f"with {layers} layers, batch {B}, {T} tokens, your values differ from the log-probability, under each layer's lens, of the token that comes next",
             what="the log-probabilities",
             atol=1e-4,
             hints={
-                (layers, B, T): "one value a position, T of them: the last position predicts "
-                "no token of the text, so there are T - 1",
-                (layers, B, T - 1, V): "that is every token's log-probability: keep only the "
-                "one of the token that really comes next (gather)",
-                (layers, B, T, V): "that is the whole distribution at every position: keep "
-                "only the log-probability of the token that comes next, at T - 1 positions",
+                (
+                    layers,
+                    B,
+                    T,
+                ): "one value a position, T of them: the last position predicts no token of the text, so there are T - 1",
+                (
+                    layers,
+                    B,
+                    T - 1,
+                    V,
+                ): "that is every token's log-probability: keep only the one of the token that really comes next (gather)",
+                (
+                    layers,
+                    B,
+                    T,
+                    V,
+                ): "that is the whole distribution at every position: keep only the log-probability of the token that comes next, at T - 1 positions",
             },
         )
     _require(
@@ -687,8 +671,7 @@ def _score_hints(B, nh, queries):
     """expect_tensor's hints for per-head scores that kept or lost the wrong dimensions."""
     one = "one score per head"
     return {
-        (): f"you return one number: keep {one} (average over dims 0 and the queries, not over "
-        "the heads)",
+        (): f"you return one number: keep {one} (average over dims 0 and the queries, not over the heads)",
         (B, nh): f"average over the batch too: {one}",
         (nh, queries): f"average over the queries too: {one}",
         (B, nh, queries): f"average over the batch and the queries: {one}",
@@ -700,8 +683,7 @@ _PATTERN_CHANGED = "your function changed the pattern it was given; read it with
 PREVIOUS_MISTAKES = [
     core.Mistake(
         "itself",
-        "you score the attention of each token to *itself* (the main diagonal); "
-        "the previous token is key q - 1, one below it",
+        "you score the attention of each token to *itself* (the main diagonal); the previous token is key q - 1, one below it",
         lambda p: _diagonal(p, 0).mean(dim=(0, -1)),
     ),
     core.Mistake(
@@ -711,21 +693,17 @@ PREVIOUS_MISTAKES = [
     ),
     core.Mistake(
         "transposed",
-        "rows are queries and columns keys: the previous token of query q is "
-        "pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask "
-        "leaves zeros)",
+        "rows are queries and columns keys: the previous token of query q is pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask leaves zeros)",
         lambda p: _diagonal(p, 1).mean(dim=(0, -1)),
     ),
     core.Mistake(
         "counts_position_0",
-        "you average over all T queries, counting position 0 (which has "
-        "no previous token) as a zero; average over the T - 1 queries that have one",
+        "you average over all T queries, counting position 0 (which has no previous token) as a zero; average over the T - 1 queries that have one",
         lambda p: _diagonal(p).sum(-1).mean(0) / p.shape[-1],
     ),
     core.Mistake(
         "sum",
-        "you add the attention up instead of averaging it: a perfect previous-token "
-        "head should score 1",
+        "you add the attention up instead of averaging it: a perfect previous-token head should score 1",
         lambda p: _diagonal(p).sum(dim=(0, -1)),
     ),
     core.Mistake(
@@ -759,40 +737,32 @@ def check_previous_token_score(previous_token_score) -> None:
 INDUCTION_MISTAKES = [
     core.Mistake(
         "same_token",
-        "you score the attention to the earlier copy of the *same* token "
-        "(key q - seq_len). An induction head attends to the token *after* it: key "
-        "q - seq_len + 1",
+        "you score the attention to the earlier copy of the *same* token (key q - seq_len). An induction head attends to the token *after* it: key q - seq_len + 1",
         lambda p, L: _second_copy(p, L, L).mean(dim=(0, -1)),
     ),
     core.Mistake(
         "two_after",
-        "off by one the other way: key q - seq_len + 2 is two tokens after the "
-        "earlier copy; the induction key is q - seq_len + 1",
+        "off by one the other way: key q - seq_len + 2 is two tokens after the earlier copy; the induction key is q - seq_len + 1",
         lambda p, L: _second_copy(p, L, L - 2).mean(dim=(0, -1)),
     ),
     core.Mistake(
         "previous_token",
-        "this is the attention to the previous token (key q - 1), the "
-        "previous-token score; the induction key is q - seq_len + 1",
+        "this is the attention to the previous token (key q - 1), the previous-token score; the induction key is q - seq_len + 1",
         lambda p, L: _second_copy(p, L, 1).mean(dim=(0, -1)),
     ),
     core.Mistake(
         "whole_stripe",
-        "you average the whole stripe key = q - seq_len + 1, including "
-        "queries of the first copy (where there is nothing to repeat yet); average over the "
-        "seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
+        "you average the whole stripe key = q - seq_len + 1, including queries of the first copy (where there is nothing to repeat yet); average over the seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
         lambda p, L: _diagonal(p, -(L - 1)).mean(dim=(0, -1)),
     ),
     core.Mistake(
         "transposed",
-        "rows are queries and columns keys: pattern[..., q, k]. You read "
-        "pattern[..., k, q], which the causal mask makes 0 above the diagonal",
+        "rows are queries and columns keys: pattern[..., q, k]. You read pattern[..., k, q], which the causal mask makes 0 above the diagonal",
         lambda p, L: _induction_right(p.transpose(-1, -2), L),
     ),
     core.Mistake(
         "sum",
-        "you add the attention up instead of averaging it: a perfect induction head "
-        "should score 1, so take the mean over the batch and the queries",
+        "you add the attention up instead of averaging it: a perfect induction head should score 1, so take the mean over the batch and the queries",
         lambda p, L: _second_copy(p, L, L - 1).sum(dim=(0, -1)),
     ),
     core.Mistake(
@@ -817,9 +787,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
             INDUCTION_MISTAKES,
             lambda m: m.fn(pattern, L),
             lambda got: (
-                f"for seq_len={L} the scores should be {_rounded(want)}, got "
-                f"{_rounded(got)}: average "
-                "pattern[b, h, q, q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len"
+                f"for seq_len={L} the scores should be {_rounded(want)}, got {_rounded(got)}: average pattern[b, h, q, q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len"
             ),
             what="the scores",
             hints=_score_hints(B, nh, L),
@@ -859,8 +827,7 @@ def _check_repeated_tokens(repeated_tokens):
         want_bos = V - 1 if bos is None else bos
         need(
             bool((got[:, 0] == want_bos).all()),
-            f"every row must start with bos_token_id ({want_bos}; "
-            "by default vocab_size - 1, <|endoftext|> in GPT-2)",
+            f"every row must start with bos_token_id ({want_bos}; by default vocab_size - 1, <|endoftext|> in GPT-2)",
         )
         need(
             torch.equal(got[:, 1 : L + 1], got[:, L + 1 :]),
@@ -873,8 +840,7 @@ def _check_repeated_tokens(repeated_tokens):
         again = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed, bos, pool)
         need(
             torch.equal(torch.as_tensor(again), torch.as_tensor(got).long()),
-            "two calls with the same seed give different ids: "
-            "draw with the generator seeded from `seed`",
+            "two calls with the same seed give different ids: draw with the generator seeded from `seed`",
         )
         other = core.call_learner(EX_INDUCTION, repeated_tokens, batch, L, V, seed + 1, bos, pool)
         need(
@@ -911,9 +877,7 @@ def _check_induction_scores(induction_scores, repeated_tokens):
         )
         need(
             core.close(got, want, atol=1e-5),
-            "induction_scores(model) differs from your induction_score "
-            "applied to each layer's attention on repeated_tokens(batch, seq_len, "
-            "vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
+            "induction_scores(model) differs from your induction_score applied to each layer's attention on repeated_tokens(batch, seq_len, vocab_size, seed): score cache.attn of run_with_cache, one layer a row",
         )
         both = core.call_learner(
             EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch, previous=True
@@ -922,8 +886,7 @@ def _check_induction_scores(induction_scores, repeated_tokens):
             isinstance(both, tuple)
             and len(both) == 2
             and core.close(both[1], want_prev, atol=1e-5),
-            "with previous=True return (induction scores, previous-"
-            "token scores), each (n_layer, n_head)",
+            "with previous=True return (induction scores, previous-token scores), each (n_layer, n_head)",
         )
 
 
@@ -946,15 +909,12 @@ def _copies(logits, idx, L, *, first=1, late=0, shifted=True):
 COPY_MISTAKES = [
     core.Mistake(
         "first_tokens_counted",
-        "you count the first token of each copy too; it follows "
-        "<|endoftext|> or the end of the first copy, and nothing can predict it: count the "
-        "predictions of tokens 2 .. L of each copy",
+        "you count the first token of each copy too; it follows <|endoftext|> or the end of the first copy, and nothing can predict it: count the predictions of tokens 2 .. L of each copy",
         functools.partial(_copies, first=0),
     ),
     core.Mistake(
         "no_shift",
-        "the logits at position t predict the token at t + 1: compare "
-        "logits[:, :-1] with idx[:, 1:], not the same positions",
+        "the logits at position t predict the token at t + 1: compare logits[:, :-1] with idx[:, 1:], not the same positions",
         functools.partial(_copies, shifted=False),
     ),
     core.Mistake(
@@ -964,15 +924,12 @@ COPY_MISTAKES = [
     ),
     core.Mistake(
         "split_late",
-        "the second copy starts one prediction late: after the start token and "
-        "the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and "
-        "L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
+        "the second copy starts one prediction late: after the start token and the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
         functools.partial(_copies, late=1),
     ),
     core.Mistake(
         "bits",
-        "you measure in bits (log base 2); the loss of the course is in nats (natural "
-        "log, as F.cross_entropy gives)",
+        "you measure in bits (log base 2); the loss of the course is in nats (natural log, as F.cross_entropy gives)",
         lambda lg, idx, L: tuple(v / math.log(2) for v in _copies(lg, idx, L)),
     ),
 ]
@@ -1007,8 +964,7 @@ def check_copy_losses(copy_losses) -> None:
                 EX_COPY,
                 COPY_MISTAKES,
                 lambda m: same(got, m.fn(logits, idx, L)),
-                f"for seq_len={L} the losses should be ({want[0]:.4f}, "
-                f"{want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})",
+                f"for seq_len={L} the losses should be ({want[0]:.4f}, {want[1]:.4f}), got ({got[0]:.4f}, {got[1]:.4f})",
             )
     core.passed(EX_COPY, "both copies measured on the predictions of their tokens 2 .. L")
 
@@ -1036,20 +992,17 @@ ZERO_MISTAKES = [
     ),
     core.Mistake(
         "n_head_width",
-        "you zero n_head channels per head; each head owns head_dim = C // "
-        "n_head channels: h * head_dim to (h + 1) * head_dim",
+        "you zero n_head channels per head; each head owns head_dim = C // n_head channels: h * head_dim to (h + 1) * head_dim",
         lambda y, heads, n_head: _zero(y, heads, n_head, width=n_head),
     ),
     core.Mistake(
         "head_fastest",
-        "the channels of head h are one block, h * head_dim .. (h + 1) * "
-        "head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
+        "the channels of head h are one block, h * head_dim .. (h + 1) * head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
         functools.partial(_zero, head_fastest=True),
     ),
     core.Mistake(
         "positions",
-        "you zero time positions (dimension 1); a head is a group of channels "
-        "in the last dimension",
+        "you zero time positions (dimension 1); a head is a group of channels in the last dimension",
         lambda y, heads, n_head: y.index_fill(1, torch.tensor(heads), 0),
     ),
     core.Mistake(
@@ -1074,8 +1027,7 @@ def check_zero_heads(zero_heads) -> None:
             list(heads),
             n_head,
             changed=lambda: (
-                "you zeroed y in place; work on a copy (y.clone()) and return it, so that the "
-                "caller's tensor is unchanged"
+                "you zeroed y in place; work on a copy (y.clone()) and return it, so that the caller's tensor is unchanged"
                 if core.close(y, want, atol=0)
                 else "your function changed y; work on a copy (y.clone())"
             ),
@@ -1086,9 +1038,7 @@ def check_zero_heads(zero_heads) -> None:
             want,
             ZERO_MISTAKES,
             lambda m: m.fn(y, heads, n_head),
-            f"with n_head={n_head} and heads={heads}, channels "
-            f"h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head "
-            "must be 0 and every other value unchanged",
+            f"with n_head={n_head} and heads={heads}, channels h * {C // n_head} .. (h + 1) * {C // n_head} - 1 of each listed head must be 0 and every other value unchanged",
             what="the result",
             hints={(B, T, n_head, C // n_head): "reshape the result back to (B, T, C)"},
             atol=0,
@@ -1135,26 +1085,22 @@ def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False,
 EFFECTS_MISTAKES = [
     core.Mistake(
         "sign",
-        "your effects have the wrong sign: report the ablated loss minus the normal "
-        "loss, so that a head the model needs shows a rise (a positive number)",
+        "your effects have the wrong sign: report the ablated loss minus the normal loss, so that a head the model needs shows a rise (a positive number)",
         functools.partial(_effects_right, sign=-1.0),
     ),
     core.Mistake(
         "whole_sequence",
-        "you measure the loss over the whole sequence; measure the second "
-        "copy only (copy_losses' second value), where copying is what helps",
+        "you measure the loss over the whole sequence; measure the second copy only (copy_losses' second value), where copying is what helps",
         functools.partial(_effects_right, whole=True),
     ),
     core.Mistake(
         "means_ignored",
-        "with head_means given, your function still zeroes the head: set its "
-        "channels to head_means[layer][head] (a (head_dim,) vector) instead",
+        "with head_means given, your function still zeroes the head: set its channels to head_means[layer][head] (a (head_dim,) vector) instead",
         lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None),
     ),
     core.Mistake(
         "whole_layer",
-        "you ablate every head of the layer at once; ablate one head at a "
-        "time, leaving the others as they are",
+        "you ablate every head of the layer at once; ablate one head at a time, leaving the others as they are",
         functools.partial(_effects_right, all_heads=True),
     ),
 ]
@@ -1191,8 +1137,7 @@ def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
         )
         need(
             core.close(g, w, atol=1e-5),
-            f"layer {layer}'s means differ: average cache.head_out[layer], (B, n_head, T, "
-            "head_dim), over the batch and the positions (dims 0 and 2)",
+            f"layer {layer}'s means differ: average cache.head_out[layer], (B, n_head, T, head_dim), over the batch and the positions (dims 0 and 2)",
         )
 
 
@@ -1223,8 +1168,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
             _require(
                 EX_EFFECTS,
                 not left,
-                f"your function left hooks on {left[:3]}: remove "
-                "each hook after its forward pass (handle.remove(), in a finally)",
+                f"your function left hooks on {left[:3]}: remove each hook after its forward pass (handle.remove(), in a finally)",
             )
             want = _effects_right(model, idx, L, head_means)
             how = "zeroed" if head_means is None else "set to their means"
@@ -1235,8 +1179,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                 EFFECTS_MISTAKES,
                 lambda m: m.fn(model, idx, L, head_means=head_means),
                 lambda got: (
-                    f"with the heads {how}, seq_len={L}: the effects should be "
-                    f"{want.round(decimals=4).tolist()}, got {got.round(decimals=4).tolist()}"
+                    f"with the heads {how}, seq_len={L}: the effects should be {want.round(decimals=4).tolist()}, got {got.round(decimals=4).tolist()}"
                 ),
                 what="the effects",
                 atol=1e-4,
@@ -1244,10 +1187,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
             )
     core.passed(
         EX_EFFECTS,
-        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the "
-        "printout: a head whose loss rises both ways computes from this input something the "
-        "copy needs; one that costs much more zeroed than mean-ablated matters through its "
-        "constant output, which later layers expect; small both ways, neither",
+        "zeroed and mean-ablated heads, one at a time, on the second copy. Reading the printout: a head whose loss rises both ways computes from this input something the copy needs; one that costs much more zeroed than mean-ablated matters through its constant output, which later layers expect; small both ways, neither",
     )
 
 
@@ -1273,8 +1213,7 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     layer, h = head
     need(
         0 <= layer < n_layer and 0 <= h < n_head,
-        f"({layer}, {h}) is not a head of this model: layers 0 .. "
-        f"{n_layer - 1}, heads 0 .. {n_head - 1}",
+        f"({layer}, {h}) is not a head of this model: layers 0 .. {n_layer - 1}, heads 0 .. {n_head - 1}",
     )
     effects = _zero_effects(model, idx, seq_len)
     best = effects.max().item()
@@ -1283,21 +1222,16 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     if best < floor:
         core.passed(
             CH_HEAD,
-            f"no head of this model raises the second copy's loss by {floor} nats or "
-            f"more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours "
-            f"{mine:+.4f}): it does not rely on one head for copying",
+            f"no head of this model raises the second copy's loss by {floor} nats or more (the largest rise is {best:+.4f}, head {where[0]}.{where[1]}; yours {mine:+.4f}): it does not rely on one head for copying",
         )
         return
     need(
         mine >= share * best,
-        f"zeroing head {layer}.{h} raises the second copy's loss by "
-        f"{mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal "
-        f"is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
+        f"zeroing head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats; the best head raises it by {best:+.4f}, and the goal is at least {share:.0%} of that ({share * best:.4f}). Keep looking",
     )
     core.passed(
         CH_HEAD,
-        f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, "
-        f"{mine / best:.0%} of the best head's ({best:+.4f})",
+        f"head {layer}.{h} raises the second copy's loss by {mine:+.4f} nats, {mine / best:.0%} of the best head's ({best:+.4f})",
     )
 
 

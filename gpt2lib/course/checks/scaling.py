@@ -84,8 +84,7 @@ def _shard_grads(model, x, y, world, first_only=False):
 SHARD_MISTAKES = [
     core.Mistake(
         "summed",
-        "your gradients are `world` times too large: DDP averages the ranks' "
-        "gradients (all-reduce, then divide by the world size), it does not add them",
+        "your gradients are `world` times too large: DDP averages the ranks' gradients (all-reduce, then divide by the world size), it does not add them",
         _shard_grads,
     ),
     core.Mistake(
@@ -151,20 +150,17 @@ def _model_with_stale_grads(seed):
 ACCUM_MISTAKES = [
     core.Mistake(
         "not_divided",
-        "your gradients are micro_steps times too large: divide each "
-        "micro-batch's loss by micro_steps before backward",
+        "your gradients are micro_steps times too large: divide each micro-batch's loss by micro_steps before backward",
         lambda *args: _accumulate(*args, divided=False),
     ),
     core.Mistake(
         "zeroed_each_micro_step",
-        "only the last micro-batch's gradient is left: the "
-        "gradients are cleared inside the loop, so the earlier micro-steps are lost",
+        "only the last micro-batch's gradient is left: the gradients are cleared inside the loop, so the earlier micro-steps are lost",
         lambda *args: _accumulate(*args, zeroed="each micro-step"),
     ),
     core.Mistake(
         "zero_grad_deleted",
-        "your .grad still holds the previous step's gradient added to this one: the "
-        "zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
+        "your .grad still holds the previous step's gradient added to this one: the zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
         lambda *args: _accumulate(*args, zeroed="never"),
     ),
 ]
@@ -196,15 +192,13 @@ def check_micro_batches(fn):
                 length = len(got) if hasattr(got, "__len__") else "?"
                 raise core.CheckFailed(
                     EX_SPLIT,
-                    f"return a list of micro_steps={micro} tensors, got "
-                    f"{type(got).__name__} of length {length}",
+                    f"return a list of micro_steps={micro} tensors, got {type(got).__name__} of length {length}",
                 )
             for k, part in enumerate(got):
                 if not isinstance(part, torch.Tensor) or part.shape != (batch,):
                     raise core.CheckFailed(
                         EX_SPLIT,
-                        f"world {world}, rank {rank}, micro-step {k}: expected batch_size={batch} "
-                        f"rows, got {getattr(part, 'shape', type(part).__name__)}",
+                        f"world {world}, rank {rank}, micro-step {k}: expected batch_size={batch} rows, got {getattr(part, 'shape', type(part).__name__)}",
                     )
                 seen += part.tolist()
         if sorted(seen) != rows.tolist():
@@ -214,8 +208,7 @@ def check_micro_batches(fn):
             )
             raise core.CheckFailed(
                 EX_SPLIT,
-                f"world {world}, batch {batch}, {micro} micro-steps: {detail}; every row of the "
-                "step must be read once, by exactly one rank",
+                f"world {world}, batch {batch}, {micro} micro-steps: {detail}; every row of the step must be read once, by exactly one rank",
             )
     core.passed(EX_SPLIT, "every row read once, equal shares, for four ways of splitting")
 
@@ -223,8 +216,7 @@ def check_micro_batches(fn):
 BF16_MISTAKES = [
     core.Mistake(
         "uses_to_bfloat16",
-        "your function lets PyTorch round (.to(torch.bfloat16), .bfloat16() or .type): this "
-        "exercise asks for the rounding done by hand, with integer operations on the bits",
+        "your function lets PyTorch round (.to(torch.bfloat16), .bfloat16() or .type): this exercise asks for the rounding done by hand, with integer operations on the bits",
         lambda x: x.to(torch.bfloat16).float(),
     ),
 ]
@@ -264,8 +256,7 @@ def check_to_bfloat16(fn):
         if not isinstance(got, torch.Tensor) or got.dtype != torch.float32 or got.shape != x.shape:
             raise core.CheckFailed(
                 EX_BF16,
-                "return a float32 tensor of the input's shape (the bfloat16 value, stored in "
-                "float32)",
+                "return a float32 tensor of the input's shape (the bfloat16 value, stored in float32)",
             )
         want = x.to(torch.bfloat16).float()
         if torch.equal(got, want):
@@ -273,14 +264,12 @@ def check_to_bfloat16(fn):
         if torch.equal(got, ((x.view(torch.int32) >> 16) << 16).view(torch.float32)):
             raise core.CheckFailed(
                 EX_BF16,
-                "you cut the low 16 bits off: that rounds toward zero. Round to the nearest "
-                "(ties to even): add 0x7FFF plus the lowest kept bit before cutting",
+                "you cut the low 16 bits off: that rounds toward zero. Round to the nearest (ties to even): add 0x7FFF plus the lowest kept bit before cutting",
             )
         bad = int((got != want).nonzero()[0])
         raise core.CheckFailed(
             EX_BF16,
-            f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, "
-            f"bfloat16 is {float(want[bad])!r}",
+            f"x = {float(x[bad])!r}: you give {float(got[bad])!r}, bfloat16 is {float(want[bad])!r}",
         )
     core.passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
 
@@ -298,14 +287,12 @@ def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_
 FORMAT_MISTAKES = [
     core.Mistake(
         "out of range kept",
-        "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the "
-        "maximum: take the maximum over the values the format holds only (finite and not 0)",
+        "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the maximum: take the maximum over the values the format holds only (finite and not 0)",
         lambda v, d: _format_error(v, d, keep_out_of_range=True),
     ),
     core.Mistake(
         "absolute",
-        "your error is absolute, |kept - value|, which large values dominate: "
-        "divide by |value| for the relative error",
+        "your error is absolute, |kept - value|, which large values dominate: divide by |value| for the relative error",
         lambda v, d: _format_error(v, d, absolute=True),
     ),
     core.Mistake(
@@ -330,8 +317,7 @@ def check_format_error(fn):
                 EX_BF16,
                 FORMAT_MISTAKES,
                 lambda m, v=values, d=dtype: _near(got, m.fn(v, d), 1e-4),
-                f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's largest "
-                f"relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
+                f"for {dtype} you give {got[0]:.3e} and {got[1]:.4f}, the format's largest relative error and share held are {want[0]:.3e} and {want[1]:.4f}",
             )
     core.passed(EX_BF16, "relative error over the values each format holds, and the share it holds")
 
@@ -375,13 +361,19 @@ def check_flops_per_token(fn):
         params, flops = _two(EX_FLOPS, got, "(parameters, FLOPs per token)")
         attention = 4 * config.n_layer * block * config.n_embd  # forward, per token
         hints = {
-            ("params", count_gpt2_parameters(config)): ": you counted the position table, "
-            "which is a lookup, no multiply",
-            ("params", want_params + config.vocab_size * config.n_embd): ": you counted the "
-            "readout apart from wte, but it is the same matrix",
+            (
+                "params",
+                count_gpt2_parameters(config),
+            ): ": you counted the position table, which is a lookup, no multiply",
+            (
+                "params",
+                want_params + config.vocab_size * config.n_embd,
+            ): ": you counted the readout apart from wte, but it is the same matrix",
             ("flops", 6 * want_params): ": attention's scores and weighted sum are missing",
-            ("flops", 2 * want_params + attention): ": that is the forward pass only; backward "
-            "computes two gradients, each as costly as the forward",
+            (
+                "flops",
+                2 * want_params + attention,
+            ): ": that is the forward pass only; backward computes two gradients, each as costly as the forward",
             (
                 "flops",
                 6 * want_params + attention,
@@ -390,19 +382,16 @@ def check_flops_per_token(fn):
         if params != want_params:
             raise core.CheckFailed(
                 EX_FLOPS,
-                f"{sizes}: you count {params:,} parameters, the multiplying ones are "
-                f"{want_params:,}{_hint(hints, 'params', params)}",
+                f"{sizes}: you count {params:,} parameters, the multiplying ones are {want_params:,}{_hint(hints, 'params', params)}",
             )
         if not math.isclose(flops, want_flops, rel_tol=1e-9):
             raise core.CheckFailed(
                 EX_FLOPS,
-                f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}"
-                f"{_hint(hints, 'flops', flops)}",
+                f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{_hint(hints, 'flops', flops)}",
             )
     core.passed(
         EX_FLOPS,
-        "about 6 FLOPs per parameter per token (2 forward, 4 backward) plus attention's "
-        "12 · n_layer · block_size · n_embd, for three sizes",
+        "about 6 FLOPs per parameter per token (2 forward, 4 backward) plus attention's 12 · n_layer · block_size · n_embd, for three sizes",
     )
 
 
@@ -422,10 +411,14 @@ def check_run_cost(fn):
         want = reference_run_cost(*case)
         hours, dollars = _two(EX_COST, got, "(hours, dollars)")
         hints = {
-            ("dollars", want[1] / case[1]): ": you pay for one GPU, but all of them are rented "
-            "for those hours",
-            ("hours", want[0] * case[1]): ": the GPUs work in parallel: divide the work by "
-            "their number",
+            (
+                "dollars",
+                want[1] / case[1],
+            ): ": you pay for one GPU, but all of them are rented for those hours",
+            (
+                "hours",
+                want[0] * case[1],
+            ): ": the GPUs work in parallel: divide the work by their number",
         }
         if not _near(got, want):
             hint = _hint(hints, "dollars", dollars) or _hint(hints, "hours", hours)
@@ -462,12 +455,18 @@ def check_recipe_price(
             raise core.CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
     whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
     hints = {
-        ("steps", tokens / 512): ": a step takes 512 windows of 1,024 tokens, so divide the "
-        "tokens by the tokens of a step, not by the windows",
-        ("total FLOPs", per_token * want_steps): ": that is FLOPs per token times steps; every "
-        "token of every step costs them",
-        ("hours", want_hours * mfu): ": the GPUs reach only the MFU share of their peak: "
-        "divide by it",
+        (
+            "steps",
+            tokens / 512,
+        ): ": a step takes 512 windows of 1,024 tokens, so divide the tokens by the tokens of a step, not by the windows",
+        (
+            "total FLOPs",
+            per_token * want_steps,
+        ): ": that is FLOPs per token times steps; every token of every step costs them",
+        (
+            "hours",
+            want_hours * mfu,
+        ): ": the GPUs reach only the MFU share of their peak: divide by it",
         ("hours", want_hours * gpus): ": the work is shared by all the GPUs of the node",
         ("dollars", want_dollars / gpus): ": every GPU of the node is paid for those hours",
     }
@@ -482,8 +481,7 @@ def check_recipe_price(
             raise core.CheckFailed(EX_PRICE, message.format(given[name], want) + hint)
     core.passed(
         EX_PRICE,
-        f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, "
-        f"${want_dollars:,.0f}",
+        f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, ${want_dollars:,.0f}",
     )
 
 
@@ -510,21 +508,17 @@ def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
 SPEED_MISTAKES = [
     core.Mistake(
         "first step kept",
-        "your throughput counts the first step, which also pays for start-up (allocating memory, "
-        "setting up the processes' communication, compiling): leave it out",
+        "your throughput counts the first step, which also pays for start-up (allocating memory, setting up the processes' communication, compiling): leave it out",
         lambda folder: _run_speed(folder, skip_first=False),
     ),
     core.Mistake(
         "mean of rates",
-        "you averaged the steps' tokens per second, but a step twice as "
-        "long counts no more in that mean than a short one: the run's rate is all its tokens "
-        "over all its seconds (each step's seconds are its tokens over its rate)",
+        "you averaged the steps' tokens per second, but a step twice as long counts no more in that mean than a short one: the run's rate is all its tokens over all its seconds (each step's seconds are its tokens over its rate)",
         lambda folder: _run_speed(folder, mean_of_rates=True),
     ),
     core.Mistake(
         "one device",
-        "your MFU compares the FLOPs of every process with the peak of one "
-        "device: the run had world_size devices, and the peak is theirs together",
+        "your MFU compares the FLOPs of every process with the peak of one device: the run had world_size devices, and the peak is theirs together",
         lambda folder: _run_speed(folder, all_devices=False),
     ),
 ]
@@ -581,9 +575,7 @@ def check_run_speed(fn):
                 EX_SPEED,
                 mistake.message
                 if mistake
-                else f"for {world} process(es) with steps of {rest[-1]} s you give "
-                f"{got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are "
-                f"{want[0]:,.1f} and {want[1]:.4g}",
+                else f"for {world} process(es) with steps of {rest[-1]} s you give {got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are {want[0]:,.1f} and {want[1]:.4g}",
             )
     core.passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
 

@@ -82,26 +82,22 @@ def _nll(log_probs, targets):
 LOSS_MISTAKES = [
     core.Mistake(
         "log_softmax_over_time",
-        "your log-softmax normalises over the wrong dimension (the positions, dim=1): "
-        "probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
+        "your log-softmax normalises over the wrong dimension (the positions, dim=1): probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
         lambda logits, targets: _nll(logits.log_softmax(dim=1), targets).mean(),
     ),
     core.Mistake(
         "log_softmax_over_batch",
-        "your log-softmax normalises over the batch (dim=0): normalise over the "
-        "vocabulary, the last dimension (dim=-1)",
+        "your log-softmax normalises over the batch (dim=0): normalise over the vocabulary, the last dimension (dim=-1)",
         lambda logits, targets: _nll(logits.log_softmax(dim=0), targets).mean(),
     ),
     core.Mistake(
         "sum_not_mean",
-        "your loss is the SUM over positions: take the mean, so that the loss does not "
-        "grow with the batch size or the context length",
+        "your loss is the SUM over positions: take the mean, so that the loss does not grow with the batch size or the context length",
         lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).sum(),
     ),
     core.Mistake(
         "sign",
-        "your loss has the wrong sign: it is MINUS the mean log-probability of the targets "
-        "(a loss is positive and falls as the model improves)",
+        "your loss has the wrong sign: it is MINUS the mean log-probability of the targets (a loss is positive and falls as the model improves)",
         lambda logits, targets: -_nll(logits.log_softmax(dim=-1), targets).mean(),
     ),
     core.Mistake(
@@ -111,8 +107,7 @@ LOSS_MISTAKES = [
     ),
     core.Mistake(
         "no_normalisation",
-        "you gathered the raw logits without log_softmax: the loss must use "
-        "log-probabilities, which depend on every logit of the row",
+        "you gathered the raw logits without log_softmax: the loss must use log-probabilities, which depend on every logit of the row",
         lambda logits, targets: _nll(logits, targets).mean(),
     ),
 ]
@@ -121,21 +116,17 @@ LOSS_MISTAKES = [
 LOSS_RULES = [
     core.Mistake(
         "uses_cross_entropy",
-        "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls "
-        "it), which this exercise does not allow: write it from log-probabilities",
+        "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls it), which this exercise does not allow: write it from log-probabilities",
         lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()),
     ),
     core.Mistake(
         "log_of_softmax",
-        "with a logit of 100 and a target 220 below it your loss is not finite: in float32 "
-        "softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the "
-        "log-softmax in one step (log_softmax), which never forms either number",
+        "with a logit of 100 and a target 220 below it your loss is not finite: in float32 softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the log-softmax in one step (log_softmax), which never forms either number",
         lambda logits, targets: _nll(logits.float().softmax(dim=-1).log(), targets).mean(),
     ),
     core.Mistake(
         "not_float32",
-        "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): "
-        "cast the logits to float32 (logits.float()) before the log-softmax",
+        "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): cast the logits to float32 (logits.float()) before the log-softmax",
         lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).mean(),
     ),
 ]
@@ -183,13 +174,11 @@ def check_cross_entropy(fn):
         if got.numel() != 1:
             raise core.CheckFailed(
                 EX_LOSS,
-                f"your loss has shape {tuple(got.shape)}: return ONE number, the mean over "
-                "every position of every sequence",
+                f"your loss has shape {tuple(got.shape)}: return ONE number, the mean over every position of every sequence",
             )
         raise core.CheckFailed(
             EX_LOSS,
-            f"your loss is {float(got):.4f}, the cross-entropy is {float(want):.4f} "
-            f"(logits of shape {(B, T, V)})",
+            f"your loss is {float(got):.4f}, the cross-entropy is {float(want):.4f} (logits of shape {(B, T, V)})",
         )
     unlikely = torch.zeros(1, 2, 5)
     unlikely[0, 0, 3], unlikely[0, 0, 1] = -120.0, 100.0  # e^-220 is 0 in float32, e^100 inf
@@ -207,8 +196,7 @@ def check_cross_entropy(fn):
     if not got.requires_grad:
         raise core.CheckFailed(
             EX_LOSS,
-            "your loss carries no gradient (.detach(), .item() or numpy inside?): return a "
-            "tensor computed from the logits",
+            "your loss carries no gradient (.detach(), .item() or numpy inside?): return a tensor computed from the logits",
         )
     core.passed(EX_LOSS, "the cross-entropy, finite for a very unlikely target, in float32")
 
@@ -218,8 +206,7 @@ def check_cross_entropy(fn):
 UNIFORM_MISTAKES = [
     core.Mistake(
         "probability",
-        "you returned the probability of each token, 1 / V: the loss is MINUS "
-        "the logarithm of that probability",
+        "you returned the probability of each token, 1 / V: the loss is MINUS the logarithm of that probability",
         lambda v: 1 / v,
     ),
     core.Mistake(
@@ -229,8 +216,7 @@ UNIFORM_MISTAKES = [
     ),
     core.Mistake(
         "bits",
-        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this "
-        "course, is in nats, the natural logarithm (math.log)",
+        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this course, is in nats, the natural logarithm (math.log)",
         math.log2,
     ),
     core.Mistake(
@@ -240,8 +226,7 @@ UNIFORM_MISTAKES = [
     ),
     core.Mistake(
         "perplexity",
-        "you returned V itself: that is e^loss, the perplexity of the uniform "
-        "guess. The loss is its natural logarithm",
+        "you returned V itself: that is e^loss, the perplexity of the uniform guess. The loss is its natural logarithm",
         float,
     ),
 ]
@@ -256,8 +241,7 @@ def check_uniform_loss(fn):
                 EX_UNIFORM,
                 UNIFORM_MISTAKES,
                 lambda m: _near(value, m.fn(vocab_size)),
-                f"with {vocab_size} equally likely tokens your loss is {value:.4f}: work out "
-                f"-ln p for p = 1 / {vocab_size}",
+                f"with {vocab_size} equally likely tokens your loss is {value:.4f}: work out -ln p for p = 1 / {vocab_size}",
             )
     core.passed(EX_UNIFORM, "the uniform guess over V tokens costs ln V at every position")
 
@@ -306,34 +290,27 @@ _batch_right = _batch(0)
 BATCH_MISTAKES = [
     core.Mistake(
         "not_shifted",
-        "your y equals your x: y must be the same window one token later "
-        "(ids[s + 1 : s + block_size + 1])",
+        "your y equals your x: y must be the same window one token later (ids[s + 1 : s + block_size + 1])",
         _batch(0, shift=0),
     ),
     core.Mistake(
         "one_window",
-        "every row of your batch is the same window: draw one random start "
-        "per row (torch.randint(..., (batch_size,)))",
+        "every row of your batch is the same window: draw one random start per row (torch.randint(..., (batch_size,)))",
         _batch(0, rows="one"),
     ),
     core.Mistake(
         "not_random",
-        "your windows always start at the beginning of ids: draw random "
-        "starts with torch.randint(..., generator=generator)",
+        "your windows always start at the beginning of ids: draw random starts with torch.randint(..., generator=generator)",
         _batch(0, rows="first"),
     ),
     core.Mistake(
         "range_too_long",
-        "a window ran past the end of ids: the last possible start is "
-        "len(ids) - block_size - 1 (the targets need one more token), and torch.randint's "
-        "upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
+        "a window ran past the end of ids: the last possible start is len(ids) - block_size - 1 (the targets need one more token), and torch.randint's upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
         _batch(1),
     ),
     core.Mistake(
         "range_too_short",
-        "with 8 ids and block_size 5 the starts 0, 1 and 2 are all "
-        "possible, but 2 never came up, so the very last token is never a target: "
-        "torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
+        "with 8 ids and block_size 5 the starts 0, 1 and 2 are all possible, but 2 never came up, so the very last token is never a target: torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
         _batch(-1),
     ),
 ]
@@ -341,20 +318,17 @@ BATCH_MISTAKES = [
 DEVICE_MISTAKES = [
     core.Mistake(
         "device_ignored",
-        "your batch stays where ids are: when a device is given, move x "
-        "and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
+        "your batch stays where ids are: when a device is given, move x and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
         _batch(0, moved=False),
     ),
     core.Mistake(
         "int32_kept",
-        "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: "
-        "nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
+        "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
         _batch(0, dtype=None),
     ),
     core.Mistake(
         "float_ids",
-        "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. "
-        "Return them as torch.long",
+        "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. Return them as torch.long",
         _batch(0, dtype=torch.float32),
     ),
 ]
@@ -394,15 +368,13 @@ def check_random_batch(fn):
     if torch.equal(y[:, 1:], x[:, :-1]):
         raise core.CheckFailed(
             EX_BATCH,
-            "your y is x shifted the wrong way (one token EARLIER): y is the window starting "
-            "one token later",
+            "your y is x shifted the wrong way (one token EARLIER): y is the window starting one token later",
         )
     starts = _windows_ok(ids, x, y, T)
     if starts is None:
         raise core.CheckFailed(
             EX_BATCH,
-            "each row of x must be a stretch of ids, ids[s : s + block_size], and the same row "
-            "of y must be ids[s + 1 : s + block_size + 1]",
+            "each row of x must be a stretch of ids, ids[s : s + block_size], and the same row of y must be ids[s + 1 : s + block_size + 1]",
         )
     if len(set(starts)) == 1:
         _fail_named(EX_BATCH, BATCH_MISTAKES, "one_window" if starts[0] else "not_random")
@@ -428,16 +400,14 @@ def check_random_batch(fn):
     except RuntimeError:
         raise core.CheckFailed(
             EX_BATCH,
-            "with device given, your function failed: draw the starts on the CPU with the "
-            "generator, then move x and y to the device",
+            "with device given, your function failed: draw the starts on the CPU with the generator, then move x and y to the device",
         ) from None
     x, y = _as_pair(EX_BATCH, got)
     if x.device.type != "meta" or y.device.type != "meta":
         raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
     core.passed(
         EX_BATCH,
-        "random windows of torch.long ids, y one token later, every start possible, "
-        "repeatable, on the device",
+        "random windows of torch.long ids, y one token later, every start possible, repeatable, on the device",
     )
 
 
@@ -463,21 +433,17 @@ _unigram_right = _unigram()
 UNIGRAM_MISTAKES = [
     core.Mistake(
         "no_smoothing",
-        "a validation token that never occurs in the training part got "
-        "probability 0, so its loss, and the mean, is infinite: add `smoothing` to every "
-        "count before you turn the counts into probabilities",
+        "a validation token that never occurs in the training part got probability 0, so its loss, and the mean, is infinite: add `smoothing` to every count before you turn the counts into probabilities",
         _unigram(smoothing_on=False),
     ),
     core.Mistake(
         "scored_on_train",
-        "you scored the training tokens: the line is measured on val_ids, "
-        "text the counts never saw",
+        "you scored the training tokens: the line is measured on val_ids, text the counts never saw",
         _unigram(scored="train"),
     ),
     core.Mistake(
         "not_normalised",
-        "your counts are not probabilities: divide them by their sum, so "
-        "that they add up to 1 over the vocabulary",
+        "your counts are not probabilities: divide them by their sum, so that they add up to 1 over the vocabulary",
         _unigram(normalise=False),
     ),
     core.Mistake(
@@ -508,8 +474,7 @@ def check_unigram_loss(fn):
         except (IndexError, RuntimeError):  # a count table shorter than the vocabulary
             raise core.CheckFailed(
                 EX_UNIGRAM,
-                "torch.bincount counts only up to the largest id it sees: pass "
-                "minlength=vocab_size, so that every id of the vocabulary has a count",
+                "torch.bincount counts only up to the largest id it sees: pass minlength=vocab_size, so that every id of the vocabulary has a count",
             ) from None
         value = _as_float(EX_UNIGRAM, got, "your loss")
         want = _unigram_right(*args)
@@ -521,8 +486,7 @@ def check_unigram_loss(fn):
             EX_UNIGRAM,
             UNIGRAM_MISTAKES,
             lambda m: _near(value, m.fn(*args)),
-            f"with vocab_size={vocab_size} and smoothing={smoothing} your loss is "
-            f"{value:.4f}, the unigram line is {want:.4f}",
+            f"with vocab_size={vocab_size} and smoothing={smoothing} your loss is {value:.4f}, the unigram line is {want:.4f}",
         )
     core.passed(
         EX_UNIGRAM,
@@ -566,33 +530,27 @@ _bigram_right = _bigram()
 BIGRAM_MISTAKES = [
     core.Mistake(
         "no_mix",
-        "your bigram ignores bigram_weight: a validation pair never seen in training "
-        "gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with "
-        "(1 - bigram_weight) * the unigram probability of the next token",
+        "your bigram ignores bigram_weight: a validation pair never seen in training gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with (1 - bigram_weight) * the unigram probability of the next token",
         _bigram(mix=False),
     ),
     core.Mistake(
         "joint",
-        "you divided a pair's count by the number of all pairs: that is how common the pair is, "
-        "not how often b follows a. Divide by the number of times a is followed by anything",
+        "you divided a pair's count by the number of all pairs: that is how common the pair is, not how often b follows a. Divide by the number of times a is followed by anything",
         _bigram(conditional=False),
     ),
     core.Mistake(
         "reversed",
-        "your pairs are read backwards: you scored how often a follows b. The key "
-        "of a pair (previous a, next b) must be the same when you count and when you look up",
+        "your pairs are read backwards: you scored how often a follows b. The key of a pair (previous a, next b) must be the same when you count and when you look up",
         _bigram(order="ba"),
     ),
     core.Mistake(
         "counted_on_val",
-        "you counted the pairs of val_ids: the line measures counts from "
-        "train_ids on text they never saw",
+        "you counted the pairs of val_ids: the line measures counts from train_ids on text they never saw",
         _bigram(pairs_from="val"),
     ),
     core.Mistake(
         "prev_counts_all",
-        "you divided by how often a occurs anywhere in train_ids, the last token included, which "
-        "is followed by nothing: count a only among the first N - 1 tokens",
+        "you divided by how often a occurs anywhere in train_ids, the last token included, which is followed by nothing: count a only among the first N - 1 tokens",
         _bigram(prev_counts="all"),
     ),
 ]
@@ -621,9 +579,7 @@ def check_bigram(fn):
         if math.isnan(value):
             raise core.CheckFailed(
                 EX_BIGRAM,
-                "your bigram loss is NaN: a previous token that never occurs in train_ids has "
-                "count 0, and 0 / 0 is NaN. Its bigram probability is 0 (clamp the count to at "
-                "least 1)",
+                "your bigram loss is NaN: a previous token that never occurs in train_ids has count 0, and 0 / 0 is NaN. Its bigram probability is 0 (clamp the count to at least 1)",
             )
         if not math.isfinite(value):
             _fail_named(EX_BIGRAM, BIGRAM_MISTAKES, "no_mix")
@@ -631,8 +587,7 @@ def check_bigram(fn):
             EX_BIGRAM,
             BIGRAM_MISTAKES,
             lambda m: _near(value, m.fn(*args)["bigram"]),
-            f"with vocab_size={vocab_size} and bigram_weight={weight} your bigram loss is "
-            f"{value:.4f}, the line is {want:.4f}",
+            f"with vocab_size={vocab_size} and bigram_weight={weight} your bigram loss is {value:.4f}, the line is {want:.4f}",
         )
     # a vocabulary of 2 million: a table of all pairs would hold 4 * 10^12 numbers
     try:
@@ -642,8 +597,7 @@ def check_bigram(fn):
     except (RuntimeError, MemoryError):
         raise core.CheckFailed(
             EX_BIGRAM,
-            "with a vocabulary of 2 million your function ran out of memory: a table of all "
-            "pairs is too large. Count only the pairs that occur (one integer a * V + b per pair)",
+            "with a vocabulary of 2 million your function ran out of memory: a table of all pairs is too large. Count only the pairs that occur (one integer a * V + b per pair)",
         ) from None
     loss = got["bigram"] if isinstance(got, dict) else got
     if not math.isfinite(_as_float(EX_BIGRAM, loss, "your loss")):
@@ -652,8 +606,7 @@ def check_bigram(fn):
         )
     core.passed(
         EX_BIGRAM,
-        "pairs counted from the training part, conditional on the previous token, "
-        "mixed with the unigram, without a table of all pairs",
+        "pairs counted from the training part, conditional on the previous token, mixed with the unigram, without a table of all pairs",
     )
 
 
@@ -677,32 +630,27 @@ def _decay(rule, rate=None):
 DECAY_MISTAKES = [
     core.Mistake(
         "decay_everything",
-        "your groups put weight decay on the LayerNorm gains and the biases too: those "
-        "are 1-D (p.dim() == 1) and get weight_decay 0.0",
+        "your groups put weight decay on the LayerNorm gains and the biases too: those are 1-D (p.dim() == 1) and get weight_decay 0.0",
         _decay(lambda name, p: True),
     ),
     core.Mistake(
         "decay_nothing",
-        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in "
-        "the group with weight_decay=weight_decay",
+        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in the group with weight_decay=weight_decay",
         _decay(lambda name, p: False),
     ),
     core.Mistake(
         "swapped",
-        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains "
-        "and biases get 0.0",
+        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains and biases get 0.0",
         _decay(lambda name, p: p.dim() < 2),
     ),
     core.Mistake(
         "by_name_weight",
-        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's "
-        "gain is also called weight. Choose by shape instead: p.dim() >= 2",
+        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's gain is also called weight. Choose by shape instead: p.dim() >= 2",
         _decay(lambda name, p: name.endswith("weight")),
     ),
     core.Mistake(
         "fixed_rate",
-        "your decayed group's weight decay stays 0.1 when decay_groups is given another "
-        "weight_decay: use the argument, so that make_optimizer and train can set it",
+        "your decayed group's weight decay stays 0.1 when decay_groups is given another weight_decay: use the argument, so that make_optimizer and train can set it",
         _decay(lambda name, p: p.dim() >= 2, rate=0.1),
     ),
 ]
@@ -727,8 +675,7 @@ def _decay_of_each(groups, model):
             if i is None:
                 raise core.CheckFailed(
                     EX_DECAY,
-                    "a group holds something that is not a parameter of the model (a copy? use "
-                    "the tensors from model.parameters())",
+                    "a group holds something that is not a parameter of the model (a copy? use the tensors from model.parameters())",
                 )
             if i in decay:
                 raise core.CheckFailed(
@@ -739,8 +686,7 @@ def _decay_of_each(groups, model):
     if missing:
         raise core.CheckFailed(
             EX_DECAY,
-            f"{len(missing)} parameters are in no group (first: {missing[0]}): "
-            "AdamW would never train them",
+            f"{len(missing)} parameters are in no group (first: {missing[0]}): AdamW would never train them",
         )
     return decay
 
@@ -762,15 +708,13 @@ def check_decay_groups(fn):
                 EX_DECAY,
                 DECAY_MISTAKES,
                 lambda m: got == _decay_of_each(m.fn(model, wd), model),
-                f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): "
-                f"2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
+                f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): 2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
             )
         torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
     n_decay = sum(1 for p in params if p.dim() >= 2)
     core.passed(
         EX_DECAY,
-        f"{n_decay} weight matrices decayed, {len(params) - n_decay} gains and biases not, "
-        "for two models and two rates",
+        f"{n_decay} weight matrices decayed, {len(params) - n_decay} gains and biases not, for two models and two rates",
         part="which weights decay",
     )
 
@@ -800,26 +744,22 @@ _step_right = _training_step("zero_grad", "backward", "clip", "step")
 STEP_MISTAKES = [
     core.Mistake(
         "no_zero_grad",
-        "your gradients pile up from step to step: call optimizer.zero_grad() at the start "
-        "of each step (PyTorch ADDS each backward pass into .grad)",
+        "your gradients pile up from step to step: call optimizer.zero_grad() at the start of each step (PyTorch ADDS each backward pass into .grad)",
         _training_step("backward", "clip", "step"),
     ),
     core.Mistake(
         "clip_after_step",
-        "you clip the gradients after optimizer.step(): the step has already used the "
-        "unclipped gradients. Clip between loss.backward() and optimizer.step()",
+        "you clip the gradients after optimizer.step(): the step has already used the unclipped gradients. Clip between loss.backward() and optimizer.step()",
         _training_step("zero_grad", "backward", "step", "clip"),
     ),
     core.Mistake(
         "no_clip",
-        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_("
-        "model.parameters(), max_grad_norm) before optimizer.step()",
+        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) before optimizer.step()",
         _training_step("zero_grad", "backward", "step"),
     ),
     core.Mistake(
         "zero_grad_before_step",
-        "you call optimizer.zero_grad() between backward and step: the step then sees no "
-        "gradients. Clear them at the START of the step",
+        "you call optimizer.zero_grad() between backward and step: the step then sees no gradients. Clear them at the START of the step",
         _training_step("backward", "clip", "zero_grad", "step"),
     ),
     core.Mistake(
@@ -879,15 +819,12 @@ def check_training_step(fn):
             EX_STEP,
             STEP_MISTAKES,
             matches,
-            "after two steps your weights differ from the expected ones: zero_grad, forward with "
-            "F.cross_entropy, backward, clip_grad_norm_ with max_grad_norm, optimizer.step()",
+            "after two steps your weights differ from the expected ones: zero_grad, forward with F.cross_entropy, backward, clip_grad_norm_ with max_grad_norm, optimizer.step()",
         )
     if not math.isclose(float(losses[0]), want_losses[0], rel_tol=1e-5):
         raise core.CheckFailed(
             EX_STEP,
-            f"the weights are right but the returned loss is {float(losses[0]):.4f}, not "
-            f"{want_losses[0]:.4f}: return the loss of this step's batch, computed before the "
-            "update",
+            f"the weights are right but the returned loss is {float(losses[0]):.4f}, not {want_losses[0]:.4f}: return the loss of this step's batch, computed before the update",
         )
     core.passed(EX_STEP, "zero_grad, forward, backward, clip, step, in that order")
 
@@ -921,45 +858,37 @@ _lr_colleague = _lr(first=0, late=True, floor=False)
 LR_MISTAKES = [
     core.Mistake(
         "colleagues_schedule",
-        "this is still the colleague's schedule, with both of its bugs: the warm-up starts "
-        "at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps "
-        "the cosine climbs back up instead of staying at min_lr",
+        "this is still the colleague's schedule, with both of its bugs: the warm-up starts at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps the cosine climbs back up instead of staying at min_lr",
         _lr_colleague,
     ),
     core.Mistake(
         "warmup_off_by_one",
-        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does "
-        "nothing. Use max_lr * (step + 1) / warmup_steps",
+        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does nothing. Use max_lr * (step + 1) / warmup_steps",
         _lr(first=0),
     ),
     core.Mistake(
         "cosine_to_zero",
-        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * "
-        "0.5 * (1 + cos(pi * progress))",
+        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * progress))",
         _lr(to_zero=True),
     ),
     core.Mistake(
         "no_floor_after_end",
-        "after total_steps your rate climbs back up (the cosine goes on): return min_lr "
-        "for every step >= total_steps",
+        "after total_steps your rate climbs back up (the cosine goes on): return min_lr for every step >= total_steps",
         _lr(floor=False),
     ),
     core.Mistake(
         "no_warmup",
-        "there is no warm-up: for step < warmup_steps the rate rises linearly, "
-        "max_lr * (step + 1) / warmup_steps",
+        "there is no warm-up: for step < warmup_steps the rate rises linearly, max_lr * (step + 1) / warmup_steps",
         _lr(warmup=False),
     ),
     core.Mistake(
         "progress_from_zero",
-        "your cosine starts counting at step 0 instead of at the end of the warm-up: "
-        "progress = (step - warmup_steps) / (total_steps - warmup_steps)",
+        "your cosine starts counting at step 0 instead of at the end of the warm-up: progress = (step - warmup_steps) / (total_steps - warmup_steps)",
         _lr(origin=False),
     ),
     core.Mistake(
         "linear_decay",
-        "your rate falls in a straight line: after the warm-up it follows half a cosine, "
-        "0.5 * (1 + cos(pi * progress))",
+        "your rate falls in a straight line: after the warm-up it follows half a cosine, 0.5 * (1 + cos(pi * progress))",
         _lr(cosine=False),
     ),
     core.Mistake(
@@ -1012,10 +941,7 @@ def check_cosine_lr(fn):
         )
     core.passed(
         EX_LR,
-        "warm-up from the first step, cosine down to min_lr, then flat. The colleague's "
-        "warm-up started at 0 (its first step did nothing) and reached max_lr one step late, "
-        "and past total_steps its cosine climbed back up. A schedule bug never raises an "
-        "error: it shows only in the numbers",
+        "warm-up from the first step, cosine down to min_lr, then flat. The colleague's warm-up started at 0 (its first step did nothing) and reached max_lr one step late, and past total_steps its cosine climbed back up. A schedule bug never raises an error: it shows only in the numbers",
     )
 
 
@@ -1059,20 +985,17 @@ def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True
 ESTIMATE_MISTAKES = [
     core.Mistake(
         "mode_not_restored",
-        "after your estimate the model is left in eval mode: the training that follows would run "
-        "without dropout. Put back the mode it came in (model.train(was_training))",
+        "after your estimate the model is left in eval mode: the training that follows would run without dropout. Put back the mode it came in (model.train(was_training))",
         _estimate(restore=False),
     ),
     core.Mistake(
         "dropout_on",
-        "your estimate ran the model in train mode, with dropout on: call "
-        "model.eval() first, so that it measures the model, not the noise",
+        "your estimate ran the model in train mode, with dropout on: call model.eval() first, so that it measures the model, not the noise",
         _estimate(eval_mode=False),
     ),
     core.Mistake(
         "grad_on",
-        "gradients were on during your estimate's forward passes: it builds a graph for a backward "
-        "that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
+        "gradients were on during your estimate's forward passes: it builds a graph for a backward that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
         _estimate(no_grad=False),
     ),
     core.Mistake(
@@ -1082,20 +1005,17 @@ ESTIMATE_MISTAKES = [
     ),
     core.Mistake(
         "unseeded",
-        "two calls on the same model gave different numbers: draw the batches from "
-        "their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
+        "two calls on the same model gave different numbers: draw the batches from their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
         _estimate(seeded=False),
     ),
     core.Mistake(
         "seed_hard_coded",
-        "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` "
-        "argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
+        "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
         _estimate(seed_used=False),
     ),
     core.Mistake(
         "tensor_not_float",
-        "your estimate is a tensor: return a Python float (.item() or float(...)), so that "
-        "the history holds numbers, not tensors tied to the model",
+        "your estimate is a tensor: return a Python float (.item() or float(...)), so that the history holds numbers, not tensors tied to the model",
         lambda *args: torch.tensor(_estimate()(*args)),
     ),
 ]
@@ -1122,8 +1042,7 @@ def check_estimate_loss(fn):
         if len(calls) != batches:
             raise core.CheckFailed(
                 EX_EVAL,
-                f"with batches={batches} your estimate ran the model {len(calls)} times: one "
-                "forward pass per batch",
+                f"with batches={batches} your estimate ran the model {len(calls)} times: one forward pass per batch",
             )
         with torch.no_grad():
             model.inner.eval()
@@ -1134,8 +1053,7 @@ def check_estimate_loss(fn):
         if not math.isclose(value, want, rel_tol=1e-4):
             raise core.CheckFailed(
                 EX_EVAL,
-                f"your estimate is {value:.4f}, but the mean loss of the batches it ran is "
-                f"{want:.4f}",
+                f"your estimate is {value:.4f}, but the mean loss of the batches it ran is {want:.4f}",
             )
         again = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
         if _as_float(EX_EVAL, again, "your estimate") != value:
@@ -1214,44 +1132,37 @@ def _loop(
 LOOP_MISTAKES = [
     core.Mistake(
         "rate_not_set",
-        "your loop asks the schedule for a rate but never gives it to the optimizer, so every step "
-        "ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
+        "your loop asks the schedule for a rate but never gives it to the optimizer, so every step ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
         _loop(set_rate=False),
     ),
     core.Mistake(
         "no_final_eval",
-        "your loop does not estimate the loss after the last step: the "
-        "history must end with an estimate at step `steps`",
+        "your loop does not estimate the loss after the last step: the history must end with an estimate at step `steps`",
         _loop(final_eval=False),
     ),
     core.Mistake(
         "eval_off_by_one",
-        "your estimates come one step early: after the update of step s the model has taken s + 1 "
-        "steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
+        "your estimates come one step early: after the update of step s the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
         _loop(eval_offset=0),
     ),
     core.Mistake(
         "left_in_train_mode",
-        "after the run the model is still in train mode: end with "
-        "model.eval(), as the reference does",
+        "after the run the model is still in train mode: end with model.eval(), as the reference does",
         _loop(eval_at_end_mode=False),
     ),
     core.Mistake(
         "generator_not_passed",
-        "your batches do not come from the run's generator: two runs "
-        "with the same seed would train differently. Pass `generator` to get_batch",
+        "your batches do not come from the run's generator: two runs with the same seed would train differently. Pass `generator` to get_batch",
         _loop(pass_generator=False),
     ),
     core.Mistake(
         "seed_hard_coded",
-        "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and "
-        "the run's generator with the `seed` argument, not a number of your own",
+        "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and the run's generator with the `seed` argument, not a number of your own",
         _loop(seed_used=False),
     ),
     core.Mistake(
         "eval_batches_ignored",
-        "your estimates do not use eval_batches batches: pass eval_batches to "
-        "estimate_loss (its default, 10, is not the run's setting)",
+        "your estimates do not use eval_batches batches: pass eval_batches to estimate_loss (its default, 10, is not the run's setting)",
         _loop(eval_batches_used=False),
     ),
 ]
@@ -1304,14 +1215,11 @@ def check_train_loop(fn):
     if got[1] != want[1]:
         raise core.CheckFailed(
             EX_LOOP,
-            f"with 10 steps and eval_every=4 the estimates belong at steps {list(want[1])}, "
-            f"yours are at {list(got[1])}",
+            f"with 10 steps and eval_every=4 the estimates belong at steps {list(want[1])}, yours are at {list(got[1])}",
         )
     raise core.CheckFailed(
         EX_LOOP,
-        "your run's batch losses differ from the reference loop's with the same pieces and "
-        "seed: each step sets the rate, draws a batch with the run's generator and calls "
-        "train_step; the estimates use eval_batches",
+        "your run's batch losses differ from the reference loop's with the same pieces and seed: each step sets the rate, draws a batch with the run's generator and calls train_step; the estimates use eval_batches",
     )
 
 
@@ -1394,21 +1302,17 @@ def _diagnosis(*suspects):
 DIAGNOSIS_MISTAKES = [
     core.Mistake(
         "a_and_b_swapped",
-        "1 of the 3 runs is named right. Think about what each bug does "
-        "to one step, then to 60 of them; the History also records each step's rate (.lr)",
+        "1 of the 3 runs is named right. Think about what each bug does to one step, then to 60 of them; the History also records each step's rate (.lr)",
         _diagnosis(_CLEARED_EARLY, _NOT_SHIFTED, _ENDLESS_WARMUP),
     ),
     core.Mistake(
         "none_right",
-        "none of the 3 runs is named right. Which run's training loss is too "
-        "good to be true, and what does its validation loss say?",
+        "none of the 3 runs is named right. Which run's training loss is too good to be true, and what does its validation loss say?",
         _diagnosis(_ENDLESS_WARMUP, _NOT_SHIFTED, _CLEARED_EARLY),
     ),
     core.Mistake(
         "unused_suspect",
-        "'gradients never cleared' broke none of these runs. With AdamW "
-        "it would train almost like the healthy run (Adam rescales the piled-up gradients), "
-        "which is how such a bug can hide for a long time",
+        "'gradients never cleared' broke none of these runs. With AdamW it would train almost like the healthy run (Adam rescales the piled-up gradients), which is how such a bug can hide for a long time",
         _diagnosis(_NOT_SHIFTED, _CLEARED_EARLY, _NEVER_CLEARED),
     ),
 ]
@@ -1431,11 +1335,7 @@ def check_diagnosis(fn):
     if right == 3:
         return core.passed(
             EX_DIAGNOSIS,
-            "A's training loss dives below the healthy run's while its validation loss does "
-            "not: with targets equal to inputs it learns to copy the token it is given, useless "
-            "on real next tokens (too good to be true is a symptom). B stays at ln 1000: its "
-            "gradients are gone before the step, so AdamW has nothing to follow. C's rate ends "
-            "many times max_lr, as its warm-up never stops rising",
+            "A's training loss dives below the healthy run's while its validation loss does not: with targets equal to inputs it learns to copy the token it is given, useless on real next tokens (too good to be true is a symptom). B stays at ln 1000: its gradients are gone before the step, so AdamW has nothing to follow. C's rate ends many times max_lr, as its warm-up never stops rising",
         )
     if right == 2:  # two right and one wrong cannot happen with three different names
         raise core.CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
@@ -1453,20 +1353,17 @@ def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, blo
     if tokens > max_tokens:
         raise core.CheckFailed(
             CHALLENGE,
-            f"your batches held {tokens} tokens a step; the limit is {max_tokens} "
-            "(batch_size x block_size)",
+            f"your batches held {tokens} tokens a step; the limit is {max_tokens} (batch_size x block_size)",
         )
     loss = estimate_loss(model, val_ids, 8, block_size, batches=8)
     if not loss < goal:
         raise core.CheckFailed(
             CHALLENGE,
-            f"validation loss {loss:.4f} after {steps} steps: {loss - goal:.4f} above the goal "
-            f"{goal:.4f}",
+            f"validation loss {loss:.4f} after {steps} steps: {loss - goal:.4f} above the goal {goal:.4f}",
         )
     core.passed(
         CHALLENGE,
-        f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below the goal "
-        f"{goal:.4f}",
+        f"validation loss {loss:.4f} after {steps} steps, {goal - loss:.4f} below the goal {goal:.4f}",
     )
 
 
@@ -1482,8 +1379,7 @@ def _sweep(read=lambda history: history.val_loss):
 RATE_MISTAKES = [
     core.Mistake(
         "first_loss",
-        "your numbers are far from the final validation loss of a fresh run: "
-        "they look like the loss at the START of each run. Read the end, history.val_loss",
+        "your numbers are far from the final validation loss of a fresh run: they look like the loss at the START of each run. Read the end, history.val_loss",
         _sweep(lambda history: history.train_loss[0]),
     ),
 ]
@@ -1504,16 +1400,15 @@ def check_rate_sweep(sweep, train_ids, val_ids):
     if rates[-1] < 100 * rates[0]:
         raise core.CheckFailed(
             EX_RATES,
-            "your rates should span at least a factor of 100 (say 3e-4 to 3e-2): close rates "
-            "give close losses",
+            "your rates should span at least a factor of 100 (say 3e-4 to 3e-2): close rates give close losses",
         )
     for rate in (rates[0], rates[-1]):
         want = tiny_run(train_ids, val_ids, max_lr=rate).val_loss
         if not abs(losses[rate] - want) < 0.3:
             raise core.CheckFailed(
                 EX_RATES,
-                f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a fresh tiny_run ends at "
-                f"{want:.4f}. " + core.named(RATE_MISTAKES, "first_loss").message,
+                f"at max_lr {rate:g} your loss is {losses[rate]:.4f}, a fresh tiny_run ends at {want:.4f}. "
+                + core.named(RATE_MISTAKES, "first_loss").message,
             )
     best = min(losses, key=losses.get)
     core.passed(EX_RATES, f"the lowest validation loss came at max_lr {best:g}")
