@@ -25,6 +25,7 @@ __all__ = [
     "ENDOFTEXT",
     "ENDOFTEXT_ID",
     "GPT2_SIZES",
+    "GPT2_SPLIT_PATTERN",
     "HUB_ORG",
     "SAFETENSORS_DTYPES",  # noqa: F822
     "check_config",
@@ -41,6 +42,14 @@ __all__ = [
 
 ENDOFTEXT = "<|endoftext|>"  # GPT-2's one special token: it separates documents
 ENDOFTEXT_ID = 50256  # its id, the last of the 50,257
+
+# GPT-2's split pattern (chapter 1, section 3), the same as OpenAI's and tiktoken's: contractions,
+# letters, numbers, other symbols (each with one optional leading space), then whitespace: a run
+# not followed by a word (the lookahead leaves the last space to the next word), and last any
+# whitespace the lookahead could not take.
+GPT2_SPLIT_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
 
 # The released GPT-2s: name -> the sizes that differ between them (all have 50,257 tokens and a
 # context of 1,024).
