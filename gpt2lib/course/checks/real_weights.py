@@ -491,7 +491,7 @@ LENS_MISTAKES = [
 
 
 def check_logit_lens(logit_lens) -> None:
-    """Exercise 8.2: `logit_lens(model, cache)` -> (n_layer + 1, B, T, V) logits."""
+    """Exercise 8.3: `logit_lens(model, cache)` -> (n_layer + 1, B, T, V) logits."""
     model = _lens_model()
     C, V, L = model.config.n_embd, model.config.vocab_size, model.config.n_layer
     B, T = 2, 5
@@ -715,7 +715,7 @@ PREVIOUS_MISTAKES = [
 
 
 def check_previous_token_score(previous_token_score) -> None:
-    """Exercise 8.3: `previous_token_score(pattern (B, n_head, T, T))` -> (n_head,) scores."""
+    """Exercise 8.4: `previous_token_score(pattern (B, n_head, T, T))` -> (n_head,) scores."""
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
         pattern = _patterns(B, nh, L, seed)
         want = _diagonal(pattern).mean(dim=(0, -1))
@@ -787,7 +787,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
             INDUCTION_MISTAKES,
             lambda m: m.fn(pattern, L),
             lambda got: (
-                f"for seq_len={L} the scores should be {_rounded(want)}, got {_rounded(got)}: average pattern[b, h, q, q - seq_len + 1] over b and q = seq_len + 1 .. 2 * seq_len"
+                f"for seq_len={L} the scores should be {_rounded(want)}, got {_rounded(got)}"
             ),
             what="the scores",
             hints=_score_hints(B, nh, L),
@@ -936,7 +936,7 @@ COPY_MISTAKES = [
 
 
 def check_copy_losses(copy_losses) -> None:
-    """Exercise 8.5: `copy_losses(logits (B, 2L + 1, V), idx, seq_len)` -> (first loss, second)."""
+    """Exercise 8.6: `copy_losses(logits (B, 2L + 1, V), idx, seq_len)` -> (first loss, second)."""
     from gpt2lib.chapters.interpret import repeated_tokens
 
     def same(a, b):
@@ -1014,7 +1014,7 @@ ZERO_MISTAKES = [
 
 
 def check_zero_heads(zero_heads) -> None:
-    """Exercise 8.3: `zero_heads(y (B, T, C), heads, n_head)` -> (B, T, C), those heads zeroed."""
+    """Exercise 8.7: `zero_heads(y (B, T, C), heads, n_head)` -> (B, T, C), those heads zeroed."""
     gen = torch.Generator().manual_seed(0)
     # n_head=3, C=12: head_dim=4, so an n_head-wide or head-fastest slice differs from the right one
     for B, T, C, n_head, heads in [(2, 4, 12, 3, [1]), (2, 3, 12, 3, [0, 2]), (1, 5, 8, 4, [3, 1])]:
