@@ -7,9 +7,14 @@ from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
     close,
+    dropout_of,
     expect_tensor,
+    fail_with,
     first_mistake,
+    judge,
     named,
+    one_pass,
+    passed,
 )
 
 PLANTED = [
@@ -58,3 +63,39 @@ def test_reveal_prints_the_prediction_beside_the_measurement(capsys):
     assert "your prediction: 10 nats" in out and "measured:        10.82 nats" in out
     reveal(None, 3, what="heads")
     assert "none written" in capsys.readouterr().out
+
+
+def test_fail_with_names_the_matching_mistake_or_the_symptom_or_says_otherwise():
+    with pytest.raises(CheckFailed, match=r"^E: with x=3: you doubled it!$"):
+        fail_with("E", PLANTED, lambda m: m.fn(3) == 6, "no", prefix="with x=3: ", suffix="!")
+    with pytest.raises(CheckFailed, match="^E: you negated it$"):
+        fail_with("E", PLANTED, lambda m: False, "no", symptom="negates")
+    with pytest.raises(CheckFailed, match="^E: no$"):
+        fail_with("E", PLANTED, lambda m: False, "no")
+
+
+def test_judge_returns_a_right_tensor_and_names_a_planted_wrong_one():
+    want = torch.tensor([1.0, 2.0])
+    assert torch.equal(
+        judge("E", want.float(), want, PLANTED, lambda m: m.fn(want), "x", what="y"), want.double()
+    )
+    with pytest.raises(CheckFailed, match="you doubled it"):
+        judge("E", 2 * want, want, PLANTED, lambda m: m.fn(want), "other", what="y")
+    with pytest.raises(CheckFailed, match="shape"):
+        judge("E", want[:1], want, PLANTED, lambda m: m.fn(want), "other", what="y")
+
+
+def test_dropout_of_tells_a_dropout_of_the_tensor_from_other_tensors():
+    torch.manual_seed(0)
+    x = torch.rand(2000) + 0.5
+    dropped = x * (torch.rand(2000) > 0.5) * 2  # half zeroed, the rest divided by 1 - p
+    assert dropout_of(dropped, x, 0.5)
+    assert not dropout_of(x, x, 0.5)  # nothing zeroed
+    assert not dropout_of(x * (torch.rand(2000) > 0.5), x, 0.5)  # kept values not rescaled
+
+
+def test_one_pass_prints_one_line_after_all_its_checks(capsys):
+    with one_pass("Exercise 0.0 (two parts)"):
+        passed("Exercise 0.0 (a)", part="the first")
+        passed("Exercise 0.0 (b)")
+    assert capsys.readouterr().out.count("✅") == 1

@@ -68,11 +68,40 @@ def first_mistake(
 
 
 def fail_with(
-    exercise: str, mistakes: Iterable[Mistake], matches: Callable[[Mistake], bool], otherwise: str
+    exercise: str,
+    mistakes: Iterable[Mistake],
+    matches: Callable[[Mistake], bool],
+    otherwise: str,
+    *,
+    symptom: str | None = None,
+    prefix: str = "",
+    suffix: str = "",
 ) -> None:
-    """Raise CheckFailed naming the first planted mistake that `matches`, or with `otherwise`."""
+    """Raise CheckFailed naming the first planted mistake that `matches` (else the one called
+    `symptom`, when the check saw its symptom), between `prefix` (say, the case where it
+    showed) and `suffix`; with `otherwise` when no mistake is named."""
     mistake = first_mistake(mistakes, matches)
-    raise CheckFailed(exercise, mistake.message if mistake else otherwise)
+    if mistake is None and symptom is not None:
+        mistake = named(mistakes, symptom)
+    raise CheckFailed(exercise, prefix + mistake.message + suffix if mistake else otherwise)
+
+
+def named_failure(
+    exercise: str, mistakes: Iterable[Mistake], name: str, *, prefix: str = "", suffix: str = ""
+) -> CheckFailed:
+    """The failure that names the planted mistake `name` (a check saw its symptom), to raise."""
+    return CheckFailed(exercise, prefix + named(mistakes, name).message + suffix)
+
+
+def planted(make: Callable[[str], Callable[..., Any]], messages: dict[str, str]) -> list[Mistake]:
+    """The planted mistakes {name: message}, each wrong answer made by make(name)."""
+    return [Mistake(name, message, make(name)) for name, message in messages.items()]
+
+
+def require(exercise: str, ok: Any, message: str) -> None:
+    """CheckFailed(exercise, message) unless `ok`."""
+    if not ok:
+        raise CheckFailed(exercise, message)
 
 
 def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
@@ -90,6 +119,65 @@ def close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
             got.detach().double().cpu(), want.detach().double().cpu(), atol=atol, rtol=rtol
         )
     )
+
+
+def fail_unless_close(
+    exercise: str,
+    got: Any,
+    want: Any,
+    mistakes: Iterable[Mistake],
+    args: tuple,
+    otherwise: str,
+    *,
+    part: int | None = None,
+    **tol: float,
+) -> None:
+    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
+    seeded fn(*args) (its item `part`, when it returns a tuple) `got` is close to, or with
+    `otherwise`."""
+    if close(got, want, **tol):
+        return
+
+    def matches(mistake: Mistake) -> bool:
+        wrong = seeded_call(mistake.fn, *args)
+        return close(got, wrong if part is None else wrong[part], **tol)
+
+    fail_with(exercise, mistakes, matches, otherwise)
+
+
+def judge(
+    exercise: str,
+    got: Any,
+    want: Any,
+    mistakes: Iterable[Mistake],
+    wrong: Callable[[Mistake], Any],
+    otherwise: str | Callable[[Any], str],
+    *,
+    what: str,
+    hints: dict[tuple, str] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+) -> Any:
+    """The learner's `got` as a tensor of want's shape and values (returned as float64); else
+    the first mistake m with wrong(m) close to it is named, or `otherwise` (a message, or a
+    function of `got` that gives one) is said."""
+    got = expect_tensor(exercise, got, tuple(want.shape), what=what, hints=hints)
+    if not close(got, want, atol=atol, rtol=rtol):
+        fail_with(
+            exercise,
+            mistakes,
+            lambda m: close(got, wrong(m), atol=atol, rtol=rtol),
+            otherwise(got) if callable(otherwise) else otherwise,
+        )
+    return got
+
+
+def dropout_of(got: Any, no_dropout: Any, p: float, **tol: float) -> bool:
+    """Whether `got` is `no_dropout` after a dropout of p with other random numbers: about half
+    (0.3 to 0.7) of it zeroed, the rest divided by 1 - p."""
+    kept = got != 0
+    zeroed = 1 - kept.double().mean().item()
+    return 0.3 < zeroed < 0.7 and close(got[kept], no_dropout[kept] / (1 - p), **tol)
 
 
 CHECK_SEED = 1234  # the seed seeded_call uses, so that a check's dropout masks line up

@@ -32,33 +32,11 @@ _CHANGED = (
 # --------------------------------------------------------------------------- shared pieces
 
 
-def _fail_unless_close(exercise, got, want, mistakes, args, otherwise, *, part=None, **tol):
-    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
-    seeded fn(*args) (its item `part`, when it returns a tuple) `got` is close to, or with
-    `otherwise`."""
-    if core.close(got, want, **tol):
-        return
-
-    def matches(mistake):
-        wrong = core.seeded_call(mistake.fn, *args)
-        return core.close(got, wrong if part is None else wrong[part], **tol)
-
-    core.fail_with(exercise, mistakes, matches, otherwise)
-
-
 def _unpack(exercise, got, n: int, what: str):
     """`got` when it is a tuple or list of n things, else CheckFailed asking to return `what`."""
     if not isinstance(got, (tuple, list)) or len(got) != n:
         raise core.CheckFailed(exercise, f"return {what}; got {type(got).__name__}")
     return got
-
-
-def _dropout_of(got, no_dropout, p, **tol) -> bool:
-    """Whether `got` is `no_dropout` after a dropout of p with other random numbers: about half
-    (0.3 to 0.7) of it zeroed, the rest divided by 1 - p."""
-    kept = got != 0
-    zeroed = 1 - kept.double().mean().item()
-    return 0.3 < zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p), **tol)
 
 
 def _call(exercise, fn, *args, **kwargs):
@@ -240,7 +218,9 @@ def _check_one_head(exercise, fn, cases, large):
             )
         otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
         mistakes = ONE_HEAD_MISTAKES[:-1]  # the overflow is caught on large scores, above
-        _fail_unless_close(exercise, out, want_out, mistakes, (q, k, v), otherwise, part=0, **tol)
+        core.fail_unless_close(
+            exercise, out, want_out, mistakes, (q, k, v), otherwise, part=0, **tol
+        )
 
 
 def check_attention_with_loops(attention_with_loops) -> None:
@@ -588,7 +568,7 @@ def check_multi_head_attention(multi_head_attention) -> None:
                 why = "y is right, but the rows of your weights do not sum to 1: return the weights after the softmax, not the scores"
             raise core.CheckFailed(EX_MULTI, why)
         otherwise = f"the shapes are right but y differs from causal multi-head attention (B={B}, T={T}, C={C}, n_head={nh}): split into heads, softmax(q @ k^T / sqrt(hd) with the future masked) @ v per head, merge"
-        _fail_unless_close(
+        core.fail_unless_close(
             EX_MULTI, y, want_y, MULTI_HEAD_MISTAKES, (q, k, v, nh), otherwise, part=0
         )
     core.passed(EX_MULTI, "heads split, masked, scaled by 1/sqrt(hd), merged in order")
@@ -732,7 +712,7 @@ def _check_causal_self_attention(attention_cls) -> None:
         got = core.expect_tensor(EX_MODULE, _run(module, x), (B, T, C), what="your output")
         otherwise = f"the shape is right but the output differs from GPT-2's attention (B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> merge -> c_proj -> resid_dropout"
         want = _gpt2_attention(x, w, nh)
-        _fail_unless_close(
+        core.fail_unless_close(
             EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, 0.0), otherwise, rtol=1e-4
         )
 
@@ -755,10 +735,10 @@ def _check_causal_self_attention(attention_cls) -> None:
     got = core.expect_tensor(
         EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
     )
-    if not _dropout_of(got, _gpt2_attention(x, w, nh), p, rtol=1e-4):
+    if not core.dropout_of(got, _gpt2_attention(x, w, nh), p, rtol=1e-4):
         otherwise = "in eval() mode your layer is right, but in train() mode it is not the layer followed by residual dropout: return self.resid_dropout(self.c_proj(...))"
         want = core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p)
-        _fail_unless_close(
+        core.fail_unless_close(
             EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, p), otherwise, rtol=1e-4
         )
 
@@ -842,12 +822,12 @@ def check_split_merge(split_heads, merge_heads) -> None:
         what = f"split_heads(x (B={B}, T={T}, C={C}), {nh})"
         got = core.expect_tensor(EX_MODULE, got, (B, nh, T, hd), what=what, hints=hints)
         otherwise = "split_heads puts the wrong numbers in the heads: head h of token t must hold x[:, t, h*hd:(h+1)*hd]"
-        _fail_unless_close(EX_MODULE, got, split(x, nh), SPLIT_MISTAKES, (x, nh), otherwise)
+        core.fail_unless_close(EX_MODULE, got, split(x, nh), SPLIT_MISTAKES, (x, nh), otherwise)
         heads = split(x, nh).contiguous()  # (B, nh, T, hd) laid out as SDPA returns it
         back = _call(EX_MODULE, merge_heads, heads)
         back = core.expect_tensor(EX_MODULE, back, (B, T, C), what="merge_heads(heads)")
         otherwise = "merge_heads(split_heads(x)) is not x: merge must undo the split exactly"
-        _fail_unless_close(EX_MODULE, back, x, MERGE_MISTAKES, (heads,), otherwise)
+        core.fail_unless_close(EX_MODULE, back, x, MERGE_MISTAKES, (heads,), otherwise)
     core.passed(
         EX_MODULE + ", split_heads and merge_heads",
         "consecutive features per head, merged back in order",
@@ -967,7 +947,9 @@ def _check_attention_by_hand(attention_by_hand) -> None:
             want = attention_by_hand_reference(layer, x)
             otherwise = f"for C={C} with {nh} heads your output differs from the layer's; follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj"
         tol = dict(rtol=1e-4, atol=1e-4)
-        _fail_unless_close(EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, **tol)
+        core.fail_unless_close(
+            EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, **tol
+        )
     core.passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 

@@ -23,26 +23,6 @@ EX_PIECES = "Exercise 2.6 (embed_in_pieces)"
 CHALLENGE_TABLE = "Challenge (a position table that knows what is near)"
 
 
-def _fail_unless_close(exercise, got, want, mistakes, args, otherwise, **tol) -> None:
-    """Nothing when `got` is close to `want`; else CheckFailed naming the first mistake whose
-    seeded fn(*args) `got` is close to, or with `otherwise`."""
-    if not core.close(got, want, **tol):
-        core.fail_with(
-            exercise,
-            mistakes,
-            lambda m: core.close(got, core.seeded_call(m.fn, *args), **tol),
-            otherwise,
-        )
-
-
-def _dropout_of(got, no_dropout, p, **tol) -> bool:
-    """Whether `got` is `no_dropout` after a dropout of p with other random numbers: about half
-    (0.3 to 0.7) of it zeroed, the rest divided by 1 - p."""
-    kept = got != 0
-    zeroed = 1 - kept.double().mean().item()
-    return 0.3 < zeroed < 0.7 and core.close(got[kept], no_dropout[kept] / (1 - p), **tol)
-
-
 def _require_float(exercise: str, got, what: str) -> None:
     if isinstance(got, torch.Tensor) and not (got.is_floating_point() or got.is_complex()):
         raise core.CheckFailed(
@@ -117,7 +97,7 @@ def check_one_hot_embed(one_hot_embed) -> None:
         EX_ONE_HOT, got, (2, 6, C), what="your output", hints={(2, 6, V): hint}
     )
     otherwise = "the shape is right but the values are not the table rows of the ids: row b, t of the output must equal table[token_ids[b, t]]"
-    _fail_unless_close(EX_ONE_HOT, got, table[ids], ONE_HOT_MISTAKES, (ids, table), otherwise)
+    core.fail_unless_close(EX_ONE_HOT, got, table[ids], ONE_HOT_MISTAKES, (ids, table), otherwise)
 
     small = torch.tensor([0, 2, 1, 2])  # largest id 2 < V - 1: F.one_hot needs num_classes
     try:
@@ -324,7 +304,9 @@ def check_cosine_matrix(cosine_matrix) -> None:
         otherwise = f"for a table of shape {(N, C)} the values are wrong: entry [i, j] must be the cosine of rows i and j (1 on the diagonal)"
         mistakes = COSINE_MISTAKES[:-1]  # the last one is caught by comparing the input, above
         want = _cosines(before.double())
-        _fail_unless_close(EX_COSINE, got, want, mistakes, (before.double(),), otherwise, atol=1e-4)
+        core.fail_unless_close(
+            EX_COSINE, got, want, mistakes, (before.double(),), otherwise, atol=1e-4
+        )
     core.passed(EX_COSINE, "cosines between rows, any shape, the table left unchanged")
 
 
@@ -698,7 +680,7 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
         )
         otherwise = f"in eval() mode, {label} has the right shape but wrong values: out[b, t] must be wte(idx[b, t]) + wpe(past_length + t), then dropout"
         args = (ref, idx, past or 0)
-        _fail_unless_close(
+        core.fail_unless_close(
             EX_MODULE, got, core.seeded_call(*args), EMBEDDINGS_MISTAKES, args, otherwise
         )
 
@@ -720,11 +702,11 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
     got = core.expect_tensor(
         EX_MODULE, _call_embeddings(module, idx, 2), (4, 8, C), what="the output in train() mode"
     )
-    if not _dropout_of(got, core.seeded_call(ref, idx, 2), p):  # ref in eval: no dropout
+    if not core.dropout_of(got, core.seeded_call(ref, idx, 2), p):  # ref in eval: no dropout
         otherwise = "in train() mode, your forward has the right shape but wrong values: out[b, t] must be wte(idx[b, t]) + wpe(past_length + t), then dropout"
         ref.train()
         args = (ref, idx, 2)
-        _fail_unless_close(
+        core.fail_unless_close(
             EX_MODULE, got, core.seeded_call(*args), EMBEDDINGS_MISTAKES, args, otherwise
         )
     core.passed(
@@ -789,7 +771,9 @@ def check_embed_in_pieces(embed_in_pieces) -> None:
             otherwise = f"for piece_length={n} the pieces do not give the vectors of the whole sequence at once"
         else:
             otherwise = f"for piece_length={n} your output has shape {tuple(got.shape)}, expected {tuple(whole.shape)}: join the pieces along dim 1"
-        _fail_unless_close(EX_PIECES, got, whole, PIECES_MISTAKES, (embeddings, idx, n), otherwise)
+        core.fail_unless_close(
+            EX_PIECES, got, whole, PIECES_MISTAKES, (embeddings, idx, n), otherwise
+        )
     core.passed(
         EX_PIECES, "the pieces give the whole sequence's vectors, for every piece length tried"
     )

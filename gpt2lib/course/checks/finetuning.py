@@ -35,21 +35,6 @@ IGNORE = -100
 _tiny_gpt = functools.partial(core.tiny_gpt2, vocab_size=60)  # 1 layer, 2 heads, width 16
 
 
-def _require(exercise, ok, message) -> None:
-    if not ok:
-        raise core.CheckFailed(exercise, message)
-
-
-def _judge(exercise, got, want, mistakes, wrong, otherwise, *, what, hints=None, atol=1e-5):
-    """The learner's `got` as a tensor of want's shape and values; else the first mistake m with
-    wrong(m) close to it is named, or `otherwise` said."""
-    got = core.expect_tensor(exercise, got, tuple(want.shape), what=what, hints=hints)
-    if not core.close(got, want, atol=atol):
-        core.fail_with(
-            exercise, mistakes, lambda m: core.close(got, wrong(m), atol=atol), otherwise
-        )
-
-
 def check_exercise_10_1(speaker_batch, hidden_states, pool_mean, GPT2Classifier, loss) -> None:
     """Exercise 10.1's five parts: the batch, the pooling, the classifier and its loss."""
     with core.one_pass("Exercise 10.1 (the classifier)"):
@@ -105,7 +90,7 @@ def check_pool_mean(pool_mean) -> None:
         hidden = torch.randn(B, T, C, generator=gen)
         lengths = torch.randint(1, T, (B,), generator=gen)
         lengths[0] = T  # one full row
-        _judge(
+        core.judge(
             EX_POOL,
             core.call_learner(EX_POOL, pool_mean, hidden.clone(), lengths.clone()),
             _pool_right(hidden, lengths),
@@ -132,7 +117,7 @@ def _padded(rows, pad_id, left=False):
 
 def check_speaker_batch(speaker_batch) -> None:
     """`speaker_batch(rows, pad_id)` -> idx (B, T) right-padded, lengths (B,), labels (B,)."""
-    need = functools.partial(_require, EX_BATCH)
+    need = functools.partial(core.require, EX_BATCH)
     for rows in ([([5, 6, 7], 1), ([8], 0), ([9, 10], 3)], [([1, 2], 2), ([3, 4, 5, 6], 0)]):
         got = core.call_learner(EX_BATCH, speaker_batch, [(list(i), y) for i, y in rows], 99)
         need(
@@ -165,7 +150,7 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
     from gpt2lib.chapters.tuning import hidden_states as reference_states
 
     gen = torch.Generator().manual_seed(4)
-    need = functools.partial(_require, EX_CLASSIFIER)
+    need = functools.partial(core.require, EX_CLASSIFIER)
     for n_classes in (3, 5):
         gpt = _tiny_gpt()
         model = core.call_learner(EX_CLASSIFIER, GPT2Classifier, gpt, n_classes)
@@ -236,7 +221,7 @@ def check_classification_loss(classification_loss) -> None:
     ):
         model = GPT2Classifier(_tiny_gpt(), n_classes).eval()
         with torch.no_grad():
-            _judge(
+            core.judge(
                 EX_CLASS_LOSS,
                 core.call_learner(
                     EX_CLASS_LOSS, classification_loss, model, [(list(i), y) for i, y in rows], 59
@@ -354,7 +339,7 @@ def _pairs_cases():
 def check_collate(collate) -> None:
     """`collate(pairs, pad_id)` -> inputs (B, T), targets (B, T), as the exercise says."""
     pad_id = 99
-    need = functools.partial(_require, EX_COLLATE)
+    need = functools.partial(core.require, EX_COLLATE)
     for pairs in _pairs_cases():
         got = core.call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
         need(
@@ -423,7 +408,7 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
         logits = torch.randn(B, T, V, generator=gen)
         targets = _targets(gen, B, T, V, 2)
         keep = targets != IGNORE
-        _judge(
+        core.judge(
             EX_LOSS,
             core.call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone()),
             F.cross_entropy(logits[keep], targets[keep]),
@@ -459,7 +444,7 @@ def check_response_loss(response_loss) -> None:
         targets = _targets(gen, B, T, 60, 3)
         keep = targets != IGNORE
         with torch.no_grad():
-            _judge(
+            core.judge(
                 EX_RESPONSE,
                 core.call_learner(EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone()),
                 F.cross_entropy(gpt(inputs)[keep], targets[keep]),
@@ -584,7 +569,7 @@ def check_write_reply(write_reply) -> None:
                 EX_REPLY,
                 "with a prompt near the end of the context, ask generate for no more tokens than fit: n_positions - the prompt's length",
             ) from None
-        _require(
+        core.require(
             EX_REPLY,
             isinstance(got, str),
             f"return the reply as text (a str), not {type(got).__name__}",
@@ -691,7 +676,7 @@ LORA_INIT_MISTAKES = [
 
 
 def _check_lora_init(layer, dropout) -> None:
-    need = functools.partial(_require, EX_LORA)
+    need = functools.partial(core.require, EX_LORA)
     for part in ("lora_A", "lora_B", "lora_dropout", "base"):
         need(hasattr(layer, part), f"your layer has no {part}; keep the names of __init__")
     a_zero, b_zero = not bool(layer.lora_A.weight.any()), not bool(layer.lora_B.weight.any())
@@ -716,7 +701,7 @@ def check_lora_linear(LoRALinear) -> None:
         with torch.no_grad():
             start = core.call_learner(EX_LORA, layer, x)
         if not core.close(start, base(x), atol=1e-6):
-            _require(
+            core.require(
                 EX_LORA,
                 not core.close(start, torch.zeros_like(start), atol=1e-6),
                 core.named(LORA_MISTAKES, "base missing").message,
@@ -729,7 +714,7 @@ def check_lora_linear(LoRALinear) -> None:
             layer.lora_B.weight.normal_(generator=gen)
         for mode in ("eval", "train") if dropout else ("eval",):
             layer.train(mode == "train")
-            _judge(
+            core.judge(
                 EX_LORA,
                 core.seeded_call(layer, x),
                 core.seeded_call(lambda: _lora_out(layer, x, alpha / rank)),
@@ -750,7 +735,7 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
     idx = torch.randint(0, 50, (2, 6))
     before = model(idx)
     got = core.call_learner(EX_ADD, add_adapters, model, names, 2, 4.0, 0.0)
-    need = functools.partial(_require, EX_ADD)
+    need = functools.partial(core.require, EX_ADD)
     need(got is model, "change the model in place and return it")
     for name in names:
         layer = model.get_submodule(name)
@@ -950,7 +935,7 @@ def check_frozen_table(model, base) -> None:
             "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again.",
         )
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
-    need = functools.partial(_require, EX_FROZEN)
+    need = functools.partial(core.require, EX_FROZEN)
     need(
         gpt is not None and isinstance(head, nn.Linear),
         f"frozen should be a classifier (classifier(gpt, n_classes)) after training; got {type(model).__name__}",
@@ -1004,7 +989,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
     """`results`: one (rank, share of parameters trained, response-loss drop) per rank."""
     ranks = tuple(ranks)
     rows = list(results) if isinstance(results, (list, tuple)) else []
-    need = functools.partial(_require, EX_RANK)
+    need = functools.partial(core.require, EX_RANK)
     need(
         len(rows) == len(ranks) and all(isinstance(r, (list, tuple)) and len(r) == 3 for r in rows),
         f"{RANK_MISTAKES[2].message}: {len(ranks)} tuples (rank, share, drop); got {results!r}",
@@ -1026,7 +1011,7 @@ def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
 def check_challenge(loss_drop, trainable_fraction, goal_nats=0.3) -> None:
     """The challenge: LoRA training under 2% of the parameters lowers the loss by `goal_nats`."""
     name = "Challenge 10"
-    need = functools.partial(_require, name)
+    need = functools.partial(core.require, name)
     need(
         trainable_fraction < 0.02,
         f"{100 * trainable_fraction:.2f}% of the parameters are trained; the goal allows under 2%",

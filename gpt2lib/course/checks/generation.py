@@ -45,25 +45,6 @@ def _tiny_model(n_layer=2, n_positions=32, **sizes):
         return core.tiny_gpt2(n_layer=n_layer, n_positions=n_positions, **sizes)
 
 
-def _named(exercise, mistakes, name, *, prefix="", suffix=""):
-    """The failure that names the planted mistake `name` (a check saw its symptom)."""
-    return core.CheckFailed(exercise, prefix + core.named(mistakes, name).message + suffix)
-
-
-def _fail_with(exercise, mistakes, matches, otherwise, *, symptom=None, prefix="", suffix=""):
-    """core.fail_with, naming the planted mistake called `symptom` when none matches exactly (a
-    wrong answer that shows its symptom); the message between `prefix` and `suffix`."""
-    mistake = core.first_mistake(mistakes, matches)
-    if mistake is None and symptom is not None:
-        mistake = core.named(mistakes, symptom)
-    raise core.CheckFailed(exercise, prefix + mistake.message + suffix if mistake else otherwise)
-
-
-def _planted(make, messages):
-    """The planted mistakes {name: message}, each wrong answer made by make(name)."""
-    return [core.Mistake(name, message, make(name)) for name, message in messages.items()]
-
-
 def _byte_counts(exercise, fn, cases):
     """[fn(*case) for case in cases], each of them a number (of bytes)."""
     got = [core.call_learner(exercise, fn, *case) for case in cases]
@@ -93,7 +74,7 @@ def _write_kv(k_buf, v_buf, k, v, start, kind=None):
 
 
 # fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
-WRITE_KV_MISTAKES = _planted(
+WRITE_KV_MISTAKES = core.planted(
     lambda name: functools.partial(_write_kv, kind=name),
     {
         "keys and values swapped": "keys and values are swapped: return (keys, values)",
@@ -176,7 +157,7 @@ def check_write_kv(write_kv) -> None:
     got, want = _write_twice(write_kv, ex), _write_twice(_write_kv, ex)
     if not _same_writes(got, want):
         stored = core.close(got[2], want[2]) and core.close(got[3], want[3])
-        _fail_with(
+        core.fail_with(
             ex,
             WRITE_KV_MISTAKES,
             lambda m: _same_writes(got, _write_twice(m.fn, ex)),
@@ -267,7 +248,7 @@ def _check_temperature(apply_temperature) -> None:
         got = _filtered(EX_TEMPERATURE, apply_temperature, logits, t, removes=False)
         # any logits with the right softmax are right (a shift changes nothing)
         if not core.close(torch.softmax(got, -1), torch.softmax(logits / t, -1)):
-            _fail_with(
+            core.fail_with(
                 EX_TEMPERATURE,
                 TEMPERATURE_MISTAKES,
                 lambda m: core.close(got, m.fn(logits.clone(), t)),
@@ -354,7 +335,7 @@ def _check_top_k(top_k_filter) -> None:
             if not torch.equal(got[want_kept], logits.double()[want_kept]):
                 raise core.CheckFailed(ex, "the kept logits must stay unchanged")
             continue
-        _fail_with(
+        core.fail_with(
             ex,
             TOP_K_MISTAKES,
             lambda m: _same_filter(got, m.fn(logits.clone(), k)),
@@ -440,7 +421,7 @@ def check_top_p_filter(top_p_filter) -> None:
         symptom = "inverted"  # whatever it does at p = 1
     elif any(bool((got[p] == 0).any()) and not bool(got[p].isinf().any()) for p in ps[:3]):
         symptom = "zero fill"
-    _fail_with(
+    core.fail_with(
         ex,
         TOP_P_MISTAKES,
         lambda m: all(_same_filter(got[p], m.fn(logits.clone(), p)) for p in ps),
@@ -514,7 +495,7 @@ def check_attend_with_offset(attend_with_offset) -> None:
                 "the output has NaN: some query had every key hidden, so softmax had nothing to share out. That happens when the mask is on the wrong side (masked_fill where a query MAY look): hide the keys after position past + i, keep the rest",
             )
         if not core.close(got, _attend_with_offset_right(q, k, v, past)):
-            _fail_with(
+            core.fail_with(
                 ex,
                 OFFSET_MASK_MISTAKES,
                 lambda m: core.close(got, m.fn(q, k, v, past)),
@@ -549,7 +530,7 @@ def _sample_wrong(kind):
 
 
 # fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
-SAMPLE_MISTAKES = _planted(
+SAMPLE_MISTAKES = core.planted(
     _sample_wrong,
     {
         "not squeezed": (
@@ -603,14 +584,14 @@ def check_sample_token(sample_token) -> None:
     try:
         greedy = core.call_learner(ex, sample_token, logits.clone(), temperature=0)
     except (RuntimeError, ValueError, ZeroDivisionError):
-        raise _named(ex, SAMPLE_MISTAKES, "no greedy") from None
+        raise core.named_failure(ex, SAMPLE_MISTAKES, "no greedy") from None
     greedy = core.expect_tensor(ex, greedy, (3,), what="your greedy ids")
     if not torch.equal(greedy.long(), logits.argmax(-1)):
-        raise _named(ex, SAMPLE_MISTAKES, "no greedy")
+        raise core.named_failure(ex, SAMPLE_MISTAKES, "no greedy")
     with torch.random.fork_rng():
         again = [_draws(ex, sample_token, probs, 4000, 7, False, temperature=1.0) for _ in range(2)]
     if not torch.equal(again[0], again[1]):
-        raise _named(ex, SAMPLE_MISTAKES, "generator ignored")
+        raise core.named_failure(ex, SAMPLE_MISTAKES, "generator ignored")
     at_2 = [p**0.5 / sum(q**0.5 for q in probs) for p in probs]  # T=2: the nucleus of 0.75 is all
     four = [0.4, 0.3, 0.2, 0.1]
     # (settings, probabilities given, probabilities the draws must show, mistake when they do not)
@@ -632,7 +613,7 @@ def check_sample_token(sample_token) -> None:
         seen = torch.bincount(ids, minlength=len(given)).double() / ids.numel()
         if (seen - torch.tensor(want, dtype=torch.float64)).abs().max() > 0.04:
             seen, want = [round(f, 3) for f in seen.tolist()], [round(f, 3) for f in want]
-            raise _named(
+            raise core.named_failure(
                 ex,
                 SAMPLE_MISTAKES,
                 name,
@@ -747,7 +728,7 @@ def _cache_class(kind=None):
 
 
 # cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
-CACHE_MISTAKES = _planted(
+CACHE_MISTAKES = core.planted(
     _cache_class,
     {
         "heads last": (
@@ -806,18 +787,18 @@ def check_simple_kv_cache(cls) -> None:
         )
     wide = core.call_learner(ex, cls, config, 1, 4, dtype=torch.float64)
     if wide.layers[0].k.dtype != torch.float64:
-        raise _named(ex, CACHE_MISTAKES, "dtype ignored")
+        raise core.named_failure(ex, CACHE_MISTAKES, "dtype ignored")
     pointers = [t.data_ptr() for layer in layers for t in (layer.k, layer.v)]
     if layers[0].k.data_ptr() == layers[0].v.data_ptr():
-        raise _named(ex, CACHE_MISTAKES, "k and v share")
+        raise core.named_failure(ex, CACHE_MISTAKES, "k and v share")
     if len(set(pointers)) < len(pointers):
-        raise _named(ex, CACHE_MISTAKES, "one buffer for all layers")
+        raise core.named_failure(ex, CACHE_MISTAKES, "one buffer for all layers")
     gen = torch.Generator().manual_seed(2)  # one layer's updates: 3 tokens, then 1
     new = [torch.randn(2, nh, T, hd, generator=gen) for T in (3, 1)]
     returned = [core.call_learner(ex, layers[0].update, k, k + 1) for k in new]
     if layers[0].position != 4:
         if layers[0].position in (0, 1, 3) and layers[1].position == 0:
-            raise _named(ex, CACHE_MISTAKES, "position stays")
+            raise core.named_failure(ex, CACHE_MISTAKES, "position stays")
         raise core.CheckFailed(
             ex, f"after updates of 3 tokens and 1 the layer should hold 4, not {layers[0].position}"
         )
@@ -832,7 +813,7 @@ def check_simple_kv_cache(cls) -> None:
         if past == 0 and got[2] is not None and not torch.equal(got[2], causal_mask(T, 0)):
             raise core.CheckFailed(ex, "with nothing cached, visible is None (or the plain mask)")
         if past == 3 and (got[2] is None or not torch.equal(got[2], causal_mask(T, past))):
-            raise _named(ex, CACHE_MISTAKES, "no mask")
+            raise core.named_failure(ex, CACHE_MISTAKES, "no mask")
     model = _tiny_model()
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -909,7 +890,7 @@ def _gap_wrong(kind):
 
 IN_THE_PREFILL = "your gap misses wrong logits inside the prefill: a cache that hands the prefill's keys over in the wrong order passed. Compare the logits at every position, those the prefill call returns too, not only the one-token calls' or each call's last"
 
-GAP_MISTAKES = _planted(
+GAP_MISTAKES = core.planted(
     _gap_wrong,
     {
         "after the prefill": IN_THE_PREFILL,
@@ -957,9 +938,9 @@ def check_cache_gap(cache_gap) -> None:
             if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
                 continue
             if name == "shuffled prefill" and got < 1e-4:
-                raise _named(ex, GAP_MISTAKES, "after the prefill")
+                raise core.named_failure(ex, GAP_MISTAKES, "after the prefill")
             case = f"batch {B}, {T} tokens, prefill {prefill}"
-            _fail_with(
+            core.fail_with(
                 ex,
                 GAP_MISTAKES,
                 lambda m: abs(m.fn(model, cls, idx, prefill) - got) <= 1e-6 + 1e-4 * abs(got),
@@ -1000,7 +981,7 @@ def _loop(kind=None):
 
 
 # fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
-LOOP_MISTAKES = _planted(
+LOOP_MISTAKES = core.planted(
     _loop,
     {
         "previous token": (
@@ -1045,7 +1026,7 @@ def _run_loop(exercise, fn, model, idx, n, sample):
         out = core.call_learner(exercise, fn, model, idx, n, sample, cache)
     except ValueError as error:
         if "KV cache is full" in str(error):
-            raise _named(exercise, LOOP_MISTAKES, "whole sequence") from None
+            raise core.named_failure(exercise, LOOP_MISTAKES, "whole sequence") from None
         raise
     return out, cache.length
 
@@ -1062,7 +1043,7 @@ def check_generate_cached(generate_cached) -> None:
         hints = {(B, n): core.named(LOOP_MISTAKES, "new tokens only").message}
         got = core.expect_tensor(ex, got, (B, T + n), what="your tokens", hints=hints).long()
         if held < T + n - 1:  # every token but the last one goes through the cache
-            raise _named(ex, LOOP_MISTAKES, "cache ignored")
+            raise core.named_failure(ex, LOOP_MISTAKES, "cache ignored")
         want = _recomputed(model, idx, n, sample)
         if torch.equal(got, want):
             continue

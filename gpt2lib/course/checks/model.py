@@ -24,12 +24,6 @@ _NAMES = ("wte", "wpe", "drop", "h", "ln_f")
 NOT_DETERMINISTIC = "in eval mode two calls gave different logits: use nn.Dropout (it switches off in .eval()), not F.dropout(x, p) alone"
 
 
-def _fail_with(exercise, mistakes, matches, otherwise, *, prefix=""):
-    """core.fail_with, with `prefix` (the case where the mistake showed) before its message."""
-    mistake = core.first_mistake(mistakes, matches)
-    raise core.CheckFailed(exercise, prefix + mistake.message if mistake else otherwise)
-
-
 def _reference(config, seed=0):
     torch.manual_seed(seed)
     model = GPT2(config).eval()
@@ -63,18 +57,16 @@ def _logits(m, idx, kind=None):
     return logits.log_softmax(dim=-1) if kind == "log-softmax" else logits
 
 
-def _planted(messages):
-    """The planted forwards {name: message}, each wrong answer fn(model, idx) made from its name."""
-    return [
-        core.Mistake(name, message, functools.partial(_logits, kind=name))
-        for name, message in messages.items()
-    ]
+def _wrong_forward(kind):
+    """The planted forward called `kind`, as fn(model, idx)."""
+    return functools.partial(_logits, kind=kind)
 
 
 DOUBLE_RESIDUAL = "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
 
 # fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
-MODULE_MISTAKES = _planted(
+MODULE_MISTAKES = core.planted(
+    _wrong_forward,
     {
         "double residual": DOUBLE_RESIDUAL,
         "no ln_f": (
@@ -107,7 +99,7 @@ MODULE_MISTAKES = _planted(
         "readout with wpe": (
             "the readout multiplies by the position table: the tied readout uses the TOKEN table, x @ self.wte.weight.T"
         ),
-    }
+    },
 )
 
 
@@ -335,7 +327,7 @@ def check_init_gpt2_weights(init_fn) -> None:
             EX_INIT,
             f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of their outputs",
         )
-    _fail_with(
+    core.fail_with(
         EX_INIT,
         INIT_SCALE_MISTAKES,
         lambda m: _near(std, m.fn(n_layer)),
@@ -455,7 +447,7 @@ def check_count_gpt2_parameters(count_fn) -> None:
             )
         assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
         case = f"for {sizes} you get {got:,}, the model has {want:,}"
-        _fail_with(
+        core.fail_with(
             EX_COUNT,
             COUNT_MISTAKES,
             lambda m: m.fn(config) == got,

@@ -28,11 +28,6 @@ CH_HEAD = "Challenge (the head the copying needs most)"
 _tiny = functools.partial(core.tiny_gpt2, n_layer=2, n_head=3, n_embd=12, vocab_size=23)
 
 
-def _require(exercise, ok, message) -> None:
-    if not ok:
-        raise core.CheckFailed(exercise, message)
-
-
 def _call(exercise, fn, *args, changed, watch=None):
     """The learner's fn(*args); CheckFailed(changed) if it wrote to a tensor of `watch` (its
     tensor arguments by default). `changed` may be a function that gives the message."""
@@ -41,20 +36,6 @@ def _call(exercise, fn, *args, changed, watch=None):
     got = core.call_learner(exercise, fn, *args)
     if not all(torch.equal(t, g) for t, g in zip(watch, given)):
         raise core.CheckFailed(exercise, changed() if callable(changed) else changed)
-    return got
-
-
-def _judge(exercise, got, want, mistakes, wrong, otherwise, *, what, hints=None, atol, rtol=1e-5):
-    """The learner's `got` as a tensor of want's shape and values (returned as float64); else the
-    first mistake m with wrong(m) close to it is named, or otherwise(got) said."""
-    got = core.expect_tensor(exercise, got, tuple(want.shape), what=what, hints=hints)
-    if not core.close(got, want, atol=atol, rtol=rtol):
-        core.fail_with(
-            exercise,
-            mistakes,
-            lambda m: core.close(got, wrong(m), atol=atol, rtol=rtol),
-            otherwise(got) if callable(otherwise) else otherwise,
-        )
     return got
 
 
@@ -142,7 +123,7 @@ def check_iter_safetensors(iter_safetensors) -> None:
         "count": torch.arange(6).view(2, 3),
         "ln.bias": torch.randn(4).bfloat16(),
     }
-    need = functools.partial(_require, EX_READ)
+    need = functools.partial(core.require, EX_READ)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.safetensors"
         save_file(tensors, str(path), metadata={"format": "pt"})
@@ -273,7 +254,7 @@ def _same_state(a, b) -> bool:
 def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
     """Exercise 8.1: `checkpoint_to_model(tensors)` -> GPT2's state dict; `load_weights` -> GPT2."""
     model = _tiny()
-    need = functools.partial(_require, EX_MAPPING)
+    need = functools.partial(core.require, EX_MAPPING)
     for prefixed in (False, True):
         tensors = _checkpoint_file(model, prefixed)
         given = {k: v.clone() for k, v in tensors.items()}
@@ -320,7 +301,7 @@ def _check_load_weights(load_weights, model):
 
     from gpt2lib.chapters.model import GPT2
 
-    need = functools.partial(_require, EX_MAPPING)
+    need = functools.partial(core.require, EX_MAPPING)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
         tensors = _checkpoint_file(model, prefixed=True)
@@ -405,7 +386,7 @@ def _hooks_left(model):
 def check_run_with_cache(run_with_cache) -> None:
     """Exercise 8.2: `run_with_cache(model, idx, capture)` -> (logits, cache), hooks recorded."""
     model = _tiny(2, n_layer=3)
-    need = functools.partial(_require, EX_RECORD)
+    need = functools.partial(core.require, EX_RECORD)
     for B, T in [(2, 5), (1, 7)]:
         gen = torch.Generator().manual_seed(T)
         idx = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
@@ -508,12 +489,12 @@ def check_logit_lens(logit_lens) -> None:
             changed="your function changed cache.resid; read it without writing to it",
         )
         want = _lens_right(model, resid)
-    _require(
+    core.require(
         EX_LENS,
         not (isinstance(got, tuple) and len(got) == 2),
         "you return top-k values and indices; return the full logits (n_layer + 1, B, T, V)",
     )
-    _judge(
+    core.judge(
         EX_LENS,
         got,
         want,
@@ -597,7 +578,7 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
             watch=[lens],
             changed="your function changed the lens logits in place; read them without writing to them",
         )
-        got = _judge(
+        got = core.judge(
             EX_NEXT,
             got,
             _next(lens, idx),
@@ -626,7 +607,7 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
                 ): "that is the whole distribution at every position: keep only the log-probability of the token that comes next, at T - 1 positions",
             },
         )
-    _require(
+    core.require(
         EX_NEXT,
         bool((got <= 1e-6).all()),
         "a log-probability above 0: apply log_softmax over the vocabulary",
@@ -720,7 +701,7 @@ def check_previous_token_score(previous_token_score) -> None:
         pattern = _patterns(B, nh, L, seed)
         want = _diagonal(pattern).mean(dim=(0, -1))
         got = _call(EX_PREVIOUS, previous_token_score, pattern, changed=_PATTERN_CHANGED)
-        _judge(
+        core.judge(
             EX_PREVIOUS,
             got,
             want,
@@ -780,7 +761,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
         pattern = _patterns(B, nh, L, seed)
         want = _induction_right(pattern, L)
         got = _call(EX_INDUCTION, induction_score, pattern, L, changed=_PATTERN_CHANGED)
-        _judge(
+        core.judge(
             EX_INDUCTION,
             got,
             want,
@@ -805,7 +786,7 @@ def check_induction_score(induction_score, repeated_tokens=None, induction_score
 
 
 def _check_repeated_tokens(repeated_tokens):
-    need = functools.partial(_require, EX_INDUCTION)
+    need = functools.partial(core.require, EX_INDUCTION)
     for batch, L, V, seed, bos, pool in [
         (3, 5, 50, 0, None, None),
         (2, 7, 40, 1, 7, torch.tensor([3, 11, 30])),
@@ -861,7 +842,7 @@ def _check_induction_scores(induction_scores, repeated_tokens):
 
     make = repeated_tokens or reference_tokens
     model = _tiny(3, n_positions=32)
-    need = functools.partial(_require, EX_INDUCTION)
+    need = functools.partial(core.require, EX_INDUCTION)
     for L, batch in [(5, 2), (7, 3)]:
         idx = make(batch, L, model.config.vocab_size, 0)
         _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
@@ -947,7 +928,7 @@ def check_copy_losses(copy_losses) -> None:
         gen = torch.Generator().manual_seed(seed)
         logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
         got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
-        _require(
+        core.require(
             EX_COPY,
             isinstance(got, (tuple, list)) and len(got) == 2,
             "return two numbers, (first copy's loss, second copy's loss)",
@@ -1032,7 +1013,7 @@ def check_zero_heads(zero_heads) -> None:
                 else "your function changed y; work on a copy (y.clone())"
             ),
         )
-        _judge(
+        core.judge(
             EX_ZERO,
             got,
             want,
@@ -1119,7 +1100,7 @@ def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
     n_layer, n_head = model.config.n_layer, model.config.n_head
     hd = model.config.n_embd // n_head
     got = core.call_learner(EX_EFFECTS, mean_head_outputs, model, idx)
-    need = functools.partial(_require, EX_EFFECTS)
+    need = functools.partial(core.require, EX_EFFECTS)
     need(
         isinstance(got, (list, tuple)) and len(got) == n_layer,
         f"mean_head_outputs must return a list of n_layer = {n_layer} tensors, one per layer",
@@ -1165,14 +1146,14 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                 for m in model.modules():
                     m._forward_pre_hooks.clear()
                     m._forward_hooks.clear()
-            _require(
+            core.require(
                 EX_EFFECTS,
                 not left,
                 f"your function left hooks on {left[:3]}: remove each hook after its forward pass (handle.remove(), in a finally)",
             )
             want = _effects_right(model, idx, L, head_means)
             how = "zeroed" if head_means is None else "set to their means"
-            _judge(
+            core.judge(
                 EX_EFFECTS,
                 got,
                 want,
@@ -1203,7 +1184,7 @@ def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None
     n_layer, n_head = model.config.n_layer, model.config.n_head
     if head is None:
         raise core.NotDoneYet(CH_HEAD, "not done yet: set CHOSEN_HEAD = (layer, head)")
-    need = functools.partial(_require, CH_HEAD)
+    need = functools.partial(core.require, CH_HEAD)
     need(
         isinstance(head, (tuple, list))
         and len(head) == 2

@@ -39,10 +39,6 @@ def _call(exercise, fn, *args, **kwargs):
     return core.call_learner(exercise, fn, *args, **kwargs)
 
 
-def _fail_named(exercise, mistakes, name):
-    raise core.CheckFailed(exercise, core.named(mistakes, name).message)
-
-
 def _near(a, b):
     return math.isclose(a, b, rel_tol=1e-6)
 
@@ -362,9 +358,9 @@ def check_random_batch(fn):
     for name in ("not_shifted", "one_window", "not_random"):
         wrong = core.named(BATCH_MISTAKES, name).fn(ids, B, T, torch.Generator().manual_seed(0))
         if torch.equal(x, wrong[0]) and torch.equal(y, wrong[1]):
-            _fail_named(EX_BATCH, BATCH_MISTAKES, name)
+            raise core.named_failure(EX_BATCH, BATCH_MISTAKES, name)
     if torch.equal(x, y):
-        _fail_named(EX_BATCH, BATCH_MISTAKES, "not_shifted")
+        raise core.named_failure(EX_BATCH, BATCH_MISTAKES, "not_shifted")
     if torch.equal(y[:, 1:], x[:, :-1]):
         raise core.CheckFailed(
             EX_BATCH,
@@ -377,16 +373,18 @@ def check_random_batch(fn):
             "each row of x must be a stretch of ids, ids[s : s + block_size], and the same row of y must be ids[s + 1 : s + block_size + 1]",
         )
     if len(set(starts)) == 1:
-        _fail_named(EX_BATCH, BATCH_MISTAKES, "one_window" if starts[0] else "not_random")
+        raise core.named_failure(
+            EX_BATCH, BATCH_MISTAKES, "one_window" if starts[0] else "not_random"
+        )
     # many draws from 8 ids with block_size 5: every start 0, 1, 2 must come up, and no other
     small, seen = torch.arange(200, 208), set()
     for seed in range(20):
         rows = _windows_ok(small, *_call_batch(fn, small, 16, 5, seed=100 + seed), 5)
         if rows is None:
-            _fail_named(EX_BATCH, BATCH_MISTAKES, "range_too_long")
+            raise core.named_failure(EX_BATCH, BATCH_MISTAKES, "range_too_long")
         seen.update(rows)
     if seen != {0, 1, 2}:
-        _fail_named(EX_BATCH, BATCH_MISTAKES, "range_too_short")
+        raise core.named_failure(EX_BATCH, BATCH_MISTAKES, "range_too_short")
     first, again = _call_batch(fn, ids, 8, T, seed=5), _call_batch(fn, ids, 8, T, seed=5)
     if not (torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])):
         raise core.CheckFailed(
@@ -481,7 +479,7 @@ def check_unigram_loss(fn):
         if _near(value, want):
             continue
         if not math.isfinite(value):
-            _fail_named(EX_UNIGRAM, UNIGRAM_MISTAKES, "no_smoothing")
+            raise core.named_failure(EX_UNIGRAM, UNIGRAM_MISTAKES, "no_smoothing")
         core.fail_with(
             EX_UNIGRAM,
             UNIGRAM_MISTAKES,
@@ -582,7 +580,7 @@ def check_bigram(fn):
                 "your bigram loss is NaN: a previous token that never occurs in train_ids has count 0, and 0 / 0 is NaN. Its bigram probability is 0 (clamp the count to at least 1)",
             )
         if not math.isfinite(value):
-            _fail_named(EX_BIGRAM, BIGRAM_MISTAKES, "no_mix")
+            raise core.named_failure(EX_BIGRAM, BIGRAM_MISTAKES, "no_mix")
         core.fail_with(
             EX_BIGRAM,
             BIGRAM_MISTAKES,
@@ -1030,15 +1028,15 @@ def check_estimate_loss(fn):
         model.train(start_in_train_mode)
         got = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
         if isinstance(got, torch.Tensor):
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "tensor_not_float")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "tensor_not_float")
         value = _as_float(EX_EVAL, got, "your estimate")
         calls = list(model.calls)
         if model.training != start_in_train_mode:
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "mode_not_restored")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "mode_not_restored")
         if any(training for _, training, _ in calls):
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "dropout_on")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "dropout_on")
         if any(grad for _, _, grad in calls):
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "grad_on")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "grad_on")
         if len(calls) != batches:
             raise core.CheckFailed(
                 EX_EVAL,
@@ -1049,7 +1047,7 @@ def check_estimate_loss(fn):
             want = sum(float(_loss(model.inner, x, x + 1)) for x, _, _ in calls) / batches
             model.inner.train(start_in_train_mode)
         if math.isclose(value, want * batches, rel_tol=1e-4):
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "sum_not_mean")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "sum_not_mean")
         if not math.isclose(value, want, rel_tol=1e-4):
             raise core.CheckFailed(
                 EX_EVAL,
@@ -1057,11 +1055,11 @@ def check_estimate_loss(fn):
             )
         again = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
         if _as_float(EX_EVAL, again, "your estimate") != value:
-            _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "unseeded")
+            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "unseeded")
     model.calls.clear()
     core.call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
     if torch.equal(model.calls[0][0], calls[0][0]):
-        _fail_named(EX_EVAL, ESTIMATE_MISTAKES, "seed_hard_coded")
+        raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "seed_hard_coded")
     core.passed(
         EX_EVAL,
         "eval mode, no gradients, the same seeded batches every call, mode put back",
@@ -1330,7 +1328,7 @@ def check_diagnosis(fn):
                 f"{suspect!r} (run {label}) is not one of the suspects: {', '.join(SUSPECTS)}",
             )
     if _NEVER_CLEARED in got.values():
-        _fail_named(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "unused_suspect")
+        raise core.named_failure(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "unused_suspect")
     right = sum(got[label] == bug for label, (bug, _) in _BROKEN.items())
     if right == 3:
         return core.passed(
@@ -1339,7 +1337,9 @@ def check_diagnosis(fn):
         )
     if right == 2:  # two right and one wrong cannot happen with three different names
         raise core.CheckFailed(EX_DIAGNOSIS, "each run has a different suspect: name each one once")
-    _fail_named(EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "a_and_b_swapped" if right else "none_right")
+    raise core.named_failure(
+        EX_DIAGNOSIS, DIAGNOSIS_MISTAKES, "a_and_b_swapped" if right else "none_right"
+    )
 
 
 def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, block_size):
