@@ -15,6 +15,7 @@ from gpt2lib.course.checks._core import (
     named,
     one_pass,
     passed,
+    variants,
 )
 
 PLANTED = [
@@ -34,6 +35,19 @@ def test_named_finds_a_planted_mistake_and_refuses_an_unknown_name():
     assert named(PLANTED, "negates") is PLANTED[2]
     with pytest.raises(LookupError, match="no planted mistake is called 'halves'"):
         named(PLANTED, "halves")
+
+
+def test_variants_plant_each_mistake_by_its_name_in_the_right_answer():
+    def scaled(x, *, mistake=""):
+        return x * (2 if mistake == "doubled" else 1) * (-1 if mistake == "negated" else 1)
+
+    table = variants(scaled, {"doubled": "you doubled it", "negated": "you negated it"})
+    assert [(m.name, m.message) for m in table] == [
+        ("doubled", "you doubled it"),
+        ("negated", "you negated it"),
+    ]
+    assert [m.fn(3) for m in table] == [6, -3]
+    assert scaled(3) == 3  # the right answer itself is untouched
 
 
 def test_close_compares_values_in_float64_and_never_matches_nan_or_another_shape():

@@ -98,6 +98,13 @@ def planted(make: Callable[[str], Callable[..., Any]], messages: dict[str, str])
     return [Mistake(name, message, make(name)) for name, message in messages.items()]
 
 
+def variants(right: Callable[..., Any], messages: dict[str, str]) -> list[Mistake]:
+    """The planted mistakes {name: message} of a right answer that takes `mistake=`: each wrong
+    answer is `right` called with `mistake=name`, so the name in the table is the switch that
+    plants it and the right answer says, where it branches, which mistake it plants there."""
+    return planted(lambda name: functools.partial(right, mistake=name), messages)
+
+
 def require(exercise: str, ok: Any, message: str) -> None:
     """CheckFailed(exercise, message) unless `ok`."""
     if not ok:
