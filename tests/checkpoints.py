@@ -50,6 +50,8 @@ _HUB_CONFIG = {
 # The tiny random model (real vocabulary, so the real tokenizer works, but only 2 layers of
 # width 64): the fallback when the stand-in is missing, and for tests that want random weights.
 TINY = {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 1024, "vocab_size": 50257}
+# The small model chapter 8's tests look inside (tests/conftest.py: small_hub_dir, small_model).
+SMALL_SIZES = {"n_layer": 3, "n_head": 4, "n_embd": 32, "n_positions": 64, "vocab_size": 211}
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 
 

@@ -4,7 +4,10 @@ The shared fixtures build the small models the tests run on: `tiny_config(**size
 `tiny_model(seed=0, model_cls=..., **sizes)` are factories (2 layers, 2 heads, width 16, 64
 positions, 97 token ids and no dropout unless a test says otherwise), and `tiny_checkpoint` is
 one small checkpoint folder in the Hugging Face hub's layout, written once per session (GPT-2's
-vocabulary, 2 layers, 4 heads, width 64, 64 positions).
+vocabulary, 2 layers, 4 heads, width 64, 64 positions). Chapter 8's tests look inside a model
+loaded the way an experimenter loads one: `small_hub_dir` (a hub checkpoint of SMALL_SIZES,
+written once per session), `small_model` (it, loaded once per test module) and `small_ids`
+(a (2, 11) batch of its token ids).
 
 A skipped browser test says why in the run's summary, without `-rs`: the browser tests skip
 on a machine without Chromium or Playwright, and a dozen bare "s" gave a learner no way to
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoints import SMALL_SIZES
 
 TINY_SIZES = dict(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
 
@@ -59,6 +63,31 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny-checkpoint")
     return write_hub_checkpoint(folder, n_layer=2, n_head=4, n_embd=64, n_positions=64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_hub_dir(tmp_path_factory) -> Path:
+    """A checkpoint of SMALL_SIZES in the hub's layout; read-only by convention."""
+    from checkpoints import write_hub_checkpoint
+
+    return write_hub_checkpoint(tmp_path_factory.mktemp("small-hub"), seed=3, **SMALL_SIZES)
+
+
+@pytest.fixture(scope="module")  # a module's tests may share it; each module gets a fresh one
+def small_model(small_hub_dir: Path):
+    """small_hub_dir loaded with gpt2lib.from_pretrained on the CPU."""
+    from gpt2lib.model import from_pretrained
+
+    return from_pretrained(small_hub_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small_ids():
+    """(2, 11) token ids of SMALL_SIZES's vocabulary, the same in every run."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, SMALL_SIZES["vocab_size"], (2, 11), generator=generator)
 
 
 BROWSER_SKIP_PREFIX = "browser test skipped: "  # what tests/course/test_browser.py puts in front

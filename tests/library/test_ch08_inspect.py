@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from checkpoints import write_hub_checkpoint
+from checkpoints import SMALL_SIZES
 
 import gpt2lib
 from gpt2lib import inspection
@@ -20,79 +20,66 @@ from gpt2lib.chapters.model import GPT2
 from gpt2lib.inspection import run_with_cache
 from gpt2lib.model import from_pretrained
 
-SMALL = dict(n_layer=3, n_head=4, n_embd=32, n_positions=64, vocab_size=211)
 
-
-@pytest.fixture(scope="module")
-def hub_dir(tmp_path_factory):
-    return write_hub_checkpoint(tmp_path_factory.mktemp("inspect"), seed=3, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def model(hub_dir):
-    return from_pretrained(hub_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def idx():
-    return torch.randint(
-        0, SMALL["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0)
-    )
-
-
-def _no_hooks(model):
-    return all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+def _no_hooks(small_model):
+    return all(not m._forward_pre_hooks and not m._forward_hooks for m in small_model.modules())
 
 
 # --------------------------------------------------------------------------- against transformers
 
 
-def test_cache_matches_transformers_hidden_states_and_attentions(hub_dir, model, idx):
+def test_cache_matches_transformers_hidden_states_and_attentions(
+    small_hub_dir, small_model, small_ids
+):
     from transformers import GPT2LMHeadModel
 
-    theirs = GPT2LMHeadModel.from_pretrained(str(hub_dir), attn_implementation="eager").eval()
+    theirs = GPT2LMHeadModel.from_pretrained(str(small_hub_dir), attn_implementation="eager").eval()
     with torch.no_grad():
-        logits, cache = run_with_cache(model, idx)
-        out = theirs(idx, output_hidden_states=True, output_attentions=True)
-    n = SMALL["n_layer"]
+        logits, cache = run_with_cache(small_model, small_ids)
+        out = theirs(small_ids, output_hidden_states=True, output_attentions=True)
+    n = SMALL_SIZES["n_layer"]
     assert len(cache.resid) == n + 1 and len(cache.attn) == n
     for ours, hf in zip(cache.resid[:n], out.hidden_states[:n]):
         torch.testing.assert_close(ours, hf, atol=1e-5, rtol=1e-5)
     # transformers applies ln_f to its last entry; ours is the stream before ln_f
     torch.testing.assert_close(
-        model.ln_f(cache.resid[n]), out.hidden_states[n], atol=1e-5, rtol=1e-5
+        small_model.ln_f(cache.resid[n]), out.hidden_states[n], atol=1e-5, rtol=1e-5
     )
     for ours, hf in zip(cache.attn, out.attentions):
-        assert ours.shape == (2, SMALL["n_head"], 11, 11)
+        assert ours.shape == (2, SMALL_SIZES["n_head"], 11, 11)
         torch.testing.assert_close(ours, hf, atol=1e-5, rtol=0)
     torch.testing.assert_close(logits, out.logits, atol=1e-5, rtol=1e-5)
 
 
-def test_plain_forward_is_unchanged_and_no_hooks_remain(model, idx):
+def test_plain_forward_is_unchanged_and_no_hooks_remain(small_model, small_ids):
     with torch.no_grad():
-        before = model(idx)
-        logits, _ = run_with_cache(model, idx, capture=inspection.CAPTURES, ablate_heads={1: [2]})
-        after = model(idx)
+        before = small_model(small_ids)
+        logits, _ = run_with_cache(
+            small_model, small_ids, capture=inspection.CAPTURES, ablate_heads={1: [2]}
+        )
+        after = small_model(small_ids)
     assert torch.equal(before, after)
     assert not torch.equal(logits, before)  # the ablation did act during the call
-    assert _no_hooks(model)
+    assert _no_hooks(small_model)
 
 
-def test_hooks_are_removed_when_the_forward_pass_fails(model):
+def test_hooks_are_removed_when_the_forward_pass_fails(small_model):
     with pytest.raises(ValueError, match=r"token ids must be in 0 \.\. "):
-        run_with_cache(model, torch.tensor([[0, SMALL["vocab_size"]]]), ablate_heads={0: [1]})
-    assert _no_hooks(model)
+        run_with_cache(
+            small_model, torch.tensor([[0, SMALL_SIZES["vocab_size"]]]), ablate_heads={0: [1]}
+        )
+    assert _no_hooks(small_model)
 
 
-def test_optional_captures_add_up_to_the_residual_stream(model, idx):
+def test_optional_captures_add_up_to_the_residual_stream(small_model, small_ids):
     with torch.no_grad():
-        _, cache = run_with_cache(model, idx, capture=("resid", "head_out", "mlp_out"))
+        _, cache = run_with_cache(small_model, small_ids, capture=("resid", "head_out", "mlp_out"))
     assert cache.attn == []  # not asked for
-    B, T = idx.shape
-    hd = SMALL["n_embd"] // SMALL["n_head"]
-    for layer, block in enumerate(model.h):
+    B, T = small_ids.shape
+    hd = SMALL_SIZES["n_embd"] // SMALL_SIZES["n_head"]
+    for layer, block in enumerate(small_model.h):
         heads = cache.head_out[layer]
-        assert heads.shape == (B, SMALL["n_head"], T, hd)
+        assert heads.shape == (B, SMALL_SIZES["n_head"], T, hd)
         attn_out = block.attn.c_proj(heads.transpose(1, 2).reshape(B, T, -1))
         rebuilt = cache.resid[layer] + attn_out + cache.mlp_out[layer]
         torch.testing.assert_close(rebuilt, cache.resid[layer + 1], atol=1e-5, rtol=1e-5)
@@ -102,27 +89,33 @@ def test_optional_captures_add_up_to_the_residual_stream(model, idx):
 
 
 @pytest.mark.parametrize("layer,head", [(0, 0), (1, 3), (2, 1)])
-def test_ablating_a_head_equals_zeroing_its_rows_of_c_proj(hub_dir, model, idx, layer, head):
-    hd = SMALL["n_embd"] // SMALL["n_head"]
-    edited = from_pretrained(hub_dir, device="cpu")
+def test_ablating_a_head_equals_zeroing_its_rows_of_c_proj(
+    small_hub_dir, small_model, small_ids, layer, head
+):
+    hd = SMALL_SIZES["n_embd"] // SMALL_SIZES["n_head"]
+    edited = from_pretrained(small_hub_dir, device="cpu")
     with torch.no_grad():
         edited.h[layer].attn.c_proj.weight[head * hd : (head + 1) * hd] = 0
-        want = edited(idx)
-        got, cache = run_with_cache(model, idx, capture="head_out", ablate_heads={layer: [head]})
+        want = edited(small_ids)
+        got, cache = run_with_cache(
+            small_model, small_ids, capture="head_out", ablate_heads={layer: [head]}
+        )
     assert torch.equal(got, want)
     assert not cache.head_out[layer][:, head].any()  # the recorded head output is the zeroed one
 
 
-def test_context_manager_has_the_same_effect(model, idx):
+def test_context_manager_has_the_same_effect(small_model, small_ids):
     with torch.no_grad():
         # capture="resid": attention keeps its fast path (recording the pattern computes it
         # explicitly, which rounds differently), so the two are the same computation
-        want, _ = run_with_cache(model, idx, capture="resid", ablate_heads={0: [1, 2], 2: 3})
-        with gpt2lib.ablated_heads(model, {0: [1, 2], 2: [3]}):
-            got = model(idx)
-        plain = model(idx)
+        want, _ = run_with_cache(
+            small_model, small_ids, capture="resid", ablate_heads={0: [1, 2], 2: 3}
+        )
+        with gpt2lib.ablated_heads(small_model, {0: [1, 2], 2: [3]}):
+            got = small_model(small_ids)
+        plain = small_model(small_ids)
     assert torch.equal(got, want) and not torch.equal(plain, want)
-    assert _no_hooks(model)
+    assert _no_hooks(small_model)
 
 
 @pytest.mark.parametrize(
@@ -140,17 +133,17 @@ def test_context_manager_has_the_same_effect(model, idx):
         ([0, 1], TypeError, r"ablate_heads must be a dict \{layer: \[head, \.\.\.\]\}"),
     ],
 )
-def test_bad_ablation_indices_are_refused(model, idx, ablate, error, message):
+def test_bad_ablation_indices_are_refused(small_model, small_ids, ablate, error, message):
     with pytest.raises(error, match=message):
-        run_with_cache(model, idx, ablate_heads=ablate)
-    assert _no_hooks(model)
+        run_with_cache(small_model, small_ids, ablate_heads=ablate)
+    assert _no_hooks(small_model)
 
 
-def test_unknown_capture_name_lists_the_known_ones(model, idx):
+def test_unknown_capture_name_lists_the_known_ones(small_model, small_ids):
     with pytest.raises(
         ValueError, match="unknown capture name.*'attention'.*resid, attn, head_out, mlp_out"
     ):
-        run_with_cache(model, idx, capture=("resid", "attention"))
+        run_with_cache(small_model, small_ids, capture=("resid", "attention"))
 
 
 class _BareBlock(nn.Module):
@@ -165,32 +158,32 @@ class _BareBlock(nn.Module):
 
 
 def test_a_block_without_the_expected_parts_gets_a_clear_error():
-    model = GPT2(GPT2Config(**SMALL), block_cls=_BareBlock).eval()
+    small_model = GPT2(GPT2Config(**SMALL_SIZES), block_cls=_BareBlock).eval()
     ids = torch.tensor([[1, 2, 3]])
-    _, cache = run_with_cache(model, ids, capture="resid")  # needs nothing from the block
-    assert len(cache.resid) == SMALL["n_layer"] + 1
+    _, cache = run_with_cache(small_model, ids, capture="resid")  # needs nothing from the block
+    assert len(cache.resid) == SMALL_SIZES["n_layer"] + 1
     with pytest.raises(
         TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"
     ):
-        run_with_cache(model, ids)
+        run_with_cache(small_model, ids)
     with pytest.raises(TypeError, match="ablate_heads needs block 1 to have `attn.c_proj`"):
-        run_with_cache(model, ids, capture="resid", ablate_heads={1: [0]})
+        run_with_cache(small_model, ids, capture="resid", ablate_heads={1: [0]})
 
 
 # --------------------------------------------------------------------------- logit lens, induction
 
 
-def test_logit_lens_last_layer_is_the_model_and_top_k(model, idx):
+def test_logit_lens_last_layer_is_the_model_and_top_k(small_model, small_ids):
     with torch.no_grad():
-        logits, cache = run_with_cache(model, idx)
-        lens = gpt2lib.logit_lens(model, cache)
-        top = gpt2lib.logit_lens(model, cache, top_k=3)
-    assert lens.shape == (SMALL["n_layer"] + 1, *idx.shape, SMALL["vocab_size"])
+        logits, cache = run_with_cache(small_model, small_ids)
+        lens = gpt2lib.logit_lens(small_model, cache)
+        top = gpt2lib.logit_lens(small_model, cache, top_k=3)
+    assert lens.shape == (SMALL_SIZES["n_layer"] + 1, *small_ids.shape, SMALL_SIZES["vocab_size"])
     torch.testing.assert_close(lens[-1], logits, atol=1e-5, rtol=1e-5)
-    assert top.indices.shape == (SMALL["n_layer"] + 1, *idx.shape, 3)
+    assert top.indices.shape == (SMALL_SIZES["n_layer"] + 1, *small_ids.shape, 3)
     assert torch.equal(top.indices[..., 0], lens.argmax(-1))
     with pytest.raises(ValueError, match="holds no residual stream"):
-        gpt2lib.logit_lens(model, run_with_cache(model, idx, capture="attn")[1])
+        gpt2lib.logit_lens(small_model, run_with_cache(small_model, small_ids, capture="attn")[1])
 
 
 def test_induction_scores_find_a_copying_head_built_by_hand():
@@ -205,13 +198,15 @@ def test_induction_scores_find_a_copying_head_built_by_hand():
     assert torch.equal(interpret.induction_score(pattern, L), torch.tensor([1.0, 0.0]))
 
 
-def test_induction_scores_of_a_model(model):
-    induction, previous = gpt2lib.induction_scores(model, seq_len=10, batch=2, previous=True)
-    assert induction.shape == previous.shape == (SMALL["n_layer"], SMALL["n_head"])
+def test_induction_scores_of_a_model(small_model):
+    induction, previous = gpt2lib.induction_scores(small_model, seq_len=10, batch=2, previous=True)
+    assert induction.shape == previous.shape == (SMALL_SIZES["n_layer"], SMALL_SIZES["n_head"])
     assert bool(((induction >= 0) & (induction <= 1)).all())
-    assert torch.equal(induction, gpt2lib.induction_scores(model, seq_len=10, batch=2))  # seeded
+    assert torch.equal(
+        induction, gpt2lib.induction_scores(small_model, seq_len=10, batch=2)
+    )  # seeded
     with pytest.raises(ValueError, match="more than the model's n_positions=64"):
-        gpt2lib.induction_scores(model, seq_len=40)
+        gpt2lib.induction_scores(small_model, seq_len=40)
     tokens = interpret.repeated_tokens(batch=3, seq_len=5, vocab_size=100, seed=1)
     assert tokens.shape == (3, 11) and bool((tokens[:, 0] == 99).all())
     assert torch.equal(tokens[:, 1:6], tokens[:, 6:])
@@ -220,7 +215,7 @@ def test_induction_scores_of_a_model(model):
 # --------------------------------------------------------------------------- threads (#24 item 5)
 
 
-def _pause_thread_inside_forward(model, name):
+def _pause_thread_inside_forward(small_model, name):
     """A hook on the last block that, in thread `name` only, stops mid-forward until released."""
     inside, release = threading.Event(), threading.Event()
 
@@ -229,30 +224,30 @@ def _pause_thread_inside_forward(model, name):
             inside.set()
             assert release.wait(10)
 
-    return model.h[-1].register_forward_pre_hook(pause), inside, release
+    return small_model.h[-1].register_forward_pre_hook(pause), inside, release
 
 
-def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
+def test_run_with_cache_in_two_threads_keeps_each_call_apart(small_model):
     """Thread A stops inside its run_with_cache (its hooks on the model) while this thread runs
     run_with_cache and a plain forward: neither sees A's hooks, and A's cache is A's alone."""
     a_ids = torch.randint(
-        0, SMALL["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1)
+        0, SMALL_SIZES["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1)
     )
     b_ids = torch.randint(
-        0, SMALL["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2)
+        0, SMALL_SIZES["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(2)
     )
     with torch.no_grad():
-        plain_b = model(b_ids)
+        plain_b = small_model(b_ids)
         want_a, want_a_cache = run_with_cache(
-            model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
+            small_model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
         )
-    handle, inside, release = _pause_thread_inside_forward(model, "A")
+    handle, inside, release = _pause_thread_inside_forward(small_model, "A")
     got = {}
 
     def thread_a():
         with torch.no_grad():
             got["a"] = run_with_cache(
-                model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
+                small_model, a_ids, capture=inspection.CAPTURES, ablate_heads={0: [1]}
             )
 
     a = threading.Thread(target=thread_a, name="A")
@@ -260,13 +255,13 @@ def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
         a.start()
         assert inside.wait(10)
         with torch.no_grad():
-            b_logits, b_cache = run_with_cache(model, b_ids, capture=inspection.CAPTURES)
-            b_plain_meanwhile = model(b_ids)  # A's ablation hooks are on the model right now
+            b_logits, b_cache = run_with_cache(small_model, b_ids, capture=inspection.CAPTURES)
+            b_plain_meanwhile = small_model(b_ids)  # A's ablation hooks are on the model right now
     finally:
         release.set()
         a.join(10)
         handle.remove()
-    n = SMALL["n_layer"]
+    n = SMALL_SIZES["n_layer"]
     torch.testing.assert_close(b_logits, plain_b, atol=1e-5, rtol=1e-5)  # the pattern's path
     torch.testing.assert_close(b_plain_meanwhile, plain_b, atol=0, rtol=0)
     assert (len(b_cache.resid), len(b_cache.attn), len(b_cache.head_out), len(b_cache.mlp_out)) == (
@@ -283,49 +278,49 @@ def test_run_with_cache_in_two_threads_keeps_each_call_apart(model):
         assert len(ours) == len(want)
         for x, y in zip(ours, want):
             torch.testing.assert_close(x, y, atol=0, rtol=0)
-    assert _no_hooks(model)
+    assert _no_hooks(small_model)
 
 
-def test_ablated_heads_in_one_thread_do_not_reach_another(model, idx):
+def test_ablated_heads_in_one_thread_do_not_reach_another(small_model, small_ids):
     with torch.no_grad():
-        plain = model(idx)
-        with gpt2lib.ablated_heads(model, {0: [0, 1], 2: [3]}):
-            ablated_here = model(idx)
+        plain = small_model(small_ids)
+        with gpt2lib.ablated_heads(small_model, {0: [0, 1], 2: [3]}):
+            ablated_here = small_model(small_ids)
     assert not torch.equal(ablated_here, plain)
     opened, release = threading.Event(), threading.Event()
     seen = {}
 
     def thread_a():
-        with torch.no_grad(), gpt2lib.ablated_heads(model, {0: [0, 1], 2: [3]}):
+        with torch.no_grad(), gpt2lib.ablated_heads(small_model, {0: [0, 1], 2: [3]}):
             opened.set()
             assert release.wait(10)
-            seen["a"] = model(idx)  # its own forward is ablated
+            seen["a"] = small_model(small_ids)  # its own forward is ablated
 
     a = threading.Thread(target=thread_a)
     a.start()
     try:
         assert opened.wait(10)
         with torch.no_grad():
-            here = [model(idx) for _ in range(3)]
+            here = [small_model(small_ids) for _ in range(3)]
     finally:
         release.set()
         a.join(10)
     for logits in here:
         torch.testing.assert_close(logits, plain, atol=0, rtol=0)
     torch.testing.assert_close(seen["a"], ablated_here, atol=0, rtol=0)
-    assert _no_hooks(model)
+    assert _no_hooks(small_model)
 
 
-def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
+def test_many_threads_calling_run_with_cache_get_their_own_caches(small_model):
     """The tester's probe, shortened: 4 threads x 25 calls, each on its own ids."""
     ids = [
         torch.randint(
-            0, SMALL["vocab_size"], (b + 1, 6 + b), generator=torch.Generator().manual_seed(b)
+            0, SMALL_SIZES["vocab_size"], (b + 1, 6 + b), generator=torch.Generator().manual_seed(b)
         )
         for b in range(4)
     ]
     with torch.no_grad():
-        want = [model(i) for i in ids]
+        want = [small_model(i) for i in ids]
     errors = []
     start = threading.Barrier(4)
 
@@ -334,12 +329,12 @@ def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
         for _ in range(25):
             with torch.no_grad():
                 logits, cache = run_with_cache(
-                    model,
+                    small_model,
                     ids[b],
                     capture=("resid", "attn"),
-                    ablate_heads={1: [b % SMALL["n_head"]]} if b % 2 else None,
+                    ablate_heads={1: [b % SMALL_SIZES["n_head"]]} if b % 2 else None,
                 )
-            n = SMALL["n_layer"]
+            n = SMALL_SIZES["n_layer"]
             if (
                 len(cache.resid) != n + 1
                 or len(cache.attn) != n
@@ -357,7 +352,7 @@ def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
     for t in threads:
         t.join(60)
     assert errors == []
-    assert _no_hooks(model)
+    assert _no_hooks(small_model)
 
 
 # --------------------------------------------------------------------------- bad arguments (#24 item 14)
@@ -388,20 +383,20 @@ def test_many_threads_calling_run_with_cache_get_their_own_caches(model):
         ),
     ],
 )
-def test_induction_scores_refuse_bad_arguments(model, kwargs, error, message):
+def test_induction_scores_refuse_bad_arguments(small_model, kwargs, error, message):
     with pytest.raises(error, match=message):
-        gpt2lib.induction_scores(model, **kwargs)
-    assert _no_hooks(model)
+        gpt2lib.induction_scores(small_model, **kwargs)
+    assert _no_hooks(small_model)
 
 
-def test_induction_scores_draw_from_the_given_tokens(model):
+def test_induction_scores_draw_from_the_given_tokens(small_model):
     pool = torch.tensor([5, 17, 40])
     tokens = interpret.repeated_tokens(batch=2, seq_len=6, vocab_size=211, seed=0, tokens=pool)
     assert set(tokens[:, 1:].flatten().tolist()) <= {5, 17, 40} and bool(
         (tokens[:, 0] == 210).all()
     )
-    scores = gpt2lib.induction_scores(model, seq_len=6, batch=2, tokens=pool)
-    assert scores.shape == (SMALL["n_layer"], SMALL["n_head"])
+    scores = gpt2lib.induction_scores(small_model, seq_len=6, batch=2, tokens=pool)
+    assert scores.shape == (SMALL_SIZES["n_layer"], SMALL_SIZES["n_head"])
 
 
 @pytest.mark.parametrize(
@@ -413,26 +408,30 @@ def test_induction_scores_draw_from_the_given_tokens(model):
         (2.0, TypeError, "top_k must be a whole number"),
     ],
 )
-def test_logit_lens_refuses_a_bad_top_k(model, idx, top_k, error, message):
+def test_logit_lens_refuses_a_bad_top_k(small_model, small_ids, top_k, error, message):
     with torch.no_grad():
-        _, cache = run_with_cache(model, idx)
+        _, cache = run_with_cache(small_model, small_ids)
         with pytest.raises(error, match=message):
-            gpt2lib.logit_lens(model, cache, top_k=top_k)
-        assert gpt2lib.logit_lens(model, cache, top_k=211).indices.shape[-1] == 211
+            gpt2lib.logit_lens(small_model, cache, top_k=top_k)
+        assert gpt2lib.logit_lens(small_model, cache, top_k=211).indices.shape[-1] == 211
 
 
-def test_tensor_head_indices_are_read_as_numbers(model, idx):
+def test_tensor_head_indices_are_read_as_numbers(small_model, small_ids):
     with torch.no_grad():
-        want, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: [2, 3]})
+        want, _ = run_with_cache(small_model, small_ids, capture=(), ablate_heads={1: [2, 3]})
         for ablate in (
             {1: torch.tensor([2, 3])},
             {torch.tensor(1): [torch.tensor(2), 3]},
             {1: torch.tensor([[2], [3]]).flatten()},
         ):
-            got, _ = run_with_cache(model, idx, capture=(), ablate_heads=ablate)
+            got, _ = run_with_cache(small_model, small_ids, capture=(), ablate_heads=ablate)
             assert torch.equal(got, want)
-        one, _ = run_with_cache(model, idx, capture=(), ablate_heads={1: torch.tensor(2)})
-        assert torch.equal(one, run_with_cache(model, idx, capture=(), ablate_heads={1: 2})[0])
+        one, _ = run_with_cache(
+            small_model, small_ids, capture=(), ablate_heads={1: torch.tensor(2)}
+        )
+        assert torch.equal(
+            one, run_with_cache(small_model, small_ids, capture=(), ablate_heads={1: 2})[0]
+        )
 
 
 @pytest.mark.parametrize(
@@ -454,10 +453,10 @@ def test_tensor_head_indices_are_read_as_numbers(model, idx):
         ({0: "01"}, r"the heads of layer 0 must be a head number or a list of them"),
     ],
 )
-def test_bad_tensor_or_scalar_heads_get_a_clear_error(model, idx, ablate, message):
+def test_bad_tensor_or_scalar_heads_get_a_clear_error(small_model, small_ids, ablate, message):
     with pytest.raises(TypeError, match=message):
-        run_with_cache(model, idx, ablate_heads=ablate)
-    assert _no_hooks(model)
+        run_with_cache(small_model, small_ids, ablate_heads=ablate)
+    assert _no_hooks(small_model)
 
 
 # --------------------------------------------------------------------------- the new checks (#21)
@@ -481,13 +480,13 @@ def test_the_chapter_runs_on_the_learners_model_and_functions_after_each_exercis
         assert f'yours("{number}", ' in lesson, number
 
 
-def test_next_token_logprobs_reads_the_figure_of_the_chapter(model):
+def test_next_token_logprobs_reads_the_figure_of_the_chapter(small_model):
     """The package's answer equals log_softmax of the model's logits at the last layer."""
-    idx = torch.randint(
-        0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)
+    small_ids = torch.randint(
+        0, small_model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)
     )
-    logits, cache = run_with_cache(model, idx)
-    right = interpret.next_token_logprobs(interpret.logit_lens(model, cache), idx)
-    assert right.shape == (model.config.n_layer + 1, 2, 6)
-    want = logits[:, :-1].log_softmax(-1).gather(-1, idx[:, 1:, None])[..., 0]
+    logits, cache = run_with_cache(small_model, small_ids)
+    right = interpret.next_token_logprobs(interpret.logit_lens(small_model, cache), small_ids)
+    assert right.shape == (small_model.config.n_layer + 1, 2, 6)
+    want = logits[:, :-1].log_softmax(-1).gather(-1, small_ids[:, 1:, None])[..., 0]
     assert torch.allclose(right[-1], want, atol=1e-4)
