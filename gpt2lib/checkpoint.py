@@ -43,7 +43,14 @@ from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.weights import is_mask_buffer, iter_safetensors, load_weights
 from gpt2lib.device import pick_device, resolve_dtype
-from gpt2lib.files import folder_lock, fsync_dir, recover_saves, save_files, stale_saves
+from gpt2lib.files import (
+    folder_lock,
+    fsync_dir,
+    json_object,
+    recover_saves,
+    save_files,
+    stale_saves,
+)
 from gpt2lib.validation import (
     DATA_DIR,
     DTYPE_NAMES,
@@ -371,16 +378,7 @@ def _config_problem(values: dict) -> str | None:
 
 
 def _parse_config(text: str, where: str) -> GPT2Config:
-    try:
-        values = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where} is not a readable JSON config ({exc})") from None
-    except RecursionError:
-        raise CheckpointError(
-            f"{where} is not a readable JSON config (nested too deeply to be a GPT-2 config)"
-        ) from None
-    if not isinstance(values, dict):
-        raise CheckpointError(f"{where} must hold a JSON object, got {type(values).__name__}")
+    values = json_object(text, where, CheckpointError, "a readable JSON config")
     problem = _config_problem(values)
     if problem:
         raise CheckpointError(f"{where} {problem}")
@@ -420,13 +418,7 @@ def read_config_dict(folder: str | os.PathLike) -> dict:
     CheckpointError naming the file if it cannot be read."""
     path = Path(folder) / CONFIG_FILE
     where = repr(str(path))
-    try:
-        values = json.loads(_read_text(path, where))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{where} is not a readable JSON config ({exc})") from None
-    if not isinstance(values, dict):
-        raise CheckpointError(f"{where} must hold a JSON object, got {type(values).__name__}")
-    return values
+    return json_object(_read_text(path, where), where, CheckpointError, "a readable JSON config")
 
 
 def is_real_gpt2(folder: str | os.PathLike) -> bool:

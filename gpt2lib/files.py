@@ -97,6 +97,27 @@ def read_small_file(
     return data
 
 
+def json_object(
+    text: str | bytes,
+    where: str,
+    error: type[Exception] = ValueError,
+    what: str = "valid JSON",
+    hint: str = "",
+) -> dict:
+    """The one JSON object `text` must hold, else `error` naming `where`: "{where} is not {what}
+    (why){hint}", or "{where} must hold one JSON object, got list{hint}". Bytes are decoded as
+    JSON text is (UTF-8 unless marked); nesting too deep to parse is an error, not a crash."""
+    try:
+        values = json.loads(text)
+    except RecursionError:
+        raise error(f"{where} is not {what} (nested too deeply){hint}") from None
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError from bytes
+        raise error(f"{where} is not {what} ({exc}){hint}") from None
+    if not isinstance(values, dict):
+        raise error(f"{where} must hold one JSON object, got {type(values).__name__}{hint}")
+    return values
+
+
 def _write_into(file: BinaryIO, data) -> None:
     if isinstance(data, str):
         file.write(data.encode("utf-8"))

@@ -45,7 +45,14 @@ from gpt2lib.chapters.tuning import (
     speaker_batch,
 )
 from gpt2lib.checkpoint import CheckpointError, check_values, read_config_dict, read_safetensors
-from gpt2lib.files import folder_lock, read_small_file, recover_saves, save_files, stale_saves
+from gpt2lib.files import (
+    folder_lock,
+    json_object,
+    read_small_file,
+    recover_saves,
+    save_files,
+    stale_saves,
+)
 from gpt2lib.validation import (
     DATA_DIR,
     ENDOFTEXT_ID,
@@ -1022,14 +1029,10 @@ def _read_adapter_config(path: Path) -> dict:
     data = read_small_file(
         path, MAX_ADAPTER_CONFIG_BYTES, AdapterError, where, "an adapter's config is about 1 KiB"
     )
-    try:
-        config = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise AdapterError(f"{where} is not readable JSON ({exc})") from None
-    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+    config = json_object(data, where, AdapterError, "readable JSON")
+    if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(
-            f"{where} is not a LoRA adapter's config "
-            f"(peft_type {config.get('peft_type') if isinstance(config, dict) else None!r})"
+            f"{where} is not a LoRA adapter's config (peft_type {config['peft_type']!r})"
         )
     return config
 

@@ -58,7 +58,7 @@ from gpt2lib.chapters.bpe import (
     pretokenize,
     train_merges_simple,
 )
-from gpt2lib.files import folder_lock, recover_saves, save_files, stale_saves
+from gpt2lib.files import folder_lock, json_object, recover_saves, save_files, stale_saves
 from gpt2lib.validation import ENDOFTEXT, ENDOFTEXT_ID, check_path, check_whole
 
 if TYPE_CHECKING:  # get_encoding imports tiktoken when called, not at import time
@@ -721,14 +721,7 @@ def read_gpt2_files(
         )
         encoder_text = _read_utf8(encoder_path)
         merges_text = _read_utf8(merges_path)
-    try:
-        encoder = json.loads(encoder_text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(
-            f"{encoder_path} is not valid JSON ({exc}); write it with BPETokenizer.save"
-        ) from None
-    if not isinstance(encoder, dict):
-        raise ValueError(f"{encoder_path} must hold one JSON object mapping tokens to ids")
+    encoder = json_object(encoder_text, str(encoder_path), hint="; write it with BPETokenizer.save")
     byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
 
     def to_bytes(token: str, where: str) -> bytes:

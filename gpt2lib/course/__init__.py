@@ -49,7 +49,7 @@ from gpt2lib.course.format import (
     solution_regions,
     tags,
 )
-from gpt2lib.files import atomic_write
+from gpt2lib.files import atomic_write, json_object
 
 __all__ = [
     "exported_code",
@@ -866,15 +866,12 @@ def restore(
 
 
 def _read_part(path: Path, root: Path) -> dict:
+    where, hint = _rel(path, root), "; nothing was restored"
     try:
-        part = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CourseError(
-            f"{_rel(path, root)} cannot be read ({exc}); nothing was restored"
-        ) from None
-    if not isinstance(part, dict):
-        raise CourseError(f"{_rel(path, root)} is not a saved part of mygpt2/")
-    return part
+        text = path.read_bytes()
+    except OSError as exc:
+        raise CourseError(f"{where} cannot be read ({exc.strerror or exc}){hint}") from None
+    return json_object(text, where, CourseError, "a saved part of mygpt2/", hint)
 
 
 def describe_backup(path: Path, fresh: nbformat.NotebookNode) -> str:

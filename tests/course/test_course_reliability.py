@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -393,3 +394,20 @@ def test_progress_shows_a_bar_while_it_runs(tmp_path):
         .split("\r")[-1]
         .startswith(f"  [{'#' * 20}] ran {code_cells} of {code_cells}")
     )
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX modes")
+def test_build_and_reset_write_notebooks_and_modules_with_the_umask_s_mode(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", chapter_01())
+        (tmp_path / "gpt2lib").mkdir()
+        course.build(tmp_path, out=io.StringIO())
+        written = list((tmp_path / "notebooks").glob("*.ipynb")) + list(
+            (tmp_path / "gpt2lib" / "chapters").glob("*.py")
+        )
+        course.reset("01", tmp_path, out=io.StringIO())
+    finally:
+        os.umask(old_umask)
+    modes = {stat.S_IMODE(os.stat(path).st_mode) for path in written}
+    assert len(written) >= 2 and modes == {0o644}

@@ -81,24 +81,6 @@ def test_save_pretrained_writes_both_files_with_the_same_mode(tmp_path, umask_02
     assert mode(folder / "config.json") == mode(folder / "model.safetensors") == 0o644
 
 
-@pytest.mark.skipif(os.name == "nt", reason="POSIX modes")
-def test_build_and_reset_write_notebooks_and_modules_with_the_umask_s_mode(tmp_path, umask_022):
-    import io
-
-    from test_course import chapter_01, write_notebook
-
-    from gpt2lib import course
-
-    write_notebook(tmp_path / "solutions" / "01_tokenizer.ipynb", chapter_01())
-    (tmp_path / "gpt2lib").mkdir()
-    course.build(tmp_path, out=io.StringIO())
-    written = list((tmp_path / "notebooks").glob("*.ipynb")) + list(
-        (tmp_path / "gpt2lib" / "chapters").glob("*.py")
-    )
-    course.reset("01", tmp_path, out=io.StringIO())
-    assert len(written) >= 2 and {mode(p) for p in written} == {0o644}
-
-
 # --------------------------------------------------------------------------- save_files
 
 
@@ -213,3 +195,21 @@ def test_a_tokenizer_folder_with_damaged_files_is_named(tmp_path):
     (tmp_path / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
     with pytest.raises(ValueError, match="encoder.json: the id of '!' must be at least 0, got -3"):
         BPETokenizer.load(tmp_path)
+
+
+def test_json_object_returns_the_object_or_names_the_file_and_what_is_wrong():
+    assert files.json_object(b'{"n_layer": 2}', "'c.json'") == {"n_layer": 2}
+
+    class SaveError(ValueError):
+        pass
+
+    cases = {  # what the file holds: what the error says
+        b"{not json": "'c.json' is not valid JSON (Expecting property name",
+        b"\xff\xfe\xfd": "'c.json' is not valid JSON (",
+        b"[" * 100_000: "'c.json' is not valid JSON (nested too deeply); see the docs",
+        b"[1, 2]": "'c.json' must hold one JSON object, got list; see the docs",
+    }
+    for text, message in cases.items():
+        with pytest.raises(SaveError) as caught:
+            files.json_object(text, "'c.json'", SaveError, hint="; see the docs")
+        assert str(caught.value).startswith(message), (text[:10], str(caught.value))
