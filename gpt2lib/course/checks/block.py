@@ -224,36 +224,23 @@ class _RecordingAttention(_PlainAttention):
         return super().forward(x)
 
 
-def _pre_norm(b, x):
-    h = x + b.attn(b.ln_1(x))
-    return h + b.mlp(b.ln_2(h))
-
-
-def _post_norm(b, x):
-    h = b.ln_1(x + b.attn(x))
-    return b.ln_2(h + b.mlp(h))
-
-
-def _no_residual(b, x):
-    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
-
-
-# fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp: the pre-
-# and post-norm blocks' planted mistakes by name (the right answer of one is a mistake for the other)
+# fn(block, x) -> a block's output, computed with the learner's own ln_1, attn, ln_2, mlp: the pre-
+# and post-norm blocks' planted mistakes by name, among them the three right answers (the right
+# answer of one block is a mistake for the others)
 _FORMS = {
-    "post-norm": _post_norm,
+    "post-norm": lambda b, x: b.ln_2((h := b.ln_1(x + b.attn(x))) + b.mlp(h)),
     "no attention residual": lambda b, x: (h := b.attn(b.ln_1(x))) + b.mlp(b.ln_2(h)),
     "no MLP residual": lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
     "ln_1 twice": lambda b, x: (h := x + b.attn(b.ln_1(x))) + b.mlp(b.ln_1(h)),
     "normalised stream": lambda b, x: (n := b.ln_2((s := b.ln_1(x)) + b.attn(s))) + b.mlp(n),
     "parallel": lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
-    "pre-norm": _pre_norm,
+    "pre-norm": lambda b, x: (h := x + b.attn(b.ln_1(x))) + b.mlp(b.ln_2(h)),
     "no final norm": lambda b, x: (h := b.ln_1(x + b.attn(x))) + b.mlp(h),
     "norm inside": lambda b, x: (h := x + b.ln_1(b.attn(x))) + b.ln_2(b.mlp(h)),
     "sublayer reads normalised": lambda b, x: b.ln_2(
         (h := b.ln_1(x + b.attn(b.ln_1(x)))) + b.mlp(b.ln_2(h))
     ),
-    "no residuals": _no_residual,
+    "no residuals": lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x)))),
     "swapped norms": lambda b, x: (h := x + b.attn(b.ln_2(x))) + b.mlp(b.ln_1(h)),
     "MLP first": lambda b, x: (h := x + b.mlp(b.ln_2(x))) + b.attn(b.ln_1(h)),
     "no norms": lambda b, x: (h := x + b.attn(x)) + b.mlp(h),
@@ -289,7 +276,7 @@ POST_NORM_MISTAKES = core.planted(
 # fn(block, x) -> a wrong output of the block without residual connections
 NO_RESIDUAL_MISTAKES = core.planted(
     {
-        "residuals kept": _pre_norm,
+        "residuals kept": _FORMS["pre-norm"],
         "attention residual kept": _FORMS["no MLP residual"],
         "MLP residual kept": _FORMS["no attention residual"],
         "MLP reads the input": lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
@@ -352,13 +339,10 @@ def _check_block(exercise, Block, right, mistakes, what):
         what_got = f"the output for x of shape {tuple(x.shape)}"
         got = core.expect_tensor(exercise, got, x.shape, what=what_got)
         want = right(block, x)
-        if not core.close(got, want, atol=1e-6):
-            core.fail_with(
-                exercise,
-                mistakes,
-                lambda m: core.close(got, m.fn(block, x), atol=1e-6),
-                f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})",
-            )
+        otherwise = (
+            f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})"
+        )
+        core.fail_unless_close(exercise, got, want, mistakes, (block, x), otherwise, atol=1e-6)
         # With dropout in the sublayers, training mode must differ from eval mode (nothing forces
         # eval inside forward) and eval mode must be repeatable.
         block = _make_block(exercise, Block, core.tiny_config(n_embd=8, pdrop=0.5)).eval()
@@ -383,7 +367,7 @@ def check_block(Block) -> None:
     """`Block(config, attention_cls, mlp_cls)`: (B, T, C) -> (B, T, C), x + attn(ln_1(x)), then
     x + mlp(ln_2(x)); `kv_cache` handed to attention only when given."""
     what = "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))"
-    config, x = _check_block(EX_BLOCK, Block, _pre_norm, BLOCK_MISTAKES, what)
+    config, x = _check_block(EX_BLOCK, Block, _FORMS["pre-norm"], BLOCK_MISTAKES, what)
     plain = _make_block(EX_BLOCK, Block, config, attention_cls=_PlainAttention)
     try:
         plain(x.float())
@@ -411,14 +395,16 @@ def check_block(Block) -> None:
 def check_post_norm_block(PostNormBlock) -> None:
     """`PostNormBlock(config)`: (B, T, C) -> (B, T, C), x = ln_1(x + attn(x)), x = ln_2(x + mlp(x))."""
     what = "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))"
-    _check_block(EX_POST, PostNormBlock, _post_norm, POST_NORM_MISTAKES, what)
+    _check_block(EX_POST, PostNormBlock, _FORMS["post-norm"], POST_NORM_MISTAKES, what)
     core.passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
 
 
 def check_no_residual_block(NoResidualBlock) -> None:
     """`NoResidualBlock(config)`: (B, T, C) -> (B, T, C), mlp(ln_2(attn(ln_1(x))))."""
     what = "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))"
-    _check_block(EX_NO_RESIDUAL, NoResidualBlock, _no_residual, NO_RESIDUAL_MISTAKES, what)
+    _check_block(
+        EX_NO_RESIDUAL, NoResidualBlock, _FORMS["no residuals"], NO_RESIDUAL_MISTAKES, what
+    )
     core.passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
@@ -542,9 +528,8 @@ def _input_gradient(blocks, x0, direction, *, mistake=""):
     out = x
     for block in blocks:
         out = block(out)
-    (grad,) = torch.autograd.grad(
-        out.sum() if mistake == "no_direction" else (out * direction).sum(), x
-    )
+    loss = out.sum() if mistake == "no_direction" else (out * direction).sum()
+    (grad,) = torch.autograd.grad(loss, x)
     return grad.norm().item() if mistake == "whole_norm" else grad.norm(dim=-1).mean().item()
 
 
@@ -602,7 +587,6 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
 
 
 # --------------------------------------------------------------------------- Challenge
-
 CHALLENGE_DEEP = "Challenge (keep the input alive through 48 blocks)"
 DEEP_GOALS = dict(n_layer=48, weight_std=0.1, min_cosine=0.5, min_update=0.02)
 
