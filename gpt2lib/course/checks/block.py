@@ -245,33 +245,40 @@ _FORMS = {
     "MLP first": lambda b, x: (h := x + b.mlp(b.ln_2(x))) + b.attn(b.ln_1(h)),
     "no norms": lambda b, x: (h := x + b.attn(x)) + b.mlp(h),
 }
-_ORDER_MISTAKES = {  # shared by the pre- and post-norm blocks
-    "no residuals": "both residual connections are missing: add each sublayer's output to its input",
-    "swapped norms": "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-    "MLP first": "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
-    "no norms": "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-}
-BLOCK_MISTAKES = core.planted(
+_ORDER_MISTAKES = core.planted(  # shared by the pre- and post-norm blocks
     _FORMS.__getitem__,
     {
-        "post-norm": "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-        "no attention residual": "the residual connection around attention is missing: x = x + attn(ln_1(x))",
-        "no MLP residual": "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
-        "ln_1 twice": "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
-        "normalised stream": "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
-        "parallel": "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
-    }
-    | _ORDER_MISTAKES,
+        "no residuals": "both residual connections are missing: add each sublayer's output to its input",
+        "swapped norms": "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        "MLP first": "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
+        "no norms": "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+    },
 )
-POST_NORM_MISTAKES = core.planted(
-    _FORMS.__getitem__,
-    {
-        "pre-norm": "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
-        "no final norm": "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
-        "norm inside": "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
-        "sublayer reads normalised": "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
-    }
-    | _ORDER_MISTAKES,
+BLOCK_MISTAKES = (
+    core.planted(
+        _FORMS.__getitem__,
+        {
+            "post-norm": "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+            "no attention residual": "the residual connection around attention is missing: x = x + attn(ln_1(x))",
+            "no MLP residual": "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
+            "ln_1 twice": "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
+            "normalised stream": "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+            "parallel": "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+        },
+    )
+    + _ORDER_MISTAKES
+)
+POST_NORM_MISTAKES = (
+    core.planted(
+        _FORMS.__getitem__,
+        {
+            "pre-norm": "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+            "no final norm": "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
+            "norm inside": "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
+            "sublayer reads normalised": "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
+        },
+    )
+    + _ORDER_MISTAKES
 )
 # fn(block, x) -> a wrong output of the block without residual connections
 NO_RESIDUAL_MISTAKES = core.planted(
@@ -289,7 +296,7 @@ NO_RESIDUAL_MISTAKES = core.planted(
         "MLP residual kept": "the residual connection around the MLP is still there: return mlp(ln_2(x)), not x + mlp(ln_2(x))",
         "MLP reads the input": "the MLP reads the block's input: without residuals the MLP reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
         "no norms": "the LayerNorms are gone too: only the residual connections go, each sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
-        "swapped norms": _ORDER_MISTAKES["swapped norms"],
+        "swapped norms": core.named(_ORDER_MISTAKES, "swapped norms").message,
     },
 )
 
