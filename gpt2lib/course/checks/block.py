@@ -36,117 +36,61 @@ def _ln_inputs():
     return x, weight, bias
 
 
-def _manual(x, w, b, *, eps=EPS, dim=-1, unbiased=False, eps_outside=False, **wrong):
-    """LayerNorm written out (dim=None: over the whole tensor); the switches make the planted
-    mistakes, and so do these in `wrong`: no_center, by_variance, no_gain, no_bias, swap,
-    bias_first."""
-    dims = tuple(range(x.dim())) if dim is None else (dim,)
+_WRONG_DIMS = {"over the batch": (0,), "over the sequence": (1,), "whole tensor": None}
+
+
+def _layer_norm(x, weight, bias, eps=EPS, *, mistake=""):
+    """LayerNorm written out; `mistake` plants one of LAYER_NORM_MISTAKES by its name (the
+    "eps 1e-..." ones and "x.std" use their own eps, whatever the argument)."""
+    if mistake.startswith("eps 1") or mistake == "x.std":
+        eps = 0.0 if mistake == "x.std" else float(mistake.split()[1])
+    dims = _WRONG_DIMS.get(mistake, (-1,)) or tuple(range(x.dim()))
+    mean = 0.0 if mistake == "rmsnorm" else x.mean(dim=dims, keepdim=True)
+    unbiased = mistake in ("unbiased variance", "unbiased, eps outside", "x.std")
     count = math.prod(x.shape[d] for d in dims)
-    mean = 0.0 if wrong.get("no_center") else x.mean(dim=dims, keepdim=True)
-    var = ((x - mean) ** 2).sum(dim=dims, keepdim=True) / (count - (1 if unbiased else 0))
-    power = 1.0 if wrong.get("by_variance") else 0.5
-    scale = var**power + eps if eps_outside else (var + eps) ** power
-    if wrong.get("swap"):
-        w, b = b, w
-    if wrong.get("bias_first"):
-        b = b * w
-    w = torch.ones_like(w) if wrong.get("no_gain") else w
-    b = torch.zeros_like(b) if wrong.get("no_bias") else b
+    var = ((x - mean) ** 2).sum(dim=dims, keepdim=True) / (count - unbiased)
+    power = 1.0 if mistake == "variance not std" else 0.5
+    scale = var**power + eps if mistake.endswith("eps outside") else (var + eps) ** power
+    w, b = (bias, weight) if mistake == "swapped" else (weight, bias)
+    b = b * w if mistake == "bias first" else b
+    w = torch.ones_like(w) if mistake in ("no gain", "no gain, no bias") else w
+    b = torch.zeros_like(b) if mistake in ("no bias", "no gain, no bias") else b
     return (x - mean) / scale * w + b
 
 
-def _m(**switches):
-    return lambda x, weight, bias, eps=EPS: _manual(x, weight, bias, **{"eps": eps, **switches})
-
-
 # fn(x, weight, bias, eps) -> what a wrong LayerNorm gives
-LAYER_NORM_MISTAKES = [
-    core.Mistake(
-        "unbiased variance",
-        "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or correction=0)",
-        _m(unbiased=True),
-    ),
-    core.Mistake(
-        "eps outside",
-        "eps is added outside the square root: divide by sqrt(var + eps), not sqrt(var) + eps",
-        _m(eps_outside=True),
-    ),
-    core.Mistake(
-        "unbiased, eps outside",
-        "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
-        _m(unbiased=True, eps_outside=True),
-    ),
-    core.Mistake(
-        "variance not std",
-        "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
-        _m(by_variance=True),
-    ),
-    core.Mistake(
-        "rmsnorm",
-        "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, (x - mean) / sqrt(var + eps)",
-        _m(no_center=True),
-    ),
-    core.Mistake(
-        "over the batch",
-        "you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension (dim=-1, keepdim=True)",
-        _m(dim=0),
-    ),
-    core.Mistake(
-        "over the sequence",
-        "you normalised over the wrong dimension (the sequence): use the last dimension (dim=-1, keepdim=True)",
-        _m(dim=1),
-    ),
-    core.Mistake(
-        "whole tensor",
-        "you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension (dim=-1, keepdim=True)",
-        _m(dim=None),
-    ),
-    core.Mistake(
-        "no gain, no bias",
-        "the gain and bias are missing: end with `* weight + bias`",
-        _m(no_gain=True, no_bias=True),
-    ),
-    core.Mistake("no bias", "the bias is missing: end with `* weight + bias`", _m(no_bias=True)),
-    core.Mistake("no gain", "the gain is missing: end with `* weight + bias`", _m(no_gain=True)),
-    core.Mistake(
-        "swapped", "weight and bias are swapped: multiply by weight, then add bias", _m(swap=True)
-    ),
-    core.Mistake(
-        "x.std",
-        "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, unbiased=False)",
-        _m(unbiased=True, eps=0.0),
-    ),
-    core.Mistake(
-        "bias first",
-        "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is x̂ * weight + bias",
-        _m(bias_first=True),
-    ),
-] + [
-    core.Mistake(
-        f"eps {name}",
-        f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square root: sqrt(var + eps)",
-        _m(eps=wrong),
-    )
-    for wrong, name in (
-        (1e-12, "1e-12 (BERT's value) or 0 (none at all)"),
-        (1e-6, "1e-6"),
-        (1e-8, "1e-8"),
-        (1e-10, "1e-10"),
-        (1e-3, "1e-3"),
-    )
-]
+LAYER_NORM_MISTAKES = core.variants(
+    _layer_norm,
+    {
+        "unbiased variance": "the variance is unbiased (divided by C - 1): torch.var and x.var() do that by default. LayerNorm uses the biased variance: x.var(dim=-1, keepdim=True, unbiased=False) (or correction=0)",
+        "eps outside": "eps is added outside the square root: divide by sqrt(var + eps), not sqrt(var) + eps",
+        "unbiased, eps outside": "the variance is unbiased (torch.var's default: use unbiased=False) and eps is added outside the square root (use sqrt(var + eps))",
+        "variance not std": "you divide by the variance; divide by the standard deviation sqrt(var + eps)",
+        "rmsnorm": "the mean is not subtracted (that is RMSNorm): LayerNorm centres each vector first, (x - mean) / sqrt(var + eps)",
+        "over the batch": "you normalised over the wrong dimension: LayerNorm works on each token's own C features, the last dimension (dim=-1, keepdim=True)",
+        "over the sequence": "you normalised over the wrong dimension (the sequence): use the last dimension (dim=-1, keepdim=True)",
+        "whole tensor": "you normalised with one mean and variance for the whole tensor: each token gets its own, over the last dimension (dim=-1, keepdim=True)",
+        "no gain, no bias": "the gain and bias are missing: end with `* weight + bias`",
+        "no bias": "the bias is missing: end with `* weight + bias`",
+        "no gain": "the gain is missing: end with `* weight + bias`",
+        "swapped": "weight and bias are swapped: multiply by weight, then add bias",
+        "x.std": "you divide by x.std(): that is the unbiased standard deviation (divides by C - 1) and has no eps. Use sqrt(var + eps) with the biased variance, x.var(dim=-1, keepdim=True, unbiased=False)",
+        "bias first": "you add bias before multiplying by weight, (x̂ + bias) * weight; the order is x̂ * weight + bias",
+    }
+    | {
+        f"eps {name}": f"your eps looks like {name}; GPT-2's is 1e-5. Add it to the variance inside the square root: sqrt(var + eps)"
+        for name in ("1e-12 (BERT's value) or 0 (none at all)", "1e-6", "1e-8", "1e-10", "1e-3")
+    },
+)
 
 
 def _expect_layer_norm(exercise, got, x, weight, bias, what):
     """Raise naming the planted mistake when `got` is not F.layer_norm(x) (same shape as x)."""
     want = F.layer_norm(x, x.shape[-1:], weight, bias, EPS)
-    if not core.close(got, want, atol=1e-7):
-        core.fail_with(
-            exercise,
-            LAYER_NORM_MISTAKES,
-            lambda m: core.close(got, m.fn(x, weight, bias), atol=1e-7),
-            f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. LayerNorm: mean and biased variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias",
-        )
+    otherwise = f"{what} differs from F.layer_norm by up to {(got.double() - want).abs().max():.3g}. LayerNorm: mean and biased variance over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias"
+    core.fail_unless_close(
+        exercise, got, want, LAYER_NORM_MISTAKES, (x, weight, bias), otherwise, atol=1e-7
+    )
 
 
 # --------------------------------------------------------------------------- Exercise 5.1
@@ -280,136 +224,81 @@ class _RecordingAttention(_PlainAttention):
         return super().forward(x)
 
 
-def _pre_norm(b, x):
-    h = x + b.attn(b.ln_1(x))
-    return h + b.mlp(b.ln_2(h))
-
-
-def _post_norm(b, x):
-    h = b.ln_1(x + b.attn(x))
-    return b.ln_2(h + b.mlp(h))
-
-
-def _no_residual(b, x):
-    return b.mlp(b.ln_2(b.attn(b.ln_1(x))))
-
-
-# fn(block, x) -> a wrong output, computed with the learner's own ln_1, attn, ln_2, mlp.
-# Shared by the pre- and post-norm blocks (the right answer of one is a mistake for the other).
-_ORDER_MISTAKES = [
-    core.Mistake(
-        "no residuals",
-        "both residual connections are missing: add each sublayer's output to its input",
-        lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x)))),
+# fn(block, x) -> a block's output, computed with the learner's own ln_1, attn, ln_2, mlp: the pre-
+# and post-norm blocks' planted mistakes by name, among them the three right answers (the right
+# answer of one block is a mistake for the others)
+_FORMS = {
+    "post-norm": lambda b, x: b.ln_2((h := b.ln_1(x + b.attn(x))) + b.mlp(h)),
+    "no attention residual": lambda b, x: (h := b.attn(b.ln_1(x))) + b.mlp(b.ln_2(h)),
+    "no MLP residual": lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
+    "ln_1 twice": lambda b, x: (h := x + b.attn(b.ln_1(x))) + b.mlp(b.ln_1(h)),
+    "normalised stream": lambda b, x: (n := b.ln_2((s := b.ln_1(x)) + b.attn(s))) + b.mlp(n),
+    "parallel": lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+    "pre-norm": lambda b, x: (h := x + b.attn(b.ln_1(x))) + b.mlp(b.ln_2(h)),
+    "no final norm": lambda b, x: (h := b.ln_1(x + b.attn(x))) + b.mlp(h),
+    "norm inside": lambda b, x: (h := x + b.ln_1(b.attn(x))) + b.ln_2(b.mlp(h)),
+    "sublayer reads normalised": lambda b, x: b.ln_2(
+        (h := b.ln_1(x + b.attn(b.ln_1(x)))) + b.mlp(b.ln_2(h))
     ),
-    core.Mistake(
-        "swapped norms",
-        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_2(x))),
-    ),
-    core.Mistake(
-        "MLP first",
-        "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
-        lambda b, x: (lambda h: h + b.attn(b.ln_1(h)))(x + b.mlp(b.ln_2(x))),
-    ),
-    core.Mistake(
-        "no norms",
-        "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-        lambda b, x: (lambda h: h + b.mlp(h))(x + b.attn(x)),
-    ),
-]
-
-BLOCK_MISTAKES = [
-    core.Mistake(
-        "post-norm",
-        "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
-        _post_norm,
-    ),
-    core.Mistake(
-        "no attention residual",
-        "the residual connection around attention is missing: x = x + attn(ln_1(x))",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
-    ),
-    core.Mistake(
-        "no MLP residual",
-        "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
-        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
-    ),
-    core.Mistake(
-        "ln_1 twice",
-        "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_1(h)))(x + b.attn(b.ln_1(x))),
-    ),
-    core.Mistake(
-        "normalised stream",
-        "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
-        lambda b, x: (lambda h: (lambda n: n + b.mlp(n))(b.ln_2(h)))(
-            (lambda n: n + b.attn(n))(b.ln_1(x))
-        ),
-    ),
-    core.Mistake(
-        "parallel",
-        "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
-        lambda b, x: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
-    ),
-] + _ORDER_MISTAKES
-
-POST_NORM_MISTAKES = [
-    core.Mistake(
-        "pre-norm",
-        "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
-        _pre_norm,
-    ),
-    core.Mistake(
-        "no final norm",
-        "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
-        lambda b, x: (lambda h: h + b.mlp(h))(b.ln_1(x + b.attn(x))),
-    ),
-    core.Mistake(
-        "norm inside",
-        "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
-        lambda b, x: (lambda h: h + b.ln_2(b.mlp(h)))(x + b.ln_1(b.attn(x))),
-    ),
-    core.Mistake(
-        "sublayer reads normalised",
-        "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
-        lambda b, x: (lambda h: b.ln_2(h + b.mlp(b.ln_2(h))))(b.ln_1(x + b.attn(b.ln_1(x)))),
-    ),
-] + _ORDER_MISTAKES
-
+    "no residuals": lambda b, x: b.mlp(b.ln_2(b.attn(b.ln_1(x)))),
+    "swapped norms": lambda b, x: (h := x + b.attn(b.ln_2(x))) + b.mlp(b.ln_1(h)),
+    "MLP first": lambda b, x: (h := x + b.mlp(b.ln_2(x))) + b.attn(b.ln_1(h)),
+    "no norms": lambda b, x: (h := x + b.attn(x)) + b.mlp(h),
+}
+_ORDER_MISTAKES = core.planted(  # shared by the pre- and post-norm blocks
+    _FORMS.__getitem__,
+    {
+        "no residuals": "both residual connections are missing: add each sublayer's output to its input",
+        "swapped norms": "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
+        "MLP first": "the MLP comes before attention: GPT-2's block runs attention first, then the MLP",
+        "no norms": "the LayerNorms are not used: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+    },
+)
+BLOCK_MISTAKES = (
+    core.planted(
+        _FORMS.__getitem__,
+        {
+            "post-norm": "this is the post-norm block of the original Transformer, ln(x + sublayer(x)). GPT-2 is pre-norm: normalise the sublayer's INPUT and add its output to the unnormalised stream: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))",
+            "no attention residual": "the residual connection around attention is missing: x = x + attn(ln_1(x))",
+            "no MLP residual": "the residual connection around the MLP is missing: x = x + mlp(ln_2(x))",
+            "ln_1 twice": "you used ln_1 twice: the MLP's input goes through ln_2, x + mlp(ln_2(x))",
+            "normalised stream": "the stream itself was normalised (x = ln_1(x), then x + attn(x)): keep x as it is and give only the sublayer a normalised copy, x + attn(ln_1(x))",
+            "parallel": "the MLP reads x instead of the stream after attention: first h = x + attn(ln_1(x)), then h + mlp(ln_2(h))",
+        },
+    )
+    + _ORDER_MISTAKES
+)
+POST_NORM_MISTAKES = (
+    core.planted(
+        _FORMS.__getitem__,
+        {
+            "pre-norm": "this is GPT-2's pre-norm block again: post-norm adds first and then normalises the stream itself, x = ln_1(x + attn(x)), then x = ln_2(x + mlp(x))",
+            "no final norm": "the MLP's sum is not normalised: post-norm ends with ln_2(x + mlp(x))",
+            "norm inside": "you normalised the sublayer's output before adding, x + ln(sublayer(x)): post-norm normalises the SUM, ln(x + sublayer(x))",
+            "sublayer reads normalised": "the sublayers read a normalised copy, ln(x + sublayer(ln(x))): in post-norm each sublayer reads the stream as it is, ln(x + sublayer(x))",
+        },
+    )
+    + _ORDER_MISTAKES
+)
 # fn(block, x) -> a wrong output of the block without residual connections
-NO_RESIDUAL_MISTAKES = [
-    core.Mistake(
-        "residuals kept",
-        "this is GPT-2's pre-norm block with both residual connections: take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
-        _pre_norm,
-    ),
-    core.Mistake(
-        "attention residual kept",
-        "the residual connection around attention is still there: x = attn(ln_1(x)), not x + attn(ln_1(x))",
-        lambda b, x: b.mlp(b.ln_2(x + b.attn(b.ln_1(x)))),
-    ),
-    core.Mistake(
-        "MLP residual kept",
-        "the residual connection around the MLP is still there: return mlp(ln_2(x)), not x + mlp(ln_2(x))",
-        lambda b, x: (lambda h: h + b.mlp(b.ln_2(h)))(b.attn(b.ln_1(x))),
-    ),
-    core.Mistake(
-        "MLP reads the input",
-        "the MLP reads the block's input: without residuals the MLP reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
-    ),
-    core.Mistake(
-        "no norms",
-        "the LayerNorms are gone too: only the residual connections go, each sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
-        lambda b, x: b.mlp(b.attn(x)),
-    ),
-    core.Mistake(
-        "swapped norms",
-        "ln_1 and ln_2 are swapped: ln_1 belongs to attention, ln_2 to the MLP",
-        lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
-    ),
-]
+NO_RESIDUAL_MISTAKES = core.planted(
+    {
+        "residuals kept": _FORMS["pre-norm"],
+        "attention residual kept": _FORMS["no MLP residual"],
+        "MLP residual kept": _FORMS["no attention residual"],
+        "MLP reads the input": lambda b, x: b.attn(b.ln_1(x)) + b.mlp(b.ln_2(x)),
+        "no norms": lambda b, x: b.mlp(b.attn(x)),
+        "swapped norms": lambda b, x: b.mlp(b.ln_1(b.attn(b.ln_2(x)))),
+    }.__getitem__,
+    {
+        "residuals kept": "this is GPT-2's pre-norm block with both residual connections: take them out, each sublayer's output replaces the stream, x = attn(ln_1(x)), then x = mlp(ln_2(x))",
+        "attention residual kept": "the residual connection around attention is still there: x = attn(ln_1(x)), not x + attn(ln_1(x))",
+        "MLP residual kept": "the residual connection around the MLP is still there: return mlp(ln_2(x)), not x + mlp(ln_2(x))",
+        "MLP reads the input": "the MLP reads the block's input: without residuals the MLP reads what attention returned, mlp(ln_2(attn(ln_1(x))))",
+        "no norms": "the LayerNorms are gone too: only the residual connections go, each sublayer still reads a normalised copy, mlp(ln_2(attn(ln_1(x))))",
+        "swapped norms": core.named(_ORDER_MISTAKES, "swapped norms").message,
+    },
+)
 
 
 def _make_block(exercise, Block, config, **kwargs):
@@ -457,13 +346,10 @@ def _check_block(exercise, Block, right, mistakes, what):
         what_got = f"the output for x of shape {tuple(x.shape)}"
         got = core.expect_tensor(exercise, got, x.shape, what=what_got)
         want = right(block, x)
-        if not core.close(got, want, atol=1e-6):
-            core.fail_with(
-                exercise,
-                mistakes,
-                lambda m: core.close(got, m.fn(block, x), atol=1e-6),
-                f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})",
-            )
+        otherwise = (
+            f"the output is not the {what} (largest difference {(got - want).abs().max():.3g})"
+        )
+        core.fail_unless_close(exercise, got, want, mistakes, (block, x), otherwise, atol=1e-6)
         # With dropout in the sublayers, training mode must differ from eval mode (nothing forces
         # eval inside forward) and eval mode must be repeatable.
         block = _make_block(exercise, Block, core.tiny_config(n_embd=8, pdrop=0.5)).eval()
@@ -488,7 +374,7 @@ def check_block(Block) -> None:
     """`Block(config, attention_cls, mlp_cls)`: (B, T, C) -> (B, T, C), x + attn(ln_1(x)), then
     x + mlp(ln_2(x)); `kv_cache` handed to attention only when given."""
     what = "pre-norm block x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))"
-    config, x = _check_block(EX_BLOCK, Block, _pre_norm, BLOCK_MISTAKES, what)
+    config, x = _check_block(EX_BLOCK, Block, _FORMS["pre-norm"], BLOCK_MISTAKES, what)
     plain = _make_block(EX_BLOCK, Block, config, attention_cls=_PlainAttention)
     try:
         plain(x.float())
@@ -516,79 +402,58 @@ def check_block(Block) -> None:
 def check_post_norm_block(PostNormBlock) -> None:
     """`PostNormBlock(config)`: (B, T, C) -> (B, T, C), x = ln_1(x + attn(x)), x = ln_2(x + mlp(x))."""
     what = "post-norm block x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))"
-    _check_block(EX_POST, PostNormBlock, _post_norm, POST_NORM_MISTAKES, what)
+    _check_block(EX_POST, PostNormBlock, _FORMS["post-norm"], POST_NORM_MISTAKES, what)
     core.passed(EX_POST, "add, then normalise the stream: the original Transformer's order")
 
 
 def check_no_residual_block(NoResidualBlock) -> None:
     """`NoResidualBlock(config)`: (B, T, C) -> (B, T, C), mlp(ln_2(attn(ln_1(x))))."""
     what = "block without residuals, x = attn(ln_1(x)); x = mlp(ln_2(x))"
-    _check_block(EX_NO_RESIDUAL, NoResidualBlock, _no_residual, NO_RESIDUAL_MISTAKES, what)
+    _check_block(
+        EX_NO_RESIDUAL, NoResidualBlock, _FORMS["no residuals"], NO_RESIDUAL_MISTAKES, what
+    )
     core.passed(EX_NO_RESIDUAL, "each sublayer replaces the stream; the LayerNorms stay in front")
 
 
 # --------------------------------------------------------------------------- Exercise 5.4
-def _stream(blocks, x0, chain=True, size=None, cosine=None, include_input=True):
-    """The right (norms, cosines); the switches make the planted mistakes."""
-    size = size or (lambda x: x.norm(dim=-1).mean())
-    cosine = cosine or (lambda x, x0: F.cosine_similarity(x, x0, dim=-1).mean())
-    norms, cosines = ([size(x0).item()], [1.0]) if include_input else ([], [])
+def _stream(blocks, x0, *, mistake=""):
+    """The right (norms, cosines); `mistake` plants one of STREAM_MISTAKES by its name."""
+    size = {
+        "norm of the whole tensor": lambda x: x.norm(),
+        "rms": lambda x: x.pow(2).mean().sqrt(),
+        "squared norm": lambda x: x.pow(2).sum(-1).mean(),
+    }.get(mistake, lambda x: x.norm(dim=-1).mean())
+    cosine = {
+        "cosine of the flattened tensors": lambda x: F.cosine_similarity(
+            x.flatten(), x0.flatten(), dim=0
+        ),
+        "cosine over the wrong dimension": lambda x: F.cosine_similarity(x, x0, dim=1).mean(),
+        "dot product": lambda x: (x * x0).sum(-1).mean(),
+    }.get(mistake, lambda x: F.cosine_similarity(x, x0, dim=-1).mean())
+    norms, cosines = ([], []) if mistake == "no input entry" else ([size(x0).item()], [1.0])
     x = x0
     with torch.no_grad():
         for block in blocks:
-            x = block(x if chain else x0)
+            x = block(x0 if mistake == "not chained" else x)
             norms.append(size(x).item())
-            cosines.append(cosine(x, x0).item())
+            cosines.append(cosine(x).item())
     return norms, cosines
 
 
 # fn(blocks, x0) -> (norms, cosines) of a wrong measurement
-STREAM_MISTAKES = [
-    core.Mistake(
-        "not chained",
-        "every block was applied to x0: the blocks run one after another, each on the output of the one before (x = block(x))",
-        lambda blocks, x0: _stream(blocks, x0, chain=False),
-    ),
-    core.Mistake(
-        "norm of the whole tensor",
-        "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
-        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.norm()),
-    ),
-    core.Mistake(
-        "rms",
-        "your sizes are the root mean square of the numbers (norm / √C): the size here is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
-        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).mean().sqrt()),
-    ),
-    core.Mistake(
-        "squared norm",
-        "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of squares), then the mean",
-        lambda blocks, x0: _stream(blocks, x0, size=lambda x: x.pow(2).sum(-1).mean()),
-    ),
-    core.Mistake(
-        "cosine of the flattened tensors",
-        "your cosines compare the whole flattened tensors: compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
-        lambda blocks, x0: _stream(
-            blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x.flatten(), x0.flatten(), dim=0)
-        ),
-    ),
-    core.Mistake(
-        "cosine over the wrong dimension",
-        "your cosines are taken over the wrong dimension: each token's C features are its vector, so use dim=-1",
-        lambda blocks, x0: _stream(
-            blocks, x0, cosine=lambda x, x0: F.cosine_similarity(x, x0, dim=1).mean()
-        ),
-    ),
-    core.Mistake(
-        "dot product",
-        "your 'cosines' are dot products: divide by both norms, or use F.cosine_similarity(x, x0, dim=-1)",
-        lambda blocks, x0: _stream(blocks, x0, cosine=lambda x, x0: (x * x0).sum(-1).mean()),
-    ),
-    core.Mistake(
-        "no input entry",
-        "entry 0 must be the input itself (its norm, and cosine 1), so each list has len(blocks) + 1 entries: start the lists before the loop",
-        lambda blocks, x0: _stream(blocks, x0, include_input=False),
-    ),
-]
+STREAM_MISTAKES = core.variants(
+    _stream,
+    {
+        "not chained": "every block was applied to x0: the blocks run one after another, each on the output of the one before (x = block(x))",
+        "norm of the whole tensor": "your sizes are the norm of the whole (B, T, C) tensor: take each token's norm, x.norm(dim=-1), then the mean over the B · T tokens",
+        "rms": "your sizes are the root mean square of the numbers (norm / √C): the size here is each token's Euclidean norm, x.norm(dim=-1), averaged over the tokens",
+        "squared norm": "your sizes are squared norms: take x.norm(dim=-1) (the square root of the sum of squares), then the mean",
+        "cosine of the flattened tensors": "your cosines compare the whole flattened tensors: compare each token with the same token of x0, F.cosine_similarity(x, x0, dim=-1), then average",
+        "cosine over the wrong dimension": "your cosines are taken over the wrong dimension: each token's C features are its vector, so use dim=-1",
+        "dot product": "your 'cosines' are dot products: divide by both norms, or use F.cosine_similarity(x, x0, dim=-1)",
+        "no input entry": "entry 0 must be the input itself (its norm, and cosine 1), so each list has len(blocks) + 1 entries: start the lists before the loop",
+    },
+)
 
 
 class _Scale(nn.Module):
@@ -663,29 +528,25 @@ def check_follow_stream(follow_stream) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 5.3
-def _input_gradient(blocks, x0, direction, *, per_token=True, with_direction=True):
-    """The mean per-token norm of d((out * direction).sum()) / d x0; the switches make the
-    planted mistakes."""
+def _input_gradient(blocks, x0, direction, *, mistake=""):
+    """The mean per-token norm of d((out * direction).sum()) / d x0; `mistake` plants one of
+    GRAD_MISTAKES by its name."""
     x = x0.detach().clone().requires_grad_(True)
     out = x
     for block in blocks:
         out = block(out)
-    (grad,) = torch.autograd.grad((out * direction).sum() if with_direction else out.sum(), x)
-    return grad.norm(dim=-1).mean().item() if per_token else grad.norm().item()
+    loss = out.sum() if mistake == "no_direction" else (out * direction).sum()
+    (grad,) = torch.autograd.grad(loss, x)
+    return grad.norm().item() if mistake == "whole_norm" else grad.norm(dim=-1).mean().item()
 
 
-GRAD_MISTAKES = [
-    core.Mistake(
-        "whole_norm",
-        "you return the norm of the whole gradient; the question is each token's norm (g.norm(dim=-1)), averaged over the B · T tokens",
-        lambda b, x, d: _input_gradient(b, x, d, per_token=False),
-    ),
-    core.Mistake(
-        "no_direction",
-        "you took the gradient of out.sum(); the loss is (out * direction).sum()",
-        lambda b, x, d: _input_gradient(b, x, d, with_direction=False),
-    ),
-]
+GRAD_MISTAKES = core.variants(
+    _input_gradient,
+    {
+        "whole_norm": "you return the norm of the whole gradient; the question is each token's norm (g.norm(dim=-1)), averaged over the B · T tokens",
+        "no_direction": "you took the gradient of out.sum(); the loss is (out * direction).sum()",
+    },
+)
 
 
 def check_input_gradient_norm(input_gradient_norm) -> None:
@@ -733,7 +594,6 @@ def check_input_gradient_norm(input_gradient_norm) -> None:
 
 
 # --------------------------------------------------------------------------- Challenge
-
 CHALLENGE_DEEP = "Challenge (keep the input alive through 48 blocks)"
 DEEP_GOALS = dict(n_layer=48, weight_std=0.1, min_cosine=0.5, min_update=0.02)
 
