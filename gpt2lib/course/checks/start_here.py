@@ -10,57 +10,46 @@ COUNTING = "Exercise 0.3 (where_counting_stops)"
 OVERFLOW = "Exercise 0.4 (first_overflow)"
 SOFTMAX = "Challenge (a softmax that never overflows)"
 
-# Wrong shapes, each with what it means; fn makes one from x (B, T, C).
-SHAPE_MISTAKES = [
-    core.Mistake(
-        "keepdim",
-        "keepdim=True keeps a dimension of size 1; leave it out to get (B, T).",
-        lambda x: x.mean(dim=-1, keepdim=True),
-    ),
-    core.Mistake(
-        "mean over T",
-        "That is the shape of a mean over T (dim=1); average over C, the last dim.",
-        lambda x: x.mean(dim=1),
-    ),
-    core.Mistake(
-        "mean over B",
-        "That is the shape of a mean over the batch (dim=0); use the last dim.",
-        lambda x: x.mean(dim=0),
-    ),
-    core.Mistake(
-        "mean of all",
-        "You averaged everything into one number; average only the last dim.",
-        lambda x: x.mean(),
-    ),
-]
+
+_MEANS = {  # x (B, T, C) -> what each planted token_means gives
+    "keepdim": lambda x: x.mean(dim=-1, keepdim=True),
+    "mean over T": lambda x: x.mean(dim=1),
+    "mean over B": lambda x: x.mean(dim=0),
+    "mean of all": lambda x: x.mean(),
+    "sum": lambda x: x.sum(dim=-1),
+    "divided by T": lambda x: x.sum(dim=-1) / x.shape[1],
+}
+# Wrong shapes, each with what it means.
+SHAPE_MISTAKES = core.planted(
+    _MEANS.get,
+    {
+        "keepdim": "keepdim=True keeps a dimension of size 1; leave it out to get (B, T).",
+        "mean over T": "That is the shape of a mean over T (dim=1); average over C, the last dim.",
+        "mean over B": "That is the shape of a mean over the batch (dim=0); use the last dim.",
+        "mean of all": "You averaged everything into one number; average only the last dim.",
+    },
+)
 # Right shape, wrong values.
-VALUE_MISTAKES = [
-    core.Mistake(
-        "sum", "that is the sum over C; divide by C to get the mean", lambda x: x.sum(dim=-1)
-    ),
-    core.Mistake(
-        "divided by T",
-        "you divided the sum by T (x.shape[1]); the mean over C divides by C, x.shape[-1]",
-        lambda x: x.sum(dim=-1) / x.shape[1],
-    ),
-]
-CENTER_MISTAKES = [
-    core.Mistake(
-        "means broadcast along C",
-        "the (B, T) means were broadcast against the last dimension, so token t lost the mean of token number c instead of its own (it only runs for one text with T equal to C); keep the reduced dimension, keepdim=True or [..., None]",
-        lambda x: x - x.mean(dim=-1),
-    ),
-    core.Mistake(
-        "mean over T",
-        "you subtracted the mean over the tokens (dim=1); each token needs its own mean over its C numbers",
-        lambda x: x - x.mean(dim=1, keepdim=True),
-    ),
-    core.Mistake(
-        "mean of all",
-        "you subtracted one mean of the whole tensor; each token needs its own mean over its C numbers",
-        lambda x: x - x.mean(),
-    ),
-]
+VALUE_MISTAKES = core.planted(
+    _MEANS.get,
+    {
+        "sum": "that is the sum over C; divide by C to get the mean",
+        "divided by T": "you divided the sum by T (x.shape[1]); the mean over C divides by C, x.shape[-1]",
+    },
+)
+_CENTERED = {  # x (B, T, C) -> what each planted center gives
+    "means broadcast along C": lambda x: x - x.mean(dim=-1),
+    "mean over T": lambda x: x - x.mean(dim=1, keepdim=True),
+    "mean of all": lambda x: x - x.mean(),
+}
+CENTER_MISTAKES = core.planted(
+    _CENTERED.get,
+    {
+        "means broadcast along C": "the (B, T) means were broadcast against the last dimension, so token t lost the mean of token number c instead of its own (it only runs for one text with T equal to C); keep the reduced dimension, keepdim=True or [..., None]",
+        "mean over T": "you subtracted the mean over the tokens (dim=1); each token needs its own mean over its C numbers",
+        "mean of all": "you subtracted one mean of the whole tensor; each token needs its own mean over its C numbers",
+    },
+)
 
 
 def check_token_means(token_means) -> None:

@@ -52,8 +52,7 @@ def _first_difference(got, want) -> int:
 
 def _fail_if(exercise: str, problem: str | None) -> None:
     """Raise CheckFailed with `problem`, the message a check's problem function returned, if any."""
-    if problem:
-        raise core.CheckFailed(exercise, problem)
+    core.require(exercise, not problem, problem)
 
 
 def _results(exercise, fn, cases, problem, changed=""):
@@ -84,54 +83,48 @@ def _grade(exercise, cases, results, want, mistakes, otherwise, detail, same=ope
     )
 
 
+def _fixed_answers(answers: dict[str, str], messages: dict[str, str]) -> list[core.Mistake]:
+    """The planted answers of an exercise whose answer is a text: mistake `name` gives answers[name]."""
+    return core.planted(lambda name: lambda: answers[name], messages)
+
+
 # --------------------------------------------------------------------------- 1.1 byte table
 
 _VISIBLE = {*range(33, 127), *range(161, 173), *range(174, 256)}  # '!'..'~', '¡'..'¬', '®'..'ÿ'
+_VISIBLE_IF = {  # the bytes that keep their own character, for the mistakes that get them wrong
+    "ascii only": set(range(33, 127)),
+    "soft hyphen kept": _VISIBLE | {173},
+    "space kept": _VISIBLE | {32},
+    "ends left out": _VISIBLE - {126, 172, 255},
+}
 
 
-def _byte_table(visible, new_char=lambda k, byte: chr(256 + k)) -> dict[int, str]:
-    """Visible bytes keep chr(byte), the k-th other byte gets new_char(k, byte)."""
+def _byte_table(*, mistake="") -> dict[int, str]:
+    """GPT-2's table; `mistake` plants one of BYTES_MISTAKES by its name."""
+    if mistake == "every byte its own character":
+        return {b: chr(b) for b in range(256)}
+    visible = _VISIBLE_IF.get(mistake, _VISIBLE)
     others = [byte for byte in range(256) if byte not in visible]
-    return {b: chr(b) for b in visible} | {b: new_char(k, b) for k, b in enumerate(others)}
+    new = {
+        "offset by the byte": [256 + b for b in others],
+        "one new character": [256] * len(others),
+    }
+    new_chars = map(chr, new.get(mistake, range(256, 256 + len(others))))
+    return {b: chr(b) for b in visible} | dict(zip(others, new_chars))
 
 
-BYTES_MISTAKES = [
-    core.Mistake(
-        "every byte its own character",
-        "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get chr(256), chr(257), ... in byte order",
-        lambda: {b: chr(b) for b in range(256)},
-    ),
-    core.Mistake(
-        "offset by the byte",
-        "a byte without a visible character should get the next unused character: chr(256), chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters (keep a counter of how many new characters you have handed out)",
-        lambda: _byte_table(_VISIBLE, lambda k, b: chr(256 + b)),
-    ),
-    core.Mistake(
-        "ascii only",
-        "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are visible characters too and keep their own character; you gave them new ones",
-        lambda: _byte_table(set(range(33, 127))),
-    ),
-    core.Mistake(
-        "soft hyphen kept",
-        "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other 67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
-        lambda: _byte_table(_VISIBLE | {173}),
-    ),
-    core.Mistake(
-        "space kept",
-        "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character (that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
-        lambda: _byte_table(_VISIBLE | {32}),
-    ),
-    core.Mistake(
-        "ends left out",
-        "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): range(ord('!'), ord('~')) stops one short; add 1 to each end",
-        lambda: _byte_table(_VISIBLE - {126, 172, 255}),
-    ),
-    core.Mistake(
-        "one new character",
-        "several bytes map to the same character, so the vocabulary files could not be read back: each byte without a visible character needs its own, chr(256), chr(257), ... (advance the counter after each one)",
-        lambda: _byte_table(_VISIBLE, lambda k, b: chr(256)),
-    ),
-]
+BYTES_MISTAKES = core.variants(
+    _byte_table,
+    {
+        "every byte its own character": "every byte keeps its own character, so the space stays ' ' and the newline '\\n', which are not visible in a file; only the 188 visible bytes keep theirs, the other 68 get chr(256), chr(257), ... in byte order",
+        "offset by the byte": "a byte without a visible character should get the next unused character: chr(256), chr(257), ... one after another; yours gives byte b chr(256 + b), which skips characters (keep a counter of how many new characters you have handed out)",
+        "ascii only": "the Latin-1 letters and signs '¡'..'¬' and '®'..'ÿ' (bytes 161-172 and 174-255) are visible characters too and keep their own character; you gave them new ones",
+        "soft hyphen kept": "byte 173, the soft hyphen, is invisible: GPT-2 gives it a new character like the other 67, so the second range stops at '¬' (172) and the third starts at '®' (174)",
+        "space kept": "byte 32, the space, keeps ' ' in your table, but GPT-2 writes it as a new character (that is the Ġ of 'Ġthe'): the first range starts at '!' (33)",
+        "ends left out": "both ends of each range are visible characters ('~', '¬' and 'ÿ' too): range(ord('!'), ord('~')) stops one short; add 1 to each end",
+        "one new character": "several bytes map to the same character, so the vocabulary files could not be read back: each byte without a visible character needs its own, chr(256), chr(257), ... (advance the counter after each one)",
+    },
+)
 
 
 def _byte_table_symptom(got: dict[int, str]) -> core.Mistake | None:
@@ -180,42 +173,35 @@ def check_bytes_to_unicode(bytes_to_unicode) -> None:
     core.passed(EX_BYTES, "all 256 bytes map like GPT-2's table")
 
 
-def _load_wrongly(folder, skip_header=True, drop_special=True, as_bytes=True, skip_empty=True):
-    """load_gpt2_vocab with one of its steps left out (the planted mistakes of Exercise 1.1)."""
+def _load(folder, *, mistake=""):
+    """What load_gpt2_vocab(folder) returns; `mistake` plants one of LOAD_MISTAKES by its name."""
     byte_of_char = {char: byte for byte, char in tk.bytes_to_unicode().items()}
 
     def convert(text):
-        return bytes(byte_of_char[c] for c in text) if as_bytes else text
+        return text if mistake == "text not bytes" else bytes(byte_of_char[c] for c in text)
 
     encoder = json.loads((Path(folder) / "encoder.json").read_text(encoding="utf-8"))
-    vocab = {convert(t): i for t, i in encoder.items() if not (drop_special and t == tk.ENDOFTEXT)}
+    vocab = {
+        convert(t): i for t, i in encoder.items() if t != tk.ENDOFTEXT or mistake == "special kept"
+    }
     lines = (Path(folder) / "vocab.bpe").read_text(encoding="utf-8").split("\n")
-    lines = lines[1 if skip_header else 0 :]
-    return vocab, [tuple(map(convert, line.split(" "))) for line in lines if line or not skip_empty]
+    lines = lines[0 if mistake == "header kept" else 1 :]
+    return vocab, [
+        tuple(map(convert, line.split(" ")))
+        for line in lines
+        if line or mistake == "empty line kept"
+    ]
 
 
-LOAD_MISTAKES = [
-    core.Mistake(
-        "header kept",
-        "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a merge: start from the second line",
-        lambda folder: _load_wrongly(folder, skip_header=False),
-    ),
-    core.Mistake(
-        "empty line kept",
-        "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a newline, so split('\\n') gives '' last); skip empty lines",
-        lambda folder: _load_wrongly(folder, skip_empty=False),
-    ),
-    core.Mistake(
-        "special kept",
-        "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out (section 5 adds it)",
-        lambda folder: _load_wrongly(folder, drop_special=False),
-    ),
-    core.Mistake(
-        "text not bytes",
-        "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
-        lambda folder: _load_wrongly(folder, as_bytes=False),
-    ),
-]
+LOAD_MISTAKES = core.variants(
+    _load,
+    {
+        "header kept": "your first merge is vocab.bpe's first line, '#version: 0.2', which is a header, not a merge: start from the second line",
+        "empty line kept": "your last merge comes from the empty line at the end of vocab.bpe (the file ends with a newline, so split('\\n') gives '' last); skip empty lines",
+        "special kept": "<|endoftext|> is in your vocab; it is a special token, not made of bytes, so leave it out (section 5 adds it)",
+        "text not bytes": "your tokens are GPT-2's printable characters ('Ġthe'), not bytes: turn each character back into its byte with the inverted table, {char: byte for byte, char in bytes_to_unicode().items()}",
+    },
+)
 
 
 def _as_comparable(result):
@@ -250,17 +236,13 @@ def check_load_gpt2_vocab(load_gpt2_vocab) -> None:
             EX_LOAD, load_gpt2_vocab, cases, lambda r, f: None if _as_comparable(r) else form
         )
         got = [_as_comparable(r) for r in got]
-        want = [bpe.load_gpt2_vocab(folder) for (folder,) in cases]
-        _grade(
-            EX_LOAD,
-            cases,
-            got,
-            want,
-            LOAD_MISTAKES,
-            lambda i: _load_difference(list(folders)[i], got[i], want[i]),
-            f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right",
-            same=lambda result, loaded: result == _as_comparable(loaded),
-        )
+        want = [bpe.load_gpt2_vocab(folder) for (folder,) in cases]  # (dict, list of tuples) too
+
+        def differs(i):
+            return _load_difference(list(folders)[i], got[i], want[i])
+
+        detail = f"GPT-2's {len(want[0][1])} merges and a small tokenizer's files read right"
+        _grade(EX_LOAD, cases, got, want, LOAD_MISTAKES, differs, detail)
 
 
 # --------------------------------------------------------------------------- 1.2 split pattern
@@ -270,39 +252,30 @@ SPLIT_SAMPLES += ["def f(x):\n    return x  \n", "trailing spaces   ", "   leadi
 SPLIT_SAMPLES += ["tab\there\t\tand\r\nthere", "I'll say it's 42, isn't it?", "x  \n  y"]
 
 
-def _four_given() -> str:
-    """The four alternatives the exercise gives (GPT-2's pattern without its two whitespace ones)."""
-    return tk.GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
+def _pattern(*, mistake="") -> str:
+    """GPT-2's split pattern; `mistake` plants one of SPLIT_MISTAKES by its name."""
+    four = tk.GPT2_SPLIT_PATTERN.rsplit("|", 2)[0]
+    if mistake == "whitespace first":
+        return r"\s+(?!\S)|\s+|" + four
+    ends = {
+        "no whitespace": "",
+        "lookahead only": r"|\s+(?!\S)",
+        "no lookahead": r"|\s+",
+        "single whitespace": r"|\s",
+    }
+    return four + ends.get(mistake, r"|\s+(?!\S)|\s+")
 
 
-# Each fn returns a pattern with that mistake; the check knows it by how it splits a probe text.
-SPLIT_MISTAKES = [
-    core.Mistake(
-        "no whitespace",
-        "characters are lost: whitespace is matched by none of your alternatives. A tokenizer must keep every character; add alternatives that match whitespace after the four given ones.",
-        _four_given,
-    ),
-    core.Mistake(
-        "lookahead only",
-        "characters are lost: some whitespace is matched but not all. A lookahead alone cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
-        lambda: _four_given() + r"|\s+(?!\S)",
-    ),
-    core.Mistake(
-        "whitespace first",
-        "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its own. The regex tries alternatives from left to right, so keep the four given ones first and add the whitespace alternatives after them.",
-        lambda: r"\s+(?!\S)|\s+|" + _four_given(),
-    ),
-    core.Mistake(
-        "no lookahead",
-        "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives ['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
-        lambda: _four_given() + r"|\s+",
-    ),
-    core.Mistake(
-        "single whitespace",
-        "runs of whitespace are cut into single characters (for 'x  \\n' you get ['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
-        lambda: _four_given() + r"|\s",
-    ),
-]
+SPLIT_MISTAKES = core.variants(
+    _pattern,
+    {
+        "no whitespace": "characters are lost: whitespace is matched by none of your alternatives. A tokenizer must keep every character; add alternatives that match whitespace after the four given ones.",
+        "lookahead only": "characters are lost: some whitespace is matched but not all. A lookahead alone cannot take a single newline or tab before a word (as in 'a\\nb'); add \\s+ as the last alternative.",
+        "whitespace first": "for 'x y' you get ['x', ' ', 'y']: the space before a word became a piece of its own. The regex tries alternatives from left to right, so keep the four given ones first and add the whitespace alternatives after them.",
+        "no lookahead": "for 'x   y' you get ['x', '   ', 'y']: the whole run of spaces is one piece, so 'y' loses its leading space and becomes a different token from the ' y' in 'x y'. GPT-2 gives ['x', '  ', ' y']: match whitespace with a negative lookahead, \\s+(?!\\S), before \\s+.",
+        "single whitespace": "runs of whitespace are cut into single characters (for 'x  \\n' you get ['x', ' ', ' ', '\\n']); GPT-2 keeps a run together: use \\s+, not \\s.",
+    },
+)
 _SPLIT_PROBES = {  # mistake name -> (probe text, how that mistake splits it)
     "whitespace first": ("x y", ["x", " ", "y"]),
     "no lookahead": ("x   y", ["x", "   ", "y"]),
@@ -387,12 +360,9 @@ def _merge_adjacent(symbols, should_merge) -> list[bytes]:
     """One pass from left to right that merges each neighbouring pair with should_merge(pair)."""
     out, i = [], 0
     while i < len(symbols):
-        if i + 1 < len(symbols) and should_merge((symbols[i], symbols[i + 1])):
-            out.append(symbols[i] + symbols[i + 1])
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
+        n = 2 if i + 1 < len(symbols) and should_merge((symbols[i], symbols[i + 1])) else 1
+        out.append(b"".join(symbols[i : i + n]))
+        i += n
     return out
 
 
@@ -415,48 +385,41 @@ def _merge_by(symbols, ranks, key=lambda i, rank: rank, everywhere=True, once=Fa
     return symbols
 
 
-MERGE_MISTAKES = [
-    core.Mistake(
-        "no merges",
-        "your function returns the symbols without merging anything: merge pairs that have a rank.",
-        lambda symbols, ranks: list(symbols),
-    ),
-    core.Mistake(
-        "one merge",
-        "you stop after the first merge. Keep going: after each merge look at the new neighbouring pairs again, until no pair has a rank.",
-        lambda symbols, ranks: _merge_by(symbols, ranks, once=True),
-    ),
-    core.Mistake(
-        "highest rank first",
-        "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest line of vocab.bpe, learned first) must go first.",
-        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -rank),
-    ),
-    core.Mistake(
-        "leftmost pair",
-        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
-        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i),
-    ),
-    core.Mistake(
-        "leftmost pair, one at a time",
-        "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
-        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False),
-    ),
-    core.Mistake(
-        "rightmost occurrence",
-        "when the lowest-ranked pair occurs more than once, you merge the rightmost occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' the left 'a a' must merge first.",
-        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, r: (r, -i), everywhere=False),
-    ),
-    core.Mistake(
-        "rank 0 is no rank",
-        "the pair with rank 0 is never merged: a test like `if rank:` or `ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` or `is None`.",
-        lambda symbols, ranks: _merge_by(symbols, {p: r for p, r in ranks.items() if r != 0}),
-    ),
-    core.Mistake(
-        "one pass",
-        "you make one pass over the word, merging ranked pairs as you meet them. Merges must follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is left.",
-        lambda symbols, ranks: _merge_adjacent(list(symbols), ranks.__contains__),
-    ),
-]
+_PICKS = {  # how a planted merge picks its pair: the least key(i, rank), merged everywhere or not
+    "highest rank first": (lambda i, rank: -rank, True),
+    "leftmost pair": (lambda i, rank: i, True),
+    "leftmost pair, one at a time": (lambda i, rank: i, False),
+    "rightmost occurrence": (lambda i, rank: (rank, -i), False),
+    "unfixed": (lambda i, rank: i, False),
+    "rightmost": (lambda i, rank: -i, False),
+}
+
+
+def _merged(symbols, ranks, *, mistake=""):
+    """GPT-2's merges by rank; `mistake` plants one of MERGE_MISTAKES or FIXED_MISTAKES by its name."""
+    if mistake == "no merges":
+        return list(symbols)
+    if mistake == "one pass":
+        return _merge_adjacent(list(symbols), ranks.__contains__)
+    if mistake == "rank 0 is no rank":
+        ranks = {p: r for p, r in ranks.items() if r != 0}
+    key, everywhere = _PICKS.get(mistake, (lambda i, rank: rank, True))
+    return _merge_by(symbols, ranks, key, everywhere=everywhere, once=mistake == "one merge")
+
+
+MERGE_MISTAKES = core.variants(
+    _merged,
+    {
+        "no merges": "your function returns the symbols without merging anything: merge pairs that have a rank.",
+        "one merge": "you stop after the first merge. Keep going: after each merge look at the new neighbouring pairs again, until no pair has a rank.",
+        "highest rank first": "you merge the pair with the HIGHEST rank first. The lowest rank (the earliest line of vocab.bpe, learned first) must go first.",
+        "leftmost pair": "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
+        "leftmost pair, one at a time": "you merge the leftmost pair that has a rank, not the pair with the LOWEST rank. Merges must follow rank order wherever the pair is in the word.",
+        "rightmost occurrence": "when the lowest-ranked pair occurs more than once, you merge the rightmost occurrence first; merge from left to right (take the first occurrence), as GPT-2 does. In 'aaaaa' the left 'a a' must merge first.",
+        "rank 0 is no rank": "the pair with rank 0 is never merged: a test like `if rank:` or `ranks.get(pair) or ...` treats rank 0 as 'no rank'. Test for a missing rank with `pair in ranks` or `is None`.",
+        "one pass": "you make one pass over the word, merging ranked pairs as you meet them. Merges must follow rank order, and after each merge new pairs appear: repeat, lowest rank first, until none is left.",
+    },
+)
 
 # Small rank tables where the order of merges changes the result.
 _TOY_CASES = [
@@ -494,6 +457,9 @@ def _check_merge(exercise: str, bpe_merge, what="bpe_merge", mistakes=MERGE_MIST
             return f"for {_short(symbols)} you return {_short(list(got))}, which spells different bytes. When you merge a pair, the two halves become one symbol: skip both before looking further."
         return None
 
+    def differs(i):
+        return f"for {_short(cases[i][0])} the merges by rank give {_short(want[i])}, but yours gives {_short(got[i])}."
+
     cases = _TOY_CASES + [(_bytes_of(word), _gpt2_ranks()) for word in _GPT2_WORDS]
     changed = "your function changed the caller's list (it was {before}, afterwards {after}). Work on a copy: start with symbols = list(symbols)."
     got = [list(r) for r in _results(exercise, bpe_merge, cases, problem, changed)]
@@ -504,9 +470,7 @@ def _check_merge(exercise: str, bpe_merge, what="bpe_merge", mistakes=MERGE_MIST
         got,
         want,
         mistakes,
-        lambda i: (
-            f"for {_short(cases[i][0])} the merges by rank give {_short(want[i])}, but yours gives {_short(got[i])}."
-        ),
+        differs,
         f"{len(cases)} words merged exactly like GPT-2",
     )
 
@@ -516,26 +480,17 @@ def _check_merge(exercise: str, bpe_merge, what="bpe_merge", mistakes=MERGE_MIST
 
 def colleague_merge(symbols: list[bytes], ranks: dict[tuple[bytes, bytes], int]) -> list[bytes]:
     """The encoder of Exercise 1.5: merges the leftmost pair that has any rank (a planted bug)."""
-    return _merge_by(symbols, ranks, lambda i, rank: i, everywhere=False)
+    return _merged(symbols, ranks, mistake="unfixed")
 
 
-DEBUG_MISTAKES = [
-    core.Mistake(
-        "agrees",
-        "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word where the order of the merges matters. Compare the ranks of the pairs in a word (`ranks[pair]`) with the order in which the colleague's loop merges them",
-        lambda: " dog",
-    ),
-    core.Mistake(
-        "one byte",
-        "a word of one byte has no pair to merge, so every encoder agrees on it",
-        lambda: "a",
-    ),
-    core.Mistake(
-        "several pieces",
-        "the tokenizer cuts that text into several pieces and merges each piece on its own; give one piece (one word, with at most one space in front)",
-        lambda: "the cat",
-    ),
-]
+DEBUG_MISTAKES = _fixed_answers(
+    {"agrees": " dog", "one byte": "a", "several pieces": "the cat"},
+    {
+        "agrees": "on that word the colleague's encoder gives GPT-2's tokens: the bug only shows on a word where the order of the merges matters. Compare the ranks of the pairs in a word (`ranks[pair]`) with the order in which the colleague's loop merges them",
+        "one byte": "a word of one byte has no pair to merge, so every encoder agrees on it",
+        "several pieces": "the tokenizer cuts that text into several pieces and merges each piece on its own; give one piece (one word, with at most one space in front)",
+    },
+)
 
 
 def _disagreeing_problem(word) -> str | None:
@@ -566,18 +521,13 @@ def check_fixed_merge(fixed_merge) -> None:
     _check_merge(EX_DEBUG, fixed_merge, "fixed_merge", FIXED_MISTAKES + MERGE_MISTAKES)
 
 
-FIXED_MISTAKES = [
-    core.Mistake(
-        "unfixed",
-        "fixed_merge still gives the colleague's tokens: it merges the first pair from the left that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
-        colleague_merge,
-    ),
-    core.Mistake(
-        "rightmost",
-        "your fix merges the ranked pair furthest to the right; the rank, not the position, decides which pair goes first",
-        lambda symbols, ranks: _merge_by(symbols, ranks, lambda i, rank: -i, everywhere=False),
-    ),
-]
+FIXED_MISTAKES = core.variants(
+    _merged,
+    {
+        "unfixed": "fixed_merge still gives the colleague's tokens: it merges the first pair from the left that has a rank. Among all neighbouring pairs, merge the one with the lowest rank",
+        "rightmost": "your fix merges the ranked pair furthest to the right; the rank, not the position, decides which pair goes first",
+    },
+)
 
 
 # --------------------------------------------------------------------------- 1.6 decode
@@ -602,33 +552,28 @@ def _decode_cases():
     return tok, cases
 
 
-def _joined_bytes(ids, token_texts) -> bytes:
+def _decoded(ids, token_texts, *, mistake="") -> str:
+    """The text of `ids`; `mistake` plants one of DECODE_MISTAKES by its name."""
+    if mistake == "no byte map":
+        return "".join(token_texts[i] for i in ids)
+    if mistake == "per token":
+        return "".join(_decoded([i], token_texts) for i in ids)
     byte_of = {c: b for b, c in tk.bytes_to_unicode().items()}
-    return bytes(byte_of[c] for i in ids for c in token_texts[i])
+    joined = bytes(byte_of[c] for i in ids for c in token_texts[i])
+    if mistake == "latin-1":
+        return joined.decode("latin-1")
+    return joined.decode("utf-8", errors="ignore" if mistake == "errors=ignore" else "replace")
 
 
-DECODE_MISTAKES = [
-    core.Mistake(
-        "no byte map",
-        "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each character back to its byte with the inverse of bytes_to_unicode() first.",
-        lambda ids, token_texts: "".join(token_texts[i] for i in ids),
-    ),
-    core.Mistake(
-        "per token",
-        "you decode each token on its own, so a character whose bytes are spread over two tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
-        lambda ids, texts: "".join(_joined_bytes([i], texts).decode(errors="replace") for i in ids),
-    ),
-    core.Mistake(
-        "errors=ignore",
-        "you drop the bytes of an incomplete character; GPT-2's decoder shows them as '\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
-        lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("utf-8", errors="ignore"),
-    ),
-    core.Mistake(
-        "latin-1",
-        "decode the bytes as UTF-8, not latin-1.",
-        lambda ids, token_texts: _joined_bytes(ids, token_texts).decode("latin-1"),
-    ),
-]
+DECODE_MISTAKES = core.variants(
+    _decoded,
+    {
+        "no byte map": "GPT-2's printable stand-ins (like 'Ġ' for a space) are still there. Map each character back to its byte with the inverse of bytes_to_unicode() first.",
+        "per token": "you decode each token on its own, so a character whose bytes are spread over two tokens becomes '\\ufffd'. Join the bytes of all tokens first, then decode once.",
+        "errors=ignore": "you drop the bytes of an incomplete character; GPT-2's decoder shows them as '\\ufffd' (errors='replace', not 'ignore'), so the reader sees that something is missing.",
+        "latin-1": "decode the bytes as UTF-8, not latin-1.",
+    },
+)
 
 
 def _decoded_problem(got, ids, want, token_texts) -> str | None:
@@ -663,28 +608,20 @@ def check_decode_ids(decode_ids) -> None:
 
 # --------------------------------------------------------------------------- 1.7 a tie
 
-TIE_MISTAKES = [
-    core.Mistake(
-        "no tie",
-        "the most frequent pair of your text occurs more often than every other pair, so there is no tie to decide; make two pairs occur equally often",
-        lambda: "abab",
-    ),
-    core.Mistake(
-        "same choice",
-        "your text has a tie, but both rules pick the same pair: the pair seen first is also the greater one. Put the smaller pair first",
-        lambda: "xy ab",
-    ),
-    core.Mistake(
-        "no pair",
-        "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters from punctuation and digits, and a pair only counts inside one piece",
-        lambda: "a.b,c",
-    ),
-    core.Mistake(
-        "too long",
-        "your text is longer than 40 characters; a short one shows the tie better",
-        lambda: "the quick brown fox jumps over the lazy dog and the cat",
-    ),
-]
+TIE_MISTAKES = _fixed_answers(
+    {
+        "no tie": "abab",
+        "same choice": "xy ab",
+        "no pair": "a.b,c",
+        "too long": "the quick brown fox jumps over the lazy dog and the cat",
+    },
+    {
+        "no tie": "the most frequent pair of your text occurs more often than every other pair, so there is no tie to decide; make two pairs occur equally often",
+        "same choice": "your text has a tie, but both rules pick the same pair: the pair seen first is also the greater one. Put the smaller pair first",
+        "no pair": "no piece of your text has two bytes, so there is no pair at all: the pattern cuts letters from punctuation and digits, and a pair only counts inside one piece",
+        "too long": "your text is longer than 40 characters; a short one shows the tie better",
+    },
+)
 
 
 def _tied_pairs(text: str) -> tuple[Counter, list]:
@@ -722,13 +659,27 @@ def check_tie_text(tie_text) -> None:
 # --------------------------------------------------------------------------- 1.8 most frequent pair
 
 
-def _pair_counts(word_counts, weighted=True, once_per_word=False, skip_last=False) -> Counter:
+def _pair_counts(word_counts, *, mistake="") -> Counter:
+    """How often each pair occurs; `mistake` plants one of PAIR_MISTAKES: its wrong scores."""
     counts = Counter()
     for word, n in word_counts.items():
-        pairs = list(zip(word, word[1:]))[: -1 if skip_last else None]
-        for pair in dict.fromkeys(pairs) if once_per_word else pairs:
-            counts[pair] += n if weighted else 1
+        pairs = list(zip(word, word[1:]))[: -1 if mistake == "skips the last pair" else None]
+        for pair in dict.fromkeys(pairs) if mistake == "once per word" else pairs:
+            counts[pair] += 1 if mistake == "unweighted" else n
+    if mistake == "least frequent":
+        return Counter({p: -c for p, c in counts.items()})
     return counts
+
+
+PAIR_MISTAKES = core.variants(
+    _pair_counts,
+    {
+        "skips the last pair": "your loop stops one pair early: the last pair of each word is never counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives them all).",
+        "unweighted": "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: multiply by the word's count from word_counts.",
+        "once per word": "a pair that appears twice inside one word counts twice (like (b'a', b'a') in b'aaaa', three times); you count it once per word.",
+        "least frequent": "you return the LEAST frequent pair; return the most frequent one.",
+    },
+)
 
 
 def _training_word_counts() -> dict[tuple[bytes, ...], int]:
@@ -736,31 +687,6 @@ def _training_word_counts() -> dict[tuple[bytes, ...], int]:
     text += "that is that, and this is this. these things happen."
     return {tuple(_bytes_of(p)): n for p, n in tk.pretokenize(text).items()}
 
-
-# Each fn gives the scores that the wrong counting assigns to every pair; an answer shows the
-# mistake when it is a best pair under those scores in every case (any tie accepted).
-PAIR_MISTAKES = [
-    core.Mistake(
-        "skips the last pair",
-        "your loop stops one pair early: the last pair of each word is never counted (a word of n symbols has n - 1 pairs, at positions 0 to n - 2; zip(word, word[1:]) gives them all).",
-        lambda word_counts: _pair_counts(word_counts, skip_last=True),
-    ),
-    core.Mistake(
-        "unweighted",
-        "you count each word once. A word that occurs 5 times adds 5 to each of its pairs: multiply by the word's count from word_counts.",
-        lambda word_counts: _pair_counts(word_counts, weighted=False),
-    ),
-    core.Mistake(
-        "once per word",
-        "a pair that appears twice inside one word counts twice (like (b'a', b'a') in b'aaaa', three times); you count it once per word.",
-        lambda word_counts: _pair_counts(word_counts, once_per_word=True),
-    ),
-    core.Mistake(
-        "least frequent",
-        "you return the LEAST frequent pair; return the most frequent one.",
-        lambda word_counts: Counter({p: -c for p, c in _pair_counts(word_counts).items()}),
-    ),
-]
 
 _PAIR_CASES = [
     # weighted by count: (x, y) occurs 5 times; (y, z) is in two words that occur once each
@@ -804,16 +730,13 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
     for (word_counts,), got in zip(cases, answers):
         if not _is_best(got, counts := _pair_counts(word_counts)):
             best = max(counts, key=counts.__getitem__)
-            mistake = core.first_mistake(
-                PAIR_MISTAKES, lambda m: all(_is_best(g, m.fn(*c)) for c, g in zip(cases, answers))
-            )
-            hint = (
-                mistake.message
-                if mistake
-                else f"{got} occurs {counts[got]} times, but {best} occurs {counts[best]} times."
-            )
-            raise core.CheckFailed(
-                EX_PAIR, f"{hint} (words: {_short(word_counts)}; you returned {got})"
+            where = f" (words: {_short(word_counts)}; you returned {got})"
+            core.fail_with(
+                EX_PAIR,
+                PAIR_MISTAKES,
+                lambda m: all(_is_best(g, m.fn(*c)) for c, g in zip(cases, answers)),
+                f"{got} occurs {counts[got]} times, but {best} occurs {counts[best]} times.{where}",
+                suffix=where,
             )
     for empty in ({(b"a",): 3, (b"b",): 1}, {}):
         _fail_if(EX_PAIR, _no_pair_problem(most_frequent_pair, empty))
@@ -823,51 +746,38 @@ def check_most_frequent_pair(most_frequent_pair) -> None:
 # --------------------------------------------------------------------------- 1.8 merge a pair
 
 
-def _merge_word(word, pair, first_only=False, from_right=False) -> tuple[bytes, ...]:
-    """`word` with `pair` merged at every occurrence from the left (the right answer), at the
-    first occurrence only (first_only), or walking from the right (from_right)."""
-    if from_right:  # merge the mirror image (symbols and their bytes reversed), mirror it back
+def _merge_word(word, pair, mistake="") -> tuple[bytes, ...]:
+    """`word` with `pair` merged at every occurrence from the left, or as `mistake` merges it."""
+    if mistake == "from the right":  # merge the mirror image, and mirror the result back
         mirror = tuple(s[::-1] for s in reversed(word))
         return tuple(s[::-1] for s in reversed(_merge_word(mirror, (pair[1][::-1], pair[0][::-1]))))
     pairs = list(zip(word, word[1:]))
-    if not first_only:
+    if mistake != "first occurrence only" or pair not in pairs:
         return tuple(_merge_adjacent(list(word), pair.__eq__))
-    if pair not in pairs:
-        return tuple(word)
     i = pairs.index(pair)
     return (*word[:i], pair[0] + pair[1], *word[i + 2 :])
 
 
-def _merge_all_words(word_counts, pair, overwrite=False, **how):
+def _merge_all_words(word_counts, pair, *, mistake=""):
+    """merge_pair's answer; `mistake` plants one of MERGE_PAIR_MISTAKES by its name."""
+    if mistake == "nothing merged":
+        return dict(word_counts)
     merged = {}
     for word, count in word_counts.items():
-        key = _merge_word(word, pair, **how)
-        merged[key] = count if overwrite else merged.get(key, 0) + count
+        key = _merge_word(word, pair, mistake)
+        merged[key] = count if mistake == "counts overwritten" else merged.get(key, 0) + count
     return merged
 
 
-MERGE_PAIR_MISTAKES = [
-    core.Mistake(
-        "nothing merged",
-        "your result still holds the words unmerged: replace every occurrence of the pair by the one symbol first + second.",
-        lambda word_counts, pair: dict(word_counts),
-    ),
-    core.Mistake(
-        "counts overwritten",
-        "two words that become the same word after the merge must add their counts; you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
-        lambda word_counts, pair: _merge_all_words(word_counts, pair, overwrite=True),
-    ),
-    core.Mistake(
-        "first occurrence only",
-        "you merge only the first occurrence of the pair in each word; merge every occurrence, from left to right.",
-        lambda word_counts, pair: _merge_all_words(word_counts, pair, first_only=True),
-    ),
-    core.Mistake(
-        "from the right",
-        "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). Walk through each word from the left.",
-        lambda word_counts, pair: _merge_all_words(word_counts, pair, from_right=True),
-    ),
-]
+MERGE_PAIR_MISTAKES = core.variants(
+    _merge_all_words,
+    {
+        "nothing merged": "your result still holds the words unmerged: replace every occurrence of the pair by the one symbol first + second.",
+        "counts overwritten": "two words that become the same word after the merge must add their counts; you keep only one of them (merged[key] = count overwrites: use merged.get(key, 0) + count).",
+        "first occurrence only": "you merge only the first occurrence of the pair in each word; merge every occurrence, from left to right.",
+        "from the right": "you merge from right to left: (a, a, a) on (a, a) must give (aa, a), not (a, aa). Walk through each word from the left.",
+    },
+)
 
 _MERGE_PAIR_CASES = [
     ({(b"a", b"b", b"c"): 2, (b"x", b"a", b"b"): 1, (b"b", b"a"): 4}, (b"a", b"b")),
@@ -900,56 +810,39 @@ def check_merge_pair(merge_pair) -> None:
     changed = "your function changed the caller's dict; build a new dict and return it."
     got = _results(EX_MERGE_PAIR, merge_pair, cases, _merge_pair_form, changed)
     want = [tk.merge_pair(dict(word_counts), pair) for word_counts, pair in cases]
-    _grade(
-        EX_MERGE_PAIR,
-        cases,
-        got,
-        want,
-        MERGE_PAIR_MISTAKES,
-        lambda i: (
-            f"merging {cases[i][1]} in {_short(cases[i][0])} gives {_short(want[i])}, but yours gives {_short(got[i])}."
-        ),
-        f"{len(cases)} word tables merged, including words that become one",
-    )
+
+    def differs(i):
+        return f"merging {cases[i][1]} in {_short(cases[i][0])} gives {_short(want[i])}, but yours gives {_short(got[i])}."
+
+    detail = f"{len(cases)} word tables merged, including words that become one"
+    _grade(EX_MERGE_PAIR, cases, got, want, MERGE_PAIR_MISTAKES, differs, detail)
 
 
 # --------------------------------------------------------------------------- 1.9 training loop
 
 
-def _loop(word_counts, num_merges, apply=True, extra=0, stop_on_none=True):
+def _loop(word_counts, num_merges, *, mistake=""):
+    """The merges train_merges learns; `mistake` plants one of TRAIN_MISTAKES by its name."""
     merges = []
-    for _ in range(num_merges + extra):
+    for _ in range(num_merges + {"one too few": -1, "one too many": 1}.get(mistake, 0)):
         pair = tk.most_frequent_pair(word_counts)
-        if pair is None and stop_on_none:
+        if pair is None and mistake != "no stop":
             break
         merges.append(pair)
-        if apply:
+        if mistake != "merge not applied":
             word_counts = tk.merge_pair(word_counts, pair)
     return merges
 
 
-TRAIN_MISTAKES = [
-    core.Mistake(
-        "merge not applied",
-        "you record the pair but the words never change, so the same pair wins every time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
-        lambda word_counts, num_merges: _loop(word_counts, num_merges, apply=False),
-    ),
-    core.Mistake(
-        "one too few",
-        "you learn one merge too few: the loop must run num_merges times (range(num_merges)).",
-        lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=-1),
-    ),
-    core.Mistake(
-        "one too many",
-        "you learn one merge too many: the loop must run num_merges times (range(num_merges)).",
-        lambda word_counts, num_merges: _loop(word_counts, num_merges, extra=1),
-    ),
-    core.Mistake(
-        "no stop",
-        "when no pair is left, most_frequent_pair returns None: stop there instead of recording None as a merge.",
-        lambda word_counts, num_merges: _loop(word_counts, num_merges, stop_on_none=False),
-    ),
-]
+TRAIN_MISTAKES = core.variants(
+    _loop,
+    {
+        "merge not applied": "you record the pair but the words never change, so the same pair wins every time: keep the merged words, word_counts = merge_pair(word_counts, pair).",
+        "one too few": "you learn one merge too few: the loop must run num_merges times (range(num_merges)).",
+        "one too many": "you learn one merge too many: the loop must run num_merges times (range(num_merges)).",
+        "no stop": "when no pair is left, most_frequent_pair returns None: stop there instead of recording None as a merge.",
+    },
+)
 
 
 def _train_cases():
@@ -994,22 +887,21 @@ def check_train_merges(train_merges) -> None:
     except TypeError as exc:  # merge_pair(word_counts, None): the loop went on without a pair
         if "NoneType" not in str(exc):
             raise
-        no_stop = core.named(TRAIN_MISTAKES, "no stop").message
-        raise core.CheckFailed(EX_TRAIN, f"{no_stop} (your code raised TypeError: {exc})") from None
+        suffix = f" (your code raised TypeError: {exc})"
+        raise core.named_failure(EX_TRAIN, TRAIN_MISTAKES, "no stop", suffix=suffix) from None
     problems = [_replay_problem(dict(wc), n, got) for (wc, n), got in zip(cases, results)]
     if any(problems):
-        mistake = core.first_mistake(
-            TRAIN_MISTAKES, lambda m: all(got == m.fn(*case) for got, case in zip(results, cases))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_TRAIN, mistake.message)
-        if odd := [pair for got in results for pair in got if not _is_pair(pair)]:
-            raise core.CheckFailed(
-                EX_TRAIN,
-                f"each merge should be a pair (bytes, bytes), like (b't', b'h'); you have {_short(odd[0])}",
-            )
+        odd = [pair for got in results for pair in got if not _is_pair(pair)]
         (word_counts, _), problem = next((case, p) for case, p in zip(cases, problems) if p)
-        raise core.CheckFailed(EX_TRAIN, f"{problem} (words: {_short(word_counts)})")
+        otherwise = f"{problem} (words: {_short(word_counts)})"
+        if odd:
+            otherwise = f"each merge should be a pair (bytes, bytes), like (b't', b'h'); you have {_short(odd[0])}"
+        core.fail_with(
+            EX_TRAIN,
+            TRAIN_MISTAKES,
+            lambda m: all(got == m.fn(*case) for got, case in zip(results, cases)),
+            otherwise,
+        )
     core.passed(
         EX_TRAIN,
         f"{len(cases)} trainings, each merge a most frequent pair, stopping when none is left",
@@ -1019,32 +911,25 @@ def check_train_merges(train_merges) -> None:
 # --------------------------------------------------------------------------- 1.10 bytes per token
 
 
-def _ratio(tokenizer, text, count=len, size=lambda text: len(text.encode("utf-8")), divide=None):
-    return (divide or operator.truediv)(size(text), count(tokenizer.encode(text)))
+def _ratio(tokenizer, text, *, mistake=""):
+    """UTF-8 bytes of `text` per token; `mistake` plants one of RATIO_MISTAKES by its name."""
+    ids = tokenizer.encode(text)
+    size = len(text) if mistake == "characters" else len(text.encode("utf-8"))
+    count = len(set(ids)) if mistake == "distinct tokens" else len(ids)
+    if mistake == "inverted":
+        return count / size
+    return size // count if mistake == "integer division" else size / count
 
 
-RATIO_MISTAKES = [
-    core.Mistake(
-        "characters",
-        "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes 2 and 3 bytes; count len(text.encode('utf-8'))",
-        lambda tokenizer, text: _ratio(tokenizer, text, size=len),
-    ),
-    core.Mistake(
-        "inverted",
-        "your number is tokens per byte, the inverse: divide the bytes by the tokens",
-        lambda tokenizer, text: _ratio(tokenizer, text, divide=lambda a, b: b / a),
-    ),
-    core.Mistake(
-        "integer division",
-        "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
-        lambda tokenizer, text: _ratio(tokenizer, text, divide=operator.floordiv),
-    ),
-    core.Mistake(
-        "distinct tokens",
-        "you count distinct token ids; every token costs a position in the window, repeats included",
-        lambda tokenizer, text: _ratio(tokenizer, text, count=lambda ids: len(set(ids))),
-    ),
-]
+RATIO_MISTAKES = core.variants(
+    _ratio,
+    {
+        "characters": "you count characters, not bytes: len(text) counts 'ü' or '世' once, but their UTF-8 takes 2 and 3 bytes; count len(text.encode('utf-8'))",
+        "inverted": "your number is tokens per byte, the inverse: divide the bytes by the tokens",
+        "integer division": "you divide with //, which drops the fraction (3.7 bytes per token becomes 3); use /",
+        "distinct tokens": "you count distinct token ids; every token costs a position in the window, repeats included",
+    },
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -1065,54 +950,44 @@ def _number_form(got, tokenizer, text) -> str | None:
     return None
 
 
+def _near(a, b) -> bool:
+    return abs(a - b) < 1e-9
+
+
 def check_bytes_per_token(bytes_per_token) -> None:
     """Exercise 1.10: `bytes_per_token(tokenizer, text)` returns UTF-8 bytes per token (a float)."""
     cases = _ratio_cases()
     got = [float(r) for r in _results(EX_RATIO, bytes_per_token, cases, _number_form)]
     want = [_ratio(tokenizer, text) for tokenizer, text in cases]
-    _grade(
-        EX_RATIO,
-        cases,
-        got,
-        want,
-        RATIO_MISTAKES,
-        lambda i: f"for {cases[i][1]!r} you give {got[i]:.4f} bytes per token; it is {want[i]:.4f}",
-        f"{len(cases)} texts and two tokenizers measured right",
-        same=lambda a, b: abs(a - b) < 1e-9,
-    )
+
+    def differs(i):
+        return f"for {cases[i][1]!r} you give {got[i]:.4f} bytes per token; it is {want[i]:.4f}"
+
+    detail = f"{len(cases)} texts and two tokenizers measured right"
+    _grade(EX_RATIO, cases, got, want, RATIO_MISTAKES, differs, detail, same=_near)
 
 
 # --------------------------------------------------------------------------- 1.10 the measurement
 
 
-def _sweep(train_text, test_text, sizes, *, measure_on="test", train_on="train", gpt2_on="test"):
-    """(bytes per token on test_text of BPEs trained with each size, GPT-2's); the keyword
-    arguments give the known wrong measurements."""
-    texts = {"train": train_text, "test": test_text}
-    trained = [tk.BPETokenizer.train(texts[train_on], vocab_size=n) for n in sizes]
-    return [_ratio(t, texts[measure_on]) for t in trained], _ratio(
-        tk.get_encoding(), texts[gpt2_on]
-    )
+def _sweep(train_text, test_text, sizes, *, mistake=""):
+    """(bytes per token on test_text of BPEs trained with each size, GPT-2's); `mistake` plants
+    one of SWEEP_MISTAKES by its name."""
+    measured = train_text if mistake == "measured_on_training_text" else test_text
+    trained_on = test_text if mistake == "trained_on_held_out" else train_text
+    gpt2_on = train_text if mistake == "gpt2_on_training_text" else test_text
+    trained = [tk.BPETokenizer.train(trained_on, vocab_size=n) for n in sizes]
+    return [_ratio(t, measured) for t in trained], _ratio(tk.get_encoding(), gpt2_on)
 
 
-# fn(train_text, test_text, sizes) -> the (ratios, gpt2_ratio) that wrong measurement gives
-SWEEP_MISTAKES = [
-    core.Mistake(
-        "measured_on_training_text",
-        "your tokenizers were measured on the text they were trained on; measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
-        lambda tr, te, sizes: _sweep(tr, te, sizes, measure_on="train"),
-    ),
-    core.Mistake(
-        "trained_on_held_out",
-        "your tokenizers were trained on held_out, the text they are measured on; train them on train_part",
-        lambda tr, te, sizes: _sweep(tr, te, sizes, train_on="test"),
-    ),
-    core.Mistake(
-        "gpt2_on_training_text",
-        "your GPT-2 number is measured on train_part; measure it on held_out, like the others, or the comparison mixes two texts",
-        lambda tr, te, sizes: _sweep(tr, te, sizes, gpt2_on="train"),
-    ),
-]
+SWEEP_MISTAKES = core.variants(
+    _sweep,
+    {
+        "measured_on_training_text": "your tokenizers were measured on the text they were trained on; measure them on held_out, text they have not seen (a tokenizer fits its own training text best)",
+        "trained_on_held_out": "your tokenizers were trained on held_out, the text they are measured on; train them on train_part",
+        "gpt2_on_training_text": "your GPT-2 number is measured on train_part; measure it on held_out, like the others, or the comparison mixes two texts",
+    },
+)
 
 
 def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> None:
@@ -1123,14 +998,14 @@ def check_vocabulary_sweep(sizes, ratios, gpt2_ratio, train_text, test_text) -> 
         raise core.CheckFailed(
             EX_SWEEP, "ratios should be a list of numbers, one per size, and gpt2_ratio a number"
         ) from None
-    if len(got) != len(sizes) + 1:
-        raise core.CheckFailed(
-            EX_SWEEP,
-            f"ratios holds {len(got) - 1} numbers; give one per size in sizes ({len(sizes)})",
-        )
+    core.require(
+        EX_SWEEP,
+        len(got) == len(sizes) + 1,
+        f"ratios holds {len(got) - 1} numbers; give one per size in sizes ({len(sizes)})",
+    )
 
     def same(sweep):
-        return all(abs(a - b) < 1e-9 for a, b in zip(got, [*sweep[0], sweep[1]]))
+        return all(map(_near, got, [*sweep[0], sweep[1]]))
 
     if not same(_sweep(train_text, test_text, sizes)):
         core.fail_with(
@@ -1155,30 +1030,26 @@ def _seconds(fn, *args, repeats: int = 2) -> tuple[float, object]:
     return best, result
 
 
-def _first_seen_train(text, vocab_size):
-    """A trainer that breaks ties by the pair seen first (a planted wrong answer for the challenge)."""
+def _train(text, vocab_size, *, mistake=""):
+    """train_merges_simple's (vocab, merges); `mistake` plants one of FAST_MISTAKES by its name."""
     words = {tuple(_bytes_of(piece)): n for piece, n in tk.pretokenize(text).items()}
     vocab, merges = {bytes([b]): b for b in range(256)}, []
     while len(vocab) < vocab_size and (counts := _pair_counts(words)):
-        pair = max(counts, key=counts.__getitem__)
+        first_seen = mistake == "other tie rule"  # max gives the first of the pairs that tie
+        pair = max(counts, key=counts.__getitem__ if first_seen else lambda p: (counts[p], p))
         merges.append(pair)
         vocab.setdefault(pair[0] + pair[1], len(vocab))
         words = tk.merge_pair(words, pair)
-    return vocab, merges
+    return merges if mistake == "merges only" else (vocab, merges)
 
 
-FAST_MISTAKES = [
-    core.Mistake(
-        "other tie rule",
-        "the merges are not the reference's: on a tie the reference takes the greater pair, max(counts, key=lambda pair: (counts[pair], pair))",
-        _first_seen_train,
-    ),
-    core.Mistake(
-        "merges only",
-        "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
-        lambda text, vocab_size: _first_seen_train(text, vocab_size)[1],
-    ),
-]
+FAST_MISTAKES = core.variants(
+    _train,
+    {
+        "other tie rule": "the merges are not the reference's: on a tie the reference takes the greater pair, max(counts, key=lambda pair: (counts[pair], pair))",
+        "merges only": "fast_train should return (vocab, merges) like train_merges_simple, not only the merges",
+    },
+)
 
 
 @functools.lru_cache(maxsize=2)
@@ -1217,11 +1088,11 @@ def check_fast_training(
     _fail_if(CH_FAST, _fast_problem(got, text, vocab_size, vocab, merges))
     speedup = reference_s / max(yours_s, 1e-9)
     timing = f"{yours_s:.3f} s against the reference's {reference_s:.3f} s, on this machine"
-    if speedup < goal:
-        raise core.CheckFailed(
-            CH_FAST,
-            f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the reference ({timing}); the goal is {goal:g} times",
-        )
+    core.require(
+        CH_FAST,
+        speedup >= goal,
+        f"the same {len(merges)} merges, but only {speedup:.2f} times as fast as the reference ({timing}); the goal is {goal:g} times",
+    )
     core.passed(CH_FAST, f"the same {len(merges)} merges, {speedup:.1f} times as fast ({timing})")
     return speedup
 
