@@ -237,19 +237,16 @@ def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
         want = _mapped(given)
         if not _same_state(got, want):
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            found = (f"missing {missing[:4]}; " if missing else "") + (
+                f"names our model does not have {extra[:4]}; " if extra else ""
+            )
+            layout = "save_pretrained's layout" if prefixed else "the hub's layout"
             core.fail_with(
                 EX_MAPPING,
                 MAPPING_MISTAKES,
                 lambda m: _same_state(got, m.fn(given)),
-                "on a checkpoint in "
-                + ("save_pretrained's layout: " if prefixed else "the hub's layout: ")
-                + (f"missing {missing[:4]}; " if missing else "")
-                + (f"names our model does not have {extra[:4]}; " if extra else "")
-                + (
-                    ""
-                    if missing or extra
-                    else "some tensors differ from the file's (keep each tensor as it is)"
-                ),
+                f"on a checkpoint in {layout}: "
+                + (found or "some tensors differ from the file's (keep each tensor as it is)"),
             )
     with torch.device("meta"):
         probe = type(model)(model.config)
