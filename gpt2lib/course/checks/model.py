@@ -37,68 +37,40 @@ def _reference(config, seed=0):
 
 
 # --------------------------------------------------------------------------- Exercise 6.1
-def _logits(m, idx, kind=None):
-    """Model m's logits from its own wte, wpe, drop, h and ln_f: right, or with the planted
-    mistake `kind` (a name in MODULE_MISTAKES or FORWARD_MISTAKES)."""
+def _logits(m, idx, *, mistake=""):
+    """Model m's logits from its own wte, wpe, drop, h and ln_f; `mistake` plants one of
+    MODULE_MISTAKES or FORWARD_MISTAKES by its name."""
     x = m.wte(idx)
-    if kind == "ids as positions":
+    if mistake == "ids as positions":
         x = x + m.wpe(idx)
-    elif kind != "no positions":
-        start = 1 if kind in ("positions from 1", "both_planted_bugs") else 0
+    elif mistake != "no positions":
+        start = 1 if mistake in ("positions from 1", "both_planted_bugs") else 0
         x = x + m.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
     x = m.drop(x)
-    for block in {"blocks discarded": [], "last block only": m.h[-1:]}.get(kind, m.h):
-        x = x + block(x) if kind in ("double residual", "both_planted_bugs") else block(x)
-        x = m.ln_f(x) if kind == "ln_f in every block" else x
-    x = x if kind in ("no ln_f", "ln_f in every block") else m.ln_f(x)
-    logits = x @ (m.wpe if kind == "readout with wpe" else m.wte).weight.T
-    if kind == "softmax":
+    for block in {"blocks discarded": [], "last block only": m.h[-1:]}.get(mistake, m.h):
+        x = x + block(x) if mistake in ("double residual", "both_planted_bugs") else block(x)
+        x = m.ln_f(x) if mistake == "ln_f in every block" else x
+    x = x if mistake in ("no ln_f", "ln_f in every block") else m.ln_f(x)
+    logits = x @ (m.wpe if mistake == "readout with wpe" else m.wte).weight.T
+    if mistake == "softmax":
         return logits.softmax(dim=-1)
-    return logits.log_softmax(dim=-1) if kind == "log-softmax" else logits
+    return logits.log_softmax(dim=-1) if mistake == "log-softmax" else logits
 
 
-def _wrong_forward(kind):
-    """The planted forward called `kind`, as fn(model, idx)."""
-    return functools.partial(_logits, kind=kind)
-
-
-DOUBLE_RESIDUAL = "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already returns x plus its update, so that doubles the stream at every block. Write x = block(x)"
-
-# fn(model, idx) -> wrong logits, computed with the model's own wte, wpe, drop, h, ln_f
-MODULE_MISTAKES = core.planted(
-    _wrong_forward,
+MODULE_MISTAKES = core.variants(
+    _logits,
     {
-        "double residual": DOUBLE_RESIDUAL,
-        "no ln_f": (
-            "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the output of the last block, before the readout"
-        ),
-        "no positions": (
-            "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to the token embeddings, or the model cannot tell word order"
-        ),
-        "positions from 1": (
-            "your positions start at 1: the first is 0, so use torch.arange(T) (0, 1, ..., T-1)"
-        ),
-        "ids as positions": (
-            "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are"
-        ),
-        "blocks discarded": (
-            "your logits match the model with NO blocks: a block returns the new residual stream, so write x = block(x) (the blocks' output is being thrown away)"
-        ),
-        "last block only": (
-            "your logits match the model with only the LAST block applied to the embeddings: each block takes the previous block's output, x = block(x) in the loop"
-        ),
-        "ln_f in every block": (
-            "the final LayerNorm ln_f is applied after every block: it comes once, after the last"
-        ),
-        "softmax": (
-            "your output is probabilities (each row sums to 1): return the raw logits; softmax belongs to the loss and to sampling"
-        ),
-        "log-softmax": (
-            "your output is log-probabilities (log_softmax): return the raw logits; the loss (F.cross_entropy) applies log_softmax itself"
-        ),
-        "readout with wpe": (
-            "the readout multiplies by the position table: the tied readout uses the TOKEN table, x @ self.wte.weight.T"
-        ),
+        "double residual": "your blocks' outputs are added to the stream once more (x = x + block(x)): a Block already returns x plus its update, so that doubles the stream at every block. Write x = block(x)",
+        "no ln_f": "your logits match the model WITHOUT the final LayerNorm: apply self.ln_f to the output of the last block, before the readout",
+        "no positions": "your logits match the model WITHOUT position embeddings: add self.wpe(positions) to the token embeddings, or the model cannot tell word order",
+        "positions from 1": "your positions start at 1: the first is 0, so use torch.arange(T) (0, 1, ..., T-1)",
+        "ids as positions": "you looked up the token ids in the position table (self.wpe(idx)): positions are 0, 1, ..., T-1, torch.arange(T), whatever the tokens are",
+        "blocks discarded": "your logits match the model with NO blocks: a block returns the new residual stream, so write x = block(x) (the blocks' output is being thrown away)",
+        "last block only": "your logits match the model with only the LAST block applied to the embeddings: each block takes the previous block's output, x = block(x) in the loop",
+        "ln_f in every block": "the final LayerNorm ln_f is applied after every block: it comes once, after the last",
+        "softmax": "your output is probabilities (each row sums to 1): return the raw logits; softmax belongs to the loss and to sampling",
+        "log-softmax": "your output is log-probabilities (log_softmax): return the raw logits; the loss (F.cross_entropy) applies log_softmax itself",
+        "readout with wpe": "the readout multiplies by the position table: the tied readout uses the TOKEN table, x @ self.wte.weight.T",
     },
 )
 
@@ -111,14 +83,13 @@ def _check_dropout(model_cls) -> None:
     idx = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         evaluated = model.eval()(idx)
-        if not torch.equal(model(idx), evaluated):
-            raise core.CheckFailed(EX_MODULE, NOT_DETERMINISTIC)
+        core.require(EX_MODULE, torch.equal(model(idx), evaluated), NOT_DETERMINISTIC)
         torch.manual_seed(0)
-        if torch.equal(model.train()(idx), evaluated):
-            raise core.CheckFailed(
-                EX_MODULE,
-                "with embd_pdrop = 0.5, training mode gives the same logits as eval mode: self.drop is never applied. Apply it to the sum of the embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))",
-            )
+        core.require(
+            EX_MODULE,
+            not torch.equal(model.train()(idx), evaluated),
+            "with embd_pdrop = 0.5, training mode gives the same logits as eval mode: self.drop is never applied. Apply it to the sum of the embeddings, x = self.drop(self.wte(idx) + self.wpe(positions))",
+        )
     model.eval()
 
 
@@ -210,41 +181,39 @@ def check_gpt2_module(model_cls) -> None:
             got = core.expect_tensor(
                 EX_MODULE, got, want.shape, what=f"for idx of shape {shape} your output"
             )
-            if not torch.equal(got, core.call_learner(EX_MODULE, model.forward, idx).double()):
-                raise core.CheckFailed(EX_MODULE, NOT_DETERMINISTIC)
-        if not core.close(got, want, atol=1e-4, rtol=1e-4):
-            raise core.CheckFailed(
-                EX_MODULE,
-                f"for idx of shape {shape} your logits differ from the reference by up to {(got - want.double()).abs().max().item():.4g}; the order is: wte(idx) + wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
-            )
+            again = core.call_learner(EX_MODULE, model.forward, idx).double()
+            core.require(EX_MODULE, torch.equal(got, again), NOT_DETERMINISTIC)
+        core.require(
+            EX_MODULE,
+            core.close(got, want, atol=1e-4, rtol=1e-4),
+            f"for idx of shape {shape} your logits differ from the reference by up to {(got - want.double()).abs().max().item():.4g}; the order is: wte(idx) + wpe(arange(T)), dropout, every block, ln_f, @ wte.weight.T",
+        )
     _check_dropout(model_cls)
     core.passed(EX_MODULE, "same logits as gpt2lib.GPT2, readout tied to wte")
 
 
 # --------------------------------------------------------------------------- Exercise 6.3
-# fn(n_layer) -> the std a wrong scaling gives the residual projections (attn.c_proj, mlp.c_proj)
-INIT_SCALE_MISTAKES = [
-    core.Mistake(
-        "1/sqrt(n_layer)",
-        "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block adds TWO updates to the residual stream (attention and MLP)",
-        lambda n_layer: 0.02 / math.sqrt(n_layer),
-    ),
-    core.Mistake(
-        "1/(2 n_layer)",
-        "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · n_layer) (random updates add up as √count)",
-        lambda n_layer: 0.02 / (2 * n_layer),
-    ),
-    core.Mistake(
-        "GPT-2 small's depth",
-        "look scaled for GPT-2 small's 12 layers: use the model's own depth, model.config.n_layer",
-        lambda n_layer: 0.02 / math.sqrt(2 * 12),
-    ),
-    core.Mistake(
-        "1/sqrt(2) only",
-        "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of updates the residual stream sums over the whole model",
-        lambda n_layer: 0.02 / math.sqrt(2),
-    ),
-]
+def _residual_std(n_layer, *, mistake=""):
+    """The std of the residual projections (attn.c_proj, mlp.c_proj), 0.02 / √(2 · n_layer);
+    `mistake` plants one of INIT_SCALE_MISTAKES by its name."""
+    divisor = {
+        "1/sqrt(n_layer)": math.sqrt(n_layer),
+        "1/(2 n_layer)": 2 * n_layer,
+        "GPT-2 small's depth": math.sqrt(2 * 12),
+        "1/sqrt(2) only": math.sqrt(2),
+    }.get(mistake, math.sqrt(2 * n_layer))
+    return 0.02 / divisor
+
+
+INIT_SCALE_MISTAKES = core.variants(
+    _residual_std,
+    {
+        "1/sqrt(n_layer)": "are scaled by 1/√n_layer: it is 1/√(2 · n_layer), since every block adds TWO updates to the residual stream (attention and MLP)",
+        "1/(2 n_layer)": "are scaled by 1/(2 · n_layer): take the square root, 0.02 / √(2 · n_layer) (random updates add up as √count)",
+        "GPT-2 small's depth": "look scaled for GPT-2 small's 12 layers: use the model's own depth, model.config.n_layer",
+        "1/sqrt(2) only": "are scaled by 1/√2 only: divide by √(2 · n_layer), the number of updates the residual stream sums over the whole model",
+    },
+)
 
 
 def _std_and_mean(named, suffix):
@@ -267,28 +236,26 @@ def check_init_gpt2_weights(init_fn) -> None:
         torch.manual_seed(0)
         returned = core.call_learner(EX_INIT, init_fn, model)
     named = dict(model.named_parameters())
-    if isinstance(returned, nn.Module) and returned is not model:
-        if all((p == fill).all() for p in named.values()):
-            raise core.CheckFailed(
-                EX_INIT,
-                "your function returned a new model and left the one it was given unchanged; set the weights of `model` itself, in place (nn.init.normal_(module.weight, ...) changes the tensor it is given)",
-            )
+    need = functools.partial(core.require, EX_INIT)
+    new = isinstance(returned, nn.Module) and returned is not model
+    need(
+        not (new and all((p == fill).all() for p in named.values())),
+        "your function returned a new model and left the one it was given unchanged; set the weights of `model` itself, in place (nn.init.normal_(module.weight, ...) changes the tensor it is given)",
+    )
     for n, p in named.items():
         ones = n.endswith(".weight")  # a LayerNorm's gain; its bias is 0
-        if (".ln_" in n or n.startswith("ln_f")) and not torch.all(p == float(ones)):
-            raise core.CheckFailed(
-                EX_INIT,
-                f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm starts with gain (weight) 1 and bias 0, a plain normalisation",
-            )
+        need(
+            not (".ln_" in n or n.startswith("ln_f")) or torch.all(p == float(ones)),
+            f"{n} is not {'all ones' if ones else 'zero'}: a LayerNorm starts with gain (weight) 1 and bias 0, a plain normalisation",
+        )
     for n, p in named.items():
         if n.endswith(".bias") and not torch.all(p == 0):
             raise core.CheckFailed(EX_INIT, f"{n} is not zero: the layers' biases start at 0")
     for n, p in named.items():
-        if torch.all(p == fill):
-            raise core.CheckFailed(
-                EX_INIT,
-                f"{n} still holds the value it had before your function ran: every parameter must be set (see the list in the exercise)",
-            )
+        need(
+            not torch.all(p == fill),
+            f"{n} still holds the value it had before your function ran: every parameter must be set (see the list in the exercise)",
+        )
     groups = {
         "the token embedding wte": "wte.weight",
         "the position embedding wpe": "wpe.weight",
@@ -297,18 +264,13 @@ def check_init_gpt2_weights(init_fn) -> None:
     }
     for label, suffix in groups.items():
         std, mean = _std_and_mean(named, suffix)
-        if abs(std - math.sqrt(0.02)) < 0.1 * math.sqrt(0.02):
-            raise core.CheckFailed(
-                EX_INIT,
-                f"{label} have std {std:.4f} = √0.02: 0.02 is the standard deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
-            )
-        if not _near(std, 0.02):
-            raise core.CheckFailed(
-                EX_INIT, f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them"
-            )
-        if abs(mean) > 0.2 * 0.02:
-            raise core.CheckFailed(EX_INIT, f"{label} have mean {mean:.4f}; draw them around 0")
-    resid = 0.02 / math.sqrt(2 * n_layer)
+        need(
+            not abs(std - math.sqrt(0.02)) < 0.1 * math.sqrt(0.02),
+            f"{label} have std {std:.4f} = √0.02: 0.02 is the standard deviation, not the variance (nn.init.normal_(w, mean=0.0, std=0.02))",
+        )
+        need(_near(std, 0.02), f"{label} have std {std:.4f}; GPT-2 uses std 0.02 for them")
+        need(not abs(mean) > 0.2 * 0.02, f"{label} have mean {mean:.4f}; draw them around 0")
+    resid = _residual_std(n_layer)
     stds = {w: _std_and_mean(named, w + ".weight") for w in ("attn.c_proj", "mlp.c_proj")}
     right = {w: _near(std, resid) and abs(mean) <= 0.2 * resid for w, (std, mean) in stds.items()}
     if all(right.values()):
@@ -316,17 +278,15 @@ def check_init_gpt2_weights(init_fn) -> None:
         return
     bad = next(w for w, ok in right.items() if not ok)
     good = next((w for w, ok in right.items() if ok), None)
-    if good and _near(stds[bad][0], 0.02):
-        raise core.CheckFailed(
-            EX_INIT,
-            f"only {good} is scaled, {bad} is not: both write into the residual stream, so both use std 0.02 / √(2 · n_layer)",
-        )
+    need(
+        not (good and _near(stds[bad][0], 0.02)),
+        f"only {good} is scaled, {bad} is not: both write into the residual stream, so both use std 0.02 / √(2 · n_layer)",
+    )
     std, mean = stds[bad]
-    if _near(std, 0.02):
-        raise core.CheckFailed(
-            EX_INIT,
-            f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of their outputs",
-        )
+    need(
+        not _near(std, 0.02),
+        f"the residual projections (attn.c_proj, mlp.c_proj) are not scaled (std {std:.4f}): use std 0.02 / √(2 · n_layer), because the residual stream adds up 2 · n_layer of their outputs",
+    )
     core.fail_with(
         EX_INIT,
         INIT_SCALE_MISTAKES,
@@ -337,82 +297,48 @@ def check_init_gpt2_weights(init_fn) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 6.5
-def _right_count(config):
+def _count(config, *, mistake=""):
+    """GPT-2's parameter count from the config's sizes; `mistake` plants one of COUNT_MISTAKES
+    by its name (the right count plus that mistake's delta)."""
     V, P, C, L = config.vocab_size, config.n_positions, config.n_embd, config.n_layer
-    return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+    delta = {
+        "untied readout": V * C,
+        "no ln_f": -2 * C,
+        "no wpe": -P * C,
+        "no biases": -9 * C * L,
+        "no block LayerNorms": -4 * C * L,
+        "no LayerNorms": -4 * C * L - 2 * C,
+        "weights only": -9 * C * L - 4 * C * L - 2 * C,
+        "one block": -(L - 1) * (12 * C * C + 13 * C),
+        "MLP without expansion": -L * (6 * C * C + 3 * C),
+        "MLP c_proj as n × n": -3 * C * C * L,
+        "one LayerNorm per block": -2 * C * L,
+        "LayerNorm without bias": -(2 * L + 1) * C,
+        "c_attn as n × n": -L * (2 * C * C + 2 * C),
+        "no attention c_proj": -L * (C * C + C),
+    }
+    return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C + delta.get(mistake, 0)
 
 
-def _count_mistake(name, message, delta):
-    """A wrong count: the right one plus delta(V, P, C, L)."""
-    return core.Mistake(
-        name,
-        message,
-        lambda c: _right_count(c) + delta(c.vocab_size, c.n_positions, c.n_embd, c.n_layer),
-    )
-
-
-# fn(config) -> the count a wrong formula gives: the right one plus delta(V, P, C, L)
-COUNT_MISTAKES = [
-    _count_mistake(name, message, delta)
-    for name, (delta, message) in {
-        "untied readout": (
-            lambda V, P, C, L: V * C,
-            "you counted the readout as well as wte: the readout is TIED to the token table (logits = x @ wte.weight.T), so it adds no parameters",
-        ),
-        "no ln_f": (
-            lambda V, P, C, L: -2 * C,
-            "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
-        ),
-        "no wpe": (
-            lambda V, P, C, L: -P * C,
-            "the position embedding table wpe (n_positions × n_embd) is missing",
-        ),
-        "no biases": (
-            lambda V, P, C, L: -9 * C * L,
-            "the biases of c_attn, c_proj, c_fc and the MLP's c_proj (3C + C + 4C + C per block) are missing",
-        ),
-        "no block LayerNorms": (
-            lambda V, P, C, L: -4 * C * L,
-            "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
-        ),
-        "no LayerNorms": (
-            lambda V, P, C, L: -4 * C * L - 2 * C,
-            "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
-        ),
-        "weights only": (
-            lambda V, P, C, L: -9 * C * L - 4 * C * L - 2 * C,
-            "only the weight matrices are counted: add the biases and the LayerNorms",
-        ),
-        "one block": (
-            lambda V, P, C, L: -(L - 1) * (12 * C * C + 13 * C),
-            "only ONE block is counted: there are n_layer of them, each with its own weights",
-        ),
-        "MLP without expansion": (
-            lambda V, P, C, L: -L * (6 * C * C + 3 * C),
-            "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
-        ),
-        "MLP c_proj as n × n": (
-            lambda V, P, C, L: -3 * C * C * L,
-            "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
-        ),
-        "one LayerNorm per block": (
-            lambda V, P, C, L: -2 * C * L,
-            "each block has TWO LayerNorms, ln_1 before attention and ln_2 before the MLP, with 2 · n_embd parameters each",
-        ),
-        "LayerNorm without bias": (
-            lambda V, P, C, L: -(2 * L + 1) * C,
-            "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
-        ),
-        "c_attn as n × n": (
-            lambda V, P, C, L: -L * (2 * C * C + 2 * C),
-            "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
-        ),
-        "no attention c_proj": (
-            lambda V, P, C, L: -L * (C * C + C),
-            "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
-        ),
-    }.items()
-]
+COUNT_MISTAKES = core.variants(
+    _count,
+    {
+        "untied readout": "you counted the readout as well as wte: the readout is TIED to the token table (logits = x @ wte.weight.T), so it adds no parameters",
+        "no ln_f": "the final LayerNorm ln_f (2 · n_embd: gain and bias) is missing",
+        "no wpe": "the position embedding table wpe (n_positions × n_embd) is missing",
+        "no biases": "the biases of c_attn, c_proj, c_fc and the MLP's c_proj (3C + C + 4C + C per block) are missing",
+        "no block LayerNorms": "the blocks' two LayerNorms (ln_1 and ln_2, 2 · n_embd each) are missing",
+        "no LayerNorms": "all LayerNorm parameters (ln_1, ln_2 per block and ln_f) are missing",
+        "weights only": "only the weight matrices are counted: add the biases and the LayerNorms",
+        "one block": "only ONE block is counted: there are n_layer of them, each with its own weights",
+        "MLP without expansion": "the MLP is counted as n_embd → n_embd → n_embd: its hidden layer is 4 · n_embd wide",
+        "MLP c_proj as n × n": "the MLP's c_proj is counted as n_embd × n_embd: it brings the 4 · n_embd hidden values back to n_embd, so its weight is 4 · n_embd × n_embd (attention's is n_embd × n_embd)",
+        "one LayerNorm per block": "each block has TWO LayerNorms, ln_1 before attention and ln_2 before the MLP, with 2 · n_embd parameters each",
+        "LayerNorm without bias": "a LayerNorm has a gain (weight) AND a bias: 2 · n_embd parameters, not n_embd",
+        "c_attn as n × n": "c_attn maps n_embd to 3 · n_embd (q, k and v in one layer), so it has n_embd · 3 · n_embd weights and 3 · n_embd biases",
+        "no attention c_proj": "attention's output projection c_proj (n_embd × n_embd and n_embd biases) is missing",
+    },
+)
 
 
 @functools.cache
@@ -445,7 +371,7 @@ def check_count_gpt2_parameters(count_fn) -> None:
                 EX_COUNT,
                 f"for {sizes} you return GPT-2 small's count, 124,439,808; compute it from the config's fields (config.n_embd, config.n_layer, ...)",
             )
-        assert _right_count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
+        assert _count(config) == want, "the check's formula disagrees with gpt2lib.GPT2"
         case = f"for {sizes} you get {got:,}, the model has {want:,}"
         core.fail_with(
             EX_COUNT,
@@ -458,40 +384,30 @@ def check_count_gpt2_parameters(count_fn) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 6.6
-def _memory(n_params, bytes_per_number, gradients=1, optimizer=2, scale=1):
-    weights = n_params * bytes_per_number * scale
-    parts = {"weights": weights, "gradients": gradients * weights, "optimizer": optimizer * weights}
+def _memory(n_params, bytes_per_number, *, mistake=""):
+    """The bytes that training takes: weights, their gradients, AdamW's two states, and the
+    total; `mistake` plants one of MEMORY_MISTAKES by its name."""
+    bytes_per_number = 4 if mistake == "fixed 4 bytes" else bytes_per_number
+    weights = n_params * bytes_per_number * (8 if mistake == "bits" else 1)
+    states = {"one optimizer state": 1, "optimizer with gradients": 3}.get(mistake, 2)
+    parts = {
+        "weights": weights,
+        "gradients": (0 if mistake == "no gradients" else 1) * weights,
+        "optimizer": states * weights,
+    }
     return {**parts, "total": sum(parts.values())}
 
 
-# fn(n_params, bytes_per_number) -> the dict a wrong answer returns
-MEMORY_MISTAKES = [
-    core.Mistake(
-        "one optimizer state",
-        "your optimizer state is one number per parameter: AdamW keeps TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
-        lambda n, b: _memory(n, b, optimizer=1),
-    ),
-    core.Mistake(
-        "no gradients",
-        "gradients are missing: loss.backward() stores one per parameter, as big as the weights",
-        lambda n, b: _memory(n, b, gradients=0),
-    ),
-    core.Mistake(
-        "optimizer with gradients",
-        "your optimizer state is three numbers per parameter: AdamW keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
-        lambda n, b: _memory(n, b, optimizer=3),
-    ),
-    core.Mistake(
-        "bits",
-        "your counts are in bits (×8): the answer is in bytes, n_params × bytes_per_number",
-        lambda n, b: _memory(n, b, scale=8),
-    ),
-    core.Mistake(
-        "fixed 4 bytes",
-        "your counts ignore bytes_per_number (they assume 4, float32): use the argument, 2 for bfloat16, 8 for float64",
-        lambda n, b: _memory(n, 4),
-    ),
-]
+MEMORY_MISTAKES = core.variants(
+    _memory,
+    {
+        "one optimizer state": "your optimizer state is one number per parameter: AdamW keeps TWO, the running average of the gradient (exp_avg) and of its square (exp_avg_sq)",
+        "no gradients": "gradients are missing: loss.backward() stores one per parameter, as big as the weights",
+        "optimizer with gradients": "your optimizer state is three numbers per parameter: AdamW keeps two (exp_avg, exp_avg_sq); the gradient has its own entry",
+        "bits": "your counts are in bits (×8): the answer is in bytes, n_params × bytes_per_number",
+        "fixed 4 bytes": "your counts ignore bytes_per_number (they assume 4, float32): use the argument, 2 for bfloat16, 8 for float64",
+    },
+)
 
 
 def _bytes(tensors):
@@ -534,27 +450,23 @@ def check_training_memory(training_memory, measured=None, model=None, optimizer=
     if model is not None:
         _check_measured(measured, model, optimizer)
     keys = ("weights", "gradients", "optimizer", "total")
+    need = functools.partial(core.require, EX_MEMORY)
     for n_params, bytes_per_number in ((124_439_808, 4), (1_000, 2), (7, 8)):
         got = core.call_learner(
             EX_MEMORY, training_memory, n_params, bytes_per_number=bytes_per_number
         )
-        if not isinstance(got, dict):
-            raise core.CheckFailed(
-                EX_MEMORY,
-                f"return a dict with the keys {', '.join(keys)}; got {type(got).__name__}",
-            )
+        need(
+            isinstance(got, dict),
+            f"return a dict with the keys {', '.join(keys)}; got {type(got).__name__}",
+        )
         missing = ", ".join(repr(k) for k in keys if k not in got)
-        if missing:
-            raise core.CheckFailed(
-                EX_MEMORY,
-                f"your dict lacks the key(s) {missing}: use exactly {', '.join(map(repr, keys))}",
-            )
+        need(
+            not missing,
+            f"your dict lacks the key(s) {missing}: use exactly {', '.join(map(repr, keys))}",
+        )
         for key in keys:
-            if isinstance(got[key], bool) or not isinstance(got[key], numbers.Real):
-                raise core.CheckFailed(
-                    EX_MEMORY,
-                    f"got[{key!r}] should be a number of bytes, got {type(got[key]).__name__}",
-                )
+            number = isinstance(got[key], numbers.Real) and not isinstance(got[key], bool)
+            need(number, f"got[{key!r}] should be a number of bytes, got {type(got[key]).__name__}")
         want = _memory(n_params, bytes_per_number)
         wrong = [k for k in keys if got[k] != want[k]]
         if not wrong:
@@ -620,15 +532,9 @@ def check_budget_config(config) -> int:
 
 
 # --------------------------------------------------------------------------- Exercise 6.8
-# fn(model, idx) -> the logits that wrong version gives; the planted bugs first, then Exercise 6.1's
-FORWARD_MISTAKES = [
-    core.Mistake(
-        "both_planted_bugs",
-        "both planted bugs are still there: the positions start at 1 and each block's output is added to the stream a second time",
-        functools.partial(_logits, kind="both_planted_bugs"),
-    ),
-    *MODULE_MISTAKES,
-]
+BOTH_BUGS = "both planted bugs are still there: the positions start at 1 and each block's output is added to the stream a second time"
+# the planted bugs first, then Exercise 6.1's
+FORWARD_MISTAKES = [*core.variants(_logits, {"both_planted_bugs": BOTH_BUGS}), *MODULE_MISTAKES]
 
 
 def check_forward_by_hand(forward_by_hand) -> None:

@@ -4,13 +4,24 @@ recording hooks, the logit lens, head scores, the copies' losses, ablations and 
 from __future__ import annotations
 
 import functools
+import json
 import math
+import mmap
+import tempfile
 import types
+import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
+from gpt2lib import inspection
+from gpt2lib.chapters import interpret
+from gpt2lib.chapters.attention import attention_weights
+from gpt2lib.chapters.model import GPT2
 from gpt2lib.course.checks import _core as core
+from gpt2lib.validation import SAFETENSORS_DTYPES
 
 EX_READ = "Exercise 8.0 (iter_safetensors)"
 EX_MAPPING = "Exercise 8.1 (checkpoint_to_model, load_weights)"
@@ -46,26 +57,20 @@ def _rounded(t):
 # --------------------------------------------------------------------------- 8.0 reading the file
 
 
-def _read_planted(
-    path, keep=None, *, from_file_start=False, ignore_keep=False, mapped=False, flat=False
-):
-    """A safetensors reader with the mistakes switched on by name (the right one with none)."""
-    import json
-    import mmap
-    import warnings
-
-    from gpt2lib.validation import SAFETENSORS_DTYPES
-
+def _read(path, keep=None, *, mistake=""):
+    """A safetensors reader, yielding (name, tensor); `mistake` plants one of READ_MISTAKES by
+    its name."""
+    mapped = mistake == "memory map"
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_len))
         header.pop("__metadata__", None)
         whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if mapped else None
         for name, info in header.items():
-            if not ignore_keep and keep is not None and not keep(name):
+            if mistake != "keep ignored" and keep is not None and not keep(name):
                 continue
             begin, end = info["data_offsets"]
-            start = begin if from_file_start else 8 + header_len + begin
+            start = begin if mistake == "offsets from the file's start" else 8 + header_len + begin
             if mapped:  # a view of the mapped file: no copy (torch warns that it is read-only)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
@@ -76,31 +81,18 @@ def _read_planted(
                 f.seek(start)
                 raw = torch.frombuffer(bytearray(f.read(end - begin)), dtype=torch.uint8)
             tensor = raw.view(SAFETENSORS_DTYPES[info["dtype"]])
-            yield name, tensor if flat else tensor.view(info["shape"])
+            yield name, tensor if mistake == "flat" else tensor.view(info["shape"])
 
 
-READ_MISTAKES = [
-    core.Mistake(
-        "offsets from the file's start",
-        "the values are wrong although names, dtypes and shapes are right: data_offsets count from the end of the header, so a tensor starts at byte 8 + header length + its first offset",
-        functools.partial(_read_planted, from_file_start=True),
-    ),
-    core.Mistake(
-        "keep ignored",
-        "with keep=... you still yielded tensors that keep(name) refused; test each name before reading its bytes",
-        functools.partial(_read_planted, ignore_keep=True),
-    ),
-    core.Mistake(
-        "flat",
-        "every tensor came back flat (1-D): view it with the shape from its header entry",
-        functools.partial(_read_planted, flat=True),
-    ),
-    core.Mistake(
-        "memory map",
-        "your tensors changed when the file was rewritten after reading: they are views of the file (a memory map), not tensors of their own; copy the bytes into fresh memory (this is what lets a new download replace the file under a loaded model)",
-        functools.partial(_read_planted, mapped=True),
-    ),
-]
+READ_MISTAKES = core.variants(
+    _read,
+    {
+        "offsets from the file's start": "the values are wrong although names, dtypes and shapes are right: data_offsets count from the end of the header, so a tensor starts at byte 8 + header length + its first offset",
+        "keep ignored": "with keep=... you still yielded tensors that keep(name) refused; test each name before reading its bytes",
+        "flat": "every tensor came back flat (1-D): view it with the shape from its header entry",
+        "memory map": "your tensors changed when the file was rewritten after reading: they are views of the file (a memory map), not tensors of their own; copy the bytes into fresh memory (this is what lets a new download replace the file under a loaded model)",
+    },
+)
 
 
 def _read_all(iter_safetensors, path, keep=None):
@@ -111,11 +103,6 @@ def _read_all(iter_safetensors, path, keep=None):
 
 def check_iter_safetensors(iter_safetensors) -> None:
     """Exercise 8.0: `iter_safetensors(path, keep=None)` yields (name, tensor) of its own memory."""
-    import tempfile
-    from pathlib import Path
-
-    from safetensors.torch import load_file, save_file
-
     torch.manual_seed(0)
     tensors = {
         "h.0.attn.c_attn.weight": torch.randn(3, 4),
@@ -193,51 +180,34 @@ def _checkpoint_file(model, prefixed):
     return tensors
 
 
-def _mapped(tensors, *, masks=False, lm_head=False, prefix=False, biases=True, transposed=False):
-    """The state dict our GPT2 loads from a checkpoint; each switch plants one mistake."""
+def _mapped(tensors, *, mistake=""):
+    """The state dict our GPT2 loads from a checkpoint; `mistake` plants one of MAPPING_MISTAKES
+    by its name."""
     out = {}
     for name, tensor in tensors.items():
         short = name.removeprefix("transformer.")
-        if name == "lm_head.weight" and not lm_head:
+        if name == "lm_head.weight" and mistake != "kept_lm_head":
             continue
-        if short.endswith((".attn.bias", ".attn.masked_bias")) and not masks:
+        if short.endswith((".attn.bias", ".attn.masked_bias")) and mistake != "kept_masks":
             continue
-        if short.endswith(("c_attn.bias", "attn.c_proj.bias")) and not biases:
+        if short.endswith(("c_attn.bias", "attn.c_proj.bias")) and mistake == "dropped_c_attn_bias":
             continue
         conv = short.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-        out[name if prefix else short] = (
-            tensor.T if transposed and conv and tensor.dim() == 2 else tensor
-        )
+        transposed = mistake == "transposed" and conv and tensor.dim() == 2
+        out[name if mistake == "kept_prefix" else short] = tensor.T if transposed else tensor
     return out
 
 
-MAPPING_MISTAKES = [
-    core.Mistake(
-        "kept_masks",
-        "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal masks (n_positions x n_positions of ones below the diagonal), which our attention builds on the fly; our model has no place for them, so leave them out",
-        functools.partial(_mapped, masks=True),
-    ),
-    core.Mistake(
-        "kept_lm_head",
-        "you kept lm_head.weight: GPT-2's readout is tied to wte (the same tensor), so our model has no separate lm_head; leave it out",
-        functools.partial(_mapped, lm_head=True),
-    ),
-    core.Mistake(
-        "kept_prefix",
-        "names written by save_pretrained start with `transformer.`; drop that prefix, our modules are named without it",
-        functools.partial(_mapped, prefix=True),
-    ),
-    core.Mistake(
-        "dropped_c_attn_bias",
-        "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself (and masked_bias) is one",
-        functools.partial(_mapped, biases=False),
-    ),
-    core.Mistake(
-        "transposed",
-        "you transposed the Conv1D weights: the file stores them [in, out], and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape test cannot tell: c_proj's weight is square)",
-        functools.partial(_mapped, transposed=True),
-    ),
-]
+MAPPING_MISTAKES = core.variants(
+    _mapped,
+    {
+        "kept_masks": "you kept h.N.attn.bias and h.N.attn.masked_bias: they are the causal masks (n_positions x n_positions of ones below the diagonal), which our attention builds on the fly; our model has no place for them, so leave them out",
+        "kept_lm_head": "you kept lm_head.weight: GPT-2's readout is tied to wte (the same tensor), so our model has no separate lm_head; leave it out",
+        "kept_prefix": "names written by save_pretrained start with `transformer.`; drop that prefix, our modules are named without it",
+        "dropped_c_attn_bias": "you dropped h.N.attn.c_attn.bias (and c_proj.bias) too: a name that ends in 'attn.bias' is not always a mask. Only h.N.attn.bias itself (and masked_bias) is one",
+        "transposed": "you transposed the Conv1D weights: the file stores them [in, out], and our Conv1D (chapter 3) keeps that layout, so they load as they are. (A shape test cannot tell: c_proj's weight is square)",
+    },
+)
 
 
 def _same_state(a, b) -> bool:
@@ -267,19 +237,16 @@ def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
         want = _mapped(given)
         if not _same_state(got, want):
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            found = (f"missing {missing[:4]}; " if missing else "") + (
+                f"names our model does not have {extra[:4]}; " if extra else ""
+            )
+            layout = "save_pretrained's layout" if prefixed else "the hub's layout"
             core.fail_with(
                 EX_MAPPING,
                 MAPPING_MISTAKES,
                 lambda m: _same_state(got, m.fn(given)),
-                "on a checkpoint in "
-                + ("save_pretrained's layout: " if prefixed else "the hub's layout: ")
-                + (f"missing {missing[:4]}; " if missing else "")
-                + (f"names our model does not have {extra[:4]}; " if extra else "")
-                + (
-                    ""
-                    if missing or extra
-                    else "some tensors differ from the file's (keep each tensor as it is)"
-                ),
+                f"on a checkpoint in {layout}: "
+                + (found or "some tensors differ from the file's (keep each tensor as it is)"),
             )
     with torch.device("meta"):
         probe = type(model)(model.config)
@@ -294,13 +261,6 @@ def check_checkpoint_to_model(checkpoint_to_model, load_weights=None) -> None:
 
 
 def _check_load_weights(load_weights, model):
-    import tempfile
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    from gpt2lib.chapters.model import GPT2
-
     need = functools.partial(core.require, EX_MAPPING)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
@@ -336,8 +296,6 @@ def _check_load_weights(load_weights, model):
 
 def _record_right(model, idx):
     """resid, attn, head_out of a forward pass, computed here without hooks."""
-    from gpt2lib.chapters.attention import attention_weights
-
     resid, attn, head_out = [], [], []
     with torch.no_grad():
         x = model.wte(idx) + model.wpe(torch.arange(idx.shape[1]))
@@ -435,40 +393,30 @@ def _lens_model(seed=0):
     return model
 
 
-def _lens_right(model, resid):
-    return model.ln_f(torch.stack(resid)) @ model.wte.weight.T
+def _lens(model, resid, *, mistake=""):
+    """Every stream's logits, model.ln_f(stream) @ model.wte.weight.T; `mistake` plants one of
+    LENS_MISTAKES by its name."""
+    x = torch.stack(resid)
+    if mistake == "plain_norm":
+        x = F.layer_norm(x, (resid[0].shape[-1],), eps=model.ln_f.eps)
+    elif mistake != "no_ln_f":
+        x = model.ln_f(model.ln_f(x) if mistake == "ln_f_twice" else x)
+    logits = x @ model.wte.weight.T
+    if mistake == "probabilities":
+        return logits.softmax(-1)
+    return logits.log_softmax(-1) if mistake == "log_probabilities" else logits
 
 
-LENS_MISTAKES = [
-    core.Mistake(
-        "no_ln_f",
-        "the final LayerNorm is missing: apply model.ln_f to each stream before the readout, as the model does before its logits",
-        lambda model, resid: torch.stack(resid) @ model.wte.weight.T,
-    ),
-    core.Mistake(
-        "plain_norm",
-        "you normalise without ln_f's learned gain and shift; call model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
-        lambda model, resid: (
-            F.layer_norm(torch.stack(resid), (resid[0].shape[-1],), eps=model.ln_f.eps)
-            @ model.wte.weight.T
-        ),
-    ),
-    core.Mistake(
-        "ln_f_twice",
-        "ln_f is applied twice; once, right before the readout, is enough",
-        lambda model, resid: model.ln_f(model.ln_f(torch.stack(resid))) @ model.wte.weight.T,
-    ),
-    core.Mistake(
-        "probabilities",
-        "you return probabilities (softmax); return the logits, as the model does",
-        lambda model, resid: _lens_right(model, resid).softmax(-1),
-    ),
-    core.Mistake(
-        "log_probabilities",
-        "you return log-probabilities (log_softmax); return the logits, as the model does",
-        lambda model, resid: _lens_right(model, resid).log_softmax(-1),
-    ),
-]
+LENS_MISTAKES = core.variants(
+    _lens,
+    {
+        "no_ln_f": "the final LayerNorm is missing: apply model.ln_f to each stream before the readout, as the model does before its logits",
+        "plain_norm": "you normalise without ln_f's learned gain and shift; call model.ln_f(...) itself rather than F.layer_norm without its weight and bias",
+        "ln_f_twice": "ln_f is applied twice; once, right before the readout, is enough",
+        "probabilities": "you return probabilities (softmax); return the logits, as the model does",
+        "log_probabilities": "you return log-probabilities (log_softmax); return the logits, as the model does",
+    },
+)
 
 
 def check_logit_lens(logit_lens) -> None:
@@ -476,6 +424,8 @@ def check_logit_lens(logit_lens) -> None:
     model = _lens_model()
     C, V, L = model.config.n_embd, model.config.vocab_size, model.config.n_layer
     B, T = 2, 5
+    # wrong answers' shapes, for their hints
+    one_layer, one_short, streams = (B, T, V), (L, B, T, V), (L + 1, B, T, C)
     gen = torch.Generator().manual_seed(1)
     # streams of growing size, as in a real model; the last one is what the model reads out
     resid = [torch.randn(B, T, C, generator=gen) * (1 + i) for i in range(L + 1)]
@@ -488,7 +438,7 @@ def check_logit_lens(logit_lens) -> None:
             watch=resid,
             changed="your function changed cache.resid; read it without writing to it",
         )
-        want = _lens_right(model, resid)
+        want = _lens(model, resid)
     core.require(
         EX_LENS,
         not (isinstance(got, tuple) and len(got) == 2),
@@ -504,64 +454,40 @@ def check_logit_lens(logit_lens) -> None:
         what="the lens logits",
         atol=1e-4,
         hints={
-            (
-                B,
-                T,
-                V,
-            ): "that is one layer's logits: stack all n_layer + 1 entries of cache.resid (torch.stack) and read out each",
-            (
-                L,
-                B,
-                T,
-                V,
-            ): "one entry is missing: cache.resid has n_layer + 1 entries (the embeddings and the stream after each block); use them all",
-            (
-                L + 1,
-                B,
-                T,
-                C,
-            ): "these are still streams of width C: multiply by model.wte.weight.T to get one logit per vocabulary entry",
+            one_layer: "that is one layer's logits: stack all n_layer + 1 entries of cache.resid (torch.stack) and read out each",
+            one_short: "one entry is missing: cache.resid has n_layer + 1 entries (the embeddings and the stream after each block); use them all",
+            streams: "these are still streams of width C: multiply by model.wte.weight.T to get one logit per vocabulary entry",
             (B, T, L + 1, V): "stack along a new first dimension: (n_layer + 1, B, T, V)",
         },
     )
     core.passed(EX_LENS, "the last layer's lens equals the model's logits")
 
 
-def _next(lens, idx, *, late=False, own=False, f=lambda x: x.log_softmax(-1)):
-    """At every layer, f(logits) at the token that comes next: (n_layer + 1, B, T - 1). The
-    mistakes: position t + 1's logits (late), or scored against token t (own)."""
-    values = f((lens[:, :, 1:] if late else lens[:, :, :-1]).double())
-    tokens = idx[:, :-1] if late or own else idx[:, 1:]  # position t's logits predict token t + 1
+def _next(lens, idx, *, mistake=""):
+    """At every layer, the log-probability of the token that comes next: (n_layer + 1, B, T - 1);
+    `mistake` plants one of NEXT_MISTAKES by its name."""
+    late = mistake == "backwards"  # position t + 1's logits
+    x = (lens[:, :, 1:] if late else lens[:, :, :-1]).double()
+    values = {
+        "raw logits": x,
+        "probabilities": x.softmax(-1),
+        "softmax over positions": x.log_softmax(-2),
+    }.get(mistake, x.log_softmax(-1))
+    # position t's logits predict token t + 1; the mistake "unshifted" scores them against token t
+    tokens = idx[:, :-1] if late or mistake == "unshifted" else idx[:, 1:]
     return values.gather(-1, tokens[None, :, :, None].expand(lens.shape[0], -1, -1, 1))[..., 0]
 
 
-NEXT_MISTAKES = [
-    core.Mistake(
-        "unshifted",
-        "you scored each position's logits against its own token; the logits at position t predict the token at t + 1 (and the last position has nothing to predict)",
-        functools.partial(_next, own=True),
-    ),
-    core.Mistake(
-        "backwards",
-        "you scored position t + 1's logits against token t: the shift runs the other way, the logits at t predict the token at t + 1",
-        functools.partial(_next, late=True),
-    ),
-    core.Mistake(
-        "raw logits",
-        "these are raw logits, not log-probabilities: apply log_softmax over the vocabulary first",
-        functools.partial(_next, f=lambda x: x),
-    ),
-    core.Mistake(
-        "probabilities",
-        "these are probabilities; the exercise asks for log-probabilities (log_softmax, not softmax)",
-        functools.partial(_next, f=lambda x: x.softmax(-1)),
-    ),
-    core.Mistake(
-        "softmax over positions",
-        "your log_softmax runs over the wrong dimension: normalise over the vocabulary (the last one), not over the positions",
-        functools.partial(_next, f=lambda x: x.log_softmax(-2)),
-    ),
-]
+NEXT_MISTAKES = core.variants(
+    _next,
+    {
+        "unshifted": "you scored each position's logits against its own token; the logits at position t predict the token at t + 1 (and the last position has nothing to predict)",
+        "backwards": "you scored position t + 1's logits against token t: the shift runs the other way, the logits at t predict the token at t + 1",
+        "raw logits": "these are raw logits, not log-probabilities: apply log_softmax over the vocabulary first",
+        "probabilities": "these are probabilities; the exercise asks for log-probabilities (log_softmax, not softmax)",
+        "softmax over positions": "your log_softmax runs over the wrong dimension: normalise over the vocabulary (the last one), not over the positions",
+    },
+)
 
 
 def check_next_token_logprobs(next_token_logprobs) -> None:
@@ -570,6 +496,9 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
     for layers, B, T, V in [(3, 1, 6, 11), (5, 2, 4, 7), (2, 3, 2, 5)]:  # T = 2: one prediction
         lens = torch.randn(layers, B, T, V, generator=gen) * 3
         idx = torch.randint(0, V, (B, T), generator=gen)
+        # wrong answers' shapes, for their hints
+        per_position, every_token = (layers, B, T), (layers, B, T - 1, V)
+        distribution = (layers, B, T, V)
         got = _call(
             EX_NEXT,
             next_token_logprobs,
@@ -588,23 +517,9 @@ def check_next_token_logprobs(next_token_logprobs) -> None:
             what="the log-probabilities",
             atol=1e-4,
             hints={
-                (
-                    layers,
-                    B,
-                    T,
-                ): "one value a position, T of them: the last position predicts no token of the text, so there are T - 1",
-                (
-                    layers,
-                    B,
-                    T - 1,
-                    V,
-                ): "that is every token's log-probability: keep only the one of the token that really comes next (gather)",
-                (
-                    layers,
-                    B,
-                    T,
-                    V,
-                ): "that is the whole distribution at every position: keep only the log-probability of the token that comes next, at T - 1 positions",
+                per_position: "one value a position, T of them: the last position predicts no token of the text, so there are T - 1",
+                every_token: "that is every token's log-probability: keep only the one of the token that really comes next (gather)",
+                distribution: "that is the whole distribution at every position: keep only the log-probability of the token that comes next, at T - 1 positions",
             },
         )
     core.require(
@@ -625,14 +540,32 @@ def _diagonal(pattern, offset=-1):
     return pattern.diagonal(offset=offset, dim1=-2, dim2=-1)
 
 
-def _second_copy(pattern, L, offset):
+def _averaged(scores, mistake):
+    """Per-token scores (B, n_head, queries) averaged over the batch and the queries, one per
+    head; the mistakes "sum" and "first_example" add them up, or keep the first sequence only."""
+    if mistake == "sum":
+        return scores.sum(dim=(0, -1))
+    return scores[0].mean(dim=-1) if mistake == "first_example" else scores.mean(dim=(0, -1))
+
+
+def _previous(p, *, mistake=""):
+    """Each head's mean attention to the previous token, pattern[..., q, q - 1]; `mistake`
+    plants one of PREVIOUS_MISTAKES by its name."""
+    diagonal = _diagonal(p, {"itself": 0, "two_back": -2, "transposed": 1}.get(mistake, -1))
+    if mistake == "counts_position_0":
+        return diagonal.sum(-1).mean(0) / p.shape[-1]
+    return _averaged(diagonal, mistake)
+
+
+def _induction(p, L, *, mistake=""):
+    """For query q in the second copy (L + 1 .. 2L), the attention to key q - L + 1, averaged;
+    `mistake` plants one of INDUCTION_MISTAKES by its name."""
+    p = p.transpose(-1, -2) if mistake == "transposed" else p
+    offset = {"same_token": L, "two_after": L - 2, "previous_token": 1}.get(mistake, L - 1)
+    if mistake == "whole_stripe":  # every query, the first copy's too
+        return _diagonal(p, -offset).mean(dim=(0, -1))
     q = torch.arange(L + 1, 2 * L + 1)
-    return pattern[:, :, q, q - offset]  # (B, nh, L)
-
-
-def _induction_right(pattern, L):
-    """For query q in the second copy (L + 1 .. 2L), the attention to key q - L + 1."""
-    return _second_copy(pattern, L, L - 1).mean(dim=(0, -1))  # (nh,)
+    return _averaged(p[:, :, q, q - offset], mistake)  # (B, nh, L) averaged
 
 
 def _patterns(B=3, nh=4, L=5, seed=0):
@@ -648,132 +581,81 @@ def _patterns(B=3, nh=4, L=5, seed=0):
     return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-def _score_hints(B, nh, queries):
-    """expect_tensor's hints for per-head scores that kept or lost the wrong dimensions."""
-    one = "one score per head"
-    return {
+def _judge_scores(exercise, score_fn, right, mistakes, B, nh, L, seed) -> None:
+    """A head score's check on one test pattern: `score_fn(pattern)` -> (n_head,) as `right`
+    computes it, the planted `mistakes` named; with `_induction`, both take seq_len too."""
+    pattern = _patterns(B, nh, L, seed)
+    args, queries, case = (pattern,), pattern.shape[-1] - 1, ""
+    if right is _induction:
+        args, queries, case = (pattern, L), L, f"for seq_len={L} "
+    want = right(*args)
+    got = _call(
+        exercise,
+        score_fn,
+        *args,
+        changed="your function changed the pattern it was given; read it without writing to it",
+    )
+    one = "one score per head"  # expect_tensor's hints: scores that kept or lost dimensions
+    hints = {
         (): f"you return one number: keep {one} (average over dims 0 and the queries, not over the heads)",
         (B, nh): f"average over the batch too: {one}",
         (nh, queries): f"average over the queries too: {one}",
         (B, nh, queries): f"average over the batch and the queries: {one}",
     }
+    core.judge(
+        exercise,
+        got,
+        want,
+        mistakes,
+        lambda m: m.fn(*args),
+        lambda got: f"{case}the scores should be {_rounded(want)}, got {_rounded(got)}",
+        what="the scores",
+        hints=hints,
+        atol=1e-6,
+    )
 
 
-_PATTERN_CHANGED = "your function changed the pattern it was given; read it without writing to it"
-
-PREVIOUS_MISTAKES = [
-    core.Mistake(
-        "itself",
-        "you score the attention of each token to *itself* (the main diagonal); the previous token is key q - 1, one below it",
-        lambda p: _diagonal(p, 0).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "two_back",
-        "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
-        lambda p: _diagonal(p, -2).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "transposed",
-        "rows are queries and columns keys: the previous token of query q is pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask leaves zeros)",
-        lambda p: _diagonal(p, 1).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "counts_position_0",
-        "you average over all T queries, counting position 0 (which has no previous token) as a zero; average over the T - 1 queries that have one",
-        lambda p: _diagonal(p).sum(-1).mean(0) / p.shape[-1],
-    ),
-    core.Mistake(
-        "sum",
-        "you add the attention up instead of averaging it: a perfect previous-token head should score 1",
-        lambda p: _diagonal(p).sum(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "first_example",
-        "you use only the first sequence of the batch; average over the batch too",
-        lambda p: _diagonal(p)[0].mean(-1),
-    ),
-]
+PREVIOUS_MISTAKES = core.variants(
+    _previous,
+    {
+        "itself": "you score the attention of each token to *itself* (the main diagonal); the previous token is key q - 1, one below it",
+        "two_back": "off by one: key q - 2 is two tokens back; the previous token is key q - 1",
+        "transposed": "rows are queries and columns keys: the previous token of query q is pattern[..., q, q - 1], below the diagonal (you read above it, where the causal mask leaves zeros)",
+        "counts_position_0": "you average over all T queries, counting position 0 (which has no previous token) as a zero; average over the T - 1 queries that have one",
+        "sum": "you add the attention up instead of averaging it: a perfect previous-token head should score 1",
+        "first_example": "you use only the first sequence of the batch; average over the batch too",
+    },
+)
 
 
 def check_previous_token_score(previous_token_score) -> None:
     """Exercise 8.4: `previous_token_score(pattern (B, n_head, T, T))` -> (n_head,) scores."""
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 6, 1)]:
-        pattern = _patterns(B, nh, L, seed)
-        want = _diagonal(pattern).mean(dim=(0, -1))
-        got = _call(EX_PREVIOUS, previous_token_score, pattern, changed=_PATTERN_CHANGED)
-        core.judge(
-            EX_PREVIOUS,
-            got,
-            want,
-            PREVIOUS_MISTAKES,
-            lambda m: m.fn(pattern),
-            lambda got: f"the scores should be {_rounded(want)}, got {_rounded(got)}",
-            what="the scores",
-            hints=_score_hints(B, nh, pattern.shape[-1] - 1),
-            atol=1e-6,
+        _judge_scores(
+            EX_PREVIOUS, previous_token_score, _previous, PREVIOUS_MISTAKES, B, nh, L, seed
         )
     core.passed(EX_PREVIOUS, "head 1 of the test pattern (a previous-token head) scores highest")
 
 
-INDUCTION_MISTAKES = [
-    core.Mistake(
-        "same_token",
-        "you score the attention to the earlier copy of the *same* token (key q - seq_len). An induction head attends to the token *after* it: key q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, L).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "two_after",
-        "off by one the other way: key q - seq_len + 2 is two tokens after the earlier copy; the induction key is q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, L - 2).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "previous_token",
-        "this is the attention to the previous token (key q - 1), the previous-token score; the induction key is q - seq_len + 1",
-        lambda p, L: _second_copy(p, L, 1).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "whole_stripe",
-        "you average the whole stripe key = q - seq_len + 1, including queries of the first copy (where there is nothing to repeat yet); average over the seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
-        lambda p, L: _diagonal(p, -(L - 1)).mean(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "transposed",
-        "rows are queries and columns keys: pattern[..., q, k]. You read pattern[..., k, q], which the causal mask makes 0 above the diagonal",
-        lambda p, L: _induction_right(p.transpose(-1, -2), L),
-    ),
-    core.Mistake(
-        "sum",
-        "you add the attention up instead of averaging it: a perfect induction head should score 1, so take the mean over the batch and the queries",
-        lambda p, L: _second_copy(p, L, L - 1).sum(dim=(0, -1)),
-    ),
-    core.Mistake(
-        "first_example",
-        "you use only the first sequence of the batch; average over the batch dimension too",
-        lambda p, L: _second_copy(p, L, L - 1)[0].mean(dim=-1),
-    ),
-]
+INDUCTION_MISTAKES = core.variants(
+    _induction,
+    {
+        "same_token": "you score the attention to the earlier copy of the *same* token (key q - seq_len). An induction head attends to the token *after* it: key q - seq_len + 1",
+        "two_after": "off by one the other way: key q - seq_len + 2 is two tokens after the earlier copy; the induction key is q - seq_len + 1",
+        "previous_token": "this is the attention to the previous token (key q - 1), the previous-token score; the induction key is q - seq_len + 1",
+        "whole_stripe": "you average the whole stripe key = q - seq_len + 1, including queries of the first copy (where there is nothing to repeat yet); average over the seq_len queries of the second copy only (q = seq_len + 1 .. 2 * seq_len)",
+        "transposed": "rows are queries and columns keys: pattern[..., q, k]. You read pattern[..., k, q], which the causal mask makes 0 above the diagonal",
+        "sum": "you add the attention up instead of averaging it: a perfect induction head should score 1, so take the mean over the batch and the queries",
+        "first_example": "you use only the first sequence of the batch; average over the batch dimension too",
+    },
+)
 
 
 def check_induction_score(induction_score, repeated_tokens=None, induction_scores=None) -> None:
     """Exercise 8.5: `induction_score(pattern, seq_len)` -> (n_head,); `repeated_tokens` ->
     (batch, 2 * seq_len + 1) ids and `induction_scores(model)` -> (n_layer, n_head), if given."""
     for B, nh, L, seed in [(3, 4, 5, 0), (2, 3, 7, 1)]:
-        pattern = _patterns(B, nh, L, seed)
-        want = _induction_right(pattern, L)
-        got = _call(EX_INDUCTION, induction_score, pattern, L, changed=_PATTERN_CHANGED)
-        core.judge(
-            EX_INDUCTION,
-            got,
-            want,
-            INDUCTION_MISTAKES,
-            lambda m: m.fn(pattern, L),
-            lambda got: (
-                f"for seq_len={L} the scores should be {_rounded(want)}, got {_rounded(got)}"
-            ),
-            what="the scores",
-            hints=_score_hints(B, nh, L),
-            atol=1e-6,
-        )
+        _judge_scores(EX_INDUCTION, induction_score, _induction, INDUCTION_MISTAKES, B, nh, L, seed)
     if repeated_tokens is not None:
         _check_repeated_tokens(repeated_tokens)
     if induction_scores is not None:
@@ -836,18 +718,14 @@ def _check_repeated_tokens(repeated_tokens):
 
 
 def _check_induction_scores(induction_scores, repeated_tokens):
-    from gpt2lib.chapters.interpret import previous_token_score
-    from gpt2lib.chapters.interpret import repeated_tokens as reference_tokens
-    from gpt2lib.inspection import run_with_cache
-
-    make = repeated_tokens or reference_tokens
+    make = repeated_tokens or interpret.repeated_tokens
     model = _tiny(3, n_positions=32)
     need = functools.partial(core.require, EX_INDUCTION)
     for L, batch in [(5, 2), (7, 3)]:
         idx = make(batch, L, model.config.vocab_size, 0)
-        _, cache = run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
-        want = torch.stack([_induction_right(p, L) for p in cache.attn])
-        want_prev = torch.stack([previous_token_score(p) for p in cache.attn])
+        _, cache = inspection.run_with_cache(model, torch.as_tensor(idx).long(), capture="attn")
+        want = torch.stack([_induction(p, L) for p in cache.attn])
+        want_prev = torch.stack([interpret.previous_token_score(p) for p in cache.attn])
         got = core.call_learner(EX_INDUCTION, induction_scores, model, seq_len=L, batch=batch)
         got = core.expect_tensor(
             EX_INDUCTION,
@@ -880,51 +758,37 @@ def _per_token(logits, idx, shifted=True):
     return F.cross_entropy(logits.transpose(1, 2), idx[:, 1:], reduction="none")
 
 
-def _copies(logits, idx, L, *, first=1, late=0, shifted=True):
-    """(the first copy's loss, the second's) over the predictions of tokens `first + 1` .. L of
-    each copy; first=0, late=1 or shifted=False plant a mistake."""
-    per = _per_token(logits, idx, shifted)
-    return per[:, first:L].mean().item(), per[:, L + first + late :].mean().item()
+def _copies(logits, idx, L, *, mistake=""):
+    """(the first copy's loss, the second's) over the predictions of tokens 2 .. L of each copy;
+    `mistake` plants one of COPY_MISTAKES by its name."""
+    per = _per_token(logits, idx, shifted=mistake != "no_shift")
+    first, late = int(mistake != "first_tokens_counted"), int(mistake == "split_late")
+    losses = per[:, first:L].mean().item(), per[:, L + first + late :].mean().item()
+    if mistake == "bits":
+        return tuple(v / math.log(2) for v in losses)
+    return losses[::-1] if mistake == "swapped" else losses
 
 
-COPY_MISTAKES = [
-    core.Mistake(
-        "first_tokens_counted",
-        "you count the first token of each copy too; it follows <|endoftext|> or the end of the first copy, and nothing can predict it: count the predictions of tokens 2 .. L of each copy",
-        functools.partial(_copies, first=0),
-    ),
-    core.Mistake(
-        "no_shift",
-        "the logits at position t predict the token at t + 1: compare logits[:, :-1] with idx[:, 1:], not the same positions",
-        functools.partial(_copies, shifted=False),
-    ),
-    core.Mistake(
-        "swapped",
-        "you return (second, first); return the first copy's loss first",
-        lambda lg, idx, L: _copies(lg, idx, L)[::-1],
-    ),
-    core.Mistake(
-        "split_late",
-        "the second copy starts one prediction late: after the start token and the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
-        functools.partial(_copies, late=1),
-    ),
-    core.Mistake(
-        "bits",
-        "you measure in bits (log base 2); the loss of the course is in nats (natural log, as F.cross_entropy gives)",
-        lambda lg, idx, L: tuple(v / math.log(2) for v in _copies(lg, idx, L)),
-    ),
-]
+COPY_MISTAKES = core.variants(
+    _copies,
+    {
+        "first_tokens_counted": "you count the first token of each copy too; it follows <|endoftext|> or the end of the first copy, and nothing can predict it: count the predictions of tokens 2 .. L of each copy",
+        "no_shift": "the logits at position t predict the token at t + 1: compare logits[:, :-1] with idx[:, 1:], not the same positions",
+        "swapped": "you return (second, first); return the first copy's loss first",
+        "split_late": "the second copy starts one prediction late: after the start token and the L tokens of the first copy, per-token losses 0 .. L - 1 predict the first copy and L .. 2L - 1 the second (so tokens 2 .. L are 1 .. L - 1 and L + 1 .. 2L - 1)",
+        "bits": "you measure in bits (log base 2); the loss of the course is in nats (natural log, as F.cross_entropy gives)",
+    },
+)
 
 
 def check_copy_losses(copy_losses) -> None:
     """Exercise 8.6: `copy_losses(logits (B, 2L + 1, V), idx, seq_len)` -> (first loss, second)."""
-    from gpt2lib.chapters.interpret import repeated_tokens
 
     def same(a, b):
         return all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a, b))
 
     for B, L, V, seed in [(3, 5, 13, 0), (2, 7, 17, 1)]:
-        idx = repeated_tokens(B, L, V, seed=seed)
+        idx = interpret.repeated_tokens(B, L, V, seed=seed)
         gen = torch.Generator().manual_seed(seed)
         logits = torch.randn(B, 2 * L + 1, V, generator=gen) * 3
         got = core.call_learner(EX_COPY, copy_losses, logits.clone(), idx.clone(), L)
@@ -953,45 +817,32 @@ def check_copy_losses(copy_losses) -> None:
 # --------------------------------------------------------------------------- 8.7 zero heads
 
 
-def _zero(y, heads, n_head, *, width=None, head_fastest=False):
-    """y with each listed head's channels h * head_dim .. (h + 1) * head_dim - 1 zeroed; a width
-    other than head_dim, or the head taken as the fastest index, plant a mistake."""
-    out, width = y.clone(), width or y.shape[-1] // n_head
-    for h in heads:
-        if head_fastest:  # y viewed as (B, T, head_dim, n_head)
+def _zero(y, heads, n_head, *, mistake=""):
+    """y with each listed head's channels h * head_dim .. (h + 1) * head_dim - 1 zeroed; `mistake`
+    plants one of ZERO_MISTAKES by its name."""
+    if mistake == "positions":
+        return y.index_fill(1, torch.tensor(heads), 0)
+    if mistake == "kept_instead":
+        heads = [h for h in range(n_head) if h not in heads]
+    out, width = y.clone(), n_head if mistake == "n_head_width" else y.shape[-1] // n_head
+    for h in list(heads)[:1] if mistake == "first_only" else heads:
+        if mistake == "head_fastest":  # y viewed as (B, T, head_dim, n_head)
             out[..., h::n_head] = 0
         else:
             out[..., h * width : (h + 1) * width] = 0
     return out
 
 
-ZERO_MISTAKES = [
-    core.Mistake(
-        "kept_instead",
-        "you zero every head except the listed ones; zero the listed heads and keep the others",
-        lambda y, heads, n_head: _zero(y, [h for h in range(n_head) if h not in heads], n_head),
-    ),
-    core.Mistake(
-        "n_head_width",
-        "you zero n_head channels per head; each head owns head_dim = C // n_head channels: h * head_dim to (h + 1) * head_dim",
-        lambda y, heads, n_head: _zero(y, heads, n_head, width=n_head),
-    ),
-    core.Mistake(
-        "head_fastest",
-        "the channels of head h are one block, h * head_dim .. (h + 1) * head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
-        functools.partial(_zero, head_fastest=True),
-    ),
-    core.Mistake(
-        "positions",
-        "you zero time positions (dimension 1); a head is a group of channels in the last dimension",
-        lambda y, heads, n_head: y.index_fill(1, torch.tensor(heads), 0),
-    ),
-    core.Mistake(
-        "first_only",
-        "only the first listed head is zeroed; zero all of them",
-        lambda y, heads, n_head: _zero(y, list(heads)[:1], n_head),
-    ),
-]
+ZERO_MISTAKES = core.variants(
+    _zero,
+    {
+        "kept_instead": "you zero every head except the listed ones; zero the listed heads and keep the others",
+        "n_head_width": "you zero n_head channels per head; each head owns head_dim = C // n_head channels: h * head_dim to (h + 1) * head_dim",
+        "head_fastest": "the channels of head h are one block, h * head_dim .. (h + 1) * head_dim - 1: view y as (B, T, n_head, head_dim), not (B, T, head_dim, n_head)",
+        "positions": "you zero time positions (dimension 1); a head is a group of channels in the last dimension",
+        "first_only": "only the first listed head is zeroed; zero all of them",
+    },
+)
 
 
 def check_zero_heads(zero_heads) -> None:
@@ -1030,22 +881,24 @@ def check_zero_heads(zero_heads) -> None:
 # --------------------------------------------------------------------------- 8.8 ablation effects
 
 
-def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False, sign=1.0):
+def _effects(model, idx, L, head_means=None, *, mistake=""):
     """The second copy's loss rise with each head replaced (by 0, or by its mean), one at a time;
-    whole, all_heads and sign=-1 plant a mistake."""
+    `mistake` plants one of EFFECTS_MISTAKES by its name."""
     n_layer, n_head = model.config.n_layer, model.config.n_head
     hd = model.config.n_embd // n_head
+    head_means = None if mistake == "means_ignored" else head_means
+    sign = -1.0 if mistake == "sign" else 1.0
 
     def loss(logits):
         per = _per_token(logits, idx)
-        return per.mean().item() if whole else per[:, L + 1 :].mean().item()
+        return per.mean().item() if mistake == "whole_sequence" else per[:, L + 1 :].mean().item()
 
     with torch.no_grad():
         base = loss(model(idx))
         out = torch.zeros(n_layer, n_head)
         for layer in range(n_layer):
             for head in range(n_head):
-                heads = range(n_head) if all_heads else [head]
+                heads = range(n_head) if mistake == "whole_layer" else [head]
 
                 def hook(module, args, layer=layer, heads=heads):
                     y = args[0].clone()
@@ -1063,28 +916,15 @@ def _effects_right(model, idx, L, head_means=None, whole=False, all_heads=False,
     return out
 
 
-EFFECTS_MISTAKES = [
-    core.Mistake(
-        "sign",
-        "your effects have the wrong sign: report the ablated loss minus the normal loss, so that a head the model needs shows a rise (a positive number)",
-        functools.partial(_effects_right, sign=-1.0),
-    ),
-    core.Mistake(
-        "whole_sequence",
-        "you measure the loss over the whole sequence; measure the second copy only (copy_losses' second value), where copying is what helps",
-        functools.partial(_effects_right, whole=True),
-    ),
-    core.Mistake(
-        "means_ignored",
-        "with head_means given, your function still zeroes the head: set its channels to head_means[layer][head] (a (head_dim,) vector) instead",
-        lambda model, idx, L, head_means=None: _effects_right(model, idx, L, None),
-    ),
-    core.Mistake(
-        "whole_layer",
-        "you ablate every head of the layer at once; ablate one head at a time, leaving the others as they are",
-        functools.partial(_effects_right, all_heads=True),
-    ),
-]
+EFFECTS_MISTAKES = core.variants(
+    _effects,
+    {
+        "sign": "your effects have the wrong sign: report the ablated loss minus the normal loss, so that a head the model needs shows a rise (a positive number)",
+        "whole_sequence": "you measure the loss over the whole sequence; measure the second copy only (copy_losses' second value), where copying is what helps",
+        "means_ignored": "with head_means given, your function still zeroes the head: set its channels to head_means[layer][head] (a (head_dim,) vector) instead",
+        "whole_layer": "you ablate every head of the layer at once; ablate one head at a time, leaving the others as they are",
+    },
+)
 
 
 def _effects_model(seed=0):
@@ -1125,14 +965,11 @@ def _check_mean_head_outputs(mean_head_outputs, model, idx, means):
 def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
     """Exercise 8.8: `mean_head_outputs(model, idx)` -> per layer (n_head, head_dim), if given;
     `ablation_effects(model, idx, seq_len, head_means=None)` -> (n_layer, n_head)."""
-    from gpt2lib.chapters.interpret import repeated_tokens
-    from gpt2lib.inspection import run_with_cache
-
     model = _effects_model()
     for L, seed in [(5, 0), (7, 1)]:
-        idx = repeated_tokens(2, L, model.config.vocab_size, seed=seed)
+        idx = interpret.repeated_tokens(2, L, model.config.vocab_size, seed=seed)
         with torch.no_grad():
-            _, cache = run_with_cache(model, idx, capture="head_out")
+            _, cache = inspection.run_with_cache(model, idx, capture="head_out")
         means = [h.mean(dim=(0, 2)) for h in cache.head_out]  # per layer (nh, hd)
         if mean_head_outputs is not None:
             _check_mean_head_outputs(mean_head_outputs, model, idx, means)
@@ -1151,7 +988,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
                 not left,
                 f"your function left hooks on {left[:3]}: remove each hook after its forward pass (handle.remove(), in a finally)",
             )
-            want = _effects_right(model, idx, L, head_means)
+            want = _effects(model, idx, L, head_means)
             how = "zeroed" if head_means is None else "set to their means"
             core.judge(
                 EX_EFFECTS,
@@ -1176,7 +1013,7 @@ def check_ablation_effects(ablation_effects, mean_head_outputs=None) -> None:
 
 
 def _zero_effects(model, idx, seq_len):
-    return _effects_right(model, idx, seq_len)
+    return _effects(model, idx, seq_len)
 
 
 def check_copying_head(model, head, idx, seq_len, share=0.9, floor=0.05) -> None:
