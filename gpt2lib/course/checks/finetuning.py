@@ -298,16 +298,12 @@ COLLATE_MISTAKES = core.variants(
 
 def _pairs_cases():
     gen = torch.Generator().manual_seed(1)
-    return [
-        [
-            (
-                torch.randint(0, 90, (p,), generator=gen).tolist(),
-                torch.randint(0, 90, (r,), generator=gen).tolist(),
-            )
-            for p, r in lengths
-        ]
-        for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6)))
-    ]
+
+    def ids(n):
+        return torch.randint(0, 90, (n,), generator=gen).tolist()
+
+    cases = (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6)))  # (prompt, response) lengths
+    return [[(ids(p), ids(r)) for p, r in lengths] for lengths in cases]
 
 
 def check_collate(collate) -> None:
@@ -322,12 +318,8 @@ def check_collate(collate) -> None:
         )
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
-        hints = {
-            (
-                shape[0],
-                shape[1] + 1,
-            ): "rows are one token too long: the inputs drop each row's last token and the targets its first"
-        }
+        too_long = "rows are one token too long: the inputs drop each row's last token and the targets its first"
+        hints = {(shape[0], shape[1] + 1): too_long}
         inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
         need(
