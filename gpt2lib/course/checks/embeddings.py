@@ -35,25 +35,27 @@ def _unit_rows(t):
     return t / t.norm(dim=1, keepdim=True)
 
 
-def _cosines(t):
-    return _unit_rows(t) @ _unit_rows(t).T
+def _uses(ids, V, dtype):
+    """How often each id is used, (V, 1)."""
+    return torch.bincount(ids.reshape(-1), minlength=V).to(dtype)[:, None]
 
 
 # --------------------------------------------------------------------------- Exercise 2.1
 
-# fn(token_ids, table) -> what that wrong answer returns
-ONE_HOT_MISTAKES = [
-    core.Mistake(
-        "rows_shifted_down",
-        "your rows are shifted by one: the row for id i is row i of the table (ids count from 0, so id 0 is row 0)",
-        lambda ids, table: table[(ids - 1) % table.shape[0]],
-    ),
-    core.Mistake(
-        "rows_shifted_up",
-        "your rows are shifted by one the other way: the row for id i is row i of the table, not row i + 1",
-        lambda ids, table: table[(ids + 1) % table.shape[0]],
-    ),
-]
+
+def _rows(ids, table, *, mistake=""):
+    """The table's rows of the ids; `mistake` plants one of ONE_HOT_MISTAKES by its name."""
+    shift = {"rows_shifted_down": -1, "rows_shifted_up": 1}.get(mistake, 0)
+    return table[(ids + shift) % table.shape[0]]
+
+
+ONE_HOT_MISTAKES = core.variants(
+    _rows,
+    {
+        "rows_shifted_down": "your rows are shifted by one: the row for id i is row i of the table (ids count from 0, so id 0 is row 0)",
+        "rows_shifted_up": "your rows are shifted by one the other way: the row for id i is row i of the table, not row i + 1",
+    },
+)
 
 
 def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
@@ -68,6 +70,9 @@ def _explain_one_hot_error(exc: RuntimeError, V: int, C: int):
     else:
         raise exc
     raise core.CheckFailed(EX_ONE_HOT, why) from None
+
+
+_LOOKUPS = {"IndexBackward0", "EmbeddingBackward0", "IndexSelectBackward0", "GatherBackward0"}
 
 
 def _backward_ops(tensor) -> set[str]:
@@ -122,19 +127,13 @@ def check_one_hot_embed(one_hot_embed) -> None:
             EX_ONE_HOT,
             "no gradient reaches the table through your output; keep the computation in torch (no .detach(), .numpy(), .tolist() or torch.no_grad())",
         )
-    if _backward_ops(out) & {
-        "IndexBackward0",
-        "EmbeddingBackward0",
-        "IndexSelectBackward0",
-        "GatherBackward0",
-    }:
+    if _backward_ops(out) & _LOOKUPS:
         raise core.CheckFailed(
             EX_ONE_HOT,
             "your output reads rows of the table (table[ids], F.embedding, index_select or gather): the exercise asks for one-hot vectors times the table",
         )
     out.sum().backward()
-    uses = torch.bincount(ids.flatten(), minlength=V).to(table.dtype)[:, None]  # (V, 1)
-    if leaf.grad is None or not torch.allclose(leaf.grad, uses.expand(V, C)):
+    if leaf.grad is None or not torch.allclose(leaf.grad, _uses(ids, V, table.dtype).expand(V, C)):
         raise core.CheckFailed(
             EX_ONE_HOT, "the gradient reaching the table is not the number of uses of each row"
         )
@@ -144,18 +143,20 @@ def check_one_hot_embed(one_hot_embed) -> None:
 # --------------------------------------------------------------------------- Exercise 2.2
 
 
-def lookup_backward_reference(
-    token_ids: torch.Tensor, grad_out: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
-    """The table's gradient (V, C): row v is the sum of grad_out over the places where id v is."""
-    C = grad_out.shape[-1]
+def lookup_backward_reference(token_ids, grad_out, vocab_size, *, mistake="") -> torch.Tensor:
+    """The table's gradient (V, C): row v is the sum of grad_out over the places where id v is;
+    `mistake` plants one of BACKWARD_MISTAKES by its name."""
+    C, uses = grad_out.shape[-1], _uses(token_ids, vocab_size, grad_out.dtype)
+    ids, g = token_ids.reshape(-1), grad_out.reshape(-1, C)
     grad = torch.zeros(vocab_size, C, dtype=grad_out.dtype)
-    return grad.index_add_(0, token_ids.reshape(-1), grad_out.reshape(-1, C))
-
-
-def _uses(ids, V, dtype):
-    """How often each id is used, (V, 1)."""
-    return torch.bincount(ids.reshape(-1), minlength=V).to(dtype)[:, None]
+    if mistake == "repeated_ids_overwritten":
+        return grad.index_put((ids,), g)
+    if mistake == "counted_uses":
+        return uses.expand(vocab_size, C)
+    if mistake == "total_to_every_used_row":
+        return (uses > 0).to(g.dtype) * g.sum(0)
+    grad.index_add_(0, ids, g)
+    return grad / uses.clamp(min=1) if mistake == "averaged_uses" else grad
 
 
 REPEATED_IDS_MESSAGE = "ids used once get the right row, but a repeated id keeps only ONE of its gradients. Uses add up: a token used twice gets the sum of both. Note that `grad[ids] = g` and even `grad[ids] += g` keep one value per repeated index in PyTorch; use grad.index_add_(0, ids, g), a loop with +=, or one_hot.T @ g"
@@ -163,33 +164,15 @@ REPEATED_IDS_MESSAGE = "ids used once get the right row, but a repeated id keeps
 _AUTOGRAD = ("torch.Tensor.backward", "torch.autograd.backward", "torch.autograd.grad")
 _NO_AUTOGRAD = "derive the gradient yourself: autograd is blocked while your lookup_backward runs"
 
-# fn(token_ids, grad_out, vocab_size) -> what that wrong answer returns
-BACKWARD_MISTAKES = [
-    core.Mistake(
-        "repeated_ids_overwritten",
-        REPEATED_IDS_MESSAGE,
-        lambda ids, g, V: torch.zeros(V, g.shape[-1], dtype=g.dtype).index_put(
-            (ids.reshape(-1),), g.reshape(-1, g.shape[-1])
-        ),
-    ),
-    core.Mistake(
-        "averaged_uses",
-        "you averaged the gradients of a repeated id; they add up: a token used 3 times gets the SUM of its 3 gradients",
-        lambda ids, g, V: (
-            lookup_backward_reference(ids, g, V) / _uses(ids, V, g.dtype).clamp(min=1)
-        ),
-    ),
-    core.Mistake(
-        "counted_uses",
-        "you returned how often each id is used and ignored grad_out's values; that is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row token_ids[b, t]",
-        lambda ids, g, V: _uses(ids, V, g.dtype).expand(V, g.shape[-1]),
-    ),
-    core.Mistake(
-        "total_to_every_used_row",
-        "every used row got the gradient summed over ALL positions; row v gets only the gradients of the positions where id v stands",
-        lambda ids, g, V: (_uses(ids, V, g.dtype) > 0).to(g.dtype) * g.flatten(0, -2).sum(0),
-    ),
-]
+BACKWARD_MISTAKES = core.variants(
+    lookup_backward_reference,
+    {
+        "repeated_ids_overwritten": REPEATED_IDS_MESSAGE,
+        "averaged_uses": "you averaged the gradients of a repeated id; they add up: a token used 3 times gets the SUM of its 3 gradients",
+        "counted_uses": "you returned how often each id is used and ignored grad_out's values; that is the gradient only for the plain sum of the demo. Add up grad_out[b, t] into row token_ids[b, t]",
+        "total_to_every_used_row": "every used row got the gradient summed over ALL positions; row v gets only the gradients of the positions where id v stands",
+    },
+)
 
 
 def check_lookup_backward(lookup_backward) -> None:
@@ -201,16 +184,11 @@ def check_lookup_backward(lookup_backward) -> None:
         grad_out = torch.randn(*ids.shape, C, generator=gen)
         with core.forbidding(EX_BACKWARD, *_AUTOGRAD, instead=_NO_AUTOGRAD):
             got = core.call_learner(EX_BACKWARD, lookup_backward, ids.clone(), grad_out.clone(), V)
+        uses, seen = ids.numel(), int(ids.unique().numel())
         hints = {
             (C, V): "that is (C, V), transposed: the gradient has the table's shape, (V, C)",
-            (
-                ids.numel(),
-                C,
-            ): "one row per use; add the rows of the same id together into a (V, C) table",
-            (
-                int(ids.unique().numel()),
-                C,
-            ): "one row per id that appears; return all V rows (unused ids get zeros)",
+            (uses, C): "one row per use; add the rows of the same id together into a (V, C) table",
+            (seen, C): "one row per id that appears; return all V rows (unused ids get zeros)",
             tuple(grad_out.shape): "that is grad_out's shape; the gradient is (V, C), the table's",
         }
         what = f"your gradient for ids of shape {tuple(ids.shape)}"
@@ -243,44 +221,33 @@ def _backward_diagnosis(got, want, ids, V) -> str:
 # --------------------------------------------------------------------------- Exercise 2.3
 
 
-def _divided_in_place(t):
-    t /= t.norm(dim=1, keepdim=True)
-    return t
+def _cosines(t, *, mistake=""):
+    """The cosines between the rows of t (N, C); `mistake` plants one of COSINE_MISTAKES by its
+    name."""
+    if mistake == "table_changed_in_place":
+        t /= t.norm(dim=1, keepdim=True)
+    if mistake in ("dot_products_not_cosines", "table_changed_in_place"):
+        return t @ t.T
+    if mistake == "divided_by_squared_norms":
+        return (t @ t.T) / torch.outer(t.norm(dim=1), t.norm(dim=1)) ** 2
+    unit = _unit_rows(t.T).T if mistake == "normalised_columns" else _unit_rows(t)
+    if mistake == "feature_by_feature":
+        return unit.T @ unit
+    return (unit @ unit.T).abs() if mistake == "absolute_values" else unit @ unit.T
 
 
-# fn(table (N, C)) -> what that wrong answer returns
-COSINE_MISTAKES = [
-    core.Mistake(
-        "dot_products_not_cosines",
-        "your entries are plain dot products: divide each row by its length (its norm) first, so that every entry is a cosine between -1 and 1",
-        lambda t: t @ t.T,
-    ),
-    core.Mistake(
-        "normalised_columns",
-        "you normalised the columns (features), not the rows: each row is one vector, so scale every row to length 1 (norm over dim=1)",
-        lambda t: _unit_rows(t.T).T @ _unit_rows(t.T),
-    ),
-    core.Mistake(
-        "feature_by_feature",
-        "your matrix is (C, C), feature against feature: the cosines are between rows, unit @ unit.T, which is (N, N)",
-        lambda t: _unit_rows(t).T @ _unit_rows(t),
-    ),
-    core.Mistake(
-        "divided_by_squared_norms",
-        "you divided by the squared lengths: the cosine is a.b / (|a| |b|), with the norms, not their squares",
-        lambda t: (t @ t.T) / torch.outer(t.norm(dim=1), t.norm(dim=1)) ** 2,
-    ),
-    core.Mistake(
-        "absolute_values",
-        "your cosines are never negative: keep the sign, opposite vectors have cosine -1",
-        lambda t: _cosines(t).abs(),
-    ),
-    core.Mistake(  # caught by comparing the input before and after
-        "table_changed_in_place",
-        "your function changed the table it was given (an in-place division such as table /= ...): compute on a new tensor and leave the input alone",
-        lambda t: _divided_in_place(t) @ t.T,
-    ),
-]
+COSINE_MISTAKES = core.variants(
+    _cosines,
+    {
+        "dot_products_not_cosines": "your entries are plain dot products: divide each row by its length (its norm) first, so that every entry is a cosine between -1 and 1",
+        "normalised_columns": "you normalised the columns (features), not the rows: each row is one vector, so scale every row to length 1 (norm over dim=1)",
+        "feature_by_feature": "your matrix is (C, C), feature against feature: the cosines are between rows, unit @ unit.T, which is (N, N)",
+        "divided_by_squared_norms": "you divided by the squared lengths: the cosine is a.b / (|a| |b|), with the norms, not their squares",
+        "absolute_values": "your cosines are never negative: keep the sign, opposite vectors have cosine -1",
+        # caught by comparing the input before and after, so the last (check_cosine_matrix)
+        "table_changed_in_place": "your function changed the table it was given (an in-place division such as table /= ...): compute on a new tensor and leave the input alone",
+    },
+)
 
 
 def check_cosine_matrix(cosine_matrix) -> None:
@@ -346,17 +313,14 @@ def check_mean_abs_cosine(table, mean_abs_cosine) -> None:
 # --------------------------------------------------------------------------- Exercise 2.4
 
 
-def _dropout_with(*, keep_p=None, scale=None, in_eval=False, in_place=False):
-    """fn(x, p, training): dropout with one planted mistake, described by the arguments."""
-
-    def fn(x, p, training=True):
-        if not training and not in_eval:
-            return x
-        keep = torch.rand(x.shape) >= (p if keep_p is None else keep_p(p))
-        factor = 1 / (1 - p) if scale is None else scale(p)
-        return x.mul_(keep).mul_(factor) if in_place else x * keep * factor
-
-    return fn
+def _dropout(x, p, training=True, *, mistake=""):
+    """Dropout by hand; `mistake` plants one of DROPOUT_MISTAKES by its name."""
+    if not training and mistake != "active_in_eval":
+        return x
+    keep = torch.rand(x.shape) >= (1 - p if mistake == "drops_one_minus_p" else p)
+    factor = {"no_rescale": 1.0, "times_one_minus_p": 1 - p}.get(mistake, 1 / (1 - p))
+    factor = 1 / p if mistake == "divide_by_p" else factor
+    return x.mul_(keep).mul_(factor) if mistake == "in_place" else x * keep * factor
 
 
 _TORCH_DROPOUT = ("torch.nn.functional.dropout", "torch.dropout", "torch.nn.Dropout.forward")
@@ -364,39 +328,18 @@ _NO_TORCH_DROPOUT = (
     "write dropout yourself, with torch.rand: torch's dropout is blocked in this check"
 )
 
-# fn(x, p, training) -> what that wrong version returns
-DROPOUT_MISTAKES = [
-    core.Mistake(
-        "no_rescale",
-        "the survivors are not rescaled: zeroing a fraction p lowers the expected value to (1 - p) x; divide the survivors by (1 - p)",
-        _dropout_with(scale=lambda p: 1.0),
-    ),
-    core.Mistake(
-        "times_one_minus_p",
-        "you multiplied the survivors by (1 - p); that lowers the expected value further. Divide by (1 - p) instead",
-        _dropout_with(scale=lambda p: 1 - p),
-    ),
-    core.Mistake(
-        "divide_by_p",
-        "you divided the survivors by p; a number survives with probability 1 - p, so divide by (1 - p)",
-        _dropout_with(scale=lambda p: 1 / p),
-    ),
-    core.Mistake(
-        "drops_one_minus_p",
-        "you zeroed each number with probability 1 - p (kept it with probability p): p is the probability to DROP",
-        _dropout_with(keep_p=lambda p: 1 - p),
-    ),
-    core.Mistake(
-        "active_in_eval",
-        "with training=False your dropout still zeroes numbers; outside training return x unchanged",
-        _dropout_with(in_eval=True),
-    ),
-    core.Mistake(
-        "in_place",
-        "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), the caller's x must stay as it was",
-        _dropout_with(in_place=True),
-    ),
-]
+DROPOUT_MISTAKES = core.variants(
+    _dropout,
+    {
+        "no_rescale": "the survivors are not rescaled: zeroing a fraction p lowers the expected value to (1 - p) x; divide the survivors by (1 - p)",
+        "times_one_minus_p": "you multiplied the survivors by (1 - p); that lowers the expected value further. Divide by (1 - p) instead",
+        "divide_by_p": "you divided the survivors by p; a number survives with probability 1 - p, so divide by (1 - p)",
+        "drops_one_minus_p": "you zeroed each number with probability 1 - p (kept it with probability p): p is the probability to DROP",
+        # the last two are caught by their own tests in check_dropout
+        "active_in_eval": "with training=False your dropout still zeroes numbers; outside training return x unchanged",
+        "in_place": "your dropout changed the input tensor in place: return a new tensor (x * mask / (1 - p)), the caller's x must stay as it was",
+    },
+)
 
 
 def _same_statistics(got, want) -> bool:
@@ -440,48 +383,28 @@ def check_dropout(dropout) -> None:
     )
 
 
-def _measure_with(*, mode="train", zeros=True, factor="ratio", eval_mode="eval"):
-    """fn(drop, x): measure_dropout with one planted mistake, described by the arguments."""
-
-    def fn(drop, x):
-        y = drop.train()(x) if mode == "train" else drop.eval()(x)
-        kept = y != 0
-        fraction = (1 - kept.double().mean().item()) if zeros else kept.double().mean().item()
-        times = {"ratio": y[kept] / x[kept], "values": y[kept], "all": y / x}[factor]
-        after = drop.eval()(x) if eval_mode == "eval" else drop.train()(x)
-        return fraction, times.mean().item(), torch.equal(after, x)
-
-    return fn
+def _measure(drop, x, *, mistake=""):
+    """(fraction zeroed in train mode, factor of the survivors, eval leaves x unchanged);
+    `mistake` plants one of MEASURE_DROPOUT_MISTAKES by its name."""
+    y = (drop.eval() if mistake == "measured_in_eval" else drop.train())(x)
+    kept = y != 0
+    survived = kept.double().mean().item()
+    fraction = survived if mistake == "counted_survivors" else 1 - survived
+    times = {"factor_with_zeros": y / x, "survivor_values": y[kept]}.get(mistake, y[kept] / x[kept])
+    after = (drop.train() if mistake == "eval_in_train_mode" else drop.eval())(x)
+    return fraction, times.mean().item(), torch.equal(after, x)
 
 
-# fn(drop, x) -> what that wrong measurement returns
-MEASURE_DROPOUT_MISTAKES = [
-    core.Mistake(
-        "measured_in_eval",
-        "nothing was zeroed in your train-mode measurement: the module was in eval() mode; switch it with drop.train() before the first call",
-        _measure_with(mode="eval"),
-    ),
-    core.Mistake(
-        "counted_survivors",
-        "your fraction is the share of numbers that SURVIVED (about 1 - p); measure the share that train mode set to zero",
-        _measure_with(zeros=False),
-    ),
-    core.Mistake(
-        "factor_with_zeros",
-        "your factor averages y / x over every number, zeros included (that gives about 1: dropout keeps the mean); average over the survivors only",
-        _measure_with(factor="all"),
-    ),
-    core.Mistake(
-        "survivor_values",
-        "your factor is the survivors' values, not what they were multiplied by: divide each survivor by the number of x it came from",
-        _measure_with(factor="values"),
-    ),
-    core.Mistake(
-        "eval_in_train_mode",
-        "your eval-mode answer is False: the second call ran in train() mode; switch the module with drop.eval() first",
-        _measure_with(eval_mode="train"),
-    ),
-]
+MEASURE_DROPOUT_MISTAKES = core.variants(
+    _measure,
+    {
+        "measured_in_eval": "nothing was zeroed in your train-mode measurement: the module was in eval() mode; switch it with drop.train() before the first call",
+        "counted_survivors": "your fraction is the share of numbers that SURVIVED (about 1 - p); measure the share that train mode set to zero",
+        "factor_with_zeros": "your factor averages y / x over every number, zeros included (that gives about 1: dropout keeps the mean); average over the survivors only",
+        "survivor_values": "your factor is the survivors' values, not what they were multiplied by: divide each survivor by the number of x it came from",
+        "eval_in_train_mode": "your eval-mode answer is False: the second call ran in train() mode; switch the module with drop.eval() first",
+    },
+)
 
 
 def check_measure_dropout(measure_dropout) -> None:
@@ -539,59 +462,44 @@ def _pos(m, start, n):
     return m.wpe(torch.arange(start, start + n))
 
 
+def _embed(m, idx, past, *, mistake=""):
+    """What GPT2Embeddings m gives for idx (B, T) after `past` tokens; `mistake` plants one of
+    EMBEDDINGS_MISTAKES by its name."""
+    B, T = idx.shape
+    tok = 0 if mistake == "only_position_embeddings" else m.wte(idx)
+    start = past + 1 if mistake == "positions_start_at_past_plus_one" else past
+    start = {"ignored_past_length": 0, "past_length_added_twice": 2 * past}.get(mistake, start)
+    if mistake == "token_ids_as_positions":
+        pos = m.wpe(idx)
+    elif mistake == "batch_index_as_position":
+        pos = _pos(m, past, B)[:, None, :]
+    else:
+        pos = 0 if mistake == "no_position_embeddings" else _pos(m, start, T)
+    if mistake == "only_position_embeddings":
+        pos = pos.expand(B, T, -1)
+    if mistake == "no_dropout":
+        return tok + pos
+    if mistake == "dropout_on_tokens_only":
+        return m.drop(tok) + pos
+    return F.dropout(tok + pos, m.drop.p) if mistake == "dropout_in_eval" else m.drop(tok + pos)
+
+
 # fn(reference module in the same mode as the learner's, idx (B, T), past_length) -> wrong output
-EMBEDDINGS_MISTAKES = [
-    core.Mistake(
-        "positions_start_at_past_plus_one",
-        "your positions start at past_length + 1; the first new token sits at position past_length (0 with no cache): positions past_length .. past_length + T - 1",
-        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, past + 1, idx.shape[1])),
-    ),
-    core.Mistake(
-        "ignored_past_length",
-        "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions past_length, past_length + 1, ..., not 0, 1, ...",
-        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, 0, idx.shape[1])),
-    ),
-    core.Mistake(
-        "past_length_added_twice",
-        "you added past_length twice: torch.arange(past_length, past_length + T) already starts at past_length",
-        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, 2 * past, idx.shape[1])),
-    ),
-    core.Mistake(
-        "token_ids_as_positions",
-        "you looked up the token ids in the position table; wpe is indexed by where a token sits (past_length, past_length + 1, ...), not by which token it is",
-        lambda m, idx, past: m.drop(m.wte(idx) + m.wpe(idx)),
-    ),
-    core.Mistake(
-        "no_position_embeddings",
-        "there are no position embeddings in your output: add wpe at the tokens' positions",
-        lambda m, idx, past: m.drop(m.wte(idx)),
-    ),
-    core.Mistake(
-        "batch_index_as_position",
-        "you used the batch index as the position; the position is the index along T (dim 1), the same for every sequence in the batch",
-        lambda m, idx, past: m.drop(m.wte(idx) + _pos(m, past, idx.shape[0])[:, None, :]),
-    ),
-    core.Mistake(
-        "only_position_embeddings",
-        "your output holds only the position embeddings; add the token embeddings too",
-        lambda m, idx, past: m.drop(_pos(m, past, idx.shape[1]).expand(*idx.shape, -1)),
-    ),
-    core.Mistake(
-        "no_dropout",
-        "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings (it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
-        lambda m, idx, past: m.wte(idx) + _pos(m, past, idx.shape[1]),
-    ),
-    core.Mistake(
-        "dropout_on_tokens_only",
-        "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token and position embeddings: self.drop(tok + pos)",
-        lambda m, idx, past: m.drop(m.wte(idx)) + _pos(m, past, idx.shape[1]),
-    ),
-    core.Mistake(
-        "dropout_in_eval",
-        "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
-        lambda m, idx, past: F.dropout(m.wte(idx) + _pos(m, past, idx.shape[1]), m.drop.p),
-    ),
-]
+EMBEDDINGS_MISTAKES = core.variants(
+    _embed,
+    {
+        "positions_start_at_past_plus_one": "your positions start at past_length + 1; the first new token sits at position past_length (0 with no cache): positions past_length .. past_length + T - 1",
+        "ignored_past_length": "you ignored past_length: after past_length earlier tokens, the new tokens sit at positions past_length, past_length + 1, ..., not 0, 1, ...",
+        "past_length_added_twice": "you added past_length twice: torch.arange(past_length, past_length + T) already starts at past_length",
+        "token_ids_as_positions": "you looked up the token ids in the position table; wpe is indexed by where a token sits (past_length, past_length + 1, ...), not by which token it is",
+        "no_position_embeddings": "there are no position embeddings in your output: add wpe at the tokens' positions",
+        "batch_index_as_position": "you used the batch index as the position; the position is the index along T (dim 1), the same for every sequence in the batch",
+        "only_position_embeddings": "your output holds only the position embeddings; add the token embeddings too",
+        "no_dropout": "in train() mode your output has no dropout: apply self.drop to the sum of the embeddings (it zeroes a fraction embd_pdrop in training and does nothing after .eval())",
+        "dropout_on_tokens_only": "your dropout is applied to the token embeddings only; GPT-2 applies it to the SUM of token and position embeddings: self.drop(tok + pos)",
+        "dropout_in_eval": "your dropout is active in eval() mode too. F.dropout(x, p) defaults to training=True: use self.drop (an nn.Dropout follows train()/eval()), or F.dropout(x, p, training=self.training)",
+    },
+)
 
 
 def _call_embeddings(module, idx, past=None):
@@ -649,18 +557,15 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
             f"calling it with a config should build an nn.Module, got {type(module).__name__}",
         )
     ref, gen = GPT2Embeddings(config), torch.Generator().manual_seed(0)
-    for name, shape in (("wte", (V, C)), ("wpe", (P, C))):
+    for name, shape in (("wte", (V, C)), ("wpe", (P, C))):  # the same random tables in both
         weight = getattr(getattr(module, name, None), "weight", None)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != shape:
             raise core.CheckFailed(
                 EX_MODULE,
                 f"self.{name} should be an nn.Embedding with a weight of shape {shape}: nn.Embedding(config.vocab_size, config.n_embd) and nn.Embedding(config.n_positions, config.n_embd)",
             )
-    for name in ("wte", "wpe"):
-        values = torch.randn(getattr(ref, name).weight.shape, generator=gen)
         with torch.no_grad():
-            getattr(ref, name).weight.copy_(values)
-            getattr(module, name).weight.copy_(values)
+            weight.copy_(getattr(ref, name).weight.copy_(torch.randn(shape, generator=gen)))
 
     idx = torch.tensor([[3, 0, 10, 7, 7], [1, 9, 2, 4, 8]])  # (B=2, T=5): T != B on purpose
     B, T = idx.shape
@@ -717,45 +622,31 @@ def _check_gpt2_embeddings(embeddings_cls) -> None:
 # --------------------------------------------------------------------------- Exercise 2.6
 
 
-def _pieces(embeddings, idx, n, past_of):
+def _pieces(embeddings, idx, n, *, mistake=""):
+    """embeddings(idx) computed in pieces of n tokens; `mistake` plants one of PIECES_MISTAKES by
+    its name."""
+    if mistake == "last_piece_dropped":
+        if idx.shape[1] % n == 0:
+            return None
+        idx = idx[:, : idx.shape[1] // n * n]
     out = []
     for start in range(0, idx.shape[1], n):
-        out.append(embeddings(idx[:, start : start + n], past_length=past_of(start, len(out), n)))
+        wrong = {"counted_pieces": len(out), "off_by_one": start + 1, "no_past_length": 0}
+        past = start + n - 1 if mistake == "end_of_piece" else wrong.get(mistake, start)
+        out.append(embeddings(idx[:, start : start + n], past_length=past))
     return torch.cat(out, dim=1)
 
 
-# fn(embeddings, idx, piece_length) -> what that wrong version returns
-PIECES_MISTAKES = [
-    core.Mistake(
-        "counted_pieces",
-        "you passed the number of pieces so far as past_length; it is the number of TOKENS before the piece, `start`",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: k),
-    ),
-    core.Mistake(
-        "off_by_one",
-        "your past_length is one too many: the piece starting at token `start` has exactly `start` tokens before it",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + 1),
-    ),
-    core.Mistake(
-        "no_past_length",
-        "every piece starts again at position 0: pass past_length=start, the tokens before the piece",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: 0),
-    ),
-    core.Mistake(
-        "end_of_piece",
-        "you passed the position of the piece's end; past_length is where it starts (the tokens before it)",
-        lambda e, idx, n: _pieces(e, idx, n, lambda s, k, n: s + n - 1),
-    ),
-    core.Mistake(
-        "last_piece_dropped",
-        "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
-        lambda e, idx, n: (
-            _pieces(e, idx[:, : idx.shape[1] // n * n], n, lambda s, k, n: s)
-            if idx.shape[1] % n
-            else None
-        ),
-    ),
-]
+PIECES_MISTAKES = core.variants(
+    _pieces,
+    {
+        "counted_pieces": "you passed the number of pieces so far as past_length; it is the number of TOKENS before the piece, `start`",
+        "off_by_one": "your past_length is one too many: the piece starting at token `start` has exactly `start` tokens before it",
+        "no_past_length": "every piece starts again at position 0: pass past_length=start, the tokens before the piece",
+        "end_of_piece": "you passed the position of the piece's end; past_length is where it starts (the tokens before it)",
+        "last_piece_dropped": "the last, shorter piece is missing: range(0, T, piece_length) already reaches it; keep it",
+    },
+)
 
 
 def check_embed_in_pieces(embed_in_pieces) -> None:

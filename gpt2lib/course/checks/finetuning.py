@@ -54,33 +54,28 @@ def check_exercise_10_3(masked_lm_loss, response_loss) -> None:
 # --------------------------------------------------------------------------- 10.1 the classifier
 
 
-def _pool_right(hidden, lengths):
+def _pool_right(hidden, lengths, *, mistake=""):
+    """The mean over each row's real tokens; `mistake` plants one of POOL_MISTAKES by its name."""
+    if mistake == "padding averaged":
+        return hidden.mean(1)
+    if mistake == "last token":
+        return hidden[torch.arange(hidden.shape[0]), lengths - 1]
+    if mistake == "off by one":
+        lengths = torch.clamp(lengths + 1, max=hidden.shape[1])
     mask = torch.arange(hidden.shape[1]) < lengths[:, None]
-    return (hidden * mask[..., None]).sum(1) / lengths[:, None]
+    total = (hidden * mask[..., None]).sum(1)
+    return total / (hidden.shape[1] if mistake == "divided by T" else lengths[:, None])
 
 
-POOL_MISTAKES = [
-    core.Mistake(
-        "padding averaged",
-        "your mean includes the padding positions: average only the first lengths[b] positions of row b",
-        lambda h, n: h.mean(1),
-    ),
-    core.Mistake(
-        "divided by T",
-        "you sum only the real tokens but divide by the padded length T; divide by each row's own length",
-        lambda h, n: _pool_right(h, n) * n[:, None] / h.shape[1],
-    ),
-    core.Mistake(
-        "last token",
-        "you return the last real token's state; this exercise asks for the mean over the real tokens",
-        lambda h, n: h[torch.arange(h.shape[0]), n - 1],
-    ),
-    core.Mistake(
-        "off by one",
-        "your mask keeps one position too many or too few: row b's real tokens are positions 0 .. lengths[b] - 1",
-        lambda h, n: _pool_right(h, torch.clamp(n + 1, max=h.shape[1])),
-    ),
-]
+POOL_MISTAKES = core.variants(
+    _pool_right,
+    {
+        "padding averaged": "your mean includes the padding positions: average only the first lengths[b] positions of row b",
+        "divided by T": "you sum only the real tokens but divide by the padded length T; divide by each row's own length",
+        "last token": "you return the last real token's state; this exercise asks for the mean over the real tokens",
+        "off by one": "your mask keeps one position too many or too few: row b's real tokens are positions 0 .. lengths[b] - 1",
+    },
+)
 
 
 def check_pool_mean(pool_mean) -> None:
@@ -180,35 +175,27 @@ def check_classifier(GPT2Classifier, hidden_states) -> None:
     core.passed(EX_CLASSIFIER, "a head of n_embd -> n_classes on the masked mean of the states")
 
 
-def _class_loss(model, rows, pad_id, *, softmaxed=False, padding_pooled=False, reduction="mean"):
-    """F.cross_entropy of the classifier's scores on speaker_batch(rows); a switch plants one
-    mistake."""
+def _class_loss(model, rows, pad_id, *, mistake=""):
+    """F.cross_entropy of the classifier's scores on speaker_batch(rows); `mistake` plants one of
+    CLASS_LOSS_MISTAKES by its name."""
     from gpt2lib.chapters.tuning import speaker_batch
 
     idx, lengths, labels = speaker_batch(rows, pad_id)
-    if padding_pooled:
+    if mistake == "padding pooled":
         lengths = torch.full((len(rows),), idx.shape[1])
     scores = model(idx, lengths)
-    return F.cross_entropy(scores.softmax(-1) if softmaxed else scores, labels, reduction=reduction)
+    scores = scores.softmax(-1) if mistake == "softmax first" else scores
+    return F.cross_entropy(scores, labels, reduction="sum" if mistake == "sum" else "mean")
 
 
-CLASS_LOSS_MISTAKES = [
-    core.Mistake(
-        "softmax first",
-        "you applied softmax before F.cross_entropy, which takes raw scores (logits) and does the log-softmax itself",
-        functools.partial(_class_loss, softmaxed=True),
-    ),
-    core.Mistake(
-        "sum",
-        "your loss is a sum over the batch: take the mean, so that the step size does not grow with the batch",
-        functools.partial(_class_loss, reduction="sum"),
-    ),
-    core.Mistake(
-        "padding pooled",
-        "your model read the padding: pass each row's real lengths, not the padded length, to the classifier",
-        functools.partial(_class_loss, padding_pooled=True),
-    ),
-]
+CLASS_LOSS_MISTAKES = core.variants(
+    _class_loss,
+    {
+        "softmax first": "you applied softmax before F.cross_entropy, which takes raw scores (logits) and does the log-softmax itself",
+        "sum": "your loss is a sum over the batch: take the mean, so that the step size does not grow with the batch",
+        "padding pooled": "your model read the padding: pass each row's real lengths, not the padded length, to the classifier",
+    },
+)
 
 
 def check_classification_loss(classification_loss) -> None:
@@ -235,30 +222,27 @@ def check_classification_loss(classification_loss) -> None:
     core.passed(EX_CLASS_LOSS)
 
 
-def _confusion_right(labels, predictions, n_classes):
+def _confusion_right(labels, predictions, n_classes, *, mistake=""):
+    """The (n, n) counts, row = true class; `mistake` plants one of CONFUSION_MISTAKES by its
+    name."""
     counts = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    if mistake == "no accumulate":
+        return counts.index_put_((labels, predictions), torch.tensor(1))
     for t, p in zip(labels.tolist(), predictions.tolist()):
         counts[t, p] += 1
-    return counts
+    if mistake == "hits only":
+        return torch.diag(torch.diag(counts))
+    return counts.T if mistake == "transposed" else counts
 
 
-CONFUSION_MISTAKES = [
-    core.Mistake(
-        "no accumulate",
-        "two speeches in the same cell were counted once: counts[labels, predictions] += 1 writes each cell once however often it repeats. Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
-        lambda t, p, n: torch.zeros(n, n, dtype=torch.long).index_put_((t, p), torch.tensor(1)),
-    ),
-    core.Mistake(
-        "transposed",
-        "your rows are the predictions: row = the true class, column = the classifier's answer",
-        lambda t, p, n: _confusion_right(t, p, n).T,
-    ),
-    core.Mistake(
-        "hits only",
-        "you counted only the right answers (the diagonal): every speech counts once, in row t and column p",
-        lambda t, p, n: torch.diag(torch.diag(_confusion_right(t, p, n))),
-    ),
-]
+CONFUSION_MISTAKES = core.variants(
+    _confusion_right,
+    {
+        "no accumulate": "two speeches in the same cell were counted once: counts[labels, predictions] += 1 writes each cell once however often it repeats. Add the repeats up (index_put_ with accumulate=True, or bincount of t * n + p)",
+        "transposed": "your rows are the predictions: row = the true class, column = the classifier's answer",
+        "hits only": "you counted only the right answers (the diagonal): every speech counts once, in row t and column p",
+    },
+)
 
 
 def check_confusion_counts(confusion_counts) -> None:
@@ -284,56 +268,42 @@ def check_confusion_counts(confusion_counts) -> None:
 # --------------------------------------------------------------------------- 10.2 collate
 
 
-def _collate_right(pairs, pad_id, mask_prompt=True, shift=0, pad_targets=False):
-    """inputs, targets of (prompt, response) pairs; the switches plant mistakes."""
+def _collate_right(pairs, pad_id, *, mistake=""):
+    """inputs, targets of (prompt, response) pairs; `mistake` plants one of COLLATE_MISTAKES by
+    its name."""
     T = max(len(p) + len(r) for p, r in pairs) - 1
     inputs = torch.full((len(pairs), T), pad_id, dtype=torch.long)
-    targets = torch.full((len(pairs), T), pad_id if pad_targets else IGNORE, dtype=torch.long)
+    fill = pad_id if mistake == "padding as target" else IGNORE
+    targets = torch.full((len(pairs), T), fill, dtype=torch.long)
+    shift = {"mask one too far": 1, "mask one short": -1}.get(mistake, 0)
     for i, (p, r) in enumerate(pairs):
         tokens = list(p) + list(r)
         inputs[i, : len(tokens) - 1] = torch.tensor(tokens[:-1])
         targets[i, : len(tokens) - 1] = torch.tensor(tokens[1:])
-        if mask_prompt:
+        if mistake != "prompt kept":
             targets[i, : max(0, len(p) - 1 + shift)] = IGNORE
     return inputs, targets
 
 
-COLLATE_MISTAKES = [
-    core.Mistake(
-        "prompt kept",
-        "your targets keep the prompt's tokens: the loss would train the model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
-        lambda pairs, pad: _collate_right(pairs, pad, mask_prompt=False),
-    ),
-    core.Mistake(
-        "mask one too far",
-        "you ignore one target too many: the target at position len(prompt) - 1 is the response's first token, which must be kept",
-        lambda pairs, pad: _collate_right(pairs, pad, shift=1),
-    ),
-    core.Mistake(
-        "mask one short",
-        "you keep the target of the prompt's last token: target t is token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
-        lambda pairs, pad: _collate_right(pairs, pad, shift=-1),
-    ),
-    core.Mistake(
-        "padding as target",
-        "the padding positions have pad_id as their target: the loss would teach the model to write padding; they must be IGNORE_INDEX",
-        lambda pairs, pad: _collate_right(pairs, pad, pad_targets=True),
-    ),
-]
+COLLATE_MISTAKES = core.variants(
+    _collate_right,
+    {
+        "prompt kept": "your targets keep the prompt's tokens: the loss would train the model to write prompts; set the targets of prompt tokens to IGNORE_INDEX",
+        "mask one too far": "you ignore one target too many: the target at position len(prompt) - 1 is the response's first token, which must be kept",
+        "mask one short": "you keep the target of the prompt's last token: target t is token t + 1, so the prompt's targets are positions 0 .. len(prompt) - 2",
+        "padding as target": "the padding positions have pad_id as their target: the loss would teach the model to write padding; they must be IGNORE_INDEX",
+    },
+)
 
 
 def _pairs_cases():
     gen = torch.Generator().manual_seed(1)
-    return [
-        [
-            (
-                torch.randint(0, 90, (p,), generator=gen).tolist(),
-                torch.randint(0, 90, (r,), generator=gen).tolist(),
-            )
-            for p, r in lengths
-        ]
-        for lengths in (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6)))
-    ]
+
+    def ids(n):
+        return torch.randint(0, 90, (n,), generator=gen).tolist()
+
+    cases = (((3, 2), (5, 4), (2, 1)), ((4, 3), (2, 6)))  # (prompt, response) lengths
+    return [[(ids(p), ids(r)) for p, r in lengths] for lengths in cases]
 
 
 def check_collate(collate) -> None:
@@ -348,12 +318,8 @@ def check_collate(collate) -> None:
         )
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
-        hints = {
-            (
-                shape[0],
-                shape[1] + 1,
-            ): "rows are one token too long: the inputs drop each row's last token and the targets its first"
-        }
+        too_long = "rows are one token too long: the inputs drop each row's last token and the targets its first"
+        hints = {(shape[0], shape[1] + 1): too_long}
         inputs = core.expect_tensor(EX_COLLATE, got[0], shape, what="your inputs", hints=hints)
         targets = core.expect_tensor(EX_COLLATE, got[1], shape, what="your targets", hints=hints)
         need(
@@ -377,20 +343,24 @@ def check_collate(collate) -> None:
 # --------------------------------------------------------------------------- 10.3 the losses
 
 
-def _summed(logits, targets, over_all=False):
-    """The loss of the kept targets summed, or divided by every position (mistakes)."""
+def _masked_loss(logits, targets, *, mistake=""):
+    """The mean cross-entropy over the kept targets; `mistake` plants one of LOSS_MISTAKES by its
+    name."""
+    if not mistake:
+        keep = targets != IGNORE
+        return F.cross_entropy(logits[keep], targets[keep])
     total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-    return total / targets.numel() if over_all else total
+    return total / targets.numel() if mistake == "mean over all" else total
 
 
-LOSS_MISTAKES = [
-    core.Mistake("sum", "your loss is a sum; take the mean over the kept targets", _summed),
-    core.Mistake(
-        "mean over all",
-        "you average over every position, ignored ones included (as zeros): divide by the number of kept targets",
-        functools.partial(_summed, over_all=True),
-    ),
-]
+SUM_MESSAGE = "your loss is a sum; take the mean over the kept targets"
+LOSS_MISTAKES = core.variants(
+    _masked_loss,
+    {
+        "sum": SUM_MESSAGE,
+        "mean over all": "you average over every position, ignored ones included (as zeros): divide by the number of kept targets",
+    },
+)
 
 
 def _targets(gen, B, T, V, ignored):
@@ -407,11 +377,10 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
     for B, T, V in ((2, 5, 7), (3, 4, 11)):
         logits = torch.randn(B, T, V, generator=gen)
         targets = _targets(gen, B, T, V, 2)
-        keep = targets != IGNORE
         core.judge(
             EX_LOSS,
             core.call_learner(EX_LOSS, masked_lm_loss, logits.clone(), targets.clone()),
-            F.cross_entropy(logits[keep], targets[keep]),
+            _masked_loss(logits, targets),
             LOSS_MISTAKES,
             lambda m: m.fn(logits, targets),
             "your loss differs from the mean cross-entropy over the targets that are not IGNORE_INDEX",
@@ -421,18 +390,18 @@ def check_masked_lm_loss(masked_lm_loss) -> None:
     core.passed(EX_LOSS)
 
 
-RESPONSE_MISTAKES = [
-    core.Mistake(
-        "sum",
-        "your loss is a sum; take the mean over the kept targets",
-        lambda gpt, inputs, targets: _summed(gpt(inputs), targets),
-    ),
-    core.Mistake(
-        "mean over all",
-        "you divided by every position, ignored ones included: divide by the number of kept targets",
-        lambda gpt, inputs, targets: _summed(gpt(inputs), targets, over_all=True),
-    ),
-]
+def _response_loss(gpt, inputs, targets, *, mistake=""):
+    """masked_lm_loss(gpt(inputs), targets); `mistake` plants one of RESPONSE_MISTAKES by its name."""
+    return _masked_loss(gpt(inputs), targets, mistake=mistake)
+
+
+RESPONSE_MISTAKES = core.variants(
+    _response_loss,
+    {
+        "sum": SUM_MESSAGE,
+        "mean over all": "you divided by every position, ignored ones included: divide by the number of kept targets",
+    },
+)
 
 
 def check_response_loss(response_loss) -> None:
@@ -442,12 +411,11 @@ def check_response_loss(response_loss) -> None:
         gpt = _tiny_gpt(seed=B)
         inputs = torch.randint(0, 60, (B, T), generator=gen)
         targets = _targets(gen, B, T, 60, 3)
-        keep = targets != IGNORE
         with torch.no_grad():
             core.judge(
                 EX_RESPONSE,
                 core.call_learner(EX_RESPONSE, response_loss, gpt, inputs.clone(), targets.clone()),
-                F.cross_entropy(gpt(inputs)[keep], targets[keep]),
+                _response_loss(gpt, inputs, targets),
                 RESPONSE_MISTAKES,
                 lambda m: m.fn(gpt, inputs, targets),
                 "your loss differs from masked_lm_loss(gpt(inputs), targets): the readout of hidden_states at the kept positions, scored against their targets",
@@ -459,7 +427,10 @@ def check_response_loss(response_loss) -> None:
 # --------------------------------------------------------------------------- 10.4 losses, replies
 
 
-def _by_position(gpt, pairs, pad_id, positions, shift=0):
+def _by_position(gpt, pairs, pad_id, positions, *, mistake=""):
+    """The mean loss at each reply position over the pairs (NaN where no reply is that long);
+    `mistake` plants one of POSITION_MISTAKES by its name."""
+    shift = 1 if mistake == "one late" else 0
     inputs, targets = _collate_right(pairs, pad_id)
     with torch.no_grad():
         per = F.cross_entropy(
@@ -472,13 +443,12 @@ def _by_position(gpt, pairs, pad_id, positions, shift=0):
     return table.nanmean(0)
 
 
-POSITION_MISTAKES = [
-    core.Mistake(
-        "one late",
-        "your position 0 is the reply's second token: the first reply token is the target of the prompt's last token, at len(prompt) - 1",
-        lambda g, pairs, pad, n: _by_position(g, pairs, pad, n, shift=1),
-    ),
-]
+POSITION_MISTAKES = core.variants(
+    _by_position,
+    {
+        "one late": "your position 0 is the reply's second token: the first reply token is the target of the prompt's last token, at len(prompt) - 1",
+    },
+)
 
 
 def _same_with_nan(a, b) -> bool:
@@ -510,8 +480,9 @@ def check_loss_by_position(loss_by_position) -> None:
     core.passed(EX_POSITION)
 
 
-def _reply(keep_prompt=False, cut=True, crop=True):
-    """A write_reply; the right one by default, each argument plants one mistake."""
+def _reply(mistake="", crop=True):
+    """A write_reply: the right one by default; `mistake` plants one of REPLY_MISTAKES by its name
+    (and crop=False asks generate for more tokens than the context holds)."""
 
     def write_reply(gpt, prompt, new_tokens=30):
         from gpt2lib.generation import generate
@@ -522,8 +493,8 @@ def _reply(keep_prompt=False, cut=True, crop=True):
         if crop:
             new_tokens = min(new_tokens, gpt.config.n_positions - ids.shape[1])
         out = generate(gpt, ids, new_tokens, temperature=0)[0].tolist()
-        out = out if keep_prompt else out[ids.shape[1] :]
-        if cut and enc.eot_token in out:
+        out = out if mistake == "prompt kept" else out[ids.shape[1] :]
+        if mistake != "not cut" and enc.eot_token in out:
             out = out[: out.index(enc.eot_token)]
         return enc.decode(out).strip()
 
@@ -532,18 +503,13 @@ def _reply(keep_prompt=False, cut=True, crop=True):
 
 reference_write_reply = _reply()
 
-REPLY_MISTAKES = [
-    core.Mistake(
-        "prompt kept",
-        "your reply starts with the prompt: return only the new tokens, those after the prompt's length",
-        _reply(keep_prompt=True),
-    ),
-    core.Mistake(
-        "not cut",
-        "your reply runs past <|endoftext|>: cut the new tokens before the first PAD, where the model ended its reply",
-        _reply(cut=False),
-    ),
-]
+REPLY_MISTAKES = core.planted(
+    _reply,
+    {
+        "prompt kept": "your reply starts with the prompt: return only the new tokens, those after the prompt's length",
+        "not cut": "your reply runs past <|endoftext|>: cut the new tokens before the first PAD, where the model ended its reply",
+    },
+)
 
 
 def _eot_model():
@@ -598,81 +564,61 @@ class _Conv1D(nn.Module):
         return x @ self.weight + self.bias
 
 
-def _lora_out(layer, x, scale, drop_out=False, no_dropout=False):
+def _lora_out(layer, x, scale=None, *, mistake=""):
+    """base(x) + lora_B(lora_A(dropout(x))) * scale (the layer's own by default); `mistake`
+    plants one of LORA_MISTAKES by its name."""
+    if mistake == "no scale":
+        scale = 1.0
+    elif mistake == "alpha, not alpha / rank":
+        scale = layer.alpha
+    elif mistake == "scale inverted":
+        scale = layer.rank / layer.alpha
+    elif scale is None:
+        scale = layer.scale
     A, B = layer.lora_A.weight, layer.lora_B.weight
-    update = (x if no_dropout else layer.lora_dropout(x)) @ A.T @ B.T
-    if drop_out:
+    update = (x if mistake == "no dropout" else layer.lora_dropout(x)) @ A.T @ B.T
+    if mistake == "dropout on output":  # after the mask above: the draws of the seeded RNG
         update = layer.lora_dropout(x @ A.T @ B.T)
-    return layer.base(x) + update * scale
+    return update * scale if mistake == "base missing" else layer.base(x) + update * scale
 
 
-LORA_MISTAKES = [
-    core.Mistake(
-        "no scale",
-        "the update is not multiplied by alpha / rank (self.scale)",
-        lambda layer, x: _lora_out(layer, x, 1.0),
-    ),
-    core.Mistake(
-        "alpha, not alpha / rank",
-        "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another rank keeps the update's size",
-        lambda layer, x: _lora_out(layer, x, layer.alpha),
-    ),
-    core.Mistake(
-        "scale inverted",
-        "you scale by rank / alpha; LoRA's scale is alpha / rank",
-        lambda layer, x: _lora_out(layer, x, layer.rank / layer.alpha),
-    ),
-    core.Mistake(
-        "base missing",
-        "the frozen layer's output base(x) is missing: LoRA adds the update to it",
-        lambda layer, x: _lora_out(layer, x, layer.scale) - layer.base(x),
-    ),
-    core.Mistake(
-        "dropout on output",
-        "dropout acts on the update's output; LoRA drops the input of lora_A, x, and never touches base(x)",
-        lambda layer, x: _lora_out(layer, x, layer.scale, drop_out=True),
-    ),
-    core.Mistake(
-        "no dropout",
-        "in training mode the adapter's input must go through self.lora_dropout",
-        lambda layer, x: _lora_out(layer, x, layer.scale, no_dropout=True),
-    ),
-]
+LORA_MISTAKES = core.variants(
+    _lora_out,
+    {
+        "no scale": "the update is not multiplied by alpha / rank (self.scale)",
+        "alpha, not alpha / rank": "you scale the update by alpha; LoRA's scale is alpha / rank, so that trying another rank keeps the update's size",
+        "scale inverted": "you scale by rank / alpha; LoRA's scale is alpha / rank",
+        "base missing": "the frozen layer's output base(x) is missing: LoRA adds the update to it",
+        "dropout on output": "dropout acts on the update's output; LoRA drops the input of lora_A, x, and never touches base(x)",
+        "no dropout": "in training mode the adapter's input must go through self.lora_dropout",
+    },
+)
 
 
-def _lora_init(a_zero=False, b_random=False, dropout_kept=True):
-    """A LoRALinear class with one planted mistake in __init__ (the defaults are right)."""
+def _lora_init(mistake):
+    """A LoRALinear class whose __init__ plants one of LORA_INIT_MISTAKES by its name."""
     from gpt2lib.chapters.tuning import LoRALinear
 
     class Wrong(LoRALinear):
         def __init__(self, base, rank, alpha, dropout=0.0):
-            super().__init__(base, rank, alpha, dropout if dropout_kept else 0.0)
+            super().__init__(base, rank, alpha, 0.0 if mistake == "dropout dropped" else dropout)
             with torch.no_grad():
-                if a_zero:
+                if mistake in ("both zero", "A and B swapped"):
                     self.lora_A.weight.zero_()
-                if b_random:
+                if mistake == "A and B swapped":
                     self.lora_B.weight.normal_()
 
     return Wrong
 
 
-LORA_INIT_MISTAKES = [
-    core.Mistake(
-        "both zero",
-        "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is multiplied by the other) and the adapter never learns. Only B starts at zero; A starts random, as nn.Linear initialises it",
-        _lora_init(a_zero=True),
-    ),
-    core.Mistake(
-        "A and B swapped",
-        "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as peft does); swap the two initialisations",
-        _lora_init(a_zero=True, b_random=True),
-    ),
-    core.Mistake(
-        "dropout dropped",
-        "the dropout argument is not used: lora_dropout must drop with the probability given",
-        _lora_init(dropout_kept=False),
-    ),
-]
+LORA_INIT_MISTAKES = core.planted(
+    _lora_init,
+    {
+        "both zero": "lora_A and lora_B both start at zero: then each one's gradient is zero too (it is multiplied by the other) and the adapter never learns. Only B starts at zero; A starts random, as nn.Linear initialises it",
+        "A and B swapped": "lora_A starts at zero and lora_B random: the text starts B at zero and A random (as peft does); swap the two initialisations",
+        "dropout dropped": "the dropout argument is not used: lora_dropout must drop with the probability given",
+    },
+)
 
 
 def _check_lora_init(layer, dropout) -> None:
@@ -756,22 +702,24 @@ def check_add_adapters(add_adapters, LoRALinear) -> None:
     core.passed(EX_ADD)
 
 
-MERGE_MISTAKES = [
-    core.Mistake(
-        "no scale",
-        "the merged update is not multiplied by layer.scale (alpha / rank)",
-        lambda layer: layer.base.weight + layer.lora_A.weight.T @ layer.lora_B.weight.T,
-    ),
-    core.Mistake(
-        "B A",
-        "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; the Conv1D weight is [in, out], so take its transpose",
-        lambda layer: (
-            layer.base.weight
-            + (layer.lora_B.weight @ layer.lora_A.weight).reshape(layer.base.weight.shape)
-            * layer.scale
-        ),
-    ),
-]
+def _merged(layer, *, mistake=""):
+    """The merged [in, out] weight of a LoRALinear; `mistake` plants one of MERGE_MISTAKES by its
+    name."""
+    W, A, B = layer.base.weight, layer.lora_A.weight, layer.lora_B.weight
+    if mistake == "no scale":
+        return W + A.T @ B.T
+    if mistake == "B A":
+        return W + (B @ A).reshape(W.shape) * layer.scale
+    return W + A.T @ B.T * layer.scale
+
+
+MERGE_MISTAKES = core.variants(
+    _merged,
+    {
+        "no scale": "the merged update is not multiplied by layer.scale (alpha / rank)",
+        "B A": "lora_B.weight @ lora_A.weight is (n_out, n_in), the layout of nn.Linear; the Conv1D weight is [in, out], so take its transpose",
+    },
+)
 
 
 def check_merged_weight(merged_weight, LoRALinear) -> None:
@@ -807,35 +755,26 @@ def check_merged_weight(merged_weight, LoRALinear) -> None:
     core.passed(EX_MERGE, "x @ W_merged + b equals the adapted layer")
 
 
-def reference_lora_parameter_count(config, rank, targets):
-    """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block."""
-    C = config.n_embd
+def reference_lora_parameter_count(config, rank, targets, *, mistake=""):
+    """The parameters LoRA of `rank` adds on `targets` ('c_attn', 'c_proj', 'c_fc') of every block;
+    `mistake` plants one of COUNT_MISTAKES by its name."""
+    C, layers = config.n_embd, 1 if mistake == "one layer" else config.n_layer
+    if mistake == "full matrix":
+        return layers * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[t] * C**2 for t in targets)
     # rank * (n_in + n_out) per adapter; 'c_proj' names attention's and the MLP's
-    sizes = {"c_attn": C + 3 * C, "c_fc": C + 4 * C, "c_proj": (C + C) + (4 * C + C)}
-    return config.n_layer * rank * sum(sizes[t] for t in targets)
+    attn = C + (C if mistake == "c_attn as C x C" else 3 * C)
+    sizes = {"c_attn": attn, "c_fc": C + 4 * C, "c_proj": (C + C) + (4 * C + C)}
+    return layers * rank * sum(sizes[t] for t in targets)
 
 
-COUNT_MISTAKES = [
-    core.Mistake(
-        "one layer",
-        "you counted one block; every block has these layers (n_layer of them)",
-        lambda c, r, t: reference_lora_parameter_count(c, r, t) // c.n_layer,
-    ),
-    core.Mistake(
-        "full matrix",
-        "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) and B (n_out x rank)",
-        lambda c, r, t: (
-            c.n_layer * sum({"c_attn": 3, "c_fc": 4, "c_proj": 5}[x] * c.n_embd**2 for x in t)
-        ),
-    ),
-    core.Mistake(
-        "c_attn as C x C",
-        "c_attn maps C to 3C (queries, keys and values at once)",
-        lambda c, r, t: (
-            reference_lora_parameter_count(c, r, t) - c.n_layer * r * 2 * c.n_embd * ("c_attn" in t)
-        ),
-    ),
-]
+COUNT_MISTAKES = core.variants(
+    reference_lora_parameter_count,
+    {
+        "one layer": "you counted one block; every block has these layers (n_layer of them)",
+        "full matrix": "you counted the full weight n_in * n_out; LoRA stores A (rank x n_in) and B (n_out x rank)",
+        "c_attn as C x C": "c_attn maps C to 3C (queries, keys and values at once)",
+    },
+)
 
 
 def check_lora_parameter_count(lora_parameter_count) -> None:
@@ -893,9 +832,15 @@ def _placeholders(*names: str) -> None:
 _placeholders("frozen")
 
 
-def _trained_copy(base, moved=lambda name: True, in_place=False):
-    """A classifier on `base` (or a copy) whose parameters named by `moved` were nudged."""
-    gpt = base if in_place else copy.deepcopy(base)
+def _trained_copy(base, moved=lambda name: name != "wte.weight", *, mistake=""):
+    """A classifier on a copy of `base` whose parameters named by `moved` (all but wte) were
+    nudged; `mistake` plants one of FROZEN_MISTAKES by its name."""
+    moved = {
+        "table trained": lambda name: True,
+        "only the head": lambda name: False,
+        "positions frozen": lambda name: name not in ("wte.weight", "wpe.weight"),
+    }.get(mistake, moved)
+    gpt = base if mistake == "base trained" else copy.deepcopy(base)
     with torch.no_grad():
         for name, p in gpt.named_parameters():
             if moved(name):
@@ -903,28 +848,15 @@ def _trained_copy(base, moved=lambda name: True, in_place=False):
     return types.SimpleNamespace(gpt=gpt, head=nn.Linear(gpt.config.n_embd, 3))
 
 
-FROZEN_MISTAKES = [
-    core.Mistake(
-        "table trained",
-        "the token table moved: call requires_grad_(False) on the copy's wte.weight before training (the optimizer gets what requires grad)",
-        lambda base: _trained_copy(base),
-    ),
-    core.Mistake(
-        "base trained",
-        "you trained base_model itself: train a copy.deepcopy of it, so that the cells below still start from the pretrained weights",
-        lambda base: _trained_copy(base, lambda n: n != "wte.weight", in_place=True),
-    ),
-    core.Mistake(
-        "only the head",
-        "nothing but the head trained: freeze only the token table; the blocks, the position table and ln_f train as in full fine-tuning",
-        lambda base: _trained_copy(base, lambda n: False),
-    ),
-    core.Mistake(
-        "positions frozen",
-        "more than the token table is frozen: only wte.weight should stay as pretrained",
-        lambda base: _trained_copy(base, lambda n: n not in ("wte.weight", "wpe.weight")),
-    ),
-]
+FROZEN_MISTAKES = core.variants(
+    _trained_copy,
+    {
+        "table trained": "the token table moved: call requires_grad_(False) on the copy's wte.weight before training (the optimizer gets what requires grad)",
+        "base trained": "you trained base_model itself: train a copy.deepcopy of it, so that the cells below still start from the pretrained weights",
+        "only the head": "nothing but the head trained: freeze only the token table; the blocks, the position table and ln_f train as in full fine-tuning",
+        "positions frozen": "more than the token table is frozen: only wte.weight should stay as pretrained",
+    },
+)
 
 
 def check_frozen_table(model, base) -> None:
@@ -957,32 +889,26 @@ def check_frozen_table(model, base) -> None:
 # --------------------------------------------------------------------------- 10.10 rank, challenge
 
 
-def _rank_right(ranks):
-    return [(r, 0.001 * r, 0.3 + 0.01 * r) for r in ranks]
+def _rank_right(ranks, *, mistake=""):
+    """One (rank, share trained, loss drop) per rank, as a sweep gives; `mistake` plants one of
+    RANK_MISTAKES by its name."""
+    rows = []
+    for r in ranks:
+        share = {"count not share": 7_000 * r, "same adapter": 0.001}.get(mistake, 0.001 * r)
+        drop = 0.3 + 0.01 * r
+        rows.append((r, share, -drop if mistake == "drop sign" else drop))
+    return rows[:1] if mistake == "one rank" else rows
 
 
-RANK_MISTAKES = [
-    core.Mistake(
-        "drop sign",
-        "your loss drops are negative: the drop is the loss before tuning minus the loss after (or training raised the loss; look at its printout)",
-        lambda ranks: [(r, s, -d) for r, s, d in _rank_right(ranks)],
-    ),
-    core.Mistake(
-        "count not share",
-        "the second entry should be the share of the parameters trained (trained / total), not a count",
-        lambda ranks: [(r, 7_000 * r, d) for r, _, d in _rank_right(ranks)],
-    ),
-    core.Mistake(
-        "one rank",
-        "measure every rank in RANKS, one result each, in that order",
-        lambda ranks: _rank_right(ranks)[:1],
-    ),
-    core.Mistake(
-        "same adapter",
-        "the share trained is the same at every rank: build a fresh copy of the base model with apply_lora(..., rank=rank) for each rank",
-        lambda ranks: [(r, 0.001, d) for r, _, d in _rank_right(ranks)],
-    ),
-]
+RANK_MISTAKES = core.variants(
+    _rank_right,
+    {
+        "drop sign": "your loss drops are negative: the drop is the loss before tuning minus the loss after (or training raised the loss; look at its printout)",
+        "count not share": "the second entry should be the share of the parameters trained (trained / total), not a count",
+        "one rank": "measure every rank in RANKS, one result each, in that order",
+        "same adapter": "the share trained is the same at every rank: build a fresh copy of the base model with apply_lora(..., rank=rank) for each rank",
+    },
+)
 
 
 def check_rank_sweep(results, ranks=(1, 4, 16)) -> None:
