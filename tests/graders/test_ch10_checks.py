@@ -20,7 +20,7 @@ from gpt2lib.chapters.tuning import (
     speaker_batch,
 )
 from gpt2lib.course.checks import finetuning as checks
-from gpt2lib.course.checks._core import CheckFailed
+from gpt2lib.course.checks._core import CheckFailed, named
 
 # --------------------------------------------------------------------------- the checks
 
@@ -143,6 +143,16 @@ def test_lora_check_names_each_mistake(mistake):
     with pytest.raises(CheckFailed) as info:
         checks.check_lora_linear(Wrong)
     assert mistake.message in str(info.value)
+
+
+def test_lora_check_names_dropout_on_the_update_as_a_learner_writes_it():
+    class DropoutOnOutput(LoRALinear):
+        def forward(self, x):
+            return self.base(x) + self.lora_dropout(self.lora_B(self.lora_A(x))) * self.scale
+
+    with pytest.raises(CheckFailed) as info:
+        checks.check_lora_linear(DropoutOnOutput)
+    assert named(checks.LORA_MISTAKES, "dropout on output").message in str(info.value)
 
 
 @pytest.mark.parametrize("mistake", checks.MERGE_MISTAKES, ids=lambda m: m.name)

@@ -576,9 +576,10 @@ def _lora_out(layer, x, scale=None, *, mistake=""):
     elif scale is None:
         scale = layer.scale
     A, B = layer.lora_A.weight, layer.lora_B.weight
-    update = (x if mistake == "no dropout" else layer.lora_dropout(x)) @ A.T @ B.T
-    if mistake == "dropout on output":  # after the mask above: the draws of the seeded RNG
-        update = layer.lora_dropout(x @ A.T @ B.T)
+    dropped_input = mistake not in ("no dropout", "dropout on output")
+    update = (layer.lora_dropout(x) if dropped_input else x) @ A.T @ B.T
+    if mistake == "dropout on output":  # one mask, on the update: as a learner writes it
+        update = layer.lora_dropout(update)
     return update * scale if mistake == "base missing" else layer.base(x) + update * scale
 
 
