@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+# What a check says of an answer that still raises its exercise's NotImplementedError stub.
+NOT_DONE = "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again."
+
 
 class CheckFailed(AssertionError):
     """An exercise answer is wrong; the message says what looks wrong and what to try."""
@@ -369,10 +372,7 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
-        raise NotDoneYet(
-            exercise,
-            "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again.",
-        ) from None
+        raise NotDoneYet(exercise, NOT_DONE) from None
 
 
 def _call_target(fn: Any) -> tuple[Callable[..., Any], str]:

@@ -863,10 +863,7 @@ FROZEN_MISTAKES = core.variants(
 def check_frozen_table(model, base) -> None:
     """`model`: a classifier trained from a copy of `base` (a GPT2) with only wte frozen."""
     if model is NOT_ANSWERED:
-        raise core.NotDoneYet(
-            EX_FROZEN,
-            "not done yet: replace the `raise NotImplementedError(...)` line with your code, run that cell, then run this check again.",
-        )
+        raise core.NotDoneYet(EX_FROZEN, core.NOT_DONE)
     gpt, head = getattr(model, "gpt", None), getattr(model, "head", None)
     need = functools.partial(core.require, EX_FROZEN)
     need(
