@@ -1019,20 +1019,6 @@ def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
     return history
 
 
-def _batch_not_shifted(ids, batch_size, block_size, generator=None, device=None):
-    x, _ = _reference_pieces()["get_batch"](ids, batch_size, block_size, generator, device)
-    return x, x.clone()
-
-
-def _step_cleared_too_early(model, optimizer, x, y, max_grad_norm=1.0):
-    loss = _loss(model, x, y)
-    loss.backward()
-    optimizer.zero_grad(set_to_none=True)  # the planted bug: the gradients are gone
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    return loss.detach()
-
-
 def _warmup_forever(step, max_lr, warmup_steps, total_steps, min_lr):
     return max_lr * (step + 1) / warmup_steps
 
@@ -1044,9 +1030,9 @@ SUSPECTS = (
     "gradients never cleared",
 )
 _NOT_SHIFTED, _CLEARED_EARLY, _ENDLESS_WARMUP, _NEVER_CLEARED = SUSPECTS
-_BROKEN = {
-    "A": (_NOT_SHIFTED, {"get_batch": _batch_not_shifted}),
-    "B": (_CLEARED_EARLY, {"train_step": _step_cleared_too_early}),
+_BROKEN = {  # A and B plant mistakes the checks of 7.3 and 7.5 name
+    "A": (_NOT_SHIFTED, {"get_batch": core.named(BATCH_MISTAKES, "not_shifted").fn}),
+    "B": (_CLEARED_EARLY, {"train_step": core.named(STEP_MISTAKES, "zero_grad_before_step").fn}),
     "C": (_ENDLESS_WARMUP, {"lr_at": _warmup_forever}),
 }
 
