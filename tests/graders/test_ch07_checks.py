@@ -274,7 +274,7 @@ def shakespeare_splits():
 def test_the_rate_sweep_check_passes_fresh_runs_and_names_a_wrong_reading(shakespeare_splits):
     train_ids, val_ids = shakespeare_splits
     rates = (3e-4, 3e-3, 3e-1)
-    checks.check_rate_sweep(checks._sweep()(train_ids, val_ids, rates), train_ids, val_ids)
+    checks.check_rate_sweep(checks._sweep(train_ids, val_ids, rates), train_ids, val_ids)
     (mistake,) = checks.RATE_MISTAKES
     cases.assert_named(
         lambda sweep: checks.check_rate_sweep(sweep, train_ids, val_ids),

@@ -15,12 +15,9 @@ EX_LOSS = "Exercise 7.1 (the loss)"
 EX_UNIFORM = "Exercise 7.2 (the loss before any training)"
 EX_BATCH = "Exercise 7.3 (random batches)"
 EX_UNIGRAM = "Exercise 7.4 (the unigram and bigram lines)"
-EX_BIGRAM = EX_UNIGRAM
-EX_DECAY = "Exercise 7.5 (one training step, and which weights decay)"
-EX_STEP = EX_DECAY
+EX_STEP = "Exercise 7.5 (one training step, and which weights decay)"
 EX_LR = "Exercise 7.6 (find what is wrong with the schedule)"
-EX_EVAL = "Exercise 7.7 (the evaluation and the loop)"
-EX_LOOP = EX_EVAL
+EX_LOOP = "Exercise 7.7 (the evaluation and the loop)"
 EX_DIAGNOSIS = "Exercise 7.8 (which bug made which curve?)"
 EX_RATES = "Exercise 7.9 (measure the learning rate)"
 CHALLENGE = "Challenge (beat the bigram line in half the steps)"
@@ -71,69 +68,55 @@ def _loss(model, x, y):
 # --------------------------------------------------------------------------- Exercise 7.1
 
 
-def _nll(log_probs, targets):
-    return -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+def _loss_right(logits, targets, *, mistake=""):
+    """The mean cross-entropy from log-probabilities in float32; `mistake` plants one of
+    LOSS_MISTAKES or LOSS_RULES by its name."""
+    if mistake == "uses_cross_entropy":
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    logits = logits if mistake == "not_float32" else logits.float()
+    if mistake == "softmax_not_log":
+        log_probs = logits.softmax(dim=-1)
+    elif mistake == "log_of_softmax":
+        log_probs = logits.softmax(dim=-1).log()
+    elif mistake == "no_normalisation":
+        log_probs = logits
+    else:
+        dim = {"log_softmax_over_time": 1, "log_softmax_over_batch": 0}.get(mistake, -1)
+        log_probs = logits.log_softmax(dim=dim)
+    nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if mistake == "sum_not_mean":
+        return nll.sum()
+    return -nll.mean() if mistake == "sign" else nll.mean()
 
 
-LOSS_MISTAKES = [
-    core.Mistake(
-        "log_softmax_over_time",
-        "your log-softmax normalises over the wrong dimension (the positions, dim=1): probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
-        lambda logits, targets: _nll(logits.log_softmax(dim=1), targets).mean(),
-    ),
-    core.Mistake(
-        "log_softmax_over_batch",
-        "your log-softmax normalises over the batch (dim=0): normalise over the vocabulary, the last dimension (dim=-1)",
-        lambda logits, targets: _nll(logits.log_softmax(dim=0), targets).mean(),
-    ),
-    core.Mistake(
-        "sum_not_mean",
-        "your loss is the SUM over positions: take the mean, so that the loss does not grow with the batch size or the context length",
-        lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).sum(),
-    ),
-    core.Mistake(
-        "sign",
-        "your loss has the wrong sign: it is MINUS the mean log-probability of the targets (a loss is positive and falls as the model improves)",
-        lambda logits, targets: -_nll(logits.log_softmax(dim=-1), targets).mean(),
-    ),
-    core.Mistake(
-        "softmax_not_log",
-        "you gathered probabilities, not log-probabilities: use log_softmax",
-        lambda logits, targets: _nll(logits.softmax(dim=-1), targets).mean(),
-    ),
-    core.Mistake(
-        "no_normalisation",
-        "you gathered the raw logits without log_softmax: the loss must use log-probabilities, which depend on every logit of the row",
-        lambda logits, targets: _nll(logits, targets).mean(),
-    ),
-]
+LOSS_MISTAKES = core.variants(
+    _loss_right,
+    {
+        "log_softmax_over_time": "your log-softmax normalises over the wrong dimension (the positions, dim=1): probabilities must sum to 1 over the vocabulary, the last dimension (dim=-1)",
+        "log_softmax_over_batch": "your log-softmax normalises over the batch (dim=0): normalise over the vocabulary, the last dimension (dim=-1)",
+        "sum_not_mean": "your loss is the SUM over positions: take the mean, so that the loss does not grow with the batch size or the context length",
+        "sign": "your loss has the wrong sign: it is MINUS the mean log-probability of the targets (a loss is positive and falls as the model improves)",
+        "softmax_not_log": "you gathered probabilities, not log-probabilities: use log_softmax",
+        "no_normalisation": "you gathered the raw logits without log_softmax: the loss must use log-probabilities, which depend on every logit of the row",
+    },
+)
 
 # The three rules the exercise states; each has its own case in the check, not a value to match.
-LOSS_RULES = [
-    core.Mistake(
-        "uses_cross_entropy",
-        "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls it), which this exercise does not allow: write it from log-probabilities",
-        lambda logits, targets: F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()),
-    ),
-    core.Mistake(
-        "log_of_softmax",
-        "with a logit of 100 and a target 220 below it your loss is not finite: in float32 softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the log-softmax in one step (log_softmax), which never forms either number",
-        lambda logits, targets: _nll(logits.float().softmax(dim=-1).log(), targets).mean(),
-    ),
-    core.Mistake(
-        "not_float32",
-        "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): cast the logits to float32 (logits.float()) before the log-softmax",
-        lambda logits, targets: _nll(logits.log_softmax(dim=-1), targets).mean(),
-    ),
-]
-_RULE = {m.name: m for m in LOSS_RULES}
+LOSS_RULES = core.variants(
+    _loss_right,
+    {
+        "uses_cross_entropy": "your loss calls F.cross_entropy or F.nll_loss (or nn.CrossEntropyLoss, which calls it), which this exercise does not allow: write it from log-probabilities",
+        "log_of_softmax": "with a logit of 100 and a target 220 below it your loss is not finite: in float32 softmax rounds that probability to 0 (log(0) = -inf) and e^100 overflows. Take the log-softmax in one step (log_softmax), which never forms either number",
+        "not_float32": "with bfloat16 logits your loss is computed in bfloat16 (about 3 significant digits): cast the logits to float32 (logits.float()) before the log-softmax",
+    },
+)
 
 
 def _call_loss(fn, logits, targets):
     """The learner's loss with F.cross_entropy and F.nll_loss refused; inputs unchanged."""
 
     def refused(*args, **kwargs):
-        raise core.CheckFailed(EX_LOSS, _RULE["uses_cross_entropy"].message)
+        raise core.named_failure(EX_LOSS, LOSS_RULES, "uses_cross_entropy")
 
     kept = logits.detach().clone(), targets.clone()
     with mock.patch.object(F, "cross_entropy", refused), mock.patch.object(F, "nll_loss", refused):
@@ -161,32 +144,26 @@ def check_cross_entropy(fn):
         got = _call_loss(fn, logits, targets)
         if _same_loss(got, want):
             continue
-        mistake = core.first_mistake(
-            LOSS_MISTAKES, lambda m: _same_loss(got, m.fn(logits, targets))
-        )
-        if mistake is not None:
-            raise core.CheckFailed(EX_LOSS, mistake.message)
-        got = core.expect_tensor(EX_LOSS, got, what="your loss", finite=False)
-        if got.numel() != 1:
-            raise core.CheckFailed(
-                EX_LOSS,
-                f"your loss has shape {tuple(got.shape)}: return ONE number, the mean over every position of every sequence",
-            )
-        raise core.CheckFailed(
+        core.expect_tensor(EX_LOSS, got, what="your loss", finite=False)
+        core.fail_with(
             EX_LOSS,
-            f"your loss is {float(got):.4f}, the cross-entropy is {float(want):.4f} (logits of shape {(B, T, V)})",
+            LOSS_MISTAKES,
+            lambda m: _same_loss(got, m.fn(logits, targets)),
+            f"your loss has shape {tuple(got.shape)}: return ONE number, the mean over every position of every sequence"
+            if got.numel() != 1
+            else f"your loss is {float(got):.4f}, the cross-entropy is {float(want):.4f} (logits of shape {(B, T, V)})",
         )
     unlikely = torch.zeros(1, 2, 5)
     unlikely[0, 0, 3], unlikely[0, 0, 1] = -120.0, 100.0  # e^-220 is 0 in float32, e^100 inf
     got = _call_loss(fn, unlikely, torch.tensor([[3, 0]]))
     if not (isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all())):
-        raise core.CheckFailed(EX_LOSS, _RULE["log_of_softmax"].message)
+        raise core.named_failure(EX_LOSS, LOSS_RULES, "log_of_softmax")
     coarse = (3 * torch.randn(2, 8, 50, generator=gen)).bfloat16()
     targets = torch.randint(0, 50, (2, 8), generator=gen)
     got = _call_loss(fn, coarse, targets)
     want = F.cross_entropy(coarse.float().flatten(0, 1), targets.flatten())
     if got.dtype not in (torch.float32, torch.float64) or not core.close(got.float(), want):
-        raise core.CheckFailed(EX_LOSS, _RULE["not_float32"].message)
+        raise core.named_failure(EX_LOSS, LOSS_RULES, "not_float32")
     logits = torch.randn(2, 3, 5, generator=gen, requires_grad=True)
     got = _call_loss(fn, logits, torch.randint(0, 5, (2, 3), generator=gen))
     if not got.requires_grad:
@@ -199,33 +176,24 @@ def check_cross_entropy(fn):
 
 # --------------------------------------------------------------------------- Exercise 7.2
 
-UNIFORM_MISTAKES = [
-    core.Mistake(
-        "probability",
-        "you returned the probability of each token, 1 / V: the loss is MINUS the logarithm of that probability",
-        lambda v: 1 / v,
-    ),
-    core.Mistake(
-        "sign",
-        "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
-        lambda v: -math.log(v),
-    ),
-    core.Mistake(
-        "bits",
-        "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this course, is in nats, the natural logarithm (math.log)",
-        math.log2,
-    ),
-    core.Mistake(
-        "base_10",
-        "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
-        math.log10,
-    ),
-    core.Mistake(
-        "perplexity",
-        "you returned V itself: that is e^loss, the perplexity of the uniform guess. The loss is its natural logarithm",
-        float,
-    ),
-]
+
+def _uniform_right(vocab_size, *, mistake=""):
+    """ln V, the uniform guess's loss; `mistake` plants one of UNIFORM_MISTAKES by its name."""
+    v = vocab_size
+    wrong = dict(probability=1 / v, sign=-math.log(v), bits=math.log2(v), base_10=math.log10(v))
+    return float(v) if mistake == "perplexity" else wrong.get(mistake, math.log(v))
+
+
+UNIFORM_MISTAKES = core.variants(
+    _uniform_right,
+    {
+        "probability": "you returned the probability of each token, 1 / V: the loss is MINUS the logarithm of that probability",
+        "sign": "your loss is negative: it is minus the log of the probability 1 / V, which is positive",
+        "bits": "your loss is in bits (log base 2): the loss of F.cross_entropy, and of this course, is in nats, the natural logarithm (math.log)",
+        "base_10": "you used the base-10 logarithm: the loss is in nats, the natural logarithm (math.log)",
+        "perplexity": "you returned V itself: that is e^loss, the perplexity of the uniform guess. The loss is its natural logarithm",
+    },
+)
 
 
 def check_uniform_loss(fn):
@@ -262,72 +230,46 @@ def _windows_ok(ids, x, y, block_size):
     return starts
 
 
-def _batch(start_range, shift=1, rows="random", dtype=torch.long, moved=True):
-    """A batch function; the arguments plant one mistake each (the defaults are right)."""
+def _batch_right(ids, batch_size, block_size, generator=None, device=None, *, mistake=""):
+    """Random windows x and y one token later, as torch.long on `device`; `mistake` plants one
+    of BATCH_MISTAKES or DEVICE_MISTAKES by its name."""
+    high = len(ids) - block_size + {"range_too_long": 1, "range_too_short": -1}.get(mistake, 0)
+    if mistake == "not_random":
+        starts = [0] * batch_size
+    elif mistake == "one_window":
+        starts = [int(torch.randint(high, (1,), generator=generator))] * batch_size
+    else:
+        starts = torch.randint(high, (batch_size,), generator=generator).tolist()
+    shift = 0 if mistake == "not_shifted" else 1
+    x = torch.stack([ids[s : s + block_size] for s in starts])
+    y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
+    if mistake != "int32_kept":
+        dtype = torch.float32 if mistake == "float_ids" else torch.long
+        x, y = x.to(dtype), y.to(dtype)
+    if device is None or mistake == "device_ignored":
+        return x, y
+    return x.to(device), y.to(device)
 
-    def run(ids, batch_size, block_size, generator=None, device=None):
-        high = len(ids) - block_size + start_range
-        if rows == "first":
-            starts = [0] * batch_size
-        elif rows == "one":
-            starts = [int(torch.randint(high, (1,), generator=generator))] * batch_size
-        else:
-            starts = torch.randint(high, (batch_size,), generator=generator).tolist()
-        x = torch.stack([ids[s : s + block_size] for s in starts])
-        y = torch.stack([ids[s + shift : s + shift + block_size] for s in starts])
-        x, y = (x, y) if dtype is None else (x.to(dtype), y.to(dtype))
-        return (x.to(device), y.to(device)) if moved and device is not None else (x, y)
 
-    return run
+BATCH_MISTAKES = core.variants(
+    _batch_right,
+    {
+        "not_shifted": "your y equals your x: y must be the same window one token later (ids[s + 1 : s + block_size + 1])",
+        "one_window": "every row of your batch is the same window: draw one random start per row (torch.randint(..., (batch_size,)))",
+        "not_random": "your windows always start at the beginning of ids: draw random starts with torch.randint(..., generator=generator)",
+        "range_too_long": "a window ran past the end of ids: the last possible start is len(ids) - block_size - 1 (the targets need one more token), and torch.randint's upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
+        "range_too_short": "with 8 ids and block_size 5 the starts 0, 1 and 2 are all possible, but 2 never came up, so the very last token is never a target: torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
+    },
+)
 
-
-_batch_right = _batch(0)
-
-BATCH_MISTAKES = [
-    core.Mistake(
-        "not_shifted",
-        "your y equals your x: y must be the same window one token later (ids[s + 1 : s + block_size + 1])",
-        _batch(0, shift=0),
-    ),
-    core.Mistake(
-        "one_window",
-        "every row of your batch is the same window: draw one random start per row (torch.randint(..., (batch_size,)))",
-        _batch(0, rows="one"),
-    ),
-    core.Mistake(
-        "not_random",
-        "your windows always start at the beginning of ids: draw random starts with torch.randint(..., generator=generator)",
-        _batch(0, rows="first"),
-    ),
-    core.Mistake(
-        "range_too_long",
-        "a window ran past the end of ids: the last possible start is len(ids) - block_size - 1 (the targets need one more token), and torch.randint's upper end is excluded, so use torch.randint(len(ids) - block_size, ...)",
-        _batch(1),
-    ),
-    core.Mistake(
-        "range_too_short",
-        "with 8 ids and block_size 5 the starts 0, 1 and 2 are all possible, but 2 never came up, so the very last token is never a target: torch.randint's upper end is excluded, use torch.randint(len(ids) - block_size, ...)",
-        _batch(-1),
-    ),
-]
-
-DEVICE_MISTAKES = [
-    core.Mistake(
-        "device_ignored",
-        "your batch stays where ids are: when a device is given, move x and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
-        _batch(0, moved=False),
-    ),
-    core.Mistake(
-        "int32_kept",
-        "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
-        _batch(0, dtype=None),
-    ),
-    core.Mistake(
-        "float_ids",
-        "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. Return them as torch.long",
-        _batch(0, dtype=torch.float32),
-    ),
-]
+DEVICE_MISTAKES = core.variants(
+    _batch_right,
+    {
+        "device_ignored": "your batch stays where ids are: when a device is given, move x and y there (x.to(device)), so that the model on a GPU gets its batch on the GPU",
+        "int32_kept": "given int32 ids (a token file holds uint16 or int32), your x is not torch.long: nn.Embedding and cross_entropy's targets want int64 ids. Return x.long(), y.long()",
+        "float_ids": "your x is a float tensor: token ids are integers, and nn.Embedding refuses floats. Return them as torch.long",
+    },
+)
 
 
 def _call_batch(fn, ids, batch_size, block_size, seed):
@@ -336,16 +278,14 @@ def _call_batch(fn, ids, batch_size, block_size, seed):
             EX_BATCH, fn, ids, batch_size, block_size, torch.Generator().manual_seed(seed)
         )
     except (IndexError, RuntimeError):  # a window past the end: a short row or a bad index
-        raise core.CheckFailed(
-            EX_BATCH, core.named(BATCH_MISTAKES, "range_too_long").message
-        ) from None
+        raise core.named_failure(EX_BATCH, BATCH_MISTAKES, "range_too_long") from None
     x, y = _as_pair(EX_BATCH, got)
     x = core.expect_tensor(EX_BATCH, x, (batch_size, block_size), what="your x")
     y = core.expect_tensor(EX_BATCH, y, (batch_size, block_size), what="your y")
     if x.dtype.is_floating_point or y.dtype.is_floating_point:
-        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[2].message)
+        raise core.named_failure(EX_BATCH, DEVICE_MISTAKES, "float_ids")
     if x.dtype != torch.long or y.dtype != torch.long:
-        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[1].message)
+        raise core.named_failure(EX_BATCH, DEVICE_MISTAKES, "int32_kept")
     return x, y
 
 
@@ -356,7 +296,7 @@ def check_random_batch(fn):
     B, T = 64, 5
     x, y = _call_batch(fn, ids, B, T, seed=0)
     for name in ("not_shifted", "one_window", "not_random"):
-        wrong = core.named(BATCH_MISTAKES, name).fn(ids, B, T, torch.Generator().manual_seed(0))
+        wrong = _batch_right(ids, B, T, torch.Generator().manual_seed(0), mistake=name)
         if torch.equal(x, wrong[0]) and torch.equal(y, wrong[1]):
             raise core.named_failure(EX_BATCH, BATCH_MISTAKES, name)
     if torch.equal(x, y):
@@ -402,7 +342,7 @@ def check_random_batch(fn):
         ) from None
     x, y = _as_pair(EX_BATCH, got)
     if x.device.type != "meta" or y.device.type != "meta":
-        raise core.CheckFailed(EX_BATCH, DEVICE_MISTAKES[0].message)
+        raise core.named_failure(EX_BATCH, DEVICE_MISTAKES, "device_ignored")
     core.passed(
         EX_BATCH,
         "random windows of torch.long ids, y one token later, every start possible, repeatable, on the device",
@@ -412,49 +352,26 @@ def check_random_batch(fn):
 # --------------------------------------------------------------------------- Exercise 7.4
 
 
-def _unigram(scored="val", smoothing_on=True, normalise=True, log=torch.log):
-    """A unigram loss; the arguments plant one mistake each (the defaults are right)."""
-
-    def unigram_loss(train_ids, val_ids, vocab_size, smoothing=0.01):
-        counts = torch.bincount(train_ids, minlength=vocab_size).double()
-        if smoothing_on:
-            counts = counts + smoothing
-        probs = counts / counts.sum() if normalise else counts
-        ids = val_ids if scored == "val" else train_ids
-        return float(-log(probs[ids]).mean())
-
-    return unigram_loss
+def _unigram_right(train_ids, val_ids, vocab_size, smoothing=0.01, *, mistake=""):
+    """The unigram line's loss; `mistake` plants one of UNIGRAM_MISTAKES by its name."""
+    counts = torch.bincount(train_ids, minlength=vocab_size).double()
+    counts = counts if mistake == "no_smoothing" else counts + smoothing
+    probs = counts if mistake == "not_normalised" else counts / counts.sum()
+    ids = train_ids if mistake == "scored_on_train" else val_ids
+    loss = float(-(torch.log2 if mistake == "bits" else torch.log)(probs[ids]).mean())
+    return torch.tensor(loss) if mistake == "tensor_not_float" else loss
 
 
-_unigram_right = _unigram()
-
-UNIGRAM_MISTAKES = [
-    core.Mistake(
-        "no_smoothing",
-        "a validation token that never occurs in the training part got probability 0, so its loss, and the mean, is infinite: add `smoothing` to every count before you turn the counts into probabilities",
-        _unigram(smoothing_on=False),
-    ),
-    core.Mistake(
-        "scored_on_train",
-        "you scored the training tokens: the line is measured on val_ids, text the counts never saw",
-        _unigram(scored="train"),
-    ),
-    core.Mistake(
-        "not_normalised",
-        "your counts are not probabilities: divide them by their sum, so that they add up to 1 over the vocabulary",
-        _unigram(normalise=False),
-    ),
-    core.Mistake(
-        "bits",
-        "your loss is in bits (log base 2): use the natural logarithm, as the model's loss does",
-        _unigram(log=torch.log2),
-    ),
-    core.Mistake(
-        "tensor_not_float",
-        "return a Python float (.item() or float(...))",
-        lambda *args: torch.tensor(_unigram_right(*args)),
-    ),
-]
+UNIGRAM_MISTAKES = core.variants(
+    _unigram_right,
+    {
+        "no_smoothing": "a validation token that never occurs in the training part got probability 0, so its loss, and the mean, is infinite: add `smoothing` to every count before you turn the counts into probabilities",
+        "scored_on_train": "you scored the training tokens: the line is measured on val_ids, text the counts never saw",
+        "not_normalised": "your counts are not probabilities: divide them by their sum, so that they add up to 1 over the vocabulary",
+        "bits": "your loss is in bits (log base 2): use the natural logarithm, as the model's loss does",
+        "tensor_not_float": "return a Python float (.item() or float(...))",
+    },
+)
 
 
 def check_unigram_loss(fn):
@@ -493,65 +410,44 @@ def check_unigram_loss(fn):
     )
 
 
-def _bigram(pairs_from="train", conditional=True, order="ab", mix=True, prev_counts="prev"):
-    """The bigram line by a full V x V table; the arguments plant one mistake each."""
-
-    def ngram_baselines(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6):
-        counted = train_ids if pairs_from == "train" else val_ids
-        table = torch.zeros(vocab_size, vocab_size, dtype=torch.double)
-        ones = torch.ones(len(counted) - 1, dtype=torch.double)
-        table.index_put_((counted[:-1], counted[1:]), ones, accumulate=True)
-        prev, nxt = val_ids[:-1], val_ids[1:]
-        if not conditional:
-            denominator = table.sum()
-        elif prev_counts == "all":
-            denominator = torch.bincount(counted, minlength=vocab_size).double()[prev]
-        else:
-            denominator = table.sum(1)[prev]  # how often prev is followed by anything
-        looked_up = table[nxt, prev] if order == "ba" else table[prev, nxt]  # "ba": key b * V + a
-        p_bi = looked_up / denominator.clamp(min=1)
-        counts = torch.bincount(train_ids, minlength=vocab_size).double()
-        p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
-        weight = bigram_weight if mix else 1.0
-        p = weight * p_bi + (1 - weight) * p_uni[val_ids[1:]]
-        return {
-            "uniform": math.log(vocab_size),
-            "unigram": float(-p_uni[val_ids].log().mean()),
-            "bigram": float(-p.log().mean()),
-        }
-
-    return ngram_baselines
+def _bigram_right(train_ids, val_ids, vocab_size, smoothing=0.01, bigram_weight=0.6, *, mistake=""):
+    """The three lines, the bigram's from a full V x V table of pair counts; `mistake` plants one
+    of BIGRAM_MISTAKES by its name."""
+    counted = val_ids if mistake == "counted_on_val" else train_ids
+    table = torch.zeros(vocab_size, vocab_size, dtype=torch.double)
+    ones = torch.ones(len(counted) - 1, dtype=torch.double)
+    table.index_put_((counted[:-1], counted[1:]), ones, accumulate=True)
+    prev, nxt = val_ids[:-1], val_ids[1:]
+    if mistake == "joint":
+        denominator = table.sum()
+    elif mistake == "prev_counts_all":
+        denominator = torch.bincount(counted, minlength=vocab_size).double()[prev]
+    else:
+        denominator = table.sum(1)[prev]  # how often prev is followed by anything
+    # "reversed" looks up the pair (next, previous): its key is b * V + a
+    looked_up = table[nxt, prev] if mistake == "reversed" else table[prev, nxt]
+    p_bi = looked_up / denominator.clamp(min=1)
+    counts = torch.bincount(train_ids, minlength=vocab_size).double()
+    p_uni = (counts + smoothing) / (counts.sum() + smoothing * vocab_size)
+    weight = 1.0 if mistake == "no_mix" else bigram_weight
+    p = weight * p_bi + (1 - weight) * p_uni[nxt]
+    return {
+        "uniform": math.log(vocab_size),
+        "unigram": float(-p_uni[val_ids].log().mean()),
+        "bigram": float(-p.log().mean()),
+    }
 
 
-_bigram_right = _bigram()
-
-BIGRAM_MISTAKES = [
-    core.Mistake(
-        "no_mix",
-        "your bigram ignores bigram_weight: a validation pair never seen in training gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with (1 - bigram_weight) * the unigram probability of the next token",
-        _bigram(mix=False),
-    ),
-    core.Mistake(
-        "joint",
-        "you divided a pair's count by the number of all pairs: that is how common the pair is, not how often b follows a. Divide by the number of times a is followed by anything",
-        _bigram(conditional=False),
-    ),
-    core.Mistake(
-        "reversed",
-        "your pairs are read backwards: you scored how often a follows b. The key of a pair (previous a, next b) must be the same when you count and when you look up",
-        _bigram(order="ba"),
-    ),
-    core.Mistake(
-        "counted_on_val",
-        "you counted the pairs of val_ids: the line measures counts from train_ids on text they never saw",
-        _bigram(pairs_from="val"),
-    ),
-    core.Mistake(
-        "prev_counts_all",
-        "you divided by how often a occurs anywhere in train_ids, the last token included, which is followed by nothing: count a only among the first N - 1 tokens",
-        _bigram(prev_counts="all"),
-    ),
-]
+BIGRAM_MISTAKES = core.variants(
+    _bigram_right,
+    {
+        "no_mix": "your bigram ignores bigram_weight: a validation pair never seen in training gets probability 0 and an infinite loss. Mix bigram_weight * p_bigram with (1 - bigram_weight) * the unigram probability of the next token",
+        "joint": "you divided a pair's count by the number of all pairs: that is how common the pair is, not how often b follows a. Divide by the number of times a is followed by anything",
+        "reversed": "your pairs are read backwards: you scored how often a follows b. The key of a pair (previous a, next b) must be the same when you count and when you look up",
+        "counted_on_val": "you counted the pairs of val_ids: the line measures counts from train_ids on text they never saw",
+        "prev_counts_all": "you divided by how often a occurs anywhere in train_ids, the last token included, which is followed by nothing: count a only among the first N - 1 tokens",
+    },
+)
 
 
 def check_bigram(fn):
@@ -565,24 +461,24 @@ def check_bigram(fn):
     cases.append((train_1, torch.randint(0, 5, (50,), generator=gen), 5, 0.5, 0.8))
     for args in cases:
         vocab_size, weight = args[2], args[4]
-        got = core.call_learner(EX_BIGRAM, fn, args[0].clone(), args[1].clone(), *args[2:])
+        got = core.call_learner(EX_UNIGRAM, fn, args[0].clone(), args[1].clone(), *args[2:])
         if not isinstance(got, dict) or "bigram" not in got:
             raise core.CheckFailed(
-                EX_BIGRAM, "return the dict of the three lines, with your loss under 'bigram'"
+                EX_UNIGRAM, "return the dict of the three lines, with your loss under 'bigram'"
             )
-        value = _as_float(EX_BIGRAM, got["bigram"], "your bigram loss")
+        value = _as_float(EX_UNIGRAM, got["bigram"], "your bigram loss")
         want = _bigram_right(*args)["bigram"]
         if _near(value, want):
             continue
         if math.isnan(value):
             raise core.CheckFailed(
-                EX_BIGRAM,
+                EX_UNIGRAM,
                 "your bigram loss is NaN: a previous token that never occurs in train_ids has count 0, and 0 / 0 is NaN. Its bigram probability is 0 (clamp the count to at least 1)",
             )
         if not math.isfinite(value):
-            raise core.named_failure(EX_BIGRAM, BIGRAM_MISTAKES, "no_mix")
+            raise core.named_failure(EX_UNIGRAM, BIGRAM_MISTAKES, "no_mix")
         core.fail_with(
-            EX_BIGRAM,
+            EX_UNIGRAM,
             BIGRAM_MISTAKES,
             lambda m: _near(value, m.fn(*args)["bigram"]),
             f"with vocab_size={vocab_size} and bigram_weight={weight} your bigram loss is {value:.4f}, the line is {want:.4f}",
@@ -590,20 +486,20 @@ def check_bigram(fn):
     # a vocabulary of 2 million: a table of all pairs would hold 4 * 10^12 numbers
     try:
         got = core.call_learner(
-            EX_BIGRAM, fn, cases[0][0] * 300_000, cases[0][1] * 300_000, 2_000_000, 0.01, 0.6
+            EX_UNIGRAM, fn, cases[0][0] * 300_000, cases[0][1] * 300_000, 2_000_000, 0.01, 0.6
         )
     except (RuntimeError, MemoryError):
         raise core.CheckFailed(
-            EX_BIGRAM,
+            EX_UNIGRAM,
             "with a vocabulary of 2 million your function ran out of memory: a table of all pairs is too large. Count only the pairs that occur (one integer a * V + b per pair)",
         ) from None
     loss = got["bigram"] if isinstance(got, dict) else got
-    if not math.isfinite(_as_float(EX_BIGRAM, loss, "your loss")):
+    if not math.isfinite(_as_float(EX_UNIGRAM, loss, "your loss")):
         raise core.CheckFailed(
-            EX_BIGRAM, "with a vocabulary of 2 million your bigram loss is not finite"
+            EX_UNIGRAM, "with a vocabulary of 2 million your bigram loss is not finite"
         )
     core.passed(
-        EX_BIGRAM,
+        EX_UNIGRAM,
         "pairs counted from the training part, conditional on the previous token, mixed with the unigram, without a table of all pairs",
     )
 
@@ -611,79 +507,62 @@ def check_bigram(fn):
 # --------------------------------------------------------------------------- Exercise 7.5
 
 
-def _decay(rule, rate=None):
-    """Groups that decay the parameters `rule(name, p)` picks by `rate` (None: the given one)."""
+def _decay_right(model, wd, *, mistake=""):
+    """AdamW's groups: the 2-D weights decay by `wd`, the rest not at all; `mistake` plants one of
+    DECAY_MISTAKES by its name."""
+    decayed, other = [], []
+    for name, p in model.named_parameters():
+        decays = {
+            "decay_everything": True,
+            "decay_nothing": False,
+            "swapped": p.dim() < 2,
+            "by_name_weight": name.endswith("weight"),
+        }.get(mistake, p.dim() >= 2)
+        (decayed if decays else other).append(p)
+    rate = 0.1 if mistake == "fixed_rate" else wd
+    return [{"params": decayed, "weight_decay": rate}, {"params": other, "weight_decay": 0.0}]
 
-    def decay_groups(model, wd):
-        picked = [rule(name, p) for name, p in model.named_parameters()]
-        params = list(model.parameters())
-        return [
-            {"params": [p for p, d in zip(params, picked) if d], "weight_decay": rate or wd},
-            {"params": [p for p, d in zip(params, picked) if not d], "weight_decay": 0.0},
-        ]
 
-    return decay_groups
-
-
-DECAY_MISTAKES = [
-    core.Mistake(
-        "decay_everything",
-        "your groups put weight decay on the LayerNorm gains and the biases too: those are 1-D (p.dim() == 1) and get weight_decay 0.0",
-        _decay(lambda name, p: True),
-    ),
-    core.Mistake(
-        "decay_nothing",
-        "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in the group with weight_decay=weight_decay",
-        _decay(lambda name, p: False),
-    ),
-    core.Mistake(
-        "swapped",
-        "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains and biases get 0.0",
-        _decay(lambda name, p: p.dim() < 2),
-    ),
-    core.Mistake(
-        "by_name_weight",
-        "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's gain is also called weight. Choose by shape instead: p.dim() >= 2",
-        _decay(lambda name, p: name.endswith("weight")),
-    ),
-    core.Mistake(
-        "fixed_rate",
-        "your decayed group's weight decay stays 0.1 when decay_groups is given another weight_decay: use the argument, so that make_optimizer and train can set it",
-        _decay(lambda name, p: p.dim() >= 2, rate=0.1),
-    ),
-]
+DECAY_MISTAKES = core.variants(
+    _decay_right,
+    {
+        "decay_everything": "your groups put weight decay on the LayerNorm gains and the biases too: those are 1-D (p.dim() == 1) and get weight_decay 0.0",
+        "decay_nothing": "no parameter gets weight decay: the 2-D weight matrices (p.dim() >= 2) go in the group with weight_decay=weight_decay",
+        "swapped": "your groups are swapped: the 2-D weight matrices get weight decay, the 1-D gains and biases get 0.0",
+        "by_name_weight": "you chose by name: every parameter called '...weight' is decayed, but LayerNorm's gain is also called weight. Choose by shape instead: p.dim() >= 2",
+        "fixed_rate": "your decayed group's weight decay stays 0.1 when decay_groups is given another weight_decay: use the argument, so that make_optimizer and train can set it",
+    },
+)
 
 
 def _decay_of_each(groups, model):
     """{parameter index: weight decay} from the learner's groups; refuses duplicates and gaps."""
     if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
         raise core.CheckFailed(
-            EX_DECAY, "return a list of dicts, each with 'params' and 'weight_decay'"
+            EX_STEP, "return a list of dicts, each with 'params' and 'weight_decay'"
         )
     index = {id(p): i for i, p in enumerate(model.parameters())}
     names = [n for n, _ in model.named_parameters()]
     decay = {}
     for group in groups:
         if "params" not in group or "weight_decay" not in group:
-            raise core.CheckFailed(
-                EX_DECAY, "each group needs the keys 'params' and 'weight_decay'"
-            )
+            raise core.CheckFailed(EX_STEP, "each group needs the keys 'params' and 'weight_decay'")
         for p in list(group["params"]):
             i = index.get(id(p))
             if i is None:
                 raise core.CheckFailed(
-                    EX_DECAY,
+                    EX_STEP,
                     "a group holds something that is not a parameter of the model (a copy? use the tensors from model.parameters())",
                 )
             if i in decay:
                 raise core.CheckFailed(
-                    EX_DECAY, f"{names[i]} is in two groups: each parameter goes into exactly one"
+                    EX_STEP, f"{names[i]} is in two groups: each parameter goes into exactly one"
                 )
             decay[i] = float(group["weight_decay"])
     missing = [names[i] for i in range(len(names)) if i not in decay]
     if missing:
         raise core.CheckFailed(
-            EX_DECAY,
+            EX_STEP,
             f"{len(missing)} parameters are in no group (first: {missing[0]}): AdamW would never train them",
         )
     return decay
@@ -696,14 +575,14 @@ def check_decay_groups(fn):
         (_tiny_model(), 0.1),
         (_tiny_model(seed=1, n_positions=8, vocab_size=23), 0.3),
     ):
-        groups = core.call_learner(EX_DECAY, fn, model, wd)
+        groups = core.call_learner(EX_STEP, fn, model, wd)
         got = _decay_of_each(groups, model)
         params, names = list(model.parameters()), [n for n, _ in model.named_parameters()]
         want = {i: (wd if p.dim() >= 2 else 0.0) for i, p in enumerate(params)}
         if got != want:
             wrong = [names[i] for i in got if got[i] != want[i]]
             core.fail_with(
-                EX_DECAY,
+                EX_STEP,
                 DECAY_MISTAKES,
                 lambda m: got == _decay_of_each(m.fn(model, wd), model),
                 f"wrong weight decay for {len(wrong)} parameters (first: {wrong[0]}): 2-D weights get weight_decay ({wd} here), 1-D gains and biases 0.0",
@@ -711,61 +590,48 @@ def check_decay_groups(fn):
         torch.optim.AdamW(groups, lr=1e-3)  # the groups must be usable as they are
     n_decay = sum(1 for p in params if p.dim() >= 2)
     core.passed(
-        EX_DECAY,
+        EX_STEP,
         f"{n_decay} weight matrices decayed, {len(params) - n_decay} gains and biases not, for two models and two rates",
         part="which weights decay",
     )
 
 
-def _training_step(*operations):
-    """A step running `operations` in order: "zero_grad", "backward" (forward, loss, backward),
-    "clip", "step". Each planted mistake changes the right order or leaves one out."""
-
-    def training_step(model, optimizer, x, y, max_grad_norm=1.0):
-        for operation in operations:
-            if operation == "zero_grad":
-                optimizer.zero_grad()
-            elif operation == "backward":
-                loss = _loss(model, x, y)
-                loss.backward()
-            elif operation == "clip":
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            else:
-                optimizer.step()
-        return loss.item()
-
-    return training_step
+_STEP_ORDERS = {  # the right order (""), and each planted mistake's: one operation moved or gone
+    "": "zero_grad backward clip step",
+    "no_zero_grad": "backward clip step",
+    "clip_after_step": "zero_grad backward step clip",
+    "no_clip": "zero_grad backward step",
+    "zero_grad_before_step": "backward clip zero_grad step",
+    "no_step": "zero_grad backward clip",
+}
 
 
-_step_right = _training_step("zero_grad", "backward", "clip", "step")
+def _step_right(model, optimizer, x, y, max_grad_norm=1.0, *, mistake=""):
+    """A training step in the order _STEP_ORDERS[mistake] ("backward": forward, loss, backward);
+    `mistake` plants one of STEP_MISTAKES by its name."""
+    for operation in _STEP_ORDERS[mistake].split():
+        if operation == "zero_grad":
+            optimizer.zero_grad()
+        elif operation == "backward":
+            loss = _loss(model, x, y)
+            loss.backward()
+        elif operation == "clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        else:
+            optimizer.step()
+    return loss.item()
 
-STEP_MISTAKES = [
-    core.Mistake(
-        "no_zero_grad",
-        "your gradients pile up from step to step: call optimizer.zero_grad() at the start of each step (PyTorch ADDS each backward pass into .grad)",
-        _training_step("backward", "clip", "step"),
-    ),
-    core.Mistake(
-        "clip_after_step",
-        "you clip the gradients after optimizer.step(): the step has already used the unclipped gradients. Clip between loss.backward() and optimizer.step()",
-        _training_step("zero_grad", "backward", "step", "clip"),
-    ),
-    core.Mistake(
-        "no_clip",
-        "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) before optimizer.step()",
-        _training_step("zero_grad", "backward", "step"),
-    ),
-    core.Mistake(
-        "zero_grad_before_step",
-        "you call optimizer.zero_grad() between backward and step: the step then sees no gradients. Clear them at the START of the step",
-        _training_step("backward", "clip", "zero_grad", "step"),
-    ),
-    core.Mistake(
-        "no_step",
-        "your step never changes the weights: call optimizer.step() after clipping",
-        _training_step("zero_grad", "backward", "clip"),
-    ),
-]
+
+STEP_MISTAKES = core.variants(
+    _step_right,
+    {
+        "no_zero_grad": "your gradients pile up from step to step: call optimizer.zero_grad() at the start of each step (PyTorch ADDS each backward pass into .grad)",
+        "clip_after_step": "you clip the gradients after optimizer.step(): the step has already used the unclipped gradients. Clip between loss.backward() and optimizer.step()",
+        "no_clip": "your step does not clip the gradients: call torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) before optimizer.step()",
+        "zero_grad_before_step": "you call optimizer.zero_grad() between backward and step: the step then sees no gradients. Clear them at the START of the step",
+        "no_step": "your step never changes the weights: call optimizer.step() after clipping",
+    },
+)
 
 
 def _run_steps(step_fn, exercise=None, steps=2, max_grad_norm=0.05):
@@ -830,71 +696,39 @@ def check_training_step(fn):
 # --------------------------------------------------------------------------- Exercise 7.6
 
 
-def _lr(first=1, late=False, floor=True, to_zero=False, warmup=True, origin=True, cosine=True):
-    """A schedule; the arguments plant one mistake each (the defaults are right): the warm-up's
-    first step counts `first`, `late` warms up one step more, no `floor` after total_steps, a
-    cosine `to_zero`, no `warmup`, progress from step 0 (`origin` False), a straight line."""
-
-    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr):
-        warmup_steps = warmup_steps if warmup else 0
-        min_lr = 0.0 if to_zero else min_lr
-        if step < warmup_steps + late:
-            return max_lr * (step + first) / warmup_steps
-        if floor and step >= total_steps:
-            return min_lr
-        start = warmup_steps if origin else 0
+def _lr_right(step, max_lr, warmup_steps, total_steps, min_lr, *, mistake=""):
+    """Warm-up from the first step, cosine down to min_lr, then flat; `mistake` plants one of
+    LR_MISTAKES by its name (the colleague's schedule: warm-up off by one and one step late, and
+    no floor after total_steps)."""
+    colleague = mistake == "colleagues_schedule"
+    warmup_steps = 0 if mistake == "no_warmup" else warmup_steps
+    min_lr = 0.0 if mistake == "cosine_to_zero" else min_lr
+    if step < warmup_steps + colleague:
+        first = 0 if colleague or mistake == "warmup_off_by_one" else 1
+        rate = max_lr * (step + first) / warmup_steps
+    elif step >= total_steps and not (colleague or mistake == "no_floor_after_end"):
+        rate = min_lr
+    else:
+        start = 0 if mistake == "progress_from_zero" else warmup_steps
         progress = (step - start) / (total_steps - start)
-        shape = 0.5 * (1 + math.cos(math.pi * progress)) if cosine else 1 - progress
-        return min_lr + (max_lr - min_lr) * shape
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        rate = min_lr + (max_lr - min_lr) * (1 - progress if mistake == "linear_decay" else cosine)
+    return torch.tensor(rate) if mistake == "tensor_not_float" else rate
 
-    return lr_schedule
 
-
-_lr_right = _lr()
-_lr_colleague = _lr(first=0, late=True, floor=False)
-
-LR_MISTAKES = [
-    core.Mistake(
-        "colleagues_schedule",
-        "this is still the colleague's schedule, with both of its bugs: the warm-up starts at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps the cosine climbs back up instead of staying at min_lr",
-        _lr_colleague,
-    ),
-    core.Mistake(
-        "warmup_off_by_one",
-        "your warm-up is off by one: step 0 gets a rate of 0, so the first step does nothing. Use max_lr * (step + 1) / warmup_steps",
-        _lr(first=0),
-    ),
-    core.Mistake(
-        "cosine_to_zero",
-        "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * progress))",
-        _lr(to_zero=True),
-    ),
-    core.Mistake(
-        "no_floor_after_end",
-        "after total_steps your rate climbs back up (the cosine goes on): return min_lr for every step >= total_steps",
-        _lr(floor=False),
-    ),
-    core.Mistake(
-        "no_warmup",
-        "there is no warm-up: for step < warmup_steps the rate rises linearly, max_lr * (step + 1) / warmup_steps",
-        _lr(warmup=False),
-    ),
-    core.Mistake(
-        "progress_from_zero",
-        "your cosine starts counting at step 0 instead of at the end of the warm-up: progress = (step - warmup_steps) / (total_steps - warmup_steps)",
-        _lr(origin=False),
-    ),
-    core.Mistake(
-        "linear_decay",
-        "your rate falls in a straight line: after the warm-up it follows half a cosine, 0.5 * (1 + cos(pi * progress))",
-        _lr(cosine=False),
-    ),
-    core.Mistake(
-        "tensor_not_float",
-        "return a Python float (.item() or float(...))",
-        lambda *args: torch.tensor(_lr_right(*args)),
-    ),
-]
+LR_MISTAKES = core.variants(
+    _lr_right,
+    {
+        "colleagues_schedule": "this is still the colleague's schedule, with both of its bugs: the warm-up starts at 0 (step 0 does nothing) and reaches max_lr one step late, and after total_steps the cosine climbs back up instead of staying at min_lr",
+        "warmup_off_by_one": "your warm-up is off by one: step 0 gets a rate of 0, so the first step does nothing. Use max_lr * (step + 1) / warmup_steps",
+        "cosine_to_zero": "your cosine ends at 0 instead of min_lr: the rate is min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * progress))",
+        "no_floor_after_end": "after total_steps your rate climbs back up (the cosine goes on): return min_lr for every step >= total_steps",
+        "no_warmup": "there is no warm-up: for step < warmup_steps the rate rises linearly, max_lr * (step + 1) / warmup_steps",
+        "progress_from_zero": "your cosine starts counting at step 0 instead of at the end of the warm-up: progress = (step - warmup_steps) / (total_steps - warmup_steps)",
+        "linear_decay": "your rate falls in a straight line: after the warm-up it follows half a cosine, 0.5 * (1 + cos(pi * progress))",
+        "tensor_not_float": "return a Python float (.item() or float(...))",
+    },
+)
 
 _LR_CASES = [  # (max_lr, warmup_steps, total_steps, min_lr)
     (6e-4, 10, 50, 6e-5),
@@ -912,10 +746,8 @@ def _lr_curve(fn, case, exercise=None):
     return curve
 
 
-def _same_curve(a, b):
-    return len(a) == len(b) and all(
-        math.isclose(p, q, rel_tol=1e-6, abs_tol=1e-12) for p, q in zip(a, b)
-    )
+def _same_rate(a, b):
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
 
 
 def check_cosine_lr(fn):
@@ -923,18 +755,14 @@ def check_cosine_lr(fn):
     for case in _LR_CASES:
         got = _lr_curve(fn, case, EX_LR)
         want = _lr_curve(_lr_right, case)
-        if _same_curve(got, want):
+        if all(map(_same_rate, got, want)):
             continue
-        step = next(
-            i
-            for i, (g, w) in enumerate(zip(got, want))
-            if not math.isclose(g, w, rel_tol=1e-6, abs_tol=1e-12)
-        )
+        step = next(i for i, (g, w) in enumerate(zip(got, want)) if not _same_rate(g, w))
         named = dict(zip(("max_lr", "warmup_steps", "total_steps", "min_lr"), case))
         core.fail_with(
             EX_LR,
             LR_MISTAKES,
-            lambda m: _same_curve(got, _lr_curve(m.fn, case)),
+            lambda m: all(map(_same_rate, got, _lr_curve(m.fn, case))),
             f"with {named}, step {step} should get {want[step]:.6g}, yours gives {got[step]:.6g}",
         )
     core.passed(
@@ -958,65 +786,38 @@ class _Recorder(torch.nn.Module):
         return self.inner(idx)
 
 
-def _estimate(eval_mode=True, restore=True, seeded=True, no_grad=True, mean=True, seed_used=True):
-    """An estimate_loss; the arguments plant one mistake each (the defaults are right)."""
-
-    def estimate_loss(model, ids, batch_size, block_size, batches=10, seed=0):
-        was_training = model.training
-        if eval_mode:
-            model.eval()
-        if not seeded:
-            seed = int(torch.randint(2**31, (1,)))
-        generator = torch.Generator().manual_seed(seed if seed_used else 0)
-        total = 0.0
-        with torch.set_grad_enabled(not no_grad):
-            for _ in range(batches):
-                x, y = _batch_right(ids, batch_size, block_size, generator)
-                total += float(_loss(model, x, y).detach())
-        if restore:
-            model.train(was_training)
-        return total / batches if mean else total
-
-    return estimate_loss
+def _estimate_right(model, ids, batch_size, block_size, batches=10, seed=0, *, mistake=""):
+    """The mean loss of `batches` seeded batches, in eval mode without gradients, the mode put
+    back; `mistake` plants one of ESTIMATE_MISTAKES by its name."""
+    was_training = model.training
+    if mistake != "dropout_on":
+        model.eval()
+    if mistake == "unseeded":
+        seed = int(torch.randint(2**31, (1,)))
+    generator = torch.Generator().manual_seed(0 if mistake == "seed_hard_coded" else seed)
+    total = 0.0
+    with torch.set_grad_enabled(mistake == "grad_on"):
+        for _ in range(batches):
+            x, y = _batch_right(ids, batch_size, block_size, generator)
+            total += float(_loss(model, x, y).detach())
+    if mistake != "mode_not_restored":
+        model.train(was_training)
+    loss = total if mistake == "sum_not_mean" else total / batches
+    return torch.tensor(loss) if mistake == "tensor_not_float" else loss
 
 
-ESTIMATE_MISTAKES = [
-    core.Mistake(
-        "mode_not_restored",
-        "after your estimate the model is left in eval mode: the training that follows would run without dropout. Put back the mode it came in (model.train(was_training))",
-        _estimate(restore=False),
-    ),
-    core.Mistake(
-        "dropout_on",
-        "your estimate ran the model in train mode, with dropout on: call model.eval() first, so that it measures the model, not the noise",
-        _estimate(eval_mode=False),
-    ),
-    core.Mistake(
-        "grad_on",
-        "gradients were on during your estimate's forward passes: it builds a graph for a backward that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
-        _estimate(no_grad=False),
-    ),
-    core.Mistake(
-        "sum_not_mean",
-        "your estimate is the SUM of the batch losses: divide by the number of batches",
-        _estimate(mean=False),
-    ),
-    core.Mistake(
-        "unseeded",
-        "two calls on the same model gave different numbers: draw the batches from their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
-        _estimate(seeded=False),
-    ),
-    core.Mistake(
-        "seed_hard_coded",
-        "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
-        _estimate(seed_used=False),
-    ),
-    core.Mistake(
-        "tensor_not_float",
-        "your estimate is a tensor: return a Python float (.item() or float(...)), so that the history holds numbers, not tensors tied to the model",
-        lambda *args: torch.tensor(_estimate()(*args)),
-    ),
-]
+ESTIMATE_MISTAKES = core.variants(
+    _estimate_right,
+    {
+        "mode_not_restored": "after your estimate the model is left in eval mode: the training that follows would run without dropout. Put back the mode it came in (model.train(was_training))",
+        "dropout_on": "your estimate ran the model in train mode, with dropout on: call model.eval() first, so that it measures the model, not the noise",
+        "grad_on": "gradients were on during your estimate's forward passes: it builds a graph for a backward that never comes. Decorate it with @torch.no_grad() or use `with torch.no_grad():`",
+        "sum_not_mean": "your estimate is the SUM of the batch losses: divide by the number of batches",
+        "unseeded": "two calls on the same model gave different numbers: draw the batches from their own generator, torch.Generator().manual_seed(seed), and pass it to get_batch",
+        "seed_hard_coded": "seed=0 and seed=1 gave the same batches: your estimate ignores its `seed` argument. Seed the generator with it, torch.Generator().manual_seed(seed)",
+        "tensor_not_float": "your estimate is a tensor: return a Python float (.item() or float(...)), so that the history holds numbers, not tensors tied to the model",
+    },
+)
 
 
 def check_estimate_loss(fn):
@@ -1026,20 +827,20 @@ def check_estimate_loss(fn):
     for start_in_train_mode, batches in ((True, 4), (False, 3)):
         model = _Recorder(_tiny_model(seed=2, n_positions=16, vocab_size=41, dropout=0.3))
         model.train(start_in_train_mode)
-        got = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
+        got = core.call_learner(EX_LOOP, fn, model, ids, 3, 6, batches, 0)
         if isinstance(got, torch.Tensor):
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "tensor_not_float")
-        value = _as_float(EX_EVAL, got, "your estimate")
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "tensor_not_float")
+        value = _as_float(EX_LOOP, got, "your estimate")
         calls = list(model.calls)
         if model.training != start_in_train_mode:
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "mode_not_restored")
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "mode_not_restored")
         if any(training for _, training, _ in calls):
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "dropout_on")
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "dropout_on")
         if any(grad for _, _, grad in calls):
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "grad_on")
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "grad_on")
         if len(calls) != batches:
             raise core.CheckFailed(
-                EX_EVAL,
+                EX_LOOP,
                 f"with batches={batches} your estimate ran the model {len(calls)} times: one forward pass per batch",
             )
         with torch.no_grad():
@@ -1047,21 +848,21 @@ def check_estimate_loss(fn):
             want = sum(float(_loss(model.inner, x, x + 1)) for x, _, _ in calls) / batches
             model.inner.train(start_in_train_mode)
         if math.isclose(value, want * batches, rel_tol=1e-4):
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "sum_not_mean")
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "sum_not_mean")
         if not math.isclose(value, want, rel_tol=1e-4):
             raise core.CheckFailed(
-                EX_EVAL,
+                EX_LOOP,
                 f"your estimate is {value:.4f}, but the mean loss of the batches it ran is {want:.4f}",
             )
-        again = core.call_learner(EX_EVAL, fn, model, ids, 3, 6, batches, 0)
-        if _as_float(EX_EVAL, again, "your estimate") != value:
-            raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "unseeded")
+        again = core.call_learner(EX_LOOP, fn, model, ids, 3, 6, batches, 0)
+        if _as_float(EX_LOOP, again, "your estimate") != value:
+            raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "unseeded")
     model.calls.clear()
-    core.call_learner(EX_EVAL, fn, model, ids, 3, 6, 1, 1)
+    core.call_learner(EX_LOOP, fn, model, ids, 3, 6, 1, 1)
     if torch.equal(model.calls[0][0], calls[0][0]):
-        raise core.named_failure(EX_EVAL, ESTIMATE_MISTAKES, "seed_hard_coded")
+        raise core.named_failure(EX_LOOP, ESTIMATE_MISTAKES, "seed_hard_coded")
     core.passed(
-        EX_EVAL,
+        EX_LOOP,
         "eval mode, no gradients, the same seeded batches every call, mode put back",
         part="the evaluation",
     )
@@ -1077,93 +878,58 @@ def _reference_pieces():
     }
 
 
-def _loop(
-    set_rate=True,
-    final_eval=True,
-    eval_offset=1,
-    eval_at_end_mode=True,
-    pass_generator=True,
-    seed_used=True,
-    eval_batches_used=True,
-):
+def _loop_right(model, train_ids, val_ids, steps, *, history, eval_every, mistake="", **run):
     """The chapter's train_loop for the settings `_run_loop` gives it (min_lr max_lr / 10,
-    weight decay 0.1, max_grad_norm 1.0); the arguments plant one mistake each."""
+    weight decay 0.1, max_grad_norm 1.0); `mistake` plants one of LOOP_MISTAKES by its name."""
+    from gpt2lib.chapters import training
 
-    def train_loop(model, train_ids, val_ids, steps, *, history, eval_every, **run):
-        from gpt2lib.chapters import training
+    seed = 0 if mistake == "seed_hard_coded" else run["seed"]
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = training.make_optimizer(model, run["max_lr"], 0.1)
+    batches = 10 if mistake == "eval_batches_ignored" else run["eval_batches"]
+    shape = (run["batch_size"], run["block_size"])
+    offset = 0 if mistake == "eval_off_by_one" else 1
 
-        seed = run["seed"] if seed_used else 0
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        optimizer = training.make_optimizer(model, run["max_lr"], 0.1)
-        batches = run["eval_batches"] if eval_batches_used else 10
-        shape = (run["batch_size"], run["block_size"])
+    def evaluate(step):
+        history.eval_step.append(step)
+        train_loss = training.estimate_loss(model, train_ids, *shape, batches)
+        history.eval_train_loss.append(train_loss)
+        history.eval_val_loss.append(training.estimate_loss(model, val_ids, *shape, batches))
 
-        def evaluate(step):
-            history.eval_step.append(step)
-            train_loss = training.estimate_loss(model, train_ids, *shape, batches)
-            history.eval_train_loss.append(train_loss)
-            history.eval_val_loss.append(training.estimate_loss(model, val_ids, *shape, batches))
-
-        model.train()
-        for step in range(steps):
-            lr = run["lr_at"](step, run["max_lr"], run["warmup_steps"], steps, run["max_lr"] / 10)
-            if set_rate:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-            x, y = run["get_batch"](train_ids, *shape, generator if pass_generator else None, None)
-            loss = float(run["train_step"](model, optimizer, x, y, 1.0))
-            history.step.append(step)
-            history.train_loss.append(loss)
-            history.lr.append(lr)
-            if (step + eval_offset) % eval_every == 0 and step + 1 < steps:
-                evaluate(step + eval_offset)
-        if final_eval:
-            evaluate(steps)
-        if eval_at_end_mode:
-            model.eval()
-        return history
-
-    return train_loop
+    model.train()
+    for step in range(steps):
+        lr = run["lr_at"](step, run["max_lr"], run["warmup_steps"], steps, run["max_lr"] / 10)
+        if mistake != "rate_not_set":
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        drawing = None if mistake == "generator_not_passed" else generator
+        x, y = run["get_batch"](train_ids, *shape, drawing, None)
+        loss = float(run["train_step"](model, optimizer, x, y, 1.0))
+        history.step.append(step)
+        history.train_loss.append(loss)
+        history.lr.append(lr)
+        if (step + offset) % eval_every == 0 and step + 1 < steps:
+            evaluate(step + offset)
+    if mistake != "no_final_eval":
+        evaluate(steps)
+    if mistake != "left_in_train_mode":
+        model.eval()
+    return history
 
 
-LOOP_MISTAKES = [
-    core.Mistake(
-        "rate_not_set",
-        "your loop asks the schedule for a rate but never gives it to the optimizer, so every step ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
-        _loop(set_rate=False),
-    ),
-    core.Mistake(
-        "no_final_eval",
-        "your loop does not estimate the loss after the last step: the history must end with an estimate at step `steps`",
-        _loop(final_eval=False),
-    ),
-    core.Mistake(
-        "eval_off_by_one",
-        "your estimates come one step early: after the update of step s the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
-        _loop(eval_offset=0),
-    ),
-    core.Mistake(
-        "left_in_train_mode",
-        "after the run the model is still in train mode: end with model.eval(), as the reference does",
-        _loop(eval_at_end_mode=False),
-    ),
-    core.Mistake(
-        "generator_not_passed",
-        "your batches do not come from the run's generator: two runs with the same seed would train differently. Pass `generator` to get_batch",
-        _loop(pass_generator=False),
-    ),
-    core.Mistake(
-        "seed_hard_coded",
-        "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and the run's generator with the `seed` argument, not a number of your own",
-        _loop(seed_used=False),
-    ),
-    core.Mistake(
-        "eval_batches_ignored",
-        "your estimates do not use eval_batches batches: pass eval_batches to estimate_loss (its default, 10, is not the run's setting)",
-        _loop(eval_batches_used=False),
-    ),
-]
+LOOP_MISTAKES = core.variants(
+    _loop_right,
+    {
+        "rate_not_set": "your loop asks the schedule for a rate but never gives it to the optimizer, so every step ran at max_lr: set group['lr'] for every group of optimizer.param_groups before the step",
+        "no_final_eval": "your loop does not estimate the loss after the last step: the history must end with an estimate at step `steps`",
+        "eval_off_by_one": "your estimates come one step early: after the update of step s the model has taken s + 1 steps, so evaluate(step + 1) when (step + 1) is a multiple of eval_every",
+        "left_in_train_mode": "after the run the model is still in train mode: end with model.eval(), as the reference does",
+        "generator_not_passed": "your batches do not come from the run's generator: two runs with the same seed would train differently. Pass `generator` to get_batch",
+        "seed_hard_coded": "with seed=3 your run drew the batches of another seed: seed torch.manual_seed and the run's generator with the `seed` argument, not a number of your own",
+        "eval_batches_ignored": "your estimates do not use eval_batches batches: pass eval_batches to estimate_loss (its default, 10, is not the run's setting)",
+    },
+)
 
 
 def _run_loop(fn, exercise=None):
@@ -1197,7 +963,7 @@ def check_train_loop(fn):
     if got_history is None or not hasattr(got_history, "train_loss"):
         raise core.CheckFailed(EX_LOOP, "return the history (the History the loop filled)")
     got = _loop_signature(got_history, got_training)
-    want = _loop_signature(*_run_loop(_loop()))
+    want = _loop_signature(*_run_loop(_loop_right))
     if got == want:
         return core.passed(
             EX_LOOP,
@@ -1253,20 +1019,6 @@ def tiny_run(train_ids, val_ids, max_lr=3e-2, steps=40, **pieces):
     return history
 
 
-def _batch_not_shifted(ids, batch_size, block_size, generator=None, device=None):
-    x, _ = _reference_pieces()["get_batch"](ids, batch_size, block_size, generator, device)
-    return x, x.clone()
-
-
-def _step_cleared_too_early(model, optimizer, x, y, max_grad_norm=1.0):
-    loss = _loss(model, x, y)
-    loss.backward()
-    optimizer.zero_grad(set_to_none=True)  # the planted bug: the gradients are gone
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    return loss.detach()
-
-
 def _warmup_forever(step, max_lr, warmup_steps, total_steps, min_lr):
     return max_lr * (step + 1) / warmup_steps
 
@@ -1278,9 +1030,9 @@ SUSPECTS = (
     "gradients never cleared",
 )
 _NOT_SHIFTED, _CLEARED_EARLY, _ENDLESS_WARMUP, _NEVER_CLEARED = SUSPECTS
-_BROKEN = {
-    "A": (_NOT_SHIFTED, {"get_batch": _batch_not_shifted}),
-    "B": (_CLEARED_EARLY, {"train_step": _step_cleared_too_early}),
+_BROKEN = {  # A and B plant mistakes the checks of 7.3 and 7.5 name
+    "A": (_NOT_SHIFTED, {"get_batch": core.named(BATCH_MISTAKES, "not_shifted").fn}),
+    "B": (_CLEARED_EARLY, {"train_step": core.named(STEP_MISTAKES, "zero_grad_before_step").fn}),
     "C": (_ENDLESS_WARMUP, {"lr_at": _warmup_forever}),
 }
 
@@ -1293,27 +1045,24 @@ def broken_runs(train_ids, val_ids, steps=60):
     return runs
 
 
-def _diagnosis(*suspects):
-    return lambda: dict(zip("ABC", suspects))
+def _diagnosis_right(*, mistake=""):
+    """Which bug broke which run; `mistake` plants one of DIAGNOSIS_MISTAKES by its name."""
+    guesses = {
+        "a_and_b_swapped": (_CLEARED_EARLY, _NOT_SHIFTED, _ENDLESS_WARMUP),
+        "none_right": (_ENDLESS_WARMUP, _NOT_SHIFTED, _CLEARED_EARLY),
+        "unused_suspect": (_NOT_SHIFTED, _CLEARED_EARLY, _NEVER_CLEARED),
+    }
+    return dict(zip("ABC", guesses.get(mistake, [bug for bug, _ in _BROKEN.values()])))
 
 
-DIAGNOSIS_MISTAKES = [
-    core.Mistake(
-        "a_and_b_swapped",
-        "1 of the 3 runs is named right. Think about what each bug does to one step, then to 60 of them; the History also records each step's rate (.lr)",
-        _diagnosis(_CLEARED_EARLY, _NOT_SHIFTED, _ENDLESS_WARMUP),
-    ),
-    core.Mistake(
-        "none_right",
-        "none of the 3 runs is named right. Which run's training loss is too good to be true, and what does its validation loss say?",
-        _diagnosis(_ENDLESS_WARMUP, _NOT_SHIFTED, _CLEARED_EARLY),
-    ),
-    core.Mistake(
-        "unused_suspect",
-        "'gradients never cleared' broke none of these runs. With AdamW it would train almost like the healthy run (Adam rescales the piled-up gradients), which is how such a bug can hide for a long time",
-        _diagnosis(_NOT_SHIFTED, _CLEARED_EARLY, _NEVER_CLEARED),
-    ),
-]
+DIAGNOSIS_MISTAKES = core.variants(
+    _diagnosis_right,
+    {
+        "a_and_b_swapped": "1 of the 3 runs is named right. Think about what each bug does to one step, then to 60 of them; the History also records each step's rate (.lr)",
+        "none_right": "none of the 3 runs is named right. Which run's training loss is too good to be true, and what does its validation loss say?",
+        "unused_suspect": "'gradients never cleared' broke none of these runs. With AdamW it would train almost like the healthy run (Adam rescales the piled-up gradients), which is how such a bug can hide for a long time",
+    },
+)
 
 
 def check_diagnosis(fn):
@@ -1367,22 +1116,19 @@ def check_challenge(model, history, val_ids, *, goal, max_steps, max_tokens, blo
     )
 
 
-def _sweep(read=lambda history: history.val_loss):
-    """A learning-rate sweep; `read` plants a mistake in what is read from each run."""
-
-    def measure(train_ids, val_ids, rates):
-        return {rate: read(tiny_run(train_ids, val_ids, max_lr=rate)) for rate in rates}
-
-    return measure
+def _sweep(train_ids, val_ids, rates, *, mistake=""):
+    """{rate: the final validation loss of a tiny run}; `mistake` plants RATE_MISTAKES' one."""
+    runs = {rate: tiny_run(train_ids, val_ids, max_lr=rate) for rate in rates}
+    read = (lambda h: h.train_loss[0]) if mistake == "first_loss" else (lambda h: h.val_loss)
+    return {rate: read(history) for rate, history in runs.items()}
 
 
-RATE_MISTAKES = [
-    core.Mistake(
-        "first_loss",
-        "your numbers are far from the final validation loss of a fresh run: they look like the loss at the START of each run. Read the end, history.val_loss",
-        _sweep(lambda history: history.train_loss[0]),
-    ),
-]
+RATE_MISTAKES = core.variants(
+    _sweep,
+    {
+        "first_loss": "your numbers are far from the final validation loss of a fresh run: they look like the loss at the START of each run. Read the end, history.val_loss",
+    },
+)
 
 
 def check_rate_sweep(sweep, train_ids, val_ids):
