@@ -30,8 +30,6 @@ _CHANGED = (
 
 
 # --------------------------------------------------------------------------- shared pieces
-
-
 def _unpack(exercise, got, n: int, what: str):
     """`got` when it is a tuple or list of n things, else CheckFailed asking to return `what`."""
     if not isinstance(got, (tuple, list)) or len(got) != n:
@@ -118,17 +116,13 @@ class ListCache:
         past, T = self.position, k.shape[2]
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v, None if past == 0 else causal_mask_reference(T, past)
-
-
-def causal_mask_reference(T: int, past: int = 0) -> torch.Tensor:
-    """(T, past + T): query i may see key j when j <= past + i."""
-    return torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
+        visible = (
+            torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
+        )  # j <= past + i
+        return self.k, self.v, None if past == 0 else visible
 
 
 # --------------------------------------------------------------------------- Exercises 3.1, 3.2
-
-
 OVERFLOW = "your softmax overflows on large scores: math.exp of a score above about 709 is too large for a float. Subtract the row's largest score from every score before exp: the weights stay the same, and every exp is at most 1"
 
 
@@ -165,68 +159,61 @@ ONE_HEAD_MISTAKES = core.variants(
 )
 
 
-def _check_one_head(exercise, fn, cases, large):
-    """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case and on large scores."""
-    gen = torch.Generator().manual_seed(1)
-    tol = dict(atol=1e-3, rtol=1e-3) if large else dict(atol=1e-4, rtol=1e-4)  # rounding near 750
-    for lead, T, d in cases:
-        q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
-        if large:  # every score 750 more (a shared first feature): exp overflows without the max
-            q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
-        kept = [t.clone() for t in (q, k, v)]
-        try:
-            got = core.call_learner(exercise, fn, q, k, v)
-        except OverflowError:
-            raise core.CheckFailed(exercise, OVERFLOW) from None
-        if not all(torch.equal(a, b) for a, b in zip((q, k, v), kept)):
-            raise core.CheckFailed(exercise, _CHANGED)
-        out, weights = _unpack(exercise, got, 2, "two tensors, (out, weights)")
-        for value in (out, weights):
-            if large and isinstance(value, torch.Tensor) and value.is_floating_point():
-                if not bool(torch.isfinite(value).all()):
-                    raise core.CheckFailed(exercise, OVERFLOW)
-            _no_nan(exercise, value, "your result")
-        what = f"(q, k, v of shape {(*lead, T, d)})"
-        out = core.expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
-        weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=f"your weights {what}")
-        q, k, v = q.double(), k.double(), v.double()
-        want_out, want_w = attend(q, k, v)
-        if core.close(out, want_out, **tol) and not core.close(weights, want_w, **tol):
-            raise core.CheckFailed(
-                exercise,
-                "out is right, but the weights you return are not the softmax weights that made it (row i: token i's weights over keys 0..i, zeros after)",
+def _check_one_head(exercise, fn, cases, large_case, detail):
+    """Run fn(q, k, v) -> (out, weights) on each (leading shape, T, d) case, then on large scores."""
+    for large, group in ((False, cases), (True, [large_case])):
+        gen = torch.Generator().manual_seed(1)
+        tol = dict(atol=1e-3, rtol=1e-3) if large else dict(atol=1e-4, rtol=1e-4)  # near 750
+        for lead, T, d in group:
+            q, k, v = (torch.randn(*lead, T, d, generator=gen) for _ in range(3))
+            if large:  # every score 750 more (a shared first feature): exp overflows without max
+                q[..., 0], k[..., 0] = 750 * math.sqrt(d), 1.0
+            kept = [t.clone() for t in (q, k, v)]
+            try:
+                got = core.call_learner(exercise, fn, q, k, v)
+            except OverflowError:
+                raise core.CheckFailed(exercise, OVERFLOW) from None
+            core.require(exercise, all(map(torch.equal, (q, k, v), kept)), _CHANGED)
+            out, weights = _unpack(exercise, got, 2, "two tensors, (out, weights)")
+            for value in (out, weights):
+                if large and isinstance(value, torch.Tensor) and value.is_floating_point():
+                    core.require(exercise, bool(torch.isfinite(value).all()), OVERFLOW)
+                _no_nan(exercise, value, "your result")
+            what = f"(q, k, v of shape {(*lead, T, d)})"
+            out = core.expect_tensor(exercise, out, (*lead, T, d), what=f"your out {what}")
+            what_w = f"your weights {what}"
+            weights = core.expect_tensor(exercise, weights, (*lead, T, T), what=what_w)
+            q, k, v = q.double(), k.double(), v.double()
+            want_out, want_w = attend(q, k, v)
+            if core.close(out, want_out, **tol) and not core.close(weights, want_w, **tol):
+                raise core.CheckFailed(
+                    exercise,
+                    "out is right, but the weights you return are not the softmax weights that made it (row i: token i's weights over keys 0..i, zeros after)",
+                )
+            otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
+            mistakes = ONE_HEAD_MISTAKES[:-1]  # the overflow is caught on large scores, above
+            args = (q, k, v)
+            core.fail_unless_close(
+                exercise, out, want_out, mistakes, args, otherwise, part=0, **tol
             )
-        otherwise = f"your out differs from causal attention {what}: weights = softmax over j <= i of q[i] . k[j] / sqrt(d), out[i] = sum of weights[i, j] * v[j]"
-        mistakes = ONE_HEAD_MISTAKES[:-1]  # the overflow is caught on large scores, above
-        core.fail_unless_close(
-            exercise, out, want_out, mistakes, (q, k, v), otherwise, part=0, **tol
-        )
+    core.passed(exercise, detail)
 
 
 def check_attention_with_loops(attention_with_loops) -> None:
     """`attention_with_loops(q, k, v)`, (T, d) each -> (out (T, d), weights (T, T)): causal attention
     of one head, also on scores near 750."""
-    _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], large=False)
-    _check_one_head(EX_LOOPS, attention_with_loops, [((), 5, 4)], large=True)
-    core.passed(
-        EX_LOOPS, "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
-    )
+    detail = "scores scaled by 1/sqrt(d), only j <= i, a softmax that survives large scores"
+    _check_one_head(EX_LOOPS, attention_with_loops, [((), 4, 3), ((), 6, 5)], ((), 5, 4), detail)
 
 
 def check_causal_attention(causal_attention) -> None:
     """`causal_attention(q, k, v)`, (..., T, d) each -> (out (..., T, d), weights (..., T, T))."""
     cases = [((), 4, 3), ((2,), 5, 4), ((2, 3), 6, 8)]
-    _check_one_head(EX_MATRICES, causal_attention, cases, large=False)
-    _check_one_head(EX_MATRICES, causal_attention, [((2,), 5, 4)], large=True)
-    core.passed(
-        EX_MATRICES,
-        "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys",
-    )
+    detail = "any batch dimensions, scaled scores, -inf above the diagonal, softmax over the keys"
+    _check_one_head(EX_MATRICES, causal_attention, cases, ((2,), 5, 4), detail)
 
 
 # --------------------------------------------------------------------------- Exercise 3.3
-
-
 def _saturation(dim, scaled, trials=128, T=16, *, mistake=""):
     """(variance of the scores, average largest weight); `mistake` plants one of
     SATURATION_MISTAKES by its name."""
@@ -282,7 +269,6 @@ def check_saturation(saturation) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 3.4
-
 _BIG = 10.0  # a score gap of 10 after the scaling: e^10 outweighs thousands of other tokens
 
 
@@ -306,14 +292,6 @@ PREVIOUS_TOKEN_MISTAKES = core.variants(
         "reads_the_first_token": "every token puts its largest weight on token 0, the first one: query i must match key i - 1, which moves with i",
     },
 )
-
-
-def _head_weights(w_q, w_k):
-    """(scores before the mask, causal weights), (T, T) each, for one-hot inputs."""
-    T = w_q.shape[0]
-    x = torch.eye(T, dtype=torch.float64)
-    weights = attend(x @ w_q, x @ w_k, x, scale=1 / math.sqrt(T))[1]
-    return (x @ w_q) @ (x @ w_k).T / math.sqrt(T), weights
 
 
 def _previous_token_behaviour(scores, weights) -> str | None:
@@ -342,7 +320,9 @@ def check_previous_token_head(previous_token_head) -> None:
             core.expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
             for m, name in zip(got, ("w_q", "w_k"))
         )
-        scores, weights = _head_weights(w_q, w_k)
+        x = torch.eye(T, dtype=torch.float64)  # one-hot positions: the scores before the mask
+        weights = attend(x @ w_q, x @ w_k, x, scale=1 / math.sqrt(T))[1]
+        scores = (x @ w_q) @ (x @ w_k).T / math.sqrt(T)
         if not bool(torch.isfinite(weights).all()):
             raise core.CheckFailed(
                 EX_PREVIOUS,
@@ -351,11 +331,9 @@ def check_previous_token_head(previous_token_head) -> None:
         on_previous = weights.diagonal(offset=-1)  # weights[i, i - 1] for i >= 1
         if bool((on_previous >= 0.9).all()):
             continue
-        behaviour = _previous_token_behaviour(scores, weights)
-        if behaviour:
-            raise core.named_failure(
-                EX_PREVIOUS, PREVIOUS_TOKEN_MISTAKES, behaviour, prefix=f"for T={T}: "
-            )
+        if behaviour := _previous_token_behaviour(scores, weights):
+            message = core.named(PREVIOUS_TOKEN_MISTAKES, behaviour).message
+            raise core.CheckFailed(EX_PREVIOUS, f"for T={T}: {message}")
         worst = int(on_previous.argmin()) + 1
         raise core.CheckFailed(
             EX_PREVIOUS,
@@ -365,7 +343,6 @@ def check_previous_token_head(previous_token_head) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 3.5
-
 TRANSPOSE_1_3 = "you used transpose(1, 3) where transpose(1, 2) belongs: from (B, T, nh, hd) only the T and nh dims swap, giving (B, nh, T, hd); transpose(1, 3) gives (B, hd, nh, T)"
 NO_HEADS = "you ran ONE head over all C features: split q, k and v into n_head heads of hd = C // n_head features each, (B, T, C) -> (B, nh, T, hd), before the attention"
 
@@ -443,8 +420,6 @@ def check_multi_head_attention(multi_head_attention) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 3.6
-
-
 def _gpt2_attention(x, w, n_head, resid_p=0.0, *, mistake=""):
     """GPT-2 attention from its four tensors (weights [in, out]), then resid dropout with resid_p;
     `mistake` plants one of MODULE_MISTAKES by its name."""
@@ -529,88 +504,84 @@ def check_causal_self_attention(attention_cls) -> None:
     `forward(x, kv_cache=None)` maps (B, T, C) -> (B, T, C) like GPT-2's attention, in eval mode,
     in train mode (residual dropout), with a cache of earlier keys and values, and a hook."""
     with torch.random.fork_rng():  # building modules draws random numbers: keep the notebook's
-        _check_causal_self_attention(attention_cls)
+        p = 0.5  # residual dropout in the train-mode run
+        config = core.tiny_config(vocab_size=32, n_embd=12, n_head=3, resid_pdrop=p)
+        C, nh = config.n_embd, config.n_head
+        module, params, expected = _build(attention_cls, config)
+        gen = torch.Generator().manual_seed(0)
+        w = {  # weights large enough that attention is far from uniform
+            name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
+            for name, shape in expected.items()
+        }
+        with torch.no_grad():
+            for name, value in w.items():
+                params[name].copy_(value)
 
+        module.eval()
+        for B, T in ((2, 5), (1, 7)):
+            x = torch.randn(B, T, C, generator=gen)
+            got = core.expect_tensor(EX_MODULE, _run(module, x), (B, T, C), what="your output")
+            otherwise = f"the shape is right but the output differs from GPT-2's attention (B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> merge -> c_proj -> resid_dropout"
+            want = _gpt2_attention(x, w, nh)
+            core.fail_unless_close(
+                EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, 0.0), otherwise, rtol=1e-4
+            )
 
-def _check_causal_self_attention(attention_cls) -> None:
-    p = 0.5  # residual dropout in the train-mode run
-    config = core.tiny_config(vocab_size=32, n_embd=12, n_head=3, resid_pdrop=p)
-    C, nh = config.n_embd, config.n_head
-    module, params, expected = _build(attention_cls, config)
-    gen = torch.Generator().manual_seed(0)
-    w = {  # weights large enough that attention is far from uniform
-        name: torch.randn(shape, generator=gen) * (0.4 if name.endswith("weight") else 0.2)
-        for name, shape in expected.items()
-    }
-    with torch.no_grad():
-        for name, value in w.items():
-            params[name].copy_(value)
+        # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
+        x, cache, pieces = torch.randn(2, 7, C, generator=gen), ListCache(), []
+        for a, b in ((0, 4), (4, 6), (6, 7)):
+            got = _run(module, x[:, a:b], kv_cache=cache)
+            what = "your output with a kv_cache"
+            pieces.append(core.expect_tensor(EX_MODULE, got, (2, b - a, C), what=what))
+        whole = _gpt2_attention(x, w, nh)
+        if cache.position != 7 or not core.close(torch.cat(pieces, dim=1), whole, rtol=1e-4):
+            raise core.CheckFailed(
+                EX_MODULE,
+                "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer does not give the output of the whole sequence; pass the heads' k and v, (B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
+            )
 
-    module.eval()
-    for B, T in ((2, 5), (1, 7)):
-        x = torch.randn(B, T, C, generator=gen)
-        got = core.expect_tensor(EX_MODULE, _run(module, x), (B, T, C), what="your output")
-        otherwise = f"the shape is right but the output differs from GPT-2's attention (B={B}, T={T}); go through c_attn -> q, k, v -> heads -> causal attention -> merge -> c_proj -> resid_dropout"
-        want = _gpt2_attention(x, w, nh)
-        core.fail_unless_close(
-            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, 0.0), otherwise, rtol=1e-4
+        # train mode: residual dropout after c_proj, drawn with the check's seed or with its own
+        module.train()
+        x = torch.randn(4, 6, C, generator=gen)
+        got = core.expect_tensor(
+            EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
         )
+        if not core.dropout_of(got, _gpt2_attention(x, w, nh), p, rtol=1e-4):
+            otherwise = "in eval() mode your layer is right, but in train() mode it is not the layer followed by residual dropout: return self.resid_dropout(self.c_proj(...))"
+            want = core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p)
+            core.fail_unless_close(
+                EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, p), otherwise, rtol=1e-4
+            )
 
-    # with a cache, as chapter 9 calls it: 4 tokens, then 2, then 1 give the whole sequence
-    x, cache, pieces = torch.randn(2, 7, C, generator=gen), ListCache(), []
-    for a, b in ((0, 4), (4, 6), (6, 7)):
-        got = _run(module, x[:, a:b], kv_cache=cache)
-        what = "your output with a kv_cache"
-        pieces.append(core.expect_tensor(EX_MODULE, got, (2, b - a, C), what=what))
-    whole = _gpt2_attention(x, w, nh)
-    if cache.position != 7 or not core.close(torch.cat(pieces, dim=1), whole, rtol=1e-4):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "fed in pieces through a kv_cache (4 tokens, then 2, then 1), your layer does not give the output of the whole sequence; pass the heads' k and v, (B, nh, T, hd), to kv_cache.update and use the keys, values and mask it returns",
-        )
-
-    # train mode: residual dropout after c_proj, drawn with the check's seed or with its own
-    module.train()
-    x = torch.randn(4, 6, C, generator=gen)
-    got = core.expect_tensor(
-        EX_MODULE, _run(module, x), tuple(x.shape), what="your output in train() mode"
-    )
-    if not core.dropout_of(got, _gpt2_attention(x, w, nh), p, rtol=1e-4):
-        otherwise = "in eval() mode your layer is right, but in train() mode it is not the layer followed by residual dropout: return self.resid_dropout(self.c_proj(...))"
-        want = core.seeded_call(_gpt2_attention, x, w, nh, resid_p=p)
-        core.fail_unless_close(
-            EX_MODULE, got, want, MODULE_MISTAKES, (x, w, nh, p), otherwise, rtol=1e-4
-        )
-
-    # a hook listening at hook_pattern (chapter 8): the pattern goes through it, the output stays
-    module.eval()
-    x = torch.randn(2, 5, C, generator=gen)
-    if not isinstance(getattr(module, "hook_pattern", None), nn.Module):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "the layer has no hook point `hook_pattern`: keep the given line `self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
-        )
-    seen = []
-    got = _hooked(module, x, lambda m, a, out: seen.append(out))
-    if len(seen) != 1 or not core.close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "with a hook listening at hook_pattern the layer gives another output than without one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
-        )
-    qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(C, dim=2)
-    pattern = attend(*(split(t, nh) for t in qkv))[1]  # (B, nh, T, T)
-    if not isinstance(seen[0], torch.Tensor) or not core.close(seen[0], pattern, rtol=1e-4):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass attention_pattern(q, k, visible) through it, with q and k split into heads",
-        )
-    # a hook that replaces the pattern (chapter 8's ablations): the output must follow it
-    got = _hooked(module, x, lambda m, a, out: torch.zeros_like(out))
-    if not core.close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
-        raise core.CheckFailed(
-            EX_MODULE,
-            "a hook that replaces the pattern does not change your output: use what self.hook_pattern(...) returns, times v",
-        )
+        # a hook at hook_pattern (chapter 8): the pattern goes through it, the output stays
+        module.eval()
+        x = torch.randn(2, 5, C, generator=gen)
+        if not isinstance(getattr(module, "hook_pattern", None), nn.Module):
+            raise core.CheckFailed(
+                EX_MODULE,
+                "the layer has no hook point `hook_pattern`: keep the given line `self.hook_pattern = HookPoint()` in __init__ (chapter 8 records through it)",
+            )
+        seen = []
+        got = _hooked(module, x, lambda m, a, out: seen.append(out))
+        if len(seen) != 1 or not core.close(got, _gpt2_attention(x, w, nh), rtol=1e-4):
+            raise core.CheckFailed(
+                EX_MODULE,
+                "with a hook listening at hook_pattern the layer gives another output than without one: pass attention_pattern(q, k, visible) through self.hook_pattern, then @ v",
+            )
+        qkv = (x @ w["c_attn.weight"] + w["c_attn.bias"]).split(C, dim=2)
+        pattern = attend(*(split(t, nh) for t in qkv))[1]  # (B, nh, T, T)
+        if not isinstance(seen[0], torch.Tensor) or not core.close(seen[0], pattern, rtol=1e-4):
+            raise core.CheckFailed(
+                EX_MODULE,
+                "what goes through hook_pattern is not the attention pattern (B, nh, T, T): pass attention_pattern(q, k, visible) through it, with q and k split into heads",
+            )
+        # a hook that replaces the pattern (chapter 8's ablations): the output must follow it
+        got = _hooked(module, x, lambda m, a, out: torch.zeros_like(out))
+        if not core.close(got, w["c_proj.bias"].expand_as(got), atol=1e-6):
+            raise core.CheckFailed(
+                EX_MODULE,
+                "a hook that replaces the pattern does not change your output: use what self.hook_pattern(...) returns, times v",
+            )
     core.passed(
         EX_MODULE,
         "fused q, k, v, heads, causal mask, c_proj, residual dropout in training only, and the pattern through its hook point",
@@ -661,22 +632,16 @@ def check_split_merge(split_heads, merge_heads) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 3.7
-
-
 def attention_by_hand_reference(layer, x: torch.Tensor, *, mistake: str = "") -> torch.Tensor:
     """Exercise 3.7's answer: `layer(x)` of a CausalSelfAttention in eval mode, (B, T, C), written
     out with plain matrix products (c_attn, heads, causal attention, merge, c_proj); `mistake`
-    plants one of BY_HAND_MISTAKES by its name."""
-    C, biases = x.shape[-1], mistake != "no_biases"
-    W, b = layer.c_attn.weight, layer.c_attn.bias
-    qkv = (x @ W + b if biases else x @ W).split(C, dim=2)
-    nh = 1 if mistake == "one_head" else layer.n_head
-    order = {"q_k_swapped": (1, 0, 2), "v_not_last": (2, 1, 0)}.get(mistake, (0, 1, 2))
-    scale = 1 / math.sqrt(C) if mistake == "scaled_by_C" else None
-    y = merge(attend(*(split(qkv[i], nh) for i in order), scale=scale, mistake=mistake)[0])
-    if mistake == "no_c_proj":
-        return y
-    return y @ layer.c_proj.weight + (layer.c_proj.bias if biases else 0)
+    plants one of BY_HAND_MISTAKES by its name (most have another name in 3.5 or 3.6)."""
+    w = dict(layer.named_parameters())  # the same computation as Exercise 3.6's reference
+    if mistake == "no_biases":
+        w = {name: t * 0 if name.endswith("bias") else t for name, t in w.items()}
+    same = dict(q_k_swapped="qkv_order_kqv", v_not_last="qkv_order_vkq", one_head="no_heads")
+    mistake = "scale_by_sqrt_C" if mistake == "scaled_by_C" else same.get(mistake, mistake)
+    return _gpt2_attention(x, w, layer.n_head, mistake=mistake)
 
 
 BY_HAND_MISTAKES = core.variants(
@@ -695,7 +660,8 @@ BY_HAND_MISTAKES = core.variants(
 
 @contextlib.contextmanager
 def _layer_refused(layer):
-    """Calling `layer` or one of its submodules raises CheckFailed while the block runs."""
+    """Calling `layer` or one of its submodules, or SDPA, raises CheckFailed while the block runs
+    (without gradients)."""
 
     def refuse(module, args):
         raise core.CheckFailed(
@@ -704,8 +670,11 @@ def _layer_refused(layer):
         )
 
     handles = [m.register_forward_pre_hook(refuse) for m in layer.modules()]
+    sdpa = "torch.nn.functional.scaled_dot_product_attention"
+    instead = "write the attention out with this chapter's pieces (causal_attention)"
     try:
-        yield
+        with torch.no_grad(), core.forbidding(EX_BY_HAND, sdpa, instead=instead):
+            yield
     finally:
         for handle in handles:
             handle.remove()
@@ -715,46 +684,32 @@ def check_attention_by_hand(attention_by_hand) -> None:
     """`attention_by_hand(layer, x)` equals `layer(x)` in eval mode, for layers of several widths
     and numbers of heads with weights and biases far from their initial values; SDPA and calling
     the layer refused."""
-    with torch.random.fork_rng():  # building layers draws random numbers: keep the notebook's
-        _check_attention_by_hand(attention_by_hand)
-
-
-def _check_attention_by_hand(attention_by_hand) -> None:
     from gpt2lib.chapters.attention import CausalSelfAttention
 
-    gen = torch.Generator().manual_seed(5)
-    for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
-        layer = CausalSelfAttention(core.tiny_config(vocab_size=32, n_embd=C, n_head=nh)).eval()
-        with torch.no_grad():  # large weights and biases: attention far from uniform
-            for p in layer.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        x = torch.randn(B, T, C, generator=gen)
-        kept = x.clone()
-        sdpa = "torch.nn.functional.scaled_dot_product_attention"
-        instead = "write the attention out with this chapter's pieces (causal_attention)"
-        with (
-            torch.no_grad(),
-            _layer_refused(layer),
-            core.forbidding(EX_BY_HAND, sdpa, instead=instead),
-        ):
-            got = core.call_learner(EX_BY_HAND, attention_by_hand, layer, x)
-            if not torch.equal(x, kept):
-                raise core.CheckFailed(EX_BY_HAND, _CHANGED)
-            got = core.expect_tensor(
-                EX_BY_HAND, got, (B, T, C), what=f"your output (B={B}, T={T}, C={C})"
-            )
-            want = attention_by_hand_reference(layer, x)
+    with torch.random.fork_rng():  # building layers draws random numbers: keep the notebook's
+        gen = torch.Generator().manual_seed(5)
+        for C, nh, B, T in ((12, 3, 2, 5), (16, 4, 1, 7), (8, 2, 3, 4)):
+            config = core.tiny_config(vocab_size=32, n_embd=C, n_head=nh)
+            layer = CausalSelfAttention(config).eval()
+            with torch.no_grad():  # large weights and biases: attention far from uniform
+                for p in layer.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+            x = torch.randn(B, T, C, generator=gen)
+            kept = x.clone()
+            with _layer_refused(layer):
+                got = core.call_learner(EX_BY_HAND, attention_by_hand, layer, x)
+                core.require(EX_BY_HAND, torch.equal(x, kept), _CHANGED)
+                what = f"your output (B={B}, T={T}, C={C})"
+                got = core.expect_tensor(EX_BY_HAND, got, (B, T, C), what=what)
+                want = attention_by_hand_reference(layer, x)
             otherwise = f"for C={C} with {nh} heads your output differs from the layer's; follow the data: c_attn, q, k, v, heads, causal attention, merge, c_proj"
-        tol = dict(rtol=1e-4, atol=1e-4)
-        core.fail_unless_close(
-            EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, **tol
-        )
+            core.fail_unless_close(
+                EX_BY_HAND, got, want, BY_HAND_MISTAKES, (layer, x), otherwise, rtol=1e-4, atol=1e-4
+            )
     core.passed(EX_BY_HAND, "the same numbers as the layer, for three widths and numbers of heads")
 
 
 # --------------------------------------------------------------------------- Exercise 3.8
-
-
 def _cost(T, C, n_head, *, mistake=""):
     """The FLOPs of GPT-2 attention; `mistake` plants one of COST_MISTAKES by its name."""
     per_mac = 1 if mistake == "multiply_adds" else 2
@@ -799,14 +754,6 @@ def check_attention_cost(attention_cost) -> None:
 
 
 # --------------------------------------------------------------------------- Challenge
-
-
-def copy_two_back_inputs(tokens: torch.Tensor, V: int) -> torch.Tensor:
-    """(T,) token ids -> (T, V + T): the token's one-hot, then the position's."""
-    T = tokens.shape[0]
-    return torch.cat([F.one_hot(tokens, V).double(), torch.eye(T, dtype=torch.float64)], dim=1)
-
-
 def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
     """`copy_two_back_head(V, T)` -> (w_q, w_k, w_v): on random token sequences, the causal
     attention output's largest entry in row i >= 2 is at token i - 2's id, in at least `goal` of
@@ -822,14 +769,13 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
         w_k = core.expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k {where}, like w_q")
         w_v = core.expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v {where}")
         rows, right, offsets = torch.arange(2, T), 0, torch.zeros(T, dtype=torch.long)
+        positions = torch.eye(T, dtype=torch.float64)  # each token's one-hot goes before its own
         for _ in range(100):
             tokens = torch.randint(V, (T,), generator=gen)
-            x = copy_two_back_inputs(tokens, V)
+            x = torch.cat([F.one_hot(tokens, V).double(), positions], dim=1)  # (T, V + T)
             out, weights = attend(x @ w_q, x @ w_k, x @ w_v)
-            if not bool(torch.isfinite(out).all()):
-                raise core.CheckFailed(
-                    CH_COPY, "the output has NaN or inf: the scores are too large"
-                )
+            finite = bool(torch.isfinite(out).all())
+            core.require(CH_COPY, finite, "the output has NaN or inf: the scores are too large")
             right += int((out[2:].argmax(dim=-1) == tokens[rows - 2]).sum())
             offsets += torch.bincount(rows - weights[2:].argmax(dim=-1), minlength=T)[:T]
         accuracy = right / (100 * (T - 2))
