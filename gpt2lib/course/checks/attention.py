@@ -320,7 +320,7 @@ def check_previous_token_head(previous_token_head) -> None:
             core.expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
             for m, name in zip(got, ("w_q", "w_k"))
         )
-        x = torch.eye(T, dtype=torch.float64)  # one-hot positions: the scores before the mask
+        x = torch.eye(T, dtype=torch.float64)  # one-hot positions; scores: before the mask
         weights = attend(x @ w_q, x @ w_k, x, scale=1 / math.sqrt(T))[1]
         scores = (x @ w_q) @ (x @ w_k).T / math.sqrt(T)
         if not bool(torch.isfinite(weights).all()):
@@ -769,7 +769,7 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
         w_k = core.expect_tensor(CH_COPY, got[1], (V + T, d), what=f"w_k {where}, like w_q")
         w_v = core.expect_tensor(CH_COPY, got[2], (V + T, V), what=f"w_v {where}")
         rows, right, offsets = torch.arange(2, T), 0, torch.zeros(T, dtype=torch.long)
-        positions = torch.eye(T, dtype=torch.float64)  # each token's one-hot goes before its own
+        positions = torch.eye(T, dtype=torch.float64)  # one-hot, after each token's one-hot
         for _ in range(100):
             tokens = torch.randint(V, (T,), generator=gen)
             x = torch.cat([F.one_hot(tokens, V).double(), positions], dim=1)  # (T, V + T)
