@@ -4,6 +4,7 @@ best fit of a hidden layer, the GELUs (F.gelu refused), their approximation gaps
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 
@@ -22,16 +23,22 @@ EX_GAPS = "Exercise 4.5 (approximation_gaps)"
 EX_MLP = "Exercise 4.6 (MLP)"
 
 
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_TANH = "0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))"
 
 
-def _tanh_form(scale=_SQRT_2_OVER_PI, cubic=0.044715, power=3, half=0.5):
-    """GPT-2's tanh GELU, written out so that the check does not depend on gpt2lib; the
-    switches make the planted mistakes."""
-    return lambda x: half * x * (1.0 + torch.tanh(scale * (x + cubic * x**power)))
-
-
-_gelu_tanh = _tanh_form()
+def _gelu_tanh(x, *, mistake=""):
+    """GPT-2's tanh GELU, written out so that the check does not depend on gpt2lib; `mistake`
+    plants one of GELU_MISTAKES by its name (typo <c>: the constant c for 0.044715)."""
+    if mistake == "erf":
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    if mistake in ("relu", "sigmoid"):
+        return torch.relu(x) if mistake == "relu" else x * torch.sigmoid(1.702 * x)
+    scale = {"2/pi": 2.0 / math.pi, "no sqrt scale": 1.0}.get(mistake, math.sqrt(2.0 / math.pi))
+    cubic = {"no cubic": 0.0}.get(mistake, 0.044715)
+    if mistake.startswith("typo "):
+        cubic = float(mistake.removeprefix("typo "))
+    half, power = (1.0 if mistake == "no half" else 0.5), (2 if mistake == "square" else 3)
+    return half * x * (1.0 + torch.tanh(scale * (x + cubic * x**power)))
 
 
 _erf = F.gelu  # the exact GELU (bound here, so that refusing F.gelu does not refuse it)
@@ -49,44 +56,29 @@ def _as_number(exercise, got):
 
 
 # --------------------------------------------------------------------------- Exercise 4.1
-def _moved(f, x, position, *, where=None, signed=False, in_place=False, dim=-1):
-    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools. The
-    switches make the planted mistakes (where: the index edited instead)."""
+def _moved(f, x, position, *, mistake=""):
+    """The right answer: edit token `position` of a copy, in every sequence; (B, T) bools;
+    `mistake` plants one of MOVED_MISTAKES by its name."""
     before = f(x)
-    edited = x if in_place else x.clone()
-    edited[(slice(None), position) if where is None else where(position)] += 1.0
+    edited = x if mistake == "in place" else x.clone()
+    where = {"first sequence": (0, position), "feature": (..., position)}
+    edited[where.get(mistake, (slice(None), position))] += 1.0
     diff = f(edited) - before
-    return (diff if signed else diff.abs()).sum(dim=dim) > 0
+    diff = diff if mistake == "signed sum" else diff.abs()
+    return diff.sum(dim=1 if mistake == "over time" else -1) > 0
 
 
 # fn(f, x, position) -> what that wrong answer returns
-MOVED_MISTAKES = [
-    core.Mistake(
-        "signed sum",
-        "you test the SIGNED sum of the differences: an output that moved down sums to less than 0 and is missed. Take the absolute value first, (f(edited) - f(x)).abs().sum(dim=-1) > 0",
-        lambda f, x, p: _moved(f, x, p, signed=True),
-    ),
-    core.Mistake(
-        "in place",
-        "you changed x itself: the caller's tensor must stay as it was. Edit a copy, edited = x.clone()",
-        lambda f, x, p: _moved(f, x, p, in_place=True),
-    ),
-    core.Mistake(
-        "first sequence",
-        "you changed the token in the first sequence only: change it in every sequence of the batch, edited[:, position]",
-        lambda f, x, p: _moved(f, x, p, where=lambda p: (0, p)),
-    ),
-    core.Mistake(
-        "feature",
-        "you changed feature number `position` of every token (x[..., position]): change the whole token at that position, x[:, position]",
-        lambda f, x, p: _moved(f, x, p, where=lambda p: (..., p)),
-    ),
-    core.Mistake(
-        "over time",
-        "you added up over the positions (dim 1): add up over each output's vector (the last dim), one answer per (sequence, position)",
-        lambda f, x, p: _moved(f, x, p, dim=1),
-    ),
-]
+MOVED_MISTAKES = core.variants(
+    _moved,
+    {
+        "signed sum": "you test the SIGNED sum of the differences: an output that moved down sums to less than 0 and is missed. Take the absolute value first, (f(edited) - f(x)).abs().sum(dim=-1) > 0",
+        "in place": "you changed x itself: the caller's tensor must stay as it was. Edit a copy, edited = x.clone()",
+        "first sequence": "you changed the token in the first sequence only: change it in every sequence of the batch, edited[:, position]",
+        "feature": "you changed feature number `position` of every token (x[..., position]): change the whole token at that position, x[:, position]",
+        "over time": "you added up over the positions (dim 1): add up over each output's vector (the last dim), one answer per (sequence, position)",
+    },
+)
 
 
 def check_outputs_that_change(outputs_that_change) -> None:
@@ -104,7 +96,7 @@ def check_outputs_that_change(outputs_that_change) -> None:
             before = x.clone()
             got = core.call_learner(EX_MOVED, outputs_that_change, f, x, position)
             if not torch.equal(x, before):
-                raise core.CheckFailed(EX_MOVED, core.named(MOVED_MISTAKES, "in place").message)
+                raise core.named_failure(EX_MOVED, MOVED_MISTAKES, "in place")
             want = _moved(f, x, position)
             try:
                 got = torch.as_tensor(got)
@@ -130,25 +122,22 @@ def check_outputs_that_change(outputs_that_change) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 4.2
+def _merged(W1, b1, W2, b2, *, mistake=""):
+    """(W, b) with x @ W + b = (x @ W1 + b1) @ W2 + b2; `mistake` plants one of MERGE_MISTAKES by
+    its name."""
+    W = (W1 @ W2).T if mistake == "W transposed" else W1 @ W2
+    return W, {"b2 missing": b1 @ W2, "b1 missing": b2}.get(mistake, b1 @ W2 + b2)
+
 
 # fn(W1, b1, W2, b2) -> (W, b), a wrong merge
-MERGE_MISTAKES = [
-    core.Mistake(
-        "b2 missing",
-        "your bias leaves out b2: the second layer adds its own bias after the product, so b = b1 @ W2 + b2",
-        lambda W1, b1, W2, b2: (W1 @ W2, b1 @ W2),
-    ),
-    core.Mistake(
-        "b1 missing",
-        "your bias is only b2: the first layer's bias b1 also goes through the second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
-        lambda W1, b1, W2, b2: (W1 @ W2, b2),
-    ),
-    core.Mistake(
-        "W transposed",
-        "your W is transposed: x @ W needs W of shape (C, D), which is W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
-        lambda W1, b1, W2, b2: ((W1 @ W2).T, b1 @ W2 + b2),
-    ),
-]
+MERGE_MISTAKES = core.variants(
+    _merged,
+    {
+        "b2 missing": "your bias leaves out b2: the second layer adds its own bias after the product, so b = b1 @ W2 + b2",
+        "b1 missing": "your bias is only b2: the first layer's bias b1 also goes through the second layer, (x @ W1 + b1) @ W2 = x @ W1 @ W2 + b1 @ W2, so b = b1 @ W2 + b2",
+        "W transposed": "your W is transposed: x @ W needs W of shape (C, D), which is W1 @ W2, not (W1 @ W2).T or W2.T @ W1.T",
+    },
+)
 
 
 def check_merge_linear_layers(merge_linear_layers) -> None:
@@ -164,7 +153,7 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
             raise core.CheckFailed(
                 EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}"
             )
-        want = (W1 @ W2, b1 @ W2 + b2)
+        want = _merged(*args)
         sizes = f"with C={C}, H={H}, D={D}"
         for part, want_part, what in zip(got, want, "Wb"):
             if isinstance(part, torch.Tensor) and part.shape != want_part.shape:
@@ -187,58 +176,35 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
 
 
 # --------------------------------------------------------------------------- Exercise 4.3
-def _fit_error(x, y, W1, b1, activation, *, bias=True, on_x=False, error=None):
-    """The mean squared error of the least-squares fit of y on activation(x @ W1 + b1); the
-    switches make the planted mistakes (on_x: y fitted from x directly)."""
-    hidden = activation(x @ W1 + b1) if bias else activation(x @ W1)  # (N, H)
-    if on_x:
+def _fit_error(x, y, W1, b1, activation, *, mistake=""):
+    """The mean squared error of the least-squares fit of y on activation(x @ W1 + b1); `mistake`
+    plants one of FIT_MISTAKES by its name."""
+    activation = {"no activation": lambda h: h, "relu": torch.relu}.get(mistake, activation)
+    hidden = activation(x @ W1 if mistake == "no b1" else x @ W1 + b1)  # (N, H)
+    if mistake == "fit on x":
         hidden = x
     residuals = hidden @ torch.linalg.lstsq(hidden, y).solution - y  # (N, D)
-    return (error or (lambda r: r.pow(2).mean()))(residuals).item()
+    squared = residuals.pow(2)
+    errors = {
+        "sum": squared.sum(),
+        "root": squared.mean().sqrt(),
+        "absolute": residuals.abs().mean(),
+    }
+    return errors.get(mistake, squared.mean()).item()
 
 
-def _f(act=None, **wrong):
-    """fn(x, y, W1, b1, activation) of a wrong fit (act: the activation used instead)."""
-    return lambda x, y, W1, b1, activation: _fit_error(x, y, W1, b1, act or activation, **wrong)
-
-
-FIT_MISTAKES = [
-    core.Mistake(
-        "no activation",
-        "your error does not depend on the activation: apply `activation` to x @ W1 + b1 before the least-squares fit (with no activation the best fit is a straight line whatever the width)",
-        _f(act=lambda h: h),
-    ),
-    core.Mistake(
-        "no b1",
-        "the first layer's bias b1 is missing: the hidden layer is activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
-        _f(bias=False),
-    ),
-    core.Mistake(
-        "sum",
-        "you return the SUM of the squared errors: take the mean, over all N · D numbers",
-        _f(error=lambda r: r.pow(2).sum()),
-    ),
-    core.Mistake(
-        "root",
-        "you return the root of the mean squared error (RMSE): return the mean squared error itself, without the square root",
-        _f(error=lambda r: r.pow(2).mean().sqrt()),
-    ),
-    core.Mistake(
-        "absolute",
-        "you return the mean ABSOLUTE error: square the residuals, ((hidden @ W2 - y) ** 2).mean()",
-        _f(error=lambda r: r.abs().mean()),
-    ),
-    core.Mistake(
-        "fit on x",
-        "you fitted y from x directly, not from the hidden layer: solve the least squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
-        _f(on_x=True),
-    ),
-    core.Mistake(
-        "relu",
-        "your error is ReLU's, not that of the `activation` you were given: call activation(x @ W1 + b1) (its default is GELU)",
-        _f(act=torch.relu),
-    ),
-]
+FIT_MISTAKES = core.variants(
+    _fit_error,
+    {
+        "no activation": "your error does not depend on the activation: apply `activation` to x @ W1 + b1 before the least-squares fit (with no activation the best fit is a straight line whatever the width)",
+        "no b1": "the first layer's bias b1 is missing: the hidden layer is activation(x @ W1 + b1); without b1 every hidden unit bends at x = 0",
+        "sum": "you return the SUM of the squared errors: take the mean, over all N · D numbers",
+        "root": "you return the root of the mean squared error (RMSE): return the mean squared error itself, without the square root",
+        "absolute": "you return the mean ABSOLUTE error: square the residuals, ((hidden @ W2 - y) ** 2).mean()",
+        "fit on x": "you fitted y from x directly, not from the hidden layer: solve the least squares for `hidden = activation(x @ W1 + b1)` (N, H), giving W2 of shape (H, D)",
+        "relu": "your error is ReLU's, not that of the `activation` you were given: call activation(x @ W1 + b1) (its default is GELU)",
+    },
+)
 
 
 def check_best_fit_error(best_fit_error) -> None:
@@ -319,70 +285,37 @@ def _gelu_call(exercise, gelu, x, what):
     return got
 
 
-_TANH = "0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))"
-
 # fn(x) -> a wrong activation
-GELU_MISTAKES = [
-    core.Mistake(
-        "erf",
-        f"this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by default). GPT-2 uses the tanh approximation: {_TANH}. The two differ by up to about 5e-4, enough to stop matching GPT-2's outputs",
-        lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
-    ),
-    core.Mistake(
-        "relu",
-        "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
-        torch.relu,
-    ),
-    core.Mistake(
-        "no cubic",
-        "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), not √(2/π)·x",
-        _tanh_form(cubic=0.0),
-    ),
-    core.Mistake(
-        "square",
-        "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not 0.044715·x²",
-        _tanh_form(power=2),
-    ),
-    core.Mistake(
-        "2/pi",
-        "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), not 2/π ≈ 0.6366",
-        _tanh_form(scale=2.0 / math.pi),
-    ),
-    core.Mistake(
-        "no sqrt scale",
-        "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: tanh(√(2/π)·(x + 0.044715·x³))",
-        _tanh_form(scale=1.0),
-    ),
-    core.Mistake(
-        "no half",
-        "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends to x (not 2x) for large x",
-        _tanh_form(half=1.0),
-    ),
-    core.Mistake(
-        "sigmoid",
-        "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
-        lambda x: x * torch.sigmoid(1.702 * x),
-    ),
-] + [
-    core.Mistake(f"typo {c}", f"the constant is 0.044715, not {c}: {why}", _tanh_form(cubic=c))
-    for c, why in (
-        (0.0044715, "one zero too many after the point, a classic typo"),
-        (0.04715, "a digit is missing"),
-        (0.44715, "a zero is missing after the point"),
-    )
-]
+GELU_MISTAKES = core.variants(
+    _gelu_tanh,
+    {
+        "erf": f"this is the exact GELU, x·Φ(x) with erf (what F.gelu(x) and nn.GELU() compute by default). GPT-2 uses the tanh approximation: {_TANH}. The two differ by up to about 5e-4, enough to stop matching GPT-2's outputs",
+        "relu": "this is ReLU (max(0, x)), not GELU: GELU is smooth and slightly negative for negative x",
+        "no cubic": "the 0.044715·x³ term is missing: the tanh's argument is √(2/π)·(x + 0.044715·x³), not √(2/π)·x",
+        "square": "the correction term must be cubic: 0.044715·x³ (x**3 or x.pow(3)), not 0.044715·x²",
+        "2/pi": "the scale inside the tanh is √(2/π) ≈ 0.7979 (math.sqrt(2 / math.pi)), not 2/π ≈ 0.6366",
+        "no sqrt scale": "the tanh's argument is multiplied by √(2/π) ≈ 0.7979: tanh(√(2/π)·(x + 0.044715·x³))",
+        "no half": "the leading factor 0.5 is missing: GELU is 0.5·x·(1 + tanh(...)), so that it tends to x (not 2x) for large x",
+        "sigmoid": "this is the sigmoid approximation x·sigmoid(1.702·x), not GPT-2's tanh form",
+        **{
+            f"typo {c}": f"the constant is 0.044715, not {c}: {why}"
+            for c, why in (
+                (0.0044715, "one zero too many after the point, a classic typo"),
+                (0.04715, "a digit is missing"),
+                (0.44715, "a zero is missing after the point"),
+            )
+        },
+    },
+)
 
 
 def check_gelu_tanh(gelu_tanh) -> None:
     """`gelu_tanh(x)`: tensor of any shape -> tensor of the same shape, element by element."""
     # Points where the erf and tanh forms differ most (|x| near 2.7 and 0.9), plus the easy ones.
     points = torch.tensor(
-        [
-            [-6.0, -3.5, -2.7, -2.0, -1.5, -0.9, -0.5, 0.0],
-            [0.5, 0.9, 1.5, 2.0, 2.7, 3.5, 6.0, 10.0],
-        ],
+        [-6.0, -3.5, -2.7, -2.0, -1.5, -0.9, -0.5, 0.0, 0.5, 0.9, 1.5, 2.0, 2.7, 3.5, 6.0, 10.0],
         dtype=torch.float64,
-    )
+    ).reshape(2, 8)
     try:
         got = _gelu_call(EX_GELU, gelu_tanh, points.clone(), "input tensor")
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -421,34 +354,27 @@ def check_gelu_tanh(gelu_tanh) -> None:
     core.passed(EX_GELU, "GPT-2's tanh GELU, and not the erf one")
 
 
+def _gelu_erf(x, *, mistake=""):
+    """The exact GELU, 0.5·x·(1 + erf(x / √2)); `mistake` plants one of GELU_ERF_MISTAKES by its
+    name. (The check compares with F.gelu.)"""
+    if mistake == "tanh_form":
+        return _gelu_tanh(x)
+    inside = {"no_sqrt2": x, "divided_by_2": x / 2}.get(mistake, x / math.sqrt(2))
+    half, times = (1 if mistake == "no_half" else 0.5), (1 if mistake == "phi_only" else x)
+    return half * times * (1 + torch.erf(inside))
+
+
 # fn(x) -> what that wrong exact GELU gives
-GELU_ERF_MISTAKES = [
-    core.Mistake(
-        "tanh_form",
-        "this is the tanh approximation; gelu_erf is the exact form 0.5·x·(1 + erf(x / √2)) with torch.erf",
-        _gelu_tanh,
-    ),
-    core.Mistake(
-        "no_sqrt2",
-        "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
-        lambda x: 0.5 * x * (1 + torch.erf(x)),
-    ),
-    core.Mistake(
-        "divided_by_2",
-        "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
-        lambda x: 0.5 * x * (1 + torch.erf(x / 2)),
-    ),
-    core.Mistake(
-        "no_half",
-        "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
-        lambda x: x * (1 + torch.erf(x / math.sqrt(2))),
-    ),
-    core.Mistake(
-        "phi_only",
-        "this is Φ(x) alone: GELU multiplies it by x",
-        lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2))),
-    ),
-]
+GELU_ERF_MISTAKES = core.variants(
+    _gelu_erf,
+    {
+        "tanh_form": "this is the tanh approximation; gelu_erf is the exact form 0.5·x·(1 + erf(x / √2)) with torch.erf",
+        "no_sqrt2": "erf's argument is x / √2, not x: Φ(x) = ½·(1 + erf(x / √2))",
+        "divided_by_2": "erf's argument is x / √2 (math.sqrt(2)), not x / 2",
+        "no_half": "the factor ½ is missing: Φ(x) = ½·(1 + erf(x / √2)), so GELU(x) tends to x",
+        "phi_only": "this is Φ(x) alone: GELU multiplies it by x",
+    },
+)
 
 
 def check_gelu_erf(gelu_erf) -> None:
@@ -484,52 +410,38 @@ def _mlp_outputs(fc, proj, x, activation, dtype=None):
         return proj(activation(fc(x)))
 
 
-def _gaps(fc, proj, x, *, measure=lambda d: d.abs().max(), hidden=False, reference=_gelu_tanh):
-    """The right (activation gap, rounding gap); the switches make the planted mistakes
-    (hidden: the first gap measured after GELU; reference: the float64 MLP's activation)."""
+def _gaps(fc, proj, x, *, mistake=""):
+    """The right (activation gap, rounding gap); `mistake` plants one of GAPS_MISTAKES by its
+    name."""
+
+    def measure(d):
+        return d.abs().mean() if mistake == "mean" else d.abs().max()
+
     out_tanh = _mlp_outputs(fc, proj, x, _gelu_tanh)  # float32
-    if hidden:
+    if mistake == "hidden":  # the first gap measured after GELU, not at the output
         h = fc(x)
         first = measure(_gelu_tanh(h) - _erf(h))
     else:
         first = measure(out_tanh - _mlp_outputs(fc, proj, x, _erf))
+    reference = _erf if mistake == "erf reference" else _gelu_tanh  # the float64 MLP's activation
     exact = _mlp_outputs(fc, proj, x, reference, torch.float64)
-    return first.item(), measure(out_tanh.double() - exact).item()
+    gaps = first.item(), measure(out_tanh.double() - exact).item()
+    wrong = {"swapped": gaps[::-1], "same activation": (0.0, gaps[1])}
+    return {**wrong, "float32 reference": (gaps[0], 0.0)}.get(mistake, gaps)
 
 
 # fn(fc, proj, x) -> the two floats that wrong answer returns
-GAPS_MISTAKES = [
-    core.Mistake(
-        "swapped",
-        "your two numbers are the right ones the other way round: return first the change that the erf GELU makes, then the change that float32 rounding makes",
-        lambda fc, proj, x: _gaps(fc, proj, x)[::-1],
-    ),
-    core.Mistake(
-        "hidden",
-        "your first number is the largest change of the hidden values after GELU; the question is how far the MLP's OUTPUT moves, so run both activations through proj (its weights can make the change larger or smaller)",
-        lambda fc, proj, x: _gaps(fc, proj, x, hidden=True),
-    ),
-    core.Mistake(
-        "mean",
-        "you return the MEAN change of the output numbers; the question is the largest change of any one of them (the absolute difference's maximum)",
-        lambda fc, proj, x: _gaps(fc, proj, x, measure=lambda d: d.abs().mean()),
-    ),
-    core.Mistake(
-        "same activation",
-        'your first number is 0: both outputs used the same GELU. F.gelu(h) is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
-        lambda fc, proj, x: (0.0, _gaps(fc, proj, x)[1]),
-    ),
-    core.Mistake(
-        "float32 reference",
-        "your rounding gap is 0: both sides ran in float32, so they round alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
-        lambda fc, proj, x: (_gaps(fc, proj, x)[0], 0.0),
-    ),
-    core.Mistake(
-        "erf reference",
-        "your rounding gap is as large as the activation's: your float64 reference used the other GELU. Rounding alone is the float32 tanh MLP against the SAME tanh MLP in float64",
-        lambda fc, proj, x: _gaps(fc, proj, x, reference=_erf),
-    ),
-]
+GAPS_MISTAKES = core.variants(
+    _gaps,
+    {
+        "swapped": "your two numbers are the right ones the other way round: return first the change that the erf GELU makes, then the change that float32 rounding makes",
+        "hidden": "your first number is the largest change of the hidden values after GELU; the question is how far the MLP's OUTPUT moves, so run both activations through proj (its weights can make the change larger or smaller)",
+        "mean": "you return the MEAN change of the output numbers; the question is the largest change of any one of them (the absolute difference's maximum)",
+        "same activation": 'your first number is 0: both outputs used the same GELU. F.gelu(h) is the exact (erf) form; GPT-2\'s is F.gelu(h, approximate="tanh") or your gelu_tanh',
+        "float32 reference": "your rounding gap is 0: both sides ran in float32, so they round alike. The reference must be the same tanh MLP computed in float64 (layers and input)",
+        "erf reference": "your rounding gap is as large as the activation's: your float64 reference used the other GELU. Rounding alone is the float32 tanh MLP against the SAME tanh MLP in float64",
+    },
+)
 
 
 def _gap_cases():
@@ -585,60 +497,48 @@ def check_approximation_gaps(approximation_gaps) -> None:
                 EX_GAPS, "your function changed its input x in place: leave it alone"
             )
         want = _gaps(fc, proj, x)
-        if _gaps_match(got, want):
-            continue
-        mistake = core.first_mistake(GAPS_MISTAKES, lambda m: _gaps_match(got, m.fn(fc, proj, x)))
-        if mistake is None and 0.0 in got:  # a zero gap with the other one wrong as well
+        if not _gaps_match(got, want):
             zero = "same activation" if got[0] == 0.0 else "float32 reference"
-            mistake = core.named(GAPS_MISTAKES, zero)
-        if mistake is not None:
-            raise core.CheckFailed(EX_GAPS, mistake.message)
-        raise core.CheckFailed(
-            EX_GAPS,
-            f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> {proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about {want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you return {got[0]:.3g} and {got[1]:.2g}",
-        )
+            core.fail_with(
+                EX_GAPS,
+                GAPS_MISTAKES,
+                lambda m: _gaps_match(got, m.fn(fc, proj, x)),
+                f"for an MLP {fc.weight.shape[0]} -> {fc.weight.shape[1]} -> {proj.weight.shape[1]} on x {tuple(x.shape)} the gaps are about {want[0]:.3g} (erf for tanh) and {want[1]:.2g} (float32 rounding); you return {got[0]:.3g} and {got[1]:.2g}",
+                symptom=zero if 0.0 in got else None,  # a zero gap with the other wrong as well
+            )
     core.passed(
         EX_GAPS, "the output's largest change from the activation, and from float32 rounding"
     )
 
 
 # --------------------------------------------------------------------------- Exercise 4.6: MLP
+def _mlp(m, x, *, mistake=""):
+    """c_proj(gelu_tanh(c_fc(x))) with the learner's own layers m.c_fc and m.c_proj; `mistake`
+    plants one of MLP_MISTAKES by its name (activation: <name>: that one of GELU_MISTAKES)."""
+    gelu = functools.partial(_gelu_tanh, mistake=mistake.removeprefix("activation: "))
+    h = m.c_fc(gelu(x) if mistake == "activation on the input" else x)
+    if mistake not in ("activation after c_proj", "no activation", "activation on the input"):
+        h = gelu(h)
+    out = m.c_proj(h)
+    if mistake in ("activation after c_proj", "activation twice"):
+        out = gelu(out)
+    return x + out if mistake == "residual inside" else out
+
 
 # fn(mlp, x) -> a wrong output, computed with the learner's own layers mlp.c_fc and mlp.c_proj
-MLP_MISTAKES = [
-    core.Mistake(
-        "activation after c_proj",
-        "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
-        lambda m, x: _gelu_tanh(m.c_proj(m.c_fc(x))),
-    ),
-    core.Mistake(
-        "no activation",
-        "there is no activation between c_fc and c_proj, so the two linear layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
-        lambda m, x: m.c_proj(m.c_fc(x)),
-    ),
-    core.Mistake(
-        "activation twice",
-        "GELU is applied twice (also after c_proj): apply it only between the layers",
-        lambda m, x: _gelu_tanh(m.c_proj(_gelu_tanh(m.c_fc(x)))),
-    ),
-    core.Mistake(
-        "activation on the input",
-        "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
-        lambda m, x: m.c_proj(m.c_fc(_gelu_tanh(x))),
-    ),
-    core.Mistake(
-        "residual inside",
-        "your MLP adds its input to its output (x + ...): the residual connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
-        lambda m, x: x + m.c_proj(_gelu_tanh(m.c_fc(x))),
-    ),
-] + [
-    core.Mistake(
-        f"activation: {g.name}",
-        "your activation is wrong: " + g.message,
-        lambda m, x, g=g: m.c_proj(g.fn(m.c_fc(x))),
-    )
-    for g in GELU_MISTAKES
-]
+MLP_MISTAKES = core.variants(
+    _mlp,
+    {
+        "activation after c_proj": "the activation comes after c_proj: it belongs BETWEEN the layers, c_proj(gelu(c_fc(x)))",
+        "no activation": "there is no activation between c_fc and c_proj, so the two linear layers collapse into one (Exercise 4.2): apply GELU to c_fc's output",
+        "activation twice": "GELU is applied twice (also after c_proj): apply it only between the layers",
+        "activation on the input": "GELU is applied to the input before c_fc: the order is c_fc, GELU, c_proj",
+        "residual inside": "your MLP adds its input to its output (x + ...): the residual connection belongs to the block (chapter 5); the MLP returns c_proj(gelu(c_fc(x))) only",
+        **{
+            f"activation: {g.name}": "your activation is wrong: " + g.message for g in GELU_MISTAKES
+        },
+    },
+)
 
 
 def _build_mlp(MLP, pdrop) -> nn.Module:
