@@ -6,6 +6,7 @@ import torch
 from gpt2lib.course.checks._core import (
     CheckFailed,
     Mistake,
+    call_explaining,
     close,
     dropout_of,
     expect_tensor,
@@ -48,6 +49,21 @@ def test_variants_plant_each_mistake_by_its_name_in_the_right_answer():
     ]
     assert [m.fn(3) for m in table] == [6, -3]
     assert scaled(3) == 3  # the right answer itself is untouched
+
+
+def test_call_explaining_says_a_known_runtime_error_in_the_exercise_s_terms():
+    def viewed(x):
+        return x.t().view(-1)  # not contiguous after the transpose: PyTorch's RuntimeError
+
+    explain = {
+        "view size is not compatible": lambda exc: f"use reshape ({type(exc).__name__})",
+        "never raised": "unused",
+    }
+    with pytest.raises(CheckFailed, match=r"^Ex: use reshape \(RuntimeError\)$"):
+        call_explaining("Ex", viewed, torch.ones(2, 3), explain=explain)
+    assert call_explaining("Ex", viewed, torch.ones(1, 3), explain=explain).shape == (3,)
+    with pytest.raises(RuntimeError, match="view size"):  # an error it does not know goes on
+        call_explaining("Ex", viewed, torch.ones(2, 3), explain={"other": "unused"})
 
 
 def test_close_compares_values_in_float64_and_never_matches_nan_or_another_shape():

@@ -375,6 +375,27 @@ def call_learner(exercise: str, fn: Callable[..., Any], *args: Any, **kwargs: An
         raise NotDoneYet(exercise, NOT_DONE) from None
 
 
+def call_explaining(
+    exercise: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    explain: dict[str, str | Callable[[RuntimeError], str]],
+    **kwargs: Any,
+) -> Any:
+    """call_learner, where a RuntimeError whose text holds a key of `explain` is that key's
+    message instead (a message, or a function of the error that gives one): the errors a known
+    mistake raises deep inside PyTorch, said in the exercise's terms."""
+    try:
+        return call_learner(exercise, fn, *args, **kwargs)
+    except RuntimeError as exc:
+        for text, message in explain.items():
+            if text in str(exc):
+                raise CheckFailed(
+                    exercise, message(exc) if callable(message) else message
+                ) from None
+        raise
+
+
 def _call_target(fn: Any) -> tuple[Callable[..., Any], str]:
     """What a call of `fn` really runs, for its signature, and the name to show.
 

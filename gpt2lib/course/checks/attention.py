@@ -39,15 +39,12 @@ def _unpack(exercise, got, n: int, what: str):
 
 def _call(exercise, fn, *args, **kwargs):
     """core.call_learner, with `.view` on a tensor that is not contiguous explained."""
-    try:
-        return core.call_learner(exercise, fn, *args, **kwargs)
-    except RuntimeError as exc:
-        if "view size is not compatible" not in str(exc):
-            raise
-        raise core.CheckFailed(
-            exercise,
-            "`.view` failed: after a transpose (and for slices of a bigger tensor, as in the model) the tensor is not contiguous in memory. Use `.reshape(...)`, or `.contiguous().view(...)`",
-        ) from None
+    return core.call_explaining(exercise, fn, *args, explain=_NOT_CONTIGUOUS, **kwargs)
+
+
+_NOT_CONTIGUOUS = {
+    "view size is not compatible": "`.view` failed: after a transpose (and for slices of a bigger tensor, as in the model) the tensor is not contiguous in memory. Use `.reshape(...)`, or `.contiguous().view(...)`"
+}
 
 
 def _no_nan(exercise: str, got, what: str) -> None:

@@ -105,15 +105,12 @@ def check_layer_norm(layer_norm) -> None:
     )
     x, weight, bias = _ln_inputs()
     x_in = x.clone()
-    try:
-        got = core.call_learner(EX_LN, layer_norm, x_in, weight, bias)
-    except RuntimeError as exc:
-        if "must match the size" not in str(exc):
-            raise
-        raise core.CheckFailed(
-            EX_LN,
-            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) has shape (..., 1), which broadcasts against x (..., C)",
-        ) from None
+    explain = {
+        "must match the size": lambda exc: (
+            f"for x of shape {tuple(x.shape)} your function fails ({exc}). The mean and the variance lose their last dimension unless you keep it: x.mean(dim=-1, keepdim=True) has shape (..., 1), which broadcasts against x (..., C)"
+        )
+    }
+    got = core.call_explaining(EX_LN, layer_norm, x_in, weight, bias, explain=explain)
     if not torch.equal(x_in, x):
         raise core.CheckFailed(
             EX_LN, "your function changed x in place (x -= mean, x.sub_, ...): compute new tensors"

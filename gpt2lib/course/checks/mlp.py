@@ -558,15 +558,12 @@ def _build_mlp(MLP, pdrop) -> nn.Module:
 
 def _call(mlp, x):
     """The learner's forward on x, with a `.view` of a strided input named."""
-    try:
-        return core.call_learner(EX_MLP, mlp.forward, x)  # forward: so a wrong signature is named
-    except RuntimeError as exc:
-        if "view size is not compatible" not in str(exc):
-            raise
-        raise core.CheckFailed(
-            EX_MLP,
-            f"your forward fails on a non-contiguous input (as the model gives it, after a transpose): {exc}. Use .reshape instead of .view, or no reshaping at all: Conv1D and nn.Linear take (B, T, C)",
-        ) from None
+    explain = {
+        "view size is not compatible": lambda exc: (
+            f"your forward fails on a non-contiguous input (as the model gives it, after a transpose): {exc}. Use .reshape instead of .view, or no reshaping at all: Conv1D and nn.Linear take (B, T, C)"
+        )
+    }  # forward, not mlp(x): so a wrong signature is named
+    return core.call_explaining(EX_MLP, mlp.forward, x, explain=explain)
 
 
 def check_mlp(MLP) -> None:
