@@ -584,13 +584,16 @@ class _LayerCache:
     def update(self, k, v):
         past, T = self.position, k.shape[2]
         keys, values = _write_kv(self.k, self.v, k, v, past)
+        if self.mistake == "shuffled prefill" and T > 1:  # see check_cache_gap
+            keys, values = keys.flip(2), values.flip(2)
         self.position = past if self.mistake == "position stays" else past + T
         visible = None if past == 0 or self.mistake == "no mask" else causal_mask(T, past)
         return keys, values, visible
 
 
 def _cache_class(mistake=""):
-    """SimpleKVCache, right, or with the planted mistake `mistake` (a name in CACHE_MISTAKES)."""
+    """SimpleKVCache, right, or with the planted mistake `mistake` (a name in CACHE_MISTAKES), or
+    "shuffled prefill", a cache cache_gap must catch (see check_cache_gap)."""
 
     class Cache:
         def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
@@ -707,30 +710,6 @@ def check_simple_kv_cache(cls) -> None:
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
-def _broken_cache(kind):
-    """A SimpleKVCache broken one way: "stuck", its position never moves (each call overwrites
-    the first slots), or "shuffled prefill", stored right but a call of several tokens gets its
-    keys and values in reverse order (the prefill's last position, which sees every key, and
-    every later call stay right, the rest not)."""
-
-    def update(layer, plain, k, v):
-        held = layer.position
-        keys, values, visible = plain(k, v)
-        if kind == "stuck":
-            layer.position = held
-        elif k.shape[2] > 1:
-            keys, values = keys.flip(2), values.flip(2)
-        return keys, values, visible
-
-    class Broken(decoding.SimpleKVCache):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            for layer in self.layers:
-                layer.update = functools.partial(update, layer, layer.update)
-
-    return Broken
-
-
 def _cache_gap(model, cache_cls, idx, prefill, *, mistake=""):
     """cache_gap, right, or with the planted mistake `mistake` (a name in GAP_MISTAKES)."""
     B, T = idx.shape
@@ -767,10 +746,12 @@ def check_cache_gap(cache_gap) -> None:
     ex = EX_GAP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(5)
-    caches = {
+    caches = {  # right; its position never moves (each call overwrites the first slots); stored
+        # right, but a call of several tokens gets its keys and values in reverse order (the
+        # prefill's last position, which sees every key, and every later call stay right)
         "right": decoding.SimpleKVCache,
-        "stuck": _broken_cache("stuck"),
-        "shuffled prefill": _broken_cache("shuffled prefill"),
+        "stuck": _cache_class("position stays"),
+        "shuffled prefill": _cache_class("shuffled prefill"),
     }
     for B, T, prefill in [(1, 6, 3), (2, 7, 4), (2, 5, 1), (1, 5, 5)]:
         idx = torch.randint(0, 50, (B, T), generator=gen)

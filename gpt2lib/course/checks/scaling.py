@@ -22,7 +22,6 @@ EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
 EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
 EX_FLOPS = "Exercise 11.5 (FLOPs per token)"
 EX_COST = "Exercise 11.6 (price the recipe)"
-EX_PRICE = EX_COST
 EX_SPEED = "Exercise 11.7 (the throughput and MFU of a run)"
 CHALLENGE = "Challenge 11 (the most from a token budget)"
 
@@ -68,11 +67,9 @@ def _two(exercise, got, what):
 
 
 def _shard_grads(model, x, y, world, *, mistake=""):
-    """The average of the shards' gradients, or with the planted mistake `mistake` (a name in
-    SHARD_MISTAKES)."""
-    shards = list(zip(x.chunk(world), y.chunk(world)))[
-        : 1 if mistake == "first_shard_only" else world
-    ]
+    """The shards' gradients averaged, or with the planted mistake `mistake` (SHARD_MISTAKES)."""
+    first_only = mistake == "first_shard_only"
+    shards = list(zip(x.chunk(world), y.chunk(world)))[: 1 if first_only else world]
     grads = [full_batch_gradients(model, xs, ys) for xs, ys in shards]
     return {n: sum(g[n] for g in grads) / (1 if mistake else world) for n in grads[0]}
 
@@ -412,7 +409,7 @@ def check_recipe_price(
     given = {"steps": steps, "total FLOPs": total_flops, "hours": hours, "dollars": dollars}
     for name, got in given.items():
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
-            raise core.CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
+            raise core.CheckFailed(EX_COST, f"{name} should be a number, not {got!r}")
     whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
     hints = {
         (
@@ -438,9 +435,9 @@ def check_recipe_price(
     ):
         if not math.isclose(given[name], want, rel_tol=1e-6):
             hint = _hint({v: h for (n, v), h in hints.items() if n == name}, given[name])
-            raise core.CheckFailed(EX_PRICE, message.format(given[name], want) + hint)
+            raise core.CheckFailed(EX_COST, message.format(given[name], want) + hint)
     core.passed(
-        EX_PRICE,
+        EX_COST,
         f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, ${want_dollars:,.0f}",
     )
 
