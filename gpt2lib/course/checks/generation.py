@@ -901,8 +901,7 @@ def check_cache_gains(lengths, gains) -> None:
 
 # --------------------------------------------------------------------------- 9.11 bytes per token
 def _weight_bytes(model, *, mistake=""):
-    """weight_bytes_per_token, right, or with the planted mistake `mistake` (a name in
-    WEIGHT_BYTES_MISTAKES): every weight in full, once, but one row of the position table."""
+    """weight_bytes_per_token, right, or with the planted mistake `mistake` (WEIGHT_BYTES_MISTAKES)."""
     wpe = model.wpe.weight
     numbers = sum(p.numel() for p in model.parameters()) - wpe.numel() + wpe.shape[1]
     everything = sum(p.numel() * p.element_size() for p in model.parameters())

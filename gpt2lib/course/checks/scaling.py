@@ -254,8 +254,7 @@ def check_to_bfloat16(fn):
 
 
 def _format_error(values, dtype, *, mistake=""):
-    """(largest relative error where held, share held), right, or with the planted mistake
-    `mistake` (a name in FORMAT_MISTAKES)."""
+    """format_error, right, or with the planted mistake `mistake` (a name in FORMAT_MISTAKES)."""
     kept = values.to(dtype).float()
     held = kept.isfinite() & (kept != 0)
     error = (kept - values).abs() if mistake == "absolute" else ((kept - values) / values).abs()
@@ -450,8 +449,7 @@ def _read_run(folder):
 
 
 def _run_speed(folder, *, mistake=""):
-    """(tokens/s, MFU) of a run folder, right, or with the planted mistake `mistake` (a name in
-    SPEED_MISTAKES)."""
+    """run_speed, right, or with the planted mistake `mistake` (a name in SPEED_MISTAKES)."""
     run, lines = _read_run(folder)
     steps = lines if mistake == "first step kept" else lines[1:]
     if mistake == "mean of rates":
