@@ -133,7 +133,7 @@ def cache_gap_with_kvcache_sizes(
         {
             C.check_write_kv: [D.write_kv, write_kv_narrow],
             C.check_sample_token: [D.sample_token, sample_by_inverse_cdf],
-            C.check_kv_bytes_per_token: [C._kv_bytes_right, kv_bytes_by_heads],
+            C.check_kv_bytes_per_token: [C._kv_bytes, kv_bytes_by_heads],
             C.check_simple_kv_cache: [D.SimpleKVCache, K.KVCache],
             C.check_generate_cached: [D.generate_cached, generate_cached_without_prefill],
             C.check_cache_gap: [D.cache_gap, cache_gap_loop, cache_gap_with_kvcache_sizes],
@@ -186,7 +186,7 @@ def top_k_and_the_smallest(logits, k):  # k + 1 tokens, but not the k + 1 larges
 
 
 def top_p_ignores_p_at_one(logits, p):  # inverted below p = 1, then keeps everything
-    return logits.clone() if p >= 1 else C._top_p(invert=True)(logits, p)
+    return logits.clone() if p >= 1 else C._top_p(logits, p, mistake="inverted")
 
 
 def attention_with_is_causal(q, k, v, past):  # top-left aligned: the queries taken as 0..

@@ -57,50 +57,38 @@ def _byte_counts(exercise, fn, cases):
 
 
 # --------------------------------------------------------------------------- 9.7 write_kv
-def _write_kv(k_buf, v_buf, k, v, start, kind=None):
-    """write_kv, right, or with the planted mistake `kind` (a name in WRITE_KV_MISTAKES)."""
-    if kind == "not stored":
+def _write_kv(k_buf, v_buf, k, v, start, *, mistake=""):
+    """write_kv, right, or with the planted mistake `mistake` (a name in WRITE_KV_MISTAKES)."""
+    if mistake == "not stored":
         return torch.cat([k_buf[:, :, :start], k], 2), torch.cat([v_buf[:, :, :start], v], 2)
-    first, end = 0 if kind == "written at 0" else start, start + k.shape[2]
+    first, end = 0 if mistake == "written at 0" else start, start + k.shape[2]
     k_buf[:, :, first : first + k.shape[2]], v_buf[:, :, first : first + k.shape[2]] = k, v
     keys, values = k_buf[:, :, :end], v_buf[:, :, :end]
-    if kind == "copies":
+    if mistake == "copies":
         return keys.clone(), values.clone()
     return {
         "keys and values swapped": (values, keys),
         "whole buffer": (k_buf, v_buf),
         "only the new tokens": (k, v),
-    }.get(kind, (keys, values))
+    }.get(mistake, (keys, values))
 
 
-# fn(k_buf, v_buf, k, v, start) -> (keys, values), a wrong write_kv
-WRITE_KV_MISTAKES = core.planted(
-    lambda name: functools.partial(_write_kv, kind=name),
+WRITE_KV_MISTAKES = core.variants(
+    _write_kv,
     {
         "keys and values swapped": "keys and values are swapped: return (keys, values)",
-        "whole buffer": (
-            "you returned the whole buffer (all max_len positions), but only start + T are filled: attention would also see the empty slots. Return k_buf[:, :, :start + T]"
-        ),
-        "only the new tokens": (
-            "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)"
-        ),
-        "written at 0": (
-            "the new keys went to positions 0.. instead of start..: the cache position is not used, so every step overwrites the first tokens"
-        ),
-        "not stored": (
-            "the returned tensors are right, but the new keys/values were not written into k_buf / v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, start:end] = k)"
-        ),
-        "copies": (
-            "the values are right, but you returned copies of the buffers (clone, cat, contiguous ...): return views, k_buf[:, :, :start + T], so that a step copies nothing"
-        ),
+        "whole buffer": "you returned the whole buffer (all max_len positions), but only start + T are filled: attention would also see the empty slots. Return k_buf[:, :, :start + T]",
+        "only the new tokens": "you returned only the new keys and values: return the past too, (B, nh, start + T, hd)",
+        "written at 0": "the new keys went to positions 0.. instead of start..: the cache position is not used, so every step overwrites the first tokens",
+        "not stored": "the returned tensors are right, but the new keys/values were not written into k_buf / v_buf: the next step will not find them. Assign into the buffers (k_buf[:, :, start:end] = k)",
+        "copies": "the values are right, but you returned copies of the buffers (clone, cat, contiguous ...): return views, k_buf[:, :, :start + T], so that a step copies nothing",
     },
 )
 
 
 def _write_twice(write_kv, exercise):
-    """Two calls on fresh zero buffers: 3 tokens at start 0, then 2 at start 3. -> the (keys,
-    values) the second call returned, the buffers k_buf, v_buf after it, and whether they are
-    views of the buffers."""
+    """Two calls on fresh zero buffers, 3 tokens at start 0 then 2 at start 3 -> the second call's
+    (keys, values), the buffers k_buf, v_buf after it, and whether those are views of them."""
     gen = torch.Generator().manual_seed(0)
     B, nh, max_len, hd = 2, 3, 8, 4
     k_buf, v_buf = torch.zeros(B, nh, max_len, hd), torch.zeros(B, nh, max_len, hd)
@@ -169,7 +157,8 @@ def check_write_kv(write_kv) -> None:
     model = _tiny_model()  # in a real model, cached greedy decoding must equal the uncached one
     idx = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(1))
     cache = KVCache.for_model(model, 2, 12, write=write_kv)
-    if not torch.equal(_loop()(model, idx, 8, _greedy, cache), _recomputed(model, idx, 8, _greedy)):
+    cached = _generate_cached(model, idx, 8, _greedy, cache)
+    if not torch.equal(cached, _recomputed(model, idx, 8, _greedy)):
         raise core.CheckFailed(
             ex,
             "on its own cases it looks right, but a model using it decodes differently from the uncached model",
@@ -182,31 +171,30 @@ AFTER_SOFTMAX = (
     "temperature was applied after softmax: divide the logits by the temperature before softmax"
 )
 
-# fn(logits, temperature) -> what that wrong apply_temperature returns
-TEMPERATURE_MISTAKES = [
-    core.Mistake(
-        "probabilities",
-        "you returned probabilities; return logits (the caller applies softmax)",
-        lambda logits, t: torch.softmax(logits / t, -1),
-    ),
-    core.Mistake("after softmax", AFTER_SOFTMAX, lambda logits, t: torch.softmax(logits, -1) / t),
-    core.Mistake(
-        "after softmax, softmax again",
-        AFTER_SOFTMAX,
-        lambda logits, t: torch.softmax(torch.softmax(logits, -1) / t, -1),
-    ),
-    core.Mistake(
-        "multiplied",
-        "you multiplied by the temperature: divide by it, so that a low temperature sharpens",
-        lambda logits, t: logits * t,
-    ),
-    core.Mistake(
-        "no effect",
-        "the temperature has no effect: divide the logits by it",
-        lambda logits, t: logits.clone(),
-    ),
-    core.Mistake("in place", IN_PLACE, lambda logits, t: logits.div_(t)),
-]
+
+def _temperature(logits, t, *, mistake=""):
+    """apply_temperature, right, or with the planted mistake `mistake` (TEMPERATURE_MISTAKES)."""
+    if mistake == "in place":
+        return logits.div_(t)
+    if mistake == "probabilities":
+        return torch.softmax(logits / t, -1)
+    if mistake.startswith("after softmax"):
+        scaled = torch.softmax(logits, -1) / t
+        return torch.softmax(scaled, -1) if mistake == "after softmax, softmax again" else scaled
+    return {"multiplied": logits * t, "no effect": logits.clone()}.get(mistake, logits / t)
+
+
+TEMPERATURE_MISTAKES = core.variants(
+    _temperature,
+    {
+        "probabilities": "you returned probabilities; return logits (the caller applies softmax)",
+        "after softmax": AFTER_SOFTMAX,
+        "after softmax, softmax again": AFTER_SOFTMAX,
+        "multiplied": "you multiplied by the temperature: divide by it, so that a low temperature sharpens",
+        "no effect": "the temperature has no effect: divide the logits by it",
+        "in place": IN_PLACE,
+    },
+)
 
 
 def check_temperature_and_top_k(apply_temperature, top_k_filter) -> None:
@@ -231,13 +219,10 @@ def _filtered(exercise, filter_fn, logits, knob, *, removes=True):
     removes: -inf may mark a removed token, NaN and +inf may not (else all must be finite)."""
     given = logits.clone()
     got = core.call_learner(exercise, filter_fn, given, knob)
-    if not torch.equal(given, logits):
-        raise core.CheckFailed(exercise, IN_PLACE)
+    core.require(exercise, torch.equal(given, logits), IN_PLACE)
     got = core.expect_tensor(exercise, got, logits.shape, what="your result", finite=not removes)
-    if removes and bool(torch.isnan(got).any()):
-        raise core.CheckFailed(exercise, NAN_FILL)
-    if removes and bool(torch.isposinf(got).any()):
-        raise core.CheckFailed(exercise, POSINF_FILL)
+    core.require(exercise, not (removes and bool(torch.isnan(got).any())), NAN_FILL)
+    core.require(exercise, not (removes and bool(torch.isposinf(got).any())), POSINF_FILL)
     return got
 
 
@@ -258,9 +243,13 @@ def _check_temperature(apply_temperature) -> None:
 
 
 # --------------------------------------------------------------------------- 9.2 top-k
-def _in_place(filter_fn):
-    """A filter that writes -inf into the caller's logits and returns them."""
-    return lambda logits, knob: logits.copy_(filter_fn(logits, knob))
+_FILLS = {"zero fill": 0.0, "NaN fill": float("nan"), "+inf fill": float("inf")}
+
+
+def _removed(logits, keep, mistake):
+    """logits outside `keep` set to -inf, or as the planted fill or in-place `mistake` does."""
+    filled = logits.masked_fill(~keep, _FILLS.get(mistake, NEG_INF))
+    return logits.copy_(filled) if mistake == "in place" else filled
 
 
 def _same_filter(got, wrong) -> bool:
@@ -271,51 +260,45 @@ def _same_filter(got, wrong) -> bool:
     )
 
 
-def _keep_ranked(logits, count, *, largest=True, fill=NEG_INF):
-    """logits with all but the `count` largest (or smallest) of each row set to `fill`."""
-    order = logits.argsort(-1, descending=largest)
-    kept = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order[..., : max(count, 0)], True)
-    return logits.masked_fill(~kept, fill)
+def _kept_unchanged(exercise, got, logits):
+    kept = torch.isfinite(got)
+    core.require(
+        exercise,
+        torch.equal(got[kept], logits.double()[kept]),
+        "the kept logits must stay unchanged",
+    )
 
 
-# fn(logits, k) -> what that wrong top_k_filter returns
-TOP_K_MISTAKES = [
-    core.Mistake(
-        "smallest",
-        "you kept the k SMALLEST logits: keep the largest (torch.topk gives those by default)",
-        lambda logits, k: _keep_ranked(logits, k, largest=False),
-    ),
-    core.Mistake("zero fill", ZERO_FILL, lambda logits, k: _keep_ranked(logits, k, fill=0.0)),
-    core.Mistake(
-        "NaN fill", NAN_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("nan"))
-    ),
-    core.Mistake(
-        "+inf fill", POSINF_FILL, lambda logits, k: _keep_ranked(logits, k, fill=float("inf"))
-    ),
-    core.Mistake(
-        "nothing removed",
-        "every token was kept: set all but the k largest logits to -inf",
-        lambda logits, k: logits.clone(),
-    ),
-    core.Mistake(
-        "one too many",
-        "off by one: you kept k + 1 tokens per row (values[..., k] is the (k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
-        lambda logits, k: _keep_ranked(logits, k + 1),
-    ),
-    core.Mistake(
-        "one too few",
-        "off by one: you kept only k - 1 tokens per row (keep logits >= the k-th largest, not >)",
-        lambda logits, k: _keep_ranked(logits, k - 1),
-    ),
-    core.Mistake("in place", IN_PLACE, _in_place(lambda logits, k: _keep_ranked(logits, k))),
-]
+def _top_k(logits, k, *, mistake=""):
+    """top_k_filter, right, or with the planted mistake `mistake` (a name in TOP_K_MISTAKES)."""
+    if mistake == "nothing removed":
+        return logits.clone()
+    count = k + {"one too many": 1, "one too few": -1}.get(mistake, 0)
+    order = logits.argsort(-1, descending=mistake != "smallest")
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order[..., : max(count, 0)], True)
+    return _removed(logits, keep, mistake)
+
+
+TOP_K_MISTAKES = core.variants(
+    _top_k,
+    {
+        "smallest": "you kept the k SMALLEST logits: keep the largest (torch.topk gives those by default)",
+        "zero fill": ZERO_FILL,
+        "NaN fill": NAN_FILL,
+        "+inf fill": POSINF_FILL,
+        "nothing removed": "every token was kept: set all but the k largest logits to -inf",
+        "one too many": "off by one: you kept k + 1 tokens per row (values[..., k] is the (k+1)-th largest; use values[..., -1:] of topk(k), or [..., k - 1])",
+        "one too few": "off by one: you kept only k - 1 tokens per row (keep logits >= the k-th largest, not >)",
+        "in place": IN_PLACE,
+    },
+)
 
 
 def _top_k_symptom(got, logits, k) -> str | None:
     """The planted mistake whose symptom `got` shows, for wrong answers not planted exactly."""
     kept, vocab = torch.isfinite(got), logits.shape[-1]
     counts = kept.sum(-1)
-    if torch.equal(kept, torch.isfinite(_keep_ranked(logits, k, largest=False))) and k < vocab:
+    if torch.equal(kept, torch.isfinite(_top_k(logits, k, mistake="smallest"))) and k < vocab:
         return "smallest"
     if bool((counts == vocab).all()) and k < vocab and not bool(torch.isinf(got).any()):
         return "zero fill" if bool((got == 0).any()) else "nothing removed"
@@ -330,10 +313,8 @@ def _check_top_k(top_k_filter) -> None:
     logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(0)) * 3  # no ties
     for k in (1, 3, 7, 12):
         got = _filtered(ex, top_k_filter, logits, k)
-        want_kept = torch.isfinite(_keep_ranked(logits, k))
-        if torch.equal(torch.isfinite(got), want_kept):
-            if not torch.equal(got[want_kept], logits.double()[want_kept]):
-                raise core.CheckFailed(ex, "the kept logits must stay unchanged")
+        if torch.equal(torch.isfinite(got), torch.isfinite(_top_k(logits, k))):
+            _kept_unchanged(ex, got, logits)
             continue
         core.fail_with(
             ex,
@@ -346,59 +327,41 @@ def _check_top_k(top_k_filter) -> None:
 
 
 # --------------------------------------------------------------------------- 9.3 top-p
-def _nucleus_mask(probs, p, descending=True, include_crossing=True, scatter_back=True):
-    """Which tokens a top-p filter keeps, right (defaults) or with one classic mistake."""
-    sorted_probs, order = probs.sort(-1, descending=descending)
+def _nucleus_mask(probs, p, mistake=""):
+    """Which tokens top-p keeps, right or with the planted mistake `mistake` (TOP_P_MISTAKES)."""
+    sorted_probs, order = probs.sort(-1, descending=not mistake.startswith("ascending"))
     running = sorted_probs.cumsum(-1)
-    if include_crossing:
-        keep_sorted = (running - sorted_probs) < p  # the mass before the token is still < p
-    else:
+    if mistake.endswith("crossing token dropped"):
         keep_sorted = running <= p + 1e-7  # stops before the token that crosses p
-    if not scatter_back:
+    else:
+        keep_sorted = (running - sorted_probs) < p  # the mass before the token is still < p
+    if mistake == "sorted order":
         return keep_sorted
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
-def _top_p(*, fill=NEG_INF, invert=False, **mask_options):
-    """A top_p_filter, right (the defaults) or with one planted mistake (see _nucleus_mask)."""
-
-    def top_p_filter(logits, p):
-        keep = _nucleus_mask(torch.softmax(logits, -1), p, **mask_options)
-        return logits.masked_fill(keep if invert else ~keep, fill)
-
-    return top_p_filter
+def _top_p(logits, p, *, mistake=""):
+    """top_p_filter, right, or with the planted mistake `mistake` (a name in TOP_P_MISTAKES)."""
+    keep = _nucleus_mask(torch.softmax(logits, -1), p, mistake)
+    return _removed(logits, ~keep if mistake == "inverted" else keep, mistake)
 
 
 _ASCENDING = "you sorted ascending: the nucleus is made of the MOST likely tokens (descending=True)"
 
-# fn(logits, p) -> what that wrong top_p_filter returns
-TOP_P_MISTAKES = [
-    core.Mistake(
-        "crossing token dropped",
-        "the token that carries the running total past p is missing: keep it too (drop a token only when the probability BEFORE it already reaches p), else a small p keeps nothing",
-        _top_p(include_crossing=False),
-    ),
-    core.Mistake("ascending", _ASCENDING, _top_p(descending=False)),
-    core.Mistake(
-        "ascending, crossing token dropped",
-        _ASCENDING,
-        _top_p(descending=False, include_crossing=False),
-    ),
-    core.Mistake(
-        "sorted order",
-        "the mask is still in sorted order: scatter it back to vocabulary order before using it",
-        _top_p(scatter_back=False),
-    ),
-    core.Mistake(
-        "inverted",
-        "the mask is inverted: you kept the tail and dropped the nucleus",
-        _top_p(invert=True),
-    ),
-    core.Mistake("zero fill", ZERO_FILL, _top_p(fill=0.0)),
-    core.Mistake("NaN fill", NAN_FILL, _top_p(fill=float("nan"))),
-    core.Mistake("+inf fill", POSINF_FILL, _top_p(fill=float("inf"))),
-    core.Mistake("in place", IN_PLACE, _in_place(_top_p())),
-]
+TOP_P_MISTAKES = core.variants(
+    _top_p,
+    {
+        "crossing token dropped": "the token that carries the running total past p is missing: keep it too (drop a token only when the probability BEFORE it already reaches p), else a small p keeps nothing",
+        "ascending": _ASCENDING,
+        "ascending, crossing token dropped": _ASCENDING,
+        "sorted order": "the mask is still in sorted order: scatter it back to vocabulary order before using it",
+        "inverted": "the mask is inverted: you kept the tail and dropped the nucleus",
+        "zero fill": ZERO_FILL,
+        "NaN fill": NAN_FILL,
+        "+inf fill": POSINF_FILL,
+        "in place": IN_PLACE,
+    },
+)
 
 
 def check_top_p_filter(top_p_filter) -> None:
@@ -412,9 +375,7 @@ def check_top_p_filter(top_p_filter) -> None:
     wrong = [p for p in ps if not torch.equal(torch.isfinite(got[p]), _nucleus_mask(probs, p))]
     if not wrong:
         for p in ps:
-            kept = torch.isfinite(got[p])
-            if not torch.equal(got[p][kept], logits.double()[kept]):
-                raise core.CheckFailed(ex, "the kept logits must stay unchanged")
+            _kept_unchanged(ex, got[p], logits)
         return core.passed(ex)
     symptom = None
     if all(torch.equal(torch.isfinite(got[p]), ~_nucleus_mask(probs, p)) for p in ps if p < 1):
@@ -431,51 +392,26 @@ def check_top_p_filter(top_p_filter) -> None:
 
 
 # --------------------------------------------------------------------------- 9.5 offset mask
-def _attention_masked_by(keep):
-    """attend_with_offset computed with the (T, past + T) boolean mask keep(T, past)."""
-
-    def attend(q, k, v, past):
-        T = q.shape[-2]
-        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-        return scores.masked_fill(~keep(T, past), float("-inf")).softmax(-1) @ v
-
-    return attend
-
-
-def _tril(T, past, diagonal):
-    return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=diagonal)
+def _attend_with_offset(q, k, v, past, *, mistake=""):
+    """attend_with_offset, right, or with the planted mistake `mistake` (OFFSET_MASK_MISTAKES)."""
+    T = q.shape[-2]
+    shift = {"offset ignored": -past, "one too many": 1, "one too few": -1, "wrong side": -1}
+    keep = torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past + shift.get(mistake, 0))
+    keep = {"wrong side": ~keep, "no mask": torch.ones_like(keep)}.get(mistake, keep)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return scores.masked_fill(~keep, float("-inf")).softmax(-1) @ v
 
 
-_attend_with_offset_right = _attention_masked_by(lambda T, past: _tril(T, past, past))
-
-# fn(q, k, v, past) -> what that wrong attend_with_offset returns
-OFFSET_MASK_MISTAKES = [
-    core.Mistake(
-        "offset ignored",
-        "the offset is ignored: query i sits at position past + i, not i, so it sees keys 0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see most of the cache. Shift the diagonal by past",
-        _attention_masked_by(lambda T, past: _tril(T, past, 0)),
-    ),
-    core.Mistake(
-        "one too many",
-        "off by one: each query also sees the key right after it, its own future. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
-        _attention_masked_by(lambda T, past: _tril(T, past, past + 1)),
-    ),
-    core.Mistake(
-        "one too few",
-        "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past - 1",
-        _attention_masked_by(lambda T, past: _tril(T, past, past - 1)),
-    ),
-    core.Mistake(
-        "wrong side",
-        "the mask is on the wrong side: you hid the past and kept the future. Keep the lower triangle (keys at or before the query), hide the keys after it",
-        _attention_masked_by(lambda T, past: ~_tril(T, past, past - 1)),
-    ),
-    core.Mistake(
-        "no mask",
-        "nothing is masked: a new query may not look at the new tokens after it. Hide the keys at positions after past + i with -inf before softmax",
-        _attention_masked_by(lambda T, past: torch.ones(T, past + T, dtype=torch.bool)),
-    ),
-]
+OFFSET_MASK_MISTAKES = core.variants(
+    _attend_with_offset,
+    {
+        "offset ignored": "the offset is ignored: query i sits at position past + i, not i, so it sees keys 0 .. past + i. With tril(diagonal=0) (or is_causal=True) a new token cannot see most of the cache. Shift the diagonal by past",
+        "one too many": "off by one: each query also sees the key right after it, its own future. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past + 1",
+        "one too few": "off by one: each query misses its own key. Query i may look at keys 0 .. past + i, included: tril(diagonal=past), not past - 1",
+        "wrong side": "the mask is on the wrong side: you hid the past and kept the future. Keep the lower triangle (keys at or before the query), hide the keys after it",
+        "no mask": "nothing is masked: a new query may not look at the new tokens after it. Hide the keys at positions after past + i with -inf before softmax",
+    },
+)
 
 
 def check_attend_with_offset(attend_with_offset) -> None:
@@ -494,7 +430,7 @@ def check_attend_with_offset(attend_with_offset) -> None:
                 ex,
                 "the output has NaN: some query had every key hidden, so softmax had nothing to share out. That happens when the mask is on the wrong side (masked_fill where a query MAY look): hide the keys after position past + i, keep the rest",
             )
-        if not core.close(got, _attend_with_offset_right(q, k, v, past)):
+        if not core.close(got, _attend_with_offset(q, k, v, past)):
             core.fail_with(
                 ex,
                 OFFSET_MASK_MISTAKES,
@@ -505,61 +441,38 @@ def check_attend_with_offset(attend_with_offset) -> None:
 
 
 # --------------------------------------------------------------------------- 9.4 sample_token
-def _sample_wrong(kind):
-    """A sample_token with the planted mistake `kind` (a name in SAMPLE_MISTAKES)."""
-
-    def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-        if (temperature == 0 and kind != "no greedy") or kind == "always greedy":
-            return logits.argmax(-1)
-        scaled = logits.float()
-        if kind == "top-p before temperature" and top_p is not None:
-            scaled, top_p = decoding.top_p_filter(scaled, top_p), None
-        if kind != "temperature ignored":
-            scaled = scaled / temperature
-        if kind == "top-p before top-k" and top_p is not None:
-            scaled, top_p = decoding.top_p_filter(scaled, top_p), None
-        if kind != "top-k ignored" and top_k is not None:
-            scaled = decoding.top_k_filter(scaled, top_k)
-        if kind != "top-p ignored" and top_p is not None:
-            scaled = decoding.top_p_filter(scaled, top_p)
-        generator = None if kind == "generator ignored" else generator
-        ids = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)
-        return ids if kind == "not squeezed" else ids.squeeze(-1)
-
-    return sample_token
+def _sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None, *, mistake=""):
+    """sample_token, right, or with the planted mistake `mistake` (a name in SAMPLE_MISTAKES)."""
+    if (temperature == 0 and mistake != "no greedy") or mistake == "always greedy":
+        return logits.argmax(-1)
+    scaled = logits.float()
+    if mistake == "top-p before temperature" and top_p is not None:
+        scaled, top_p = decoding.top_p_filter(scaled, top_p), None
+    if mistake != "temperature ignored":
+        scaled = scaled / temperature
+    if mistake == "top-p before top-k" and top_p is not None:
+        scaled, top_p = decoding.top_p_filter(scaled, top_p), None
+    if mistake != "top-k ignored" and top_k is not None:
+        scaled = decoding.top_k_filter(scaled, top_k)
+    if mistake != "top-p ignored" and top_p is not None:
+        scaled = decoding.top_p_filter(scaled, top_p)
+    generator = None if mistake == "generator ignored" else generator
+    ids = torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)
+    return ids if mistake == "not squeezed" else ids.squeeze(-1)
 
 
-# fn(logits, temperature, top_k, top_p, generator) -> ids, a wrong sample_token
-SAMPLE_MISTAKES = core.planted(
-    _sample_wrong,
+SAMPLE_MISTAKES = core.variants(
+    _sample_token,
     {
-        "not squeezed": (
-            "your ids have shape (B, 1), torch.multinomial's column: return one id per row, (B,)"
-        ),
-        "no greedy": (
-            "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 means greedy: return the argmax"
-        ),
-        "generator ignored": (
-            "generators seeded alike gave different tokens: pass `generator` to torch.multinomial"
-        ),
-        "always greedy": (
-            "you always take the most likely token: at temperature 1 the tokens must be drawn with their probabilities (torch.multinomial of the softmax)"
-        ),
-        "temperature ignored": (
-            "temperature has no effect on your draws: divide the logits by it before filtering"
-        ),
-        "top-k ignored": (
-            "with top_k=2 you drew tokens outside the 2 most likely: apply top_k_filter when given"
-        ),
-        "top-p ignored": (
-            "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given"
-        ),
-        "top-p before temperature": (
-            "top-p was applied before the temperature: the nucleus is chosen from the distribution the temperature made, so scale first, then filter"
-        ),
-        "top-p before top-k": (
-            "top-p was applied before top-k: the nucleus is chosen from what top-k left (renormalised), so apply top-k first, then top-p"
-        ),
+        "not squeezed": "your ids have shape (B, 1), torch.multinomial's column: return one id per row, (B,)",
+        "no greedy": "with temperature=0 your step fails or gives NaN: logits / 0 is ±inf. Temperature 0 means greedy: return the argmax",
+        "generator ignored": "generators seeded alike gave different tokens: pass `generator` to torch.multinomial",
+        "always greedy": "you always take the most likely token: at temperature 1 the tokens must be drawn with their probabilities (torch.multinomial of the softmax)",
+        "temperature ignored": "temperature has no effect on your draws: divide the logits by it before filtering",
+        "top-k ignored": "with top_k=2 you drew tokens outside the 2 most likely: apply top_k_filter when given",
+        "top-p ignored": "with top_p=0.6 you drew a token outside the nucleus: apply top_p_filter when given",
+        "top-p before temperature": "top-p was applied before the temperature: the nucleus is chosen from the distribution the temperature made, so scale first, then filter",
+        "top-p before top-k": "top-p was applied before top-k: the nucleus is chosen from what top-k left (renormalised), so apply top-k first, then top-p",
     },
 )
 
@@ -593,7 +506,7 @@ def check_sample_token(sample_token) -> None:
     if not torch.equal(again[0], again[1]):
         raise core.named_failure(ex, SAMPLE_MISTAKES, "generator ignored")
     at_2 = [p**0.5 / sum(q**0.5 for q in probs) for p in probs]  # T=2: the nucleus of 0.75 is all
-    four = [0.4, 0.3, 0.2, 0.1]
+    four, nucleus = [0.4, 0.3, 0.2, 0.1], [4 / 7, 3 / 7, 0, 0]  # top-k 3 first, then top-p 0.75
     # (settings, probabilities given, probabilities the draws must show, mistake when they do not)
     cases = [
         (dict(temperature=1.0), probs, probs, "always greedy"),
@@ -601,12 +514,7 @@ def check_sample_token(sample_token) -> None:
         (dict(temperature=1.0, top_k=2), probs, [0.625, 0.375, 0.0], "top-k ignored"),
         (dict(temperature=1.0, top_p=0.6), probs, [0.625, 0.375, 0.0], "top-p ignored"),
         (dict(temperature=2.0, top_p=0.75), probs, at_2, "top-p before temperature"),
-        (
-            dict(temperature=1.0, top_k=3, top_p=0.75),
-            four,
-            [4 / 7, 3 / 7, 0, 0],
-            "top-p before top-k",
-        ),
+        (dict(temperature=1.0, top_k=3, top_p=0.75), four, nucleus, "top-p before top-k"),
     ]
     for settings, given, want, name in cases:
         ids = _draws(ex, sample_token, given, **settings).long()
@@ -624,43 +532,26 @@ def check_sample_token(sample_token) -> None:
 
 
 # --------------------------------------------------------------------------- 9.6 the cache's memory
-def _kv_bytes_right(config, bytes_per_number):
-    return config.n_layer * 2 * config.n_embd * bytes_per_number
+def _kv_bytes(config, bytes_per_number, *, mistake=""):
+    """kv_bytes_per_token, right, or with the planted mistake `mistake` (KV_BYTES_MISTAKES)."""
+    C, nh, b = config.n_embd, config.n_head, bytes_per_number
+    layers = 1 if mistake == "one layer" else config.n_layer
+    width = {"one head": C // nh, "times heads": C * nh}.get(mistake, C)
+    size = {"numbers": 1, "bits": 8 * b}.get(mistake, b)
+    return layers * (1 if mistake == "keys only" else 2) * width * size
 
 
-# fn(config, bytes_per_number) -> bytes, a wrong kv_bytes_per_token
-KV_BYTES_MISTAKES = [
-    core.Mistake(
-        "keys only",
-        "you counted the keys only: every layer stores a key AND a value vector per token",
-        lambda c, b: c.n_layer * c.n_embd * b,
-    ),
-    core.Mistake(
-        "one layer",
-        "you counted one layer: each of the n_layer layers has its own cache",
-        lambda c, b: 2 * c.n_embd * b,
-    ),
-    core.Mistake(
-        "one head",
-        "you counted one head's width (n_embd // n_head): a layer stores all n_head heads, n_embd numbers for the keys and n_embd for the values",
-        lambda c, b: c.n_layer * 2 * (c.n_embd // c.n_head) * b,
-    ),
-    core.Mistake(
-        "times heads",
-        "you multiplied by n_head as well: the heads split the n_embd numbers between them, they do not add to them",
-        lambda c, b: c.n_layer * 2 * c.n_embd * c.n_head * b,
-    ),
-    core.Mistake(
-        "numbers",
-        "you counted numbers, not bytes: multiply by bytes_per_number",
-        lambda c, b: c.n_layer * 2 * c.n_embd,
-    ),
-    core.Mistake(
-        "bits",
-        "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
-        lambda c, b: c.n_layer * 2 * c.n_embd * b * 8,
-    ),
-]
+KV_BYTES_MISTAKES = core.variants(
+    _kv_bytes,
+    {
+        "keys only": "you counted the keys only: every layer stores a key AND a value vector per token",
+        "one layer": "you counted one layer: each of the n_layer layers has its own cache",
+        "one head": "you counted one head's width (n_embd // n_head): a layer stores all n_head heads, n_embd numbers for the keys and n_embd for the values",
+        "times heads": "you multiplied by n_head as well: the heads split the n_embd numbers between them, they do not add to them",
+        "numbers": "you counted numbers, not bytes: multiply by bytes_per_number",
+        "bits": "you counted bits: a byte is 8 bits, and bytes_per_number is in bytes",
+    },
+)
 
 
 def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
@@ -671,7 +562,7 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
         (GPT2Config(n_layer=24, n_head=16, n_embd=1024), 2),
     ]
     got = _byte_counts(EX_KV_BYTES, kv_bytes_per_token, cases)
-    want = [_kv_bytes_right(*case) for case in cases]
+    want = [_kv_bytes(*case) for case in cases]
     if got == want:
         return core.passed(
             EX_KV_BYTES,
@@ -687,35 +578,36 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
 
 # --------------------------------------------------------------------------- 9.7 SimpleKVCache
 class _LayerCache:
-    def __init__(self, k_buf, v_buf, kind=None):
-        self.k, self.v, self.position, self.kind = k_buf, v_buf, 0, kind
+    def __init__(self, k_buf, v_buf, mistake):
+        self.k, self.v, self.position, self.mistake = k_buf, v_buf, 0, mistake
 
     def update(self, k, v):
         past, T = self.position, k.shape[2]
         keys, values = _write_kv(self.k, self.v, k, v, past)
-        self.position = past if self.kind == "position stays" else past + T
-        visible = None if past == 0 or self.kind == "no mask" else causal_mask(T, past)
+        if self.mistake == "shuffled prefill" and T > 1:  # see check_cache_gap
+            keys, values = keys.flip(2), values.flip(2)
+        self.position = past if self.mistake == "position stays" else past + T
+        visible = None if past == 0 or self.mistake == "no mask" else causal_mask(T, past)
         return keys, values, visible
 
 
-def _cache_class(kind=None):
-    """SimpleKVCache, right, or with the planted mistake `kind` (a name in CACHE_MISTAKES)."""
+def _cache_class(mistake=""):
+    """SimpleKVCache, right, or with the planted mistake `mistake` (a name in CACHE_MISTAKES), or
+    "shuffled prefill", a cache cache_gap must catch (see check_cache_gap)."""
 
     class Cache:
         def __init__(self, config, batch_size, max_len, device=None, dtype=torch.float32):
-            B, nh, hd = batch_size, config.n_head, config.n_embd // config.n_head
-            shape = {
-                "heads last": (B, max_len, nh, hd),
-                "full width": (B, nh, max_len, config.n_embd),
-            }.get(kind, (B, nh, max_len, hd))
-            dtype = torch.float32 if kind == "dtype ignored" else dtype
+            B, nh, C = batch_size, config.n_head, config.n_embd
+            wrong = {"heads last": (B, max_len, nh, C // nh), "full width": (B, nh, max_len, C)}
+            shape = wrong.get(mistake, (B, nh, max_len, C // nh))
+            dtype = torch.float32 if mistake == "dtype ignored" else dtype
             buffer = functools.partial(torch.zeros, shape, device=device, dtype=dtype)
             pairs = [(buffer(), buffer()) for _ in range(config.n_layer)]
-            if kind == "one buffer for all layers":  # the first layer's pair for every layer
+            if mistake == "one buffer for all layers":  # the first layer's pair for every layer
                 pairs = pairs[:1] * config.n_layer
-            elif kind == "k and v share":  # one buffer a layer, for its keys and its values
+            elif mistake == "k and v share":  # one buffer a layer, for its keys and its values
                 pairs = [(k, k) for k, _ in pairs]
-            self.layers = [_LayerCache(k, v, kind) for k, v in pairs]
+            self.layers = [_LayerCache(k, v, mistake) for k, v in pairs]
 
         def __getitem__(self, i):
             return self.layers[i]
@@ -727,38 +619,27 @@ def _cache_class(kind=None):
     return Cache
 
 
-# cls(config, batch_size, max_len, device, dtype), a wrong SimpleKVCache
 CACHE_MISTAKES = core.planted(
     _cache_class,
     {
-        "heads last": (
-            "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after the transpose; yours has max_len before n_head"
-        ),
+        "heads last": "a buffer is (B, n_head, max_len, head_dim), the layout attention's keys have after the transpose; yours has max_len before n_head",
         "full width": "each head stores head_dim = n_embd // n_head numbers per token, not n_embd",
-        "dtype ignored": (
-            "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers (torch.zeros(shape, device=device, dtype=dtype))"
-        ),
-        "one buffer for all layers": (
-            "all layers share one pair of buffers: each layer writes its own keys, so each needs its own buffers (make them inside the loop)"
-        ),
-        "k and v share": (
-            "a layer's keys and values share one buffer: the values overwrite the keys; make two"
-        ),
-        "position stays": (
-            "update does not move the layer's position on: the next call writes over this one's keys and values; add T to self.position"
-        ),
-        "no mask": (
-            "update returns visible=None after the first call too: then attention masks the new queries as if they were the first tokens; with earlier tokens held, return causal_mask(T, past) (chapter 3's), True where a query may see a key"
-        ),
+        "dtype ignored": "the buffers ignore `dtype`: a bfloat16 model needs bfloat16 buffers (torch.zeros(shape, device=device, dtype=dtype))",
+        "one buffer for all layers": "all layers share one pair of buffers: each layer writes its own keys, so each needs its own buffers (make them inside the loop)",
+        "k and v share": "a layer's keys and values share one buffer: the values overwrite the keys; make two",
+        "position stays": "update does not move the layer's position on: the next call writes over this one's keys and values; add T to self.position",
+        "no mask": "update returns visible=None after the first call too: then attention masks the new queries as if they were the first tokens; with earlier tokens held, return causal_mask(T, past) (chapter 3's), True where a query may see a key",
     },
 )
 
 
-def _cached_logits(model, cache, idx, first):
-    """idx's logits fed through `cache`: its first `first` tokens in one call, then one a call."""
+def _cached_logits(model, cache, idx, first, late=0):
+    """idx's logits fed through `cache`: its first `first` tokens in one call, then one a call
+    (each `late` positions back: cache_gap's planted mistake "misaligned")."""
+    T = idx.shape[1]
     with torch.no_grad():
         steps = [model(idx[:, :first], kv_cache=cache)]
-        steps += [model(idx[:, t : t + 1], kv_cache=cache) for t in range(first, idx.shape[1])]
+        steps += [model(idx[:, t - late : t - late + 1], kv_cache=cache) for t in range(first, T)]
     return torch.cat(steps, dim=1)
 
 
@@ -829,84 +710,32 @@ def check_simple_kv_cache(cls) -> None:
 
 
 # --------------------------------------------------------------------------- 9.8 testing a cache
-def _broken_cache(kind):
-    """A SimpleKVCache broken one way: "stuck", its position never moves (each call overwrites
-    the first slots), or "shuffled prefill", stored right but a call of several tokens gets its
-    keys and values in reverse order (the prefill's last position, which sees every key, and
-    every later call stay right, the rest not)."""
-
-    def update(layer, plain, k, v):
-        held = layer.position
-        keys, values, visible = plain(k, v)
-        if kind == "stuck":
-            layer.position = held
-        elif k.shape[2] > 1:
-            keys, values = keys.flip(2), values.flip(2)
-        return keys, values, visible
-
-    class Broken(decoding.SimpleKVCache):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            for layer in self.layers:
-                layer.update = functools.partial(update, layer, layer.update)
-
-    return Broken
-
-
-def _gap_runs(model, cache_cls, idx, prefill, *, split=True):
-    """(cached logits, one pass's logits), the cached run as the exercise asks (split=False:
-    one token a call from the start)."""
+def _cache_gap(model, cache_cls, idx, prefill, *, mistake=""):
+    """cache_gap, right, or with the planted mistake `mistake` (a name in GAP_MISTAKES)."""
     B, T = idx.shape
-    cache = cache_cls(model.config, B, T, device=idx.device, dtype=torch.float32)
+    late = mistake == "misaligned"  # the prompt's last token fed again before the next one
+    cache = cache_cls(model.config, B, T + late, device=idx.device, dtype=torch.float32)
+    first = 1 if mistake == "one at a time" else prefill
     with torch.no_grad():
-        return _cached_logits(model, cache, idx, prefill if split else 1), model(idx)
-
-
-def _gap_wrong(kind):
-    """A cache_gap with one planted mistake, `kind` (see GAP_MISTAKES)."""
-
-    def cache_gap(model, cache_cls, idx, prefill):
-        cached, full = _gap_runs(model, cache_cls, idx, prefill, split=kind != "one at a time")
-        diff = cached - full
-        if kind == "after the prefill":
-            return diff[:, prefill:].abs().max().item() if prefill < idx.shape[1] else 0.0
-        if kind == "last of each call":
-            return diff[:, [prefill - 1, *range(prefill, idx.shape[1])]].abs().max().item()
-        if kind == "mean":
-            return diff.abs().mean().item()
-        if kind == "signed":
-            return diff.max().item()
-        if kind == "misaligned":  # the prompt's last token fed again before the next one
-            B, T = idx.shape
-            cache = cache_cls(model.config, B, T + 1, device=idx.device, dtype=torch.float32)
-            with torch.no_grad():
-                steps = [model(idx[:, :prefill], kv_cache=cache)]
-                steps += [model(idx[:, t - 1 : t], kv_cache=cache) for t in range(prefill, T)]
-            return (torch.cat(steps, dim=1) - full).abs().max().item()
-        return diff.abs().max().item()  # "one at a time": right only when prefill = 1
-
-    return cache_gap
+        diff = _cached_logits(model, cache, idx, first, late) - model(idx)
+    if mistake == "after the prefill":
+        return diff[:, prefill:].abs().max().item() if prefill < T else 0.0
+    if mistake == "last of each call":
+        return diff[:, [prefill - 1, *range(prefill, T)]].abs().max().item()
+    return {"mean": diff.abs().mean(), "signed": diff.max()}.get(mistake, diff.abs().max()).item()
 
 
 IN_THE_PREFILL = "your gap misses wrong logits inside the prefill: a cache that hands the prefill's keys over in the wrong order passed. Compare the logits at every position, those the prefill call returns too, not only the one-token calls' or each call's last"
 
-GAP_MISTAKES = core.planted(
-    _gap_wrong,
+GAP_MISTAKES = core.variants(
+    _cache_gap,
     {
         "after the prefill": IN_THE_PREFILL,
         "last of each call": IN_THE_PREFILL,
-        "one at a time": (
-            "you fed every token on its own: the first `prefill` tokens go in one call, as a prompt does, because a cache can be wrong only in a call of several tokens"
-        ),
-        "mean": (
-            "that is the mean difference; return the largest absolute difference (a cache wrong at one position would hide in a mean)"
-        ),
-        "signed": (
-            "that is the largest signed difference; a logit can be off either way: take the absolute value before the maximum"
-        ),
-        "misaligned": (
-            "with a right cache your gap is large: after the prefill, feed the token at the cache's position (the first one not yet fed), not the last prompt token again"
-        ),
+        "one at a time": "you fed every token on its own: the first `prefill` tokens go in one call, as a prompt does, because a cache can be wrong only in a call of several tokens",
+        "mean": "that is the mean difference; return the largest absolute difference (a cache wrong at one position would hide in a mean)",
+        "signed": "that is the largest signed difference; a logit can be off either way: take the absolute value before the maximum",
+        "misaligned": "with a right cache your gap is large: after the prefill, feed the token at the cache's position (the first one not yet fed), not the last prompt token again",
     },
 )
 
@@ -917,10 +746,12 @@ def check_cache_gap(cache_gap) -> None:
     ex = EX_GAP
     model = _tiny_model()
     gen = torch.Generator().manual_seed(5)
-    caches = {
+    caches = {  # right; its position never moves (each call overwrites the first slots); stored
+        # right, but a call of several tokens gets its keys and values in reverse order (the
+        # prefill's last position, which sees every key, and every later call stay right)
         "right": decoding.SimpleKVCache,
-        "stuck": _broken_cache("stuck"),
-        "shuffled prefill": _broken_cache("shuffled prefill"),
+        "stuck": _cache_class("position stays"),
+        "shuffled prefill": _cache_class("shuffled prefill"),
     }
     for B, T, prefill in [(1, 6, 3), (2, 7, 4), (2, 5, 1), (1, 5, 5)]:
         idx = torch.randint(0, 50, (B, T), generator=gen)
@@ -933,8 +764,7 @@ def check_cache_gap(cache_gap) -> None:
                 raise core.CheckFailed(
                     ex, f"return one Python float, the largest difference; got {got!r}"
                 )
-            cached, full = _gap_runs(model, cls, idx, prefill)
-            want = (cached - full).abs().max().item()
+            want = _cache_gap(model, cls, idx, prefill)
             if abs(got - want) <= 1e-6 + 1e-4 * abs(want):
                 continue
             if name == "shuffled prefill" and got < 1e-4:
@@ -955,50 +785,35 @@ def check_cache_gap(cache_gap) -> None:
 
 
 # --------------------------------------------------------------------------- 9.9 generate_cached
-def _loop(kind=None):
-    """generate_cached, right, or with the planted mistake `kind` (a name in LOOP_MISTAKES)."""
-
-    def generate_cached(model, idx, max_new_tokens, sample, cache):
-        B, T = idx.shape
-        out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
-        out[:, :T] = idx
-        with torch.no_grad():
-            logits = model(idx, kv_cache=cache)[:, -1]
-            for pos in range(T, T + max_new_tokens):
-                out[:, pos] = logits.argmax(-1) if kind == "sample ignored" else sample(logits)
-                if pos + 1 == T + max_new_tokens:
-                    break
-                if kind == "cache ignored":  # the whole sequence again, the cache never used
-                    logits = model(out[:, : pos + 1])[:, -1]
-                elif kind == "whole sequence":
-                    logits = model(out[:, : pos + 1], kv_cache=cache)[:, -1]
-                else:
-                    first = pos - 1 if kind == "previous token" else pos
-                    logits = model(out[:, first : first + 1], kv_cache=cache)[:, -1]
-        return out[:, T:] if kind == "new tokens only" else out
-
-    return generate_cached
+def _generate_cached(model, idx, max_new_tokens, sample, cache, *, mistake=""):
+    """generate_cached, right, or with the planted mistake `mistake` (a name in LOOP_MISTAKES)."""
+    B, T = idx.shape
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
+    out[:, :T] = idx
+    with torch.no_grad():
+        logits = model(idx, kv_cache=cache)[:, -1]
+        for pos in range(T, T + max_new_tokens):
+            out[:, pos] = logits.argmax(-1) if mistake == "sample ignored" else sample(logits)
+            if pos + 1 == T + max_new_tokens:
+                break
+            if mistake == "cache ignored":  # the whole sequence again, the cache never used
+                logits = model(out[:, : pos + 1])[:, -1]
+            elif mistake == "whole sequence":
+                logits = model(out[:, : pos + 1], kv_cache=cache)[:, -1]
+            else:
+                first = pos - 1 if mistake == "previous token" else pos
+                logits = model(out[:, first : first + 1], kv_cache=cache)[:, -1]
+    return out[:, T:] if mistake == "new tokens only" else out
 
 
-# fn(model, idx, max_new_tokens, sample, cache) -> ids, a wrong generate_cached
-LOOP_MISTAKES = core.planted(
-    _loop,
+LOOP_MISTAKES = core.variants(
+    _generate_cached,
     {
-        "previous token": (
-            "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at position pos then holds the keys and values of token pos - 1, and every later step sees a shifted past. Feed the token just made, at position pos"
-        ),
-        "sample ignored": (
-            "your tokens are the argmax even with a sampler that is not greedy: choose each token with sample(logits)"
-        ),
-        "whole sequence": (
-            "you feed the whole sequence again through the cache, which already holds the past: the cache overflows. Feed only the new token"
-        ),
-        "new tokens only": (
-            "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)"
-        ),
-        "cache ignored": (
-            "your tokens are right, but the cache holds fewer tokens than were fed: you recompute the whole sequence at each step without it. Pass kv_cache=cache and feed the new token only"
-        ),
+        "previous token": "you feed the token BEFORE the one just sampled (out[:, pos - 1]): the cache slot at position pos then holds the keys and values of token pos - 1, and every later step sees a shifted past. Feed the token just made, at position pos",
+        "sample ignored": "your tokens are the argmax even with a sampler that is not greedy: choose each token with sample(logits)",
+        "whole sequence": "you feed the whole sequence again through the cache, which already holds the past: the cache overflows. Feed only the new token",
+        "new tokens only": "you returned only the new tokens: return the prompt and them, (B, T + max_new_tokens)",
+        "cache ignored": "your tokens are right, but the cache holds fewer tokens than were fed: you recompute the whole sequence at each step without it. Pass kv_cache=cache and feed the new token only",
     },
 )
 
@@ -1047,20 +862,16 @@ def check_generate_cached(generate_cached) -> None:
         want = _recomputed(model, idx, n, sample)
         if torch.equal(got, want):
             continue
-        mistake = core.first_mistake(
+        differs = (got != want)[:, T:].any(0).nonzero()  # the new tokens that differ
+        core.fail_with(
+            ex,
             LOOP_MISTAKES,
             lambda m: torch.equal(got, _run_loop(ex, m.fn, model, idx, n, sample)[0]),
-        )
-        if mistake is not None:
-            raise core.CheckFailed(ex, mistake.message)
-        if not torch.equal(got[:, :T], idx):
-            raise core.CheckFailed(ex, "the result must start with the prompt, unchanged")
-        first = int((got != want)[:, T:].any(0).nonzero()[0, 0])
-        raise core.CheckFailed(
-            ex,
-            "the first new token already differs from a full pass: it comes from the prefill, the whole prompt in one call, and the logits at the prompt's last position"
-            if first == 0
-            else f"with a prompt of {T} tokens, new token {first} differs from a full recomputation: check what the cache holds at each position",
+            "the result must start with the prompt, unchanged"
+            if not torch.equal(got[:, :T], idx)
+            else "the first new token already differs from a full pass: it comes from the prefill, the whole prompt in one call, and the logits at the prompt's last position"
+            if int(differs[0, 0]) == 0
+            else f"with a prompt of {T} tokens, new token {int(differs[0, 0])} differs from a full recomputation: check what the cache holds at each position",
         )
     core.passed(
         ex,
@@ -1089,44 +900,30 @@ def check_cache_gains(lengths, gains) -> None:
 
 
 # --------------------------------------------------------------------------- 9.11 bytes per token
-def _all_bytes(model):
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def _numbers_read(model):
-    """How many numbers a step reads: every parameter, but one row of the position table."""
+def _weight_bytes(model, *, mistake=""):
+    """weight_bytes_per_token, right, or with the planted mistake `mistake` (WEIGHT_BYTES_MISTAKES)."""
     wpe = model.wpe.weight
-    return sum(p.numel() for p in model.parameters()) - wpe.numel() + wpe.shape[1]
+    numbers = sum(p.numel() for p in model.parameters()) - wpe.numel() + wpe.shape[1]
+    everything = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {
+        "whole wpe": everything,
+        "numbers": numbers,
+        "float32 assumed": 4 * numbers,
+        "no wpe row": everything - wpe.nbytes,
+        "wte twice": decode_bytes_per_token(model) + model.wte.weight.nbytes,
+    }.get(mistake, decode_bytes_per_token(model))
 
 
-# fn(model) -> bytes, a wrong weight_bytes_per_token
-WEIGHT_BYTES_MISTAKES = [
-    core.Mistake(
-        "whole wpe",
-        "you counted the whole position table: a step reads only one row of wpe, for its position",
-        _all_bytes,
-    ),
-    core.Mistake(
-        "numbers",
-        "you counted numbers, not bytes: multiply each tensor's numel() by its element_size()",
-        _numbers_read,
-    ),
-    core.Mistake(
-        "float32 assumed",
-        "you assumed 4 bytes a number: use each tensor's element_size() (a bfloat16 model has 2)",
-        lambda m: 4 * _numbers_read(m),
-    ),
-    core.Mistake(
-        "no wpe row",
-        "you left out the position table: a step still reads the one row of wpe for its position",
-        lambda m: _all_bytes(m) - m.wpe.weight.nbytes,
-    ),
-    core.Mistake(
-        "wte twice",
-        "you counted the token table twice: the lookup reads one row of it and the readout reads it all, so the whole table once",
-        lambda m: decode_bytes_per_token(m) + m.wte.weight.nbytes,
-    ),
-]
+WEIGHT_BYTES_MISTAKES = core.variants(
+    _weight_bytes,
+    {
+        "whole wpe": "you counted the whole position table: a step reads only one row of wpe, for its position",
+        "numbers": "you counted numbers, not bytes: multiply each tensor's numel() by its element_size()",
+        "float32 assumed": "you assumed 4 bytes a number: use each tensor's element_size() (a bfloat16 model has 2)",
+        "no wpe row": "you left out the position table: a step still reads the one row of wpe for its position",
+        "wte twice": "you counted the token table twice: the lookup reads one row of it and the readout reads it all, so the whole table once",
+    },
+)
 
 
 def check_weight_bytes_per_token(weight_bytes_per_token) -> None:

@@ -22,7 +22,6 @@ EX_SPLIT = "Exercise 11.3 (which windows each rank reads)"
 EX_BF16 = "Exercise 11.4 (round to bfloat16 by hand)"
 EX_FLOPS = "Exercise 11.5 (FLOPs per token)"
 EX_COST = "Exercise 11.6 (price the recipe)"
-EX_PRICE = EX_COST
 EX_SPEED = "Exercise 11.7 (the throughput and MFU of a run)"
 CHALLENGE = "Challenge 11 (the most from a token budget)"
 
@@ -55,16 +54,9 @@ def _near(got, want, rel=1e-6):
     return all(math.isclose(a, b, rel_tol=rel) for a, b in zip(got, want))
 
 
-def _hint(hints, name, got):
-    """What a known wrong value shows: hints[(name, value)] for the value `got` is, or ""."""
-    return next(
-        (
-            hint
-            for (n, v), hint in hints.items()
-            if n == name and math.isclose(got, v, rel_tol=1e-6)
-        ),
-        "",
-    )
+def _hint(hints, got):
+    """What a known wrong value shows: hints[value] for the first value `got` is close to, or ""."""
+    return next((h for v, h in hints.items() if math.isclose(got, v, rel_tol=1e-6)), "")
 
 
 def _two(exercise, got, what):
@@ -74,25 +66,21 @@ def _two(exercise, got, what):
     return tuple(got)
 
 
-def _shard_grads(model, x, y, world, first_only=False):
-    """The shards' gradients added up (not averaged), or the first shard's alone: two mistakes."""
+def _shard_grads(model, x, y, world, *, mistake=""):
+    """The shards' gradients averaged, or with the planted mistake `mistake` (SHARD_MISTAKES)."""
+    first_only = mistake == "first_shard_only"
     shards = list(zip(x.chunk(world), y.chunk(world)))[: 1 if first_only else world]
     grads = [full_batch_gradients(model, xs, ys) for xs, ys in shards]
-    return {n: sum(g[n] for g in grads) for n in grads[0]}
+    return {n: sum(g[n] for g in grads) / (1 if mistake else world) for n in grads[0]}
 
 
-SHARD_MISTAKES = [
-    core.Mistake(
-        "summed",
-        "your gradients are `world` times too large: DDP averages the ranks' gradients (all-reduce, then divide by the world size), it does not add them",
-        _shard_grads,
-    ),
-    core.Mistake(
-        "first_shard_only",
-        "your gradients are those of the first shard alone: every rank's shard must count",
-        lambda *args: _shard_grads(*args, first_only=True),
-    ),
-]
+SHARD_MISTAKES = core.variants(
+    _shard_grads,
+    {
+        "summed": "your gradients are `world` times too large: DDP averages the ranks' gradients (all-reduce, then divide by the world size), it does not add them",
+        "first_shard_only": "your gradients are those of the first shard alone: every rank's shard must count",
+    },
+)
 
 
 def _same_grads(got, want):
@@ -127,15 +115,15 @@ def check_shard_gradients(fn):
     core.passed(EX_SHARDS, "the average of the shards' gradients is the full batch's gradient")
 
 
-def _accumulate(model, x, y, micro_steps, divided=True, zeroed="once"):
-    """Accumulated gradients: the right ones by default; each argument plants one mistake."""
-    if zeroed == "once":
+def _accumulate(model, x, y, micro_steps, *, mistake=""):
+    """Accumulated gradients, right, or with the planted mistake `mistake` (ACCUM_MISTAKES)."""
+    if mistake not in ("zeroed_each_micro_step", "zero_grad_deleted"):
         model.zero_grad(set_to_none=True)
     for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
-        if zeroed == "each micro-step":
+        if mistake == "zeroed_each_micro_step":
             model.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xs).flatten(0, 1), ys.flatten())
-        (loss / micro_steps if divided else loss).backward()
+        (loss if mistake == "not_divided" else loss / micro_steps).backward()
     return _grads(model)
 
 
@@ -147,23 +135,14 @@ def _model_with_stale_grads(seed):
     return model
 
 
-ACCUM_MISTAKES = [
-    core.Mistake(
-        "not_divided",
-        "your gradients are micro_steps times too large: divide each micro-batch's loss by micro_steps before backward",
-        lambda *args: _accumulate(*args, divided=False),
-    ),
-    core.Mistake(
-        "zeroed_each_micro_step",
-        "only the last micro-batch's gradient is left: the gradients are cleared inside the loop, so the earlier micro-steps are lost",
-        lambda *args: _accumulate(*args, zeroed="each micro-step"),
-    ),
-    core.Mistake(
-        "zero_grad_deleted",
-        "your .grad still holds the previous step's gradient added to this one: the zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
-        lambda *args: _accumulate(*args, zeroed="never"),
-    ),
-]
+ACCUM_MISTAKES = core.variants(
+    _accumulate,
+    {
+        "not_divided": "your gradients are micro_steps times too large: divide each micro-batch's loss by micro_steps before backward",
+        "zeroed_each_micro_step": "only the last micro-batch's gradient is left: the gradients are cleared inside the loop, so the earlier micro-steps are lost",
+        "zero_grad_deleted": "your .grad still holds the previous step's gradient added to this one: the zero_grad was deleted, not moved. Clear the gradients once, before the micro-steps",
+    },
+)
 
 
 def check_accumulate_gradients(fn):
@@ -274,33 +253,24 @@ def check_to_bfloat16(fn):
     core.passed(EX_BF16, "the same values as x.to(torch.bfloat16)")
 
 
-def _format_error(values, dtype, keep_out_of_range=False, absolute=False, share_of="all"):
-    """The right answer by default; each argument plants one mistake."""
+def _format_error(values, dtype, *, mistake=""):
+    """format_error, right, or with the planted mistake `mistake` (a name in FORMAT_MISTAKES)."""
     kept = values.to(dtype).float()
     held = kept.isfinite() & (kept != 0)
-    error = (kept - values).abs() if absolute else ((kept - values) / values).abs()
-    error = error.max() if keep_out_of_range else error[held].max()
-    share = held.float().mean() if share_of == "all" else held.float().sum()
+    error = (kept - values).abs() if mistake == "absolute" else ((kept - values) / values).abs()
+    error = error.max() if mistake == "out of range kept" else error[held].max()
+    share = held.float().sum() if mistake == "count not share" else held.float().mean()
     return float(error), float(share)
 
 
-FORMAT_MISTAKES = [
-    core.Mistake(
-        "out of range kept",
-        "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the maximum: take the maximum over the values the format holds only (finite and not 0)",
-        lambda v, d: _format_error(v, d, keep_out_of_range=True),
-    ),
-    core.Mistake(
-        "absolute",
-        "your error is absolute, |kept - value|, which large values dominate: divide by |value| for the relative error",
-        lambda v, d: _format_error(v, d, absolute=True),
-    ),
-    core.Mistake(
-        "count not share",
-        "the second number is a count: return the share of the values held, between 0 and 1",
-        lambda v, d: _format_error(v, d, share_of="count"),
-    ),
-]
+FORMAT_MISTAKES = core.variants(
+    _format_error,
+    {
+        "out of range kept": "a value the format cannot hold came back as inf (or as 0, an error of 100%) and took the maximum: take the maximum over the values the format holds only (finite and not 0)",
+        "absolute": "your error is absolute, |kept - value|, which large values dominate: divide by |value| for the relative error",
+        "count not share": "the second number is a count: return the share of the values held, between 0 and 1",
+    },
+)
 
 
 def check_format_error(fn):
@@ -360,34 +330,27 @@ def check_flops_per_token(fn):
         want_params, want_flops = reference_flops_per_token(config, block)
         params, flops = _two(EX_FLOPS, got, "(parameters, FLOPs per token)")
         attention = 4 * config.n_layer * block * config.n_embd  # forward, per token
-        hints = {
-            (
-                "params",
-                count_gpt2_parameters(config),
-            ): ": you counted the position table, which is a lookup, no multiply",
-            (
-                "params",
-                want_params + config.vocab_size * config.n_embd,
-            ): ": you counted the readout apart from wte, but it is the same matrix",
-            ("flops", 6 * want_params): ": attention's scores and weighted sum are missing",
-            (
-                "flops",
-                2 * want_params + attention,
-            ): ": that is the forward pass only; backward computes two gradients, each as costly as the forward",
-            (
-                "flops",
-                6 * want_params + attention,
-            ): ": attention's FLOPs need the backward pass too",
+        readout = config.vocab_size * config.n_embd  # the slip of counting it apart from wte
+        with_wpe, apart = count_gpt2_parameters(config), want_params + readout
+        forward, no_attention = 2 * want_params + attention, 6 * want_params
+        param_hints = {
+            with_wpe: ": you counted the position table, which is a lookup, no multiply",
+            apart: ": you counted the readout apart from wte, but it is the same matrix",
+        }
+        flop_hints = {
+            no_attention: ": attention's scores and weighted sum are missing",
+            forward: ": that is the forward pass only; backward computes two gradients, each as costly as the forward",
+            no_attention + attention: ": attention's FLOPs need the backward pass too",
         }
         if params != want_params:
             raise core.CheckFailed(
                 EX_FLOPS,
-                f"{sizes}: you count {params:,} parameters, the multiplying ones are {want_params:,}{_hint(hints, 'params', params)}",
+                f"{sizes}: you count {params:,} parameters, the multiplying ones are {want_params:,}{_hint(param_hints, params)}",
             )
         if not math.isclose(flops, want_flops, rel_tol=1e-9):
             raise core.CheckFailed(
                 EX_FLOPS,
-                f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{_hint(hints, 'flops', flops)}",
+                f"{sizes}: FLOPs per token {flops:,} should be {want_flops:,}{_hint(flop_hints, flops)}",
             )
     core.passed(
         EX_FLOPS,
@@ -410,18 +373,11 @@ def check_run_cost(fn):
         got = core.call_learner(EX_COST, fn, *case)
         want = reference_run_cost(*case)
         hours, dollars = _two(EX_COST, got, "(hours, dollars)")
-        hints = {
-            (
-                "dollars",
-                want[1] / case[1],
-            ): ": you pay for one GPU, but all of them are rented for those hours",
-            (
-                "hours",
-                want[0] * case[1],
-            ): ": the GPUs work in parallel: divide the work by their number",
-        }
+        one_gpu, in_turn = want[1] / case[1], want[0] * case[1]  # known wrong dollars and hours
+        pay_hints = {one_gpu: ": you pay for one GPU, but all of them are rented for those hours"}
+        hour_hints = {in_turn: ": the GPUs work in parallel: divide the work by their number"}
         if not _near(got, want):
-            hint = _hint(hints, "dollars", dollars) or _hint(hints, "hours", hours)
+            hint = _hint(pay_hints, dollars) or _hint(hour_hints, hours)
             raise core.CheckFailed(
                 EX_COST,
                 f"for {case}: you give {got}, expected ({want[0]:.4g} h, ${want[1]:.4g}){hint}",
@@ -452,7 +408,7 @@ def check_recipe_price(
     given = {"steps": steps, "total FLOPs": total_flops, "hours": hours, "dollars": dollars}
     for name, got in given.items():
         if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
-            raise core.CheckFailed(EX_PRICE, f"{name} should be a number, not {got!r}")
+            raise core.CheckFailed(EX_COST, f"{name} should be a number, not {got!r}")
     whole = float(steps).is_integer() and abs(steps - want_steps) < 1  # rounded either way
     hints = {
         (
@@ -477,10 +433,10 @@ def check_recipe_price(
         ("dollars", want_dollars, "${:,.2f}, expected ${:,.2f}"),
     ):
         if not math.isclose(given[name], want, rel_tol=1e-6):
-            hint = _hint(hints, name, given[name])
-            raise core.CheckFailed(EX_PRICE, message.format(given[name], want) + hint)
+            hint = _hint({v: h for (n, v), h in hints.items() if n == name}, given[name])
+            raise core.CheckFailed(EX_COST, message.format(given[name], want) + hint)
     core.passed(
-        EX_PRICE,
+        EX_COST,
         f"{want_steps:,.0f} steps, {want_total:.2e} FLOPs, {want_hours:.2f} hours, ${want_dollars:,.0f}",
     )
 
@@ -492,36 +448,27 @@ def _read_run(folder):
     return run, [json.loads(line) for line in log if line.strip()]
 
 
-def _run_speed(folder, skip_first=True, mean_of_rates=False, all_devices=True):
-    """The right (tokens/s, MFU) of a run folder by default; each argument plants one mistake."""
+def _run_speed(folder, *, mistake=""):
+    """run_speed, right, or with the planted mistake `mistake` (a name in SPEED_MISTAKES)."""
     run, lines = _read_run(folder)
-    steps = lines[1:] if skip_first else lines
-    if mean_of_rates:
+    steps = lines if mistake == "first step kept" else lines[1:]
+    if mistake == "mean of rates":
         tokens_per_s = sum(line["tokens_per_s"] for line in steps) / len(steps)
     else:  # the run's tokens over its seconds
         seconds = sum(run["tokens_per_step"] / line["tokens_per_s"] for line in steps)
         tokens_per_s = run["tokens_per_step"] * len(steps) / seconds
-    peak = run["peak_flops_per_device"] * (run["world_size"] if all_devices else 1)
+    peak = run["peak_flops_per_device"] * (1 if mistake == "one device" else run["world_size"])
     return tokens_per_s, tokens_per_s * run["flops_per_token"] / peak
 
 
-SPEED_MISTAKES = [
-    core.Mistake(
-        "first step kept",
-        "your throughput counts the first step, which also pays for start-up (allocating memory, setting up the processes' communication, compiling): leave it out",
-        lambda folder: _run_speed(folder, skip_first=False),
-    ),
-    core.Mistake(
-        "mean of rates",
-        "you averaged the steps' tokens per second, but a step twice as long counts no more in that mean than a short one: the run's rate is all its tokens over all its seconds (each step's seconds are its tokens over its rate)",
-        lambda folder: _run_speed(folder, mean_of_rates=True),
-    ),
-    core.Mistake(
-        "one device",
-        "your MFU compares the FLOPs of every process with the peak of one device: the run had world_size devices, and the peak is theirs together",
-        lambda folder: _run_speed(folder, all_devices=False),
-    ),
-]
+SPEED_MISTAKES = core.variants(
+    _run_speed,
+    {
+        "first step kept": "your throughput counts the first step, which also pays for start-up (allocating memory, setting up the processes' communication, compiling): leave it out",
+        "mean of rates": "you averaged the steps' tokens per second, but a step twice as long counts no more in that mean than a short one: the run's rate is all its tokens over all its seconds (each step's seconds are its tokens over its rate)",
+        "one device": "your MFU compares the FLOPs of every process with the peak of one device: the run had world_size devices, and the peak is theirs together",
+    },
+)
 
 # (world_size, tokens per step, FLOPs per token, one device's peak, each step's seconds)
 _SPEED_RUNS = (
@@ -566,15 +513,13 @@ def check_run_speed(fn):
             want = _run_speed(folder)
             if _near(got, want):
                 continue
-            mistake = core.first_mistake(SPEED_MISTAKES, lambda m, f=folder: _near(got, m.fn(f)))
-            if mistake is None and math.isclose(got[1], 100 * want[1], rel_tol=1e-6):
-                raise core.CheckFailed(
-                    EX_SPEED, "your MFU is a percentage: return the share, between 0 and 1"
-                )
-            raise core.CheckFailed(
+            percent = math.isclose(got[1], 100 * want[1], rel_tol=1e-6)
+            core.fail_with(
                 EX_SPEED,
-                mistake.message
-                if mistake
+                SPEED_MISTAKES,
+                lambda m, f=folder: _near(got, m.fn(f)),
+                "your MFU is a percentage: return the share, between 0 and 1"
+                if percent
                 else f"for {world} process(es) with steps of {rest[-1]} s you give {got[0]:,.1f} tokens/s and MFU {got[1]:.4g}; the run's are {want[0]:,.1f} and {want[1]:.4g}",
             )
     core.passed(EX_SPEED, "throughput and MFU of a one-process and a two-process run")
