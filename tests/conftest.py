@@ -7,7 +7,8 @@ one small checkpoint folder in the Hugging Face hub's layout, written once per s
 vocabulary, 2 layers, 4 heads, width 64, 64 positions). Chapter 8's tests look inside a model
 loaded the way an experimenter loads one: `small_hub_dir` (a hub checkpoint of SMALL_SIZES,
 written once per session), `small_model` (it, loaded once per test module) and `small_ids`
-(a (2, 11) batch of its token ids).
+(a (2, 11) batch of its token ids; SMALL_SIZES is in tests/checkpoints.py). The fixtures import
+what they need inside: tests/course/test_readme.py runs this file alone in a bare folder.
 
 A skipped browser test says why in the run's summary, without `-rs`: the browser tests skip
 on a machine without Chromium or Playwright, and a dozen bare "s" gave a learner no way to
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from checkpoints import SMALL_SIZES
 
 TINY_SIZES = dict(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
 
@@ -68,7 +68,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def small_hub_dir(tmp_path_factory) -> Path:
     """A checkpoint of SMALL_SIZES in the hub's layout; read-only by convention."""
-    from checkpoints import write_hub_checkpoint
+    from checkpoints import SMALL_SIZES, write_hub_checkpoint
 
     return write_hub_checkpoint(tmp_path_factory.mktemp("small-hub"), seed=3, **SMALL_SIZES)
 
@@ -85,6 +85,7 @@ def small_model(small_hub_dir: Path):
 def small_ids():
     """(2, 11) token ids of SMALL_SIZES's vocabulary, the same in every run."""
     import torch
+    from checkpoints import SMALL_SIZES
 
     generator = torch.Generator().manual_seed(0)
     return torch.randint(0, SMALL_SIZES["vocab_size"], (2, 11), generator=generator)
