@@ -1,14 +1,15 @@
 """Fixtures and hooks for tests/ (the set-up shared with the notebooks is the root conftest.py).
 
 The shared fixtures build the small models the tests run on: `tiny_config(**sizes)` and
-`tiny_model(seed=0, model_cls=..., **sizes)` are factories (2 layers, 2 heads, width 16, 64
-positions, 97 token ids and no dropout unless a test says otherwise), and `tiny_checkpoint` is
-one small checkpoint folder in the Hugging Face hub's layout, written once per session (GPT-2's
-vocabulary, 2 layers, 4 heads, width 64, 64 positions). Chapter 8's tests look inside a model
-loaded the way an experimenter loads one: `small_hub_dir` (a hub checkpoint of SMALL_SIZES,
-written once per session), `small_model` (it, loaded once per test module) and `small_ids`
-(a (2, 11) batch of its token ids; SMALL_SIZES is in tests/checkpoints.py). The fixtures import
-what they need inside: tests/course/test_readme.py runs this file alone in a bare folder.
+`tiny_model(seed=0, model_cls=..., model_kwargs=..., **sizes)` are factories (2 layers, 2 heads,
+width 16, 64 positions, 97 token ids and no dropout unless a test says otherwise), and
+`tiny_checkpoint` is one small checkpoint folder in the Hugging Face hub's layout, written once
+per session (GPT-2's vocabulary, 2 layers, 4 heads, width 64, 64 positions). Chapter 8's tests
+look inside a model loaded the way an experimenter loads one: `small_hub_dir` (a hub checkpoint
+of SMALL_SIZES, written once per session), `small_model` (it, loaded once per test module) and
+`small_ids` (a (2, 11) batch of its token ids; SMALL_SIZES is in tests/checkpoints.py). The
+fixtures import what they need inside: tests/course/test_readme.py runs this file alone in a
+bare folder.
 
 A skipped browser test says why in the run's summary, without `-rs`: the browser tests skip
 on a machine without Chromium or Playwright, and a dozen bare "s" gave a learner no way to
@@ -35,15 +36,22 @@ def make_tiny_config(*, pdrop: float = 0.0, **sizes: Any):
     return GPT2Config(**{**TINY_SIZES, **dropout, **sizes})
 
 
-def make_tiny_model(seed: int = 0, model_cls: type | None = None, **sizes: Any):
+def make_tiny_model(
+    seed: int = 0,
+    model_cls: type | None = None,
+    *,
+    model_kwargs: dict[str, Any] | None = None,
+    **sizes: Any,
+):
     """`model_cls` (the chapters' GPT2 by default) on make_tiny_config(**sizes), weights drawn
-    from `seed`, in eval mode."""
+    from `seed`, in eval mode. `model_kwargs` are the class's own keywords besides the config
+    (GPT2's `block_cls`, say): `tiny_model(model_kwargs={"block_cls": MyBlock}, n_layer=3)`."""
     import torch
 
     from gpt2lib.chapters.model import GPT2
 
     torch.manual_seed(seed)
-    return (model_cls or GPT2)(make_tiny_config(**sizes)).eval()
+    return (model_cls or GPT2)(make_tiny_config(**sizes), **(model_kwargs or {})).eval()
 
 
 @pytest.fixture(scope="session")  # a factory, stateless: one for the whole run

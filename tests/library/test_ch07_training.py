@@ -11,8 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.model import GPT2
 from gpt2lib.chapters.training import decay_groups, estimate_loss
 from gpt2lib.checkpoint import save_pretrained
 from gpt2lib.model import from_pretrained
@@ -21,20 +19,10 @@ from gpt2lib.training import get_batch, lm_loss, lr_schedule, ngram_baselines, s
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_model(seed=0, **sizes):
-    sizes = {
-        "n_layer": 2,
-        "n_head": 2,
-        "n_embd": 16,
-        "n_positions": 32,
-        "vocab_size": 61,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "resid_pdrop": 0.0,
-        **sizes,
-    }
-    torch.manual_seed(seed)
-    return GPT2(GPT2Config(**sizes))
+# The model these tests train, sample and save is the shared tiny one (tests/conftest.py) with
+# the sizes the numbers below count on: 61 token ids (repeating_ids draws from them, log 61 is
+# the uniform loss, 61 is out of range) and a context of 32 (block_size=33 is refused).
+SIZES = dict(n_positions=32, vocab_size=61)
 
 
 def perturbed(model, seed=1):
@@ -177,8 +165,8 @@ def test_lr_schedule_refuses_bad_arguments(kwargs, match):
 # --------------------------------------------------------------------------- optimizer groups
 
 
-def test_decay_groups_split_by_dimension_and_cover_every_parameter():
-    model = small_model()
+def test_decay_groups_split_by_dimension_and_cover_every_parameter(tiny_model):
+    model = tiny_model(**SIZES)
     decay, no_decay = decay_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(
@@ -191,8 +179,8 @@ def test_decay_groups_split_by_dimension_and_cover_every_parameter():
 # --------------------------------------------------------------------------- sample
 
 
-def test_sample_greedy_crops_to_the_context_and_restores_train_mode():
-    model = small_model(n_positions=8).train()
+def test_sample_greedy_crops_to_the_context_and_restores_train_mode(tiny_model):
+    model = tiny_model(n_positions=8, vocab_size=61).train()
     prompt = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(0))
     out = sample(model, prompt, 10, temperature=0)
     assert out.shape == (2, 16) and torch.equal(out[:, :6], prompt)
@@ -202,8 +190,8 @@ def test_sample_greedy_crops_to_the_context_and_restores_train_mode():
     assert torch.equal(out[:, -1], want)
 
 
-def test_sample_is_seeded():
-    model = small_model()
+def test_sample_is_seeded(tiny_model):
+    model = tiny_model(**SIZES)
     prompt = torch.zeros(1, 3, dtype=torch.long)
     a = sample(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
     b = sample(model, prompt, 8, temperature=1.0, generator=torch.Generator().manual_seed(1))
@@ -217,10 +205,10 @@ def test_sample_is_seeded():
         ({"max_new_tokens": -2}, "max_new_tokens"),
     ],
 )
-def test_sample_refuses_bad_arguments(kwargs, match):
+def test_sample_refuses_bad_arguments(kwargs, match, tiny_model):
     args = {"max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        sample(small_model(), torch.zeros(1, 2, dtype=torch.long), **args)
+        sample(tiny_model(**SIZES), torch.zeros(1, 2, dtype=torch.long), **args)
 
 
 # --------------------------------------------------------------------------- baselines
@@ -254,8 +242,8 @@ def test_ngram_baselines_match_a_direct_count():
 # --------------------------------------------------------------------------- train
 
 
-def test_train_learns_a_repeating_text_and_records_its_history():
-    model = small_model()
+def test_train_learns_a_repeating_text_and_records_its_history(tiny_model):
+    model = tiny_model(**SIZES).train()  # train() hands it back in eval mode
     ids = repeating_ids()
     history = train(
         model,
@@ -277,11 +265,11 @@ def test_train_learns_a_repeating_text_and_records_its_history():
     assert not model.training
 
 
-def test_train_is_repeatable_with_a_seed():
+def test_train_is_repeatable_with_a_seed(tiny_model):
     ids = repeating_ids()
     runs = []
     for _ in range(2):
-        model = small_model(seed=3, embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1)
+        model = tiny_model(seed=3, pdrop=0.1, **SIZES)
         runs.append(
             train(
                 model,
@@ -300,11 +288,11 @@ def test_train_is_repeatable_with_a_seed():
     assert runs[0].eval_val_loss == runs[1].eval_val_loss
 
 
-def test_train_calls_on_eval_with_the_history():
+def test_train_calls_on_eval_with_the_history(tiny_model):
     seen = []
     ids = repeating_ids()
     train(
-        small_model(),
+        tiny_model(**SIZES),
         ids[:500],
         ids[500:],
         6,
@@ -318,9 +306,9 @@ def test_train_calls_on_eval_with_the_history():
     assert seen == [3, 6]
 
 
-def test_train_with_zero_steps_only_evaluates():
+def test_train_with_zero_steps_only_evaluates(tiny_model):
     ids = repeating_ids()
-    model = small_model()
+    model = tiny_model(**SIZES)
     before = [p.clone() for p in model.parameters()]
     history = train(model, ids[:500], ids[500:], 0, batch_size=2, block_size=8, progress=False)
     assert history.train_loss == [] and len(history.eval_val_loss) == 1
@@ -336,23 +324,23 @@ def test_train_with_zero_steps_only_evaluates():
         ({"steps": 2.0}, TypeError, "steps must be a whole number"),
     ],
 )
-def test_train_refuses_bad_settings(kwargs, error, match):
+def test_train_refuses_bad_settings(kwargs, error, match, tiny_model):
     ids = repeating_ids()
     args = {"steps": 2, "batch_size": 2, "block_size": 8, **kwargs}
     with pytest.raises(error, match=match):
-        train(small_model(), ids[:500], ids[500:], progress=False, **args)
+        train(tiny_model(**SIZES), ids[:500], ids[500:], progress=False, **args)
 
 
-def test_train_refuses_a_validation_text_shorter_than_a_window():
+def test_train_refuses_a_validation_text_shorter_than_a_window(tiny_model):
     ids = repeating_ids()
     with pytest.raises(
         ValueError, match=r"val_ids holds 8 tokens, fewer than block_size \+ 1 = 17"
     ):
-        train(small_model(), ids, ids[:8], 2, batch_size=2, block_size=16, progress=False)
+        train(tiny_model(**SIZES), ids, ids[:8], 2, batch_size=2, block_size=16, progress=False)
 
 
-def test_train_stops_on_a_nan_loss_and_names_the_step():
-    model = small_model()
+def test_train_stops_on_a_nan_loss_and_names_the_step(tiny_model):
+    model = tiny_model(**SIZES)
     ids = repeating_ids()
 
     class Poisoned(torch.nn.Module):  # the model's output turns NaN from the 4th call on
@@ -378,8 +366,8 @@ def test_train_stops_on_a_nan_loss_and_names_the_step():
         )
 
 
-def test_estimate_loss_is_the_same_for_the_same_model_and_restores_the_mode():
-    model = small_model().train()
+def test_estimate_loss_is_the_same_for_the_same_model_and_restores_the_mode(tiny_model):
+    model = tiny_model(**SIZES).train()
     ids = repeating_ids()
     a = estimate_loss(model, ids, 2, 8, batches=3)
     assert a == estimate_loss(model, ids, 2, 8, batches=3) and model.training
@@ -388,10 +376,10 @@ def test_estimate_loss_is_the_same_for_the_same_model_and_restores_the_mode():
 # --------------------------------------------------------------------------- save_pretrained
 
 
-def test_save_pretrained_writes_the_hub_layout(tmp_path):
+def test_save_pretrained_writes_the_hub_layout(tmp_path, tiny_model):
     from safetensors import safe_open
 
-    model = small_model()
+    model = tiny_model(**SIZES)
     folder = save_pretrained(model, tmp_path / "m")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -412,8 +400,8 @@ def test_save_pretrained_writes_the_hub_layout(tmp_path):
     assert keys == set(model.state_dict())
 
 
-def test_round_trip_through_from_pretrained_is_exact(tmp_path):
-    model = perturbed(small_model()).eval()
+def test_round_trip_through_from_pretrained_is_exact(tmp_path, tiny_model):
+    model = perturbed(tiny_model(**SIZES)).eval()
     save_pretrained(model, tmp_path)
     loaded = from_pretrained(tmp_path, device="cpu")
     assert loaded.config == model.config
@@ -424,10 +412,10 @@ def test_round_trip_through_from_pretrained_is_exact(tmp_path):
         assert torch.equal(model(idx), loaded(idx))
 
 
-def test_transformers_reads_the_folder_with_the_same_logits(tmp_path):
+def test_transformers_reads_the_folder_with_the_same_logits(tmp_path, tiny_model):
     from transformers import GPT2LMHeadModel
 
-    model = perturbed(small_model()).eval()
+    model = perturbed(tiny_model(**SIZES)).eval()
     save_pretrained(model, tmp_path)
     theirs = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()
     idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -435,8 +423,8 @@ def test_transformers_reads_the_folder_with_the_same_logits(tmp_path):
         assert torch.allclose(theirs(idx).logits, model(idx), atol=1e-5)
 
 
-def test_save_pretrained_in_float16_halves_the_file_and_loads(tmp_path):
-    model = perturbed(small_model()).eval()
+def test_save_pretrained_in_float16_halves_the_file_and_loads(tmp_path, tiny_model):
+    model = perturbed(tiny_model(**SIZES)).eval()
     save_pretrained(model, tmp_path / "f32")
     save_pretrained(model, tmp_path / "f16", dtype=torch.float16)
     size32 = (tmp_path / "f32" / "model.safetensors").stat().st_size
@@ -446,8 +434,8 @@ def test_save_pretrained_in_float16_halves_the_file_and_loads(tmp_path):
     assert torch.equal(loaded.wte.weight, model.wte.weight.half().float())
 
 
-def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
-    first, second = small_model(seed=0), small_model(seed=1)
+def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path, tiny_model):
+    first, second = tiny_model(seed=0, **SIZES), tiny_model(seed=1, **SIZES)
     save_pretrained(first, tmp_path)
     before = (tmp_path / "model.safetensors").read_bytes()
     with pytest.raises(FileExistsError, match="already holds a model .*overwrite=True"):
@@ -465,17 +453,17 @@ def test_save_pretrained_refuses_a_folder_holding_a_model(tmp_path):
     ]
 
 
-def test_save_pretrained_into_a_folder_of_other_files_is_fine(tmp_path):
+def test_save_pretrained_into_a_folder_of_other_files_is_fine(tmp_path, tiny_model):
     (tmp_path / "README.md").write_text("my run", encoding="utf-8")
-    save_pretrained(small_model(), tmp_path)
+    save_pretrained(tiny_model(**SIZES), tmp_path)
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == "my run"
 
 
-def test_save_pretrained_refuses_a_file(tmp_path):
+def test_save_pretrained_refuses_a_file(tmp_path, tiny_model):
     path = tmp_path / "model.bin"
     path.write_bytes(b"x")
     with pytest.raises(FileExistsError, match="is a file"):
-        save_pretrained(small_model(), path)
+        save_pretrained(tiny_model(**SIZES), path)
 
 
 # --------------------------------------------------------------------------- the stand-in
@@ -569,10 +557,10 @@ def test_training_benchmark_quick_mode_runs(tmp_path):
         ({"device": "gpu"}, ValueError, "unknown device 'gpu'"),
     ],
 )
-def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
+def test_every_training_setting_is_checked_before_a_step(kwargs, error, match, tiny_model):
     """Every setting is checked before the first step (max_grad_norm=-1 would climb the loss)."""
     ids = repeating_ids()
-    model = small_model().eval()
+    model = tiny_model(**SIZES)  # in eval mode, as the factory makes it
     before = [p.clone() for p in model.parameters()]
     args = {"steps": 120, "batch_size": 2, "block_size": 8, **kwargs}
     with pytest.raises(error, match=match):
@@ -582,11 +570,11 @@ def test_every_training_setting_is_checked_before_a_step(kwargs, error, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_train_on_cuda_without_cuda_is_a_clear_error():
+def test_train_on_cuda_without_cuda_is_a_clear_error(tiny_model):
     ids = repeating_ids()
     with pytest.raises(ValueError, match="'cuda' was requested but this PyTorch sees no CUDA"):
         train(
-            small_model(),
+            tiny_model(**SIZES),
             ids[:500],
             ids[500:],
             2,
@@ -598,7 +586,7 @@ def test_train_on_cuda_without_cuda_is_a_clear_error():
 
 
 @pytest.mark.parametrize("bad", [61, -1])
-def test_train_refuses_token_ids_outside_the_vocabulary(bad):
+def test_train_refuses_token_ids_outside_the_vocabulary(bad, tiny_model):
     ids = repeating_ids().clone()
     ids[7] = bad
     with pytest.raises(
@@ -606,7 +594,7 @@ def test_train_refuses_token_ids_outside_the_vocabulary(bad):
         match=f"train_ids holds token id {bad}, outside the "
         r"vocabulary 0\.\.60",
     ):
-        train(small_model(), ids, ids, 2, batch_size=2, block_size=8, progress=False)
+        train(tiny_model(**SIZES), ids, ids, 2, batch_size=2, block_size=8, progress=False)
 
 
 @pytest.mark.parametrize(
@@ -630,9 +618,9 @@ def test_ngram_baselines_refuse_ids_outside_the_vocabulary_or_an_empty_split(
 
 
 @pytest.mark.parametrize("start_in_train_mode", [False, True])
-def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train_mode):
+def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train_mode, tiny_model):
     ids = repeating_ids()
-    model = small_model().train(start_in_train_mode)
+    model = tiny_model(**SIZES).train(start_in_train_mode)
 
     def stop_at_the_second_estimate(history, model):
         if len(history.eval_step) == 2:
@@ -660,7 +648,7 @@ def test_an_interrupted_run_keeps_its_history_and_the_models_mode(start_in_train
 # --------------------------------------------------------------------------- the learner's pieces drive train
 
 
-def test_train_runs_the_pieces_it_is_given():
+def test_train_runs_the_pieces_it_is_given(tiny_model):
     ids = repeating_ids()
     calls = {"batch": 0, "step": 0}
 
@@ -672,7 +660,7 @@ def test_train_runs_the_pieces_it_is_given():
         calls["step"] += 1
         return F.cross_entropy(model(x).flatten(0, 1), y.flatten()).detach()
 
-    model = small_model()
+    model = tiny_model(**SIZES)
     before = [p.clone() for p in model.parameters()]
     history = train(
         model,
@@ -706,11 +694,11 @@ def test_the_public_names_wrap_the_lessons_plain_functions():
 
 
 @pytest.mark.parametrize("bad", ["get_batch", "train_step", "lr_at"])
-def test_train_refuses_a_piece_that_is_not_a_function(bad):
+def test_train_refuses_a_piece_that_is_not_a_function(bad, tiny_model):
     ids = repeating_ids()
     with pytest.raises(TypeError, match=f"{bad} must be a function or None"):
         train(
-            small_model(),
+            tiny_model(**SIZES),
             ids[:500],
             ids[500:],
             2,
@@ -721,9 +709,9 @@ def test_train_refuses_a_piece_that_is_not_a_function(bad):
         )
 
 
-def test_an_error_in_a_learners_piece_keeps_the_history_and_the_mode():
+def test_an_error_in_a_learners_piece_keeps_the_history_and_the_mode(tiny_model):
     ids = repeating_ids()
-    model = small_model().eval()
+    model = tiny_model(**SIZES)  # in eval mode, as the factory makes it
     done = []
 
     def step_failing_at_the_third(model, optimizer, x, y, max_grad_norm=1.0):

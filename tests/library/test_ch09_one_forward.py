@@ -9,23 +9,19 @@ import torch
 import torch.nn as nn
 
 from gpt2lib.chapters.block import Block
-from gpt2lib.chapters.config import GPT2Config
 from gpt2lib.chapters.model import GPT2 as ChapterGPT2
 from gpt2lib.generation import generate
 from gpt2lib.inspection import ablated_heads
 
-CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
+# The shared tiny model (tests/conftest.py) with 3 blocks, so that a test can change the middle
+# one (model.h[1]) or the last (model.h[2]); prompt() draws from its 97 token ids.
+SIZES = dict(n_layer=3, vocab_size=97)
 NEW = 12
-
-
-def make_model(seed=0, cls=ChapterGPT2, **kwargs):
-    torch.manual_seed(seed)
-    return cls(CONFIG, **kwargs).eval()
 
 
 def prompt(B=2, T=5, seed=1):
     return torch.randint(
-        0, CONFIG.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed)
+        0, SIZES["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed)
     )
 
 
@@ -46,12 +42,12 @@ def assert_generation_follows_the_forward(model, changed_from=None):
 
 
 @pytest.fixture(scope="module")
-def untouched():
-    return generate(make_model(), prompt(), NEW, temperature=0)
+def untouched(tiny_model):
+    return generate(tiny_model(**SIZES), prompt(), NEW, temperature=0)
 
 
-def test_a_forward_hook_on_a_block_applies_while_generating(untouched):
-    model = make_model()
+def test_a_forward_hook_on_a_block_applies_while_generating(untouched, tiny_model):
+    model = tiny_model(**SIZES)
     handle = model.h[1].register_forward_hook(lambda module, args, out: -out)
     try:
         assert_generation_follows_the_forward(model, changed_from=untouched)
@@ -60,8 +56,8 @@ def test_a_forward_hook_on_a_block_applies_while_generating(untouched):
     assert torch.equal(generate(model, prompt(), NEW, temperature=0), untouched)
 
 
-def test_a_forward_hook_on_an_mlp_applies_while_generating(untouched):
-    model = make_model()
+def test_a_forward_hook_on_an_mlp_applies_while_generating(untouched, tiny_model):
+    model = tiny_model(**SIZES)
     handle = model.h[0].mlp.register_forward_hook(lambda module, args, out: out * 30)
     try:
         assert_generation_follows_the_forward(model, changed_from=untouched)
@@ -69,14 +65,14 @@ def test_a_forward_hook_on_an_mlp_applies_while_generating(untouched):
         handle.remove()
 
 
-def test_generate_honours_ablated_heads():
+def test_generate_honours_ablated_heads(tiny_model):
     """Inside ablated_heads, cached generation equals the ablated forward."""
-    model = make_model()
+    model = tiny_model(**SIZES)
     with torch.no_grad():  # heads that matter: the ablation then changes the greedy tokens
         for block in model.h:
             block.attn.c_proj.weight.mul_(10)
     untouched = generate(model, prompt(), NEW, temperature=0)
-    every_head = {layer: list(range(CONFIG.n_head)) for layer in range(CONFIG.n_layer)}
+    every_head = {layer: list(range(model.config.n_head)) for layer in range(model.config.n_layer)}
     with ablated_heads(model, every_head):
         assert_generation_follows_the_forward(model, changed_from=untouched)
     with ablated_heads(model, {1: [0]}):
@@ -84,8 +80,8 @@ def test_generate_honours_ablated_heads():
     assert torch.equal(generate(model, prompt(), NEW, temperature=0), untouched)
 
 
-def test_a_replaced_module_forward_applies_while_generating(untouched):
-    model = make_model()
+def test_a_replaced_module_forward_applies_while_generating(untouched, tiny_model):
+    model = tiny_model(**SIZES)
     mlp = model.h[2].mlp
     real = mlp.forward
     mlp.forward = lambda x: real(x) * -3  # an instance attribute, as an experimenter patches it
@@ -95,16 +91,16 @@ def test_a_replaced_module_forward_applies_while_generating(untouched):
         del mlp.forward
 
 
-def test_every_block_runs_at_least_once_per_new_token():
-    model = make_model()
-    calls = [0] * CONFIG.n_layer
+def test_every_block_runs_at_least_once_per_new_token(tiny_model):
+    model = tiny_model(**SIZES)
+    calls = [0] * model.config.n_layer
     handles = [
         block.register_forward_hook(lambda m, a, o, i=i: calls.__setitem__(i, calls[i] + 1))
         for i, block in enumerate(model.h)
     ]
     try:
         for use_cache in (True, False):
-            calls[:] = [0] * CONFIG.n_layer
+            calls[:] = [0] * model.config.n_layer
             generate(model, prompt(), NEW, temperature=0, use_cache=use_cache)
             assert all(n >= NEW for n in calls), (use_cache, calls)
     finally:
@@ -128,26 +124,26 @@ class NoCacheBlock(Block):
         return x + self.mlp(self.ln_2(x))
 
 
-def test_a_learners_block_runs_with_the_cache():
-    model = make_model(block_cls=SeenBlock)
+def test_a_learners_block_runs_with_the_cache(tiny_model):
+    model = tiny_model(model_kwargs={"block_cls": SeenBlock}, **SIZES)
     got = generate(model, prompt(), NEW, temperature=0)
     assert all(model.h[0].caches)  # every call had the cache
     assert len(model.h[0].caches) == NEW  # the prefill, then one call per step
     assert torch.equal(got, greedy_by_full_forwards(model, prompt(), NEW))
 
 
-def test_a_block_without_kv_cache_falls_back_to_full_forwards():
-    model = make_model(block_cls=NoCacheBlock)
-    reference = make_model()  # the same weights (same seed): Block's arithmetic
+def test_a_block_without_kv_cache_falls_back_to_full_forwards(tiny_model):
+    model = tiny_model(model_kwargs={"block_cls": NoCacheBlock}, **SIZES)
+    reference = tiny_model(**SIZES)  # the same weights (same seed): Block's arithmetic
     got = generate(model, prompt(), NEW, temperature=0)
     assert torch.equal(got, generate(reference, prompt(), NEW, temperature=0))
 
 
-def test_from_pretrained_model_cls_is_what_generates(tmp_path):
+def test_from_pretrained_model_cls_is_what_generates(tmp_path, tiny_model):
     from gpt2lib.checkpoint import save_pretrained
     from gpt2lib.model import from_pretrained
 
-    save_pretrained(make_model(), tmp_path / "m")
+    save_pretrained(tiny_model(**SIZES), tmp_path / "m")
 
     class Counting(ChapterGPT2):
         calls = 0
@@ -162,8 +158,8 @@ def test_from_pretrained_model_cls_is_what_generates(tmp_path):
     assert type(model).calls == 4
 
 
-def test_two_threads_generating_on_one_eval_model_get_the_results_of_one_alone():
-    model = make_model()
+def test_two_threads_generating_on_one_eval_model_get_the_results_of_one_alone(tiny_model):
+    model = tiny_model(**SIZES)
     want = {seed: generate(model, prompt(seed=seed), NEW, temperature=0) for seed in (1, 2)}
     got, errors = [], []
 
@@ -184,8 +180,8 @@ def test_two_threads_generating_on_one_eval_model_get_the_results_of_one_alone()
     assert not model.training
 
 
-def test_bad_token_ids_are_refused_before_the_model_runs():
-    model = make_model()
+def test_bad_token_ids_are_refused_before_the_model_runs(tiny_model):
+    model = tiny_model(**SIZES)
     handle = model.register_forward_pre_hook(lambda *a: pytest.fail("the model ran"))
     try:
         with pytest.raises(ValueError, match="97"):
@@ -199,12 +195,12 @@ def test_bad_token_ids_are_refused_before_the_model_runs():
 # --------------------------------------------------------------------------- the methods
 
 
-def test_the_methods_equal_the_functions(tmp_path):
+def test_the_methods_equal_the_functions(tmp_path, tiny_model):
     from gpt2lib import GPT2, inspection
     from gpt2lib.checkpoint import save_pretrained
     from gpt2lib.model import from_pretrained
 
-    model = make_model(cls=GPT2)
+    model = tiny_model(model_cls=GPT2, **SIZES)
     assert isinstance(model, ChapterGPT2) and type(model) is not ChapterGPT2
     ids = prompt()
     assert torch.equal(
@@ -241,7 +237,7 @@ def test_the_methods_equal_the_functions(tmp_path):
     )
 
 
-def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_them_in():
+def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_them_in(tiny_model):
     from gpt2lib.model import GPT2Methods
 
     for method in ("from_pretrained", "generate", "save_pretrained", "run_with_cache"):
@@ -259,10 +255,8 @@ def test_chapter_6s_class_has_none_of_the_methods_and_a_learners_class_can_mix_t
     class Mine(MyGPT2, GPT2Methods):
         pass
 
-    torch.manual_seed(0)
-    mine = Mine(CONFIG).eval()
-    torch.manual_seed(0)
-    reference = ChapterGPT2(CONFIG).eval()
+    mine = tiny_model(model_cls=Mine, **SIZES)
+    reference = tiny_model(**SIZES)  # the same weights (the same seed)
     assert torch.equal(
         mine.generate(prompt(), 5, temperature=0), generate(reference, prompt(), 5, temperature=0)
     )
