@@ -370,15 +370,16 @@ def test_tied_readout_equals_the_product_with_the_transposed_table(B, T):
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32])
 @pytest.mark.parametrize("entry", ["generate", "run_with_cache"])
-def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtype, entry):
+def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(
+    dtype, entry, tiny_model
+):
     # One validator (chapter 2's check_token_ids) accepts every integer dtype; the entry points
     # convert with idx.long() before the lookup (the plain forward does not: it takes the int64
     # or int32 ids nn.Embedding takes), so small int types are not a crash inside nn.Embedding.
     from gpt2lib.generation import generate
     from gpt2lib.inspection import run_with_cache
 
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
+    model = tiny_model(n_layer=1, n_embd=8, vocab_size=50, n_positions=8)
     ids = torch.tensor([[1, 7, 3, 42]])
     with torch.no_grad():
         if entry == "generate":
@@ -392,9 +393,9 @@ def test_any_integer_dtype_of_ids_gives_the_same_result_at_the_entry_points(dtyp
             )
 
 
-def test_a_plain_forward_refuses_small_integer_ids_loudly():
+def test_a_plain_forward_refuses_small_integer_ids_loudly(tiny_model):
     # no silent wrong answer: nn.Embedding names the dtypes it takes
-    model = GPT2(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50, n_positions=8)).eval()
+    model = tiny_model(n_layer=1, n_embd=8, vocab_size=50, n_positions=8)
     with pytest.raises((RuntimeError, IndexError)):
         model(torch.tensor([[1, 7, 3]], dtype=torch.int8))
 

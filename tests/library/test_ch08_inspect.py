@@ -15,8 +15,6 @@ from checkpoints import SMALL_SIZES
 import gpt2lib
 from gpt2lib import inspection
 from gpt2lib.chapters import interpret
-from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.model import GPT2
 from gpt2lib.inspection import run_with_cache
 from gpt2lib.model import from_pretrained
 
@@ -157,17 +155,17 @@ class _BareBlock(nn.Module):
         return self.inner(x)
 
 
-def test_a_block_without_the_expected_parts_gets_a_clear_error():
-    small_model = GPT2(GPT2Config(**SMALL_SIZES), block_cls=_BareBlock).eval()
+def test_a_block_without_the_expected_parts_gets_a_clear_error(tiny_model):
+    model = tiny_model(model_kwargs={"block_cls": _BareBlock}, **SMALL_SIZES)
     ids = torch.tensor([[1, 2, 3]])
-    _, cache = run_with_cache(small_model, ids, capture="resid")  # needs nothing from the block
+    _, cache = run_with_cache(model, ids, capture="resid")  # needs nothing from the block
     assert len(cache.resid) == SMALL_SIZES["n_layer"] + 1
     with pytest.raises(
         TypeError, match="capturing 'attn' needs block 0 to have `ln_1`.*_BareBlock"
     ):
-        run_with_cache(small_model, ids)
+        run_with_cache(model, ids)
     with pytest.raises(TypeError, match="ablate_heads needs block 1 to have `attn.c_proj`"):
-        run_with_cache(small_model, ids, capture="resid", ablate_heads={1: [0]})
+        run_with_cache(model, ids, capture="resid", ablate_heads={1: [0]})
 
 
 # --------------------------------------------------------------------------- logit lens, induction

@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpt2lib.chapters.config import GPT2Config
-from gpt2lib.chapters.model import GPT2
 from gpt2lib.generation import (
     generate,
     next_token_probs,
@@ -534,18 +533,11 @@ class CustomBlock(nn.Module):
         return self.dropout(self.inner(x, kv_cache=kv_cache))
 
 
-def learner_model(seed=0):
-    torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=97)
-    return GPT2(config, block_cls=CustomBlock)
-
-
 @pytest.mark.parametrize("learners", [False, True], ids=["gpt2lib", "learner blocks"])
 def test_interleaved_generators_do_not_change_each_other_or_the_caller(learners, tiny_model):
     from gpt2lib.generation import decode_tokens
 
-    model = learner_model() if learners else tiny_model()
-    model.eval()
+    model = tiny_model(model_kwargs={"block_cls": CustomBlock} if learners else None)
     expected = generate(model, prompt(), 8, temperature=0)[:, 5:]
     first = decode_tokens(model, prompt(), 8, temperature=0)
     second = decode_tokens(model, prompt(), 8, temperature=0)
@@ -561,9 +553,8 @@ def test_interleaved_generators_do_not_change_each_other_or_the_caller(learners,
         assert model.h[0].modes_seen and not any(model.h[0].modes_seen)
 
 
-def test_an_abandoned_stream_leaves_the_model_as_it_was():
-    model = learner_model()
-    model.train()
+def test_an_abandoned_stream_leaves_the_model_as_it_was(tiny_model):
+    model = tiny_model(model_kwargs={"block_cls": CustomBlock}).train()
     pieces = stream_text(model, ByteTokenizer(), "AB", 10, temperature=0)
     next(pieces)
     del pieces
@@ -579,8 +570,7 @@ def test_an_abandoned_stream_leaves_the_model_as_it_was():
 def test_generations_in_threads_give_the_results_of_one_alone(learners, tiny_model):
     import threading
 
-    model = learner_model() if learners else tiny_model()
-    model.eval()
+    model = tiny_model(model_kwargs={"block_cls": CustomBlock} if learners else None)
     idx = prompt()
     alone = generate(model, idx, 12, temperature=0)
     results, errors = [], []

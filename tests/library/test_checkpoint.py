@@ -255,13 +255,13 @@ def test_save_pretrained_checks_its_arguments_first(tmp_path, kwargs, error, mat
     assert not (tmp_path / "m").exists()
 
 
-def test_a_model_with_an_untied_readout_is_refused(tmp_path):
+def test_a_model_with_an_untied_readout_is_refused(tmp_path, tiny_model):
     class Untied(GPT2):
         def __init__(self, config):
             super().__init__(config)
             self.lm_head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
-    model = Untied(GPT2Config(**SMALL))
+    model = tiny_model(model_cls=Untied, **SMALL)
     with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight"):
         save_pretrained(model, tmp_path / "m")
     assert not (tmp_path / "m").exists()

@@ -68,15 +68,10 @@ def test_a_unit_save_gives_the_umask_s_mode_whoever_wrote_the_bytes(tmp_path, um
 
 
 @pytest.mark.skipif(os.name == "nt", reason="POSIX modes")
-def test_save_pretrained_writes_both_files_with_the_same_mode(tmp_path, umask_022):
-    import torch
-
-    from gpt2lib.chapters.config import GPT2Config
-    from gpt2lib.chapters.model import GPT2
+def test_save_pretrained_writes_both_files_with_the_same_mode(tmp_path, umask_022, tiny_model):
     from gpt2lib.checkpoint import save_pretrained
 
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=101))
+    model = tiny_model(n_layer=1, n_positions=32, vocab_size=101)
     folder = save_pretrained(model, tmp_path / "m")
     assert mode(folder / "config.json") == mode(folder / "model.safetensors") == 0o644
 

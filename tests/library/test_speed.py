@@ -204,12 +204,13 @@ def test_gradients_through_the_split_equal_the_plain_ones():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_split_modules_are_the_chapters_with_the_split_and_the_model_keeps_its_own(monkeypatch):
+def test_split_modules_are_the_chapters_with_the_split_and_the_model_keeps_its_own(
+    monkeypatch, tiny_model
+):
     from gpt2lib import speed
     from gpt2lib.chapters.layers import Conv1D
 
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(vocab_size=331, n_positions=64, n_embd=48, n_layer=2, n_head=4)).eval()
+    model = tiny_model(vocab_size=331, n_embd=48, n_head=4)
     ids = torch.randint(0, 331, (3, 10))
     with torch.no_grad():
         plain = model(ids[:, :2], last_only=True)[:, -1]  # chapter 6's Conv1D: never split
@@ -285,11 +286,10 @@ def test_wall_times_times_each_call_after_the_warmup_and_median_is_their_median(
         measure.wall_times(lambda: None, repeats=0)
 
 
-def test_measurements_return_plausible_numbers():
+def test_measurements_return_plausible_numbers(tiny_model):
     assert measure.median_seconds(lambda: None, repeats=3) >= 0
     assert 0.1 < measure.memory_read_gbps(megabytes=16, repeats=2) < 10_000
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    model = tiny_model(vocab_size=64, n_positions=32, n_layer=1)
     assert (
         measure.decode_rate(model, torch.zeros(1, 4, dtype=torch.long), new_tokens=4, repeats=1) > 0
     )
