@@ -16,6 +16,7 @@ from gpt2lib.course.checks._core import (
     named,
     one_pass,
     passed,
+    unpack,
     variants,
 )
 
@@ -64,6 +65,13 @@ def test_call_explaining_says_a_known_runtime_error_in_the_exercise_s_terms():
     assert call_explaining("Ex", viewed, torch.ones(1, 3), explain=explain).shape == (3,)
     with pytest.raises(RuntimeError, match="view size"):  # an error it does not know goes on
         call_explaining("Ex", viewed, torch.ones(2, 3), explain={"other": "unused"})
+
+
+def test_unpack_returns_n_things_or_asks_for_them():
+    assert unpack("Ex", (1, 2), 2, "two numbers") == (1, 2)
+    for wrong in ((1, 2, 3), 5, "ab"):
+        with pytest.raises(CheckFailed, match=r"^Ex: return two numbers; got (tuple|int|str)$"):
+            unpack("Ex", wrong, 2, "two numbers")
 
 
 def test_close_compares_values_in_float64_and_never_matches_nan_or_another_shape():

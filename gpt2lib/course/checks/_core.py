@@ -108,6 +108,13 @@ def variants(right: Callable[..., Any], messages: dict[str, str]) -> list[Mistak
     return planted(lambda name: functools.partial(right, mistake=name), messages)
 
 
+def unpack(exercise: str, got: Any, n: int, what: str) -> Any:
+    """`got` when it is a tuple or list of n things, else CheckFailed asking to return `what`."""
+    if not isinstance(got, (tuple, list)) or len(got) != n:
+        raise CheckFailed(exercise, f"return {what}; got {type(got).__name__}")
+    return got
+
+
 def require(exercise: str, ok: Any, message: str) -> None:
     """CheckFailed(exercise, message) unless `ok`."""
     if not ok:

@@ -30,13 +30,6 @@ _CHANGED = (
 
 
 # --------------------------------------------------------------------------- shared pieces
-def _unpack(exercise, got, n: int, what: str):
-    """`got` when it is a tuple or list of n things, else CheckFailed asking to return `what`."""
-    if not isinstance(got, (tuple, list)) or len(got) != n:
-        raise core.CheckFailed(exercise, f"return {what}; got {type(got).__name__}")
-    return got
-
-
 def _call(exercise, fn, *args, **kwargs):
     """core.call_learner, with `.view` on a tensor that is not contiguous explained."""
     return core.call_explaining(exercise, fn, *args, explain=_NOT_CONTIGUOUS, **kwargs)
@@ -171,7 +164,7 @@ def _check_one_head(exercise, fn, cases, large_case, detail):
             except OverflowError:
                 raise core.CheckFailed(exercise, OVERFLOW) from None
             core.require(exercise, all(map(torch.equal, (q, k, v), kept)), _CHANGED)
-            out, weights = _unpack(exercise, got, 2, "two tensors, (out, weights)")
+            out, weights = core.unpack(exercise, got, 2, "two tensors, (out, weights)")
             for value in (out, weights):
                 if large and isinstance(value, torch.Tensor) and value.is_floating_point():
                     core.require(exercise, bool(torch.isfinite(value).all()), OVERFLOW)
@@ -246,7 +239,7 @@ def check_saturation(saturation) -> None:
     for dim in (4, 64, 256):
         for scaled in (False, True):
             got = core.seeded_call(core.call_learner, EX_SATURATION, saturation, dim, scaled)
-            got = _unpack(EX_SATURATION, got, 2, "two numbers, (variance, largest weight)")
+            got = core.unpack(EX_SATURATION, got, 2, "two numbers, (variance, largest weight)")
             try:
                 var, top = (float(g) for g in got)
             except (TypeError, ValueError):
@@ -312,7 +305,7 @@ def check_previous_token_head(previous_token_head) -> None:
     causal attention weight on token i - 1, with one-hot positions as the input."""
     for T in (4, 7, 12):
         got = core.call_learner(EX_PREVIOUS, previous_token_head, T)
-        got = _unpack(EX_PREVIOUS, got, 2, "two matrices, (w_q, w_k)")
+        got = core.unpack(EX_PREVIOUS, got, 2, "two matrices, (w_q, w_k)")
         w_q, w_k = (
             core.expect_tensor(EX_PREVIOUS, m, (T, T), what=f"{name} for T={T}")
             for m, name in zip(got, ("w_q", "w_k"))
@@ -391,7 +384,7 @@ def check_multi_head_attention(multi_head_attention) -> None:
         qkv = torch.randn(B, T, 3 * C, generator=gen)
         q, k, v = qkv.split(C, dim=2)  # slices of one tensor, as in the model: not contiguous
         got = _call(EX_MULTI, multi_head_attention, q, k, v, nh)
-        y, weights = _unpack(EX_MULTI, got, 2, "two tensors, (y, weights)")
+        y, weights = core.unpack(EX_MULTI, got, 2, "two tensors, (y, weights)")
         _no_nan(EX_MULTI, y, "your output")
         hint = "that is (B, nh, T, hd): merge the heads back, transpose(1, 2) then reshape(B, T, C)"
         what = f"your y (B={B}, T={T}, C={C}, n_head={nh})"
@@ -758,7 +751,7 @@ def check_copy_two_back(copy_two_back_head, goal: float = 0.99) -> None:
     gen = torch.Generator().manual_seed(4)
     for V, T in ((5, 8), (10, 16), (3, 12)):
         got = core.call_learner(CH_COPY, copy_two_back_head, V, T)
-        got = _unpack(CH_COPY, got, 3, "three matrices, (w_q, w_k, w_v)")
+        got = core.unpack(CH_COPY, got, 3, "three matrices, (w_q, w_k, w_v)")
         where = f"(V={V}, T={T})"
         w_q = core.expect_tensor(CH_COPY, got[0], what=f"w_q {where}")
         d = w_q.shape[-1] if w_q.dim() == 2 else 0

@@ -489,10 +489,7 @@ def check_follow_stream(follow_stream) -> None:
                 EX_STREAM,
                 "your function changed x0 in place (x += ..., x0.mul_): keep x0 unchanged, you compare with it at every step",
             )
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                EX_STREAM, f"return two lists, (norms, cosines); got {type(got).__name__}"
-            )
+        core.unpack(EX_STREAM, got, 2, "two lists, (norms, cosines)")
         if not all(
             isinstance(part, (list, tuple)) and all(isinstance(v, numbers.Real) for v in part)
             for part in got

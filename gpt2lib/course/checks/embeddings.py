@@ -416,11 +416,8 @@ def check_measure_dropout(measure_dropout) -> None:
         got = core.seeded_call(
             core.call_learner, EX_MEASURE_DROPOUT, measure_dropout, nn.Dropout(p), x.clone()
         )
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise core.CheckFailed(
-                EX_MEASURE_DROPOUT,
-                f"return three things: (fraction zeroed, factor of the survivors, eval unchanged); got {type(got).__name__}",
-            )
+        what = "three things: (fraction zeroed, factor of the survivors, eval unchanged)"
+        core.unpack(EX_MEASURE_DROPOUT, got, 3, what)
         if any(isinstance(value, torch.Tensor) for value in got):
             raise core.CheckFailed(
                 EX_MEASURE_DROPOUT, "you return tensors: make the numbers floats with .item()"

@@ -312,10 +312,7 @@ def check_collate(collate) -> None:
     need = functools.partial(core.require, EX_COLLATE)
     for pairs in _pairs_cases():
         got = core.call_learner(EX_COLLATE, collate, [(list(p), list(r)) for p, r in pairs], pad_id)
-        need(
-            isinstance(got, (tuple, list)) and len(got) == 2,
-            f"return two tensors, (inputs, targets); got {type(got).__name__}",
-        )
+        core.unpack(EX_COLLATE, got, 2, "two tensors, (inputs, targets)")
         want = _collate_right(pairs, pad_id)
         shape = tuple(want[0].shape)
         too_long = "rows are one token too long: the inputs drop each row's last token and the targets its first"

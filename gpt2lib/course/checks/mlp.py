@@ -149,10 +149,7 @@ def check_merge_linear_layers(merge_linear_layers) -> None:
         W2, b2 = torch.randn(H, D, generator=gen), torch.randn(D, generator=gen)
         args = (W1, b1, W2, b2)
         got = core.call_learner(EX_MERGE, merge_linear_layers, *(t.clone() for t in args))
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise core.CheckFailed(
-                EX_MERGE, f"return two tensors, (W, b); got {type(got).__name__}"
-            )
+        core.unpack(EX_MERGE, got, 2, "two tensors, (W, b)")
         want = _merged(*args)
         sizes = f"with C={C}, H={H}, D={D}"
         for part, want_part, what in zip(got, want, "Wb"):
